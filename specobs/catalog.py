@@ -1,0 +1,324 @@
+"""The metric catalog: the single source of every series specobs exports.
+
+Every metric's OpenTelemetry name, kind, unit, help text, labels and bucket boundaries live here.
+The Prometheus sink, the OTLP sink, the dashboard and rule generators and ``docs/metrics.md`` all
+read this module; nothing else spells a metric name.
+
+Prometheus names are *derived* from the OpenTelemetry name and unit with the OpenTelemetry
+specification's translation rules (``prometheus_name``), so a series is called the same whether it
+was scraped from the specobs endpoint or pushed over OTLP through a Collector's Prometheus
+exporter: ``specobs.phase.duration`` with unit ``s`` is ``specobs_phase_duration_seconds``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "ACCEPTED_BY_POSITION",
+    "ACCEPTED_TOKENS",
+    "ACCEPT_LENGTH",
+    "BASELINE_SEQUENCE_TOKENS",
+    "BATCH_SIZE",
+    "BATCH_SIZE_BUCKETS",
+    "CATALOG",
+    "CYCLES",
+    "CYCLE_DURATION",
+    "DRAFTED_BY_POSITION",
+    "DRAFT_TOKENS",
+    "DROP_REASONS",
+    "DROPPED_RECORDS",
+    "DURATION_BUCKETS_SECONDS",
+    "EMITTED_TOKENS",
+    "ERRORS",
+    "ERROR_KINDS",
+    "EXPORTER_CPU",
+    "INFO",
+    "LAST_CYCLE_TIMESTAMP",
+    "OVERHEAD_RATIO",
+    "PHASE_DURATION",
+    "REQUESTS_RUNNING",
+    "REQUESTS_WAITING",
+    "SAMPLED_CYCLES",
+    "SAMPLING_INTERVAL",
+    "Metric",
+    "accept_length_buckets",
+    "by_prometheus_name",
+    "prometheus_name",
+]
+
+Kind = Literal["counter", "histogram", "gauge", "info"]
+
+#: Phase and cycle duration buckets, seconds: a 1-2.5-5 series from 10 µs to 5 s. Small EAGLE
+#: cycles on an H200 sit around 0.3-1 ms with phases of tens of microseconds; CPU engines and
+#: large batches reach hundreds of milliseconds.
+DURATION_BUCKETS_SECONDS: tuple[float, ...] = (
+    0.00001, 0.000025, 0.00005,
+    0.0001, 0.00025, 0.0005,
+    0.001, 0.0025, 0.005,
+    0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0,
+)  # fmt: skip
+
+#: Batch size buckets: powers of two up to 1024 sequences.
+BATCH_SIZE_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(11))
+
+#: Why a cycle record was dropped before it reached the aggregation.
+DROP_REASONS: tuple[str, ...] = (
+    "queue_full",  # the worker produced records faster than the resolver drained them
+    "event_pool_exhausted",  # no free CUDA event: the cycle was counted but not GPU-timed
+    "graph_capture",  # the cycle ran while a CUDA graph was being captured
+    "misuse",  # the hot path was called out of order; the cycle was discarded
+    "shutdown",  # records still pending when shutdown() ran out of time
+    "fork",  # records inherited from the parent process after fork()
+)
+
+#: Kinds of hot-path misuse, counted in ``specobs_exporter_errors_total{kind}``.
+ERROR_KINDS: tuple[str, ...] = (
+    "mark_without_begin",
+    "wrong_phase_order",
+    "unknown_phase",
+    "begin_while_open",
+    "end_without_begin",
+    "bad_acceptance",
+    "internal",
+)
+
+
+def accept_length_buckets(max_draft_length: int) -> tuple[float, ...]:
+    """Buckets for the accept-length histogram: one per possible value, 0..k+1."""
+    return tuple(float(i) for i in range(max_draft_length + 2))
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One catalog entry.
+
+    ``unit`` is a UCUM unit as OpenTelemetry writes it (``s``, ``1``, ``{token}``).
+    ``buckets`` are the explicit histogram boundaries (upper bounds, +Inf implied); ``None`` for
+    the accept-length histogram, whose boundaries depend on the configured draft length.
+    """
+
+    otel_name: str
+    kind: Kind
+    unit: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+    self_metric: bool = False
+    notes: str = ""
+    _extra: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        """The Prometheus name (see :func:`prometheus_name`)."""
+        return prometheus_name(self.otel_name, self.unit, self.kind)
+
+    @property
+    def base_name(self) -> str:
+        """The Prometheus name without the ``_total`` suffix of counters (the family name)."""
+        name = self.name
+        return name[: -len("_total")] if self.kind == "counter" else name
+
+    def series(self) -> tuple[str, ...]:
+        """Every series name this metric produces in the Prometheus text format."""
+        if self.kind == "histogram":
+            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
+        return (self.name,)
+
+
+# OpenTelemetry specification, "Prometheus and OpenMetrics Compatibility", metric name and unit
+# translation: units are converted to full words, annotations in braces are dropped, "foo/bar"
+# becomes "foo_per_bar", a unit already in the name is not repeated, counters end in "_total",
+# and a gauge with unit "1" ends in "_ratio".
+_UNIT_WORDS: dict[str, str] = {
+    "d": "days", "h": "hours", "min": "minutes", "s": "seconds", "ms": "milliseconds",
+    "us": "microseconds", "ns": "nanoseconds", "By": "bytes", "KiBy": "kibibytes",
+    "MiBy": "mebibytes", "GiBy": "gibibytes", "KBy": "kilobytes", "MBy": "megabytes",
+    "GBy": "gigabytes", "m": "meters", "V": "volts", "A": "amperes", "J": "joules",
+    "W": "watts", "g": "grams", "Cel": "celsius", "Hz": "hertz", "%": "percent",
+}  # fmt: skip
+_PER_UNIT_WORDS: dict[str, str] = {
+    "s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week", "mo": "month",
+    "y": "year",
+}  # fmt: skip
+
+
+def _unit_suffix(unit: str) -> str:
+    unit = re.sub(r"\{[^}]*\}", "", unit).strip()
+    if not unit or unit == "1":
+        return ""
+    if "/" in unit:
+        num, _, den = unit.partition("/")
+        num_word = _UNIT_WORDS.get(num, num) if num else ""
+        den_word = _PER_UNIT_WORDS.get(den, _UNIT_WORDS.get(den, den))
+        return f"{num_word}_per_{den_word}" if num_word else f"per_{den_word}"
+    return _UNIT_WORDS.get(unit, unit)
+
+
+def prometheus_name(otel_name: str, unit: str, kind: Kind) -> str:
+    """Translate an OpenTelemetry metric name and unit into its Prometheus name.
+
+    >>> prometheus_name("specobs.phase.duration", "s", "histogram")
+    'specobs_phase_duration_seconds'
+    >>> prometheus_name("specobs.cycles", "{cycle}", "counter")
+    'specobs_cycles_total'
+    """
+    name = re.sub(r"[^a-zA-Z0-9_:]", "_", otel_name)
+    name = re.sub(r"__+", "_", name)
+    suffix = _unit_suffix(unit)
+    if kind == "info":
+        return name if name.endswith("_info") else f"{name}_info"
+    if suffix and not name.endswith(suffix) and f"_{suffix}_" not in f"{name}_":
+        name = f"{name}_{suffix}"
+    if kind == "gauge" and unit == "1" and not name.endswith("_ratio"):
+        name = f"{name}_ratio"
+    if kind == "counter" and not name.endswith("_total"):
+        name = f"{name}_total"
+    return name
+
+
+PHASE_DURATION = Metric(
+    "specobs.phase.duration", "histogram", "s",
+    "Time spent in one phase of a speculative decoding cycle, by phase and clock "
+    "(gpu: CUDA events on sampled cycles; host: perf_counter on every cycle).",
+    labels=("phase", "clock"), buckets=DURATION_BUCKETS_SECONDS,
+)  # fmt: skip
+CYCLE_DURATION = Metric(
+    "specobs.cycle.duration", "histogram", "s",
+    "Duration of a whole speculative decoding cycle (draft + verify + bookkeeping), by clock.",
+    labels=("clock",), buckets=DURATION_BUCKETS_SECONDS,
+)  # fmt: skip
+CYCLES = Metric(
+    "specobs.cycles", "counter", "{cycle}",
+    "Speculative decoding cycles completed (every cycle is counted, sampled or not).",
+)  # fmt: skip
+DRAFT_TOKENS = Metric(
+    "specobs.draft_tokens", "counter", "{token}",
+    "Draft tokens proposed, summed over the sequences of each cycle.",
+)  # fmt: skip
+ACCEPTED_TOKENS = Metric(
+    "specobs.accepted_tokens", "counter", "{token}",
+    "Draft tokens accepted by the target model's verification.",
+)  # fmt: skip
+EMITTED_TOKENS = Metric(
+    "specobs.emitted_tokens", "counter", "{token}",
+    "Tokens emitted to sequences (accepted draft tokens plus the target's bonus token).",
+)  # fmt: skip
+ACCEPT_LENGTH = Metric(
+    "specobs.accept_length", "histogram", "{token}",
+    "Accepted draft tokens per sequence per cycle (0..k).",
+    buckets=None,
+)  # fmt: skip
+ACCEPTED_BY_POSITION = Metric(
+    "specobs.accepted_tokens_by_position", "counter", "{token}",
+    "Accepted draft tokens by draft position (0 = the first drafted token).",
+    labels=("position",),
+)  # fmt: skip
+DRAFTED_BY_POSITION = Metric(
+    "specobs.draft_tokens_by_position", "counter", "{token}",
+    "Draft tokens proposed by draft position; the denominator of per-position acceptance.",
+    labels=("position",),
+)  # fmt: skip
+BATCH_SIZE = Metric(
+    "specobs.batch_size", "histogram", "{sequence}",
+    "Sequences decoded together in one speculative cycle.",
+    buckets=BATCH_SIZE_BUCKETS,
+)  # fmt: skip
+INFO = Metric(
+    "specobs", "info", "",
+    "specobs build and configuration: version, phases, clock, sampling.",
+    labels=("version", "phases", "gpu_clock", "sampling"),
+)  # fmt: skip
+LAST_CYCLE_TIMESTAMP = Metric(
+    "specobs.last_cycle.timestamp", "gauge", "s",
+    "Unix time at which the most recent cycle ended.",
+)  # fmt: skip
+BASELINE_SEQUENCE_TOKENS = Metric(
+    "specobs.baseline.sequence_tokens", "gauge", "{token}/s",
+    "Configured non-speculative decode rate of one sequence (tokens/s), the baseline speculation "
+    "must beat. Absent when no baseline is configured.",
+)  # fmt: skip
+REQUESTS_RUNNING = Metric(
+    "specobs.requests.running", "gauge", "{request}",
+    "Requests being decoded, as reported by the engine.",
+)  # fmt: skip
+REQUESTS_WAITING = Metric(
+    "specobs.requests.waiting", "gauge", "{request}",
+    "Requests waiting to be scheduled, as reported by the engine.",
+)  # fmt: skip
+DROPPED_RECORDS = Metric(
+    "specobs.exporter.dropped_records", "counter", "{record}",
+    "Cycle records specobs dropped or could not GPU-time, by reason.",
+    labels=("reason",), self_metric=True,
+)  # fmt: skip
+SAMPLED_CYCLES = Metric(
+    "specobs.exporter.sampled_cycles", "counter", "{cycle}",
+    "Cycles timed on the GPU clock with CUDA events.",
+    self_metric=True,
+)  # fmt: skip
+SAMPLING_INTERVAL = Metric(
+    "specobs.exporter.sampling_interval", "gauge", "{cycle}",
+    "Current GPU sampling interval: one cycle in this many is timed with CUDA events.",
+    self_metric=True,
+)  # fmt: skip
+OVERHEAD_RATIO = Metric(
+    "specobs.exporter.overhead", "gauge", "1",
+    "Self-measured hot-path cost of GPU timing as a fraction of cycle time.",
+    self_metric=True,
+)  # fmt: skip
+EXPORTER_CPU = Metric(
+    "specobs.exporter.cpu.time", "counter", "s",
+    "CPU time specobs spent, by component (hot_path: event recording on sampled cycles; "
+    "resolver; prometheus: scrapes; otlp: exports).",
+    labels=("component",), self_metric=True,
+)  # fmt: skip
+ERRORS = Metric(
+    "specobs.exporter.errors", "counter", "{error}",
+    "Hot-path misuse and internal errors, by kind. The worker is never interrupted.",
+    labels=("kind",), self_metric=True,
+)  # fmt: skip
+
+#: Every metric, in exposition order.
+CATALOG: tuple[Metric, ...] = (
+    PHASE_DURATION,
+    CYCLE_DURATION,
+    CYCLES,
+    DRAFT_TOKENS,
+    ACCEPTED_TOKENS,
+    EMITTED_TOKENS,
+    ACCEPT_LENGTH,
+    ACCEPTED_BY_POSITION,
+    DRAFTED_BY_POSITION,
+    BATCH_SIZE,
+    INFO,
+    LAST_CYCLE_TIMESTAMP,
+    BASELINE_SEQUENCE_TOKENS,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    DROPPED_RECORDS,
+    SAMPLED_CYCLES,
+    SAMPLING_INTERVAL,
+    OVERHEAD_RATIO,
+    EXPORTER_CPU,
+    ERRORS,
+)
+
+
+def by_prometheus_name() -> dict[str, Metric]:
+    """Map every Prometheus series name (including ``_bucket``/``_sum``/``_count``) to its entry."""
+    out: dict[str, Metric] = {}
+    for metric in CATALOG:
+        for series in metric.series():
+            out[series] = metric
+    return out
+
+
+def iter_series(metrics: Sequence[Metric] = CATALOG) -> Iterator[str]:
+    """Every Prometheus series name the catalog defines."""
+    for metric in metrics:
+        yield from metric.series()
