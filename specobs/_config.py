@@ -1,0 +1,395 @@
+"""Settings: from arguments, then ``SPECOBS_*`` environment variables, then defaults.
+
+Every environment variable is a named constant below with its own docstring. Invalid values raise
+:class:`~specobs.ConfigurationError` at configuration time, naming the variable, what was expected
+and what was got — never later on the hot path.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from specobs._errors import ConfigurationError
+
+__all__ = [
+    "DEFAULT_PHASES",
+    "DEFAULT_PROMETHEUS_PORT",
+    "Settings",
+    "resolve_settings",
+]
+
+DEFAULT_PHASES: tuple[str, ...] = ("draft", "verify", "bookkeeping")
+DEFAULT_PROMETHEUS_PORT = 9477
+
+SPECOBS_ENABLED = "SPECOBS_ENABLED"
+"""``0``/``false`` turns every specobs call into a no-op without touching the engine's code."""
+
+SPECOBS_PHASES = "SPECOBS_PHASES"
+"""Comma-separated phase names in cycle order. Default ``draft,verify,bookkeeping``."""
+
+SPECOBS_SAMPLE_EVERY = "SPECOBS_SAMPLE_EVERY"
+"""Time one cycle in N on the GPU clock. Unset: adaptive, under ``SPECOBS_OVERHEAD_BUDGET``."""
+
+SPECOBS_OVERHEAD_BUDGET = "SPECOBS_OVERHEAD_BUDGET"
+"""Adaptive sampling keeps GPU-timing cost under this fraction of cycle time. Default 0.005."""
+
+SPECOBS_CLOCK = "SPECOBS_CLOCK"
+"""``auto`` (CUDA events when torch sees a GPU), ``cuda`` (required) or ``host`` (never events)."""
+
+SPECOBS_QUEUE_SIZE = "SPECOBS_QUEUE_SIZE"
+"""Most cycle records waiting for the resolver; when full the oldest is dropped and counted."""
+
+SPECOBS_EVENT_POOL_SIZE = "SPECOBS_EVENT_POOL_SIZE"
+"""CUDA events created and pre-recorded up front. When the pool runs dry a cycle is not GPU-timed."""
+
+SPECOBS_MAX_DRAFT_LENGTH = "SPECOBS_MAX_DRAFT_LENGTH"
+"""Largest draft length k: bounds the ``position`` label and the accept-length buckets (0..k+1)."""
+
+SPECOBS_LABELS = "SPECOBS_LABELS"
+"""Constant labels on every series, ``model=llama-3-8b,engine=sglang``."""
+
+SPECOBS_BASELINE_TOKENS_PER_SECOND = "SPECOBS_BASELINE_TOKENS_PER_SECOND"
+"""Non-speculative decode rate of one sequence, tokens/s: the baseline speculation must beat."""
+
+SPECOBS_PROMETHEUS_PORT = "SPECOBS_PROMETHEUS_PORT"
+"""Port of the Prometheus endpoint. Default 9477."""
+
+SPECOBS_PROMETHEUS_ADDR = "SPECOBS_PROMETHEUS_ADDR"
+"""Address the Prometheus endpoint binds. Default ``127.0.0.1``; ``0.0.0.0`` to be scraped remotely."""
+
+SPECOBS_EXPORTERS = "SPECOBS_EXPORTERS"
+"""Sinks ``configure()`` starts when none are passed: ``prometheus``, ``otlp``, both or ``none``."""
+
+SPECOBS_TRACE_HEAD_RATE = "SPECOBS_TRACE_HEAD_RATE"
+"""Fraction of GPU-sampled cycles exported as traces regardless of duration. Default 0.01."""
+
+SPECOBS_TRACE_SLOW_CYCLE_SECONDS = "SPECOBS_TRACE_SLOW_CYCLE_SECONDS"
+"""Every sampled cycle at least this slow is traced (tail sampling). Default: off."""
+
+SPECOBS_RANK = "SPECOBS_RANK"
+"""This process's rank in a multi-process server (default: RANK / LOCAL_RANK, else 0)."""
+
+SPECOBS_ALL_RANKS = "SPECOBS_ALL_RANKS"
+"""``1``: every rank exports (with a ``rank`` label and port + rank). Default: rank 0 only."""
+
+ClockMode = Literal["auto", "cuda", "host"]
+_PHASE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_RESERVED_LABELS = frozenset({"phase", "clock", "position", "reason", "component", "kind", "le"})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated settings of one observer."""
+
+    enabled: bool = True
+    phases: tuple[str, ...] = DEFAULT_PHASES
+    sample_every: int | None = None
+    overhead_budget: float = 0.005
+    clock: ClockMode = "auto"
+    queue_size: int = 8192
+    event_pool_size: int = 1024
+    max_draft_length: int = 8
+    labels: Mapping[str, str] = field(default_factory=dict)
+    baseline_tokens_per_second: float | None = None
+    poll_interval_seconds: float = 0.005
+    trace_head_rate: float = 0.01
+    trace_slow_cycle_seconds: float | None = None
+    keep_cycles: int = 1024
+    rank: int = 0
+    all_ranks: bool = False
+
+
+def _env(name: str, env: Mapping[str, str]) -> str | None:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip()
+
+
+def _parse_int(name: str, raw: str, *, minimum: int, maximum: int | None = None) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"{name} must be an integer >= {minimum}, got {raw!r}"
+        ) from None
+    return _check_int(name, value, minimum=minimum, maximum=maximum)
+
+
+def _check_int(name: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(
+            f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})"
+        )
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise ConfigurationError(f"{name} must be an integer {bound}, got {value}")
+    return value
+
+
+def _parse_float(name: str, raw: object, *, low: float, high: float, open_low: bool) -> float:
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"{name} must be a number, got {raw!r}") from None
+    ok = (value > low if open_low else value >= low) and value <= high and math.isfinite(value)
+    if not ok:
+        lo = "(" if open_low else "["
+        raise ConfigurationError(f"{name} must be in {lo}{low}, {high}], got {raw!r}")
+    return value
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    low = raw.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"{name} must be one of 1/0/true/false/yes/no/on/off, got {raw!r}")
+
+
+def parse_phases(name: str, value: object) -> tuple[str, ...]:
+    """Validate a phase list given as a comma-separated string or a sequence of names."""
+    if isinstance(value, str):
+        items = [p.strip() for p in value.split(",")]
+    elif isinstance(value, Sequence):
+        items = list(value)
+    else:
+        raise ConfigurationError(
+            f"{name} must be a sequence of phase names, got {type(value).__name__}"
+        )
+    if len(items) < 1:
+        raise ConfigurationError(f"{name} must name at least one phase, got none")
+    for item in items:
+        if not isinstance(item, str) or not _PHASE_RE.match(item):
+            raise ConfigurationError(
+                f"{name}: each phase must be a lowercase identifier (a-z, 0-9, _; at most 32 "
+                f"characters, starting with a letter), got {item!r}"
+            )
+    if len(set(items)) != len(items):
+        raise ConfigurationError(f"{name}: phase names must be unique, got {items!r}")
+    if len(items) > 16:
+        raise ConfigurationError(f"{name}: at most 16 phases, got {len(items)}")
+    return tuple(items)
+
+
+def parse_labels(name: str, value: object) -> dict[str, str]:
+    """Validate constant labels given as ``a=b,c=d`` or a mapping."""
+    if isinstance(value, str):
+        pairs: dict[str, str] = {}
+        for part in value.split(","):
+            if not part.strip():
+                continue
+            key, sep, val = part.partition("=")
+            if not sep:
+                raise ConfigurationError(
+                    f"{name} must be comma-separated key=value pairs, got {part.strip()!r}"
+                )
+            pairs[key.strip()] = val.strip()
+        value = pairs
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(f"{name} must be a mapping of label to value, got {value!r}")
+    out: dict[str, str] = {}
+    for key, val in value.items():
+        if not isinstance(key, str) or not _LABEL_RE.match(key) or key.startswith("__"):
+            raise ConfigurationError(f"{name}: {key!r} is not a valid Prometheus label name")
+        if key in _RESERVED_LABELS:
+            raise ConfigurationError(
+                f"{name}: label {key!r} is used by specobs series; choose another name"
+            )
+        out[key] = str(val)
+    return out
+
+
+def _default_rank(env: Mapping[str, str]) -> int:
+    for var in (SPECOBS_RANK, "RANK", "LOCAL_RANK"):
+        raw = _env(var, env)
+        if raw is not None:
+            return _parse_int(var, raw, minimum=0)
+    return 0
+
+
+def resolve_settings(
+    *,
+    env: Mapping[str, str] | None = None,
+    enabled: bool | None = None,
+    phases: Sequence[str] | None = None,
+    sample_every: int | None = None,
+    overhead_budget: float | None = None,
+    clock: str | None = None,
+    queue_size: int | None = None,
+    event_pool_size: int | None = None,
+    max_draft_length: int | None = None,
+    labels: Mapping[str, str] | None = None,
+    baseline_tokens_per_second: float | None = None,
+    poll_interval_seconds: float | None = None,
+    trace_head_rate: float | None = None,
+    trace_slow_cycle_seconds: float | None = None,
+    keep_cycles: int | None = None,
+    rank: int | None = None,
+    all_ranks: bool | None = None,
+) -> Settings:
+    """Merge arguments over ``SPECOBS_*`` variables over defaults, validating each value."""
+    env = os.environ if env is None else env
+    d = Settings()
+
+    if enabled is None:
+        raw = _env(SPECOBS_ENABLED, env)
+        enabled = d.enabled if raw is None else _parse_bool(SPECOBS_ENABLED, raw)
+
+    if phases is None:
+        raw = _env(SPECOBS_PHASES, env)
+        phases_t = d.phases if raw is None else parse_phases(SPECOBS_PHASES, raw)
+    else:
+        phases_t = parse_phases("phases", phases)
+
+    if sample_every is None:
+        raw = _env(SPECOBS_SAMPLE_EVERY, env)
+        if raw is not None:
+            sample_every = _parse_int(SPECOBS_SAMPLE_EVERY, raw, minimum=1)
+    else:
+        sample_every = _check_int("sample_every", sample_every, minimum=1)
+
+    if overhead_budget is None:
+        raw = _env(SPECOBS_OVERHEAD_BUDGET, env)
+        overhead_budget = d.overhead_budget if raw is None else _parse_float(
+            SPECOBS_OVERHEAD_BUDGET, raw, low=0.0, high=1.0, open_low=True
+        )
+    else:
+        overhead_budget = _parse_float(
+            "overhead_budget", overhead_budget, low=0.0, high=1.0, open_low=True
+        )
+
+    clock_name, clock_raw = ("clock", clock) if clock is not None else (
+        SPECOBS_CLOCK, _env(SPECOBS_CLOCK, env)
+    )
+    clock_mode: ClockMode = d.clock
+    if clock_raw is not None:
+        if clock_raw not in ("auto", "cuda", "host"):
+            raise ConfigurationError(
+                f"{clock_name} must be one of 'auto', 'cuda', 'host', got {clock_raw!r}"
+            )
+        clock_mode = clock_raw  # type: ignore[assignment]
+
+    def int_setting(arg: int | None, var: str, attr: str, lo: int, hi: int) -> int:
+        if arg is not None:
+            return _check_int(attr, arg, minimum=lo, maximum=hi)
+        raw = _env(var, env)
+        default: int = getattr(d, attr)
+        return default if raw is None else _parse_int(var, raw, minimum=lo, maximum=hi)
+
+    queue_size = int_setting(queue_size, SPECOBS_QUEUE_SIZE, "queue_size", 16, 10_000_000)
+    event_pool_size = int_setting(
+        event_pool_size, SPECOBS_EVENT_POOL_SIZE, "event_pool_size", 4, 1_000_000
+    )
+    max_draft_length = int_setting(
+        max_draft_length, SPECOBS_MAX_DRAFT_LENGTH, "max_draft_length", 1, 64
+    )
+
+    if labels is None:
+        raw = _env(SPECOBS_LABELS, env)
+        labels_d = {} if raw is None else parse_labels(SPECOBS_LABELS, raw)
+    else:
+        labels_d = parse_labels("labels", labels)
+
+    if baseline_tokens_per_second is None:
+        raw = _env(SPECOBS_BASELINE_TOKENS_PER_SECOND, env)
+        if raw is not None:
+            baseline_tokens_per_second = _parse_float(
+                SPECOBS_BASELINE_TOKENS_PER_SECOND, raw, low=0.0, high=1e9, open_low=True
+            )
+    else:
+        baseline_tokens_per_second = _parse_float(
+            "baseline_tokens_per_second", baseline_tokens_per_second,
+            low=0.0, high=1e9, open_low=True,
+        )
+
+    poll = d.poll_interval_seconds if poll_interval_seconds is None else _parse_float(
+        "poll_interval_seconds", poll_interval_seconds, low=0.0, high=60.0, open_low=True
+    )
+
+    if trace_head_rate is None:
+        raw = _env(SPECOBS_TRACE_HEAD_RATE, env)
+        trace_head_rate = d.trace_head_rate if raw is None else _parse_float(
+            SPECOBS_TRACE_HEAD_RATE, raw, low=0.0, high=1.0, open_low=False
+        )
+    else:
+        trace_head_rate = _parse_float(
+            "trace_head_rate", trace_head_rate, low=0.0, high=1.0, open_low=False
+        )
+
+    if trace_slow_cycle_seconds is None:
+        raw = _env(SPECOBS_TRACE_SLOW_CYCLE_SECONDS, env)
+        if raw is not None:
+            trace_slow_cycle_seconds = _parse_float(
+                SPECOBS_TRACE_SLOW_CYCLE_SECONDS, raw, low=0.0, high=3600.0, open_low=True
+            )
+    else:
+        trace_slow_cycle_seconds = _parse_float(
+            "trace_slow_cycle_seconds", trace_slow_cycle_seconds,
+            low=0.0, high=3600.0, open_low=True,
+        )
+
+    keep = d.keep_cycles if keep_cycles is None else _check_int(
+        "keep_cycles", keep_cycles, minimum=0, maximum=10_000_000
+    )
+
+    rank_v = _default_rank(env) if rank is None else _check_int("rank", rank, minimum=0)
+    if all_ranks is None:
+        raw = _env(SPECOBS_ALL_RANKS, env)
+        all_ranks = d.all_ranks if raw is None else _parse_bool(SPECOBS_ALL_RANKS, raw)
+
+    return Settings(
+        enabled=bool(enabled),
+        phases=phases_t,
+        sample_every=sample_every,
+        overhead_budget=overhead_budget,
+        clock=clock_mode,
+        queue_size=queue_size,
+        event_pool_size=event_pool_size,
+        max_draft_length=max_draft_length,
+        labels=labels_d,
+        baseline_tokens_per_second=baseline_tokens_per_second,
+        poll_interval_seconds=poll,
+        trace_head_rate=trace_head_rate,
+        trace_slow_cycle_seconds=trace_slow_cycle_seconds,
+        keep_cycles=keep,
+        rank=rank_v,
+        all_ranks=bool(all_ranks),
+    )
+
+
+def prometheus_port(env: Mapping[str, str] | None = None) -> int:
+    """The Prometheus port from ``SPECOBS_PROMETHEUS_PORT`` (default 9477), validated."""
+    env = os.environ if env is None else env
+    raw = _env(SPECOBS_PROMETHEUS_PORT, env)
+    if raw is None:
+        return DEFAULT_PROMETHEUS_PORT
+    return _parse_int(SPECOBS_PROMETHEUS_PORT, raw, minimum=0, maximum=65535)
+
+
+def prometheus_addr(env: Mapping[str, str] | None = None) -> str:
+    """The bind address from ``SPECOBS_PROMETHEUS_ADDR`` (default loopback)."""
+    env = os.environ if env is None else env
+    return _env(SPECOBS_PROMETHEUS_ADDR, env) or "127.0.0.1"
+
+
+def exporters(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Sink names from ``SPECOBS_EXPORTERS``; empty when unset."""
+    env = os.environ if env is None else env
+    raw = _env(SPECOBS_EXPORTERS, env)
+    if raw is None:
+        return ()
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    for n in names:
+        if n not in ("prometheus", "otlp", "none"):
+            raise ConfigurationError(
+                f"{SPECOBS_EXPORTERS} must list 'prometheus', 'otlp' or 'none', got {n!r}"
+            )
+    return tuple(n for n in names if n != "none")

@@ -1,0 +1,368 @@
+"""The hot path: what runs on the inference worker's thread at every phase boundary.
+
+Rules this module keeps (and why):
+
+* stdlib only, no imports of torch/numpy: the worker pays for every attribute lookup;
+* never raises into the worker: every entry point catches, counts and logs (rate-limited);
+* never synchronizes the GPU: CUDA events are *recorded* here and *queried* by the resolver;
+* bounded memory: records go to a deque whose oldest entry is dropped (and counted) when full.
+
+A cycle is ``begin`` → ``mark(phase)`` for each later phase → ``end``, with ``accept(...)``
+anywhere before ``end``. ``begin`` starts the first phase; each ``mark`` ends the running phase and
+starts the named one, which must be the next in order; ``end`` ends the last phase.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from specobs import sampling
+
+if TYPE_CHECKING:
+    from specobs.timing import EventClock
+
+__all__ = ["Cycle", "Recorder"]
+
+_log = logging.getLogger("specobs")
+_perf = time.perf_counter_ns
+_LOG_EVERY_NS = 60 * 1_000_000_000
+
+
+class RateLimitedLog:
+    """Log each kind of problem once, then at most once a minute, with a suppressed count."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warn(self, kind: str, message: str) -> None:
+        now = _perf()
+        last = self._last.get(kind)
+        if last is not None and now - last < _LOG_EVERY_NS:
+            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            return
+        self._last[kind] = now
+        n = self._suppressed.pop(kind, 0)
+        extra = f" ({n} similar messages suppressed)" if n else ""
+        _log.warning("specobs: %s%s", message, extra)
+
+
+class Cycle:
+    """One speculative decoding cycle in flight. Created by :meth:`Observer.begin`.
+
+    Also a context manager: ``with observer.cycle() as c: ...`` ends the cycle on exit.
+    """
+
+    __slots__ = (
+        "_acc",
+        "_acc_copy",
+        "_batch",
+        "_closed",
+        "_cost",
+        "_draft_len",
+        "_emitted",
+        "_ev",
+        "_i",
+        "_rec",
+        "_ts",
+        "index",
+    )
+
+    def __init__(self, rec: Recorder, index: int, t0: int, batch_size: int | None) -> None:
+        self._rec = rec
+        self.index = index
+        self._ts = [t0]
+        self._ev: list[Any] | None = None
+        self._i = 0
+        self._batch = batch_size
+        self._acc: Any = None
+        self._acc_copy: Any = None
+        self._draft_len: Any = None
+        self._emitted: Any = None
+        self._closed = False
+        self._cost = 0
+
+    # The three calls below are the hot path. Keep them short; failures go to _rec.
+    def mark(self, phase: str) -> None:
+        """End the running phase and start ``phase`` (the next one in the configured order)."""
+        t = _perf()
+        try:
+            rec = self._rec
+            i = self._i + 1
+            if self._closed or i >= rec.nphases or rec.phases[i] != phase:
+                rec.misuse_mark(self, phase)
+                return
+            self._i = i
+            self._ts.append(t)
+            ev = self._ev
+            if ev is not None:
+                rec.record_fn(ev[i], rec.stream)
+                self._cost += _perf() - t
+        except Exception as exc:  # never into the worker
+            self._rec.internal_error(exc)
+
+    def accept(
+        self,
+        accepted: Any,
+        *,
+        draft_length: Any = None,
+        batch_size: int | None = None,
+        emitted: Any = None,
+    ) -> None:
+        """Record acceptance for this cycle.
+
+        ``accepted``: accepted draft tokens per sequence (0..k) as a list, tuple, numpy array,
+        CPU tensor or CUDA tensor. A CUDA tensor is copied asynchronously into pinned memory and
+        read by the resolver once the copy completed — no synchronisation here.
+        ``draft_length``: tokens drafted per sequence, an int (default: ``max_draft_length``) or
+        one per sequence. ``emitted``: tokens emitted per cycle, if not ``accepted + 1`` per
+        sequence (the bonus token). ``batch_size`` defaults to ``len(accepted)``.
+        """
+        try:
+            if self._closed:
+                self._rec.misuse("bad_acceptance", "accept() after the cycle ended")
+                return
+            if batch_size is not None:
+                self._batch = batch_size
+            self._draft_len = draft_length
+            self._emitted = emitted
+            if type(accepted) is list or type(accepted) is tuple:
+                self._acc = list(accepted)
+                return
+            if getattr(accepted, "is_cuda", False):
+                self._acc = None
+                self._acc_copy = self._rec.copy_to_host(accepted)
+                if self._acc_copy is None and self._batch is None:
+                    self._batch = int(accepted.numel())
+                return
+            tolist = getattr(accepted, "tolist", None)
+            if tolist is not None:  # numpy array or CPU tensor: copy now, the caller may reuse it
+                self._acc = tolist()
+                return
+            self._acc = accepted  # validated by the resolver; bad values are counted there
+        except Exception as exc:
+            self._rec.internal_error(exc)
+
+    def end(self) -> None:
+        """End the last phase and hand the cycle to the resolver."""
+        t = _perf()
+        try:
+            rec = self._rec
+            if self._closed:
+                rec.misuse("end_without_begin", "end() on a cycle that already ended")
+                return
+            self._closed = True
+            if rec.current is self:
+                rec.current = None
+            if self._i != rec.nphases - 1:
+                rec.misuse(
+                    "wrong_phase_order",
+                    f"end() after phase {rec.phases[self._i]!r}; expected the cycle to reach "
+                    f"{rec.phases[-1]!r} first (phases: {', '.join(rec.phases)}); cycle discarded",
+                )
+                rec.discard(self)
+                return
+            self._ts.append(t)
+            ev = self._ev
+            if ev is not None:
+                rec.record_fn(ev[-1], rec.stream)
+                self._cost += _perf() - t
+            rec.enqueue(self)
+        except Exception as exc:
+            self._rec.internal_error(exc)
+
+    def __enter__(self) -> Cycle:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            # The engine raised mid-cycle: the phase times are meaningless, discard quietly.
+            if not self._closed:
+                self._closed = True
+                if self._rec.current is self:
+                    self._rec.current = None
+                self._rec.discard(self)
+            return
+        if not self._closed:
+            self.end()
+
+
+class _NullCycle:
+    """What the hot path returns before configure and after shutdown: every call a no-op."""
+
+    __slots__ = ()
+    index = -1
+
+    def mark(self, phase: str) -> None:
+        pass
+
+    def accept(self, accepted: Any, **kwargs: Any) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+    def __enter__(self) -> _NullCycle:
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        pass
+
+
+NULL_CYCLE = _NullCycle()
+
+
+class Recorder:
+    """Hot-path state of one observer. Only the worker thread mutates most of it."""
+
+    def __init__(
+        self,
+        phases: tuple[str, ...],
+        *,
+        queue_size: int,
+        sample_every: int | None,
+        clock: EventClock | None,
+        clock_factory: Any = None,
+        max_draft_length: int = 8,
+    ) -> None:
+        self.phases = phases
+        self.nphases = len(phases)
+        self.queue: deque[Cycle] = deque()
+        self.queue_size = queue_size
+        self.enabled = True
+        self.current: Cycle | None = None
+        self.max_draft_length = max_draft_length
+        self.log = RateLimitedLog()
+        # Counters the worker increments and the resolver folds into the aggregation.
+        self.begun = 0
+        self.enqueued = 0
+        self.dropped_queue_full = 0
+        self.dropped_pool = 0
+        self.dropped_capture = 0
+        self.discarded = 0
+        self.errors: dict[str, int] = {}
+        # Released by the resolver when the worker dropped a record holding events.
+        self.dropped_records: deque[Cycle] = deque()
+        self.sample_every = sample_every
+        self.interval = sample_every if sample_every is not None else 1
+        self.clock: EventClock | None = clock
+        self._clock_factory = clock_factory
+        self._next_clock_try = 0
+        self.record_fn: Any = clock.record_fn if clock is not None else None
+        self.stream: Any = clock.stream if clock is not None else None
+
+    # -- worker thread -------------------------------------------------------------------------
+    def begin(self, batch_size: int | None = None) -> Cycle | _NullCycle:
+        t = _perf()
+        try:
+            if not self.enabled:
+                return NULL_CYCLE
+            cur = self.current
+            if cur is not None and not cur._closed:
+                self.misuse("begin_while_open", "begin() while the previous cycle was open; "
+                            "the open cycle was discarded")
+                cur._closed = True
+                self.discard(cur)
+            idx = self.begun
+            self.begun = idx + 1
+            c = Cycle(self, idx, t, batch_size)
+            self.current = c
+            clock = self.clock
+            if clock is None:
+                if self._clock_factory is not None and idx >= self._next_clock_try:
+                    self._try_clock(idx)
+                    clock = self.clock
+                if clock is None:
+                    return c
+            if idx % self.interval == 0:
+                if clock.capturing():
+                    # Inside CUDA graph capture nothing is real: not a cycle, not a timing.
+                    self.dropped_capture += 1
+                    c._closed = True
+                    self.current = None
+                    return NULL_CYCLE
+                ev = clock.acquire(self.nphases + 1)
+                if ev is None:
+                    self.dropped_pool += 1
+                    return c
+                self.record_fn(ev[0], self.stream)
+                c._ev = ev
+                c._cost = _perf() - t
+            return c
+        except Exception as exc:
+            self.internal_error(exc)
+            return NULL_CYCLE
+
+    def _try_clock(self, idx: int) -> None:
+        # Lazy CUDA start: only once the engine has initialised CUDA itself. Retried every
+        # 256 cycles so a CPU-only process pays one dict lookup per 256 cycles.
+        self._next_clock_try = idx + 256
+        clock = self._clock_factory()
+        if clock is not None:
+            self.clock = clock
+            self.record_fn = clock.record_fn
+            self.stream = clock.stream
+            self._clock_factory = None
+
+    def copy_to_host(self, tensor: Any) -> Any:
+        clock = self.clock
+        if clock is None:
+            self.misuse("bad_acceptance", "a CUDA tensor was given but no CUDA clock is active; "
+                        "acceptance for this cycle is not counted")
+            return None
+        copy = clock.copy_to_host(tensor)
+        if copy is None:
+            self.misuse("bad_acceptance", "could not copy the CUDA acceptance tensor (no free "
+                        "pinned buffer or event, unsupported dtype, or too many sequences)")
+        return copy
+
+    def enqueue(self, c: Cycle) -> None:
+        q = self.queue
+        if len(q) >= self.queue_size:
+            try:
+                old = q.popleft()
+            except IndexError:
+                old = None
+            if old is not None:
+                self.dropped_queue_full += 1
+                if old._ev is not None or old._acc_copy is not None:
+                    self.dropped_records.append(old)
+                self.log.warn("queue_full", "record queue full; dropping the oldest cycle "
+                              "records (the resolver is not keeping up)")
+        self.enqueued += 1
+        q.append(c)
+
+    def discard(self, c: Cycle) -> None:
+        self.discarded += 1
+        if c._ev is not None or c._acc_copy is not None:
+            self.dropped_records.append(c)
+
+    def misuse(self, kind: str, message: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+        self.log.warn(kind, message)
+
+    def misuse_mark(self, c: Cycle, phase: str) -> None:
+        if c._closed:
+            self.misuse("mark_without_begin", f"mark({phase!r}) with no open cycle")
+            return
+        if phase not in self.phases:
+            self.misuse("unknown_phase", f"mark({phase!r}): unknown phase; expected one of "
+                        f"{', '.join(self.phases)}")
+            return
+        i = c._i
+        expected = self.phases[i + 1] if i + 1 < self.nphases else "end()"
+        self.misuse("wrong_phase_order", f"mark({phase!r}) during {self.phases[i]!r}; "
+                    f"expected {expected!r} next")
+
+    def internal_error(self, exc: BaseException) -> None:
+        try:
+            self.errors["internal"] = self.errors.get("internal", 0) + 1
+            self.log.warn("internal", f"internal error on the hot path, ignored: {exc!r}")
+        except Exception:
+            pass
+
+    def should_sample(self, idx: int) -> bool:
+        return sampling.should_sample(idx, self.interval)

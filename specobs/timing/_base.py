@@ -1,0 +1,72 @@
+"""The interface every event clock implements."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+__all__ = ["EventClock", "PendingCopy"]
+
+
+class PendingCopy:
+    """A device-to-host copy in flight: read ``buffer[:length]`` once ``event`` has completed."""
+
+    __slots__ = ("buffer", "event", "length", "release")
+
+    def __init__(
+        self, buffer: Any, length: int, event: Any, release: Callable[[], None]
+    ) -> None:
+        self.buffer = buffer
+        self.length = length
+        self.event = event
+        self.release = release
+
+    def read(self) -> list[int]:
+        """The copied values. Only valid after the event completed; frees the buffer."""
+        try:
+            values: list[int] = self.buffer[: self.length].tolist()
+        finally:
+            self.release()
+        return values
+
+
+class EventClock(Protocol):
+    """What the recorder and resolver need from a GPU clock."""
+
+    name: str
+    #: Called on the worker thread as ``record_fn(event, stream)``: enqueue a timestamp.
+    record_fn: Callable[[Any, Any], None]
+    #: The stream events are recorded on (cached: looking it up costs microseconds).
+    stream: Any
+
+    def acquire(self, n: int) -> list[Any] | None:
+        """Take ``n`` events from the pool, or ``None`` when it is dry. Worker thread."""
+        ...
+
+    def release(self, events: list[Any]) -> None:
+        """Return events to the pool. Resolver thread."""
+        ...
+
+    def query(self, event: Any) -> bool:
+        """Whether the event has completed; never blocks."""
+        ...
+
+    def elapsed_ns(self, start: Any, end: Any) -> int:
+        """GPU time between two completed events, nanoseconds."""
+        ...
+
+    def capturing(self) -> bool:
+        """Whether the current stream is capturing a CUDA graph (record nothing then)."""
+        ...
+
+    def copy_to_host(self, tensor: Any) -> PendingCopy | None:
+        """Start an asynchronous copy of a device tensor into pinned memory, or ``None``."""
+        ...
+
+    def refresh_stream(self) -> None:
+        """Look the current stream up again (after the engine switched streams)."""
+        ...
+
+    def free_events(self) -> int:
+        """Events now in the pool."""
+        ...
