@@ -1,0 +1,61 @@
+"""specobs: observability for speculative decoding.
+
+Times the draft, verify and bookkeeping phases of every speculative decoding cycle on the GPU's own
+clock without synchronising the device, counts drafted and accepted tokens, and exports it all as
+Prometheus and OpenTelemetry metrics and traces.
+
+    import specobs
+    obs = specobs.configure(sinks=[specobs.PrometheusSink()])
+    with obs.cycle(batch_size=len(batch)) as c:
+        draft(...)
+        c.mark("verify")
+        verify(...)
+        c.mark("bookkeeping")
+        c.accept(accepted_lengths, draft_length=k)
+
+``import specobs`` loads no torch, prometheus_client, opentelemetry or grafanalib.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specobs._version import __version__
+from specobs._aggregation import HistogramData, Snapshot
+from specobs._errors import (
+    ConfigurationError,
+    MissingDependencyError,
+    ObserverClosedError,
+    SpecobsError,
+)
+from specobs._observer import Observer, configure
+from specobs._recorder import Cycle
+from specobs._resolver import ResolvedCycle
+from specobs.sinks import MemorySink, Sink
+
+__all__ = [
+    "ConfigurationError",
+    "Cycle",
+    "HistogramData",
+    "MemorySink",
+    "MissingDependencyError",
+    "Observer",
+    "ObserverClosedError",
+    "OtlpSink",
+    "PrometheusSink",
+    "ResolvedCycle",
+    "Sink",
+    "Snapshot",
+    "SpecobsError",
+    "__version__",
+    "configure",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Heavy sinks load their SDK only when asked for.
+    if name in ("PrometheusSink", "OtlpSink"):
+        from specobs import sinks
+
+        return getattr(sinks, name)
+    raise AttributeError(f"module 'specobs' has no attribute {name!r}")

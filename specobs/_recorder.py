@@ -157,6 +157,8 @@ class Cycle:
             self._closed = True
             if rec.current is self:
                 rec.current = None
+            if self.index < 0:  # begun during CUDA graph capture: counted there, not a cycle
+                return
             if self._i != rec.nphases - 1:
                 rec.misuse(
                     "wrong_phase_order",
@@ -281,9 +283,8 @@ class Recorder:
                 if clock.capturing():
                     # Inside CUDA graph capture nothing is real: not a cycle, not a timing.
                     self.dropped_capture += 1
-                    c._closed = True
-                    self.current = None
-                    return NULL_CYCLE
+                    c.index = -1  # end() drops it
+                    return c
                 ev = clock.acquire(self.nphases + 1)
                 if ev is None:
                     self.dropped_pool += 1

@@ -1,0 +1,355 @@
+"""The observer: the explicit handle ``configure()`` returns.
+
+One observer per engine (per worker thread that runs cycles). Several can coexist — there is no
+process-global that can be set only once — and each owns its recorder, resolver thread,
+aggregation and sinks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from specobs._version import __version__ as _version
+from specobs._aggregation import Aggregation, Snapshot
+from specobs._config import Settings, exporters, prometheus_addr, prometheus_port, resolve_settings
+from specobs._errors import ConfigurationError, ObserverClosedError
+from specobs._recorder import NULL_CYCLE, Cycle, Recorder, _NullCycle
+from specobs._resolver import Resolver
+from specobs.sinks._base import Sink
+from specobs.timing.host import WallAnchor
+
+__all__ = ["Observer", "configure"]
+
+_log = logging.getLogger("specobs")
+_live: weakref.WeakSet[Observer] = weakref.WeakSet()
+_fork_hook_installed = False
+
+
+def _after_fork_in_child() -> None:
+    for obs in list(_live):
+        try:
+            obs._after_fork_in_child()
+        except Exception as exc:  # pragma: no cover - never break the child
+            _log.warning("specobs: could not rebuild the observer after fork: %r", exc)
+
+
+def _install_fork_hook() -> None:
+    global _fork_hook_installed
+    if not _fork_hook_installed and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _fork_hook_installed = True
+
+
+class Observer:
+    """Times and counts speculative decoding cycles; see :func:`specobs.configure`.
+
+    Hot path (never raises, never synchronises the GPU, a cheap no-op after ``shutdown``)::
+
+        with obs.cycle(batch_size=8) as c:    # "draft" starts
+            ...
+            c.mark("verify")
+            ...
+            c.mark("bookkeeping")
+            c.accept(accepted_lengths, draft_length=4)
+
+    or, when the boundaries live in different functions, ``obs.begin()``, ``obs.mark(phase)``,
+    ``obs.accept(...)`` and ``obs.end()``, which act on the observer's current cycle.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        sinks: Sequence[Sink] = (),
+        *,
+        clock: Any = None,
+        clock_factory: Any = None,
+        clock_name: str = "none",
+    ) -> None:
+        self.settings = settings
+        self.phases = settings.phases
+        self.sinks = list(sinks)
+        self.anchor = WallAnchor()
+        self._closed = False
+        self._lock = threading.Lock()
+        sampling_desc = (
+            f"every_{settings.sample_every}" if settings.sample_every is not None
+            else f"adaptive_{settings.overhead_budget:g}"
+        )
+        self.aggregation = Aggregation(
+            settings.phases,
+            settings.max_draft_length,
+            labels=dict(settings.labels),
+            info={
+                "version": _version,
+                "phases": ",".join(settings.phases),
+                "gpu_clock": clock_name,
+                "sampling": sampling_desc,
+            },
+            baseline_tokens_per_second=settings.baseline_tokens_per_second,
+        )
+        self._recorder = Recorder(
+            settings.phases,
+            queue_size=settings.queue_size,
+            sample_every=settings.sample_every,
+            clock=clock,
+            clock_factory=clock_factory,
+            max_draft_length=settings.max_draft_length,
+        )
+        self._recorder.enabled = settings.enabled
+        self._resolver = Resolver(
+            self._recorder,
+            self.aggregation,
+            self.sinks,
+            self.anchor,
+            poll_interval_seconds=settings.poll_interval_seconds,
+            backlog_size=settings.queue_size,
+            overhead_budget=settings.overhead_budget,
+            trace_head_rate=settings.trace_head_rate,
+            trace_slow_cycle_seconds=settings.trace_slow_cycle_seconds,
+            want_traces=any(s.wants_traces for s in self.sinks),
+        )
+        for sink in self.sinks:
+            sink.attach(self)
+        if settings.enabled:
+            self._resolver.start()
+            _live.add(self)
+            _install_fork_hook()
+
+    # -- hot path ------------------------------------------------------------------------------
+    def begin(self, batch_size: int | None = None) -> Cycle | _NullCycle:
+        """Start a cycle (and its first phase). Returns the cycle; also kept as ``current``."""
+        return self._recorder.begin(batch_size)
+
+    def cycle(self, batch_size: int | None = None) -> Cycle | _NullCycle:
+        """``begin`` for use as a context manager: the cycle ends when the block exits."""
+        return self._recorder.begin(batch_size)
+
+    @property
+    def current(self) -> Cycle | None:
+        """The open cycle, if any."""
+        return self._recorder.current
+
+    def mark(self, phase: str) -> None:
+        """End the running phase of the current cycle and start ``phase``."""
+        c = self._recorder.current
+        if c is None:
+            if self._recorder.enabled:
+                self._recorder.misuse("mark_without_begin", f"mark({phase!r}) with no open cycle")
+            return
+        c.mark(phase)
+
+    def accept(
+        self,
+        accepted: Any,
+        *,
+        draft_length: Any = None,
+        batch_size: int | None = None,
+        emitted: Any = None,
+    ) -> None:
+        """Record acceptance on the current cycle (see :meth:`Cycle.accept`)."""
+        c = self._recorder.current
+        if c is None:
+            if self._recorder.enabled:
+                self._recorder.misuse("bad_acceptance", "accept() with no open cycle")
+            return
+        c.accept(accepted, draft_length=draft_length, batch_size=batch_size, emitted=emitted)
+
+    def end(self) -> None:
+        """End the current cycle."""
+        c = self._recorder.current
+        if c is None:
+            if self._recorder.enabled:
+                self._recorder.misuse("end_without_begin", "end() with no open cycle")
+            return
+        c.end()
+
+    def set_requests(self, *, running: float | None = None, waiting: float | None = None) -> None:
+        """Report the engine's running and waiting request counts (for the stall alert)."""
+        if not self._recorder.enabled:
+            return
+        agg = self.aggregation
+        if running is not None:
+            agg.requests_running = float(running)
+        if waiting is not None:
+            agg.requests_waiting = float(waiting)
+
+    def refresh_stream(self) -> None:
+        """Look up the current CUDA stream again, after the engine switched streams."""
+        clock = self._recorder.clock
+        if clock is not None:
+            clock.refresh_stream()
+            self._recorder.stream = clock.stream
+
+    # -- read back & lifecycle -------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def clock(self) -> Any:
+        """The event clock in use, or ``None`` (host clock only, or CUDA not started yet)."""
+        return self._recorder.clock
+
+    def snapshot(self) -> Snapshot:
+        """A consistent copy of the aggregation (``force_flush()`` first to include everything)."""
+        return self.aggregation.snapshot()
+
+    def force_flush(self, timeout_seconds: float = 5.0) -> bool:
+        """Resolve everything recorded so far and flush the sinks. Bounded by the timeout."""
+        if self._closed:
+            raise ObserverClosedError(
+                "Cannot flush: the observer has been shut down. Call specobs.configure() again."
+            )
+        if not self.settings.enabled:
+            return True
+        return self._resolver.force_flush(timeout_seconds)
+
+    def shutdown(self, timeout_seconds: float = 5.0) -> None:
+        """Stop recording, resolve what can be resolved within the timeout, stop the sinks.
+
+        Idempotent. Afterwards every hot-path call is a cheap no-op.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._recorder.enabled = False
+        if self.settings.enabled:
+            self._resolver.shutdown(timeout_seconds)
+        _live.discard(self)
+
+    def _after_fork_in_child(self) -> None:
+        if self._closed or not self.settings.enabled:
+            return
+        rec = self._recorder
+        if rec.clock is not None and rec.clock.name == "cuda":
+            # CUDA cannot be used in a forked child; keep counting on the host clock.
+            rec.clock = None
+            rec.record_fn = None
+            rec._clock_factory = None
+        self._lock = threading.Lock()
+        self._resolver.after_fork_in_child()
+
+    def __enter__(self) -> Observer:
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<specobs.Observer phases={','.join(self.phases)} {state}>"
+
+
+def _make_clock(settings: Settings, clock: Any) -> tuple[Any, Any, str]:
+    """Returns (clock, lazy factory, name for specobs_info)."""
+    if clock is not None and not isinstance(clock, str):
+        return clock, None, getattr(clock, "name", "custom")
+    mode = settings.clock if clock is None else clock
+    if mode not in ("auto", "cuda", "host"):
+        raise ConfigurationError(f"clock must be 'auto', 'cuda', 'host' or a clock, got {mode!r}")
+    if mode == "host":
+        return None, None, "none"
+    from specobs.timing import cuda as cuda_timing
+
+    if mode == "cuda":
+        return cuda_timing.CudaEventClock(settings.event_pool_size), None, "cuda"
+
+    pool = settings.event_pool_size
+
+    def factory() -> Any:
+        if not cuda_timing.cuda_ready():
+            return None
+        try:
+            return cuda_timing.CudaEventClock(pool)
+        except Exception as exc:
+            _log.warning("specobs: CUDA timing unavailable, host clock only: %r", exc)
+            return None
+
+    return None, factory, "auto"
+
+
+def configure(
+    *,
+    sinks: Sequence[Sink] | None = None,
+    phases: Sequence[str] | None = None,
+    sample_every: int | None = None,
+    overhead_budget: float | None = None,
+    clock: Any = None,
+    queue_size: int | None = None,
+    event_pool_size: int | None = None,
+    max_draft_length: int | None = None,
+    labels: Mapping[str, str] | None = None,
+    baseline_tokens_per_second: float | None = None,
+    poll_interval_seconds: float | None = None,
+    trace_head_rate: float | None = None,
+    trace_slow_cycle_seconds: float | None = None,
+    keep_cycles: int | None = None,
+    enabled: bool | None = None,
+    rank: int | None = None,
+    all_ranks: bool | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Observer:
+    """Create an observer. Arguments win over ``SPECOBS_*`` variables, which win over defaults.
+
+    ``sinks``: where data goes; default from ``SPECOBS_EXPORTERS`` (``prometheus``, ``otlp``),
+    else none (read back with :meth:`Observer.snapshot`). ``clock``: ``"auto"`` (CUDA events once
+    the engine has initialised CUDA), ``"cuda"``, ``"host"``, or a clock object (tests).
+    ``sample_every``: GPU-time one cycle in N; default adaptive under ``overhead_budget``.
+    Multi-process servers: only rank 0 records unless ``all_ranks`` (then each rank gets a
+    ``rank`` label and, for the default Prometheus endpoint, port + rank).
+
+    Raises :class:`~specobs.ConfigurationError` on any invalid setting.
+    """
+    settings = resolve_settings(
+        env=env, enabled=enabled, phases=phases, sample_every=sample_every,
+        overhead_budget=overhead_budget, clock=clock if isinstance(clock, str) else None,
+        queue_size=queue_size, event_pool_size=event_pool_size,
+        max_draft_length=max_draft_length, labels=labels,
+        baseline_tokens_per_second=baseline_tokens_per_second,
+        poll_interval_seconds=poll_interval_seconds, trace_head_rate=trace_head_rate,
+        trace_slow_cycle_seconds=trace_slow_cycle_seconds, keep_cycles=keep_cycles,
+        rank=rank, all_ranks=all_ranks,
+    )  # fmt: skip
+    if sinks is not None:
+        for s in sinks:
+            if not isinstance(s, Sink):
+                raise ConfigurationError(
+                    f"sinks must be specobs sinks (MemorySink, PrometheusSink, OtlpSink, or a "
+                    f"Sink subclass), got {type(s).__name__}"
+                )
+    if settings.rank != 0 and not settings.all_ranks:
+        _log.info("specobs: rank %d does not record (rank 0 only; set SPECOBS_ALL_RANKS=1)",
+                  settings.rank)
+        from dataclasses import replace
+
+        return Observer(replace(settings, enabled=False))
+    if settings.all_ranks:
+        from dataclasses import replace
+
+        settings = replace(settings, labels={**settings.labels, "rank": str(settings.rank)})
+    if not settings.enabled:
+        return Observer(settings)
+    env_map = os.environ if env is None else env
+    if sinks is None:
+        built: list[Sink] = []
+        for name in exporters(env_map):
+            if name == "prometheus":
+                from specobs.sinks.prometheus import PrometheusSink
+
+                port = prometheus_port(env_map)
+                if settings.all_ranks and port:
+                    port += settings.rank
+                built.append(PrometheusSink(port=port, addr=prometheus_addr(env_map)))
+            elif name == "otlp":
+                from specobs.sinks.otlp import OtlpSink
+
+                built.append(OtlpSink())
+        sinks = built
+    clk, factory, clock_name = _make_clock(settings, clock)
+    return Observer(settings, sinks, clock=clk, clock_factory=factory, clock_name=clock_name)

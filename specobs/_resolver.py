@@ -1,0 +1,531 @@
+"""The resolver: a background thread that turns cycle records into the aggregation.
+
+It follows OpenTelemetry's batch processor: a named daemon thread waking on
+``threading.Event.wait(poll_interval)``, a bounded backlog that drops the oldest record and counts
+it, ``force_flush`` and ``shutdown`` as the only blocking calls (both bounded in time), and a rebuild
+after ``fork()``.
+
+Why no synchronisation is ever needed: records are resolved strictly in order, and a record is
+taken only once the *last* event it holds reports ``query() == True``. Events on one stream
+complete in order, so every earlier boundary of that cycle has completed too and
+``elapsed_time`` can be read without waiting. A record whose events are still pending simply stays
+at the head of the backlog until a later poll. The worker never waits for the resolver; the
+resolver never waits for the GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from specobs import sampling
+
+if TYPE_CHECKING:
+    from specobs._aggregation import Aggregation
+    from specobs._recorder import Cycle, Recorder
+    from specobs.sinks import Sink
+    from specobs.timing import WallAnchor
+
+__all__ = ["ResolvedCycle", "Resolver"]
+
+_log = logging.getLogger("specobs")
+
+
+class ResolvedCycle:
+    """A cycle after resolution: durations in nanoseconds, counts, and trace ids if traced."""
+
+    __slots__ = (
+        "accept_lengths",
+        "accepted",
+        "batch_size",
+        "drafted",
+        "drafted_shape",
+        "emitted",
+        "end_wall_ns",
+        "gpu_ns",
+        "host_ns",
+        "index",
+        "phase_span_ids",
+        "phases",
+        "span_id",
+        "start_wall_ns",
+        "trace_id",
+    )
+
+    def __init__(self) -> None:
+        self.index = 0
+        self.phases: tuple[str, ...] = ()
+        self.start_wall_ns = 0
+        self.end_wall_ns = 0
+        self.host_ns: list[int] = []
+        self.gpu_ns: list[int] | None = None
+        self.batch_size: int | None = None
+        self.drafted = 0
+        self.accepted = 0
+        self.emitted = 0
+        self.accept_lengths: list[int] | None = None
+        # Per-sequence draft lengths, or (k, sequences) when every sequence drafted k.
+        self.drafted_shape: list[int] | tuple[int, int] | None = None
+        self.trace_id: int | None = None
+        self.span_id: int | None = None
+        self.phase_span_ids: list[int] | None = None
+
+    @property
+    def host_cycle_ns(self) -> int:
+        return sum(self.host_ns)
+
+    @property
+    def gpu_cycle_ns(self) -> int | None:
+        return None if self.gpu_ns is None else sum(self.gpu_ns)
+
+    def __repr__(self) -> str:
+        return (
+            f"ResolvedCycle(index={self.index}, host_ns={self.host_ns}, gpu_ns={self.gpu_ns}, "
+            f"batch_size={self.batch_size}, drafted={self.drafted}, accepted={self.accepted})"
+        )
+
+
+class Resolver:
+    """Owns the background thread of one observer."""
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        aggregation: Aggregation,
+        sinks: Sequence[Sink],
+        anchor: WallAnchor,
+        *,
+        poll_interval_seconds: float,
+        backlog_size: int,
+        overhead_budget: float,
+        trace_head_rate: float,
+        trace_slow_cycle_seconds: float | None,
+        want_traces: bool,
+        name: str = "specobs-resolver",
+    ) -> None:
+        self.rec = recorder
+        self.agg = aggregation
+        self.sinks = list(sinks)
+        self.anchor = anchor
+        self.poll = poll_interval_seconds
+        self.backlog_size = backlog_size
+        self.budget = overhead_budget
+        self.head_rate = trace_head_rate
+        self.slow_ns = None if trace_slow_cycle_seconds is None else int(
+            trace_slow_cycle_seconds * 1e9
+        )
+        self.want_traces = want_traces
+        self.name = name
+        self._rng = random.Random()
+        self._init_sync_state()
+        # Adaptive sampling state (EWMA of the cost of a sampled cycle and of cycle time).
+        self._cost_ewma = 0.0
+        self._cycle_ewma = 0.0
+        self._folded: dict[str, int] = {}
+
+    def _init_sync_state(self) -> None:
+        self.backlog: deque[Cycle] = deque()
+        self.consumed = 0  # records taken off the backlog (resolved or dropped)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._cond = threading.Condition()
+        self._drain_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        t = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread = t
+        t.start()
+
+    def after_fork_in_child(self) -> None:
+        """Rebuild locks and the thread; what the parent had queued is dropped and counted."""
+        lost = len(self.backlog) + len(self.rec.queue)
+        self._init_sync_state()
+        self.rec.queue.clear()
+        self.rec.dropped_records.clear()
+        self.agg.lock = threading.Lock()
+        with self.agg.lock:
+            self.agg.dropped["fork"] += lost
+        self.rec.current = None
+        self.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.poll)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.drain()
+            except Exception as exc:  # keep the thread alive whatever a sink does
+                _log.exception("specobs: resolver error, continuing: %r", exc)
+
+    def force_flush(self, timeout_seconds: float) -> bool:
+        """Wait until every record enqueued before this call is resolved and handed to sinks.
+
+        Returns False if that did not happen within ``timeout_seconds`` (e.g. GPU work that has
+        not finished yet). Never waits longer.
+        """
+        deadline = time.monotonic() + max(0.0, timeout_seconds)
+        target = self.rec.enqueued
+        while True:
+            if self._thread is None or not self._thread.is_alive():
+                self.drain()
+            else:
+                self._wake.set()
+            if self.consumed + self.rec.dropped_queue_full >= target and not self.rec.queue:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with self._cond:
+                self._cond.wait(min(remaining, 0.002))
+        ok = True
+        for sink in self.sinks:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                ok = sink.force_flush(remaining) and ok
+            except Exception as exc:
+                _log.warning("specobs: sink %r force_flush failed: %r", sink, exc)
+                ok = False
+        return ok
+
+    def shutdown(self, timeout_seconds: float) -> None:
+        deadline = time.monotonic() + max(0.0, timeout_seconds)
+        self.force_flush(max(0.0, (deadline - time.monotonic()) / 2))
+        self._stop.set()
+        self._wake.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(max(0.0, min(1.0, deadline - time.monotonic())))
+        # Whatever is still pending (GPU never completed in time) is dropped and counted.
+        with self._drain_lock:
+            lost = len(self.backlog) + len(self.rec.queue)
+            self.backlog.clear()
+            self.rec.queue.clear()
+            with self.agg.lock:
+                self.agg.dropped["shutdown"] += lost
+        for sink in self.sinks:
+            try:
+                sink.shutdown(max(0.0, deadline - time.monotonic()))
+            except Exception as exc:
+                _log.warning("specobs: sink %r shutdown failed: %r", sink, exc)
+
+    # -- the work --------------------------------------------------------------------------------
+    def drain(self) -> int:
+        """Resolve every record whose events completed. Returns how many were resolved."""
+        with self._drain_lock:
+            t_cpu = time.thread_time_ns()
+            n = self._drain_locked()
+            cpu = time.thread_time_ns() - t_cpu
+            with self.agg.lock:
+                self.agg.cpu_seconds["resolver"] += cpu / 1e9
+        with self._cond:
+            self._cond.notify_all()
+        return n
+
+    def _drain_locked(self) -> int:
+        rec = self.rec
+        clock = rec.clock
+        q = rec.queue
+        backlog = self.backlog
+        while q:
+            try:
+                backlog.append(q.popleft())
+            except IndexError:
+                break
+        dropped_full = 0
+        while len(backlog) > self.backlog_size:
+            old = backlog.popleft()
+            self._release(old)
+            dropped_full += 1
+            self.consumed += 1
+        while rec.dropped_records:
+            self._release(rec.dropped_records.popleft())
+
+        ready: list[Cycle] = []
+        while backlog:
+            c = backlog[0]
+            ev = c._ev
+            if ev is not None and clock is not None and not clock.query(ev[-1]):
+                break
+            copy = c._acc_copy
+            if copy is not None and clock is not None and not clock.query(copy.event):
+                break
+            ready.append(backlog.popleft())
+        self.consumed += len(ready)
+
+        resolved: list[ResolvedCycle] = []
+        for c in ready:
+            try:
+                resolved.append(self._resolve(c, clock))
+            except Exception as exc:  # one bad record must not lose the batch
+                self._release(c)
+                rec.internal_error(exc)
+        self._aggregate(resolved, dropped_full)
+        if resolved:
+            self._adapt(ready, resolved)
+            for sink in self.sinks:
+                try:
+                    sink.on_cycles(resolved)
+                except Exception as exc:
+                    rec.log.warn("sink", f"sink {type(sink).__name__} failed on cycles: {exc!r}")
+        return len(resolved)
+
+    def _release(self, c: Cycle) -> None:
+        clock = self.rec.clock
+        if c._ev is not None and clock is not None:
+            clock.release(c._ev)
+            c._ev = None
+        copy = c._acc_copy
+        if copy is not None:
+            c._acc_copy = None
+            try:
+                copy.release()
+            except Exception:
+                pass
+
+    def _resolve(self, c: Cycle, clock: Any) -> ResolvedCycle:
+        r = ResolvedCycle()
+        r.index = c.index
+        r.phases = self.rec.phases
+        ts = c._ts
+        r.host_ns = [ts[i + 1] - ts[i] for i in range(len(ts) - 1)]
+        r.start_wall_ns = self.anchor.to_wall_ns(ts[0])
+        r.end_wall_ns = self.anchor.to_wall_ns(ts[-1])
+        ev = c._ev
+        if ev is not None and clock is not None:
+            try:
+                el = clock.elapsed_ns
+                r.gpu_ns = [el(ev[i], ev[i + 1]) for i in range(len(ev) - 1)]
+            except Exception as exc:
+                self.rec.log.warn("elapsed", f"could not read GPU event times: {exc!r}")
+            clock.release(ev)
+            c._ev = None
+        acc = c._acc
+        copy = c._acc_copy
+        if copy is not None:
+            c._acc_copy = None
+            try:
+                acc = copy.read()
+            except Exception as exc:
+                self.rec.misuse("bad_acceptance", f"could not read the copied acceptance: {exc!r}")
+                acc = None
+        batch = c._batch
+        if acc is not None:
+            self._acceptance(r, c, acc, batch)
+        else:
+            r.batch_size = batch
+        return r
+
+    def _acceptance(self, r: ResolvedCycle, c: Cycle, acc: Any, batch: int | None) -> None:
+        k_max = self.agg.max_draft_length
+        try:
+            lengths = [int(a) for a in acc]
+        except (TypeError, ValueError):
+            self.rec.misuse("bad_acceptance", f"accepted lengths must be a sequence of integers, "
+                            f"got {type(acc).__name__}")
+            r.batch_size = batch
+            return
+        dl = c._draft_len
+        if dl is None:
+            dl = k_max
+        if isinstance(dl, int):
+            per_seq_k: list[int] | None = None
+            k = dl
+            drafted = dl * len(lengths)
+            ok = 0 <= dl <= k_max
+        else:
+            try:
+                per_seq_k = [int(x) for x in dl]
+            except (TypeError, ValueError):
+                per_seq_k = []
+            k = max(per_seq_k, default=0)
+            drafted = sum(per_seq_k)
+            ok = len(per_seq_k) == len(lengths) and min(per_seq_k, default=0) >= 0 and k <= k_max
+        if not ok:
+            self.rec.misuse(
+                "bad_acceptance",
+                f"draft_length must be an int (or one per sequence) between 0 and "
+                f"max_draft_length={k_max}, got {dl!r} for {len(lengths)} sequences",
+            )
+            r.batch_size = batch
+            return
+        if lengths and (min(lengths) < 0 or max(lengths) > k):
+            self.rec.misuse(
+                "bad_acceptance",
+                f"accepted lengths must be between 0 and the draft length {k}, got "
+                f"min={min(lengths)} max={max(lengths)}",
+            )
+            r.batch_size = batch
+            return
+        if per_seq_k is not None and any(a > b for a, b in zip(lengths, per_seq_k)):
+            self.rec.misuse("bad_acceptance", "an accepted length exceeds its draft length")
+            r.batch_size = batch
+            return
+        accepted = sum(lengths)
+        em = c._emitted
+        if em is None:
+            emitted = accepted + len(lengths)
+        else:
+            try:
+                emitted = int(em) if not hasattr(em, "__len__") else sum(int(x) for x in em)
+            except (TypeError, ValueError):
+                emitted = accepted + len(lengths)
+            if emitted < 0:
+                self.rec.misuse("bad_acceptance", f"emitted must be >= 0, got {emitted}")
+                emitted = accepted + len(lengths)
+        r.accept_lengths = lengths
+        r.accepted = accepted
+        r.drafted = drafted
+        r.emitted = emitted
+        r.batch_size = batch if batch is not None else len(lengths)
+        r.drafted_shape = per_seq_k if per_seq_k is not None else (k, len(lengths))
+
+    def _aggregate(self, resolved: list[ResolvedCycle], dropped_full: int) -> None:
+        agg = self.agg
+        rec = self.rec
+        trace = self.want_traces
+        head = self.head_rate
+        slow = self.slow_ns
+        rng = self._rng
+        with agg.lock:
+            # Fold the worker's counters (only the worker writes them; we read deltas).
+            self._fold(agg)
+            agg.dropped["queue_full"] += dropped_full
+            ph_host = agg.phase_host
+            ph_gpu = agg.phase_gpu
+            last_end = None
+            for r in resolved:
+                agg.cycles += 1
+                host = r.host_ns
+                for i, ns in enumerate(host):
+                    ph_host[i].observe(ns / 1e9)
+                host_total = sum(host) / 1e9
+                agg.cycle_host.observe(host_total)
+                gpu = r.gpu_ns
+                traced = False
+                if trace:
+                    traced = rng.random() < head or (
+                        slow is not None and sum(gpu if gpu is not None else host) >= slow
+                    )
+                if traced:
+                    r.trace_id = rng.getrandbits(128) or 1
+                    r.span_id = rng.getrandbits(64) or 1
+                    r.phase_span_ids = [rng.getrandbits(64) or 1 for _ in host]
+                if gpu is not None:
+                    agg.sampled_cycles += 1
+                    for i, ns in enumerate(gpu):
+                        v = ns / 1e9
+                        b = ph_gpu[i].observe(v)
+                        if traced:
+                            self._exemplar(ph_gpu[i], b, v, r, i)
+                    v = sum(gpu) / 1e9
+                    b = agg.cycle_gpu.observe(v)
+                    if traced:
+                        self._exemplar(agg.cycle_gpu, b, v, r, None)
+                elif traced:
+                    # Host-only cycle: exemplars go on the host-clock histograms instead.
+                    for i, ns in enumerate(host):
+                        h = ph_host[i]
+                        self._exemplar(h, _bucket(h, ns), ns / 1e9, r, i)
+                    ch = agg.cycle_host
+                    self._exemplar(ch, _bucket(ch, sum(host)), host_total, r, None)
+                lengths = r.accept_lengths
+                if lengths is not None:
+                    agg.draft_tokens += r.drafted
+                    agg.accepted_tokens += r.accepted
+                    agg.emitted_tokens += r.emitted
+                    al = agg.accept_length
+                    counts = al.counts
+                    for value, n in Counter(lengths).items():
+                        counts[value] += n
+                        al.count += n
+                        al.sum += value * n
+                    shape = r.drafted_shape
+                    dbp = agg.drafted_by_position
+                    if isinstance(shape, tuple):
+                        k, n = shape
+                        for j in range(k):
+                            dbp[j] += n
+                    elif shape is not None:
+                        for kk in shape:
+                            for j in range(kk):
+                                dbp[j] += 1
+                if r.batch_size is not None:
+                    agg.batch_size.observe(float(r.batch_size))
+                last_end = r.end_wall_ns
+            if last_end is not None:
+                agg.last_cycle_timestamp = last_end / 1e9
+            agg.sampling_interval = rec.interval
+
+    def _exemplar(self, h: Any, bucket: int, value: float, r: ResolvedCycle, phase: int | None
+                  ) -> None:
+        from specobs._aggregation import Exemplar
+
+        span = r.span_id if phase is None or r.phase_span_ids is None else r.phase_span_ids[phase]
+        h.exemplars[bucket] = Exemplar(
+            value, f"{r.trace_id:032x}", f"{span:016x}", r.end_wall_ns / 1e9
+        )
+
+    def _fold(self, agg: Aggregation) -> None:
+        rec = self.rec
+        cur = {
+            "event_pool_exhausted": rec.dropped_pool,
+            "graph_capture": rec.dropped_capture,
+            "misuse": rec.discarded,
+            "queue_full": rec.dropped_queue_full,
+        }
+        for key, value in cur.items():
+            prev = self._folded.get(key, 0)
+            if value != prev:
+                agg.dropped[key] += value - prev
+                self._folded[key] = value
+        for kind, value in list(rec.errors.items()):
+            key = "err:" + kind
+            prev = self._folded.get(key, 0)
+            if value != prev:
+                agg.errors[kind] = agg.errors.get(kind, 0) + value - prev
+                self._folded[key] = value
+
+    def _adapt(self, ready: list[Cycle], resolved: list[ResolvedCycle]) -> None:
+        cost = 0
+        n_sampled = 0
+        for c in ready:
+            if c._cost:
+                cost += c._cost
+                n_sampled += 1
+        cycle_total = 0
+        for r in resolved:
+            cycle_total += sum(r.host_ns)
+        mean_cycle = cycle_total / len(resolved)
+        self._cycle_ewma = sampling.smoothed(self._cycle_ewma, mean_cycle)
+        if n_sampled:
+            self._cost_ewma = sampling.smoothed(self._cost_ewma, cost / n_sampled)
+            with self.agg.lock:
+                self.agg.cpu_seconds["hot_path"] += cost / 1e9
+        rec = self.rec
+        if rec.sample_every is None and self._cost_ewma > 0:
+            rec.interval = sampling.adaptive_interval(
+                self._cost_ewma, self._cycle_ewma, self.budget
+            )
+        if self._cycle_ewma > 0:
+            ratio = self._cost_ewma / max(rec.interval, 1) / self._cycle_ewma
+            with self.agg.lock:
+                self.agg.overhead_ratio = ratio
+                self.agg.sampling_interval = rec.interval
+
+
+def _bucket(h: Any, ns: int) -> int:
+    from bisect import bisect_left
+
+    return bisect_left(h.bounds, ns / 1e9)

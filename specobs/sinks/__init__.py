@@ -1,0 +1,27 @@
+"""Sinks: where resolved cycles and the aggregation go.
+
+``MemorySink`` (tests, no dependencies) is always importable. ``PrometheusSink`` and ``OtlpSink``
+import their SDKs lazily; a missing extra raises an ImportError naming ``pip install
+'specobs[extra]'``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specobs.sinks._base import Sink
+from specobs.sinks.memory import MemorySink
+
+__all__ = ["MemorySink", "OtlpSink", "PrometheusSink", "Sink"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PrometheusSink":
+        from specobs.sinks.prometheus import PrometheusSink
+
+        return PrometheusSink
+    if name == "OtlpSink":
+        from specobs.sinks.otlp import OtlpSink
+
+        return OtlpSink
+    raise AttributeError(f"module 'specobs.sinks' has no attribute {name!r}")
