@@ -75,6 +75,8 @@ DROP_REASONS: tuple[str, ...] = (
     "misuse",  # the hot path was called out of order; the cycle was discarded
     "shutdown",  # records still pending when shutdown() ran out of time
     "fork",  # records inherited from the parent process after fork()
+    "span_export",  # cycle spans the OTLP exporter dropped (queue full, collector down)
+    "metric_export",  # OTLP metric exports that failed (the next export resends cumulative data)
 )
 
 #: Kinds of hot-path misuse, counted in ``specobs_exporter_errors_total{kind}``.
