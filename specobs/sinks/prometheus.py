@@ -1,0 +1,285 @@
+"""Prometheus exposition of the observer's aggregation.
+
+A custom ``prometheus_client`` collector reads :meth:`Aggregation.snapshot` at scrape time — the
+one aggregation, not a second copy kept in ``prometheus_client`` metric objects — so a scrape
+costs O(series) and the hot path pays nothing for Prometheus.
+
+Three ways to expose it:
+
+* its own HTTP endpoint (default ``127.0.0.1:9477``, ``SPECOBS_PROMETHEUS_ADDR`` /
+  ``SPECOBS_PROMETHEUS_PORT``), OpenMetrics by content negotiation (``Accept:
+  application/openmetrics-text``), with exemplars on the phase and cycle histograms;
+* mounted into a registry the inference server already serves: ``PrometheusSink(registry=r)``;
+* as an app to mount in the server's own web framework: :meth:`wsgi_app` / :meth:`asgi_app`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from specobs import catalog
+from specobs._config import prometheus_addr, prometheus_port
+from specobs._errors import ConfigurationError, require
+from specobs.sinks._base import Sink
+
+require("prometheus_client", feature="The Prometheus sink", extra="prometheus")
+
+from prometheus_client import CollectorRegistry, start_http_server  # noqa: E402
+from prometheus_client.core import (  # noqa: E402
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.samples import Exemplar as PromExemplar  # noqa: E402
+
+if TYPE_CHECKING:
+    from specobs._aggregation import HistogramData, Snapshot
+    from specobs._observer import Observer
+
+__all__ = ["PrometheusSink", "SnapshotCollector"]
+
+
+def _le(bound: float) -> str:
+    if bound == float("inf"):
+        return "+Inf"
+    return repr(float(bound))
+
+
+def _buckets(h: HistogramData, with_exemplars: bool) -> list[Any]:
+    out: list[Any] = []
+    acc = 0
+    bounds = (*h.bounds, float("inf"))
+    exemplars = h.exemplars if with_exemplars and h.exemplars else ()
+    for i, (bound, n) in enumerate(zip(bounds, h.counts)):
+        acc += n
+        ex = exemplars[i] if i < len(exemplars) else None
+        if ex is not None:
+            out.append((
+                _le(bound), acc,
+                PromExemplar(
+                    {"trace_id": ex.trace_id, "span_id": ex.span_id}, ex.value,
+                    ex.timestamp_seconds,
+                ),
+            ))
+        else:
+            out.append((_le(bound), acc))
+    return out
+
+
+class SnapshotCollector:
+    """A ``prometheus_client`` collector over one observer's aggregation."""
+
+    def __init__(self, observer: Observer, *, exemplars: bool = True) -> None:
+        self._observer = observer
+        self._exemplars = exemplars
+        self._cpu_lock = threading.Lock()
+
+    def describe(self) -> list[Metric]:
+        # An empty describe() makes the registry accept us without calling collect() at
+        # registration time (which would cost a snapshot before any cycle ran).
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        t0 = time.thread_time_ns()
+        snap = self._observer.snapshot()
+        families = list(self._families(snap))
+        agg = self._observer.aggregation
+        with agg.lock:
+            agg.cpu_seconds["prometheus"] = (
+                agg.cpu_seconds.get("prometheus", 0.0) + (time.thread_time_ns() - t0) / 1e9
+            )
+        yield from families
+
+    def _families(self, s: Snapshot) -> Iterator[Metric]:
+        const_keys = list(s.labels)
+        const_vals = [s.labels[k] for k in const_keys]
+        ex = self._exemplars
+
+        def hist(m: catalog.Metric, labels: Sequence[str]) -> HistogramMetricFamily:
+            return HistogramMetricFamily(
+                m.name, m.help, labels=[*labels, *const_keys], unit=""
+            )
+
+        def counter(m: catalog.Metric, labels: Sequence[str] = ()) -> CounterMetricFamily:
+            return CounterMetricFamily(m.base_name, m.help, labels=[*labels, *const_keys])
+
+        def gauge(m: catalog.Metric, labels: Sequence[str] = ()) -> GaugeMetricFamily:
+            return GaugeMetricFamily(m.name, m.help, labels=[*labels, *const_keys])
+
+        f = hist(catalog.PHASE_DURATION, ("phase", "clock"))
+        for phase in s.phases:
+            for clock in ("gpu", "host"):
+                h = s.phase_histograms[(phase, clock)]
+                f.add_metric([phase, clock, *const_vals], _buckets(h, ex), h.sum)
+        yield f
+
+        f = hist(catalog.CYCLE_DURATION, ("clock",))
+        for clock in ("gpu", "host"):
+            h = s.cycle_histograms[clock]
+            f.add_metric([clock, *const_vals], _buckets(h, ex), h.sum)
+        yield f
+
+        for m, value in (
+            (catalog.CYCLES, s.cycles_total),
+            (catalog.DRAFT_TOKENS, s.draft_tokens_total),
+            (catalog.ACCEPTED_TOKENS, s.accepted_tokens_total),
+            (catalog.EMITTED_TOKENS, s.emitted_tokens_total),
+        ):
+            c = counter(m)
+            c.add_metric(const_vals, value)
+            yield c
+
+        f = hist(catalog.ACCEPT_LENGTH, ())
+        f.add_metric(const_vals, _buckets(s.accept_length, False), s.accept_length.sum)
+        yield f
+
+        c = counter(catalog.ACCEPTED_BY_POSITION, ("position",))
+        for i, v in enumerate(s.accepted_by_position):
+            c.add_metric([str(i), *const_vals], v)
+        yield c
+        c = counter(catalog.DRAFTED_BY_POSITION, ("position",))
+        for i, v in enumerate(s.drafted_by_position):
+            c.add_metric([str(i), *const_vals], v)
+        yield c
+
+        f = hist(catalog.BATCH_SIZE, ())
+        f.add_metric(const_vals, _buckets(s.batch_size, False), s.batch_size.sum)
+        yield f
+
+        info = InfoMetricFamily("specobs", catalog.INFO.help, labels=const_keys)
+        info.add_metric(const_vals, dict(s.info))
+        yield info
+
+        if s.last_cycle_timestamp_seconds is not None:
+            g = gauge(catalog.LAST_CYCLE_TIMESTAMP)
+            g.add_metric(const_vals, s.last_cycle_timestamp_seconds)
+            yield g
+        if s.baseline_tokens_per_second is not None:
+            g = gauge(catalog.BASELINE_SEQUENCE_TOKENS)
+            g.add_metric(const_vals, s.baseline_tokens_per_second)
+            yield g
+        if s.requests_running is not None:
+            g = gauge(catalog.REQUESTS_RUNNING)
+            g.add_metric(const_vals, s.requests_running)
+            yield g
+        if s.requests_waiting is not None:
+            g = gauge(catalog.REQUESTS_WAITING)
+            g.add_metric(const_vals, s.requests_waiting)
+            yield g
+
+        c = counter(catalog.DROPPED_RECORDS, ("reason",))
+        for reason in catalog.DROP_REASONS:
+            c.add_metric([reason, *const_vals], s.dropped.get(reason, 0))
+        yield c
+        c = counter(catalog.SAMPLED_CYCLES)
+        c.add_metric(const_vals, s.sampled_cycles_total)
+        yield c
+        g = gauge(catalog.SAMPLING_INTERVAL)
+        g.add_metric(const_vals, s.sampling_interval)
+        yield g
+        g = gauge(catalog.OVERHEAD_RATIO)
+        g.add_metric(const_vals, s.overhead_ratio)
+        yield g
+        c = counter(catalog.EXPORTER_CPU, ("component",))
+        for comp in sorted(s.cpu_seconds):
+            c.add_metric([comp, *const_vals], s.cpu_seconds[comp])
+        yield c
+        c = counter(catalog.ERRORS, ("kind",))
+        for kind in catalog.ERROR_KINDS:
+            c.add_metric([kind, *const_vals], s.errors.get(kind, 0))
+        yield c
+
+
+class PrometheusSink(Sink):
+    """Expose the aggregation to Prometheus.
+
+    ``PrometheusSink()``: serve ``/metrics`` on ``SPECOBS_PROMETHEUS_ADDR:SPECOBS_PROMETHEUS_PORT``
+    (default ``127.0.0.1:9477``; ``port=0`` picks a free port, read it from :attr:`port`).
+    ``PrometheusSink(registry=r)``: register into ``r`` and serve nothing (the server already
+    exposes ``r``); pass ``port=`` as well to also serve it.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        addr: str | None = None,
+        *,
+        registry: CollectorRegistry | None = None,
+        exemplars: bool = True,
+    ) -> None:
+        if port is not None and (
+            isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
+        ):
+            raise ConfigurationError(f"port must be an integer in 0..65535, got {port!r}")
+        self._serve = registry is None or port is not None
+        self._port_arg = port
+        self._addr_arg = addr
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self._exemplars = exemplars
+        self._server: Any = None
+        self._thread: Any = None
+        self.port: int | None = None
+        self.addr: str | None = None
+        self.collector: SnapshotCollector | None = None
+
+    def attach(self, observer: Observer) -> None:
+        super().attach(observer)
+        self.collector = SnapshotCollector(observer, exemplars=self._exemplars)
+        self.registry.register(self.collector)  # type: ignore[arg-type]
+        if self._serve:
+            port = prometheus_port() if self._port_arg is None else self._port_arg
+            addr = prometheus_addr() if self._addr_arg is None else self._addr_arg
+            try:
+                self._server, self._thread = start_http_server(port, addr, registry=self.registry)
+            except OSError as exc:
+                self.registry.unregister(self.collector)  # type: ignore[arg-type]
+                raise ConfigurationError(
+                    f"cannot serve Prometheus metrics on {addr}:{port}: {exc.strerror or exc}. "
+                    f"Set SPECOBS_PROMETHEUS_PORT to a free port (or 0 for any)."
+                ) from exc
+            self.port = int(self._server.server_port)
+            self.addr = addr
+
+    @property
+    def url(self) -> str | None:
+        """``http://addr:port/metrics`` when serving, else ``None``."""
+        if self.port is None:
+            return None
+        return f"http://{self.addr}:{self.port}/metrics"
+
+    def wsgi_app(self) -> Any:
+        """A WSGI app serving this sink's registry (mount it at ``/metrics``)."""
+        from prometheus_client import make_wsgi_app
+
+        return make_wsgi_app(self.registry)
+
+    def asgi_app(self) -> Any:
+        """An ASGI app serving this sink's registry (mount it at ``/metrics``)."""
+        from prometheus_client import make_asgi_app
+
+        return make_asgi_app(self.registry)
+
+    def shutdown(self, timeout_seconds: float) -> None:
+        server = self._server
+        if server is not None:
+            self._server = None
+            done = threading.Event()
+
+            def stop() -> None:
+                server.shutdown()
+                server.server_close()
+                done.set()
+
+            threading.Thread(target=stop, name="specobs-prometheus-stop", daemon=True).start()
+            done.wait(max(0.0, timeout_seconds))
+        if self.collector is not None:
+            try:
+                self.registry.unregister(self.collector)  # type: ignore[arg-type]
+            except KeyError:
+                pass
+            self.collector = None
