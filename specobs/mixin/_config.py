@@ -76,6 +76,8 @@ class MixinConfig:
     trace_datasource_uid: str | None = None
     #: Exemplar label that carries the trace id.
     exemplar_trace_label: str = "trace_id"
+    #: How many servers the fleet dashboard's top/bottom-k outlier panels show.
+    outlier_count: int = 10
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -125,5 +127,6 @@ RULE_FIELDS: tuple[str, ...] = tuple(
         "trace_datasource_uid",
         "exemplar_trace_label",
         "runbook_base_url",
+        "outlier_count",
     }
 )

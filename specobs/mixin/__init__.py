@@ -1,0 +1,86 @@
+"""The specobs monitoring mixin: dashboards, recording and alert rules, runbook and metric docs,
+all generated from the metric catalog by one pure function.
+
+``render_all(config)`` maps repository-relative paths to file contents; ``write_all`` writes them
+and ``check_all`` lists the paths whose committed contents differ (``specobs generate [--check]``).
+Needs the ``gen`` extra (grafanalib, pyyaml).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from specobs.mixin._config import MixinConfig
+
+__all__ = ["OUTPUT_PATHS", "MixinConfig", "check_all", "render_all", "write_all"]
+
+#: Every path :func:`render_all` may produce, relative to the repository root.
+OUTPUT_PATHS: tuple[str, ...] = (
+    "dashboards/cycle-breakdown.json",
+    "dashboards/fleet.json",
+    "deploy/prometheus/rules/specobs-rules.yml",
+    "deploy/prometheus/rules/specobs-rules.test.yml",
+    "docs/runbook.md",
+    "docs/metrics.md",
+)
+
+
+def render_all(config: MixinConfig = MixinConfig()) -> dict[str, str]:  # noqa: B008 - frozen
+    """Every generated file: relative path -> contents. Pure: no I/O, no clock.
+
+    The promtool test file is included only when ``config`` keeps the default rule thresholds
+    and windows its cases are written for.
+    """
+    try:
+        from specobs.mixin import _dashboards, _metrics_doc, _rule_tests, _rules, _runbook
+    except ImportError as exc:  # grafanalib or pyyaml missing
+        raise ImportError(
+            f"specobs generate needs grafanalib and pyyaml ({exc}); "
+            "install them with: pip install 'specobs[gen]'"
+        ) from exc
+    files = {
+        "dashboards/cycle-breakdown.json": _dashboards.render_cycle_breakdown(config),
+        "dashboards/fleet.json": _dashboards.render_fleet(config),
+        "deploy/prometheus/rules/specobs-rules.yml": _rules.render(config),
+        "docs/runbook.md": _runbook.render(config),
+        "docs/metrics.md": _metrics_doc.render(config),
+    }
+    tests = _rule_tests.render(config)
+    if tests is not None:
+        files["deploy/prometheus/rules/specobs-rules.test.yml"] = tests
+    return dict(sorted(files.items()))
+
+
+def write_all(
+    root: str | os.PathLike[str],
+    config: MixinConfig = MixinConfig(),  # noqa: B008 - frozen
+) -> list[str]:
+    """Write every generated file under ``root``; returns the paths whose contents changed."""
+    changed = []
+    for relative, text in render_all(config).items():
+        path = Path(root) / relative
+        if path.exists() and path.read_text(encoding="utf-8") == text:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        changed.append(relative)
+    return changed
+
+
+def check_all(
+    root: str | os.PathLike[str],
+    config: MixinConfig = MixinConfig(),  # noqa: B008 - frozen
+) -> list[str]:
+    """Paths under ``root`` that are missing or differ from :func:`render_all` (empty: in sync)."""
+    drifted = []
+    for relative, text in render_all(config).items():
+        path = Path(root) / relative
+        try:
+            current = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            drifted.append(relative)
+            continue
+        if current != text:
+            drifted.append(relative)
+    return drifted
