@@ -17,11 +17,12 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from transformers.generation import candidate_generator as cg  # noqa: E402
+from transformers.generation.utils import GenerationMixin  # noqa: E402
+
 import specobs  # noqa: E402
 from specobs.instrument._base import PackageRange  # noqa: E402
 from specobs.instrument.transformers import TransformersInstrumentor  # noqa: E402
-from transformers.generation import candidate_generator as cg  # noqa: E402
-from transformers.generation.utils import GenerationMixin  # noqa: E402
 
 PHASES = ("draft", "verify", "bookkeeping")
 MAX_NEW_TOKENS = 40
@@ -178,6 +179,7 @@ def test_assisted_generation_is_counted_exactly_and_unchanged(
     assert snap.emitted_tokens_total == MAX_NEW_TOKENS
     # The seeded noise makes acceptance partial: neither every draft nor none.
     assert 0 < sum(loop_counter.matches) < loop_counter.drafted
+    assert not any(snap.errors.values()), snap.errors
     for phase in PHASES:
         assert snap.phase_count(phase, "host") == loop_counter.iterations, phase
         assert snap.phase_seconds_sum(phase, "host") > 0.0, phase

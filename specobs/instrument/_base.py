@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("specobs.instrument")
 
+DEFAULT_PHASES = ("draft", "verify", "bookkeeping")
+"""The phase names every instrumentor reports; engines differ only in the order they run them."""
+
 _RELEASE = re.compile(r"\d+(?:\.\d+)*")
 
 
@@ -210,11 +213,20 @@ class BaseInstrumentor:
                 except AttributeError:
                     pass
 
-    def observer(self) -> Observer:
+    def observer(
+        self,
+        *,
+        phases: tuple[str, ...] = DEFAULT_PHASES,
+        rank: int | None = None,
+        max_draft_length: int | None = None,
+    ) -> Observer:
         """The observer cycles go to: the one given to ``instrument``, else one from SPECOBS_*.
 
         Built on first use, in the process and thread that runs the engine, so loading a plugin in
-        a parent process starts no threads that a fork would lose.
+        a parent process starts no threads that a fork would lose. ``phases`` is the order in
+        which this engine runs them; ``rank`` the process's rank (only rank 0 records unless
+        SPECOBS_ALL_RANKS=1; ``None`` reads SPECOBS_RANK / RANK / LOCAL_RANK);
+        ``max_draft_length`` the engine's draft length when it exceeds specobs' default.
         """
         observer = self._observer
         if observer is None:
@@ -223,7 +235,9 @@ class BaseInstrumentor:
                 if observer is None:
                     import specobs
 
-                    observer = specobs.configure()
+                    observer = specobs.configure(
+                        phases=phases, rank=rank, max_draft_length=max_draft_length
+                    )
                     self._observer = observer
         return observer
 
@@ -245,3 +259,69 @@ class LogOnce:
             what,
             exc_info=True,
         )
+
+
+class PhaseTracker:
+    """Drives one engine's cycles through an observer's phases from the engine's own seams.
+
+    Seams say "phase X starts now". The tracker moves the open cycle forward to X, marking any
+    phase in between (which then lasts zero time: that step did not run it), and ignores a seam
+    for the running or an earlier phase (the time stays in the running phase). ``finish`` runs
+    the remaining phases out and ends the cycle, so the observer never sees an out-of-order mark.
+    One tracker per engine loop; only the thread that runs the loop calls it.
+    """
+
+    __slots__ = ("_index", "_order", "_phases", "cycle", "observer")
+
+    def __init__(self, observer: Observer) -> None:
+        self.observer = observer
+        phases = tuple(getattr(observer, "phases", DEFAULT_PHASES))
+        self._phases = phases
+        self._order = {name: i for i, name in enumerate(phases)}
+        self.cycle: Any = None
+        self._index = 0
+
+    @property
+    def phase(self) -> str | None:
+        """The running phase, ``None`` between cycles."""
+        return None if self.cycle is None else self._phases[self._index]
+
+    def start(self, batch_size: int | None) -> None:
+        """End the open cycle, if any, and begin the next (its first phase starts now)."""
+        if self.cycle is not None:
+            self.finish()
+        self.cycle = self.observer.begin(batch_size=batch_size)
+        self._index = 0
+
+    def enter(self, phase: str) -> None:
+        """Phase ``phase`` starts now (a no-op unless it is later than the running one)."""
+        cycle = self.cycle
+        if cycle is None:
+            return
+        target = self._order.get(phase)
+        if target is None or target <= self._index:
+            return
+        for i in range(self._index + 1, target + 1):
+            cycle.mark(self._phases[i])
+        self._index = target
+
+    def accept(self, accepted: Any, draft_length: Any, batch_size: int | None = None) -> None:
+        if self.cycle is not None:
+            self.cycle.accept(accepted, draft_length=draft_length, batch_size=batch_size)
+
+    def abort(self) -> None:
+        """The engine raised mid-cycle: discard the open cycle (its phase times mean nothing)."""
+        cycle = self.cycle
+        if cycle is not None:
+            self.cycle = None
+            cycle.__exit__(RuntimeError, None, None)
+
+    def finish(self) -> None:
+        """Run the remaining phases out and end the cycle."""
+        cycle = self.cycle
+        if cycle is None:
+            return
+        self.cycle = None
+        for i in range(self._index + 1, len(self._phases)):
+            cycle.mark(self._phases[i])
+        cycle.end()

@@ -26,7 +26,7 @@ import functools
 import threading
 from typing import TYPE_CHECKING, Any
 
-from specobs.instrument._base import BaseInstrumentor, LogOnce
+from specobs.instrument._base import BaseInstrumentor, LogOnce, PhaseTracker
 from specobs.instrument._package_transformers import PACKAGE
 
 if TYPE_CHECKING:
@@ -39,58 +39,42 @@ _active = threading.local()
 
 
 class _AssistedLoop:
-    """The state of one ``_assisted_decoding`` call: its open cycle and current phase."""
+    """The state of one ``_assisted_decoding`` call: its cycles, driven by the loop's seams."""
 
-    __slots__ = ("cycle", "draft_length", "model", "observer", "phase", "thread_id")
+    __slots__ = ("draft_length", "model", "thread_id", "tracker")
 
     def __init__(self, observer: Observer, model: Any) -> None:
-        self.observer = observer
+        self.tracker = PhaseTracker(observer)
         self.model = model
         self.thread_id = threading.get_ident()
-        self.cycle: Any = None
-        self.phase = ""
         self.draft_length = 0
 
     def draft_starts(self, input_ids: Any) -> None:
-        if self.cycle is not None:
-            self.cycle.end()
-        self.cycle = self.observer.begin(batch_size=int(input_ids.shape[0]))
-        self.phase = "draft"
+        self.tracker.start(int(input_ids.shape[0]))
         self.draft_length = 0
 
     def draft_ends(self, input_ids: Any, candidates: Any) -> None:
-        if self.cycle is None:
-            return
         self.draft_length = int(candidates[0].shape[-1]) - int(input_ids.shape[-1])
-        self.cycle.mark("verify")
-        self.phase = "verify"
+        self.tracker.enter("verify")
 
     def target_forward_ends(self) -> None:
         # The assistant may be the target itself (early exit): only the forward that runs while
-        # verifying ends the verify phase.
-        if self.phase == "verify" and threading.get_ident() == self.thread_id:
-            self.cycle.mark("bookkeeping")
-            self.phase = "bookkeeping"
+        # verifying ends the verify phase, and only on the loop's own thread.
+        if self.tracker.phase == "verify" and threading.get_ident() == self.thread_id:
+            self.tracker.enter("bookkeeping")
 
     def accepted(self, n_matches: Any) -> None:
-        if self.cycle is None:
-            return
-        if self.phase == "verify":
-            # No forward hook fired (a compiled forward that skipped it): bookkeeping starts here.
-            self.cycle.mark("bookkeeping")
-            self.phase = "bookkeeping"
+        # If no forward hook fired (a compiled forward that skipped it), bookkeeping starts here.
+        self.tracker.enter("bookkeeping")
         if isinstance(n_matches, int):
             accepted: Any = [n_matches]
         else:
             # A 0-d tensor, on the GPU when the model is: a view, copied asynchronously later.
             accepted = n_matches.reshape(1)
-        self.cycle.accept(accepted, draft_length=self.draft_length)
+        self.tracker.accept(accepted, self.draft_length)
 
     def finish(self) -> None:
-        if self.cycle is not None:
-            self.cycle.end()
-            self.cycle = None
-            self.phase = ""
+        self.tracker.finish()
 
 
 def _wrap_get_candidates(loop: _AssistedLoop, original: Any) -> Any:
@@ -132,9 +116,7 @@ class TransformersInstrumentor(BaseInstrumentor):
 
     package = PACKAGE
 
-    def instrument(
-        self, *, observer: Observer | None = None, skip_dep_check: bool = False
-    ) -> bool:
+    def instrument(self, *, observer: Observer | None = None, skip_dep_check: bool = False) -> bool:
         """Patch transformers' assisted generation; ``False`` when the version is unsupported.
 
         ``skip_dep_check`` is what ``opentelemetry-instrument`` passes after its own check.
@@ -153,7 +135,7 @@ class TransformersInstrumentor(BaseInstrumentor):
         @functools.wraps(original)
         def _assisted_decoding(model: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                loop: _AssistedLoop | None = _AssistedLoop(instrumentor.observer(), model)
+                loop = _AssistedLoop(instrumentor.observer(), model)
                 handle = model.register_forward_hook(_target_forward_hook(loop))
             except Exception:
                 _failed("the start of assisted decoding")
@@ -161,14 +143,19 @@ class TransformersInstrumentor(BaseInstrumentor):
             outer = getattr(_active, "loop", None)
             _active.loop = loop
             try:
-                return original(model, *args, **kwargs)
-            finally:
+                result = original(model, *args, **kwargs)
+            except BaseException:
                 _active.loop = outer
                 handle.remove()
-                try:
-                    loop.finish()
-                except Exception:
-                    _failed("the end of assisted decoding")
+                loop.tracker.abort()
+                raise
+            _active.loop = outer
+            handle.remove()
+            try:
+                loop.finish()
+            except Exception:
+                _failed("the end of assisted decoding")
+            return result
 
         return _assisted_decoding
 
@@ -179,9 +166,7 @@ class TransformersInstrumentor(BaseInstrumentor):
             loop = getattr(_active, "loop", None)
             if loop is not None and loop.model is model:
                 try:
-                    generator.get_candidates = _wrap_get_candidates(
-                        loop, generator.get_candidates
-                    )
+                    generator.get_candidates = _wrap_get_candidates(loop, generator.get_candidates)
                     generator.update_candidate_strategy = _wrap_update_candidate_strategy(
                         loop, generator.update_candidate_strategy
                     )
