@@ -311,7 +311,7 @@ def resolve_settings(
         )
 
     poll = d.poll_interval_seconds if poll_interval_seconds is None else _parse_float(
-        "poll_interval_seconds", poll_interval_seconds, low=0.0, high=60.0, open_low=True
+        "poll_interval_seconds", poll_interval_seconds, low=0.0, high=86400.0, open_low=True
     )
 
     if trace_head_rate is None:

@@ -148,6 +148,7 @@ class Resolver:
         lost = len(self.backlog) + len(self.rec.queue)
         self._init_sync_state()
         self.rec.queue.clear()
+        self.consumed = self.rec.enqueued - self.rec.dropped_queue_full
         self.rec.dropped_records.clear()
         self.agg.lock = threading.Lock()
         with self.agg.lock:
@@ -248,7 +249,6 @@ class Resolver:
             old = backlog.popleft()
             self._release(old)
             dropped_full += 1
-            self.consumed += 1
         while rec.dropped_records:
             self._release(rec.dropped_records.popleft())
 
@@ -262,7 +262,6 @@ class Resolver:
             if copy is not None and clock is not None and not clock.query(copy.event):
                 break
             ready.append(backlog.popleft())
-        self.consumed += len(ready)
 
         resolved: list[ResolvedCycle] = []
         for c in ready:
@@ -279,6 +278,9 @@ class Resolver:
                     sink.on_cycles(resolved)
                 except Exception as exc:
                     rec.log.warn("sink", f"sink {type(sink).__name__} failed on cycles: {exc!r}")
+        # Counted only now, after aggregation and sinks: force_flush() waits on this number, so
+        # it must not move before the data it stands for is visible.
+        self.consumed += dropped_full + len(ready)
         return len(resolved)
 
     def _release(self, c: Cycle) -> None:

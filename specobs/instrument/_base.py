@@ -131,6 +131,11 @@ class BaseInstrumentor:
         return (self.package.requirement,)
 
     @property
+    def current_observer(self) -> Observer | None:
+        """The observer cycles go to, once given or built; ``None`` before the first cycle."""
+        return self._observer
+
+    @property
     def is_instrumented(self) -> bool:
         """Whether the target is patched now."""
         return self._instrumented

@@ -13,6 +13,7 @@ Nothing here calls ``synchronize()``: the resolver thread asks ``query()`` (0.38
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +78,7 @@ class CudaEventClock:
             base_record if callable(base_record) else torch.cuda.Event.record
         )
         self._free: list[Any] = []
+        self._returned: deque[Any] = deque()
         with torch.cuda.device(self.device):
             for _ in range(pool_size):
                 ev = torch.cuda.Event(enable_timing=True)
@@ -96,18 +98,17 @@ class CudaEventClock:
 
     # Worker thread -------------------------------------------------------------------------
     def acquire(self, n: int) -> list[Any] | None:
+        # Only the worker thread touches ``_free``; the resolver returns events through the
+        # ``_returned`` deque (append/popleft are atomic), so no lock is needed on either side.
         free = self._free
-        # list.pop/slicing are atomic under the GIL; the resolver only appends.
         if len(free) < n:
-            return None
-        try:
-            taken = free[-n:]
-            del free[-n:]
-        except IndexError:  # pragma: no cover - lost a race with nobody; be safe
-            return None
-        if len(taken) != n:
-            free.extend(taken)
-            return None
+            returned = self._returned
+            while returned:
+                free.append(returned.popleft())
+            if len(free) < n:
+                return None
+        taken = free[-n:]
+        del free[-n:]
         return taken
 
     def capturing(self) -> bool:
@@ -140,7 +141,7 @@ class CudaEventClock:
 
         def release() -> None:
             pool.append(buf)
-            self._free.append(ev)
+            self._returned.append(ev)
 
         return PendingCopy(buf, n, ev, release)
 
@@ -149,7 +150,7 @@ class CudaEventClock:
 
     # Resolver thread -----------------------------------------------------------------------
     def release(self, events: list[Any]) -> None:
-        self._free.extend(events)
+        self._returned.extend(events)
 
     def query(self, event: Any) -> bool:
         return bool(event.query())
@@ -159,4 +160,4 @@ class CudaEventClock:
         return int(round(start.elapsed_time(end) * 1e6))
 
     def free_events(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._returned)

@@ -9,6 +9,7 @@ without sleeps or races.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,6 +78,7 @@ class FakeEventClock:
         self.gpu = gpu if gpu is not None else FakeGpu()
         self.pool_size = pool_size
         self._free: list[Any] = [FakeEvent() for _ in range(pool_size)]
+        self._returned: deque[Any] = deque()
         self.stream = object()
         gpu_ = self.gpu
 
@@ -88,15 +90,21 @@ class FakeEventClock:
         self.copies = 0
 
     def acquire(self, n: int) -> list[Any] | None:
+        # Same discipline as the CUDA clock: the worker owns ``_free``, releases come back
+        # through the ``_returned`` deque.
         free = self._free
         if len(free) < n:
-            return None
+            returned = self._returned
+            while returned:
+                free.append(returned.popleft())
+            if len(free) < n:
+                return None
         taken = free[-n:]
         del free[-n:]
         return taken
 
     def release(self, events: list[Any]) -> None:
-        self._free.extend(events)
+        self._returned.extend(events)
 
     def query(self, event: Any) -> bool:
         return bool(event.recorded) and event.ts <= self.gpu.completed_ns
@@ -125,4 +133,4 @@ class FakeEventClock:
         pass
 
     def free_events(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._returned)

@@ -1,0 +1,759 @@
+"""OTLP export of the observer's aggregation (metrics) and of sampled cycles (traces).
+
+Metrics
+    The one aggregation, read with :meth:`Observer.snapshot` and turned into the SDK's export data
+    types (``MetricsData`` → ``ResourceMetrics`` → ``ScopeMetrics`` → ``Metric`` with ``Sum``,
+    ``Gauge`` and ``Histogram`` points), handed to the official ``OTLPMetricExporter``. No SDK
+    instrument is ever called per value: one export builds O(series) points from one snapshot.
+    Histograms carry the catalog's explicit bucket boundaries (the same as the Prometheus
+    ``le`` buckets) and the aggregation's exemplars (trace and span ids of traced cycles); every
+    counter is a monotonic cumulative ``Sum``; temporality is cumulative with the start time of
+    the observer, so a failed export loses nothing (the next one resends the totals). Constant
+    labels are point attributes, so after a Collector's ``prometheus`` exporter every series has
+    the same name and labels as on the scrape path. Gauges that were never set (no baseline
+    configured, the engine never reported its requests, no cycle yet) are left out, exactly as the
+    Prometheus sink leaves them out; every other series is always exported, zeros included.
+
+    Why our own thread and not a ``PeriodicExportingMetricReader``: this SDK version (1.45) has no
+    ``MetricProducer`` hook on its readers, and a reader only exports what SDK instruments
+    recorded — which would mean a second copy of the aggregation. A daemon thread,
+    ``specobs-otlp``, wakes every ``export_interval_seconds`` (default 10 s) and on
+    ``force_flush``/``shutdown``, takes one snapshot and calls ``exporter.export()``. All blocking
+    network work happens on that thread; ``force_flush`` and ``shutdown`` only wait for it, up to
+    their timeout.
+
+Traces
+    For every resolved cycle the resolver picked for tracing (head rate plus the slow-cycle tail
+    threshold; the resolver assigns the trace and span ids, so Prometheus exemplars point at these
+    very spans), one ``specobs.cycle`` span with a child span per phase named after the phase.
+    They are built directly as SDK ``ReadableSpan`` objects — no tracer, no context, no per-span
+    ``start``/``end`` — and fed to an SDK ``BatchSpanProcessor(OTLPSpanExporter)``. Timestamps: the
+    cycle starts at its wall-clock start (the host stamp of its first boundary, anchored to Unix
+    time); the children follow back to back, each lasting its GPU duration when the cycle was
+    GPU-timed (``specobs.clock = "gpu"``), else its host duration (``"host"``); the parent ends at
+    start + the sum. Attributes: ``specobs.cycle.index``, ``specobs.clock``,
+    ``specobs.batch_size`` and, when the cycle recorded acceptance, ``specobs.draft_tokens``,
+    ``specobs.accepted_tokens``, ``specobs.emitted_tokens``; every span also carries its
+    host-clock duration as ``specobs.host_duration_ns`` (an int).
+
+Bounded memory, counted drops (``specobs_exporter_dropped_records_total{reason="span_export"}``)
+    At most ``max_queue_size`` spans are in flight (handed to the processor and not yet taken by
+    the exporter). When a traced cycle's spans do not fit, the whole cycle's spans are refused
+    before the processor sees them, so the processor's own queue never overflows and every lost
+    span is counted exactly once. Counted in ``dropped["span_export"]``, in spans:
+
+    * spans refused because ``max_queue_size`` spans were already in flight (collector slow or
+      down);
+    * spans of a batch the exporter reported as failed (after its own retries), or that raised;
+    * spans still queued when ``shutdown`` ran out of time, and spans offered after shutdown.
+
+    ``dropped["metric_export"]`` counts metric exports that failed (one per export; the next one
+    resends the cumulative values).
+
+CPU
+    ``time.thread_time_ns`` around building and exporting metrics (on ``specobs-otlp``) and
+    around each span export (on the processor's thread) goes into ``cpu_seconds["otlp"]``. Building
+    spans happens in ``on_cycles`` on the resolver thread and is already counted as ``resolver``.
+    Work inside gRPC's own C-core threads is not visible to ``thread_time_ns``.
+
+Configuration
+    The standard variables, read when the sink is attached: ``OTEL_EXPORTER_OTLP_ENDPOINT`` (and
+    ``_TRACES_ENDPOINT`` / ``_METRICS_ENDPOINT``), ``OTEL_EXPORTER_OTLP_PROTOCOL`` (and
+    ``_TRACES_PROTOCOL`` / ``_METRICS_PROTOCOL``), ``OTEL_EXPORTER_OTLP_HEADERS``,
+    ``OTEL_EXPORTER_OTLP_TIMEOUT``, ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``; the
+    endpoint, header, timeout, TLS and compression variables are interpreted by the official
+    exporters themselves, so they mean here what they mean to every other Python OpenTelemetry
+    program (note that the Python exporters read ``OTEL_EXPORTER_OTLP_TIMEOUT`` in seconds).
+    The protocol defaults to ``grpc`` as the Python SDK's own ``otlp`` exporter does (the
+    specification recommends ``http/protobuf``; set ``OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf``
+    for that). Constructor arguments override the variables: ``endpoint`` is a base URL like
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` (for ``http/protobuf`` the sink appends ``/v1/traces`` and
+    ``/v1/metrics``) and wins over the per-signal endpoint variables too.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from specobs import catalog
+from specobs._errors import ConfigurationError, require
+from specobs._version import __version__
+from specobs.sinks._base import Sink
+
+require("opentelemetry.sdk", feature="OTLP export", extra="otlp")
+
+from opentelemetry.sdk.metrics import Exemplar as OtelExemplar  # noqa: E402
+from opentelemetry.sdk.metrics.export import (  # noqa: E402
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.resources import Resource  # noqa: E402
+from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402
+from opentelemetry.sdk.trace.export import (  # noqa: E402
+    BatchSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope  # noqa: E402
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags  # noqa: E402
+
+if TYPE_CHECKING:
+    from specobs._aggregation import Aggregation, HistogramData, Snapshot
+    from specobs._observer import Observer
+    from specobs._resolver import ResolvedCycle
+
+__all__ = ["OtlpSink"]
+
+_log = logging.getLogger("specobs")
+
+Protocol = Literal["grpc", "http/protobuf"]
+PROTOCOLS: tuple[str, ...] = ("grpc", "http/protobuf")
+
+OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+"""OTLP transport for both signals: ``grpc`` (default, as the Python SDK) or ``http/protobuf``."""
+
+OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+"""OTLP transport for spans; overrides ``OTEL_EXPORTER_OTLP_PROTOCOL``."""
+
+OTEL_EXPORTER_OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
+"""OTLP transport for metrics; overrides ``OTEL_EXPORTER_OTLP_PROTOCOL``."""
+
+DEFAULT_EXPORT_INTERVAL_SECONDS = 10.0
+DEFAULT_MAX_QUEUE_SIZE = 2048
+_MAX_EXPORT_BATCH_SIZE = 512
+# How often the span processor exports without being asked (it also wakes when a batch fills).
+_SPAN_SCHEDULE_DELAY_MILLIS = 1000.0
+
+_SCOPE = InstrumentationScope("specobs", __version__)
+# OTLP's histogram min/max are optional; the aggregation does not track them, so they are left
+# unset (the protobuf encoder treats None as "not present").
+_UNSET = cast(float, None)
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_CUMULATIVE = AggregationTemporality.CUMULATIVE
+
+
+def _protocol(name: str, value: str) -> Protocol:
+    v = value.strip().lower()
+    if v not in PROTOCOLS:
+        raise ConfigurationError(
+            f"{name} must be 'grpc' or 'http/protobuf', got {value!r}. "
+            f"(OTLP over http/json is not supported.)"
+        )
+    return cast(Protocol, v)
+
+
+def _resolve_protocol(arg: str | None, signal_var: str, env: Mapping[str, str]) -> Protocol:
+    if arg is not None:
+        return _protocol("protocol", arg)
+    for var in (signal_var, OTEL_EXPORTER_OTLP_PROTOCOL):
+        raw = env.get(var)
+        if raw is not None and raw.strip():
+            return _protocol(var, raw)
+    return "grpc"
+
+
+def _positive(name: str, value: object) -> float:
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"{name} must be a number of seconds > 0, got {value!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise ConfigurationError(f"{name} must be a number of seconds > 0, got {value!r}")
+    return v
+
+
+class _CountingSpanExporter(SpanExporter):
+    """Wraps the OTLP span exporter: counts what it received and what failed, and its CPU.
+
+    ``received`` is read by the sink's admission check (in flight = submitted - received). Once
+    ``close()`` ran, later exports (a processor thread that outlived a timed-out shutdown) return
+    FAILURE at once and are not counted again: the sink already counted them as lost.
+    """
+
+    def __init__(self, inner: SpanExporter, sink: OtlpSink) -> None:
+        self._inner = inner
+        self._sink = sink
+        self.received = 0
+        self._closed = False
+        self._shut = False
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        n = len(spans)
+        with self._lock:
+            if self._closed:
+                return SpanExportResult.FAILURE
+            self.received += n
+        t0 = time.thread_time_ns()
+        try:
+            result = self._inner.export(spans)
+        except Exception as exc:  # the processor would only log it; we count it too
+            _log.warning("specobs: OTLP span export raised: %r", exc)
+            result = SpanExportResult.FAILURE
+        self._sink._exported_spans(n, result is SpanExportResult.SUCCESS, time.thread_time_ns() - t0)
+        return result
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        with self._lock:
+            self._closed = True
+            if self._shut:
+                return
+            self._shut = True
+        try:
+            self._inner.shutdown()
+        except Exception as exc:
+            _log.warning("specobs: OTLP span exporter shutdown failed: %r", exc)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+
+class _FlushRequest:
+    __slots__ = ("done", "ok")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.ok = False
+
+
+class OtlpSink(Sink):
+    """Push the aggregation as OTLP metrics, and sampled cycles as OTLP traces.
+
+    >>> sink = OtlpSink(endpoint="http://collector:4317")            # doctest: +SKIP
+    >>> obs = specobs.configure(sinks=[sink], trace_slow_cycle_seconds=0.05)  # doctest: +SKIP
+
+    Arguments override the standard ``OTEL_*`` variables (see the module docstring):
+    ``endpoint`` (base URL), ``protocol`` (``"grpc"`` or ``"http/protobuf"``), ``headers``,
+    ``timeout_seconds`` (per export, retries included), ``service_name``,
+    ``resource_attributes`` (merged over ``OTEL_RESOURCE_ATTRIBUTES``). ``traces`` /
+    ``metrics`` turn either signal off; ``export_interval_seconds`` is the metric push period;
+    ``max_queue_size`` bounds the spans in flight.
+
+    Raises :class:`~specobs.ConfigurationError` on an invalid argument or variable.
+    """
+
+    def __init__(
+        self,
+        *,
+        endpoint: str | None = None,
+        protocol: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_seconds: float | None = None,
+        service_name: str | None = None,
+        resource_attributes: Mapping[str, str | bool | int | float] | None = None,
+        export_interval_seconds: float = DEFAULT_EXPORT_INTERVAL_SECONDS,
+        traces: bool = True,
+        metrics: bool = True,
+        max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
+    ) -> None:
+        environ = os.environ
+        if not traces and not metrics:
+            raise ConfigurationError(
+                "OtlpSink(traces=False, metrics=False) would export nothing; "
+                "enable at least one signal or drop the sink."
+            )
+        if isinstance(max_queue_size, bool) or not isinstance(max_queue_size, int) or (
+            max_queue_size < 1
+        ):
+            raise ConfigurationError(f"max_queue_size must be an integer >= 1, got {max_queue_size!r}")
+        if endpoint is not None and (not isinstance(endpoint, str) or not endpoint.strip()):
+            raise ConfigurationError(
+                f"endpoint must be a URL such as 'http://localhost:4317', got {endpoint!r}"
+            )
+        self.endpoint = None if endpoint is None else endpoint.strip()
+        self.traces_protocol = _resolve_protocol(
+            protocol, OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, environ
+        )
+        self.metrics_protocol = _resolve_protocol(
+            protocol, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, environ
+        )
+        self.headers = None if headers is None else dict(headers)
+        self.timeout_seconds = (
+            None if timeout_seconds is None else _positive("timeout_seconds", timeout_seconds)
+        )
+        self.export_interval_seconds = _positive("export_interval_seconds", export_interval_seconds)
+        self.max_queue_size = max_queue_size
+        self.wants_traces = bool(traces)
+        self.metrics = bool(metrics)
+        attrs: dict[str, Any] = dict(resource_attributes or {})
+        if service_name is not None:
+            attrs["service.name"] = service_name
+        try:
+            # Resource.create reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME; ours win.
+            self.resource = Resource.create(attrs)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"could not build the OTLP resource from OTEL_RESOURCE_ATTRIBUTES / "
+                f"OTEL_SERVICE_NAME / resource_attributes: {exc}"
+            ) from exc
+
+        self._lock = threading.Lock()
+        self._closed = False
+        self._attached = False
+        self._submitted = 0  # spans handed to the processor
+        self._failed_span_batches = 0
+        self._span_exporter: _CountingSpanExporter | None = None
+        self._processor: BatchSpanProcessor | None = None
+        self._metric_exporter: MetricExporter | None = None
+        self._exporters_shut = False
+        self._start_ns = 0
+        self._init_thread_state()
+
+    def _init_thread_state(self) -> None:
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._stopping = False
+        self._requests: list[_FlushRequest] = []
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def attach(self, observer: Observer) -> None:
+        if self._attached:
+            raise ConfigurationError(
+                "this OtlpSink is already attached to an observer; create one sink per observer"
+            )
+        super().attach(observer)
+        self._attached = True
+        agg = observer.aggregation
+        with agg.lock:
+            agg.cpu_seconds.setdefault("otlp", 0.0)
+        snap_created = observer.snapshot().created_unix_seconds
+        self._start_ns = (
+            int(snap_created * 1e9) if snap_created > 0 else int(observer.anchor.wall_ns)
+        )
+        try:
+            if self.wants_traces:
+                inner = self._make_span_exporter()
+                self._span_exporter = _CountingSpanExporter(inner, self)
+                self._processor = BatchSpanProcessor(
+                    self._span_exporter,
+                    max_queue_size=self.max_queue_size,
+                    schedule_delay_millis=_SPAN_SCHEDULE_DELAY_MILLIS,
+                    max_export_batch_size=min(_MAX_EXPORT_BATCH_SIZE, self.max_queue_size),
+                )
+            if self.metrics:
+                self._metric_exporter = self._make_metric_exporter()
+        except ConfigurationError:
+            raise
+        except Exception as exc:
+            raise ConfigurationError(
+                f"could not create the OTLP exporter from the OTEL_EXPORTER_OTLP_* variables "
+                f"and arguments: {exc}"
+            ) from exc
+        self._start_thread()
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(self)
+
+            def after_fork_in_child() -> None:
+                sink = ref()
+                if sink is not None:
+                    sink._after_fork_in_child()
+
+            os.register_at_fork(after_in_child=after_fork_in_child)
+
+    def _signal_endpoint(self, protocol: Protocol, path: str) -> str | None:
+        if self.endpoint is None:
+            return None  # the exporter reads the per-signal and the general variable itself
+        if protocol == "grpc":
+            return self.endpoint
+        return f"{self.endpoint.rstrip('/')}/{path}"
+
+    def _make_span_exporter(self) -> SpanExporter:
+        endpoint = self._signal_endpoint(self.traces_protocol, "v1/traces")
+        if self.traces_protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcSpanExporter,
+            )
+
+            return GrpcSpanExporter(
+                endpoint=endpoint, headers=self.headers, timeout=self.timeout_seconds
+            )
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpSpanExporter,
+        )
+
+        return HttpSpanExporter(endpoint=endpoint, headers=self.headers, timeout=self.timeout_seconds)
+
+    def _make_metric_exporter(self) -> MetricExporter:
+        endpoint = self._signal_endpoint(self.metrics_protocol, "v1/metrics")
+        if self.metrics_protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                OTLPMetricExporter as GrpcMetricExporter,
+            )
+
+            return GrpcMetricExporter(
+                endpoint=endpoint, headers=self.headers, timeout=self.timeout_seconds
+            )
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+            OTLPMetricExporter as HttpMetricExporter,
+        )
+
+        return HttpMetricExporter(
+            endpoint=endpoint, headers=self.headers, timeout=self.timeout_seconds
+        )
+
+    def _start_thread(self) -> None:
+        t = threading.Thread(target=self._run, name="specobs-otlp", daemon=True)
+        self._thread = t
+        t.start()
+
+    def _after_fork_in_child(self) -> None:
+        # Threads do not survive fork(); the span processor rebuilds its own.
+        self._lock = threading.Lock()
+        if self._closed or not self._attached:
+            return
+        self._init_thread_state()
+        self._start_thread()
+
+    def force_flush(self, timeout_seconds: float) -> bool:
+        """Export the queued spans, then the metrics, on the export thread.
+
+        Returns True when both were delivered within ``timeout_seconds``; False on timeout or
+        when the collector refused them (what was refused is counted). Never waits longer.
+        """
+        if not self._attached or self._closed:
+            return False
+        req = _FlushRequest()
+        with self._lock:
+            self._requests.append(req)
+        self._wake.set()
+        return req.done.wait(max(0.0, timeout_seconds)) and req.ok
+
+    def shutdown(self, timeout_seconds: float) -> None:
+        """Export what is left and stop, within ``timeout_seconds`` whatever the collector does.
+
+        If the export thread has not finished by then, the exporters are shut down at once
+        (aborting their retries and cancelling in-flight gRPC calls) and every span not yet taken
+        by the exporter is counted as dropped. Idempotent.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._stopping = True
+        if not self._attached:
+            return
+        self._wake.set()
+        if not self._stopped.wait(max(0.0, timeout_seconds)):
+            _log.warning(
+                "specobs: OTLP export did not finish within %.3g s; dropping what is left",
+                timeout_seconds,
+            )
+        self._shutdown_exporters()
+        exp = self._span_exporter
+        if exp is not None:
+            exp.close()
+            with self._lock:
+                lost = self._submitted - exp.received
+                self._submitted = exp.received
+            self._count_dropped("span_export", lost)
+
+    # -- resolver thread -------------------------------------------------------------------------
+    def on_cycles(self, cycles: Sequence[ResolvedCycle]) -> None:
+        processor = self._processor
+        exp = self._span_exporter
+        if processor is None or exp is None:
+            return
+        refused = 0
+        spans: list[ReadableSpan] = []
+        with self._lock:
+            closed = self._closed
+            room = self.max_queue_size - (self._submitted - exp.received)
+        for r in cycles:
+            if r.trace_id is None or r.span_id is None:
+                continue
+            need = 1 + len(r.host_ns)
+            if closed or need > room:
+                refused += need
+                continue
+            room -= need
+            spans.extend(self._cycle_spans(r))
+        if spans:
+            with self._lock:
+                self._submitted += len(spans)
+            for span in spans:
+                processor.on_end(span)
+        if refused:
+            self._count_dropped("span_export", refused)
+
+    def _cycle_spans(self, r: ResolvedCycle) -> list[ReadableSpan]:
+        trace_id = r.trace_id
+        assert trace_id is not None and r.span_id is not None
+        host = r.host_ns
+        durations = r.gpu_ns if r.gpu_ns is not None and len(r.gpu_ns) == len(host) else None
+        clock = "gpu" if durations is not None else "host"
+        if durations is None:
+            durations = host
+        parent_ctx = SpanContext(trace_id, r.span_id, is_remote=False, trace_flags=_SAMPLED)
+        start = r.start_wall_ns
+        attrs: dict[str, Any] = {
+            "specobs.cycle.index": r.index,
+            "specobs.clock": clock,
+            "specobs.host_duration_ns": sum(host),
+        }
+        if r.batch_size is not None:
+            attrs["specobs.batch_size"] = r.batch_size
+        if r.accept_lengths is not None:
+            attrs["specobs.draft_tokens"] = r.drafted
+            attrs["specobs.accepted_tokens"] = r.accepted
+            attrs["specobs.emitted_tokens"] = r.emitted
+        resource = self.resource
+        out: list[ReadableSpan] = []
+        ids = r.phase_span_ids
+        t = start
+        for i, phase in enumerate(r.phases[: len(durations)]):
+            end = t + durations[i]
+            child_id = ids[i] if ids is not None and i < len(ids) else (r.span_id ^ (i + 1)) or 1
+            out.append(ReadableSpan(
+                name=phase,
+                context=SpanContext(trace_id, child_id, is_remote=False, trace_flags=_SAMPLED),
+                parent=parent_ctx,
+                resource=resource,
+                attributes={
+                    "specobs.clock": clock,
+                    "specobs.cycle.index": r.index,
+                    "specobs.host_duration_ns": host[i],
+                },
+                kind=SpanKind.INTERNAL,
+                start_time=t,
+                end_time=end,
+                instrumentation_scope=_SCOPE,
+            ))
+            t = end
+        parent = ReadableSpan(
+            name="specobs.cycle",
+            context=parent_ctx,
+            parent=None,
+            resource=resource,
+            attributes=attrs,
+            kind=SpanKind.INTERNAL,
+            start_time=start,
+            end_time=t,
+            instrumentation_scope=_SCOPE,
+        )
+        return [parent, *out]
+
+    # -- accounting (any thread) -----------------------------------------------------------------
+    def _aggregation(self) -> Aggregation:
+        return self.observer.aggregation
+
+    def _count_dropped(self, reason: str, n: int) -> None:
+        if n <= 0:
+            return
+        agg = self._aggregation()
+        with agg.lock:
+            agg.dropped[reason] = agg.dropped.get(reason, 0) + n
+
+    def _exported_spans(self, n: int, ok: bool, cpu_ns: int) -> None:
+        agg = self._aggregation()
+        with agg.lock:
+            if not ok:
+                agg.dropped["span_export"] = agg.dropped.get("span_export", 0) + n
+            agg.cpu_seconds["otlp"] = agg.cpu_seconds.get("otlp", 0.0) + cpu_ns / 1e9
+        if not ok:
+            with self._lock:
+                self._failed_span_batches += 1
+
+    @property
+    def spans_in_flight(self) -> int:
+        """Spans handed to the processor and not yet taken by the exporter (≤ max_queue_size)."""
+        exp = self._span_exporter
+        if exp is None:
+            return 0
+        with self._lock:
+            return self._submitted - exp.received
+
+    # -- export thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        interval = self.export_interval_seconds
+        next_due = time.monotonic() + interval
+        try:
+            while True:
+                self._wake.wait(max(0.0, next_due - time.monotonic()))
+                self._wake.clear()
+                with self._lock:
+                    requests = self._requests
+                    self._requests = []
+                    stopping = self._stopping
+                if requests or stopping or time.monotonic() >= next_due:
+                    ok = self._export(flush_spans=bool(requests) or stopping)
+                    next_due = time.monotonic() + interval
+                    for req in requests:
+                        req.ok = ok
+                        req.done.set()
+                if stopping:
+                    break
+            processor = self._processor
+            if processor is not None:
+                # Joins the processor's thread; its last export finds nothing left.
+                processor.shutdown()  # type: ignore[no-untyped-call]
+            self._shutdown_exporters()
+        except Exception as exc:  # never let a thread die with a traceback
+            _log.warning("specobs: OTLP export thread failed: %r", exc)
+        finally:
+            self._stopped.set()
+
+    def _export(self, *, flush_spans: bool) -> bool:
+        ok = True
+        processor = self._processor
+        if flush_spans and processor is not None:
+            with self._lock:
+                failed_before = self._failed_span_batches
+            try:
+                processor.force_flush()
+            except Exception as exc:
+                _log.warning("specobs: OTLP span flush failed: %r", exc)
+                ok = False
+            with self._lock:
+                ok = ok and self._failed_span_batches == failed_before
+        exporter = self._metric_exporter
+        if exporter is not None:
+            t0 = time.thread_time_ns()
+            try:
+                data = self.metrics_data(self.observer.snapshot())
+                result = exporter.export(
+                    data, timeout_millis=(self.timeout_seconds or 10.0) * 1000
+                )
+                metrics_ok = result is MetricExportResult.SUCCESS
+            except Exception as exc:
+                _log.warning("specobs: OTLP metric export raised: %r", exc)
+                metrics_ok = False
+            cpu = time.thread_time_ns() - t0
+            agg = self._aggregation()
+            with agg.lock:
+                agg.cpu_seconds["otlp"] = agg.cpu_seconds.get("otlp", 0.0) + cpu / 1e9
+                if not metrics_ok:
+                    agg.dropped["metric_export"] = agg.dropped.get("metric_export", 0) + 1
+            ok = ok and metrics_ok
+        return ok
+
+    def _shutdown_exporters(self) -> None:
+        with self._lock:
+            if self._exporters_shut:
+                return
+            self._exporters_shut = True
+        if self._span_exporter is not None:
+            self._span_exporter.shutdown()
+        if self._metric_exporter is not None:
+            try:
+                self._metric_exporter.shutdown()
+            except Exception as exc:
+                _log.warning("specobs: OTLP metric exporter shutdown failed: %r", exc)
+
+    # -- metrics ---------------------------------------------------------------------------------
+    def metrics_data(self, s: Snapshot, now_ns: int | None = None) -> MetricsData:
+        """The snapshot as OTLP metrics data (every catalog entry; see the module docstring)."""
+        now = time.time_ns() if now_ns is None else now_ns
+        start = self._start_ns or now
+        const = dict(s.labels)
+        out: list[Metric] = []
+
+        def attrs(**extra: str) -> dict[str, str]:
+            return {**const, **extra} if extra else const
+
+        def hist(m: catalog.Metric, points: list[tuple[dict[str, str], HistogramData]]) -> None:
+            out.append(Metric(m.otel_name, m.help, m.unit, Histogram(
+                [_hist_point(h, a, start, now) for a, h in points], _CUMULATIVE,
+            )))
+
+        def counter(m: catalog.Metric, points: list[tuple[dict[str, str], int | float]]) -> None:
+            out.append(Metric(m.otel_name, m.help, m.unit, Sum(
+                [NumberDataPoint(a, start, now, v) for a, v in points], _CUMULATIVE, True,
+            )))
+
+        def gauge(m: catalog.Metric, value: int | float | None, a: dict[str, str]) -> None:
+            if value is not None:
+                out.append(Metric(m.otel_name, m.help, m.unit, Gauge(
+                    [NumberDataPoint(a, start, now, value)],
+                )))
+
+        hist(catalog.PHASE_DURATION, [
+            (attrs(phase=p, clock=c), s.phase_histograms[(p, c)])
+            for p in s.phases for c in ("gpu", "host")
+        ])
+        hist(catalog.CYCLE_DURATION, [
+            (attrs(clock=c), s.cycle_histograms[c]) for c in ("gpu", "host")
+        ])
+        counter(catalog.CYCLES, [(attrs(), s.cycles_total)])
+        counter(catalog.DRAFT_TOKENS, [(attrs(), s.draft_tokens_total)])
+        counter(catalog.ACCEPTED_TOKENS, [(attrs(), s.accepted_tokens_total)])
+        counter(catalog.EMITTED_TOKENS, [(attrs(), s.emitted_tokens_total)])
+        hist(catalog.ACCEPT_LENGTH, [(attrs(), s.accept_length)])
+        counter(catalog.ACCEPTED_BY_POSITION, [
+            (attrs(position=str(i)), v) for i, v in enumerate(s.accepted_by_position)
+        ])
+        counter(catalog.DRAFTED_BY_POSITION, [
+            (attrs(position=str(i)), v) for i, v in enumerate(s.drafted_by_position)
+        ])
+        hist(catalog.BATCH_SIZE, [(attrs(), s.batch_size)])
+        gauge(catalog.INFO, 1, {**const, **s.info})
+        gauge(catalog.LAST_CYCLE_TIMESTAMP, s.last_cycle_timestamp_seconds, attrs())
+        gauge(catalog.BASELINE_SEQUENCE_TOKENS, s.baseline_tokens_per_second, attrs())
+        gauge(catalog.REQUESTS_RUNNING, s.requests_running, attrs())
+        gauge(catalog.REQUESTS_WAITING, s.requests_waiting, attrs())
+        counter(catalog.DROPPED_RECORDS, [
+            (attrs(reason=r), s.dropped.get(r, 0)) for r in catalog.DROP_REASONS
+        ])
+        counter(catalog.SAMPLED_CYCLES, [(attrs(), s.sampled_cycles_total)])
+        gauge(catalog.SAMPLING_INTERVAL, s.sampling_interval, attrs())
+        gauge(catalog.OVERHEAD_RATIO, float(s.overhead_ratio), attrs())
+        counter(catalog.EXPORTER_CPU, [
+            (attrs(component=c), float(v)) for c, v in sorted(s.cpu_seconds.items())
+        ])
+        counter(catalog.ERRORS, [
+            (attrs(kind=k), s.errors.get(k, 0)) for k in catalog.ERROR_KINDS
+        ])
+        return MetricsData([ResourceMetrics(self.resource, [ScopeMetrics(_SCOPE, out, "")], "")])
+
+    def __repr__(self) -> str:
+        signals = "+".join(
+            n for n, on in (("traces", self.wants_traces), ("metrics", self.metrics)) if on
+        )
+        where = self.endpoint or "OTEL_EXPORTER_OTLP_ENDPOINT"
+        return (
+            f"<specobs.OtlpSink {signals} traces={self.traces_protocol} "
+            f"metrics={self.metrics_protocol} endpoint={where}>"
+        )
+
+
+def _hist_point(h: HistogramData, attrs: dict[str, str], start: int, now: int) -> HistogramDataPoint:
+    exemplars = [
+        OtelExemplar(
+            None, e.value, int(e.timestamp_seconds * 1e9),
+            span_id=int(e.span_id, 16), trace_id=int(e.trace_id, 16),
+        )
+        for e in h.exemplars if e is not None
+    ]
+    return HistogramDataPoint(
+        attributes=attrs,
+        start_time_unix_nano=start,
+        time_unix_nano=now,
+        count=h.count,
+        sum=h.sum,
+        bucket_counts=list(h.counts),
+        explicit_bounds=list(h.bounds),
+        min=_UNSET,
+        max=_UNSET,
+        exemplars=exemplars,
+    )
