@@ -1,0 +1,223 @@
+"""Grafana dashboard-linter rules, written as tests (the linter binary is not installable here),
+plus the mixin's own layout and fleet rules."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from typing import Any
+
+import pytest
+
+from specobs import catalog
+from specobs.mixin import MixinConfig, render_all
+from specobs.mixin._rules import recording_rules
+from tests.test_mixin_promql import label_values_query, selectors
+
+PATHS = ("dashboards/cycle-breakdown.json", "dashboards/fleet.json")
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+RATE_FUNCTIONS = ("rate(", "irate(", "increase(")
+
+
+def _load(config: MixinConfig = MixinConfig()) -> dict[str, dict[str, Any]]:  # noqa: B008
+    files = render_all(config)
+    return {path: json.loads(files[path]) for path in PATHS}
+
+
+DASHBOARDS = _load()
+
+
+def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in dashboard["panels"] if p["type"] != "row"]
+
+
+def targets(dashboard: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [(p["title"], t) for p in panels(dashboard) for t in p["targets"]]
+
+
+def variables(dashboard: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in dashboard["templating"]["list"]}
+
+
+params = pytest.mark.parametrize("path", PATHS)
+
+
+@params
+def test_template_datasource_rule(path: str) -> None:
+    ds = variables(DASHBOARDS[path])["datasource"]
+    assert ds["type"] == "datasource" and ds["query"] == "prometheus"
+
+
+@params
+def test_template_job_instance_model_rules(path: str) -> None:
+    vs = variables(DASHBOARDS[path])
+    assert list(vs) == ["datasource", "job", "instance", "model"]
+    for name in ("job", "instance", "model"):
+        v = vs[name]
+        assert v["type"] == "query"
+        assert v["datasource"] == DATASOURCE
+        assert v["multi"] and v["includeAll"], name
+        assert v["refresh"] == 2, f"{name}: must refresh on time range change"
+        metric, label = label_values_query(v["query"])
+        assert label == name
+    assert 'job=~"$job"' in vs["instance"]["query"]
+    assert 'instance=~"$instance"' in vs["model"]["query"]
+    # Series without a model label must still match when "All" is selected.
+    assert vs["model"]["allValue"] == ".*"
+
+
+@params
+def test_panel_datasource_rule(path: str) -> None:
+    for panel in panels(DASHBOARDS[path]):
+        assert panel["datasource"] == DATASOURCE, panel["title"]
+        assert panel["targets"], f"{panel['title']}: panel without targets"
+        for target in panel["targets"]:
+            assert target["datasource"] == DATASOURCE, panel["title"]
+
+
+@params
+def test_panel_title_description_and_units_rules(path: str) -> None:
+    for panel in panels(DASHBOARDS[path]):
+        assert panel["title"].strip(), panel
+        assert panel["description"] and len(panel["description"]) > 20, panel["title"]
+        assert panel["fieldConfig"]["defaults"].get("unit"), f"{panel['title']}: no unit"
+        if panel["type"] == "table":
+            for override in panel["fieldConfig"]["overrides"]:
+                props = {p["id"]: p["value"] for p in override["properties"]}
+                assert props.get("unit"), override
+
+
+@params
+def test_target_job_and_instance_rules(path: str) -> None:
+    for title, target in targets(DASHBOARDS[path]):
+        found = selectors(target["expr"])
+        assert found, title
+        for name, _, matchers in found:
+            assert 'job=~"$job"' in matchers, f"{title}: {name} lacks job=~\"$job\""
+            assert 'instance=~"$instance"' in matchers, f"{title}: {name} lacks the instance"
+
+
+@params
+def test_target_rate_interval_rule(path: str) -> None:
+    for title, target in targets(DASHBOARDS[path]):
+        ranges = re.findall(r"\[([^\]]*)\]", target["expr"])
+        assert all(r == "$__rate_interval" for r in ranges), f"{title}: {ranges}"
+        for function in RATE_FUNCTIONS:
+            for match in re.finditer(re.escape(function), target["expr"]):
+                rest = target["expr"][match.end() :]
+                assert re.match(r"[^()\[]*\[\$__rate_interval\]\)", rest), title
+
+
+@params
+def test_target_counter_agg_rule(path: str) -> None:
+    """Counters (and histogram series, which are counters) only inside rate/increase."""
+    counters = {
+        series
+        for m in catalog.CATALOG
+        if m.kind in ("counter", "histogram")
+        for series in m.series()
+    }
+    for title, target in targets(DASHBOARDS[path]):
+        expr = target["expr"]
+        for name, start, _ in selectors(expr):
+            if name in counters:
+                before = expr[:start]
+                assert before.endswith(RATE_FUNCTIONS), f"{title}: bare counter {name}"
+
+
+@params
+def test_target_promql_is_not_empty_and_refids_unique(path: str) -> None:
+    for panel in panels(DASHBOARDS[path]):
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)), panel["title"]
+        assert all(t["expr"].strip() for t in panel["targets"])
+
+
+@params
+def test_dashboard_is_uneditable_with_fixed_uid_and_ids(path: str) -> None:
+    dashboard = DASHBOARDS[path]
+    assert dashboard["editable"] is False
+    assert dashboard["uid"] == "specobs-" + path.split("/")[1].removesuffix(".json")
+    assert dashboard["title"].startswith("Speculative decoding — ")
+    assert dashboard["id"] is None
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert all(isinstance(i, int) for i in ids) and len(ids) == len(set(ids))
+    assert _load()[path] == dashboard  # same uids, ids and positions every time
+
+
+@params
+def test_grid_positions_are_fixed_and_do_not_overlap(path: str) -> None:
+    boxes = []
+    for panel in DASHBOARDS[path]["panels"]:
+        pos = panel["gridPos"]
+        assert set(pos) == {"h", "w", "x", "y"}, panel["title"]
+        assert pos["x"] >= 0 and pos["w"] > 0 and pos["x"] + pos["w"] <= 24, panel["title"]
+        boxes.append((panel["title"], pos))
+    for (a_title, a), (b_title, b) in itertools.combinations(boxes, 2):
+        overlap = (
+            a["x"] < b["x"] + b["w"]
+            and b["x"] < a["x"] + a["w"]
+            and a["y"] < b["y"] + b["h"]
+            and b["y"] < a["y"] + a["h"]
+        )
+        assert not overlap, f"{a_title!r} overlaps {b_title!r}"
+
+
+def test_fleet_reads_recording_rules_only() -> None:
+    recorded = {r.record for r in recording_rules(MixinConfig())}
+    fleet = DASHBOARDS["dashboards/fleet.json"]
+    exprs = [t["expr"] for _, t in targets(fleet)]
+    exprs += [label_values_query(v["query"])[0] for v in variables(fleet).values()
+              if v["type"] == "query"]  # fmt: skip
+    for expr in exprs:
+        names = {name for name, _, _ in selectors(expr)}
+        assert names and names <= recorded, f"raw series {names - recorded} in {expr!r}"
+        assert "rate(" not in expr and "$__rate_interval" not in expr
+
+
+def test_cycle_breakdown_has_the_issue_panels() -> None:
+    titles = [p["title"] for p in panels(DASHBOARDS["dashboards/cycle-breakdown.json"])]
+    for needle in (
+        "by phase (GPU clock)", "by phase (host clock)", "Phase share", "p50 / p90 / p99",
+        "heatmap", "Acceptance rate", "Mean accept length", "by draft position",
+        "Accept-length distribution", "Batch size", "tokens/s per server", "per sequence",
+        "realized vs predicted", "Dropped", "sampled", "CPU",
+    ):  # fmt: skip
+        assert any(needle in t for t in titles), needle
+
+
+def test_fleet_has_the_issue_panels() -> None:
+    fleet = DASHBOARDS["dashboards/fleet.json"]
+    table = next(p for p in panels(fleet) if p["type"] == "table")
+    headers = [t["legendFormat"] for t in table["targets"]]
+    assert headers == [
+        "Up", "Tokens/s", "Acceptance", "p99 cycle", "Verify share", "Last cycle age",
+        "Firing alerts",
+    ]  # fmt: skip
+    assert all(t["instant"] and t["format"] == "table" for t in table["targets"])
+    titles = " | ".join(p["title"] for p in panels(fleet))
+    for needle in ("Slowest", "Lowest", "Highest", "by model", "by engine", "across the fleet"):
+        assert needle in titles, needle
+    assert sum(p["type"] == "stat" for p in panels(fleet)) >= 4
+
+
+def _latency_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in panels(dashboard)
+        if any("_seconds_bucket" in t["expr"] for t in p["targets"])
+        and "rate(" in "".join(t["expr"] for t in p["targets"])
+    ]
+
+
+def test_latency_panels_show_exemplars_and_link_traces_only_when_configured() -> None:
+    plain = _latency_panels(DASHBOARDS["dashboards/cycle-breakdown.json"])
+    assert len(plain) >= 3
+    for panel in plain:
+        assert all(t["exemplar"] for t in panel["targets"]), panel["title"]
+        assert not panel["fieldConfig"]["defaults"].get("links"), panel["title"]
+    traced = _load(MixinConfig(trace_datasource_uid="tempo-uid"))
+    for panel in _latency_panels(traced["dashboards/cycle-breakdown.json"]):
+        links = panel["fieldConfig"]["defaults"]["links"]
+        assert links and "tempo-uid" in links[0]["url"], panel["title"]
