@@ -32,11 +32,7 @@ def rendered() -> dict[str, str]:
 
 
 def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
-    return [
-        target["expr"]
-        for panel in dashboard["panels"]
-        for target in panel.get("targets", [])
-    ]
+    return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
 
 
 def all_exprs(files: dict[str, str]) -> dict[str, list[str]]:
@@ -166,9 +162,7 @@ def test_promtool_test_rules_bites_a_naive_tokens_per_second_alert(tmp_path: Pat
 def test_dashboard_expressions_parse_in_prometheus_2_42(
     rendered: dict[str, str], tmp_path: Path
 ) -> None:
-    exprs = [
-        e for path, es in all_exprs(rendered).items() if path != RULES for e in es
-    ]
+    exprs = [e for path, es in all_exprs(rendered).items() if path != RULES for e in es]
     substitutions = {
         "$__rate_interval": "1m", "$job": "specobs", "$instance": ".+", "$model": ".*",
     }  # fmt: skip
@@ -233,9 +227,7 @@ def test_recording_rules_are_named_level_metric_operations() -> None:
 
 def test_alerts_follow_the_conventions(rendered: dict[str, str]) -> None:
     runbook = rendered["docs/runbook.md"]
-    anchors = {
-        heading.lower() for heading in re.findall(r"^## (\S+)$", runbook, flags=re.M)
-    }
+    anchors = {heading.lower() for heading in re.findall(r"^## (\S+)$", runbook, flags=re.M)}
     rules = yaml.safe_load(rendered[RULES])["groups"][1]["rules"]
     assert len(rules) == len(runbook_entries())
     for rule in rules:

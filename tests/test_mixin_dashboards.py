@@ -59,7 +59,7 @@ def test_template_job_instance_model_rules(path: str) -> None:
         assert v["datasource"] == DATASOURCE
         assert v["multi"] and v["includeAll"], name
         assert v["refresh"] == 2, f"{name}: must refresh on time range change"
-        metric, label = label_values_query(v["query"])
+        _metric, label = label_values_query(v["query"])
         assert label == name
     assert 'job=~"$job"' in vs["instance"]["query"]
     assert 'instance=~"$instance"' in vs["model"]["query"]
@@ -94,7 +94,7 @@ def test_target_job_and_instance_rules(path: str) -> None:
         found = selectors(target["expr"])
         assert found, title
         for name, _, matchers in found:
-            assert 'job=~"$job"' in matchers, f"{title}: {name} lacks job=~\"$job\""
+            assert 'job=~"$job"' in matchers, f'{title}: {name} lacks job=~"$job"'
             assert 'instance=~"$instance"' in matchers, f"{title}: {name} lacks the instance"
 
 

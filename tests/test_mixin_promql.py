@@ -70,7 +70,7 @@ def test_metric_names_skips_functions_keywords_labels_and_durations() -> None:
         'sum by (phase, le) (rate(foo_bucket{job=~"$job", le="0.5"}[$__rate_interval]))\n'
         "/ on (job, instance) group_left ()\n"
         "histogram_quantile(0.99, bar:baz:rate5m offset 10m) > 1e-3 * time()\n"
-        "unless ignoring (x) absent(up{a=\"b\"}) or vector(1)"
+        'unless ignoring (x) absent(up{a="b"}) or vector(1)'
     )
     assert metric_names(expr) == {"foo_bucket", "bar:baz:rate5m", "up"}
 

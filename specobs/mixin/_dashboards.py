@@ -17,7 +17,6 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-import attr
 from grafanalib import core as g
 from grafanalib._gen import DashboardEncoder
 
@@ -34,19 +33,22 @@ GPU = 'clock="gpu"'
 HOST = 'clock="host"'
 
 
-@attr.s
-class PromTarget(g.Target):  # type: ignore[misc]
-    """A Prometheus target bound to the ``$datasource`` variable, with optional exemplars."""
-
-    exemplar: bool = attr.ib(default=False)
-
-    def to_json_data(self) -> dict[str, Any]:
-        data: dict[str, Any] = super().to_json_data()
-        data["exemplar"] = self.exemplar
-        data["datasource"] = DATASOURCE
-        data["editorMode"] = "code"
-        data["range"] = not self.instant
-        return data
+def _target(
+    expr: str, legend: str, ref_id: str, *, exemplar: bool, instant: bool, fmt: str
+) -> dict[str, Any]:
+    """A Prometheus target bound to the ``$datasource`` variable."""
+    return {
+        "datasource": DATASOURCE,
+        "editorMode": "code",
+        "exemplar": exemplar,
+        "expr": expr,
+        "format": fmt,
+        "instant": instant,
+        "interval": "",
+        "legendFormat": legend,
+        "range": not instant,
+        "refId": ref_id,
+    }
 
 
 @dataclass
@@ -107,16 +109,15 @@ class _Builder:
 
     def _targets(
         self, queries: list[tuple[str, str]], exemplars: bool = False, instant: bool = False
-    ) -> list[PromTarget]:
+    ) -> list[dict[str, Any]]:
         return [
-            PromTarget(
-                expr=expr,
-                legendFormat=legend,
-                refId=chr(ord("A") + i),
+            _target(
+                expr,
+                legend,
+                chr(ord("A") + i),
                 exemplar=exemplars,
                 instant=instant,
-                format="table" if instant else "time_series",
-                intervalFactor=1,
+                fmt="table" if instant else "time_series",
             )
             for i, (expr, legend) in enumerate(queries)
         ]
@@ -171,7 +172,7 @@ class _Builder:
         panel_id, pos = self.layout.place(w, h)
         links = self._links(exemplars)
         targets = self._targets([(expr, "{{le}}")], exemplars)
-        targets[0].format = "heatmap"
+        targets[0]["format"] = "heatmap"
         self.panels.append(
             g.Heatmap(
                 id=panel_id,
@@ -230,7 +231,8 @@ class _Builder:
         panel_id, pos = self.layout.place(w, h)
         targets = self._targets([(expr, header) for header, _, expr in columns], instant=True)
         renames = {
-            f"Value #{t.refId}": header for t, (header, _, _) in zip(targets, columns, strict=True)
+            f"Value #{t['refId']}": header
+            for t, (header, _, _) in zip(targets, columns, strict=True)
         }
         overrides = [
             {

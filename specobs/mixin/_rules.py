@@ -274,7 +274,7 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
     ]
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(yaml.SafeDumper):  # type: ignore[misc]
     pass
 
 
@@ -289,7 +289,7 @@ _Dumper.add_representer(str, _str_presenter)
 
 def dump_yaml(data: Any) -> str:
     """YAML with multi-line strings as literal blocks, keys in the order given."""
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
+    return str(yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True))
 
 
 def rule_groups(config: MixinConfig) -> dict[str, Any]:
