@@ -248,6 +248,6 @@ def test_opentelemetry_entry_point_contract(instrumentor: Any) -> None:
     )
     loaded = entry_point.load()
     assert loaded is TransformersInstrumentor
-    assert list(loaded().instrumentation_dependencies()) == ["transformers >= 4.46, < 6"]
+    assert list(loaded().instrumentation_dependencies()) == ["transformers >= 4.57, < 6"]
     assert loaded().instrument(skip_dep_check=True) is True
     assert instrumentor.is_instrumented

@@ -2,5 +2,5 @@
 
 from specobs.instrument._base import PackageRange
 
-PACKAGE = PackageRange("transformers", minimum="4.46", below="6")
+PACKAGE = PackageRange("transformers", minimum="4.57", below="6")
 """Hugging Face transformers; the assisted-generation seams are unchanged across this range."""

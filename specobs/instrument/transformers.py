@@ -1,7 +1,7 @@
 """Hugging Face transformers assisted generation (``model.generate(..., assistant_model=...)``).
 
 Seams, read from ``transformers/generation/utils.py`` and ``candidate_generator.py`` (the same
-in 4.46 through 5.24, see docs/integrations.md):
+in 4.57 through 5.24, see docs/integrations.md):
 
 - ``GenerationMixin._assisted_decoding`` runs the loop. Each iteration calls
   ``candidate_generator.get_candidates(input_ids, ...)`` (**draft**), runs the target model's
