@@ -251,3 +251,45 @@ def test_opentelemetry_entry_point_contract(instrumentor: Any) -> None:
     assert list(loaded().instrumentation_dependencies()) == ["transformers >= 4.57, < 6"]
     assert loaded().instrument(skip_dep_check=True) is True
     assert instrumentor.is_instrumented
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
+def test_assisted_generation_on_cuda_gets_gpu_phase_times(
+    do_sample: bool, loop_counter: LoopCounter, instrumentor: Any
+) -> None:
+    obs = specobs.configure(
+        phases=PHASES, sinks=[specobs.MemorySink()], clock="cuda", sample_every=1
+    )
+    try:
+        target, assistant = (m.to("cuda") for m in _build_pair("llama"))
+
+        def generate() -> Any:
+            torch.manual_seed(1234)
+            prompt = _prompt().to("cuda")
+            kwargs: dict[str, Any] = {"do_sample": do_sample}
+            if do_sample:
+                kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
+            with torch.no_grad():
+                return target.generate(
+                    prompt, attention_mask=torch.ones_like(prompt), assistant_model=assistant,
+                    max_new_tokens=MAX_NEW_TOKENS, min_new_tokens=MAX_NEW_TOKENS,
+                    pad_token_id=0, **kwargs,
+                )  # fmt: skip
+
+        plain = generate()
+        loop_counter.iterations, loop_counter.drafted, loop_counter.matches = 0, 0, []
+        assert instrumentor.instrument(observer=obs) is True
+        instrumented = generate()
+        assert torch.equal(plain, instrumented)
+        snap = _snapshot(obs)
+        assert snap.cycles_total == loop_counter.iterations > 1
+        assert snap.accepted_tokens_total == sum(loop_counter.matches)
+        assert snap.draft_tokens_total == loop_counter.drafted
+        assert not any(snap.errors.values()), snap.errors
+        for phase in PHASES:
+            assert snap.phase_count(phase, "gpu") == loop_counter.iterations, phase
+            assert snap.phase_seconds_sum(phase, "gpu") > 0.0, phase
+    finally:
+        obs.shutdown(timeout_seconds=5.0)
