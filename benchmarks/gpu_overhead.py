@@ -1,0 +1,358 @@
+"""What does measuring a speculative decoding cycle cost, and how true are the phase times?
+
+A synthetic EAGLE-style cycle in torch: ``k`` draft steps of a small model, one target forward over
+``k + 1`` tokens per sequence, and bookkeeping with the host synchronisation real servers do
+(accepted lengths copied to the host). Eager and CUDA-graph variants (draft and verify each one
+graph), at a small size (cycle < 1 ms) and a large one (about 3 ms).
+
+Modes, run side by side in rotating order so drifts in clocks and load hit every mode alike:
+
+* ``none``       uninstrumented
+* ``host``       perf_counter at each boundary (what most servers log)
+* ``sync``       torch.cuda.synchronize() + perf_counter around each phase
+* ``profiler``   torch.profiler with record_function per phase
+* ``specobs``    specobs defaults (adaptive sampling under a 0.5% budget)
+* ``every``      specobs timing every cycle on the GPU (sample_every=1)
+
+Prints cycles/s relative to ``none`` (median over rounds), and per-phase milliseconds from each
+method next to a synchronize-isolated reference (each phase alone between synchronisations).
+
+    PYTHONPATH=. python benchmarks/gpu_overhead.py --rounds 7 --cycles 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import specobs
+
+PHASES = ("draft", "verify", "bookkeeping")
+
+
+class Workload:
+    """One synthetic EAGLE-style cycle."""
+
+    def __init__(self, *, d: int, target_layers: int, batch: int, k: int, graphs: bool) -> None:
+        dev = torch.device("cuda")
+        dt = torch.bfloat16
+        g = torch.Generator(device=dev).manual_seed(0)
+        self.k = k
+        self.batch = batch
+        self.vocab = 4096
+        self.draft_w1 = torch.randn(d, 2 * d, device=dev, dtype=dt, generator=g) / d**0.5
+        self.draft_w2 = torch.randn(2 * d, d, device=dev, dtype=dt, generator=g) / d**0.5
+        self.target_w = [
+            (torch.randn(d, 4 * d, device=dev, dtype=dt, generator=g) / d**0.5,
+             torch.randn(4 * d, d, device=dev, dtype=dt, generator=g) / (4 * d) ** 0.5)
+            for _ in range(target_layers)
+        ]
+        self.lm_head = torch.randn(d, self.vocab, device=dev, dtype=dt, generator=g) / d**0.5
+        self.embed = torch.randn(self.vocab, d, device=dev, dtype=dt, generator=g)
+        self.h = torch.randn(batch, d, device=dev, dtype=dt, generator=g)
+        self.draft_tokens = torch.zeros(batch, k, device=dev, dtype=torch.long)
+        self.target_tokens = torch.zeros(batch, k + 1, device=dev, dtype=torch.long)
+        self.graphs = graphs
+        self._draft_graph: torch.cuda.CUDAGraph | None = None
+        self._verify_graph: torch.cuda.CUDAGraph | None = None
+        if graphs:
+            self._capture()
+
+    def _draft_eager(self) -> None:
+        h = self.h
+        for i in range(self.k):
+            h = torch.relu(h @ self.draft_w1) @ self.draft_w2
+            self.draft_tokens[:, i] = (h @ self.lm_head).argmax(-1)
+            h = h + self.embed[self.draft_tokens[:, i]]
+
+    def _verify_eager(self) -> None:
+        x = self.embed[self.draft_tokens].reshape(-1, self.h.shape[-1])
+        x = torch.cat([self.h, x], 0)
+        for w1, w2 in self.target_w:
+            x = x + torch.relu(x @ w1) @ w2
+        logits = x @ self.lm_head
+        self.target_tokens.copy_(logits.argmax(-1).reshape(self.k + 1, self.batch).T)
+
+    def _capture(self) -> None:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                self._draft_eager()
+                self._verify_eager()
+        torch.cuda.current_stream().wait_stream(s)
+        self._draft_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._draft_graph):
+            self._draft_eager()
+        self._verify_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._verify_graph):
+            self._verify_eager()
+        torch.cuda.synchronize()
+
+    def draft(self) -> None:
+        if self._draft_graph is not None:
+            self._draft_graph.replay()
+        else:
+            self._draft_eager()
+
+    def verify(self) -> None:
+        if self._verify_graph is not None:
+            self._verify_graph.replay()
+        else:
+            self._verify_eager()
+
+    def bookkeeping(self) -> torch.Tensor:
+        match = (self.draft_tokens == self.target_tokens[:, : self.k]).int()
+        accept = match.cumprod(-1).sum(-1)
+        # The host sync real servers do: the scheduler needs accepted lengths on the CPU.
+        accept_cpu = accept.to("cpu")
+        _ = accept_cpu.tolist()
+        return accept
+
+
+def run_mode(w: Workload, mode: str, cycles: int) -> tuple[float, dict[str, Any]]:
+    """Run ``cycles`` cycles; return (seconds, per-phase info)."""
+    info: dict[str, Any] = {}
+    draft, verify, book = w.draft, w.verify, w.bookkeeping
+    torch.cuda.synchronize()
+    if mode == "none":
+        t0 = time.perf_counter()
+        for _ in range(cycles):
+            draft()
+            verify()
+            book()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0, info
+    if mode == "host":
+        acc = dict.fromkeys(PHASES, 0)
+        pc = time.perf_counter_ns
+        t0 = time.perf_counter()
+        for _ in range(cycles):
+            a = pc()
+            draft()
+            b = pc()
+            verify()
+            c = pc()
+            book()
+            d = pc()
+            acc["draft"] += b - a
+            acc["verify"] += c - b
+            acc["bookkeeping"] += d - c
+        torch.cuda.synchronize()
+        el = time.perf_counter() - t0
+        info["phase_ms"] = {p: acc[p] / cycles / 1e6 for p in PHASES}
+        return el, info
+    if mode == "sync":
+        acc = dict.fromkeys(PHASES, 0)
+        pc = time.perf_counter_ns
+        sync = torch.cuda.synchronize
+        t0 = time.perf_counter()
+        for _ in range(cycles):
+            sync()
+            a = pc()
+            draft()
+            sync()
+            b = pc()
+            verify()
+            sync()
+            c = pc()
+            book()
+            sync()
+            d = pc()
+            acc["draft"] += b - a
+            acc["verify"] += c - b
+            acc["bookkeeping"] += d - c
+        el = time.perf_counter() - t0
+        info["phase_ms"] = {p: acc[p] / cycles / 1e6 for p in PHASES}
+        return el, info
+    if mode == "profiler":
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        t0 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(cycles):
+                with record_function("draft"):
+                    draft()
+                with record_function("verify"):
+                    verify()
+                with record_function("bookkeeping"):
+                    book()
+            torch.cuda.synchronize()
+        el = time.perf_counter() - t0
+        # Only the loop is timed above; processing the trace comes after (not counted).
+        try:
+            ka = {e.key: e for e in prof.key_averages()}
+            info["phase_ms"] = {
+                p: getattr(ka[p], "device_time_total", getattr(ka[p], "cuda_time_total", 0.0))
+                / 1e3 / cycles if p in ka else float("nan")
+                for p in PHASES
+            }
+        except Exception as exc:  # profiler API drift: keep the throughput number
+            info["error"] = repr(exc)
+        return el, info
+    if mode in ("specobs", "every"):
+        obs = specobs.configure(
+            clock="cuda", sinks=[], sample_every=1 if mode == "every" else None,
+            poll_interval_seconds=0.01,
+        )
+        t0 = time.perf_counter()
+        for _ in range(cycles):
+            c = obs.begin(batch_size=w.batch)
+            draft()
+            c.mark("verify")
+            verify()
+            c.mark("bookkeeping")
+            book()
+            c.end()
+        torch.cuda.synchronize()
+        el = time.perf_counter() - t0
+        obs.force_flush(timeout_seconds=30)
+        s = obs.snapshot()
+        info["phase_ms"] = {
+            p: (s.phase_seconds_sum(p, "gpu") / s.phase_count(p, "gpu") * 1e3)
+            if s.phase_count(p, "gpu") else float("nan")
+            for p in PHASES
+        }
+        info["host_phase_ms"] = {
+            p: s.phase_seconds_sum(p, "host") / s.phase_count(p, "host") * 1e3 for p in PHASES
+        }
+        info["sampled"] = s.sampled_cycles_total
+        info["cycles"] = s.cycles_total
+        info["interval"] = s.sampling_interval
+        info["overhead_ratio"] = s.overhead_ratio
+        obs.shutdown(timeout_seconds=5)
+        return el, info
+    raise ValueError(mode)
+
+
+def reference(w: Workload, n: int, *, busy: bool = False) -> dict[str, float]:
+    """Each phase alone between synchronisations, timed with CUDA events: the truth we compare to.
+
+    ``busy=False``: the events bracket the phase as launched from an idle GPU, so launch latency
+    is included (what a phase costs when nothing overlaps it). ``busy=True``: a spin kernel keeps
+    the GPU busy while the phase is enqueued, so the events measure pure execution time.
+    """
+    out: dict[str, list[float]] = {p: [] for p in PHASES}
+    fns: dict[str, Callable[[], Any]] = {
+        "draft": w.draft, "verify": w.verify, "bookkeeping": w.bookkeeping,
+    }
+    for _ in range(n):
+        for p in PHASES:
+            s = torch.cuda.Event(enable_timing=True)
+            e = torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            if busy and p != "bookkeeping":  # bookkeeping syncs the host itself
+                torch.cuda._sleep(2_000_000)  # about 1 ms
+            s.record()
+            fns[p]()
+            e.record()
+            torch.cuda.synchronize()
+            out[p].append(s.elapsed_time(e))
+    return {p: statistics.median(v) for p, v in out.items()}
+
+
+def warm(w: Workload, seconds: float = 2.0) -> None:
+    """Run the workload until the GPU clocks have ramped up."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        run_mode(w, "none", 20)
+
+
+def cycle_ms(w: Workload, n: int = 200) -> float:
+    el, _ = run_mode(w, "none", n)
+    return el / n * 1e3
+
+
+def build(size: str, graphs: bool) -> Workload:
+    if size == "small":
+        return Workload(d=1024, target_layers=2, batch=8, k=4, graphs=graphs)
+    # Large: grow the target until an eager cycle takes about 3 ms.
+    layers = 8
+    w = Workload(d=4096, target_layers=layers, batch=64, k=4, graphs=False)
+    for _ in range(3):
+        ms = cycle_ms(w, 50)
+        layers = max(1, round(layers * 3.0 / ms))
+        w = Workload(d=4096, target_layers=layers, batch=64, k=4, graphs=False)
+    return Workload(d=4096, target_layers=layers, batch=64, k=4, graphs=graphs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--cycles", type=int, default=2000, help="cycles per mode per round (small)")
+    ap.add_argument("--modes", default="none,host,sync,profiler,specobs,every")
+    ap.add_argument("--workloads", default="small-eager,small-graph,large-eager,large-graph")
+    ap.add_argument("--json", default=None, help="write full results here")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs CUDA", file=sys.stderr)
+        return 2
+    torch.cuda.init()
+    modes = args.modes.split(",")
+    results: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d"), "workloads": {},
+    }
+    for wl in args.workloads.split(","):
+        size, variant = wl.split("-")
+        w = build(size, variant == "graph")
+        warm(w)
+        base_ms = cycle_ms(w, 200)
+        cycles = args.cycles if size == "small" else max(200, args.cycles // 5)
+        ref = reference(w, 50)
+        ref_busy = reference(w, 50, busy=True)
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        infos: dict[str, dict[str, Any]] = {}
+        for m in modes:  # warm every mode once (profiler and specobs start-up)
+            run_mode(w, m, 50)
+        for r in range(args.rounds):
+            order = modes[r % len(modes):] + modes[: r % len(modes)]
+            for m in order:
+                el, info = run_mode(w, m, cycles)
+                times[m].append(el)
+                infos[m] = info
+        ratios = {}
+        for m in modes:
+            # Ratio per round against the same round's uninstrumented run, then the median.
+            per_round = [times["none"][i] / times[m][i] for i in range(args.rounds)]
+            ratios[m] = statistics.median(per_round)
+        results["workloads"][wl] = {
+            "cycle_ms": base_ms, "cycles_per_mode_round": cycles, "reference_ms": ref,
+            "reference_busy_ms": ref_busy,
+            "ratios": ratios, "infos": infos,
+            "cycles_per_s": {m: cycles / statistics.median(times[m]) for m in modes},
+        }
+        print(f"\n== {wl}: uninstrumented cycle {base_ms:.3f} ms, {cycles} cycles x "
+              f"{args.rounds} rounds")
+        print(f"{'mode':<10} {'cyc/s':>9} {'ratio':>7}   " + "  ".join(
+            f"{p:>12}" for p in PHASES) + "   (ms per phase; ref = sync-isolated events)")
+        print(f"{'ref':<10} {'':>9} {'':>7}   " + "  ".join(f"{ref[p]:12.4f}" for p in PHASES))
+        print(f"{'ref-busy':<10} {'':>9} {'':>7}   " + "  ".join(
+            f"{ref_busy[p]:12.4f}" for p in PHASES) + "   (pure execution, no launch gaps)")
+        for m in modes:
+            ph = infos[m].get("phase_ms", {})
+            cols = "  ".join(
+                f"{ph[p]:8.4f}{'':1}{(ph[p] / ref[p] - 1) * 100:+3.0f}%" if p in ph else
+                f"{'-':>12}" for p in PHASES
+            )
+            extra = ""
+            if "interval" in infos[m]:
+                extra = f"  sampled {infos[m]['sampled']}/{infos[m]['cycles']} " \
+                        f"(1 in {infos[m]['interval']})"
+            print(f"{m:<10} {cycles / statistics.median(times[m]):9.0f} {ratios[m]:7.4f}   "
+                  f"{cols}{extra}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

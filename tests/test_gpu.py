@@ -1,0 +1,182 @@
+"""GPU tests: real CUDA events, pending on purpose, and a hot path that never synchronises.
+
+Skipped on machines without CUDA (see conftest). Run on an H200 with ``benchmarks/gpu_run.sh``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import specobs
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU spinning on an H200
+
+
+@pytest.fixture
+def cuda_obs():
+    torch.cuda.init()
+    mem = specobs.MemorySink()
+    obs = specobs.configure(sinks=[mem], clock="cuda", sample_every=1,
+                            poll_interval_seconds=0.001)
+    yield obs, mem
+    obs.shutdown(timeout_seconds=5)
+
+
+def test_pending_events_are_not_resolved_and_nothing_blocks(cuda_obs):
+    obs, mem = cuda_obs
+    torch.cuda._sleep(1000)  # warm
+    # Made before the sleep: building a CUDA tensor from a list is a pageable copy that waits.
+    acc = torch.tensor([1, 3], device="cuda")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with obs.cycle(batch_size=2) as c:
+        torch.cuda._sleep(SLEEP_CYCLES)  # the draft phase is now pending on the GPU
+        c.mark("verify")
+        torch.cuda._sleep(SLEEP_CYCLES // 2)
+        c.mark("bookkeeping")
+        c.accept(acc, draft_length=4)
+    host_s = time.perf_counter() - t0
+    # The hot path returned long before the GPU finished: it never waited on it.
+    assert host_s < 0.05
+    assert obs.force_flush(timeout_seconds=0.01) is False
+    assert obs.snapshot().cycles_total == 0
+    assert obs.force_flush(timeout_seconds=30) is True
+    s = obs.snapshot()
+    assert s.cycles_total == 1
+    assert s.accepted_tokens_total == 4
+    draft = s.phase_seconds_sum("draft", "gpu")
+    verify = s.phase_seconds_sum("verify", "gpu")
+    assert draft > 0.02 and verify > 0.01
+    assert draft / verify == pytest.approx(2.0, rel=0.15)
+    # Host clock saw only launch time for draft.
+    assert s.phase_seconds_sum("draft", "host") < draft / 5
+
+
+def test_hot_path_never_synchronizes(cuda_obs):
+    obs, mem = cuda_obs
+    x = torch.randn(256, 256, device="cuda")
+    acc = torch.randint(0, 5, (8,), device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(50):
+            with obs.cycle(batch_size=8) as c:
+                y = x @ x
+                c.mark("verify")
+                y = y @ x
+                c.mark("bookkeeping")
+                c.accept(acc, draft_length=4)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert obs.force_flush(timeout_seconds=30)
+    s = obs.snapshot()
+    assert s.cycles_total == 50
+    assert s.sampled_cycles_total == 50
+    assert s.accepted_tokens_total == 50 * int(acc.sum().item())
+    assert s.errors == dict.fromkeys(s.errors, 0)
+    del y
+
+
+def test_gpu_phase_times_match_a_synchronized_reference(cuda_obs):
+    obs, mem = cuda_obs
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def draft():
+        for _ in range(4):
+            a @ a
+
+    def verify():
+        for _ in range(12):
+            a @ a
+
+    for _ in range(5):
+        draft()
+        verify()
+    torch.cuda.synchronize()
+    # Reference: each phase alone between synchronisations, timed with events.
+    ref = {"draft": [], "verify": []}
+    for _ in range(20):
+        for name, fn in (("draft", draft), ("verify", verify)):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            torch.cuda._sleep(2_000_000)  # keep the GPU busy so launch latency is not timed
+            s.record()
+            fn()
+            e.record()
+            torch.cuda.synchronize()
+            ref[name].append(s.elapsed_time(e) / 1e3)
+    for _ in range(20):
+        with obs.cycle() as c:
+            draft()
+            c.mark("verify")
+            verify()
+            c.mark("bookkeeping")
+    assert obs.force_flush(timeout_seconds=30)
+    s = obs.snapshot()
+    for name in ("draft", "verify"):
+        mean = s.phase_seconds_sum(name, "gpu") / s.phase_count(name, "gpu")
+        ref_mean = sorted(ref[name])[len(ref[name]) // 2]
+        assert mean == pytest.approx(ref_mean, rel=0.03), name
+
+
+def test_nothing_is_recorded_during_graph_capture(cuda_obs):
+    obs, mem = cuda_obs
+    x = torch.randn(64, 64, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            x @ x
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        with obs.cycle() as c:
+            y = x @ x
+            c.mark("verify")
+            c.mark("bookkeeping")
+    g.replay()
+    torch.cuda.synchronize()
+    with obs.cycle() as c:
+        g.replay()
+        c.mark("verify")
+        c.mark("bookkeeping")
+    assert obs.force_flush(timeout_seconds=30)
+    snap = obs.snapshot()
+    assert snap.dropped["graph_capture"] == 1
+    assert snap.cycles_total == 1
+    assert snap.sampled_cycles_total == 1
+    del y
+
+
+def test_event_pool_is_reused_without_allocation(cuda_obs):
+    obs, mem = cuda_obs
+    clock = obs.clock
+    free0 = clock.free_events()
+    x = torch.randn(128, 128, device="cuda")
+    for _ in range(3 * free0 // 4):
+        with obs.cycle() as c:
+            x @ x
+            c.mark("verify")
+            c.mark("bookkeeping")
+        obs.force_flush(timeout_seconds=5)
+    assert clock.free_events() == free0
+    assert obs.snapshot().dropped["event_pool_exhausted"] == 0
+
+
+def test_auto_clock_starts_cuda_lazily_once_the_engine_did():
+    torch.cuda.init()
+    obs = specobs.configure(clock="auto", sample_every=1)
+    x = torch.randn(64, 64, device="cuda")
+    with obs.cycle() as c:
+        x @ x
+        c.mark("verify")
+        c.mark("bookkeeping")
+    assert obs.clock is not None and obs.clock.name == "cuda"
+    assert obs.force_flush(timeout_seconds=10)
+    assert obs.snapshot().sampled_cycles_total == 1
+    obs.shutdown()
