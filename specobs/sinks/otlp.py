@@ -123,7 +123,7 @@ __all__ = ["OtlpSink"]
 
 _log = logging.getLogger("specobs")
 
-Protocol = Literal["grpc", "http/protobuf"]
+OtlpProtocol = Literal["grpc", "http/protobuf"]
 PROTOCOLS: tuple[str, ...] = ("grpc", "http/protobuf")
 
 OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
@@ -149,17 +149,17 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _CUMULATIVE = AggregationTemporality.CUMULATIVE
 
 
-def _protocol(name: str, value: str) -> Protocol:
+def _protocol(name: str, value: str) -> OtlpProtocol:
     v = value.strip().lower()
     if v not in PROTOCOLS:
         raise ConfigurationError(
             f"{name} must be 'grpc' or 'http/protobuf', got {value!r}. "
             f"(OTLP over http/json is not supported.)"
         )
-    return cast(Protocol, v)
+    return cast(OtlpProtocol, v)
 
 
-def _resolve_protocol(arg: str | None, signal_var: str, env: Mapping[str, str]) -> Protocol:
+def _resolve_protocol(arg: str | None, signal_var: str, env: Mapping[str, str]) -> OtlpProtocol:
     if arg is not None:
         return _protocol("protocol", arg)
     for var in (signal_var, OTEL_EXPORTER_OTLP_PROTOCOL):
@@ -207,7 +207,9 @@ class _CountingSpanExporter(SpanExporter):
         except Exception as exc:  # the processor would only log it; we count it too
             _log.warning("specobs: OTLP span export raised: %r", exc)
             result = SpanExportResult.FAILURE
-        self._sink._exported_spans(n, result is SpanExportResult.SUCCESS, time.thread_time_ns() - t0)
+        self._sink._exported_spans(
+            n, result is SpanExportResult.SUCCESS, time.thread_time_ns() - t0
+        )
         return result
 
     def close(self) -> None:
@@ -273,10 +275,14 @@ class OtlpSink(Sink):
                 "OtlpSink(traces=False, metrics=False) would export nothing; "
                 "enable at least one signal or drop the sink."
             )
-        if isinstance(max_queue_size, bool) or not isinstance(max_queue_size, int) or (
-            max_queue_size < 1
+        if (
+            isinstance(max_queue_size, bool)
+            or not isinstance(max_queue_size, int)
+            or (max_queue_size < 1)
         ):
-            raise ConfigurationError(f"max_queue_size must be an integer >= 1, got {max_queue_size!r}")
+            raise ConfigurationError(
+                f"max_queue_size must be an integer >= 1, got {max_queue_size!r}"
+            )
         if endpoint is not None and (not isinstance(endpoint, str) or not endpoint.strip()):
             raise ConfigurationError(
                 f"endpoint must be a URL such as 'http://localhost:4317', got {endpoint!r}"
@@ -372,7 +378,7 @@ class OtlpSink(Sink):
 
             os.register_at_fork(after_in_child=after_fork_in_child)
 
-    def _signal_endpoint(self, protocol: Protocol, path: str) -> str | None:
+    def _signal_endpoint(self, protocol: OtlpProtocol, path: str) -> str | None:
         if self.endpoint is None:
             return None  # the exporter reads the per-signal and the general variable itself
         if protocol == "grpc":
@@ -393,7 +399,9 @@ class OtlpSink(Sink):
             OTLPSpanExporter as HttpSpanExporter,
         )
 
-        return HttpSpanExporter(endpoint=endpoint, headers=self.headers, timeout=self.timeout_seconds)
+        return HttpSpanExporter(
+            endpoint=endpoint, headers=self.headers, timeout=self.timeout_seconds
+        )
 
     def _make_metric_exporter(self) -> MetricExporter:
         endpoint = self._signal_endpoint(self.metrics_protocol, "v1/metrics")
@@ -491,7 +499,12 @@ class OtlpSink(Sink):
             spans.extend(self._cycle_spans(r))
         if spans:
             with self._lock:
-                self._submitted += len(spans)
+                # shutdown() may have counted the in-flight spans meanwhile: count these here.
+                if self._closed:
+                    refused += len(spans)
+                    spans = []
+                else:
+                    self._submitted += len(spans)
             for span in spans:
                 processor.on_end(span)
         if refused:
@@ -525,21 +538,23 @@ class OtlpSink(Sink):
         for i, phase in enumerate(r.phases[: len(durations)]):
             end = t + durations[i]
             child_id = ids[i] if ids is not None and i < len(ids) else (r.span_id ^ (i + 1)) or 1
-            out.append(ReadableSpan(
-                name=phase,
-                context=SpanContext(trace_id, child_id, is_remote=False, trace_flags=_SAMPLED),
-                parent=parent_ctx,
-                resource=resource,
-                attributes={
-                    "specobs.clock": clock,
-                    "specobs.cycle.index": r.index,
-                    "specobs.host_duration_ns": host[i],
-                },
-                kind=SpanKind.INTERNAL,
-                start_time=t,
-                end_time=end,
-                instrumentation_scope=_SCOPE,
-            ))
+            out.append(
+                ReadableSpan(
+                    name=phase,
+                    context=SpanContext(trace_id, child_id, is_remote=False, trace_flags=_SAMPLED),
+                    parent=parent_ctx,
+                    resource=resource,
+                    attributes={
+                        "specobs.clock": clock,
+                        "specobs.cycle.index": r.index,
+                        "specobs.host_duration_ns": host[i],
+                    },
+                    kind=SpanKind.INTERNAL,
+                    start_time=t,
+                    end_time=end,
+                    instrumentation_scope=_SCOPE,
+                )
+            )
             t = end
         parent = ReadableSpan(
             name="specobs.cycle",
@@ -632,9 +647,8 @@ class OtlpSink(Sink):
             t0 = time.thread_time_ns()
             try:
                 data = self.metrics_data(self.observer.snapshot())
-                result = exporter.export(
-                    data, timeout_millis=(self.timeout_seconds or 10.0) * 1000
-                )
+                # The exporter bounds the call itself (its timeout covers the retries).
+                result = exporter.export(data)
                 metrics_ok = result is MetricExportResult.SUCCESS
             except Exception as exc:
                 _log.warning("specobs: OTLP metric export raised: %r", exc)
@@ -673,57 +687,88 @@ class OtlpSink(Sink):
             return {**const, **extra} if extra else const
 
         def hist(m: catalog.Metric, points: list[tuple[dict[str, str], HistogramData]]) -> None:
-            out.append(Metric(m.otel_name, m.help, m.unit, Histogram(
-                [_hist_point(h, a, start, now) for a, h in points], _CUMULATIVE,
-            )))
+            out.append(
+                Metric(
+                    m.otel_name,
+                    m.help,
+                    m.unit,
+                    Histogram(
+                        [_hist_point(h, a, start, now) for a, h in points],
+                        _CUMULATIVE,
+                    ),
+                )
+            )
 
         def counter(m: catalog.Metric, points: list[tuple[dict[str, str], int | float]]) -> None:
-            out.append(Metric(m.otel_name, m.help, m.unit, Sum(
-                [NumberDataPoint(a, start, now, v) for a, v in points], _CUMULATIVE, True,
-            )))
+            out.append(
+                Metric(
+                    m.otel_name,
+                    m.help,
+                    m.unit,
+                    Sum(
+                        [NumberDataPoint(a, start, now, v) for a, v in points],
+                        _CUMULATIVE,
+                        True,
+                    ),
+                )
+            )
 
         def gauge(m: catalog.Metric, value: int | float | None, a: dict[str, str]) -> None:
             if value is not None:
-                out.append(Metric(m.otel_name, m.help, m.unit, Gauge(
-                    [NumberDataPoint(a, start, now, value)],
-                )))
+                out.append(
+                    Metric(
+                        m.otel_name,
+                        m.help,
+                        m.unit,
+                        Gauge(
+                            [NumberDataPoint(a, start, now, value)],
+                        ),
+                    )
+                )
 
-        hist(catalog.PHASE_DURATION, [
-            (attrs(phase=p, clock=c), s.phase_histograms[(p, c)])
-            for p in s.phases for c in ("gpu", "host")
-        ])
-        hist(catalog.CYCLE_DURATION, [
-            (attrs(clock=c), s.cycle_histograms[c]) for c in ("gpu", "host")
-        ])
+        hist(
+            catalog.PHASE_DURATION,
+            [
+                (attrs(phase=p, clock=c), s.phase_histograms[(p, c)])
+                for p in s.phases
+                for c in ("gpu", "host")
+            ],
+        )
+        hist(
+            catalog.CYCLE_DURATION,
+            [(attrs(clock=c), s.cycle_histograms[c]) for c in ("gpu", "host")],
+        )
         counter(catalog.CYCLES, [(attrs(), s.cycles_total)])
         counter(catalog.DRAFT_TOKENS, [(attrs(), s.draft_tokens_total)])
         counter(catalog.ACCEPTED_TOKENS, [(attrs(), s.accepted_tokens_total)])
         counter(catalog.EMITTED_TOKENS, [(attrs(), s.emitted_tokens_total)])
         hist(catalog.ACCEPT_LENGTH, [(attrs(), s.accept_length)])
-        counter(catalog.ACCEPTED_BY_POSITION, [
-            (attrs(position=str(i)), v) for i, v in enumerate(s.accepted_by_position)
-        ])
-        counter(catalog.DRAFTED_BY_POSITION, [
-            (attrs(position=str(i)), v) for i, v in enumerate(s.drafted_by_position)
-        ])
+        counter(
+            catalog.ACCEPTED_BY_POSITION,
+            [(attrs(position=str(i)), v) for i, v in enumerate(s.accepted_by_position)],
+        )
+        counter(
+            catalog.DRAFTED_BY_POSITION,
+            [(attrs(position=str(i)), v) for i, v in enumerate(s.drafted_by_position)],
+        )
         hist(catalog.BATCH_SIZE, [(attrs(), s.batch_size)])
         gauge(catalog.INFO, 1, {**const, **s.info})
         gauge(catalog.LAST_CYCLE_TIMESTAMP, s.last_cycle_timestamp_seconds, attrs())
         gauge(catalog.BASELINE_SEQUENCE_TOKENS, s.baseline_tokens_per_second, attrs())
         gauge(catalog.REQUESTS_RUNNING, s.requests_running, attrs())
         gauge(catalog.REQUESTS_WAITING, s.requests_waiting, attrs())
-        counter(catalog.DROPPED_RECORDS, [
-            (attrs(reason=r), s.dropped.get(r, 0)) for r in catalog.DROP_REASONS
-        ])
+        counter(
+            catalog.DROPPED_RECORDS,
+            [(attrs(reason=r), s.dropped.get(r, 0)) for r in catalog.DROP_REASONS],
+        )
         counter(catalog.SAMPLED_CYCLES, [(attrs(), s.sampled_cycles_total)])
         gauge(catalog.SAMPLING_INTERVAL, s.sampling_interval, attrs())
         gauge(catalog.OVERHEAD_RATIO, float(s.overhead_ratio), attrs())
-        counter(catalog.EXPORTER_CPU, [
-            (attrs(component=c), float(v)) for c, v in sorted(s.cpu_seconds.items())
-        ])
-        counter(catalog.ERRORS, [
-            (attrs(kind=k), s.errors.get(k, 0)) for k in catalog.ERROR_KINDS
-        ])
+        counter(
+            catalog.EXPORTER_CPU,
+            [(attrs(component=c), float(v)) for c, v in sorted(s.cpu_seconds.items())],
+        )
+        counter(catalog.ERRORS, [(attrs(kind=k), s.errors.get(k, 0)) for k in catalog.ERROR_KINDS])
         return MetricsData([ResourceMetrics(self.resource, [ScopeMetrics(_SCOPE, out, "")], "")])
 
     def __repr__(self) -> str:
@@ -737,13 +782,19 @@ class OtlpSink(Sink):
         )
 
 
-def _hist_point(h: HistogramData, attrs: dict[str, str], start: int, now: int) -> HistogramDataPoint:
+def _hist_point(
+    h: HistogramData, attrs: dict[str, str], start: int, now: int
+) -> HistogramDataPoint:
     exemplars = [
         OtelExemplar(
-            None, e.value, int(e.timestamp_seconds * 1e9),
-            span_id=int(e.span_id, 16), trace_id=int(e.trace_id, 16),
+            None,
+            e.value,
+            int(e.timestamp_seconds * 1e9),
+            span_id=int(e.span_id, 16),
+            trace_id=int(e.trace_id, 16),
         )
-        for e in h.exemplars if e is not None
+        for e in h.exemplars
+        if e is not None
     ]
     return HistogramDataPoint(
         attributes=attrs,
