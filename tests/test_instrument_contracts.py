@@ -40,7 +40,7 @@ CACHE = Path(
 )
 
 SGLANG_PINS = ("0.5.10", "0.5.11", "0.5.12", "0.5.23")
-VLLM_PINS = ("0.33.0",)
+VLLM_PINS = ("0.11.0", "0.33.0")
 TRANSFORMERS_PINS = ("4.57.6", "5.17.0")
 
 
@@ -226,6 +226,13 @@ def test_vllm_seams_exist_with_expected_signatures(version: str) -> None:
     runner = _class(runner_tree, vl_inst.RUNNER_CLASS)
     assert set(VL_SIGNATURES) == set(vl_inst.HOOKS)
     for method, expected in VL_SIGNATURES.items():
+        if method == "sample_tokens" and not any(
+            isinstance(n, ast.FunctionDef) and n.name == method for n in runner.body
+        ):
+            # Before the split (0.11.0) execute_model sampled, drafted and did the bookkeeping
+            # itself and returned the output: the cycle then ends where execute_model returns.
+            assert "self._sample" in _calls(_method(runner, "execute_model")), version
+            continue
         params = _params(_method(runner, method))
         assert params[: len(expected)] == expected, (method, params)
     assert "speculative_config" in _fields(runner)
