@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from specobs._version import __version__
 from specobs._aggregation import HistogramData, Snapshot
 from specobs._errors import (
     ConfigurationError,
@@ -31,6 +30,7 @@ from specobs._errors import (
 from specobs._observer import Observer, configure
 from specobs._recorder import Cycle
 from specobs._resolver import ResolvedCycle
+from specobs._version import __version__
 from specobs.sinks import MemorySink, Sink
 
 __all__ = [

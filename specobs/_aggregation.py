@@ -48,8 +48,9 @@ class _Histogram:
         return i
 
     def freeze(self) -> HistogramData:
+        # The resolver's inner loop updates counts and sum only; the count is derived here.
         return HistogramData(
-            self.bounds, tuple(self.counts), self.sum, self.count, tuple(self.exemplars)
+            self.bounds, tuple(self.counts), self.sum, sum(self.counts), tuple(self.exemplars)
         )
 
 
@@ -67,7 +68,7 @@ class HistogramData:
         """``(le, cumulative count)`` pairs as Prometheus exposes them, ``+Inf`` last."""
         out: list[tuple[float, int]] = []
         acc = 0
-        for bound, n in zip((*self.bounds, float("inf")), self.counts):
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
             acc += n
             out.append((bound, acc))
         return out
@@ -171,7 +172,8 @@ class Aggregation:
         self.cycle_host = _Histogram(buckets)
         self.accept_length = _Histogram(catalog.accept_length_buckets(max_draft_length))
         self.batch_size = _Histogram(catalog.BATCH_SIZE_BUCKETS)
-        self.drafted_by_position = [0] * max_draft_length
+        # Sequences by draft length k (0..max): drafted-by-position is derived from it.
+        self.drafted_by_k = [0] * (max_draft_length + 1)
         self.cycles = 0
         self.draft_tokens = 0
         self.accepted_tokens = 0
@@ -210,7 +212,9 @@ class Aggregation:
                 phase_histograms=phase_h,
                 cycle_histograms={"gpu": self.cycle_gpu.freeze(), "host": self.cycle_host.freeze()},
                 accept_length=self.accept_length.freeze(),
-                drafted_by_position=tuple(self.drafted_by_position),
+                drafted_by_position=tuple(
+                    sum(self.drafted_by_k[j + 1 :]) for j in range(self.max_draft_length)
+                ),
                 batch_size=self.batch_size.freeze(),
                 last_cycle_timestamp_seconds=self.last_cycle_timestamp,
                 baseline_tokens_per_second=self.baseline_tokens_per_second,

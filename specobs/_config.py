@@ -45,7 +45,8 @@ SPECOBS_QUEUE_SIZE = "SPECOBS_QUEUE_SIZE"
 """Most cycle records waiting for the resolver; when full the oldest is dropped and counted."""
 
 SPECOBS_EVENT_POOL_SIZE = "SPECOBS_EVENT_POOL_SIZE"
-"""CUDA events created and pre-recorded up front. When the pool runs dry a cycle is not GPU-timed."""
+"""CUDA events created and pre-recorded up front. When the pool runs dry a cycle is not
+GPU-timed."""
 
 SPECOBS_MAX_DRAFT_LENGTH = "SPECOBS_MAX_DRAFT_LENGTH"
 """Largest draft length k: bounds the ``position`` label and the accept-length buckets (0..k+1)."""
@@ -60,7 +61,8 @@ SPECOBS_PROMETHEUS_PORT = "SPECOBS_PROMETHEUS_PORT"
 """Port of the Prometheus endpoint. Default 9477."""
 
 SPECOBS_PROMETHEUS_ADDR = "SPECOBS_PROMETHEUS_ADDR"
-"""Address the Prometheus endpoint binds. Default ``127.0.0.1``; ``0.0.0.0`` to be scraped remotely."""
+"""Address the Prometheus endpoint binds. Default ``127.0.0.1``; ``0.0.0.0`` to be scraped
+remotely."""
 
 SPECOBS_EXPORTERS = "SPECOBS_EXPORTERS"
 """Sinks ``configure()`` starts when none are passed: ``prometheus``, ``otlp``, both or ``none``."""

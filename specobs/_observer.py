@@ -14,12 +14,12 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specobs._version import __version__ as _version
 from specobs._aggregation import Aggregation, Snapshot
 from specobs._config import Settings, exporters, prometheus_addr, prometheus_port, resolve_settings
 from specobs._errors import ConfigurationError, ObserverClosedError
-from specobs._recorder import NULL_CYCLE, Cycle, Recorder, _NullCycle
+from specobs._recorder import Cycle, Recorder, _NullCycle
 from specobs._resolver import Resolver
+from specobs._version import __version__ as _version
 from specobs.sinks._base import Sink
 from specobs.timing.host import WallAnchor
 
@@ -112,6 +112,7 @@ class Observer:
             trace_head_rate=settings.trace_head_rate,
             trace_slow_cycle_seconds=settings.trace_slow_cycle_seconds,
             want_traces=any(s.wants_traces for s in self.sinks),
+            want_cycles=any(s.wants_cycles for s in self.sinks),
         )
         for sink in self.sinks:
             sink.attach(self)

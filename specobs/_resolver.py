@@ -1,9 +1,9 @@
 """The resolver: a background thread that turns cycle records into the aggregation.
 
 It follows OpenTelemetry's batch processor: a named daemon thread waking on
-``threading.Event.wait(poll_interval)``, a bounded backlog that drops the oldest record and counts
-it, ``force_flush`` and ``shutdown`` as the only blocking calls (both bounded in time), and a rebuild
-after ``fork()``.
+``threading.Event.wait(poll_interval)``, a bounded backlog that drops the oldest record and
+counts it, ``force_flush`` and ``shutdown`` as the only blocking calls (both bounded in time), and
+a rebuild after ``fork()``.
 
 Why no synchronisation is ever needed: records are resolved strictly in order, and a record is
 taken only once the *last* event it holds reports ``query() == True``. Events on one stream
@@ -19,6 +19,7 @@ import logging
 import random
 import threading
 import time
+from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -106,6 +107,7 @@ class Resolver:
         trace_head_rate: float,
         trace_slow_cycle_seconds: float | None,
         want_traces: bool,
+        want_cycles: bool = False,
         name: str = "specobs-resolver",
     ) -> None:
         self.rec = recorder
@@ -120,6 +122,7 @@ class Resolver:
             trace_slow_cycle_seconds * 1e9
         )
         self.want_traces = want_traces
+        self.want_cycles = want_cycles
         self.name = name
         self._rng = random.Random()
         self._init_sync_state()
@@ -147,6 +150,7 @@ class Resolver:
         """Rebuild locks and the thread; what the parent had queued is dropped and counted."""
         lost = len(self.backlog) + len(self.rec.queue)
         self._init_sync_state()
+        self._rng = random.Random()  # else parent and child draw the same trace ids
         self.rec.queue.clear()
         self.consumed = self.rec.enqueued - self.rec.dropped_queue_full
         self.rec.dropped_records.clear()
@@ -226,15 +230,18 @@ class Resolver:
         """Resolve every record whose events completed. Returns how many were resolved."""
         with self._drain_lock:
             t_cpu = time.thread_time_ns()
-            n = self._drain_locked()
+            n, taken = self._drain_locked()
             cpu = time.thread_time_ns() - t_cpu
             with self.agg.lock:
                 self.agg.cpu_seconds["resolver"] += cpu / 1e9
+            # Counted only now, after aggregation, sinks and accounting: force_flush() waits on
+            # this number, so it must not move before the data it stands for is visible.
+            self.consumed += taken
         with self._cond:
             self._cond.notify_all()
         return n
 
-    def _drain_locked(self) -> int:
+    def _drain_locked(self) -> tuple[int, int]:
         rec = self.rec
         clock = rec.clock
         q = rec.queue
@@ -263,25 +270,14 @@ class Resolver:
                 break
             ready.append(backlog.popleft())
 
-        resolved: list[ResolvedCycle] = []
-        for c in ready:
-            try:
-                resolved.append(self._resolve(c, clock))
-            except Exception as exc:  # one bad record must not lose the batch
-                self._release(c)
-                rec.internal_error(exc)
-        self._aggregate(resolved, dropped_full)
-        if resolved:
-            self._adapt(ready, resolved)
+        out = self._resolve_all(ready, clock, dropped_full)
+        if out:
             for sink in self.sinks:
                 try:
-                    sink.on_cycles(resolved)
+                    sink.on_cycles(out)
                 except Exception as exc:
                     rec.log.warn("sink", f"sink {type(sink).__name__} failed on cycles: {exc!r}")
-        # Counted only now, after aggregation and sinks: force_flush() waits on this number, so
-        # it must not move before the data it stands for is visible.
-        self.consumed += dropped_full + len(ready)
-        return len(resolved)
+        return len(ready), dropped_full + len(ready)
 
     def _release(self, c: Cycle) -> None:
         clock = self.rec.clock
@@ -296,23 +292,142 @@ class Resolver:
             except Exception:
                 pass
 
-    def _resolve(self, c: Cycle, clock: Any) -> ResolvedCycle:
-        r = ResolvedCycle()
-        r.index = c.index
-        r.phases = self.rec.phases
-        ts = c._ts
-        r.host_ns = [ts[i + 1] - ts[i] for i in range(len(ts) - 1)]
-        r.start_wall_ns = self.anchor.to_wall_ns(ts[0])
-        r.end_wall_ns = self.anchor.to_wall_ns(ts[-1])
-        ev = c._ev
-        if ev is not None and clock is not None:
-            try:
-                el = clock.elapsed_ns
-                r.gpu_ns = [el(ev[i], ev[i + 1]) for i in range(len(ev) - 1)]
-            except Exception as exc:
-                self.rec.log.warn("elapsed", f"could not read GPU event times: {exc!r}")
-            clock.release(ev)
-            c._ev = None
+    def _resolve_all(
+        self, ready: list[Cycle], clock: Any, dropped_full: int
+    ) -> list[ResolvedCycle]:
+        """Resolve and aggregate a batch in one pass. Returns the cycles the sinks should see.
+
+        This loop runs once per cycle for every cycle, on a thread that shares the GIL with the
+        worker, so it is written flat: no per-phase method calls, and a ``ResolvedCycle`` object
+        only for cycles a sink asked for (all of them for the memory sink, traced ones for OTLP).
+        """
+        agg = self.agg
+        rec = self.rec
+        trace = self.want_traces
+        need_all = self.want_cycles
+        head = self.head_rate
+        slow = self.slow_ns
+        rng = self._rng
+        anchor_wall = self.anchor.wall_ns - self.anchor.perf_ns
+        phases = rec.phases
+        out: list[ResolvedCycle] = []
+        resolved_acc = [self._acceptance_of(c) for c in ready]  # may log; outside the lock
+        cost = 0
+        n_sampled = 0
+        host_sum = 0
+        with agg.lock:
+            self._fold(agg)
+            agg.dropped["queue_full"] += dropped_full
+            ph_host = agg.phase_host
+            ph_gpu = agg.phase_gpu
+            bounds = agg.cycle_host.bounds
+            ch = agg.cycle_host
+            cg = agg.cycle_gpu
+            al_counts = agg.accept_length.counts
+            bs = agg.batch_size
+            bs_bounds = bs.bounds
+            dbk = agg.drafted_by_k
+            last_end = None
+            for c, acc in zip(ready, resolved_acc, strict=True):
+                ts = c._ts
+                nb = len(ts)
+                # Host clock: every cycle.
+                prev = ts[0]
+                for i in range(1, nb):
+                    t = ts[i]
+                    v = (t - prev) * 1e-9
+                    prev = t
+                    h = ph_host[i - 1]
+                    h.counts[bisect_left(bounds, v)] += 1
+                    h.sum += v
+                total_ns = ts[-1] - ts[0]
+                host_sum += total_ns
+                v = total_ns * 1e-9
+                ch.counts[bisect_left(bounds, v)] += 1
+                ch.sum += v
+                # GPU clock: sampled cycles; every event of this cycle has completed.
+                gpu: list[int] | None = None
+                ev = c._ev
+                if ev is not None and clock is not None:
+                    c._ev = None
+                    try:
+                        el = clock.elapsed_ns
+                        gpu = [el(ev[i], ev[i + 1]) for i in range(len(ev) - 1)]
+                    except Exception as exc:
+                        rec.log.warn("elapsed", f"could not read GPU event times: {exc!r}")
+                    clock.release(ev)
+                    cost += c._cost
+                    n_sampled += 1
+                gpu_total = 0
+                if gpu is not None:
+                    agg.sampled_cycles += 1
+                    for i, ns in enumerate(gpu):
+                        v = ns * 1e-9
+                        h = ph_gpu[i]
+                        h.counts[bisect_left(bounds, v)] += 1
+                        h.sum += v
+                        gpu_total += ns
+                    v = gpu_total * 1e-9
+                    cg.counts[bisect_left(bounds, v)] += 1
+                    cg.sum += v
+                agg.cycles += 1
+                batch = c._batch
+                if acc is not None:
+                    lengths, accepted, drafted, emitted, shape = acc
+                    agg.draft_tokens += drafted
+                    agg.accepted_tokens += accepted
+                    agg.emitted_tokens += emitted
+                    if len(lengths) <= 32:
+                        for value in lengths:
+                            al_counts[value] += 1
+                    else:
+                        for value, n in Counter(lengths).items():
+                            al_counts[value] += n
+                    agg.accept_length.sum += accepted
+                    if isinstance(shape, tuple):
+                        dbk[shape[0]] += shape[1]
+                    else:
+                        for kk in shape:
+                            dbk[kk] += 1
+                    if batch is None:
+                        batch = len(lengths)
+                if batch is not None:
+                    bv = float(batch)
+                    bs.counts[bisect_left(bs_bounds, bv)] += 1
+                    bs.sum += bv
+                end_wall = anchor_wall + ts[-1]
+                last_end = end_wall
+                traced = trace and (
+                    rng.random() < head
+                    or (slow is not None and (gpu_total if gpu is not None else total_ns) >= slow)
+                )
+                if traced or need_all:
+                    r = ResolvedCycle()
+                    r.index = c.index
+                    r.phases = phases
+                    r.start_wall_ns = anchor_wall + ts[0]
+                    r.end_wall_ns = end_wall
+                    r.host_ns = [ts[i + 1] - ts[i] for i in range(nb - 1)]
+                    r.gpu_ns = gpu
+                    r.batch_size = batch
+                    if acc is not None:
+                        r.accept_lengths, r.accepted, r.drafted, r.emitted, r.drafted_shape = acc
+                    if traced:
+                        r.trace_id = rng.getrandbits(128) or 1
+                        r.span_id = rng.getrandbits(64) or 1
+                        r.phase_span_ids = [rng.getrandbits(64) or 1 for _ in range(nb - 1)]
+                        self._exemplars(agg, r)
+                    out.append(r)
+            if last_end is not None:
+                agg.last_cycle_timestamp = last_end / 1e9
+        if ready:
+            self._adapt(cost, n_sampled, host_sum / len(ready))
+        return out
+
+    def _acceptance_of(
+        self, c: Cycle
+    ) -> tuple[list[int], int, int, int, list[int] | tuple[int, int]] | None:
+        """Validated acceptance of one cycle, or None (nothing given, or bad and counted)."""
         acc = c._acc
         copy = c._acc_copy
         if copy is not None:
@@ -321,34 +436,37 @@ class Resolver:
                 acc = copy.read()
             except Exception as exc:
                 self.rec.misuse("bad_acceptance", f"could not read the copied acceptance: {exc!r}")
-                acc = None
-        batch = c._batch
-        if acc is not None:
-            self._acceptance(r, c, acc, batch)
-        else:
-            r.batch_size = batch
-        return r
-
-    def _acceptance(self, r: ResolvedCycle, c: Cycle, acc: Any, batch: int | None) -> None:
+                return None
+        if acc is None:
+            return None
         k_max = self.agg.max_draft_length
         try:
-            lengths = [int(a) for a in acc]
+            # Lists arrive from the hot path (tolist() or a copy); only odd inputs are converted.
+            lengths = acc if type(acc) is list else [int(a) for a in acc]
+            if lengths:
+                lo = min(lengths)
+                hi = max(lengths)
+                if type(lo) is not int or type(hi) is not int:
+                    lengths = [_as_count(a) for a in lengths]
+                    lo = min(lengths)
+                    hi = max(lengths)
+            else:
+                lo = hi = 0
         except (TypeError, ValueError):
             self.rec.misuse("bad_acceptance", f"accepted lengths must be a sequence of integers, "
                             f"got {type(acc).__name__}")
-            r.batch_size = batch
-            return
+            return None
         dl = c._draft_len
         if dl is None:
             dl = k_max
-        if isinstance(dl, int):
-            per_seq_k: list[int] | None = None
+        per_seq_k: list[int] | None = None
+        if isinstance(dl, int) and not isinstance(dl, bool):
             k = dl
             drafted = dl * len(lengths)
             ok = 0 <= dl <= k_max
         else:
             try:
-                per_seq_k = [int(x) for x in dl]
+                per_seq_k = [_as_count(x) for x in dl]
             except (TypeError, ValueError):
                 per_seq_k = []
             k = max(per_seq_k, default=0)
@@ -360,115 +478,48 @@ class Resolver:
                 f"draft_length must be an int (or one per sequence) between 0 and "
                 f"max_draft_length={k_max}, got {dl!r} for {len(lengths)} sequences",
             )
-            r.batch_size = batch
-            return
-        if lengths and (min(lengths) < 0 or max(lengths) > k):
+            return None
+        if lo < 0 or hi > k:
             self.rec.misuse(
                 "bad_acceptance",
                 f"accepted lengths must be between 0 and the draft length {k}, got "
-                f"min={min(lengths)} max={max(lengths)}",
+                f"min={lo} max={hi}",
             )
-            r.batch_size = batch
-            return
-        if per_seq_k is not None and any(a > b for a, b in zip(lengths, per_seq_k)):
+            return None
+        if per_seq_k is not None and any(a > b for a, b in zip(lengths, per_seq_k, strict=False)):
             self.rec.misuse("bad_acceptance", "an accepted length exceeds its draft length")
-            r.batch_size = batch
-            return
+            return None
         accepted = sum(lengths)
         em = c._emitted
-        if em is None:
-            emitted = accepted + len(lengths)
-        else:
+        emitted = accepted + len(lengths)
+        if em is not None:
             try:
-                emitted = int(em) if not hasattr(em, "__len__") else sum(int(x) for x in em)
+                got = int(em) if not hasattr(em, "__len__") else sum(int(x) for x in em)
             except (TypeError, ValueError):
-                emitted = accepted + len(lengths)
-            if emitted < 0:
-                self.rec.misuse("bad_acceptance", f"emitted must be >= 0, got {emitted}")
-                emitted = accepted + len(lengths)
-        r.accept_lengths = lengths
-        r.accepted = accepted
-        r.drafted = drafted
-        r.emitted = emitted
-        r.batch_size = batch if batch is not None else len(lengths)
-        r.drafted_shape = per_seq_k if per_seq_k is not None else (k, len(lengths))
+                got = -1
+            if got < 0:
+                self.rec.misuse("bad_acceptance", f"emitted must be a count >= 0, got {em!r}")
+            else:
+                emitted = got
+        shape: list[int] | tuple[int, int] = (
+            per_seq_k if per_seq_k is not None else (k, len(lengths))
+        )
+        return lengths, accepted, drafted, emitted, shape
 
-    def _aggregate(self, resolved: list[ResolvedCycle], dropped_full: int) -> None:
-        agg = self.agg
-        rec = self.rec
-        trace = self.want_traces
-        head = self.head_rate
-        slow = self.slow_ns
-        rng = self._rng
-        with agg.lock:
-            # Fold the worker's counters (only the worker writes them; we read deltas).
-            self._fold(agg)
-            agg.dropped["queue_full"] += dropped_full
-            ph_host = agg.phase_host
-            ph_gpu = agg.phase_gpu
-            last_end = None
-            for r in resolved:
-                agg.cycles += 1
-                host = r.host_ns
-                for i, ns in enumerate(host):
-                    ph_host[i].observe(ns / 1e9)
-                host_total = sum(host) / 1e9
-                agg.cycle_host.observe(host_total)
-                gpu = r.gpu_ns
-                traced = False
-                if trace:
-                    traced = rng.random() < head or (
-                        slow is not None and sum(gpu if gpu is not None else host) >= slow
-                    )
-                if traced:
-                    r.trace_id = rng.getrandbits(128) or 1
-                    r.span_id = rng.getrandbits(64) or 1
-                    r.phase_span_ids = [rng.getrandbits(64) or 1 for _ in host]
-                if gpu is not None:
-                    agg.sampled_cycles += 1
-                    for i, ns in enumerate(gpu):
-                        v = ns / 1e9
-                        b = ph_gpu[i].observe(v)
-                        if traced:
-                            self._exemplar(ph_gpu[i], b, v, r, i)
-                    v = sum(gpu) / 1e9
-                    b = agg.cycle_gpu.observe(v)
-                    if traced:
-                        self._exemplar(agg.cycle_gpu, b, v, r, None)
-                elif traced:
-                    # Host-only cycle: exemplars go on the host-clock histograms instead.
-                    for i, ns in enumerate(host):
-                        h = ph_host[i]
-                        self._exemplar(h, _bucket(h, ns), ns / 1e9, r, i)
-                    ch = agg.cycle_host
-                    self._exemplar(ch, _bucket(ch, sum(host)), host_total, r, None)
-                lengths = r.accept_lengths
-                if lengths is not None:
-                    agg.draft_tokens += r.drafted
-                    agg.accepted_tokens += r.accepted
-                    agg.emitted_tokens += r.emitted
-                    al = agg.accept_length
-                    counts = al.counts
-                    for value, n in Counter(lengths).items():
-                        counts[value] += n
-                        al.count += n
-                        al.sum += value * n
-                    shape = r.drafted_shape
-                    dbp = agg.drafted_by_position
-                    if isinstance(shape, tuple):
-                        k, n = shape
-                        for j in range(k):
-                            dbp[j] += n
-                    elif shape is not None:
-                        for kk in shape:
-                            for j in range(kk):
-                                dbp[j] += 1
-                if r.batch_size is not None:
-                    agg.batch_size.observe(float(r.batch_size))
-                last_end = r.end_wall_ns
-            if last_end is not None:
-                agg.last_cycle_timestamp = last_end / 1e9
-            agg.sampling_interval = rec.interval
+    def _exemplars(self, agg: Aggregation, r: ResolvedCycle) -> None:
+        if r.gpu_ns is not None:
+            for i, ns in enumerate(r.gpu_ns):
+                h = agg.phase_gpu[i]
+                self._exemplar(h, _bucket(h, ns), ns * 1e-9, r, i)
+            total = sum(r.gpu_ns)
+            self._exemplar(agg.cycle_gpu, _bucket(agg.cycle_gpu, total), total * 1e-9, r, None)
+        else:
+            # Host-only cycle: exemplars go on the host-clock histograms instead.
+            for i, ns in enumerate(r.host_ns):
+                h = agg.phase_host[i]
+                self._exemplar(h, _bucket(h, ns), ns * 1e-9, r, i)
+            total = sum(r.host_ns)
+            self._exemplar(agg.cycle_host, _bucket(agg.cycle_host, total), total * 1e-9, r, None)
 
     def _exemplar(self, h: Any, bucket: int, value: float, r: ResolvedCycle, phase: int | None
                   ) -> None:
@@ -499,32 +550,29 @@ class Resolver:
                 agg.errors[kind] = agg.errors.get(kind, 0) + value - prev
                 self._folded[key] = value
 
-    def _adapt(self, ready: list[Cycle], resolved: list[ResolvedCycle]) -> None:
-        cost = 0
-        n_sampled = 0
-        for c in ready:
-            if c._cost:
-                cost += c._cost
-                n_sampled += 1
-        cycle_total = 0
-        for r in resolved:
-            cycle_total += sum(r.host_ns)
-        mean_cycle = cycle_total / len(resolved)
+    def _adapt(self, cost: int, n_sampled: int, mean_cycle: float) -> None:
         self._cycle_ewma = sampling.smoothed(self._cycle_ewma, mean_cycle)
         if n_sampled:
             self._cost_ewma = sampling.smoothed(self._cost_ewma, cost / n_sampled)
-            with self.agg.lock:
-                self.agg.cpu_seconds["hot_path"] += cost / 1e9
         rec = self.rec
         if rec.sample_every is None and self._cost_ewma > 0:
             rec.interval = sampling.adaptive_interval(
                 self._cost_ewma, self._cycle_ewma, self.budget
             )
-        if self._cycle_ewma > 0:
-            ratio = self._cost_ewma / max(rec.interval, 1) / self._cycle_ewma
-            with self.agg.lock:
-                self.agg.overhead_ratio = ratio
-                self.agg.sampling_interval = rec.interval
+        with self.agg.lock:
+            if n_sampled:
+                self.agg.cpu_seconds["hot_path"] += cost / 1e9
+            self.agg.sampling_interval = rec.interval
+            if self._cycle_ewma > 0:
+                self.agg.overhead_ratio = (
+                    self._cost_ewma / max(rec.interval, 1) / self._cycle_ewma
+                )
+
+
+def _as_count(a: Any) -> int:
+    if isinstance(a, bool) or int(a) != a:
+        raise ValueError(f"not an integer count: {a!r}")
+    return int(a)
 
 
 def _bucket(h: Any, ns: int) -> int:

@@ -116,7 +116,8 @@ class KVCache:
 
 
 def causal_mask(positions: torch.Tensor, attend_len: int) -> torch.Tensor:
-    """``[B, 1, Q, T]`` bool mask: key position ``j`` is visible to a query at ``p`` iff ``j <= p``."""
+    """``[B, 1, Q, T]`` bool mask: key position ``j`` is visible to a query at ``p`` iff
+    ``j <= p``."""
     keys = torch.arange(attend_len, device=positions.device)
     return (keys.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)
 
@@ -292,13 +293,11 @@ def validate_prompt(prompt_ids: object, vocab_size: int, max_len: int) -> list[i
             )
         if not 0 <= tok < vocab_size:
             raise ValueError(
-                f"prompt_ids[{i}] = {tok} is out of range: expected token ids in "
-                f"[0, {vocab_size})"
+                f"prompt_ids[{i}] = {tok} is out of range: expected token ids in [0, {vocab_size})"
             )
     if len(ids) > max_len:
         raise ValueError(
-            f"prompt is too long: expected at most {max_len} tokens (max_seq_len), "
-            f"got {len(ids)}"
+            f"prompt is too long: expected at most {max_len} tokens (max_seq_len), got {len(ids)}"
         )
     return ids
 

@@ -22,6 +22,8 @@ class Sink:
 
     #: Whether the resolver should pick cycles to trace and assign trace/span ids.
     wants_traces: bool = False
+    #: Whether ``on_cycles`` should receive every resolved cycle (else only traced ones).
+    wants_cycles: bool = False
 
     def attach(self, observer: Observer) -> None:
         self.observer = observer

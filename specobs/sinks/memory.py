@@ -35,6 +35,7 @@ class MemorySink(Sink):
         self._cycles: deque[ResolvedCycle] = deque(maxlen=max_cycles)
         self._lock = threading.Lock()
         self.wants_traces = traces
+        self.wants_cycles = max_cycles > 0
         self.shut_down = False
 
     def on_cycles(self, cycles: Sequence[ResolvedCycle]) -> None:

@@ -55,7 +55,7 @@ def _buckets(h: HistogramData, with_exemplars: bool) -> list[Any]:
     acc = 0
     bounds = (*h.bounds, float("inf"))
     exemplars = h.exemplars if with_exemplars and h.exemplars else ()
-    for i, (bound, n) in enumerate(zip(bounds, h.counts)):
+    for i, (bound, n) in enumerate(zip(bounds, h.counts, strict=True)):
         acc += n
         ex = exemplars[i] if i < len(exemplars) else None
         if ex is not None:

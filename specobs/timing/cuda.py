@@ -157,7 +157,7 @@ class CudaEventClock:
 
     def elapsed_ns(self, start: Any, end: Any) -> int:
         # elapsed_time is milliseconds, with about half a microsecond of resolution.
-        return int(round(start.elapsed_time(end) * 1e6))
+        return round(start.elapsed_time(end) * 1e6)
 
     def free_events(self) -> int:
         return len(self._free) + len(self._returned)

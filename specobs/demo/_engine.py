@@ -1,0 +1,798 @@
+"""Batched EAGLE-3-style speculative decoding over the demo's target and draft head.
+
+One speculative cycle over the active sequences (``step()``):
+
+- draft: the head first consumes the target features of the positions verified last cycle (all
+  of them in one block), then chains ``k - 1`` more single-token steps on its own hidden state;
+- verify: ONE target forward over ``[pending token, d_1 .. d_k]`` (k + 1 positions) per sequence;
+- bookkeeping: greedy acceptance of the longest matching prefix plus the target's bonus token,
+  KV "rollback" by per-slot lengths, the one host sync, and handing tokens to requests.
+
+New requests are prefilled before the cycle (prefill is not a speculative cycle). Greedy output is
+token-for-token the target's plain greedy decoding (:func:`greedy_generate`). On CUDA the draft
+chain and the verify forward are captured as CUDA graphs per batch bucket.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from ._draft import DraftHead
+from ._model import TargetModel, WordTokenizer, validate_max_tokens, validate_prompt
+
+__all__ = ["FAULTS", "EngineStats", "RequestHandle", "SpecDecodeEngine"]
+
+_log = logging.getLogger("specobs.demo")
+
+FAULTS = (None, "wrong-hidden-layers", "slow-verify", "stall")
+"""Values ``SpecDecodeEngine.fault`` accepts."""
+
+TokenCallback = Callable[[list[int], bool], None]
+
+
+class RequestHandle:
+    """A submitted request. Tokens arrive incrementally (thread-safe to read from any thread).
+
+    ``tokens`` is a snapshot of the output so far; ``stream()`` yields new chunks as they come;
+    ``wait()`` / ``future`` give the whole output; ``finish_reason`` is ``"length"`` (max_tokens
+    reached or the sequence filled ``max_seq_len``), ``"stop"`` (eos generated; the eos token is
+    not part of the output) or ``"cancelled"``.
+    """
+
+    def __init__(
+        self, request_id: int, prompt_ids: list[int], max_tokens: int, eos_id: int | None
+    ) -> None:
+        self.id = request_id
+        self.prompt_ids = tuple(prompt_ids)
+        self.max_tokens = max_tokens
+        self.eos_id = eos_id
+        self.future: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
+        self.finish_reason: str | None = None
+        self.submitted_at = time.monotonic()
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self._tokens: list[int] = []
+        self._cond = threading.Condition()
+        self._callbacks: list[TokenCallback] = []
+        self._cancelled = False
+
+    @property
+    def tokens(self) -> list[int]:
+        with self._cond:
+            return list(self._tokens)
+
+    @property
+    def done(self) -> bool:
+        return self.future.done()
+
+    def add_callback(self, fn: TokenCallback) -> None:
+        """Call ``fn(new_tokens, done)`` on the engine thread whenever tokens arrive (and once
+        with what already arrived). Keep it quick, e.g. ``loop.call_soon_threadsafe``."""
+        with self._cond:
+            self._callbacks.append(fn)
+            have, done = list(self._tokens), self.future.done()
+        if have or done:
+            fn(have, done)
+
+    def wait(self, timeout: float | None = None) -> list[int]:
+        """The whole output; raises ``TimeoutError`` after ``timeout`` seconds."""
+        return self.future.result(timeout)
+
+    def stream(self, timeout: float | None = None) -> Iterator[list[int]]:
+        """Yield chunks of new tokens until the request is done; ``TimeoutError`` when nothing
+        arrives for ``timeout`` seconds."""
+        seen = 0
+        while True:
+            with self._cond:
+                if len(self._tokens) == seen and not self.future.done():
+                    if not self._cond.wait(timeout) and len(self._tokens) == seen:
+                        raise TimeoutError(f"no token for request {self.id} in {timeout} s")
+                chunk = self._tokens[seen:]
+                finished = self.future.done() and len(self._tokens) == seen + len(chunk)
+            seen += len(chunk)
+            if chunk:
+                yield chunk
+            if finished:
+                return
+
+    def cancel(self) -> None:
+        """Stop generating (e.g. the client went away); the engine frees the slot next step."""
+        self._cancelled = True
+
+    # Engine side -------------------------------------------------------------------------
+    def _emit(self, new: list[int], finish_reason: str | None) -> None:
+        with self._cond:
+            if new and self.first_token_at is None:
+                self.first_token_at = time.monotonic()
+            self._tokens.extend(new)
+            if finish_reason is not None:
+                self.finish_reason = finish_reason
+                self.finished_at = time.monotonic()
+            callbacks = list(self._callbacks)
+            self._cond.notify_all()
+        if finish_reason is not None and not self.future.done():
+            self.future.set_result(self.tokens)
+            with self._cond:
+                self._cond.notify_all()
+        for fn in callbacks:
+            try:
+                fn(new, finish_reason is not None)
+            except Exception:  # a consumer's bug must not stop the engine
+                _log.exception("token callback of request %d failed", self.id)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self.finish_reason = "error"
+            self.finished_at = time.monotonic()
+        if not self.future.done():
+            self.future.set_exception(exc)
+        with self._cond:
+            self._cond.notify_all()
+            callbacks = list(self._callbacks)
+        for fn in callbacks:
+            with contextlib.suppress(Exception):
+                fn([], True)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineStats:
+    """Counters since the engine started. ``acceptance_rate`` = accepted / drafted tokens;
+    ``mean_accept_length`` = accepted draft tokens per sequence per cycle (0..k)."""
+
+    cycles: int
+    prefills: int
+    requests_submitted: int
+    requests_finished: int
+    active: int
+    waiting: int
+    draft_tokens: int
+    accepted_tokens: int
+    emitted_tokens: int
+    sequence_cycles: int
+    k: int
+    fault: str | None
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_accept_length(self) -> float:
+        return self.accepted_tokens / self.sequence_cycles if self.sequence_cycles else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["acceptance_rate"] = self.acceptance_rate
+        out["mean_accept_length"] = self.mean_accept_length
+        return out
+
+
+@dataclasses.dataclass
+class _Slot:
+    request: RequestHandle
+    target_len: int  # tokens in the target KV cache; the pending token sits at this position
+    draft_start: int  # first position whose target features the draft has not consumed yet
+    pending_count: int  # positions draft_start .. draft_start + pending_count - 1
+    emitted: int = 0
+
+
+class _NullCycle:
+    def mark(self, phase: str) -> None:
+        pass
+
+    def accept(self, accepted: object, draft_length: int | None = None) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _null_cycle(batch_size: int) -> Iterator[_NullCycle]:
+    yield _NullCycle()
+
+
+class SpecDecodeEngine:
+    """Batched speculative decoding with an EAGLE-3-style draft head (greedy, lossless).
+
+    Drive it with ``step()`` from one thread (or ``run_forever(stop_event)`` / ``start()`` on a
+    background thread); ``submit()`` may be called from any thread. ``fault`` may be set from any
+    thread at any time: ``None``, ``"wrong-hidden-layers"`` (the draft is fed the wrong target
+    layers), ``"slow-verify"`` (the verify forward runs ``1 + slow_verify_repeats`` times — real
+    extra compute), ``"stall"`` (no prefill, no cycles; requests wait).
+    """
+
+    def __init__(
+        self,
+        target: TargetModel,
+        draft: DraftHead,
+        tokenizer: WordTokenizer | None = None,
+        *,
+        k: int = 4,
+        max_batch: int = 8,
+        device: str | torch.device = "cpu",
+        observer: Any = None,
+        fault: str | None = None,
+        cuda_graphs: bool | None = None,
+        slow_verify_repeats: int = 3,
+        eos_id: int | None = None,
+    ) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be an int >= 1, got {k!r}")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+        if not isinstance(slow_verify_repeats, int) or slow_verify_repeats < 1:
+            raise ValueError(
+                f"slow_verify_repeats must be an int >= 1, got {slow_verify_repeats!r}"
+            )
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {str(device)!r} was asked for, but CUDA is not available")
+        self.target = target.to(self.device).eval()
+        self.draft = draft.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.models: Any = None  # build_engine() attaches the TrainedModels here
+        self.config = target.config
+        self.k = k
+        self.max_batch = max_batch
+        self.observer = observer
+        self.slow_verify_repeats = slow_verify_repeats
+        self.eos_id = (
+            eos_id if eos_id is not None else (tokenizer.eos_id if tokenizer is not None else None)
+        )
+        self.fault = fault  # validated by the property
+        c = self.config
+        self.layer_ids = tuple(draft.config.layer_ids)
+        # The mis-wiring a real deployment gets by reading layers off the wrong end of the stack.
+        n = c.n_layers
+        self.wrong_layer_ids = (
+            (n - 1, max(0, n - 2), 0)
+            if self.layer_ids != (n - 1, max(0, n - 2), 0)
+            else (0, 1 % n, 2 % n)
+        )
+        # Slot ``max_batch`` is scratch: padding rows of a CUDA-graph bucket write there.
+        n_slots = max_batch + 1
+        self._scratch = max_batch
+        self.target_cache = target.new_cache(n_slots, device=self.device)
+        self.draft_cache = draft.new_cache(n_slots, device=self.device)
+        d3 = 3 * c.d_model
+        self._pend_hidden = torch.zeros(n_slots, k + 1, d3, device=self.device)
+        self._pend_tokens = torch.zeros(n_slots, k + 1, dtype=torch.long, device=self.device)
+        self._pend_count = torch.ones(n_slots, dtype=torch.long, device=self.device)
+        self._arange = torch.arange(k + 1, device=self.device)
+
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._waiting: collections.deque[RequestHandle] = collections.deque()
+        self._slots: dict[int, _Slot] = {}
+        self._ids = itertools.count(1)
+        self._step_lock = threading.Lock()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._counts = collections.Counter[str]()
+
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda"
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError("cuda_graphs=True needs a CUDA device, got device='cpu'")
+        self.cuda_graphs = bool(cuda_graphs)
+        self._graphs: dict[tuple[str, int, bool], _Graph] = {}
+        if self.cuda_graphs:
+            self._capture_all()
+
+    # Public API ----------------------------------------------------------------------------
+    @property
+    def fault(self) -> str | None:
+        return self._fault
+
+    @fault.setter
+    def fault(self, value: str | None) -> None:
+        if value not in FAULTS:
+            raise ValueError(f"fault must be one of {FAULTS!r}, got {value!r}")
+        # A single attribute store is atomic; the worker reads it once per step.
+        self._fault = value
+        if value is None and hasattr(self, "_cond"):
+            self.wake()
+
+    def max_request_tokens(self) -> int:
+        """Prompt plus generated tokens one request may hold (leaves room for k+1 drafts)."""
+        return self.config.max_seq_len - self.k - 1
+
+    def submit(
+        self,
+        prompt_ids: Sequence[int] | torch.Tensor,
+        max_tokens: int,
+        *,
+        eos_id: int | None = -1,
+    ) -> RequestHandle:
+        """Queue a greedy completion of ``prompt_ids``; thread-safe. ``eos_id`` defaults to the
+        engine's (``None``: never stop early). Raises ``ValueError`` for bad input."""
+        limit = self.max_request_tokens()
+        ids = validate_prompt(prompt_ids, self.config.vocab_size, self.config.max_seq_len)
+        max_tokens = validate_max_tokens(max_tokens)
+        if len(ids) > limit:
+            raise ValueError(
+                f"prompt is too long: expected at most {limit} tokens (max_seq_len "
+                f"{self.config.max_seq_len} minus k+1 = {self.k + 1} for speculation), "
+                f"got {len(ids)}"
+            )
+        if len(ids) + max_tokens > limit:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) is too long: expected "
+                f"at most {limit} tokens in all, so max_tokens <= {limit - len(ids)}"
+            )
+        eos = self.eos_id if eos_id == -1 else eos_id
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("Cannot submit a request, as the engine has been closed.")
+            handle = RequestHandle(next(self._ids), ids, max_tokens, eos)
+            self._waiting.append(handle)
+            self._counts["requests_submitted"] += 1
+            self._cond.notify_all()
+        return handle
+
+    def generate(
+        self, prompt_ids: Sequence[int], max_tokens: int, timeout: float | None = None
+    ) -> list[int]:
+        """Submit and wait; drives ``step()`` itself when no background thread runs."""
+        handle = self.submit(prompt_ids, max_tokens)
+        if self._thread is None:
+            while not handle.done:
+                self.step()
+        return handle.wait(timeout)
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self._waiting or self._slots)
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            c = self._counts
+            return EngineStats(
+                cycles=c["cycles"],
+                prefills=c["prefills"],
+                requests_submitted=c["requests_submitted"],
+                requests_finished=c["requests_finished"],
+                active=len(self._slots),
+                waiting=len(self._waiting),
+                draft_tokens=c["draft_tokens"],
+                accepted_tokens=c["accepted_tokens"],
+                emitted_tokens=c["emitted_tokens"],
+                sequence_cycles=c["sequence_cycles"],
+                k=self.k,
+                fault=self._fault,
+            )
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def run_forever(self, stop_event: threading.Event, idle_wait_seconds: float = 0.1) -> None:
+        """Step until ``stop_event`` is set; sleeps on a condition while there is nothing to do
+        (or while stalled). An exception in a step fails the requests in flight, not the loop."""
+        while not stop_event.is_set():
+            if self._fault == "stall" or not self.has_work():
+                with self._cond:
+                    if not stop_event.is_set() and (
+                        self._fault == "stall" or not (self._waiting or self._slots)
+                    ):
+                        self._cond.wait(idle_wait_seconds)
+                continue
+            try:
+                self.step()
+            except Exception as exc:
+                _log.exception("speculative decoding step failed; failing requests in flight")
+                self._fail_all(exc)
+
+    def start(self) -> threading.Thread:
+        """Run ``run_forever`` on a daemon thread named ``specobs-demo-engine``."""
+        if self._thread is not None:
+            raise RuntimeError("the engine's thread is already running")
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self.run_forever, args=(self._stop,), name="specobs-demo-engine", daemon=True
+        )
+        self._thread.start()
+        return self._thread
+
+    def stop(self, timeout_seconds: float = 5.0) -> None:
+        """Stop the thread started by ``start()`` (requests stay queued)."""
+        self._stop.set()
+        self.wake()
+        if self._thread is not None:
+            self._thread.join(timeout_seconds)
+            self._thread = None
+
+    def close(self, timeout_seconds: float = 5.0) -> None:
+        """Stop, refuse new requests and cancel the ones not finished."""
+        self.stop(timeout_seconds)
+        with self._cond:
+            self._closed = True
+            pending = list(self._waiting) + [s.request for s in self._slots.values()]
+            self._waiting.clear()
+            self._slots.clear()
+        for req in pending:
+            req._emit([], "cancelled")
+
+    # One step ------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Prefill newly admitted requests, then run one speculative cycle over all active
+        sequences. Returns whether a cycle ran."""
+        with self._step_lock, torch.inference_mode():
+            fault = self._fault
+            if fault == "stall":
+                return False
+            self._drop_cancelled()
+            admitted = self._admit()
+            if admitted:
+                self._prefill(admitted, fault)
+            with self._lock:
+                active = sorted(self._slots)
+            if not active:
+                return False
+            self._cycle(active, fault)
+            return True
+
+    def _drop_cancelled(self) -> None:
+        with self._lock:
+            gone = [s for s, st in self._slots.items() if st.request._cancelled]
+            for s in gone:
+                del self._slots[s]
+            waiting = [r for r in self._waiting if r._cancelled]
+            for r in waiting:
+                self._waiting.remove(r)
+            self._counts["requests_finished"] += len(gone) + len(waiting)
+        for req in [*waiting]:
+            req._emit([], "cancelled")
+
+    def _admit(self) -> list[tuple[int, RequestHandle]]:
+        with self._lock:
+            free = [s for s in range(self.max_batch) if s not in self._slots]
+            out = []
+            while free and self._waiting:
+                out.append((free.pop(0), self._waiting.popleft()))
+            return out
+
+    def _layers(self, fault: str | None) -> tuple[int, ...]:
+        return self.wrong_layer_ids if fault == "wrong-hidden-layers" else self.layer_ids
+
+    def _prefill(self, admitted: list[tuple[int, RequestHandle]], fault: str | None) -> None:
+        dev = self.device
+        lens = [len(r.prompt_ids) for _, r in admitted]
+        p_max = max(lens)
+        tokens = torch.zeros(len(admitted), p_max, dtype=torch.long)
+        for i, (_, r) in enumerate(admitted):
+            tokens[i, : lens[i]] = torch.tensor(r.prompt_ids)
+        tokens = tokens.to(dev)
+        slots = torch.tensor([s for s, _ in admitted], device=dev)
+        positions = torch.arange(p_max, device=dev).expand(len(admitted), p_max)
+        logits, hidden = self.target(
+            tokens,
+            positions,
+            cache=self.target_cache,
+            slots=slots,
+            hidden_layers=self._layers(fault),
+        )
+        assert hidden is not None
+        last = torch.tensor(lens, device=dev) - 1
+        rows = torch.arange(len(admitted), device=dev)
+        first = logits[rows, last].argmax(-1)
+        if p_max > 1:
+            # Draft prefill over positions 0..P-2: inputs (g_t, x_{t+1}). Position P-1 stays
+            # pending so the first cycle's draft step consumes it like any other.
+            self.draft(
+                hidden[:, :-1],
+                tokens[:, 1:],
+                positions[:, :-1],
+                fused=True,
+                cache=self.draft_cache,
+                slots=slots,
+            )
+        self._pend_hidden[slots, 0] = hidden[rows, last]
+        self._pend_tokens[slots, 0] = first
+        self._pend_count[slots] = 1
+        first_host = first.tolist()
+        finished = []
+        with self._lock:
+            self._counts["prefills"] += 1
+            for (slot, req), n in zip(admitted, lens, strict=True):
+                st = _Slot(req, target_len=n, draft_start=n - 1, pending_count=1)
+                self.target_cache.lengths[slot] = n
+                self.draft_cache.lengths[slot] = n - 1
+                self._slots[slot] = st
+        for (slot, _), tok in zip(admitted, first_host, strict=True):
+            if self._deliver(slot, [tok]):
+                finished.append(slot)
+        self._release(finished)
+
+    def _deliver(self, slot: int, new: list[int]) -> bool:
+        """Hand ``new`` tokens to the slot's request, truncated at max_tokens / eos; returns
+        whether the request is finished."""
+        st = self._slots[slot]
+        req = st.request
+        reason = None
+        if req.eos_id is not None and req.eos_id in new:
+            new = new[: new.index(req.eos_id)]
+            reason = "stop"
+        room = req.max_tokens - st.emitted
+        if len(new) >= room:
+            new = new[:room]
+            reason = reason or "length"
+        st.emitted += len(new)
+        self._counts["emitted_tokens"] += len(new)
+        req._emit(new, reason)
+        return reason is not None
+
+    def _release(self, slots: list[int]) -> None:
+        if not slots:
+            return
+        with self._lock:
+            for s in slots:
+                self._slots.pop(s, None)
+            self._counts["requests_finished"] += len(slots)
+
+    def _cycle(self, active: list[int], fault: str | None) -> None:
+        k = self.k
+        b = len(active)
+        states = [self._slots[s] for s in active]
+        observer = self.observer
+        cycle_cm = observer.cycle(batch_size=b) if observer is not None else _null_cycle(b)
+        with cycle_cm as cyc:
+            # -- draft ---------------------------------------------------------------------
+            slots_h = torch.tensor(active)
+            start_h = torch.tensor([st.draft_start for st in states])
+            tlen_h = torch.tensor([st.target_len for st in states])
+            if self.cuda_graphs:
+                draft_tokens = self._graph_draft(slots_h, start_h)
+            else:
+                attend = max(st.target_len for st in states) + k + 1
+                draft_tokens = self._draft_chain(
+                    slots_h,
+                    start_h,
+                    attend_len=attend,
+                    q_len=max(st.pending_count for st in states),
+                )
+            cyc.mark("verify")
+            # -- verify --------------------------------------------------------------------
+            repeats = 1 + (self.slow_verify_repeats if fault == "slow-verify" else 0)
+            layers = self._layers(fault)
+            for _ in range(repeats):
+                # Repeats rewrite the same KV entries with the same values: real extra work,
+                # same result.
+                if self.cuda_graphs:
+                    preds, hidden = self._graph_verify(slots_h, tlen_h, draft_tokens, layers)
+                else:
+                    attend = max(st.target_len for st in states) + k + 1
+                    preds, hidden = self._verify(
+                        slots_h, tlen_h, draft_tokens, layers, attend_len=attend
+                    )
+            cyc.mark("bookkeeping")
+            # -- bookkeeping ---------------------------------------------------------------
+            match = (draft_tokens == preds[:, :k]).to(torch.long)
+            accepted = match.cumprod(dim=1).sum(dim=1)
+            slots_d = slots_h.to(self.device)
+            self._pend_hidden[slots_d] = hidden
+            self._pend_tokens[slots_d] = preds
+            self._pend_count[slots_d] = accepted + 1
+            # The one host sync of the cycle, as in real servers: tokens must reach requests.
+            acc_host = accepted.cpu()
+            preds_host = preds.cpu().tolist()
+            acc_list = acc_host.tolist()
+            finished = []
+            with self._lock:
+                self._counts["cycles"] += 1
+                self._counts["sequence_cycles"] += b
+                self._counts["draft_tokens"] += b * k
+                self._counts["accepted_tokens"] += sum(acc_list)
+            for slot, st, a, row in zip(active, states, acc_list, preds_host, strict=True):
+                st.draft_start = st.target_len
+                st.pending_count = a + 1
+                st.target_len += a + 1
+                self.target_cache.lengths[slot] = st.target_len
+                self.draft_cache.lengths[slot] = st.draft_start
+                with self._lock:
+                    done = self._deliver(slot, row[: a + 1])
+                if done:
+                    finished.append(slot)
+            self._release(finished)
+            cyc.accept(acc_host, draft_length=k)
+
+    # Device work (the same code runs eagerly and under CUDA graph capture) -------------------
+    def _draft_chain(
+        self,
+        slots_h: torch.Tensor,
+        start_h: torch.Tensor,
+        *,
+        attend_len: int,
+        q_len: int,
+        slots: torch.Tensor | None = None,
+        start: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        dev = self.device
+        if slots is None or start is None:
+            slots, start = slots_h.to(dev), start_h.to(dev)
+        max_pos = self.config.max_seq_len - 1
+        count = self._pend_count[slots]
+        b = slots.shape[0]
+        rows = torch.arange(b, device=dev)
+        positions = (start.unsqueeze(1) + self._arange[:q_len]).clamp(max=max_pos)
+        feats = self._pend_hidden[slots, :q_len]
+        toks = self._pend_tokens[slots, :q_len]
+        h, logits = self.draft(
+            feats,
+            toks,
+            positions,
+            fused=True,
+            cache=self.draft_cache,
+            slots=slots,
+            attend_len=attend_len,
+        )
+        last = count - 1
+        h = h[rows, last].unsqueeze(1)
+        tok = logits[rows, last].argmax(-1)
+        out = [tok]
+        pos = start + count
+        for _ in range(self.k - 1):
+            h, logits = self.draft(
+                h,
+                tok.unsqueeze(1),
+                pos.clamp(max=max_pos).unsqueeze(1),
+                fused=False,
+                cache=self.draft_cache,
+                slots=slots,
+                attend_len=attend_len,
+            )
+            tok = logits[:, 0].argmax(-1)
+            out.append(tok)
+            pos = pos + 1
+        return torch.stack(out, dim=1)
+
+    def _verify(
+        self,
+        slots_h: torch.Tensor,
+        tlen_h: torch.Tensor,
+        draft_tokens: torch.Tensor,
+        layers: tuple[int, ...],
+        *,
+        attend_len: int,
+        slots: torch.Tensor | None = None,
+        tlen: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = self.device
+        if slots is None or tlen is None:
+            slots, tlen = slots_h.to(dev), tlen_h.to(dev)
+        b = slots.shape[0]
+        rows = torch.arange(b, device=dev)
+        pending = self._pend_tokens[slots, self._pend_count[slots] - 1]
+        tokens = torch.cat((pending.unsqueeze(1), draft_tokens), dim=1)
+        positions = (tlen.unsqueeze(1) + self._arange).clamp(max=self.config.max_seq_len - 1)
+        del rows
+        logits, hidden = self.target(
+            tokens,
+            positions,
+            cache=self.target_cache,
+            slots=slots,
+            attend_len=attend_len,
+            hidden_layers=layers,
+        )
+        assert hidden is not None
+        return logits.argmax(-1), hidden
+
+    # CUDA graphs ---------------------------------------------------------------------------
+    def _buckets(self) -> list[int]:
+        out, b = [], 1
+        while b < self.max_batch:
+            out.append(b)
+            b *= 2
+        return [*out, self.max_batch]
+
+    def _capture_all(self) -> None:
+        for b in self._buckets():
+            self._graphs[("draft", b, False)] = _Graph(self, "draft", b, self.layer_ids)
+            for layers in (self.layer_ids, self.wrong_layer_ids):
+                self._graphs[("verify", b, layers == self.wrong_layer_ids)] = _Graph(
+                    self, "verify", b, layers
+                )
+
+    def _bucket(self, b: int) -> int:
+        return next(x for x in self._buckets() if x >= b)
+
+    def _graph_draft(self, slots_h: torch.Tensor, start_h: torch.Tensor) -> torch.Tensor:
+        b = slots_h.shape[0]
+        g = self._graphs[("draft", self._bucket(b), False)]
+        g.load(slots_h, start_h)
+        g.graph.replay()
+        return g.out[0][:b]
+
+    def _graph_verify(
+        self,
+        slots_h: torch.Tensor,
+        tlen_h: torch.Tensor,
+        draft_tokens: torch.Tensor,
+        layers: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        b = slots_h.shape[0]
+        g = self._graphs[("verify", self._bucket(b), layers == self.wrong_layer_ids)]
+        g.load(slots_h, tlen_h, draft_tokens)
+        g.graph.replay()
+        return g.out[0][:b], g.out[1][:b]
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._lock:
+            reqs = [st.request for st in self._slots.values()]
+            self._slots.clear()
+            self._counts["requests_finished"] += len(reqs)
+        for r in reqs:
+            r._fail(exc)
+
+
+class _Graph:
+    """One captured draft chain or verify forward for a fixed batch bucket, with static inputs.
+    Padding rows use the scratch slot, so their KV writes touch no live sequence."""
+
+    def __init__(
+        self, engine: SpecDecodeEngine, kind: str, bucket: int, layers: tuple[int, ...]
+    ) -> None:
+        dev = engine.device
+        self.kind = kind
+        self.bucket = bucket
+        self.scratch = engine._scratch
+        self.slots = torch.full((bucket,), engine._scratch, dtype=torch.long, device=dev)
+        self.start = torch.zeros(bucket, dtype=torch.long, device=dev)
+        self.drafts = torch.zeros(bucket, engine.k, dtype=torch.long, device=dev)
+        max_len = engine.config.max_seq_len
+        k = engine.k
+
+        def run() -> tuple[torch.Tensor, ...]:
+            if kind == "draft":
+                return (
+                    engine._draft_chain(
+                        self.slots,
+                        self.start,
+                        attend_len=max_len,
+                        q_len=k + 1,
+                        slots=self.slots,
+                        start=self.start,
+                    ),
+                )
+            return engine._verify(
+                self.slots,
+                self.start,
+                self.drafts,
+                layers,
+                attend_len=max_len,
+                slots=self.slots,
+                tlen=self.start,
+            )
+
+        side = torch.cuda.Stream(device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side), torch.inference_mode():
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), torch.inference_mode():
+            self.out = run()
+        torch.cuda.current_stream(dev).synchronize()
+
+    def load(
+        self, slots_h: torch.Tensor, start_h: torch.Tensor, drafts: torch.Tensor | None = None
+    ) -> None:
+        b = slots_h.shape[0]
+        self.slots[:b].copy_(slots_h, non_blocking=True)
+        self.slots[b:].fill_(self.scratch)
+        self.start[:b].copy_(start_h, non_blocking=True)
+        self.start[b:].zero_()
+        if drafts is not None:
+            self.drafts[:b].copy_(drafts)
+            self.drafts[b:].zero_()
