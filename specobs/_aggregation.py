@@ -8,6 +8,7 @@ report the same numbers. Bucket boundaries and names come from :mod:`specobs.cat
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -187,6 +188,7 @@ class Aggregation:
         self.cpu_seconds: dict[str, float] = {"hot_path": 0.0, "resolver": 0.0}
         self.sampling_interval = 1
         self.overhead_ratio = 0.0
+        self.created_unix_seconds = time.time()
 
     def add_cpu(self, component: str, seconds: float) -> None:
         with self.lock:
@@ -225,6 +227,7 @@ class Aggregation:
                 cpu_seconds=dict(self.cpu_seconds),
                 sampling_interval=self.sampling_interval,
                 overhead_ratio=self.overhead_ratio,
+                created_unix_seconds=self.created_unix_seconds,
             )
 
 

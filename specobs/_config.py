@@ -68,10 +68,12 @@ SPECOBS_EXPORTERS = "SPECOBS_EXPORTERS"
 """Sinks ``configure()`` starts when none are passed: ``prometheus``, ``otlp``, both or ``none``."""
 
 SPECOBS_TRACE_HEAD_RATE = "SPECOBS_TRACE_HEAD_RATE"
-"""Fraction of GPU-sampled cycles exported as traces regardless of duration. Default 0.01."""
+"""Fraction of cycles exported as traces regardless of duration (GPU-timed spans on GPU-sampled
+cycles, host-timed otherwise). Default 0.01."""
 
 SPECOBS_TRACE_SLOW_CYCLE_SECONDS = "SPECOBS_TRACE_SLOW_CYCLE_SECONDS"
-"""Every sampled cycle at least this slow is traced (tail sampling). Default: off."""
+"""Every cycle at least this slow (GPU time when sampled, else host time) is traced (tail
+sampling). Default: off."""
 
 SPECOBS_RANK = "SPECOBS_RANK"
 """This process's rank in a multi-process server (default: RANK / LOCAL_RANK, else 0)."""

@@ -232,7 +232,7 @@ BATCH_SIZE = Metric(
     buckets=BATCH_SIZE_BUCKETS,
 )  # fmt: skip
 INFO = Metric(
-    "specobs", "info", "",
+    "specobs.info", "info", "",
     "specobs build and configuration: version, phases, clock, sampling.",
     labels=("version", "phases", "gpu_clock", "sampling"),
 )  # fmt: skip
