@@ -114,6 +114,8 @@ class Observer:
             want_traces=any(s.wants_traces for s in self.sinks),
             want_cycles=any(s.wants_cycles for s in self.sinks),
         )
+        # Cumulative series start when the observer was created (OTLP start_time_unix_nano).
+        self.aggregation.created_unix_seconds = self.anchor.wall_ns / 1e9
         for sink in self.sinks:
             sink.attach(self)
         if settings.enabled:

@@ -35,7 +35,9 @@ def pytest_collection_modifyitems(config, items):
         has_cuda = False
     if has_cuda:
         return
-    skip = pytest.mark.skip(reason="needs a CUDA device; run on the H200 (see benchmarks/gpu_run.sh)")
+    skip = pytest.mark.skip(
+        reason="needs a CUDA device; run on the H200 (see benchmarks/gpu_run.sh)"
+    )
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -47,7 +47,10 @@ def test_import_specobs_loads_no_heavy_dependency():
         "print(','.join(sorted(heavy)))\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
         env={**os.environ, "PYTHONPATH": os.getcwd()},
     )
     assert out.stdout.strip() == ""
@@ -177,8 +180,12 @@ def test_acceptance_from_numpy_cpu_tensor_and_device_array():
     np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
     obs, mem, gpu = make()
-    for acc in (np.array([1, 2, 3]), torch.tensor([1, 2, 3], dtype=torch.int32),
-                FakeDeviceArray([1, 2, 3]), (1, 2, 3)):
+    for acc in (
+        np.array([1, 2, 3]),
+        torch.tensor([1, 2, 3], dtype=torch.int32),
+        FakeDeviceArray([1, 2, 3]),
+        (1, 2, 3),
+    ):
         with obs.cycle() as c:
             c.mark("verify")
             c.mark("bookkeeping")
@@ -262,8 +269,11 @@ def test_hot_path_misuse_is_counted_not_raised(caplog):
     assert s.cycles_total == 3
     assert s.accepted_tokens_total == 2 + 1
     # Logged, but rate-limited: one line per kind.
-    lines = [r for r in caplog.records if "bad_acceptance" in r.getMessage() or
-             "accept" in r.getMessage()]
+    lines = [
+        r
+        for r in caplog.records
+        if "bad_acceptance" in r.getMessage() or "accept" in r.getMessage()
+    ]
     assert 1 <= len(lines) <= 4
     obs.shutdown()
 
@@ -308,12 +318,18 @@ def test_exception_inside_cycle_discards_it_and_propagates():
 @pytest.mark.parametrize(
     ("env", "needle"),
     [
-        ({"SPECOBS_SAMPLE_EVERY": "abc"}, "SPECOBS_SAMPLE_EVERY must be an integer >= 1, got 'abc'"),
+        (
+            {"SPECOBS_SAMPLE_EVERY": "abc"},
+            "SPECOBS_SAMPLE_EVERY must be an integer >= 1, got 'abc'",
+        ),
         ({"SPECOBS_SAMPLE_EVERY": "0"}, "SPECOBS_SAMPLE_EVERY must be an integer >= 1, got 0"),
         ({"SPECOBS_OVERHEAD_BUDGET": "2"}, "SPECOBS_OVERHEAD_BUDGET must be in (0.0, 1.0]"),
         ({"SPECOBS_PHASES": "draft,,verify"}, "each phase must be a lowercase identifier"),
         ({"SPECOBS_PHASES": "draft,draft"}, "phase names must be unique"),
-        ({"SPECOBS_CLOCK": "tpu"}, "SPECOBS_CLOCK must be one of 'auto', 'cuda', 'host', got 'tpu'"),
+        (
+            {"SPECOBS_CLOCK": "tpu"},
+            "SPECOBS_CLOCK must be one of 'auto', 'cuda', 'host', got 'tpu'",
+        ),
         ({"SPECOBS_LABELS": "model"}, "SPECOBS_LABELS must be comma-separated key=value pairs"),
         ({"SPECOBS_LABELS": "phase=x"}, "label 'phase' is used by specobs series"),
         ({"SPECOBS_ENABLED": "maybe"}, "SPECOBS_ENABLED must be one of"),
@@ -347,9 +363,13 @@ def test_bad_arguments_raise_a_clear_error(kwargs, needle):
 
 def test_environment_is_read_and_arguments_win():
     obs = specobs.configure(
-        env={"SPECOBS_SAMPLE_EVERY": "7", "SPECOBS_PHASES": "propose,score",
-             "SPECOBS_LABELS": "model=m,engine=e"},
-        clock="host", sinks=[],
+        env={
+            "SPECOBS_SAMPLE_EVERY": "7",
+            "SPECOBS_PHASES": "propose,score",
+            "SPECOBS_LABELS": "model=m,engine=e",
+        },
+        clock="host",
+        sinks=[],
     )
     assert obs.settings.sample_every == 7
     assert obs.phases == ("propose", "score")
@@ -362,8 +382,9 @@ def test_environment_is_read_and_arguments_win():
 
 def test_custom_phases():
     gpu = FakeGpu()
-    obs = specobs.configure(phases=["draft", "verify", "sample", "update"],
-                            clock=FakeEventClock(gpu), sample_every=1)
+    obs = specobs.configure(
+        phases=["draft", "verify", "sample", "update"], clock=FakeEventClock(gpu), sample_every=1
+    )
     with obs.cycle() as c:
         for p, ns in (("verify", 10), ("sample", 20), ("update", 30)):
             gpu.run(ns)
@@ -372,8 +393,9 @@ def test_custom_phases():
     gpu.complete()
     assert obs.force_flush()
     s = obs.snapshot()
-    assert [s.phase_seconds_sum(p, "gpu") for p in ("draft", "verify", "sample", "update")] == \
-        pytest.approx([10e-9, 20e-9, 30e-9, 40e-9])
+    assert [
+        s.phase_seconds_sum(p, "gpu") for p in ("draft", "verify", "sample", "update")
+    ] == pytest.approx([10e-9, 20e-9, 30e-9, 40e-9])
     obs.shutdown()
 
 
@@ -448,8 +470,9 @@ def test_full_queue_drops_the_oldest_and_counts_it():
 
 def test_worker_and_readers_under_contention(fast_switching):
     gpu = FakeGpu()
-    obs = specobs.configure(clock=FakeEventClock(gpu, pool_size=100_000), sample_every=2,
-                            poll_interval_seconds=0.0005)
+    obs = specobs.configure(
+        clock=FakeEventClock(gpu, pool_size=100_000), sample_every=2, poll_interval_seconds=0.0005
+    )
     n_cycles = 3000
     barrier = threading.Barrier(3)
     errors: list[BaseException] = []
@@ -512,7 +535,9 @@ def test_observer_keeps_working_after_fork():
                     c.accept([1], draft_length=1)
             ok = obs.force_flush(timeout_seconds=5)
             s = obs.snapshot()
-            os.write(w, f"{ok},{s.accepted_tokens_total},{obs._resolver._thread.is_alive()}".encode())
+            os.write(
+                w, f"{ok},{s.accepted_tokens_total},{obs._resolver._thread.is_alive()}".encode()
+            )
             code = 0
         finally:
             os._exit(code)
@@ -556,22 +581,33 @@ def test_observer_works_in_a_spawned_process():
 # -- sampling schedules are pure --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("index", "interval", "expected"), [
-    (0, 1, True), (5, 1, True), (0, 4, True), (3, 4, False), (4, 4, True), (7, 0, True),
-])
+@pytest.mark.parametrize(
+    ("index", "interval", "expected"),
+    [
+        (0, 1, True),
+        (5, 1, True),
+        (0, 4, True),
+        (3, 4, False),
+        (4, 4, True),
+        (7, 0, True),
+    ],
+)
 def test_should_sample(index, interval, expected):
     assert sampling.should_sample(index, interval) is expected
 
 
-@pytest.mark.parametrize(("cost", "cycle", "budget", "expected"), [
-    (8_000, 1_000_000, 0.005, 2),      # 8 us per sampled 1 ms cycle: 0.8% -> every 2nd
-    (8_000, 3_000_000, 0.005, 1),      # 3 ms cycles: every cycle fits the budget
-    (8_000, 100_000, 0.005, 16),       # 100 us cycles
-    (8_000, 10_000, 0.005, 160),
-    (8_000, 10, 0.005, sampling.MAX_INTERVAL),
-    (0, 1_000_000, 0.005, 1),
-    (8_000, 0, 0.005, sampling.MAX_INTERVAL),
-])
+@pytest.mark.parametrize(
+    ("cost", "cycle", "budget", "expected"),
+    [
+        (8_000, 1_000_000, 0.005, 2),  # 8 us per sampled 1 ms cycle: 0.8% -> every 2nd
+        (8_000, 3_000_000, 0.005, 1),  # 3 ms cycles: every cycle fits the budget
+        (8_000, 100_000, 0.005, 16),  # 100 us cycles
+        (8_000, 10_000, 0.005, 160),
+        (8_000, 10, 0.005, sampling.MAX_INTERVAL),
+        (0, 1_000_000, 0.005, 1),
+        (8_000, 0, 0.005, sampling.MAX_INTERVAL),
+    ],
+)
 def test_adaptive_interval(cost, cycle, budget, expected):
     n = sampling.adaptive_interval(cost, cycle, budget)
     assert n == expected
@@ -581,8 +617,9 @@ def test_adaptive_interval(cost, cycle, budget, expected):
 
 def test_adaptive_sampling_converges_under_the_budget():
     gpu = FakeGpu()
-    obs = specobs.configure(clock=FakeEventClock(gpu, pool_size=4096), overhead_budget=0.005,
-                            poll_interval_seconds=3600)
+    obs = specobs.configure(
+        clock=FakeEventClock(gpu, pool_size=4096), overhead_budget=0.005, poll_interval_seconds=3600
+    )
     for _ in range(50):
         for _ in range(20):
             run_cycle(obs, gpu)
