@@ -294,7 +294,7 @@ class CounterReset:
     series: str
 
     def __str__(self) -> str:
-        return f"counters reset ({self.series} went down: server restarted?), rebasing"
+        return f"counters reset, rebasing ({self.series} went down: the server restarted?)"
 
 
 def difference(prev: Scrape, cur: Scrape) -> Delta | CounterReset:
