@@ -62,7 +62,7 @@ def fixed_observer(registry):
 
 def strip_scrape_cpu(text: str) -> str:
     # The collector adds its own CPU time under component="prometheus": not deterministic.
-    return "\n".join(l for l in text.splitlines() if 'component="prometheus"' not in l) + "\n"
+    return "\n".join(x for x in text.splitlines() if 'component="prometheus"' not in x) + "\n"
 
 
 @pytest.mark.parametrize(("name", "render"), [
@@ -140,7 +140,7 @@ def test_port_in_use_is_a_clear_error():
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with pytest.raises(specobs.ConfigurationError, match=f"127.0.0.1:{port}.*free port"):
+        with pytest.raises(specobs.ConfigurationError, match=rf"127\.0\.0\.1:{port}.*free port"):
             specobs.configure(sinks=[specobs.PrometheusSink(port=port)], clock="host")
     with pytest.raises(specobs.ConfigurationError, match="port must be an integer in 0..65535"):
         specobs.PrometheusSink(port=70000)
