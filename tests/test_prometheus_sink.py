@@ -142,7 +142,7 @@ def test_port_in_use_is_a_clear_error():
         port = s.getsockname()[1]
         with pytest.raises(specobs.ConfigurationError, match=rf"127\.0\.0\.1:{port}.*free port"):
             specobs.configure(sinks=[specobs.PrometheusSink(port=port)], clock="host")
-    with pytest.raises(specobs.ConfigurationError, match="port must be an integer in 0..65535"):
+    with pytest.raises(specobs.ConfigurationError, match=r"port must be an integer in 0\.\.65535"):
         specobs.PrometheusSink(port=70000)
     with pytest.raises(specobs.ConfigurationError, match="SPECOBS_PROMETHEUS_PORT"):
         specobs.configure(env={"SPECOBS_EXPORTERS": "prometheus",
