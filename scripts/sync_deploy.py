@@ -75,7 +75,8 @@ def _dashboards_kustomization(names: Sequence[str]) -> str:
         _HEADER.format(source=f"{DASHBOARDS_DIR}/*.json")
         + "---\n"
         + "# One ConfigMap per dashboard, found by the Grafana sidecar through its label\n"
-        + "# (kube-prometheus-stack: grafana.sidecar.dashboards.label, default grafana_dashboard).\n"
+        + "# (kube-prometheus-stack: grafana.sidecar.dashboards.label, default\n"
+        + "# grafana_dashboard).\n"
         + "apiVersion: kustomize.config.k8s.io/v1beta1\n"
         + "kind: Kustomization\n"
         + "\n"
