@@ -97,11 +97,11 @@ class Settings:
     overhead_budget: float = 0.005
     clock: ClockMode = "auto"
     queue_size: int = 8192
-    event_pool_size: int = 1024
+    event_pool_size: int = 2048
     max_draft_length: int = 8
     labels: Mapping[str, str] = field(default_factory=dict)
     baseline_tokens_per_second: float | None = None
-    poll_interval_seconds: float = 0.005
+    poll_interval_seconds: float = 0.05
     trace_head_rate: float = 0.01
     trace_slow_cycle_seconds: float | None = None
     keep_cycles: int = 1024

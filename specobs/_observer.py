@@ -116,6 +116,7 @@ class Observer:
         )
         # Cumulative series start when the observer was created (OTLP start_time_unix_nano).
         self.aggregation.created_unix_seconds = self.anchor.wall_ns / 1e9
+        self._recorder.wake = self._resolver.wake
         for sink in self.sinks:
             sink.attach(self)
         if settings.enabled:

@@ -31,6 +31,10 @@ _perf = time.perf_counter_ns
 _LOG_EVERY_NS = 60 * 1_000_000_000
 
 
+def _nothing() -> None:
+    pass
+
+
 class RateLimitedLog:
     """Log each kind of problem once, then at most once a minute, with a suppressed count."""
 
@@ -234,6 +238,8 @@ class Recorder:
         self.nphases = len(phases)
         self.queue: deque[Cycle] = deque()
         self.queue_size = queue_size
+        self.wake_at = max(16, min(1024, queue_size // 4))
+        self.wake: Any = _nothing
         self.enabled = True
         self.current: Cycle | None = None
         self.max_draft_length = max_draft_length
@@ -288,6 +294,7 @@ class Recorder:
                 ev = clock.acquire(self.nphases + 1)
                 if ev is None:
                     self.dropped_pool += 1
+                    self.wake()  # events come back when the resolver drains
                     return c
                 self.record_fn(ev[0], self.stream)
                 c._ev = ev
@@ -335,6 +342,9 @@ class Recorder:
                               "records (the resolver is not keeping up)")
         self.enqueued += 1
         q.append(c)
+        if len(q) >= self.wake_at:
+            # The resolver polls slowly (cheap when idle); a filling queue calls it early.
+            self.wake()
 
     def discard(self, c: Cycle) -> None:
         self.discarded += 1

@@ -535,12 +535,17 @@ def _window_text(seconds: float) -> str:
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
-def _prom_query(client: Any, base_url: str, promql: str) -> list[dict[str, Any]]:
+def _prom_query(
+    client: Any, base_url: str, promql: str, at: float | None = None
+) -> list[dict[str, Any]]:
     import httpx
 
     url = base_url.rstrip("/") + "/api/v1/query"
+    params: dict[str, Any] = {"query": promql}
+    if at is not None:
+        params["time"] = f"{at:.3f}"
     try:
-        response = client.get(url, params={"query": promql})
+        response = client.get(url, params=params)
     except httpx.TimeoutException:
         raise ScrapeError(f"Prometheus at {base_url} did not answer in time") from None
     except httpx.HTTPError as exc:
@@ -583,14 +588,18 @@ def prometheus_delta(client: Any, base_url: str, selector: str, window_seconds: 
     :class:`ScrapeError` when Prometheus fails or has no specobs series for the selector.
     """
     window = _window_text(window_seconds)
+    # Every query is evaluated at the same instant: increase() extrapolates to the window's
+    # edges, so series read at different moments would not divide into exact ratios.
+    at = time.time()
     counters = Series()
     for name in sorted(COUNTER_SERIES):
         promql = f"increase({name}{{{selector}}}[{window}])"
-        _add_result(counters, name, _prom_query(client, base_url, promql))
+        _add_result(counters, name, _prom_query(client, base_url, promql, at))
     gauges = Series()
     for m in (catalog.INFO, catalog.BASELINE_SEQUENCE_TOKENS, catalog.SAMPLING_INTERVAL,
               catalog.OVERHEAD_RATIO):
-        _add_result(gauges, m.name, _prom_query(client, base_url, f"{m.name}{{{selector}}}"))
+        promql = f"{m.name}{{{selector}}}"
+        _add_result(gauges, m.name, _prom_query(client, base_url, promql, at))
     if not gauges.has(catalog.INFO.name):
         raise ScrapeError(
             f"Prometheus at {base_url} has no {catalog.INFO.name}{{{selector}}}: check the "
