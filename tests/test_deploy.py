@@ -823,3 +823,45 @@ def test_stack_local_runs_prometheus_and_alertmanager_against_a_specobs_endpoint
     assert "stopped alertmanager prometheus" in log.read_text()
     assert not leaked, "the script left processes running"
     assert (state / "prometheus.yml").is_file() and (state / "prometheus.log").is_file()
+
+
+@pytest.mark.slow
+def test_stack_local_starts_the_demo_itself(tmp_path: Path) -> None:
+    if importlib.util.find_spec("specobs.demo._cli") is None or shutil.which("specobs") is None:
+        pytest.skip("`specobs demo` is not there yet (specobs.demo._cli); "
+                    "the recorder-based test above covers the script meanwhile")
+    tool("prometheus")
+    tool("curl")
+    metrics_port, prometheus_port, completions_port = _free_port(), _free_port(), _free_port()
+    log = tmp_path / "stack-local.out"
+    argv = [
+        "bash", str(STACK_LOCAL), "--no-alertmanager",
+        "--demo", "120",
+        "--target", f"127.0.0.1:{metrics_port}",
+        "--prometheus-port", str(prometheus_port),
+        "--scrape-interval", "1s",
+        "--dir", str(tmp_path / "state"),
+        "--", "--port", str(completions_port), "--device", "cpu",
+    ]
+    with open(log, "wb") as out:
+        script = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
+    api = httpx.Client(base_url=f"http://127.0.0.1:{prometheus_port}", timeout=5)
+    try:
+        def cycles() -> Any:
+            return api.get("/api/v1/query", params={"query": "specobs_cycles_total"}).json()[
+                "data"]["result"]
+
+        series = _wait(cycles, "Prometheus got no specobs_cycles_total from the demo", 120, log)
+        assert series[0]["metric"]["job"] == "specobs"
+    finally:
+        api.close()
+        if script.poll() is None:
+            script.send_signal(signal.SIGTERM)
+        try:
+            script.wait(30)
+        finally:
+            try:
+                os.killpg(script.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
