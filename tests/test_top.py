@@ -1,0 +1,667 @@
+"""``specobs top`` against real parts: a real recorder behind a real PrometheusSink (fake GPU clock,
+so every GPU number is exact), a real Prometheus 2.42 scraping it, the command driven in a
+pseudo-terminal (tmux and pexpect) with its screen read back, and every kind of bad input.
+
+The engine and bad-server helpers here are shared with tests/test_doctor.py.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import specobs
+from specobs import catalog
+from specobs.timing import FakeEventClock, FakeGpu
+from specobs.tools import _scrape as scr
+from specobs.tools import _top
+
+ROOT = Path(__file__).resolve().parents[1]
+K = 4  # draft length
+ACCEPTED = (3, 1)  # accepted draft tokens per sequence: 4 of 8 drafted, 6 emitted per cycle
+DRAFT_NS, VERIFY_NS, BOOK_NS = 200_000, 600_000, 100_000
+
+
+# -- shared helpers -------------------------------------------------------------------------------
+
+
+class Engine:
+    """A real observer and PrometheusSink on a fake GPU, driven step by step (``run``) or by a
+    background thread (``start``). GPU phase times are exactly the nanoseconds given."""
+
+    def __init__(
+        self,
+        port: int = 0,
+        *,
+        baseline: float | None = None,
+        traces: bool = False,
+        clock: Any = "fake",
+        pool_size: int = 4096,
+        **configure: Any,
+    ) -> None:
+        self.gpu = FakeGpu()
+        self.sink = specobs.PrometheusSink(port=port, addr="127.0.0.1")
+        sinks: list[specobs.Sink] = [self.sink]
+        if traces:
+            sinks.append(specobs.MemorySink(traces=True))
+            configure.setdefault("trace_head_rate", 1.0)
+        self.obs = specobs.configure(
+            sinks=sinks,
+            clock=FakeEventClock(self.gpu, pool_size=pool_size) if clock == "fake" else clock,
+            sample_every=configure.pop("sample_every", 1),
+            max_draft_length=K,
+            labels={"model": "tiny"},
+            baseline_tokens_per_second=baseline,
+            poll_interval_seconds=0.01,
+            **configure,
+        )
+        self.draft_ns, self.verify_ns, self.book_ns = DRAFT_NS, VERIFY_NS, BOOK_NS
+        self.complete = True
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.sink.url is not None
+        return self.sink.url
+
+    @property
+    def port(self) -> int:
+        assert self.sink.port is not None
+        return self.sink.port
+
+    def cycle(self) -> None:
+        gpu = self.gpu
+        with self.obs.cycle(batch_size=len(ACCEPTED)) as c:
+            gpu.run(self.draft_ns)
+            c.mark("verify")
+            gpu.run(self.verify_ns)
+            c.mark("bookkeeping")
+            gpu.run(self.book_ns)
+            c.accept(list(ACCEPTED), draft_length=K)
+        if self.complete:
+            gpu.complete()
+
+    def run(self, n: int) -> None:
+        for _ in range(n):
+            self.cycle()
+        assert self.obs.force_flush(5)
+
+    def start(self, period_seconds: float = 0.004) -> Engine:
+        def loop() -> None:
+            while not self._stop.is_set():
+                self.cycle()
+                self._stop.wait(period_seconds)
+
+        self._thread = threading.Thread(target=loop, name="test-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_seconds: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        self.obs.shutdown(timeout_seconds)
+
+
+@pytest.fixture
+def engines() -> Iterator[Callable[..., Engine]]:
+    """Factory of :class:`Engine`; all are shut down at teardown."""
+    made: list[Engine] = []
+
+    def make(*args: Any, **kwargs: Any) -> Engine:
+        eng = Engine(*args, **kwargs)
+        made.append(eng)
+        return eng
+
+    try:
+        yield make
+    finally:
+        for eng in made:
+            # Short: the HTTP server's own shutdown polls every 0.5 s and finishes on its own
+            # thread; nothing here needs the port back.
+            eng.stop(timeout_seconds=0.05)
+
+
+NOT_SPECOBS = (
+    "# HELP go_goroutines Number of goroutines.\n# TYPE go_goroutines gauge\n"
+    "go_goroutines 12\n# TYPE http_requests_total counter\nhttp_requests_total{code=\"200\"} 7\n"
+)
+HTML = "<!doctype html>\n<html><head><title>Grafana</title></head><body>hi</body></html>\n"
+GARBAGE = "this is { not metrics ]] at all\n\x01\x02 42 forty-two\n"
+
+
+class BadServer:
+    """A stdlib HTTP server answering per path: /html, /garbage, /binary, /500, /other (some
+    other exporter's metrics), /empty, and /body (whatever ``body`` is set to)."""
+
+    def __init__(self) -> None:
+        owner = self
+        self.body = ""
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                status, ctype, data = 200, "text/plain; version=0.0.4", b""
+                if path == "/html":
+                    ctype, data = "text/html", HTML.encode()
+                elif path == "/garbage":
+                    data = GARBAGE.encode()
+                elif path == "/binary":
+                    data = bytes(range(256)) * 4
+                elif path == "/500":
+                    status, data = 500, b"Internal Server Error: upstream exploded\n"
+                elif path == "/other":
+                    data = NOT_SPECOBS.encode()
+                elif path == "/body":
+                    data = owner.body.encode()
+                elif path != "/empty":
+                    status, data = 404, b"not found\n"
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def bad_server() -> Iterator[BadServer]:
+    server = BadServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def closed_port_url() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/metrics"
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("LANG", "C.UTF-8")
+    env["PYTHONIOENCODING"] = "utf-8"
+    return env
+
+
+def cli(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m specobs.cli ARGS`` (stdout a pipe, so never a TTY)."""
+    return subprocess.run(
+        [sys.executable, "-m", "specobs.cli", *args], capture_output=True, text=True,
+        timeout=timeout, env=cli_env(), cwd=ROOT, check=False,
+    )
+
+
+def cli_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Run ``specobs ARGS`` in this process (stdout captured, so not a TTY): the same code path
+    as the command, without paying an interpreter start per case."""
+    from specobs.cli import main
+
+    capsys.readouterr()
+    try:
+        rc = main(list(args))
+    except SystemExit as exc:  # argparse
+        rc = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+class LineReader:
+    """A long-running ``specobs`` subprocess whose stdout lines are collected by a thread."""
+
+    def __init__(self, args: Sequence[str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "specobs.cli", *args], stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, env=cli_env(), cwd=ROOT,
+        )
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, predicate: Callable[[str], bool], timeout: float = 10) -> str:
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while time.monotonic() < deadline:
+            while seen < len(self.lines):
+                line = self.lines[seen]
+                seen += 1
+                if predicate(line):
+                    return line
+            time.sleep(0.02)
+        raise AssertionError("no matching line within {timeout}s; got:\n" + "\n".join(self.lines))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(5)
+        self._thread.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+# -- the arithmetic, from a real endpoint ---------------------------------------------------------
+
+
+def _client() -> httpx.Client:
+    return httpx.Client(timeout=5)
+
+
+def test_breakdown_is_computed_from_deltas_not_lifetime_totals(engines: Callable[..., Engine]):
+    eng = engines()
+    eng.draft_ns = 100_000
+    eng.run(7)
+    with _client() as client:
+        first = scr.scrape(client, eng.url)
+        eng.draft_ns = 300_000  # lifetime mean would be (7*100 + 5*300) / 12 = 183.3 µs
+        eng.run(5)
+        second = scr.scrape(client, eng.url)
+    delta = scr.difference(first, second)
+    assert isinstance(delta, scr.Delta)
+    b = scr.breakdown(delta)
+    assert b.phases == ("draft", "verify", "bookkeeping")
+    assert b.cycles == 5
+    assert b.cycle_counts == {"gpu": 5, "host": 5}
+    draft = b.stats[("draft", "gpu")]
+    assert draft.count == 5
+    assert draft.mean_seconds == pytest.approx(300e-6)
+    assert b.stats[("verify", "gpu")].mean_seconds == pytest.approx(600e-6)
+    assert b.stats[("bookkeeping", "gpu")].mean_seconds == pytest.approx(100e-6)
+    assert b.cycle_mean_seconds["gpu"] == pytest.approx(1000e-6)
+    assert draft.share == pytest.approx(0.3)
+    # 300 µs lies in the (250 µs, 500 µs] bucket: interpolated like histogram_quantile.
+    assert draft.p50_seconds == pytest.approx(250e-6 + 250e-6 * 0.5)
+    assert draft.p99_seconds == pytest.approx(250e-6 + 250e-6 * 0.99)
+    assert b.acceptance_rate == pytest.approx(0.5)
+    assert b.mean_accept_length == pytest.approx(2.0)
+    assert b.position_acceptance == (("0", 1.0), ("1", 0.5), ("2", 0.5), ("3", 0.0))
+    assert b.mean_batch_size == pytest.approx(2.0)
+    assert b.emitted_tokens_per_second == pytest.approx(30 / delta.elapsed_seconds)
+    assert b.cycles_per_second == pytest.approx(5 / delta.elapsed_seconds)
+    assert b.sampled_cycles == 5
+    assert b.sampling_interval == 1
+    assert b.drops == {} and b.dropped_total == 0
+    assert b.info["gpu_clock"] == "fake" and b.info["model"] == "tiny"
+    # Per-sequence tokens/s: 3 tokens per sequence per cycle over the host cycle time.
+    assert b.sequence_tokens_per_second == pytest.approx(3 / b.cycle_mean_seconds["host"])
+
+
+def test_zero_deltas_give_dashes_not_division_by_zero(engines: Callable[..., Engine]):
+    eng = engines()
+    eng.run(3)
+    with _client() as client:
+        first = scr.scrape(client, eng.url)
+        second = scr.scrape(client, eng.url)
+    delta = scr.difference(first, second)
+    assert isinstance(delta, scr.Delta)
+    b = scr.breakdown(delta)
+    assert b.cycles == 0
+    assert b.acceptance_rate is None and b.mean_accept_length is None
+    assert b.stats[("draft", "gpu")].mean_seconds is None
+    assert b.stats[("draft", "gpu")].p99_seconds is None
+    assert b.sequence_tokens_per_second is None
+    assert all(v is None for _, v in b.position_acceptance)
+    frame = _top._data_frame(b)
+    assert "no cycles in the last" in _top.plain_line(frame)
+    # The terminal view renders dashes.
+    from rich.console import Console
+
+    console = Console(width=120, record=True, file=open(os.devnull, "w"))
+    view = _top.LiveView("x", 1.0, console)
+    console.print(view.render(frame, None))
+    console.file.close()
+    text = console.export_text()
+    assert scr.DASH in text and "no cycles in the last" in text
+
+
+def test_histogram_quantile_matches_prometheus_rules():
+    inf = float("inf")
+    cum = {0.1: 0.0, 0.25: 10.0, 0.5: 10.0, inf: 10.0}
+    assert scr.histogram_quantile(0.5, cum) == pytest.approx(0.175)
+    assert scr.histogram_quantile(0.99, {1.0: 1.0, 2.0: 2.0, inf: 4.0}) == 2.0  # +Inf bucket
+    assert scr.histogram_quantile(0.5, {1.0: 2.0, inf: 2.0}) == pytest.approx(0.5)  # from 0
+    assert scr.histogram_quantile(0.5, {1.0: 0.0, inf: 0.0}) is None
+    assert scr.histogram_quantile(0.5, {}) is None
+    assert scr.histogram_quantile(0.5, {1.0: 3.0}) is None  # no +Inf: not a histogram
+
+
+def test_counter_reset_is_detected_when_the_observer_restarts_on_the_same_port(
+    engines: Callable[..., Engine],
+):
+    eng = engines()
+    eng.run(10)
+    port = eng.port
+    with _client() as client:
+        first = scr.scrape(client, eng.url)
+        eng.stop()
+        again = engines(port=port)
+        again.run(2)
+        second = scr.scrape(client, again.url)
+    result = scr.difference(first, second)
+    assert isinstance(result, scr.CounterReset)
+    assert "counters reset, rebasing" in str(result)
+
+
+def test_tools_import_no_heavy_modules():
+    code = (
+        "import sys, specobs.tools._top, specobs.tools._doctor, specobs.tools._scrape\n"
+        "heavy = [m for m in ('httpx', 'rich', 'prometheus_client', 'torch') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=cli_env(), cwd=ROOT, timeout=30)
+
+
+# -- plain (non-TTY) output -----------------------------------------------------------------------
+
+
+def test_plain_output_when_stdout_is_not_a_tty(engines: Callable[..., Engine]):
+    eng = engines().start()
+    result = cli("top", eng.url, "--interval", "0.3", "--count", "2")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3, result.stdout
+    assert "waiting for a second sample" in lines[0]
+    for line in lines[1:]:
+        assert "clock=gpu" in line
+        assert "draft=200.0us(22.2%,p50=175.0us,p99=248.5us)" in line
+        assert "verify=600.0us(66.7%,p50=750.0us,p99=995.0us)" in line
+        assert "bookkeeping=100.0us(11.1%" in line
+        assert "cycle=900.0us" in line
+        assert "accept=50.0%" in line and "accept_len=2.00" in line
+        assert "pos=[100%,50%,50%,0%]" in line
+        assert "batch=2.00" in line and "drops=0" in line and "sampling=1/1" in line
+    assert result.stderr == ""
+
+
+def test_idle_endpoint_shows_no_cycles(
+    engines: Callable[..., Engine], capsys: pytest.CaptureFixture[str]
+):
+    eng = engines()
+    eng.run(2)
+    rc, out, err = cli_here(capsys, "top", eng.url, "--interval", "0.2", "--once")
+    assert rc == 0, err
+    assert "no cycles in the last" in out.splitlines()[-1]
+
+
+def test_drops_are_shown_by_reason(engines: Callable[..., Engine]):
+    eng = engines(pool_size=4)  # one cycle's worth of CUDA-like events
+    eng.complete = False  # the first cycle holds them while the next four run
+    with _client() as client:
+        first = scr.scrape(client, eng.url)
+        for _ in range(5):
+            eng.cycle()
+        eng.gpu.complete()
+        assert eng.obs.force_flush(5)
+        delta = scr.difference(first, scr.scrape(client, eng.url))
+    assert isinstance(delta, scr.Delta)
+    b = scr.breakdown(delta)
+    assert b.drops == {"event_pool_exhausted": 4}
+    line = _top.plain_line(_top._data_frame(b))
+    assert "drops=4(event_pool_exhausted:4)" in line
+    assert b.cycles == 5 and b.cycle_counts == {"gpu": 1, "host": 5}
+
+
+def test_counter_reset_while_polling_rebases_and_recovers(engines: Callable[..., Engine]):
+    eng = engines().start()
+    port = eng.port
+    top = LineReader(["top", eng.url, "--interval", "0.25"])
+    try:
+        top.wait_for(lambda line: "draft=200.0us" in line)
+        eng.stop()
+        fresh = engines(port=port)  # same port, counters from zero, no cycles yet
+        top.wait_for(lambda line: "counters reset, rebasing" in line)
+        fresh.start()
+        top.wait_for(lambda line: "draft=200.0us" in line)
+        assert top.proc.poll() is None  # still polling
+    finally:
+        top.stop()
+    assert not any("Traceback" in line for line in top.lines), top.lines
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/html", "the body is HTML, not Prometheus metrics"),
+        ("/garbage", "the body is not Prometheus text exposition"),
+        ("/binary", "not UTF-8 text"),
+        ("/500", "answered HTTP 500 Internal Server Error: Internal Server Error: upstream"),
+        ("/other", "is not a specobs endpoint: no specobs_info series among 2 metrics"),
+        ("/empty", "is not a specobs endpoint: the body has no metrics at all"),
+        ("/missing", "answered HTTP 404"),
+    ],
+)
+def test_bad_bodies_are_one_line_errors_and_polling_goes_on(
+    bad_server: BadServer, path: str, expected: str, capsys: pytest.CaptureFixture[str]
+):
+    rc, out, err = cli_here(capsys, "top", bad_server.url(path), "--interval", "0.05", "--once")
+    assert rc == 1
+    lines = out.splitlines()
+    assert len(lines) == 2, out  # --once: two polls (both failed), then give up
+    for line in lines:
+        assert "error: " in line and expected in line, line
+    assert err == ""
+
+
+def test_unreachable_url_keeps_polling_with_the_error_shown():
+    url = closed_port_url()
+    top = LineReader(["top", url, "--interval", "0.1"])
+    try:
+        for _ in range(3):
+            top.wait_for(lambda line: f"error: cannot connect to {url}" in line)
+        assert top.proc.poll() is None
+    finally:
+        top.stop()
+    assert not any("Traceback" in line for line in top.lines)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ftp://127.0.0.1:9477/metrics"], "unsupported URL scheme 'ftp'"),
+        (["http://:9477/metrics"], "no host in"),
+        (["http://127.0.0.1:99999999/metrics"], "bad port"),
+        ([], "give either a specobs /metrics URL or --prometheus URL"),
+        (["http://a/metrics", "--prometheus", "http://b"], "exactly one"),
+        (["http://a/metrics", "--selector", '{job="x"}'], "--selector only applies"),
+        (["--prometheus", "http://b", "--selector", 'job="x"'], "bad selector"),
+        (["--prometheus", "http://b", "--window", "soon"], "bad window"),
+        (["http://a/metrics", "--interval", "0"], "must be positive"),
+        (["http://a/metrics", "--count", "0"], "--count must be at least 1"),
+    ],
+)
+def test_bad_command_lines_exit_2_with_a_message(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+):
+    rc, out, err = cli_here(capsys, "top", *args)
+    assert rc == 2, (out, err)
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_bad_url_scheme_exits_2_from_the_command_line():
+    result = cli("top", "gopher://127.0.0.1:9477/metrics")
+    assert result.returncode == 2
+    assert "specobs top: unsupported URL scheme 'gopher'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# -- in a terminal --------------------------------------------------------------------------------
+
+
+def _tmux(socket_name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["tmux", "-L", socket_name, "-f", "/dev/null", *args], capture_output=True, text=True,
+        timeout=10, check=False,
+    )
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_live_view_in_tmux_reads_back_and_quits_on_q(engines: Callable[..., Engine]):
+    eng = engines().start()
+    sock = f"specobs-top-{uuid.uuid4().hex[:8]}"
+    command = (
+        f"env PYTHONPATH={ROOT} LANG=C.UTF-8 {sys.executable} -m specobs.cli top {eng.url} "
+        "--interval 0.5; echo EXIT=$?; sleep 60"
+    )
+    started = _tmux(sock, "new-session", "-d", "-s", "top", "-x", "120", "-y", "45", command)
+    assert started.returncode == 0, started.stderr
+
+    def screen() -> str:
+        return _tmux(sock, "capture-pane", "-p", "-t", "top").stdout
+
+    try:
+        deadline = time.monotonic() + 10
+        text = ""
+        while time.monotonic() < deadline:
+            text = screen()
+            if "cycle" in text and "200.0 µs" in text:
+                break
+            time.sleep(0.1)
+        assert "200.0 µs" in text, text
+        for word in ("specobs top", "GPU clock", "host clock", "draft", "verify", "bookkeeping",
+                     "600.0 µs", "100.0 µs", "900.0 µs", "22.2%", "66.7%", "acceptance 50.0%",
+                     "mean accept length 2.00", "mean batch 2.00", "0:100%", "1:50%", "3:0%",
+                     "GPU sampling 1 in 1", "drops 0", "█"):
+            assert word in text, (word, text)
+        assert "Traceback" not in text
+        sent = time.monotonic()
+        _tmux(sock, "send-keys", "-t", "top", "q")
+        while time.monotonic() < sent + 5 and "EXIT=" not in screen():
+            time.sleep(0.05)
+        quit_seconds = time.monotonic() - sent
+        assert "EXIT=0" in screen(), screen()
+        assert quit_seconds < 2.0
+    finally:
+        _tmux(sock, "kill-server")
+
+
+def test_pty_shows_waiting_first_and_quits_on_ctrl_c(engines: Callable[..., Engine]):
+    pexpect = pytest.importorskip("pexpect")
+    eng = engines().start()
+    child = pexpect.spawn(
+        sys.executable, ["-m", "specobs.cli", "top", eng.url, "--interval", "0.5"],
+        env=cli_env(), cwd=str(ROOT), encoding="utf-8", dimensions=(45, 120), timeout=10,
+    )
+    try:
+        child.expect("waiting for a second sample")
+        child.expect("verify")
+        child.expect("600.0 µs")
+        child.sendcontrol("c")
+        child.expect(pexpect.EOF, timeout=3)
+        child.close()
+        assert child.exitstatus == 0, child.before
+        assert "Traceback" not in (child.before or "")
+    finally:
+        if child.isalive():
+            child.terminate(force=True)
+
+
+def test_pty_quits_on_q_while_the_endpoint_is_down():
+    pexpect = pytest.importorskip("pexpect")
+    child = pexpect.spawn(
+        sys.executable, ["-m", "specobs.cli", "top", closed_port_url(), "--interval", "0.5"],
+        env=cli_env(), cwd=str(ROOT), encoding="utf-8", dimensions=(45, 120), timeout=10,
+    )
+    try:
+        child.expect("error: cannot connect to")
+        child.send("q")
+        child.expect(pexpect.EOF, timeout=3)
+        child.close()
+        assert child.exitstatus == 0
+    finally:
+        if child.isalive():
+            child.terminate(force=True)
+
+
+# -- from a real Prometheus -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_prometheus_mode_against_a_real_prometheus(
+    prometheus_server: Callable[..., Any], engines: Callable[..., Engine]
+):
+    eng = engines(baseline=50.0).start()
+    target = f"127.0.0.1:{eng.port}"
+    server = prometheus_server([target])
+    server.wait_for_target_up(timeout_seconds=20)
+    selector = f'{{job="specobs",instance="{target}"}}'
+    name = catalog.CYCLES.name
+    server.wait_for(f"increase({name}{selector}[5s])",
+                    lambda r: bool(r) and float(r[0]["value"][1]) > 0, timeout_seconds=20)
+
+    result = cli("top", "--prometheus", server.url, "--selector", selector, "--window", "5s",
+                 "--once")
+    assert result.returncode == 0, result.stdout + result.stderr
+    line = result.stdout.splitlines()[-1]
+    assert "clock=gpu" in line
+    assert "draft=200.0us(22.2%" in line and "verify=600.0us(66.7%" in line
+    assert "cycle=900.0us" in line
+    assert "accept=50.0%" in line and "accept_len=2.00" in line and "batch=2.00" in line
+    assert "pos=[100%,50%,50%,0%]" in line
+
+    # Our bucket interpolation agrees with Prometheus's own histogram_quantile.
+    with httpx.Client(timeout=5) as client:
+        delta = scr.prometheus_delta(client, server.url, f'job="specobs",instance="{target}"',
+                                     5.0)
+    b = scr.breakdown(delta)
+    hist = catalog.PHASE_DURATION.name
+    for q, ours in ((0.5, b.stats[("verify", "gpu")].p50_seconds),
+                    (0.99, b.stats[("verify", "gpu")].p99_seconds)):
+        theirs = server.query(
+            f'histogram_quantile({q}, sum by (le) (increase({hist}_bucket{{job="specobs",'
+            f'phase="verify",clock="gpu"}}[5s])))'
+        )
+        assert ours == pytest.approx(float(theirs[0]["value"][1]), rel=1e-6)
+    assert b.baseline_tokens_per_second == 50.0
+
+    # A selector that matches nothing, and a URL that is no Prometheus: one-line errors.
+    bad = cli("top", "--prometheus", server.url, "--selector", '{job="nope"}', "--once",
+              "--interval", "0.05")
+    assert bad.returncode == 1
+    assert 'has no specobs_info{job="nope"}' in bad.stdout
+    not_prom = cli("top", "--prometheus", eng.url.removesuffix("/metrics"), "--once",
+                   "--interval", "0.05")
+    assert not_prom.returncode == 1
+    assert "is not a Prometheus server" in not_prom.stdout
+    assert "Traceback" not in bad.stdout + bad.stderr + not_prom.stdout + not_prom.stderr
