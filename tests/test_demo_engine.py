@@ -1,0 +1,358 @@
+"""The demo's speculative decoding engine on CPU: lossless greedy output, acceptance, faults,
+weight cache, bad input, and its use of specobs's public API.
+
+The models are trained once per session into a temporary cache directory (about 30 s on two
+idle CPU cores). Measured with the default config, k=4, seed 0: acceptance rate 0.94 healthy,
+collapsing with ``wrong-hidden-layers`` (see ``test_acceptance_healthy_vs_wrong_hidden_layers``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from specobs.demo import (  # noqa: E402
+    SpecDecodeEngine,
+    TrainSettings,
+    build_engine,
+    greedy_generate,
+)
+
+ACCEPTANCE_FLOOR = 0.4
+
+# Fewer steps than the demo's defaults keep the suite fast; the language is learnt well by then.
+FAST_TRAINING = TrainSettings(target_steps=220, draft_steps=150, distill_sequences=128)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return tmp_path_factory.mktemp("specobs-cache")
+
+
+@pytest.fixture(scope="session")
+def built(cache_dir: Any) -> tuple[SpecDecodeEngine, float]:
+    t0 = time.perf_counter()
+    engine = build_engine(cache_dir=cache_dir, seed=0, train_settings=FAST_TRAINING)
+    return engine, time.perf_counter() - t0
+
+
+@pytest.fixture
+def engine(built: tuple[SpecDecodeEngine, float]) -> Iterator[SpecDecodeEngine]:
+    eng = built[0]
+    eng.fault = None
+    yield eng
+    eng.fault = None
+    for _ in range(10_000):
+        if not eng.has_work():
+            break
+        eng.step()
+
+
+@pytest.fixture(scope="session")
+def prompts(built: tuple[SpecDecodeEngine, float]) -> list[list[int]]:
+    """24 held-out prompts of 1..60 tokens (text the target was not trained on)."""
+    lang = built[0].models.language
+    text = lang.stream(20_000, seed=12_345)
+    rng = random.Random(7)
+    out = []
+    for i in range(24):
+        n = [1, 2, 3, 60][i] if i < 4 else rng.randint(1, 60)
+        start = rng.randrange(0, len(text) - n)
+        out.append(text[start : start + n])
+    return out
+
+
+def drain(engine: SpecDecodeEngine, limit: int = 10_000) -> int:
+    cycles = 0
+    for _ in range(limit):
+        if not engine.has_work():
+            return cycles
+        cycles += engine.step()
+    raise AssertionError("engine did not finish its requests")
+
+
+def acceptance(engine: SpecDecodeEngine, prompts: list[list[int]], max_tokens: int) -> float:
+    before = engine.stats()
+    for p in prompts:
+        engine.submit(p, max_tokens)
+    drain(engine)
+    after = engine.stats()
+    return (after.accepted_tokens - before.accepted_tokens) / (
+        after.draft_tokens - before.draft_tokens
+    )
+
+
+class RecordingCycle:
+    def __init__(self, log: list[Any], batch_size: int) -> None:
+        self.log = log
+        self.batch_size = batch_size
+        self.marks: list[tuple[str, float]] = [("draft", time.perf_counter())]
+        self.accepted: list[int] | None = None
+        self.draft_length: int | None = None
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((phase, time.perf_counter()))
+
+    def accept(self, accepted: Any, draft_length: int | None = None) -> None:
+        self.accepted = [int(a) for a in accepted]
+        self.draft_length = draft_length
+
+    def seconds(self, phase: str) -> float:
+        names = [m[0] for m in self.marks]
+        i = names.index(phase)
+        return self.marks[i + 1][1] - self.marks[i][1]
+
+
+class RecordingObserver:
+    """Stands in for ``specobs.Observer`` with the same ``cycle()`` / ``mark`` / ``accept``."""
+
+    def __init__(self) -> None:
+        self.cycles: list[RecordingCycle] = []
+
+    @contextlib.contextmanager
+    def cycle(self, batch_size: int) -> Iterator[RecordingCycle]:
+        c = RecordingCycle(self.cycles, batch_size)
+        yield c
+        c.mark("end")
+        self.cycles.append(c)
+
+
+def test_greedy_output_identical_to_plain_greedy_for_batched_requests(
+    engine: SpecDecodeEngine, prompts: list[list[int]]
+) -> None:
+    rng = random.Random(3)
+    max_tokens = [1, 2, 5, 100] + [rng.randint(1, 90) for _ in prompts[4:]]
+    # 24 requests for 8 slots: requests queue, join as others finish, and finish mid-cycle.
+    handles = [engine.submit(p, m) for p, m in zip(prompts, max_tokens, strict=True)]
+    drain(engine)
+    for p, m, h in zip(prompts, max_tokens, handles, strict=True):
+        assert h.done and h.finish_reason == "length"
+        assert h.tokens == greedy_generate(engine.target, p, m, eos_id=engine.eos_id)
+        assert len(h.tokens) == m
+
+
+def test_eos_stops_mid_cycle_and_is_not_emitted(
+    engine: SpecDecodeEngine, prompts: list[list[int]]
+) -> None:
+    ref = greedy_generate(engine.target, prompts[5], 40)
+    eos = ref[13]
+    expected = ref[: ref.index(eos)]
+    handle = engine.submit(prompts[5], 40, eos_id=eos)
+    other = engine.submit(prompts[6], 30)
+    drain(engine)
+    assert handle.tokens == expected
+    assert handle.finish_reason == "stop"
+    assert greedy_generate(engine.target, prompts[5], 40, eos_id=eos) == expected
+    assert other.tokens == greedy_generate(engine.target, prompts[6], 30, eos_id=engine.eos_id)
+
+
+def test_background_thread_streams_concurrent_requests(
+    engine: SpecDecodeEngine, prompts: list[list[int]]
+) -> None:
+    results: dict[int, list[int]] = {}
+    engine.start()
+    try:
+
+        def client(i: int) -> None:
+            handle = engine.submit(prompts[i], 25 + i)
+            chunks = list(handle.stream(timeout=20))
+            results[i] = [t for chunk in chunks for t in chunk]
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        engine.stop()
+    for i in range(10):
+        assert results[i] == greedy_generate(engine.target, prompts[i], 25 + i)
+
+
+def test_acceptance_healthy_vs_wrong_hidden_layers(
+    engine: SpecDecodeEngine, prompts: list[list[int]]
+) -> None:
+    healthy = acceptance(engine, prompts[4:12], 64)
+    engine.fault = "wrong-hidden-layers"
+    wrong = acceptance(engine, prompts[4:12], 64)
+    engine.fault = None
+    print(f"acceptance rate k=4: healthy {healthy:.3f}, wrong-hidden-layers {wrong:.3f}")
+    assert healthy >= ACCEPTANCE_FLOOR
+    assert wrong <= healthy / 2
+    # The fault changes what is drafted, never what is emitted.
+    engine.fault = "wrong-hidden-layers"
+    handle = engine.submit(prompts[7], 40)
+    drain(engine)
+    assert handle.tokens == greedy_generate(engine.target, prompts[7], 40)
+
+
+def test_observer_sees_phases_and_acceptance(
+    engine: SpecDecodeEngine, prompts: list[list[int]]
+) -> None:
+    obs = RecordingObserver()
+    eng = SpecDecodeEngine(engine.target, engine.draft, engine.tokenizer, k=4, observer=obs)
+    handles = [eng.submit(p, 20) for p in prompts[:6]]
+    drain(eng)
+    stats = eng.stats()
+    assert stats.cycles == len(obs.cycles) > 0
+    for c in obs.cycles:
+        assert [m[0] for m in c.marks] == ["draft", "verify", "bookkeeping", "end"]
+        assert c.draft_length == 4
+        assert c.accepted is not None and len(c.accepted) == c.batch_size
+        assert all(0 <= a <= 4 for a in c.accepted)
+    assert sum(sum(c.accepted or []) for c in obs.cycles) == stats.accepted_tokens
+    assert sum(c.batch_size for c in obs.cycles) == stats.sequence_cycles
+    # Prefill emits the first token of each request outside any cycle.
+    assert stats.emitted_tokens == sum(len(h.tokens) for h in handles) == 6 * 20
+
+
+def test_slow_verify_adds_real_verify_time(
+    engine: SpecDecodeEngine, prompts: list[list[int]]
+) -> None:
+    obs = RecordingObserver()
+    eng = SpecDecodeEngine(engine.target, engine.draft, engine.tokenizer, observer=obs)
+
+    def verify_seconds() -> float:
+        obs.cycles.clear()
+        for p in prompts[8:12]:
+            eng.submit(p, 40)
+        drain(eng)
+        times = sorted(c.seconds("verify") for c in obs.cycles)
+        return times[len(times) // 2]
+
+    healthy = verify_seconds()
+    eng.fault = "slow-verify"
+    slow = verify_seconds()
+    assert slow > 2 * healthy, (healthy, slow)
+
+
+def test_stall_produces_no_cycles_while_requests_wait(
+    engine: SpecDecodeEngine, prompts: list[list[int]]
+) -> None:
+    engine.fault = "stall"
+    before = engine.stats()
+    handle = engine.submit(prompts[3], 10)
+    for _ in range(5):
+        assert engine.step() is False
+    stalled = engine.stats()
+    assert stalled.cycles == before.cycles and stalled.waiting == 1 and not handle.done
+    engine.start()
+    try:
+        with pytest.raises(TimeoutError):
+            handle.wait(timeout=0.2)
+        assert engine.stats().cycles == before.cycles
+        engine.fault = None
+        assert handle.wait(timeout=20) == greedy_generate(engine.target, prompts[3], 10)
+    finally:
+        engine.stop()
+    assert engine.stats().cycles > before.cycles
+
+
+def test_cancel_frees_the_slot(engine: SpecDecodeEngine, prompts: list[list[int]]) -> None:
+    handle = engine.submit(prompts[9], 200)
+    engine.step()
+    engine.step()
+    handle.cancel()
+    engine.step()
+    assert handle.done and handle.finish_reason == "cancelled"
+    assert engine.stats().active == 0
+
+
+def test_weights_cache_is_reused(
+    built: tuple[SpecDecodeEngine, float], cache_dir: Any, prompts: list[list[int]]
+) -> None:
+    first, first_seconds = built
+    assert first.models.from_cache is False
+    assert list(cache_dir.glob("demo-*.pt"))
+    t0 = time.perf_counter()
+    second = build_engine(cache_dir=cache_dir, seed=0, train_settings=FAST_TRAINING)
+    second_seconds = time.perf_counter() - t0
+    assert second.models.from_cache is True
+    assert second_seconds < first_seconds / 3
+    for p in prompts[:3]:
+        assert greedy_generate(second.target, p, 30) == greedy_generate(first.target, p, 30)
+    handle = second.submit(prompts[10], 30)
+    drain(second)
+    assert handle.tokens == greedy_generate(first.target, prompts[10], 30)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens", "message"),
+    [
+        ([], 5, "at least 1 token id, got an empty sequence"),
+        ([300, 301], 0, "max_tokens must be an int >= 1, got 0"),
+        ([300, 301], -3, "max_tokens must be an int >= 1, got -3"),
+        ([300, 301], 2.5, "max_tokens must be an int >= 1, got float"),
+        ([300, 512], 5, "prompt_ids[1] = 512 is out of range: expected token ids in [0, 512)"),
+        ([-1], 5, "prompt_ids[0] = -1 is out of range"),
+        ([300, "a"], 5, "prompt_ids[1] must be an int token id, got str"),
+        ("hello", 5, "must be a sequence of int token ids, got str"),
+        ([300] * 600, 5, "expected at most 512 tokens (max_seq_len), got 600"),
+        ([300] * 510, 1, "expected at most 507 tokens"),
+        ([300] * 500, 10, "max_tokens <= 7"),
+    ],
+)
+def test_bad_input_raises_clear_value_error(
+    engine: SpecDecodeEngine, prompt: Any, max_tokens: Any, message: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        engine.submit(prompt, max_tokens)
+    assert message in str(info.value)
+    assert engine.stats().waiting == 0
+
+
+def test_bad_settings_raise_value_error(engine: SpecDecodeEngine) -> None:
+    with pytest.raises(ValueError, match="fault must be one of"):
+        engine.fault = "on-fire"
+    with pytest.raises(ValueError, match="k must be an int >= 1, got 0"):
+        SpecDecodeEngine(engine.target, engine.draft, k=0)
+    with pytest.raises(ValueError, match="unknown model override"):
+        build_engine(d_modle=3)
+    with pytest.raises(ValueError, match="prompt is too long"):
+        greedy_generate(engine.target, [300] * 513, 1)
+
+
+def test_tokenizer_round_trips_text(engine: SpecDecodeEngine) -> None:
+    tok = engine.tokenizer
+    lang = engine.models.language
+    text = tok.decode(lang.stream(200, seed=5))
+    assert tok.decode(tok.encode(text)) == text
+    mixed = "hello world, " + text[:40] + " ünïcode!"
+    ids = tok.encode(mixed)
+    assert all(0 <= i < engine.config.vocab_size for i in ids)
+    assert tok.decode(ids) == mixed
+    handle = engine.submit(tok.encode("hello"), 5)
+    drain(engine)
+    assert len(handle.tokens) == 5
+
+
+def test_real_specobs_observer(engine: SpecDecodeEngine, prompts: list[list[int]]) -> None:
+    import specobs
+
+    if not hasattr(specobs, "configure"):
+        pytest.skip("specobs.configure is not available yet")
+    obs = specobs.configure(phases=("draft", "verify", "bookkeeping"), sinks=[specobs.MemorySink()])
+    try:
+        eng = SpecDecodeEngine(engine.target, engine.draft, engine.tokenizer, observer=obs)
+        for p in prompts[:5]:
+            eng.submit(p, 30)
+        drain(eng)
+        stats = eng.stats()
+        obs.force_flush()
+        snap = obs.snapshot()
+        assert snap.cycles_total == stats.cycles
+        assert snap.draft_tokens_total == stats.draft_tokens
+        assert snap.accepted_tokens_total == stats.accepted_tokens
+        for phase in ("draft", "verify", "bookkeeping"):
+            assert snap.phase_count(phase, "host") == stats.cycles
+            assert snap.phase_seconds_sum(phase, "host") > 0
+    finally:
+        obs.shutdown(timeout_seconds=5.0)
