@@ -145,11 +145,13 @@ GARBAGE = "this is { not metrics ]] at all\n\x01\x02 42 forty-two\n"
 
 class BadServer:
     """A stdlib HTTP server answering per path: /html, /garbage, /binary, /500, /other (some
-    other exporter's metrics), /empty, and /body (whatever ``body`` is set to)."""
+    other exporter's metrics), /empty, and /seq: the text bodies in ``bodies`` one per request
+    (the last one repeats), or ``openmetrics`` when the client asks for OpenMetrics."""
 
     def __init__(self) -> None:
         owner = self
-        self.body = ""
+        self.bodies: list[str] = [""]
+        self.openmetrics: str | None = None
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -165,8 +167,14 @@ class BadServer:
                     status, data = 500, b"Internal Server Error: upstream exploded\n"
                 elif path == "/other":
                     data = NOT_SPECOBS.encode()
-                elif path == "/body":
-                    data = owner.body.encode()
+                elif path == "/seq":
+                    accept = self.headers.get("Accept", "")
+                    if "openmetrics" in accept and owner.openmetrics is not None:
+                        ctype = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+                        data = owner.openmetrics.encode()
+                    else:
+                        body = owner.bodies.pop(0) if len(owner.bodies) > 1 else owner.bodies[0]
+                        data = body.encode()
                 elif path != "/empty":
                     status, data = 404, b"not found\n"
                 self.send_response(status)
