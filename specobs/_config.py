@@ -69,7 +69,7 @@ SPECOBS_EXPORTERS = "SPECOBS_EXPORTERS"
 
 SPECOBS_TRACE_HEAD_RATE = "SPECOBS_TRACE_HEAD_RATE"
 """Fraction of cycles exported as traces regardless of duration (GPU-timed spans on GPU-sampled
-cycles, host-timed otherwise). Default 0.01."""
+cycles, host-timed otherwise). Default 0.001: one trace a second at 1,000 cycles/s."""
 
 SPECOBS_TRACE_SLOW_CYCLE_SECONDS = "SPECOBS_TRACE_SLOW_CYCLE_SECONDS"
 """Every cycle at least this slow (GPU time when sampled, else host time) is traced (tail
@@ -102,7 +102,7 @@ class Settings:
     labels: Mapping[str, str] = field(default_factory=dict)
     baseline_tokens_per_second: float | None = None
     poll_interval_seconds: float = 0.05
-    trace_head_rate: float = 0.01
+    trace_head_rate: float = 0.001
     trace_slow_cycle_seconds: float | None = None
     keep_cycles: int = 1024
     rank: int = 0

@@ -71,6 +71,7 @@ class Cycle:
         "_ev",
         "_i",
         "_rec",
+        "_resolved_acc",
         "_ts",
         "index",
     )

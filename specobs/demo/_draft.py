@@ -106,11 +106,21 @@ class DraftHead(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.target.lm_head(self.norm(hidden))
 
-    def inputs(self, feature: torch.Tensor, tokens: torch.Tensor, fused: bool) -> torch.Tensor:
+    def inputs(
+        self,
+        feature: torch.Tensor,
+        tokens: torch.Tensor,
+        fused: bool,
+        token_keep: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``fc([g; emb(x)])``: ``feature`` is the target's 3-layer hidden (``fused=True``, 3d) or
-        the draft's own previous output (d)."""
+        the draft's own previous output (d). ``token_keep`` (training only) zeroes some token
+        embeddings."""
         g = self.fuse(feature) if fused else feature
-        return self.fc(torch.cat((g, self.target.embed(tokens)), dim=-1))
+        emb = self.target.embed(tokens)
+        if token_keep is not None:
+            emb = emb * token_keep.unsqueeze(-1)
+        return self.fc(torch.cat((g, emb), dim=-1))
 
     def forward(
         self,
@@ -134,7 +144,11 @@ class DraftHead(nn.Module):
         return h, self.logits(h)
 
     def train_forward(
-        self, features: torch.Tensor, tokens: torch.Tensor, n_steps: int
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        n_steps: int,
+        token_keep: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """Training-time unrolling of ``n_steps`` chain steps over whole sequences (no cache).
 
@@ -144,7 +158,9 @@ class DraftHead(nn.Module):
         at chain step ``s`` when the last verified position was ``t - s + 1``. At inference that
         query sees the draft keys of positions ``<= t - s + 1`` (made from target features) and
         the keys of chain steps ``2..s`` at positions ``t - s + 2 .. t``; the attention below
-        reproduces exactly that. Entries with ``t < s - 1`` are meaningless.
+        reproduces exactly that. Entries with ``t < s - 1`` are meaningless. ``token_keep``
+        ``[B, T]`` zeroes the step-1 token embeddings where 0 (token dropout, so that the head
+        learns to read the target's features rather than only n-gram statistics of tokens).
         """
         b, t_len, _ = features.shape
         blk = self.block
@@ -159,7 +175,7 @@ class DraftHead(nn.Module):
         prev: torch.Tensor | None = None
         for step in range(1, n_steps + 1):
             if step == 1:
-                x = self.inputs(features, tokens, fused=True)
+                x = self.inputs(features, tokens, fused=True, token_keep=token_keep)
             else:
                 assert prev is not None
                 # Step s at position t continues from step s-1's output at position t-1.

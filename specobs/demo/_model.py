@@ -425,6 +425,10 @@ class SyntheticLanguage:
     """
 
     CLASSES = {"det": 8, "adj": 40, "noun": 80, "verb": 60, "adv": 25, "prep": 15, "conj": 6}
+    SUCCESSORS = 6
+    """Candidate next words per (previous word, class)."""
+    ZIPF = 1.6
+    """Skew of the candidates' probabilities (rank ** -ZIPF)."""
 
     def __init__(self, vocab_size: int, seed: int = 0) -> None:
         n_words = vocab_size - WordTokenizer.FIRST_WORD_ID
@@ -450,8 +454,8 @@ class SyntheticLanguage:
             for name, members in self.classes.items():
                 order = members[:]
                 rng.shuffle(order)
-                top = order[: min(6, len(order))]
-                weights = [1.0 / (r + 1) ** 1.6 for r in range(len(top))]
+                top = order[: min(self.SUCCESSORS, len(order))]
+                weights = [1.0 / (r + 1) ** self.ZIPF for r in range(len(top))]
                 self._succ[(prev, name)] = (top, weights)
 
     @staticmethod

@@ -59,6 +59,7 @@ class TrainSettings:
     draft_batch: int = 24
     draft_lr: float = 3e-3
     draft_unroll: int = 3
+    draft_token_dropout: float = 0.5
 
 
 @dataclasses.dataclass
@@ -242,7 +243,10 @@ def train_draft(
     accs = [0.0] * s.draft_unroll
     for _ in range(s.draft_steps):
         rows = torch.randint(0, next_tokens.shape[0], (s.draft_batch,), generator=gen)
-        outs = draft.train_forward(features[rows], next_tokens[rows], s.draft_unroll)
+        keep = (
+            torch.rand(rows.shape[0], next_tokens.shape[1], generator=gen) >= s.draft_token_dropout
+        ).float()
+        outs = draft.train_forward(features[rows], next_tokens[rows], s.draft_unroll, keep)
         loss = torch.zeros(())
         for step, logits in enumerate(outs, start=1):
             # Entry t of step s predicts label t (the target's guess for x_{t+2}); valid for

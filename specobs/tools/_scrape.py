@@ -180,7 +180,7 @@ def parse_exposition(text: str) -> Series:
 
         families: Any = openmetrics_families(text)
     else:
-        families = text_string_to_metric_families(text)
+        families = text_string_to_metric_families(text)  # type: ignore[no-untyped-call]
     series = Series()
     try:
         for family in families:

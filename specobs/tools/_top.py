@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from specobs import catalog
 from specobs.tools import _scrape as scr
 
 __all__ = ["add_arguments", "run"]
@@ -118,10 +119,10 @@ class PrometheusSource:
             )
         except scr.ScrapeError as exc:
             return Frame("error", str(exc))
-        if not delta.counters.has(scr.catalog.CYCLES.name):
+        if not delta.counters.has(catalog.CYCLES.name):
             return Frame(
                 "waiting",
-                f"waiting for Prometheus to hold two samples of {scr.catalog.CYCLES.name} in "
+                f"waiting for Prometheus to hold two samples of {catalog.CYCLES.name} in "
                 f"the last {scr.format_rate(self.window_seconds, 0)} s",
             )
         return _data_frame(scr.breakdown(delta))
