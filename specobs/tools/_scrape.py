@@ -178,9 +178,9 @@ def parse_exposition(text: str) -> Series:
             text_string_to_metric_families as openmetrics_families,
         )
 
-        families: Any = openmetrics_families(text)
+        families: Any = openmetrics_families(text)  # type: ignore[no-untyped-call]
     else:
-        families = text_string_to_metric_families(text)  # type: ignore[no-untyped-call]
+        families = text_string_to_metric_families(text)
     series = Series()
     try:
         for family in families:

@@ -287,8 +287,9 @@ class LiveView:
                 f"GPU clock: {n:.0f} sampled cycles" if clock == "gpu"
                 else f"host clock: {n:.0f} cycles"
             )
-            table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left",
-                          title_style="bold", pad_edge=False, padding=(0, 1))
+            table = Table(box=box.SIMPLE_HEAD, show_edge=False, title=title,
+                          title_justify="left", title_style="bold", pad_edge=False,
+                          padding=(0, 1))
             table.add_column("phase")
             table.add_column("per cycle", justify="right")
             table.add_column("", width=_BAR_WIDTH, no_wrap=True)
@@ -312,23 +313,24 @@ class LiveView:
                 scr.format_seconds(p99),
             )
             out.append(table)
+            out.append(Text(""))
 
-        grid = Table.grid(padding=(0, 2))
-        for _ in range(4):
-            grid.add_column()
+        grid = Table.grid(padding=(0, 3))
+        for _ in range(3):
+            grid.add_column(no_wrap=True)
         grid.add_row(
             f"acceptance {scr.format_percent(b.acceptance_rate)}",
             f"mean accept length {scr.format_rate(b.mean_accept_length, 2)}",
             f"emitted {scr.format_rate(b.emitted_tokens_per_second)} tok/s",
-            f"cycles {scr.format_rate(b.cycles_per_second)}/s",
-        )
-        baseline = (
-            f" (baseline {scr.format_rate(b.baseline_tokens_per_second)})"
-            if b.baseline_tokens_per_second is not None else ""
         )
         grid.add_row(
+            f"cycles {scr.format_rate(b.cycles_per_second)}/s",
             f"mean batch {scr.format_rate(b.mean_batch_size, 2)}",
-            f"per sequence {scr.format_rate(b.sequence_tokens_per_second)} tok/s{baseline}",
+            f"per sequence {scr.format_rate(b.sequence_tokens_per_second)} tok/s",
+        )
+        grid.add_row(
+            f"baseline {scr.format_rate(b.baseline_tokens_per_second)} tok/s"
+            if b.baseline_tokens_per_second is not None else "no baseline",
             "GPU sampling 1 in "
             + (f"{b.sampling_interval:.0f}" if b.sampling_interval is not None else scr.DASH),
             f"overhead {scr.format_percent(b.overhead_ratio, 2)}",
