@@ -403,7 +403,7 @@ class KeyReader:
                 return
             if not ch:  # the terminal went away
                 return
-            if ch in (b"q", b"Q", b"\x1b"):
+            if ch in (b"q", b"Q"):
                 self.quit.set()
                 return
 
