@@ -19,9 +19,15 @@ Usage::
 Faults for alert testing are switched at run time: ``engine.fault = "wrong-hidden-layers"``,
 ``"slow-verify"``, ``"stall"`` or ``None``.
 
-Measured (default config, k=4, seed 0; see ``tests/test_demo_engine.py``): mean acceptance
-rate (accepted / drafted tokens) 0.8-0.9 with the healthy draft, below 0.15 with
-``wrong-hidden-layers``. Importing :mod:`specobs` never imports this package (it needs torch).
+Measured (default config: d_model 128, 6 layers, k=4, seed 0):
+
+- acceptance rate (accepted / drafted tokens): 0.57-0.73 with the healthy draft, 0.19-0.27 with
+  ``wrong-hidden-layers`` (the draft fed layers (5, 4, 0) instead of (1, 3, 4));
+- 2 idle CPU cores: start-up training 41-45 s (cached afterwards: loading takes < 1 s); about
+  200 speculative cycles/s at batch 4 (well above the 30 cycles/s the demo needs);
+- H200 with CUDA graphs: about 590 cycles/s at batch 4 (launch-bound at this model size).
+
+Importing :mod:`specobs` never imports this package (it needs torch).
 """
 
 from __future__ import annotations

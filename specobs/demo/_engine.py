@@ -445,13 +445,12 @@ class SpecDecodeEngine:
     def _drop_cancelled(self) -> None:
         with self._lock:
             gone = [s for s, st in self._slots.items() if st.request._cancelled]
-            for s in gone:
-                del self._slots[s]
+            cancelled = [self._slots.pop(s).request for s in gone]
             waiting = [r for r in self._waiting if r._cancelled]
             for r in waiting:
                 self._waiting.remove(r)
-            self._counts["requests_finished"] += len(gone) + len(waiting)
-        for req in [*waiting]:
+            self._counts["requests_finished"] += len(cancelled) + len(waiting)
+        for req in [*cancelled, *waiting]:
             req._emit([], "cancelled")
 
     def _admit(self) -> list[tuple[int, RequestHandle]]:

@@ -2,18 +2,20 @@
 target by self-distillation. Both are seeded and run on CPU; the weights are cached on disk.
 
 1. Target: next-token cross-entropy on running text of :class:`SyntheticLanguage` (a few hundred
-   AdamW steps), so its greedy continuations are grammatical, prompt-dependent text rather than
-   noise.
+   Adam steps), so its greedy continuations are grammatical, prompt-dependent text.
 2. Self-distillation data: seeded prompts cut from held-out text, continued by the target's own
    greedy decoding; one more target forward over each whole sequence yields the three hidden
    layers the draft reads and the target's argmax at every position (the labels).
 3. Draft: cross-entropy against the target's argmax, unrolled over 3 chain steps per position
    (EAGLE-3's "training-time test": steps after the first feed the draft its own hidden state),
-   with step weights 1, 0.8, 0.64.
+   with step weights 1, 0.8, 0.64. 60% of the input tokens are replaced by random ones during
+   training, so the head learns to read the target's features instead of memorising token
+   n-grams of a small language; without that, feeding it the wrong layers hardly mattered
+   (measured: 0.93 -> 0.90 acceptance), with it acceptance collapses (0.57 -> 0.19).
 
 Weights go to ``<cache_dir>/demo-<hash>.pt`` where the hash covers both configs, the seed and the
-training settings, so changing any of them trains afresh. Measured acceptance is recorded in the
-file's ``info`` (see ``specobs/demo/__init__.py`` for the figures).
+training settings, so changing any of them trains afresh. Training statistics are kept in the
+file's ``info``; measured acceptance and timings are in ``specobs/demo/__init__.py``.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class TrainSettings:
     draft_batch: int = 24
     draft_lr: float = 3e-3
     draft_unroll: int = 3
-    draft_token_dropout: float = 0.5
+    draft_token_noise: float = 0.6
 
 
 @dataclasses.dataclass
@@ -94,6 +96,7 @@ def cache_key(
             "draft": dataclasses.asdict(draft_config),
             "seed": seed,
             "train": dataclasses.asdict(settings),
+            "language": [SyntheticLanguage.SUCCESSORS, SyntheticLanguage.ZIPF],
         },
         sort_keys=True,
     ).encode()
@@ -243,10 +246,14 @@ def train_draft(
     accs = [0.0] * s.draft_unroll
     for _ in range(s.draft_steps):
         rows = torch.randint(0, next_tokens.shape[0], (s.draft_batch,), generator=gen)
-        keep = (
-            torch.rand(rows.shape[0], next_tokens.shape[1], generator=gen) >= s.draft_token_dropout
-        ).float()
-        outs = draft.train_forward(features[rows], next_tokens[rows], s.draft_unroll, keep)
+        tokens = next_tokens[rows]
+        if s.draft_token_noise > 0:
+            # Replace some input tokens with random ones so the head cannot lean on token
+            # n-grams alone and learns to read the target's features (what EAGLE relies on).
+            noisy = torch.rand(tokens.shape, generator=gen) < s.draft_token_noise
+            random_ids = torch.randint(0, vocab, tokens.shape, generator=gen)
+            tokens = torch.where(noisy, random_ids, tokens)
+        outs = draft.train_forward(features[rows], tokens, s.draft_unroll)
         loss = torch.zeros(())
         for step, logits in enumerate(outs, start=1):
             # Entry t of step s predicts label t (the target's guess for x_{t+2}); valid for
