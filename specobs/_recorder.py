@@ -76,6 +76,9 @@ class Cycle:
         "index",
     )
 
+    #: Set by the resolver (never on the hot path): the validated acceptance.
+    _resolved_acc: Any
+
     def __init__(self, rec: Recorder, index: int, t0: int, batch_size: int | None) -> None:
         self._rec = rec
         self.index = index

@@ -500,7 +500,7 @@ class Resolver:
         self, c: Cycle
     ) -> tuple[list[int], int, int, int, list[int] | tuple[int, int]] | None:
         """The per-cycle view of acceptance for a ResolvedCycle (after _acceptance_batch)."""
-        a = c._resolved_acc
+        a: tuple[list[int], int, int, int, list[int] | tuple[int, int]] | None = c._resolved_acc
         if a is not None:
             return a
         acc = c._acc
