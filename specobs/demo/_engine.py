@@ -500,7 +500,6 @@ class SpecDecodeEngine:
         self._pend_tokens[slots, 0] = first
         self._pend_count[slots] = 1
         first_host = first.tolist()
-        finished = []
         with self._lock:
             self._counts["prefills"] += 1
             for (slot, req), n in zip(admitted, lens, strict=True):
@@ -508,36 +507,36 @@ class SpecDecodeEngine:
                 self.target_cache.lengths[slot] = n
                 self.draft_cache.lengths[slot] = n - 1
                 self._slots[slot] = st
-        for (slot, _), tok in zip(admitted, first_host, strict=True):
-            if self._deliver(slot, [tok]):
+        self._deliver([(slot, [tok]) for (slot, _), tok in zip(admitted, first_host, strict=True)])
+
+    def _deliver(self, batch: list[tuple[int, list[int]]]) -> None:
+        """Hand new tokens to the slots' requests, truncated at max_tokens / eos, and free the
+        slots of finished requests. Requests are told after the engine lock is released, so a
+        token callback may call back into the engine."""
+        out: list[tuple[RequestHandle, list[int], str | None]] = []
+        finished = []
+        for slot, new in batch:
+            st = self._slots[slot]
+            req = st.request
+            reason = None
+            if req.eos_id is not None and req.eos_id in new:
+                new = new[: new.index(req.eos_id)]
+                reason = "stop"
+            room = req.max_tokens - st.emitted
+            if len(new) >= room:
+                new = new[:room]
+                reason = reason or "length"
+            st.emitted += len(new)
+            out.append((req, new, reason))
+            if reason is not None:
                 finished.append(slot)
-        self._release(finished)
-
-    def _deliver(self, slot: int, new: list[int]) -> bool:
-        """Hand ``new`` tokens to the slot's request, truncated at max_tokens / eos; returns
-        whether the request is finished."""
-        st = self._slots[slot]
-        req = st.request
-        reason = None
-        if req.eos_id is not None and req.eos_id in new:
-            new = new[: new.index(req.eos_id)]
-            reason = "stop"
-        room = req.max_tokens - st.emitted
-        if len(new) >= room:
-            new = new[:room]
-            reason = reason or "length"
-        st.emitted += len(new)
-        self._counts["emitted_tokens"] += len(new)
-        req._emit(new, reason)
-        return reason is not None
-
-    def _release(self, slots: list[int]) -> None:
-        if not slots:
-            return
         with self._lock:
-            for s in slots:
+            self._counts["emitted_tokens"] += sum(len(new) for _, new, _ in out)
+            for s in finished:
                 self._slots.pop(s, None)
-            self._counts["requests_finished"] += len(slots)
+            self._counts["requests_finished"] += len(finished)
+        for req, new, reason in out:
+            req._emit(new, reason)
 
     def _cycle(self, active: list[int], fault: str | None) -> None:
         k = self.k
@@ -586,23 +585,23 @@ class SpecDecodeEngine:
             acc_host = accepted.cpu()
             preds_host = preds.cpu().tolist()
             acc_list = acc_host.tolist()
-            finished = []
             with self._lock:
                 self._counts["cycles"] += 1
                 self._counts["sequence_cycles"] += b
                 self._counts["draft_tokens"] += b * k
                 self._counts["accepted_tokens"] += sum(acc_list)
-            for slot, st, a, row in zip(active, states, acc_list, preds_host, strict=True):
+            for slot, st, a in zip(active, states, acc_list, strict=True):
                 st.draft_start = st.target_len
                 st.pending_count = a + 1
                 st.target_len += a + 1
                 self.target_cache.lengths[slot] = st.target_len
                 self.draft_cache.lengths[slot] = st.draft_start
-                with self._lock:
-                    done = self._deliver(slot, row[: a + 1])
-                if done:
-                    finished.append(slot)
-            self._release(finished)
+            self._deliver(
+                [
+                    (slot, row[: a + 1])
+                    for slot, a, row in zip(active, acc_list, preds_host, strict=True)
+                ]
+            )
             cyc.accept(acc_host, draft_length=k)
 
     # Device work (the same code runs eagerly and under CUDA graph capture) -------------------
