@@ -1,0 +1,622 @@
+"""The demo engine's HTTP server: an OpenAI-style ``/v1/completions`` subset on FastAPI.
+
+Endpoints (all answers JSON unless noted)::
+
+    POST /v1/completions   {"prompt": "text" | [token ids], "max_tokens": 16, "stream": false,
+                            "temperature": 0, "model": "...", "stream_options": {...}}
+    GET  /v1/models        the one model served
+    GET  /health           liveness plus the engine's counters
+    GET  /metrics          the specobs series (Prometheus text or OpenMetrics by Accept header)
+    GET  /admin/fault      {"fault": null | "wrong-hidden-layers" | "slow-verify" | "stall"}
+    POST /admin/fault      switch the fault at run time (``admin=False`` leaves these out)
+
+Decoding is greedy only (``temperature`` absent or 0). Bad input is answered with a 4xx and the
+OpenAI error shape ``{"error": {"message": ..., "type": "invalid_request_error", "param": ...}}``
+whose message says what was wrong, what was expected and what was got; the server keeps serving.
+A client that goes away (streaming or not) cancels its request in the engine.
+
+The engine reports no request gauges itself, so the app samples ``engine.stats()`` a few times a
+second and hands running/waiting counts to ``observer.set_requests`` (the stall alert reads them).
+:class:`ServerThread` runs the app under uvicorn on a background thread (used by ``specobs demo``
+and the tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+__all__ = ["DEFAULT_MODEL_NAME", "ServerThread", "create_app"]
+
+_log = logging.getLogger("specobs.demo")
+
+DEFAULT_MODEL_NAME = "specobs-demo"
+_REQUEST_GAUGE_INTERVAL_SECONDS = 0.25
+_DISCONNECT_POLL_SECONDS = 0.25
+
+
+# -- request bodies ---------------------------------------------------------------------------
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+    }.get(type(value), type(value).__name__)
+
+
+def _got(value: object) -> str:
+    text = json.dumps(value) if isinstance(value, (int, float, str, bool, type(None))) else ""
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"{_type_name(value)} {text}".rstrip()
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+
+    @field_validator("include_usage", mode="before")
+    @classmethod
+    def _bool(cls, v: Any) -> Any:
+        if not isinstance(v, bool):
+            raise ValueError(f"expected a boolean, got {_got(v)}")
+        return v
+
+
+class CompletionRequest(BaseModel):
+    """The accepted subset of OpenAI's completions request; unknown fields are rejected."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str | list[int]
+    model: str | None = None
+    max_tokens: int = 16
+    stream: bool = False
+    temperature: float | None = None
+    stream_options: StreamOptions | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            if not v.strip():
+                raise ValueError(
+                    "expected a non-empty text or a non-empty array of token ids, got an empty "
+                    "text"
+                )
+            return v
+        if isinstance(v, list):
+            if not v:
+                raise ValueError(
+                    "expected a non-empty text or a non-empty array of token ids, got an empty "
+                    "array"
+                )
+            if all(isinstance(x, (str, list)) for x in v):
+                raise ValueError(
+                    "expected one prompt (a text or an array of token ids); batches of prompts "
+                    f"are not supported, got an array of {len(v)} prompts"
+                )
+            for i, tok in enumerate(v):
+                if isinstance(tok, bool) or not isinstance(tok, int):
+                    raise ValueError(
+                        f"expected an array of integer token ids, but element {i} is {_got(tok)}"
+                    )
+            return v
+        raise ValueError(f"expected a text or an array of token ids, got {_got(v)}")
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, str):
+            raise ValueError(f"expected a string (the model name), got {_got(v)}")
+        return v
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _max_tokens(cls, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"expected an integer >= 1, got {_got(v)}")
+        if v < 1:
+            raise ValueError(f"expected an integer >= 1, got {v}")
+        return v
+
+    @field_validator("stream", mode="before")
+    @classmethod
+    def _stream(cls, v: Any) -> Any:
+        if not isinstance(v, bool):
+            raise ValueError(f"expected a boolean, got {_got(v)}")
+        return v
+
+    @field_validator("temperature", mode="before")
+    @classmethod
+    def _temperature(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"expected a number, got {_got(v)}")
+        if v != 0:
+            raise ValueError(
+                f"only greedy decoding is supported: expected 0 (or leave it out), got {v}"
+            )
+        return float(v)
+
+
+class FaultRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    fault: str | None
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+class _InvalidRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+
+
+def _error(
+    status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
+) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return JSONResponse(body, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One readable sentence per pydantic error, joined; the first field as ``param``."""
+    parts: list[str] = []
+    param: str | None = None
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        # Union members show up as extra path elements ("str", "list[int]"); our validators run
+        # before the union, so the field name is the first element.
+        field = ".".join(x for x in loc if not x.startswith(("str", "list[", "int")))
+        kind = err.get("type", "")
+        msg = str(err.get("msg", "invalid"))
+        if kind == "json_invalid":
+            ctx = err.get("ctx") or {}
+            return (
+                f"the request body is not valid JSON ({ctx.get('error', msg)}); expected a JSON "
+                "object such as {\"prompt\": \"...\", \"max_tokens\": 16}",
+                None,
+            )
+        if param is None:
+            param = field or None
+        if kind == "extra_forbidden":
+            parts.append(f"unknown field {field!r}: this server accepts only " + _KNOWN_FIELDS)
+        elif kind == "missing" and not field:
+            parts.append(
+                "the request body is empty: expected a JSON object such as "
+                '{"prompt": "...", "max_tokens": 16}'
+            )
+        elif kind == "missing":
+            parts.append(f"{field!r} is required")
+        elif kind == "model_attributes_type" or (kind.endswith("_type") and not field):
+            got = _got(err.get("input"))
+            parts.append(f"expected the request body to be a JSON object, got {got}")
+        elif kind == "value_error":
+            text = msg.removeprefix("Value error, ")
+            parts.append(f"{field!r}: {text}" if field else text)
+        else:
+            parts.append(f"{field!r}: {msg} (got {_got(err.get('input'))})")
+    return "; ".join(dict.fromkeys(parts)) or "invalid request", param
+
+
+_KNOWN_FIELDS = ", ".join(sorted(CompletionRequest.model_fields))
+
+
+# -- the app ----------------------------------------------------------------------------------
+
+
+def _metrics_registry(observer: Any) -> Any:
+    """The registry of the observer's PrometheusSink, else a private one over its aggregation."""
+    if observer is None:
+        return None
+    for sink in getattr(observer, "sinks", ()):
+        registry = getattr(sink, "registry", None)
+        if registry is not None and getattr(sink, "collector", None) is not None:
+            return registry
+    from prometheus_client import CollectorRegistry
+
+    from specobs.sinks.prometheus import SnapshotCollector
+
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(SnapshotCollector(observer))  # type: ignore[arg-type]
+    return registry
+
+
+def create_app(
+    engine: Any,
+    observer: Any = None,
+    *,
+    admin: bool = True,
+    model_name: str = DEFAULT_MODEL_NAME,
+) -> FastAPI:
+    """The FastAPI app serving ``engine`` (a started :class:`SpecDecodeEngine`).
+
+    ``observer``: the engine's specobs observer; ``/metrics`` serves it and the app reports the
+    engine's running/waiting requests to it. ``admin``: include ``/admin/fault``.
+    """
+    tokenizer = engine.tokenizer
+    vocab_size = int(engine.config.vocab_size)
+    ids = itertools.count(1)
+    created = int(time.time())
+    registry = _metrics_registry(observer)
+
+    async def report_requests() -> None:
+        # The stall alert needs "requests waiting" even when no cycle runs, so sample the
+        # engine's queue here rather than in its (possibly stalled) step loop.
+        while True:
+            with contextlib.suppress(Exception):
+                s = engine.stats()
+                observer.set_requests(running=s.active, waiting=s.waiting)
+            await asyncio.sleep(_REQUEST_GAUGE_INTERVAL_SECONDS)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = None
+        if observer is not None and hasattr(observer, "set_requests"):
+            task = asyncio.create_task(report_requests())
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    app = FastAPI(
+        title="specobs demo",
+        description="OpenAI-style completions over a real speculative decoding engine",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.engine = engine
+    app.state.observer = observer
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return _error(400, message, param)
+
+    @app.exception_handler(_InvalidRequest)
+    async def _on_invalid(request: Request, exc: _InvalidRequest) -> JSONResponse:
+        return _error(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = f"no such endpoint: {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return _error(exc.status_code, message)
+
+    # -- completions ---------------------------------------------------------------------------
+
+    def _prompt_ids(body: CompletionRequest) -> list[int]:
+        if isinstance(body.prompt, str):
+            prompt = tokenizer.encode(body.prompt)
+            if not prompt:
+                raise _InvalidRequest(
+                    "'prompt': expected text with at least one token, got text that encodes to "
+                    "no tokens",
+                    "prompt",
+                )
+            return list(prompt)
+        for i, tok in enumerate(body.prompt):
+            if not 0 <= tok < vocab_size:
+                raise _InvalidRequest(
+                    f"'prompt': token id {tok} at index {i} is out of range: expected token ids "
+                    f"in [0, {vocab_size})",
+                    "prompt",
+                )
+        return list(body.prompt)
+
+    def _submit(body: CompletionRequest) -> tuple[Any, list[int]]:
+        prompt = _prompt_ids(body)
+        limit = int(engine.max_request_tokens())
+        if body.max_tokens > limit:
+            raise _InvalidRequest(
+                f"'max_tokens': expected at most {limit} (this model's context is "
+                f"{engine.config.max_seq_len} tokens, less room for speculation), got "
+                f"{body.max_tokens}",
+                "max_tokens",
+            )
+        if len(prompt) + body.max_tokens > limit:
+            raise _InvalidRequest(
+                f"the prompt ({len(prompt)} tokens) plus max_tokens ({body.max_tokens}) is "
+                f"longer than this model's limit of {limit} tokens: shorten the prompt or ask for "
+                f"max_tokens <= {max(limit - len(prompt), 0)}",
+                "prompt" if len(prompt) >= limit else "max_tokens",
+            )
+        try:
+            handle = engine.submit(prompt, body.max_tokens)
+        except ValueError as exc:
+            raise _InvalidRequest(str(exc), "prompt") from exc
+        except RuntimeError as exc:  # engine closed
+            raise _InvalidRequest(str(exc), None, status=503) from exc
+        return handle, prompt
+
+    def _choice(text: str, tokens: list[int], finish_reason: str | None) -> dict[str, Any]:
+        return {
+            "index": 0,
+            "text": text,
+            "token_ids": tokens,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+
+    def _usage(prompt: list[int], n: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": n,
+            "total_tokens": len(prompt) + n,
+        }
+
+    async def _await_handle(handle: Any, request: Request) -> bool:
+        """Wait for the request to finish; False (and the request cancelled) if the client left."""
+        fut = asyncio.wrap_future(handle.future)
+        while True:
+            done, _ = await asyncio.wait({fut}, timeout=_DISCONNECT_POLL_SECONDS)
+            if done:
+                return True
+            if await request.is_disconnected():
+                handle.cancel()
+                engine.wake()
+                return False
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        handle, prompt = _submit(body)
+        cid = f"cmpl-{next(ids)}"
+        now = int(time.time())
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(
+                _stream(handle, prompt, cid, now, include_usage, request),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        if not await _await_handle(handle, request):
+            return Response(status_code=499)
+        try:
+            tokens = handle.wait(0)
+        except Exception as exc:
+            _log.warning("request %s failed in the engine: %r", cid, exc)
+            return _error(500, f"the engine failed this request: {exc!r}", kind="server_error")
+        return JSONResponse(
+            {
+                "id": cid,
+                "object": "text_completion",
+                "created": now,
+                "model": model_name,
+                "choices": [
+                    _choice(tokenizer.decode(tokens), tokens, handle.finish_reason)
+                ],
+                "usage": _usage(prompt, len(tokens)),
+            }
+        )
+
+    async def _stream(
+        handle: Any,
+        prompt: list[int],
+        cid: str,
+        now: int,
+        include_usage: bool,
+        request: Request,
+    ) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[list[int], bool]] = asyncio.Queue()
+
+        def on_tokens(new: list[int], done: bool) -> None:  # engine thread
+            loop.call_soon_threadsafe(queue.put_nowait, (list(new), done))
+
+        def chunk(choice: dict[str, Any], usage: dict[str, int] | None = None) -> str:
+            payload: dict[str, Any] = {
+                "id": cid,
+                "object": "text_completion",
+                "created": now,
+                "model": model_name,
+                "choices": [choice] if choice else [],
+            }
+            if include_usage:
+                payload["usage"] = usage
+            return f"data: {json.dumps(payload)}\n\n"
+
+        handle.add_callback(on_tokens)
+        tokens: list[int] = []
+        sent = ""
+        finished = False
+        try:
+            while not finished:
+                try:
+                    new, finished = await asyncio.wait_for(
+                        queue.get(), timeout=_DISCONNECT_POLL_SECONDS
+                    )
+                except asyncio.TimeoutError:
+                    # Nothing new (a stalled engine, say): notice a client that went away.
+                    if await request.is_disconnected():
+                        return
+                    continue
+                while not queue.empty():
+                    more, done = queue.get_nowait()
+                    new += more
+                    finished = finished or done
+                if not new and not finished:
+                    continue
+                tokens += new
+                text = tokenizer.decode(tokens)
+                # Text of a partial UTF-8 sequence may change once the rest arrives; hold it back.
+                stable = text if finished else text.rstrip("\ufffd")
+                delta = stable[len(sent) :] if stable.startswith(sent) else ""
+                sent = sent + delta if delta else sent
+                reason = None
+                if finished:
+                    if handle.finish_reason == "error":
+                        err = {"message": "the engine failed this request", "type": "server_error"}
+                        yield f"data: {json.dumps({'error': err})}\n\n"
+                        return
+                    reason = handle.finish_reason
+                yield chunk(_choice(delta, new, reason))
+            if include_usage:
+                yield chunk({}, _usage(prompt, len(tokens)))
+            yield "data: [DONE]\n\n"
+        finally:
+            if not handle.done:
+                # The client went away (or the server is shutting down): free the engine slot.
+                handle.cancel()
+                engine.wake()
+
+    # -- the rest ------------------------------------------------------------------------------
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": model_name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "specobs",
+                    "max_model_len": int(engine.max_request_tokens()),
+                }
+            ],
+        }
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": model_name, "engine": engine.stats().as_dict()}
+
+    @app.get("/metrics", response_model=None)
+    async def metrics(request: Request) -> Response:
+        if registry is None:
+            return _error(404, "no specobs observer is attached to this engine", kind="not_found")
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        # Rendering reads a snapshot under the aggregation lock: keep it off the event loop.
+        body = await asyncio.to_thread(encoder, registry)
+        return Response(body, media_type=None, headers={"Content-Type": content_type})
+
+    if admin:
+        from ._engine import FAULTS
+
+        @app.get("/admin/fault")
+        async def get_fault() -> dict[str, Any]:
+            return {"fault": engine.fault, "faults": list(FAULTS)}
+
+        @app.post("/admin/fault")
+        async def set_fault(body: FaultRequest) -> dict[str, Any]:
+            if body.fault not in FAULTS:
+                raise _InvalidRequest(
+                    f"'fault': expected one of {json.dumps(list(FAULTS))}, got "
+                    f"{json.dumps(body.fault)}",
+                    "fault",
+                )
+            previous = engine.fault
+            engine.fault = body.fault
+            _log.info("fault switched from %s to %s", previous, body.fault)
+            return {"fault": engine.fault, "previous": previous, "faults": list(FAULTS)}
+
+    return app
+
+
+# -- running it -----------------------------------------------------------------------------
+
+
+class ServerThread:
+    """Serve an ASGI app with uvicorn on a daemon thread.
+
+    The socket is bound here, before the thread starts, so a taken port raises ``OSError`` at
+    once (uvicorn would log and ``sys.exit`` inside the thread). ``port=0`` picks a free port;
+    read it back from :attr:`port`.
+    """
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 8000) -> None:
+        import uvicorn
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
+        self.host = host
+        self.port = int(sock.getsockname()[1])
+        self._sock = sock
+        config = uvicorn.Config(
+            app, host=host, port=self.port, log_level="warning", lifespan="on",
+            timeout_graceful_shutdown=2,
+        )  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self.server.run,
+            kwargs={"sockets": [sock]},
+            name="specobs-demo-http",
+            daemon=True,
+        )
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        host = "[::1]" if host == "::" else (f"[{host}]" if ":" in host else host)
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout_seconds: float = 10.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_seconds
+        while not self.server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"the HTTP server on {self.host}:{self.port} failed to start")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the HTTP server did not start within {timeout_seconds} s")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout_seconds: float = 5.0) -> None:
+        self.server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout_seconds)
+        if self._thread.is_alive():
+            self.server.force_exit = True
+            self._thread.join(timeout_seconds)
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *args: Any) -> None:
+        self.stop()
