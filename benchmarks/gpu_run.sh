@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Everything specobs claims about GPUs, in one call on the device machine (an H200):
-#   the GPU tests, the overhead benchmark, and (when present) the demo engine and the
-#   transformers instrumentation benchmarks. Results land in $OUT (or ./gpu-results).
-# Wheels for packages the device image lacks travel in .whl/ (see benchmarks/RESULTS.md).
+# Everything specobs claims about GPUs, run on the device machine (an H200):
+#   tests     the GPU tests (tests/test_gpu.py) and the transformers instrumentor's CUDA tests
+#   overhead  benchmarks/gpu_overhead.py (throughput ratios and per-phase accuracy)
+#   host      benchmarks/cpu_overhead.py and export_overhead.py on the GPU host's CPU
+#   engines   the demo engine and transformers assisted generation on the GPU
+# Usage: OUT=dir benchmarks/gpu_run.sh [tests] [overhead] [host] [engines]   (default: all)
+# Wheels for packages the device image lacks travel in .whl/ (pytest, prometheus_client,
+# opentelemetry, grpcio, protobuf; see benchmarks/RESULTS.md for the command that fetches them).
 set -u
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
@@ -13,14 +17,22 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     --target /tmp/site .whl/*.whl && export PYTHONPATH=.:/tmp/site
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/device.txt"
-python3 -c 'import torch, sys; print("torch", torch.__version__, "python", sys.version.split()[0])' | tee -a "$OUT/device.txt"
-what=${1:-all}
-if [[ $what == all || $what == tests ]]; then
-  python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_gpu.py ${GPU_EXTRA_TESTS:-} 2>&1 | tee "$OUT/gpu_tests.log"
-fi
-if [[ $what == all || $what == overhead ]]; then
-  python3 benchmarks/gpu_overhead.py ${OVERHEAD_ARGS:-} --json "$OUT/gpu_overhead.json" 2>&1 | tee "$OUT/gpu_overhead.log"
-fi
-for extra in ${GPU_EXTRA_BENCH:-}; do
-  python3 "$extra" --device cuda 2>&1 | tee "$OUT/$(basename "$extra" .py).log"
+python3 -c 'import torch, sys, os; print("torch", torch.__version__, "python", sys.version.split()[0], "cpus", os.cpu_count())' | tee -a "$OUT/device.txt"
+lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$OUT/device.txt"
+parts=${*:-tests overhead host engines}
+for part in $parts; do
+  case $part in
+    tests)
+      python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_gpu.py \
+        tests/test_instrument_transformers.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15 ;;
+    overhead)
+      python3 benchmarks/gpu_overhead.py ${OVERHEAD_ARGS:-} --json "$OUT/gpu_overhead.json" \
+        2>&1 | tee "$OUT/gpu_overhead.log" ;;
+    host)
+      python3 benchmarks/cpu_overhead.py --cycles 100000 --repeats 3 2>&1 | tee "$OUT/cpu_overhead.log"
+      python3 benchmarks/export_overhead.py --seconds 10 --repeats 3 2>&1 | tee "$OUT/export_overhead.log" ;;
+    engines)
+      python3 benchmarks/demo_engine.py --device cuda --seconds 8 2>&1 | tee "$OUT/demo_engine.log" | tail -n 8
+      python3 benchmarks/transformers_overhead.py --device cuda --rounds 9 2>&1 | tee "$OUT/transformers_overhead.log" | tail -n 6 ;;
+  esac
 done
