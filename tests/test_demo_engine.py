@@ -360,3 +360,20 @@ def test_real_specobs_observer(engine: SpecDecodeEngine, prompts: list[list[int]
             assert snap.phase_seconds_sum(phase, "host") > 0
     finally:
         obs.shutdown(timeout_seconds=5.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graphs_match_plain_greedy(cache_dir: Any, prompts: list[list[int]]) -> None:
+    eng = build_engine(device="cuda", cache_dir=cache_dir, seed=0, train_settings=TRAINING)
+    assert eng.cuda_graphs and eng.models.from_cache
+    rng = random.Random(11)
+    max_tokens = [rng.randint(1, 90) for _ in prompts]
+    handles = [eng.submit(p, m) for p, m in zip(prompts, max_tokens, strict=True)]
+    drain(eng)
+    for p, m, h in zip(prompts, max_tokens, handles, strict=True):
+        assert h.tokens == greedy_generate(eng.target, p, m, eos_id=eng.eos_id)
+    eng.fault = "wrong-hidden-layers"
+    handle = eng.submit(prompts[7], 40)
+    drain(eng)
+    assert handle.tokens == greedy_generate(eng.target, prompts[7], 40)
