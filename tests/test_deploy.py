@@ -521,7 +521,7 @@ def test_kustomize_renders_the_generated_dashboards(
         for path in DASHBOARDS:
             assert found[path.name] == path.read_text(encoding="utf-8"), (
                 f"{overlay}: ConfigMap {path.name} differs from dashboards/{path.name}; "
-                "run: python scripts/sync_deploy.py"
+                "run: specobs generate"
             )
 
 
@@ -578,7 +578,7 @@ def test_derived_k8s_files_are_in_sync_with_the_generated_files() -> None:
     assert not drifted, (
         "deploy/k8s/base is out of date with the generated files: "
         + ", ".join(drifted)
-        + "\nRegenerate: specobs generate && python scripts/sync_deploy.py"
+        + "\nRegenerate: specobs generate"
     )
 
 

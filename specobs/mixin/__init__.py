@@ -23,6 +23,10 @@ OUTPUT_PATHS: tuple[str, ...] = (
     "deploy/prometheus/rules/specobs-rules.test.yml",
     "docs/runbook.md",
     "docs/metrics.md",
+    "deploy/k8s/base/prometheusrule.yaml",
+    "deploy/k8s/base/dashboards/kustomization.yaml",
+    "deploy/k8s/base/dashboards/cycle-breakdown.json",
+    "deploy/k8s/base/dashboards/fleet.json",
 )
 
 
@@ -33,7 +37,14 @@ def render_all(config: MixinConfig = MixinConfig()) -> dict[str, str]:  # noqa: 
     and windows its cases are written for.
     """
     try:
-        from specobs.mixin import _dashboards, _metrics_doc, _rule_tests, _rules, _runbook
+        from specobs.mixin import (
+            _dashboards,
+            _deploy,
+            _metrics_doc,
+            _rule_tests,
+            _rules,
+            _runbook,
+        )
     except ImportError as exc:  # grafanalib or pyyaml missing
         raise ImportError(
             f"specobs generate needs grafanalib and pyyaml ({exc}); "
@@ -49,6 +60,7 @@ def render_all(config: MixinConfig = MixinConfig()) -> dict[str, str]:  # noqa: 
     tests = _rule_tests.render(config)
     if tests is not None:
         files["deploy/prometheus/rules/specobs-rules.test.yml"] = tests
+    files.update(_deploy.render_deploy(files))
     return dict(sorted(files.items()))
 
 
