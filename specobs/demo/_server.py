@@ -195,7 +195,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         # Union members show up as extra path elements ("str", "list[int]"); our validators run
         # before the union, so the field name is the first element.
-        field = ".".join(x for x in loc if not x.startswith(("str", "list[", "int")))
+        field = ".".join(
+            x for x in loc if x not in ("str", "int") and not x.startswith(("list[", "function-"))
+        )
         kind = err.get("type", "")
         msg = str(err.get("msg", "invalid"))
         if kind == "json_invalid":
@@ -455,16 +457,20 @@ def create_app(
         tokens: list[int] = []
         sent = ""
         finished = False
+        checked = time.monotonic()
         try:
             while not finished:
+                # uvicorn drops writes to a closed connection silently (ASGI 2.4), so ask about
+                # the client now and then, also while tokens flow or nothing comes (a stall).
+                if time.monotonic() - checked >= _DISCONNECT_POLL_SECONDS:
+                    checked = time.monotonic()
+                    if await request.is_disconnected():
+                        return
                 try:
                     new, finished = await asyncio.wait_for(
                         queue.get(), timeout=_DISCONNECT_POLL_SECONDS
                     )
                 except asyncio.TimeoutError:
-                    # Nothing new (a stalled engine, say): notice a client that went away.
-                    if await request.is_disconnected():
-                        return
                     continue
                 while not queue.empty():
                     more, done = queue.get_nowait()

@@ -1,0 +1,420 @@
+"""The demo's HTTP server against the real engine: a real uvicorn on a free port, real httpx.
+
+Completions as text and token ids (greedy output equal to plain greedy decoding of the target),
+SSE streaming, every kind of bad input answered with the OpenAI error shape while the server
+keeps serving, a client that goes away mid-stream (its request is cancelled), and run-time fault
+switching through /admin/fault, visible in what the engine does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+import specobs  # noqa: E402
+from specobs.demo import SpecDecodeEngine, TrainSettings, build_engine, greedy_generate  # noqa: E402
+from specobs.demo._server import ServerThread, create_app  # noqa: E402
+
+# The same quick training as tests/test_demo_engine.py, cached across test modules and runs
+# (the cache is keyed by a hash of the configs and written atomically).
+QUICK_TRAINING = TrainSettings(target_steps=220, draft_steps=150, distill_sequences=128)
+WEIGHTS_DIR = Path(
+    os.environ.get("SPECOBS_TEST_WEIGHTS_DIR")
+    or Path(tempfile.gettempdir()) / "specobs-test-weights"
+)
+LABELS = {"model": "specobs-demo", "engine": "specobs-demo"}
+
+
+def quick_engine(observer: Any = None, **kwargs: Any) -> SpecDecodeEngine:
+    """The demo engine on CPU with quickly trained (and cached) weights."""
+    return build_engine(
+        cache_dir=WEIGHTS_DIR, seed=0, train_settings=QUICK_TRAINING, observer=observer, **kwargs
+    )
+
+
+def wait_until(predicate: Callable[[], Any], timeout_seconds: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} within {timeout_seconds} s")
+        time.sleep(0.05)
+
+
+class Served:
+    def __init__(self) -> None:
+        self.sink = specobs.PrometheusSink(port=0, addr="127.0.0.1")
+        self.observer = specobs.configure(
+            sinks=[self.sink], labels=LABELS, max_draft_length=4, poll_interval_seconds=0.02
+        )
+        self.engine = quick_engine(self.observer)
+        self.engine.start()
+        self.server = ServerThread(create_app(self.engine, self.observer), port=0).start()
+        self.client = httpx.Client(base_url=self.server.url, timeout=60)
+        lang = self.engine.models.language
+        text = lang.stream(4000, seed=4242)
+        self.prompts = [text[i * 37 : i * 37 + 5 + (i * 7) % 30] for i in range(8)]
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.stop()
+        self.engine.close()
+        self.observer.shutdown(5)
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    s = Served()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def api(served: Served) -> Iterator[Served]:
+    served.engine.fault = None
+    yield served
+    served.engine.fault = None
+    wait_until(lambda: not served.engine.has_work(), 60, "the engine did not drain")
+
+
+def complete(s: Served, **body: Any) -> dict[str, Any]:
+    r = s.client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def reference(s: Served, prompt: list[int], max_tokens: int) -> list[int]:
+    return greedy_generate(s.engine.target, prompt, max_tokens, eos_id=s.engine.eos_id)
+
+
+def sse_events(s: Served, body: dict[str, Any]) -> list[Any]:
+    events: list[Any] = []
+    with s.client.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if not line:
+                continue
+            assert line.startswith("data: "), line
+            data = line[len("data: ") :]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+# -- completions ----------------------------------------------------------------------------
+
+
+def test_text_prompt_gives_the_greedy_completion_with_text_and_token_ids(api: Served) -> None:
+    tok = api.engine.tokenizer
+    prompt_text = tok.decode(api.prompts[0])
+    out = complete(api, prompt=prompt_text, max_tokens=24, model="anything")
+    assert out["object"] == "text_completion"
+    assert out["model"] == "specobs-demo"
+    choice = out["choices"][0]
+    ids = choice["token_ids"]
+    assert ids == reference(api, tok.encode(prompt_text), 24)
+    assert choice["text"] == tok.decode(ids)
+    assert choice["finish_reason"] in ("length", "stop")
+    usage = out["usage"]
+    assert usage["completion_tokens"] == len(ids)
+    assert usage["prompt_tokens"] == len(tok.encode(prompt_text))
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_concurrent_token_id_prompts_equal_plain_greedy_decoding(api: Served) -> None:
+    results: dict[int, Any] = {}
+
+    def send(i: int) -> None:
+        results[i] = api.client.post(
+            "/v1/completions", json={"prompt": api.prompts[i], "max_tokens": 40, "temperature": 0}
+        )
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(api.prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, prompt in enumerate(api.prompts):
+        r = results[i]
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["token_ids"] == reference(api, prompt, 40), i
+
+
+def test_streaming_sends_sse_chunks_then_done(api: Served) -> None:
+    prompt = api.prompts[1]
+    whole = complete(api, prompt=prompt, max_tokens=30)["choices"][0]
+    events = sse_events(
+        api,
+        {"prompt": prompt, "max_tokens": 30, "stream": True,
+         "stream_options": {"include_usage": True}},
+    )  # fmt: skip
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if e["choices"]]
+    assert len(chunks) >= 2, "expected the tokens to arrive in several chunks"
+    assert all(e["object"] == "text_completion" for e in chunks)
+    assert [t for e in chunks for t in e["choices"][0]["token_ids"]] == whole["token_ids"]
+    assert "".join(e["choices"][0]["text"] for e in chunks) == whole["text"]
+    assert [e["choices"][0]["finish_reason"] for e in chunks][-1] == whole["finish_reason"]
+    assert all(e["choices"][0]["finish_reason"] is None for e in chunks[:-1])
+    usage = events[-2]["usage"]
+    assert usage["completion_tokens"] == len(whole["token_ids"])
+
+
+def test_health_models_and_metrics(api: Served) -> None:
+    complete(api, prompt=api.prompts[2], max_tokens=8)
+    health = api.client.get("/health").json()
+    assert health["status"] == "ok"
+    assert health["engine"]["cycles"] > 0
+    models = api.client.get("/v1/models").json()
+    assert models["data"][0]["id"] == "specobs-demo"
+    assert models["data"][0]["max_model_len"] == api.engine.max_request_tokens()
+    api.observer.force_flush(5)
+    text = api.client.get("/metrics").text
+    assert "specobs_cycles_total" in text
+    assert 'specobs_phase_duration_seconds_count{clock="host"' in text or (
+        "specobs_phase_duration_seconds_count{" in text
+    )
+    om = api.client.get("/metrics", headers={"Accept": "application/openmetrics-text"})
+    assert om.headers["content-type"].startswith("application/openmetrics-text")
+    assert om.text.rstrip().endswith("# EOF")
+    # The same registry is served on the specobs endpoint's own port.
+    own = httpx.get(api.sink.url, timeout=10).text
+    assert "specobs_cycles_total" in own
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+GOOD = {"prompt": "x", "max_tokens": 4}
+BAD_BODIES: list[tuple[str, Any, str]] = [
+    ("malformed json", b'{"prompt": "hello", "max_tokens": ', "not valid JSON"),
+    ("not an object", [1, 2, 3], "JSON object"),
+    ("empty body", b"", "empty"),
+    ("prompt missing", {"max_tokens": 4}, "'prompt' is required"),
+    ("prompt wrong type", {"prompt": 17}, "expected a text or an array of token ids"),
+    ("prompt object", {"prompt": {"text": "hi"}}, "got object"),
+    ("empty text", {"prompt": ""}, "empty text"),
+    ("empty ids", {"prompt": []}, "empty array"),
+    ("token id wrong type", {"prompt": [300, "x"]}, "element 1 is string"),
+    ("token id bool", {"prompt": [300, True]}, "element 1 is boolean"),
+    ("token id out of vocab", {"prompt": [300, 10**6]}, "out of range"),
+    ("negative token id", {"prompt": [-1]}, "out of range"),
+    ("batch of prompts", {"prompt": ["a", "b"]}, "batches of prompts are not supported"),
+    ("max_tokens string", {**GOOD, "max_tokens": "ten"}, "'max_tokens': expected an integer"),
+    ("max_tokens float", {**GOOD, "max_tokens": 2.5}, "'max_tokens': expected an integer"),
+    ("max_tokens zero", {**GOOD, "max_tokens": 0}, "expected an integer >= 1, got 0"),
+    ("max_tokens negative", {**GOOD, "max_tokens": -5}, "expected an integer >= 1, got -5"),
+    ("max_tokens huge", {**GOOD, "max_tokens": 10**12}, "expected at most"),
+    ("stream wrong type", {**GOOD, "stream": "yes"}, "'stream': expected a boolean"),
+    ("temperature sampling", {**GOOD, "temperature": 0.7}, "only greedy decoding"),
+    ("temperature string", {**GOOD, "temperature": "hot"}, "'temperature': expected a number"),
+    ("model wrong type", {**GOOD, "model": 3}, "'model': expected a string"),
+    ("unknown field", {**GOOD, "top_k": 5}, "unknown field 'top_k'"),
+    ("unknown stream option", {**GOOD, "stream_options": {"x": 1}}, "unknown field"),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "needle"), BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
+def test_bad_input_gets_a_400_that_says_what_was_wrong(
+    api: Served, name: str, body: Any, needle: str
+) -> None:
+    if isinstance(body, bytes):
+        r = api.client.post(
+            "/v1/completions", content=body, headers={"Content-Type": "application/json"}
+        )
+    else:
+        r = api.client.post("/v1/completions", json=body)
+    assert r.status_code == 400, (name, r.status_code, r.text)
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert needle in error["message"], error["message"]
+
+
+def test_over_long_prompts_are_refused_with_the_limit(api: Served) -> None:
+    limit = api.engine.max_request_tokens()
+    too_long = [300] * (api.engine.config.max_seq_len + 1)
+    r = api.client.post("/v1/completions", json={"prompt": too_long, "max_tokens": 1})
+    assert r.status_code == 400
+    msg = r.json()["error"]["message"]
+    assert f"limit of {limit} tokens" in msg and str(len(too_long)) in msg
+    prompt = [300] * (limit - 10)
+    r = api.client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 11})
+    assert r.status_code == 400
+    assert "max_tokens <= 10" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "max_tokens"
+    # Exactly at the limit is fine.
+    out = complete(api, prompt=prompt, max_tokens=10)
+    assert len(out["choices"][0]["token_ids"]) <= 10
+
+
+def test_unknown_endpoints_and_methods_answer_json(api: Served) -> None:
+    r = api.client.get("/v1/chat")
+    assert r.status_code == 404 and "no such endpoint" in r.json()["error"]["message"]
+    r = api.client.get("/v1/completions")
+    assert r.status_code == 405 and "not allowed" in r.json()["error"]["message"]
+
+
+def test_server_keeps_serving_after_a_burst_of_bad_requests(api: Served) -> None:
+    for _, body, _ in BAD_BODIES:
+        if isinstance(body, bytes):
+            api.client.post("/v1/completions", content=body,
+                            headers={"Content-Type": "application/json"})
+        else:
+            api.client.post("/v1/completions", json=body)
+    prompt = api.prompts[3]
+    out = complete(api, prompt=prompt, max_tokens=12)
+    assert out["choices"][0]["token_ids"] == reference(api, prompt, 12)
+
+
+# -- clients that go away -------------------------------------------------------------------
+
+
+def test_client_closing_mid_stream_cancels_the_request(api: Served) -> None:
+    """While the engine is stalled the request waits; the client leaves; once the engine runs
+    again the request is dropped without generating a token."""
+    eng = api.engine
+    before = eng.stats()
+    assert api.client.post("/admin/fault", json={"fault": "stall"}).json()["fault"] == "stall"
+    body = {"prompt": api.prompts[4], "max_tokens": 100, "stream": True}
+    with httpx.Client(base_url=api.server.url, timeout=30) as other:
+        with other.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            wait_until(lambda: eng.stats().waiting == 1, 10, "the request did not queue")
+        # Leaving the block closes the connection mid-stream.
+    time.sleep(1.0)  # the server notices within its poll interval and cancels
+    api.client.post("/admin/fault", json={"fault": None})
+    wait_until(lambda: not eng.has_work(), 30, "the cancelled request was not dropped")
+    after = eng.stats()
+    assert after.requests_finished - before.requests_finished == 1
+    assert after.emitted_tokens == before.emitted_tokens, "a cancelled request generated tokens"
+    # And the server still serves.
+    prompt = api.prompts[5]
+    assert complete(api, prompt=prompt, max_tokens=8)["choices"][0]["token_ids"] == reference(
+        api, prompt, 8
+    )
+
+
+def test_client_closing_during_generation_frees_the_slot_early(api: Served) -> None:
+    eng = api.engine
+    limit = eng.max_request_tokens()
+    prompt = api.prompts[6]
+    body = {"prompt": prompt, "max_tokens": limit - len(prompt), "stream": True}
+    before = eng.stats()
+    with api.client.stream("POST", "/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break  # one chunk, then hang up
+    wait_until(lambda: not eng.has_work(), 30, "the request kept running")
+    generated = eng.stats().emitted_tokens - before.emitted_tokens
+    assert generated < body["max_tokens"], "the request ran to completion after the client left"
+
+
+def test_non_streaming_client_timeout_cancels_the_request(api: Served) -> None:
+    eng = api.engine
+    before = eng.stats()
+    api.client.post("/admin/fault", json={"fault": "stall"})
+    with pytest.raises(httpx.ReadTimeout):
+        api.client.post(
+            "/v1/completions", json={"prompt": api.prompts[7], "max_tokens": 50}, timeout=0.5
+        )
+    time.sleep(1.0)
+    api.client.post("/admin/fault", json={"fault": None})
+    wait_until(lambda: not eng.has_work(), 30, "the abandoned request was not dropped")
+    assert eng.stats().emitted_tokens == before.emitted_tokens
+
+
+# -- faults at run time ---------------------------------------------------------------------
+
+
+def test_admin_fault_validation(api: Served) -> None:
+    got = api.client.get("/admin/fault").json()
+    assert got["fault"] is None
+    assert got["faults"] == [None, "wrong-hidden-layers", "slow-verify", "stall"]
+    r = api.client.post("/admin/fault", json={"fault": "melt"})
+    assert r.status_code == 400
+    assert "expected one of" in r.json()["error"]["message"]
+    assert '"melt"' in r.json()["error"]["message"]
+    r = api.client.post("/admin/fault", json={"fault": None, "extra": 1})
+    assert r.status_code == 400 and "unknown field 'extra'" in r.json()["error"]["message"]
+    r = api.client.post("/admin/fault", json={})
+    assert r.status_code == 400 and "'fault' is required" in r.json()["error"]["message"]
+    assert api.client.get("/admin/fault").json()["fault"] is None
+
+
+def test_stall_stops_cycles_while_a_request_waits_and_none_resumes(api: Served) -> None:
+    eng, obs = api.engine, api.observer
+    assert api.client.post("/admin/fault", json={"fault": "stall"}).json()["previous"] is None
+    result: dict[str, Any] = {}
+    prompt = api.prompts[0]
+
+    def send() -> None:
+        result["r"] = api.client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 20})
+
+    t = threading.Thread(target=send)
+    t.start()
+    wait_until(lambda: eng.stats().waiting == 1, 10, "the request did not queue")
+    obs.force_flush(5)
+    cycles = obs.snapshot().cycles_total
+    time.sleep(1.5)
+    obs.force_flush(5)
+    assert obs.snapshot().cycles_total == cycles, "cycles advanced while stalled"
+    assert "r" not in result
+    # The server reports the waiting request to specobs (the stall alert reads it).
+    wait_until(lambda: obs.snapshot().requests_waiting == 1, 5, "requests_waiting not reported")
+    metrics = api.client.get("/metrics").text
+    assert any(
+        line.startswith("specobs_requests_waiting") and line.rstrip().endswith(" 1.0")
+        for line in metrics.splitlines()
+    ), metrics
+    assert api.client.post("/admin/fault", json={"fault": None}).json()["previous"] == "stall"
+    t.join(60)
+    assert result["r"].status_code == 200
+    assert result["r"].json()["choices"][0]["token_ids"] == reference(api, prompt, 20)
+    obs.force_flush(5)
+    assert obs.snapshot().cycles_total > cycles
+
+
+def test_slow_verify_and_wrong_hidden_layers_change_the_cycle_not_the_output(api: Served) -> None:
+    """slow-verify runs the verify forward 1 + 3 times: the verify phase gets visibly longer.
+    wrong-hidden-layers feeds the draft other target layers; output stays greedy either way.
+    (The acceptance collapse itself is measured in tests/test_demo_engine.py.)"""
+    obs = api.observer
+
+    def run(fault: str | None) -> tuple[float, float]:
+        assert api.client.post("/admin/fault", json={"fault": fault}).json()["fault"] == fault
+        obs.force_flush(5)
+        before = obs.snapshot()
+        for prompt in api.prompts[:3]:
+            out = complete(api, prompt=prompt, max_tokens=24)
+            assert out["choices"][0]["token_ids"] == reference(api, prompt, 24), fault
+        obs.force_flush(5)
+        after = obs.snapshot()
+
+        def mean(phase: str) -> float:
+            n = after.phase_count(phase, "host") - before.phase_count(phase, "host")
+            s = after.phase_seconds_sum(phase, "host") - before.phase_seconds_sum(phase, "host")
+            return s / n
+
+        return mean("verify"), mean("draft")
+
+    healthy_verify, healthy_draft = run(None)
+    slow_verify, slow_draft = run("slow-verify")
+    assert slow_verify > 2 * healthy_verify, (healthy_verify, slow_verify)
+    run("wrong-hidden-layers")
+    assert api.client.get("/admin/fault").json()["fault"] == "wrong-hidden-layers"
