@@ -1,0 +1,428 @@
+"""``specobs demo``: a real speculative decoding engine, its HTTP server, load and a live summary.
+
+    specobs demo                       # CPU, until Ctrl-C; completions on :8000, metrics on :9477
+    specobs demo --duration 60 --plain
+    specobs demo --device cuda --fault wrong-hidden-layers
+
+Start-up: load (or, on the first run, train and cache) the demo target and its EAGLE-3-style
+draft head; measure the target's non-speculative greedy decode speed for one sequence (the
+baseline, unless ``--baseline-tokens-per-second`` or ``SPECOBS_BASELINE_TOKENS_PER_SECOND`` gives
+one); configure specobs (Prometheus endpoint on ``--metrics-port``, plus OTLP when
+``OTEL_EXPORTER_OTLP_ENDPOINT`` is set or ``SPECOBS_EXPORTERS`` lists otlp); serve
+``/v1/completions`` on ``--host:--port``; run ``--concurrency`` load workers against it. Then a
+live summary (rich on a terminal; a line every few seconds otherwise) until Ctrl-C or
+``--duration``, a clean shutdown and a final summary. Exit status 0; 1 when start-up fails (a port
+taken, say); 2 for bad flags.
+
+Only argparse and the standard library are imported until the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from ._load import non_negative_int, positive_float, positive_int
+
+__all__ = ["add_arguments", "run"]
+
+_PROG = "specobs demo"
+_FAULTS = ("none", "wrong-hidden-layers", "slow-verify", "stall")
+_DEFAULT_METRICS_PORT = 9477
+_PLAIN_INTERVAL_SECONDS = 5.0
+_LIVE_INTERVAL_SECONDS = 1.0
+_BASELINE_SECONDS = 3.0
+
+
+def _port(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {raw!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {value}")
+    return value
+
+
+def _env_metrics_port() -> int | None:
+    raw = os.environ.get("SPECOBS_PROMETHEUS_PORT")
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return _port(raw.strip())
+    except argparse.ArgumentTypeError:
+        return None  # configure() reports the bad variable with its own message
+
+
+def _k(raw: str) -> int:
+    value = positive_int(raw)
+    if value > 16:
+        raise argparse.ArgumentTypeError(f"expected a draft length 1..16, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``specobs demo``."""
+    parser.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS",
+                        help="stop after this many seconds (default: run until Ctrl-C)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address of the completions server (default 127.0.0.1; 0.0.0.0 "
+                             "to serve other machines)")
+    parser.add_argument("--port", type=_port, default=8000,
+                        help="port of the OpenAI-style completions server (default 8000)")
+    parser.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
+                        help="port of the specobs Prometheus endpoint (default "
+                             "$SPECOBS_PROMETHEUS_PORT or 9477; its address is "
+                             "$SPECOBS_PROMETHEUS_ADDR or 127.0.0.1)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the models run (default cpu; cuda needs a CUDA device)")
+    parser.add_argument("--k", type=_k, default=4, metavar="K",
+                        help="draft tokens proposed per cycle (default 4)")
+    parser.add_argument("--max-batch", type=positive_int, default=8, metavar="N",
+                        help="sequences decoded together at most (default 8)")
+    parser.add_argument("--concurrency", type=positive_int, default=4, metavar="N",
+                        help="built-in load: requests in flight (default 4)")
+    parser.add_argument("--max-tokens", type=positive_int, default=64, metavar="N",
+                        help="built-in load: max_tokens per request (default 64)")
+    parser.add_argument("--no-load", action="store_true",
+                        help="do not run the built-in load (send your own, e.g. specobs load)")
+    parser.add_argument("--fault", choices=_FAULTS, default="none",
+                        help="fault to start with (switch at run time with POST /admin/fault)")
+    parser.add_argument("--cache-dir", default=None, metavar="DIR",
+                        help="where trained weights are cached (default $SPECOBS_CACHE_DIR, "
+                             "$XDG_CACHE_HOME/specobs or ~/.cache/specobs)")
+    parser.add_argument("--seed", type=non_negative_int, default=0,
+                        help="seed of training and load (default 0)")
+    parser.add_argument("--quick-train", action="store_true",
+                        help="train with fewer steps on the first run (faster, somewhat lower "
+                             "acceptance; cached separately)")
+    parser.add_argument("--baseline-tokens-per-second", type=positive_float, default=None,
+                        metavar="TPS",
+                        help="non-speculative decode speed of one sequence (default "
+                             "$SPECOBS_BASELINE_TOKENS_PER_SECOND, else measured at start-up)")
+    parser.add_argument("--plain", action="store_true",
+                        help="print a line every few seconds instead of the live view (the "
+                             "default when stdout is not a terminal)")
+
+
+class _Stop(Exception):
+    pass
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _fail(text: str, code: int = 1) -> int:
+    print(f"{_PROG}: {text}", file=sys.stderr, flush=True)
+    return code
+
+
+def _train_settings(quick: bool) -> Any:
+    from specobs.demo import TrainSettings
+
+    if not quick:
+        return None
+    return TrainSettings(target_steps=220, draft_steps=150, distill_sequences=128)
+
+
+def _is_cached(cache_dir: str | None, seed: int, settings: Any) -> bool:
+    from specobs.demo import DraftConfig, TargetConfig, TrainSettings
+    from specobs.demo._train import cache_path, resolve_cache_dir
+
+    target = TargetConfig()
+    draft = DraftConfig.for_target(target)
+    settings = settings or TrainSettings()
+    path = cache_path(resolve_cache_dir(cache_dir), target, draft, seed, settings)
+    return path.exists()
+
+
+def measure_baseline(target: Any, prompt: list[int], seconds: float = _BASELINE_SECONDS) -> float:
+    """Non-speculative greedy decode speed of one sequence (tokens/s): plain one-token-per-forward
+    decoding of the target with its KV cache, repeated for about ``seconds``."""
+    from specobs.demo import greedy_generate
+
+    room = target.config.max_seq_len - len(prompt) - 1
+    n = max(1, min(64, room))
+    greedy_generate(target, prompt, 4)  # warm-up (allocations, first-call costs)
+    tokens = 0
+    t0 = time.perf_counter()
+    while True:
+        tokens += len(greedy_generate(target, prompt, n))
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return tokens / elapsed
+
+
+def _configure_observer(args: argparse.Namespace, baseline: float | None) -> tuple[Any, Any]:
+    """(observer, PrometheusSink or None)."""
+    import specobs
+    from specobs._config import SPECOBS_LABELS, exporters, parse_labels
+
+    env_exporters = os.environ.get("SPECOBS_EXPORTERS")
+    wanted = set(exporters()) if env_exporters and env_exporters.strip() else {"prometheus"}
+    if args.metrics_port is not None:
+        wanted.add("prometheus")
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
+    ):
+        wanted.add("otlp")
+    sinks: list[Any] = []
+    prom = None
+    if "prometheus" in wanted:
+        port = args.metrics_port
+        if port is None:
+            port = _env_metrics_port()
+        prom = specobs.PrometheusSink(port=_DEFAULT_METRICS_PORT if port is None else port)
+        sinks.append(prom)
+    if "otlp" in wanted:
+        sinks.append(specobs.OtlpSink())
+    labels = {"model": "specobs-demo", "engine": "specobs-demo"}
+    raw = os.environ.get(SPECOBS_LABELS)
+    if raw:
+        labels.update(parse_labels(SPECOBS_LABELS, raw))
+    kwargs: dict[str, Any] = {}
+    if baseline is not None:
+        kwargs["baseline_tokens_per_second"] = baseline
+    observer = specobs.configure(
+        sinks=sinks, labels=labels, max_draft_length=max(args.k, 1), **kwargs
+    )
+    return observer, prom
+
+
+def _requests_text(engine: Any, load: Any) -> str:
+    s = engine.stats()
+    text = f"{s.active} running, {s.waiting} waiting, {s.requests_finished} finished"
+    if load is not None:
+        text += f"; load {load.requests_ok} ok, {load.requests_failed} failed"
+        if load.errors:
+            text += " (" + ", ".join(f"{k} {v}" for k, v in load.errors.most_common(3)) + ")"
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    """``specobs demo``."""
+    try:
+        import torch
+
+        import specobs  # noqa: F401
+        from specobs.demo import build_engine
+
+        from . import _summary
+        from ._load import LoadSummary, run_load
+        from ._server import ServerThread, create_app
+    except ImportError as exc:
+        return _fail(f"{exc}. Install the demo's dependencies: pip install 'specobs[demo]'")
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return _fail("--device cuda was asked for, but torch sees no CUDA device "
+                     f"(torch {torch.__version__}); run with --device cpu", code=2)
+    live = sys.stdout.isatty() and not args.plain
+    started = time.monotonic()
+
+    # SIGTERM (docker stop, a supervisor) shuts down as cleanly as Ctrl-C.
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    with contextlib.suppress(ValueError):  # not the main thread (tests calling run())
+        signal.signal(signal.SIGTERM, on_term)
+
+    engine = observer = server = None
+    first: Any = None
+    final: Any = None
+    first_at = started
+    baseline_note = ""
+    load_thread = None
+    load_stop = threading.Event()
+    load_summary = None
+    interrupted = False
+    try:
+        # -- models ---------------------------------------------------------------------------
+        settings = _train_settings(args.quick_train)
+        if _is_cached(args.cache_dir, args.seed, settings):
+            _say("loading the demo target and draft head from the weight cache")
+        else:
+            estimate = "~1-3 min on 2 CPU cores" if settings is None else "~30-60 s on 2 CPU cores"
+            _say(f"training the demo target and draft head (first run only, {estimate}; "
+                 "cached afterwards)")
+        t0 = time.perf_counter()
+        engine = build_engine(
+            device=args.device, k=args.k, seed=args.seed, cache_dir=args.cache_dir,
+            max_batch=args.max_batch, train_settings=settings,
+        )  # fmt: skip
+        info = engine.models.info
+        how = "loaded from cache" if engine.models.from_cache else "trained and cached"
+        _say(f"models {how} in {time.perf_counter() - t0:.1f} s (target "
+             f"{engine.config.n_layers} layers d_model {engine.config.d_model}, vocab "
+             f"{engine.config.vocab_size}, draft reads layers {engine.layer_ids}, k={args.k}, "
+             f"device {args.device})")
+        if not engine.models.from_cache and info.get("train_seconds"):
+            _say(f"  training took {info['train_seconds']:.1f} s")
+
+        # -- baseline -------------------------------------------------------------------------
+        env_baseline = os.environ.get("SPECOBS_BASELINE_TOKENS_PER_SECOND")
+        baseline: float | None
+        if args.baseline_tokens_per_second is not None:
+            baseline, baseline_note = args.baseline_tokens_per_second, "given by flag"
+        elif env_baseline:
+            baseline, baseline_note = None, "from SPECOBS_BASELINE_TOKENS_PER_SECOND"
+        else:
+            prompt = engine.models.language.stream(16, seed=args.seed + 99)[:16]
+            _say(f"measuring the non-speculative baseline ({_BASELINE_SECONDS:g} s of plain "
+                 "greedy decoding of the target, one sequence)")
+            baseline = measure_baseline(engine.target, prompt)
+            baseline_note = "measured at start-up"
+            _say(f"  baseline {baseline:.1f} tokens/s per sequence (measured)")
+
+        # -- specobs --------------------------------------------------------------------------
+        try:
+            observer, prom = _configure_observer(args, baseline)
+        except Exception as exc:
+            return _fail(f"cannot start the specobs exporter: {exc}")
+        engine.observer = observer
+        if baseline is None:
+            baseline = observer.settings.baseline_tokens_per_second
+        if args.fault != "none":
+            engine.fault = args.fault
+        engine.start()
+
+        # -- HTTP server ----------------------------------------------------------------------
+        app = create_app(engine, observer)
+        try:
+            server = ServerThread(app, args.host, args.port).start()
+        except OSError as exc:
+            return _fail(f"cannot serve completions on {args.host}:{args.port}: "
+                         f"{exc.strerror or exc}; pick another --port")
+        metrics_url = prom.url if prom is not None else None
+        target = None
+        if prom is not None:
+            host = "127.0.0.1" if prom.addr in ("0.0.0.0", "", "::") else prom.addr
+            target = f"{host}:{prom.port}"
+        where = _summary.where_lines(metrics_url, server.url, target)
+        _say(f"serving completions on {server.url}/v1/completions")
+        if metrics_url:
+            _say(f"specobs metrics on {metrics_url}")
+
+        # -- load -----------------------------------------------------------------------------
+        if not args.no_load:
+            load_summary = LoadSummary(server.url)
+            language = engine.models.language
+            seed = args.seed
+
+            def prompt_source(rng: Any, n: int) -> list[int]:
+                # In-distribution text: the draft is trained on this language.
+                return language.stream(n + 8, seed=rng.randrange(1 << 30))[:n]
+
+            room = engine.max_request_tokens() - 32
+            max_tokens = max(1, min(args.max_tokens, room))
+
+            def load_main() -> None:
+                import asyncio
+
+                try:
+                    asyncio.run(run_load(
+                        server.url, concurrency=args.concurrency, seed=seed,
+                        prompt_tokens=(4, 32), max_tokens=max_tokens,
+                        prompt_source=prompt_source, stop_event=load_stop,
+                        summary=load_summary, timeout_seconds=3600,
+                    ))  # fmt: skip
+                except Exception as exc:  # the demo goes on without load
+                    print(f"{_PROG}: built-in load stopped: {exc!r}", file=sys.stderr)
+
+            load_thread = threading.Thread(target=load_main, name="specobs-demo-load",
+                                           daemon=True)
+            load_thread.start()
+
+        # -- live summary ---------------------------------------------------------------------
+        # --duration counts from here: serving and load, not start-up.
+        first = observer.snapshot()
+        first_at = time.monotonic()
+        deadline = None if args.duration is None else first_at + args.duration
+        title = (f"specobs demo — {args.device}, k={args.k}, max batch {args.max_batch}"
+                 + ("" if args.duration is None else f", {args.duration:g} s")
+                 + " — Ctrl-C stops")
+        if not live:
+            for line in where:
+                _say(line)
+
+        def wait_until(t: float) -> None:
+            while True:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    raise _Stop
+                if now >= t:
+                    return
+                time.sleep(min(0.2, t - now))
+
+        # Rates over the last few seconds: steady, yet current after a fault switch.
+        history: collections.deque[tuple[float, Any]] = collections.deque([(first_at, first)])
+        window = 5.0
+        interval = _LIVE_INTERVAL_SECONDS if live else _PLAIN_INTERVAL_SECONDS
+
+        def frame() -> tuple[Any, str]:
+            snap, now = observer.snapshot(), time.monotonic()
+            while len(history) > 1 and now - history[1][0] >= window:
+                history.popleft()
+            then, old = history[0]
+            history.append((now, snap))
+            return _summary.compute_view(snap, old, now - then), _requests_text(
+                engine, load_summary)
+
+        next_at = first_at
+        if live:
+            from rich.live import Live
+
+            with Live(refresh_per_second=4, transient=False) as view_live:
+                while True:
+                    next_at += interval
+                    wait_until(next_at)
+                    view, requests = frame()
+                    view_live.update(_summary.render_rich(
+                        view, title=title, fault=engine.fault, requests=requests, where=where,
+                        baseline_note=baseline_note,
+                    ))  # fmt: skip
+        else:
+            while True:
+                next_at += interval
+                wait_until(next_at)
+                view, requests = frame()
+                _say(f"[{time.monotonic() - started:6.1f} s] " + _summary.plain_line(
+                    view, fault=engine.fault, requests=requests))
+    except _Stop:
+        pass
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        # -- shutdown: load first (no new requests), then the server, the engine, specobs -----
+        load_stop.set()
+        if load_thread is not None:
+            load_thread.join(10)
+        if server is not None:
+            server.stop()
+        if engine is not None:
+            engine.close()
+        if observer is not None:
+            with contextlib.suppress(Exception):
+                observer.force_flush(5)
+            final = observer.snapshot()
+            observer.shutdown(5)
+    if final is None or engine is None or first is None:
+        return 130 if interrupted else 1
+    seconds = time.monotonic() - first_at
+    view = _summary.compute_view(final, first, seconds)
+    _say("")
+    for line in _summary.final_lines(
+        view, seconds=seconds, fault=engine.fault, baseline_note=baseline_note,
+        requests=_requests_text(engine, load_summary),
+    ):  # fmt: skip
+        _say(line)
+    if interrupted:
+        _say("stopped by Ctrl-C")
+    return 0

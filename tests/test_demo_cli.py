@@ -1,0 +1,141 @@
+"""``specobs demo`` end to end on CPU: the real command as a subprocess, scraped by a real
+Prometheus, with its terminal output; and bad flags."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+
+from specobs.cli import main
+from tests.test_demo_server import QUICK_TRAINING, WEIGHTS_DIR, quick_engine
+
+ROOT = Path(__file__).resolve().parent.parent
+DURATION_SECONDS = 20
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def weights() -> Path:
+    """Train (or find) the quick weights before the command runs, so the subprocess loads them."""
+    quick_engine()
+    assert QUICK_TRAINING.target_steps == 220  # what `--quick-train` uses
+    return WEIGHTS_DIR
+
+
+def test_demo_runs_serves_and_is_scraped_by_prometheus(
+    weights: Path, prometheus_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    port, metrics_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECOBS_", "OTEL_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    log = tmp_path / "demo.out"
+    argv = [
+        sys.executable, "-m", "specobs.cli", "demo", "--duration", str(DURATION_SECONDS),
+        "--port", str(port), "--metrics-port", str(metrics_port), "--plain", "--quick-train",
+        "--cache-dir", str(weights), "--concurrency", "3",
+    ]  # fmt: skip
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+        server = prometheus_server([f"127.0.0.1:{metrics_port}"])
+        cycles = server.wait_for(
+            "specobs_cycles_total", lambda r: r and float(r[0]["value"][1]) > 0,
+            timeout_seconds=90,
+        )  # fmt: skip
+        assert cycles[0]["metric"]["model"] == "specobs-demo"
+        assert cycles[0]["metric"]["engine"] == "specobs-demo"
+        server.wait_for(
+            "specobs_emitted_tokens_total", lambda r: r and float(r[0]["value"][1]) > 0,
+            timeout_seconds=20,
+        )  # fmt: skip
+        phases = server.wait_for(
+            'count by (phase) (specobs_phase_duration_seconds_count{clock="host"})',
+            lambda r: len(r) == 3, timeout_seconds=20,
+        )  # fmt: skip
+        assert {r["metric"]["phase"] for r in phases} == {"draft", "verify", "bookkeeping"}
+        baseline = server.query("specobs_baseline_sequence_tokens_per_second")
+        assert baseline and float(baseline[0]["value"][1]) > 0, baseline
+        code = proc.wait(DURATION_SECONDS + 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert code == 0, text
+    assert "loading the demo target and draft head from the weight cache" in text
+    assert "baseline" in text and "(measured)" in text
+    assert f"http://127.0.0.1:{port}/v1/completions" in text
+    assert f"http://127.0.0.1:{metrics_port}/metrics" in text
+    assert "job_name: specobs" in text and "docker compose up" in text
+    # The periodic lines and the final summary show the breakdown by phase.
+    lines = [line for line in text.splitlines() if line.startswith("[")]
+    assert lines, text
+    assert "draft" in lines[-1] and "verify" in lines[-1] and "bookkeeping" in lines[-1]
+    assert "cycles/s" in lines[-1] and "acceptance" in lines[-1]
+    final = text[text.index("specobs demo ran"):]
+    assert "acceptance rate" in final and "mean accept length" in final
+    assert "host: draft" in final and "gpu : n/a" in final
+    assert "measured at start-up" in final
+
+
+def test_demo_stops_with_a_clear_error_when_its_port_is_taken(weights: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECOBS_", "OTEL_"))}
+        env["PYTHONPATH"] = str(ROOT)
+        t0 = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "specobs.cli", "demo", "--duration", "5", "--port", str(port),
+             "--metrics-port", "0", "--plain", "--quick-train", "--cache-dir", str(weights),
+             "--baseline-tokens-per-second", "50"],
+            capture_output=True, text=True, timeout=60, env=env, cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"cannot serve completions on 127.0.0.1:{port}" in result.stderr
+    assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--duration", "-5"], "expected a number > 0"),
+        (["--duration", "soon"], "expected a number > 0"),
+        (["--concurrency", "0"], "expected an integer >= 1, got 0"),
+        (["--port", "70000"], "expected a port number 0..65535"),
+        (["--metrics-port", "x"], "expected a port number"),
+        (["--k", "0"], "expected an integer >= 1"),
+        (["--k", "99"], "expected a draft length 1..16"),
+        (["--device", "tpu"], "invalid choice"),
+        (["--fault", "melt"], "invalid choice"),
+        (["--seed", "-1"], "expected an integer >= 0"),
+        (["--baseline-tokens-per-second", "0"], "expected a number > 0"),
+        (["--bogus"], "unrecognized arguments"),
+    ],
+)
+def test_bad_flags_exit_2(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", *argv])
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
