@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["EventClock", "PendingCopy"]
+__all__ = ["EventClock", "EventPool", "PendingCopy"]
 
 
 class PendingCopy:
@@ -28,6 +29,39 @@ class PendingCopy:
         finally:
             self.release()
         return values
+
+
+class EventPool:
+    """A free list of pre-created events shared by the worker and the resolver without a lock.
+
+    Only the worker thread touches ``_free`` (``acquire``); the resolver hands events back through
+    the ``_returned`` deque, whose ``append``/``popleft`` are atomic, and the worker moves them
+    over when its own list runs short.
+    """
+
+    def __init__(self, events: list[Any]) -> None:
+        self._free: list[Any] = list(events)
+        self._returned: deque[Any] = deque()
+
+    def acquire(self, n: int) -> list[Any] | None:
+        """Take ``n`` events, or ``None`` when fewer are free. Worker thread."""
+        free = self._free
+        if len(free) < n:
+            returned = self._returned
+            while returned:
+                free.append(returned.popleft())
+            if len(free) < n:
+                return None
+        taken = free[-n:]
+        del free[-n:]
+        return taken
+
+    def release(self, events: list[Any]) -> None:
+        """Give events back. Any thread."""
+        self._returned.extend(events)
+
+    def free_events(self) -> int:
+        return len(self._free) + len(self._returned)
 
 
 class EventClock(Protocol):

@@ -13,12 +13,11 @@ Nothing here calls ``synchronize()``: the resolver thread asks ``query()`` (0.38
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from specobs._errors import ConfigurationError, require
-from specobs.timing._base import PendingCopy
+from specobs.timing._base import EventPool, PendingCopy
 
 __all__ = ["CudaEventClock", "cuda_ready"]
 
@@ -42,7 +41,7 @@ def cuda_ready() -> bool:
         return False
 
 
-class CudaEventClock:
+class CudaEventClock(EventPool):
     """An :class:`~specobs.timing.EventClock` backed by ``torch.cuda.Event``."""
 
     name = "cuda"
@@ -77,14 +76,14 @@ class CudaEventClock:
         self.record_fn: Callable[[Any, Any], None] = (
             base_record if callable(base_record) else torch.cuda.Event.record
         )
-        self._free: list[Any] = []
-        self._returned: deque[Any] = deque()
+        events: list[Any] = []
         with torch.cuda.device(self.device):
             for _ in range(pool_size):
                 ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                 # Pre-record so the driver event exists before the hot path ever touches it.
                 ev.record(self.stream)
-                self._free.append(ev)
+                events.append(ev)
+        EventPool.__init__(self, events)
         self._capturing = torch.cuda.is_current_stream_capturing
         self._pinned: dict[Any, list[Any]] = {}
         self._pinned_lock = threading.Lock()
@@ -97,20 +96,6 @@ class CudaEventClock:
             ]
 
     # Worker thread -------------------------------------------------------------------------
-    def acquire(self, n: int) -> list[Any] | None:
-        # Only the worker thread touches ``_free``; the resolver returns events through the
-        # ``_returned`` deque (append/popleft are atomic), so no lock is needed on either side.
-        free = self._free
-        if len(free) < n:
-            returned = self._returned
-            while returned:
-                free.append(returned.popleft())
-            if len(free) < n:
-                return None
-        taken = free[-n:]
-        del free[-n:]
-        return taken
-
     def capturing(self) -> bool:
         return bool(self._capturing())
 
@@ -141,7 +126,7 @@ class CudaEventClock:
 
         def release() -> None:
             pool.append(buf)
-            self._returned.append(ev)
+            self.release([ev])
 
         return PendingCopy(buf, n, ev, release)
 
@@ -149,9 +134,6 @@ class CudaEventClock:
         self.stream = self._torch.cuda.current_stream(self.device)
 
     # Resolver thread -----------------------------------------------------------------------
-    def release(self, events: list[Any]) -> None:
-        self._returned.extend(events)
-
     def query(self, event: Any) -> bool:
         return bool(event.query())
 
@@ -160,5 +142,3 @@ class CudaEventClock:
         ms: float = start.elapsed_time(end)
         return round(ms * 1e6)
 
-    def free_events(self) -> int:
-        return len(self._free) + len(self._returned)

@@ -9,11 +9,10 @@ without sleeps or races.
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from specobs.timing._base import PendingCopy
+from specobs.timing._base import EventPool, PendingCopy
 
 __all__ = ["FakeDeviceArray", "FakeEvent", "FakeEventClock", "FakeGpu"]
 
@@ -69,7 +68,7 @@ class _FakeBuffer:
         return list(self.values)
 
 
-class FakeEventClock:
+class FakeEventClock(EventPool):
     """An :class:`~specobs.timing.EventClock` over a :class:`FakeGpu`."""
 
     name = "fake"
@@ -77,8 +76,7 @@ class FakeEventClock:
     def __init__(self, gpu: FakeGpu | None = None, pool_size: int = 64) -> None:
         self.gpu = gpu if gpu is not None else FakeGpu()
         self.pool_size = pool_size
-        self._free: list[Any] = [FakeEvent() for _ in range(pool_size)]
-        self._returned: deque[Any] = deque()
+        super().__init__([FakeEvent() for _ in range(pool_size)])
         self.stream = object()
         gpu_ = self.gpu
 
@@ -88,23 +86,6 @@ class FakeEventClock:
 
         self.record_fn = record_fn
         self.copies = 0
-
-    def acquire(self, n: int) -> list[Any] | None:
-        # Same discipline as the CUDA clock: the worker owns ``_free``, releases come back
-        # through the ``_returned`` deque.
-        free = self._free
-        if len(free) < n:
-            returned = self._returned
-            while returned:
-                free.append(returned.popleft())
-            if len(free) < n:
-                return None
-        taken = free[-n:]
-        del free[-n:]
-        return taken
-
-    def release(self, events: list[Any]) -> None:
-        self._returned.extend(events)
 
     def query(self, event: Any) -> bool:
         return bool(event.recorded) and event.ts <= self.gpu.completed_ns
@@ -132,5 +113,3 @@ class FakeEventClock:
     def refresh_stream(self) -> None:
         pass
 
-    def free_events(self) -> int:
-        return len(self._free) + len(self._returned)
