@@ -38,10 +38,14 @@ WEIGHTS_DIR = Path(
 LABELS = {"model": "specobs-demo", "engine": "specobs-demo"}
 
 
-def quick_engine(observer: Any = None, **kwargs: Any) -> SpecDecodeEngine:
-    """The demo engine on CPU with quickly trained (and cached) weights."""
+def quick_engine(
+    observer: Any = None, train_settings: TrainSettings | None = QUICK_TRAINING, **kwargs: Any
+) -> SpecDecodeEngine:
+    """The demo engine on CPU with quickly trained (and cached) weights; ``train_settings=None``
+    trains like ``specobs demo`` does by default (longer; its wrong-hidden-layers fault
+    collapses acceptance, which the quick weights' does not always)."""
     return build_engine(
-        cache_dir=WEIGHTS_DIR, seed=0, train_settings=QUICK_TRAINING, observer=observer, **kwargs
+        cache_dir=WEIGHTS_DIR, seed=0, train_settings=train_settings, observer=observer, **kwargs
     )
 
 
@@ -57,12 +61,12 @@ def wait_until(predicate: Callable[[], Any], timeout_seconds: float, what: str) 
 
 
 class Served:
-    def __init__(self) -> None:
+    def __init__(self, train_settings: TrainSettings | None = QUICK_TRAINING) -> None:
         self.sink = specobs.PrometheusSink(port=0, addr="127.0.0.1")
         self.observer = specobs.configure(
             sinks=[self.sink], labels=LABELS, max_draft_length=4, poll_interval_seconds=0.02
         )
-        self.engine = quick_engine(self.observer)
+        self.engine = quick_engine(self.observer, train_settings)
         self.engine.start()
         self.server = ServerThread(create_app(self.engine, self.observer), port=0).start()
         self.client = httpx.Client(base_url=self.server.url, timeout=60)

@@ -218,6 +218,7 @@ def render_rich(
         total_row += [_f(view.cycle_ms[clock], ".2f"), ""]
     phases.add_row(*total_row, style="bold")
 
+    gpu_missing = all(by_clock["gpu"] is None for by_clock in view.phases.values())
     stats = Table.grid(padding=(0, 2))
     stats.add_column(style="bold")
     stats.add_column()
@@ -236,12 +237,12 @@ def render_rich(
                                   f"speedup {speedup}x"),
         ("fault", fault or "none"),
         ("requests", requests),
-        ("exporter", f"dropped {view.dropped_total}, GPU clock on 1 cycle in "
-                     f"{view.gpu_sampling_interval}"),
+        ("exporter", f"dropped {view.dropped_total}, " + (
+            "no GPU clock (host only)" if gpu_missing
+            else f"GPU clock on 1 cycle in {view.gpu_sampling_interval}")),
     ]
     for name, value in rows:
         stats.add_row(name, value)
-    gpu_missing = all(by_clock["gpu"] is None for by_clock in view.phases.values())
     notes = []
     if gpu_missing:
         notes.append(Text("no GPU clock on this device: host clock only", style="dim"))

@@ -1,0 +1,144 @@
+"""The generated alerts fire on the REAL demo engine: Prometheus 2.42 with the generated rules
+(windows shortened through :class:`MixinConfig`) scrapes the engine while built-in load runs;
+healthy, then ``wrong-hidden-layers`` through ``POST /admin/fault`` fires
+``SpecobsAcceptanceRateDrop``; then ``stall`` with requests waiting fires
+``SpecobsDecodingStalled``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+yaml = pytest.importorskip("yaml")
+
+from specobs.demo._load import LoadSummary, run_load  # noqa: E402
+from specobs.mixin import MixinConfig, render_all  # noqa: E402
+from tests.test_demo_server import Served  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+RULES = "deploy/prometheus/rules/specobs-rules.yml"
+CONFIG = MixinConfig(
+    rate_window="4s",
+    history_window="12s",
+    history_offset="4s",
+    acceptance_drop_for="2s",
+    stall_for="2s",
+)
+
+
+class Loaded:
+    """The served engine plus closed-loop load from :func:`run_load` on a background thread."""
+
+    def __init__(self) -> None:
+        # The default training: its wrong-hidden-layers fault collapses acceptance.
+        self.served = Served(train_settings=None)
+        self.stop = threading.Event()
+        self.summary = LoadSummary("")
+        lang = self.served.engine.models.language
+
+        def prompt_source(rng: Any, n: int) -> list[int]:
+            return lang.stream(n + 8, seed=rng.randrange(1 << 30))[:n]
+
+        def main() -> None:
+            asyncio.run(run_load(
+                self.served.server.url, concurrency=4, max_tokens=48, prompt_tokens=(4, 24),
+                prompt_source=prompt_source, stop_event=self.stop, summary=self.summary,
+                timeout_seconds=600,
+            ))  # fmt: skip
+
+        self.thread = threading.Thread(target=main, name="load", daemon=True)
+        self.thread.start()
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.served.sink.port}"
+
+    def close(self) -> None:
+        self.served.engine.fault = None
+        self.stop.set()
+        self.thread.join(30)
+        self.served.close()
+
+
+@pytest.fixture
+def loaded() -> Iterator[Loaded]:
+    lo = Loaded()
+    try:
+        yield lo
+    finally:
+        lo.close()
+
+
+def _firing(server: Any, name: str) -> list[dict[str, Any]]:
+    return [
+        a for a in server.alerts() if a["labels"]["alertname"] == name and a["state"] == "firing"
+    ]
+
+
+def _wait_firing(server: Any, name: str, timeout_seconds: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        firing = _firing(server, name)
+        if firing:
+            return firing[0]
+        time.sleep(0.5)
+    raise TimeoutError(f"{name} did not fire within {timeout_seconds}s; alerts: {server.alerts()}")
+
+
+def test_acceptance_and_stall_alerts_fire_on_the_real_engine(
+    prometheus_server: Callable[..., Any], loaded: Loaded, tmp_path: Path
+) -> None:
+    rules_path = tmp_path / "specobs-rules.yml"
+    rules_path.write_text(render_all(CONFIG)[RULES])
+    assert yaml.safe_load(rules_path.read_text())["groups"]
+    server = prometheus_server([loaded.target], rule_files=[rules_path])
+    server.wait_for_target_up(timeout_seconds=20)
+    client = loaded.served.client
+
+    # A healthy past: the history window plus its offset.
+    healthy = server.wait_for(
+        "instance:specobs_acceptance:ratio_rate4s", lambda r: bool(r), timeout_seconds=30
+    )
+    time.sleep(15)
+    assert _firing(server, "SpecobsAcceptanceRateDrop") == []
+    assert _firing(server, "SpecobsDecodingStalled") == []
+    healthy = server.query("instance:specobs_acceptance:ratio_rate4s")
+    assert float(healthy[0]["value"][1]) >= 0.4, healthy
+    assert loaded.summary.requests_ok > 0 and loaded.summary.requests_failed == 0
+
+    r = client.post("/admin/fault", json={"fault": "wrong-hidden-layers"})
+    assert r.status_code == 200 and r.json()["fault"] == "wrong-hidden-layers"
+    alert = _wait_firing(server, "SpecobsAcceptanceRateDrop", timeout_seconds=40)
+    assert alert["labels"]["instance"] == loaded.target
+    assert alert["labels"]["model"] == "specobs-demo"
+    assert alert["labels"]["severity"] == "warning"
+    assert loaded.target in alert["annotations"]["description"]
+    dropped = server.query("instance:specobs_acceptance:ratio_rate4s")
+    assert float(dropped[0]["value"][1]) < 0.7 * float(healthy[0]["value"][1])
+
+    r = client.post("/admin/fault", json={"fault": "stall"})
+    assert r.json() == {
+        "fault": "stall", "previous": "wrong-hidden-layers", "faults": r.json()["faults"]
+    }
+    alert = _wait_firing(server, "SpecobsDecodingStalled", timeout_seconds=40)
+    assert alert["labels"]["severity"] == "critical"
+    assert loaded.target in alert["annotations"]["description"]
+    stats = loaded.served.engine.stats()
+    assert stats.active + stats.waiting > 0
+
+    # Back to healthy: the stalled requests complete.
+    client.post("/admin/fault", json={"fault": None})
+    before = loaded.summary.requests_ok
+    deadline = time.monotonic() + 30
+    while loaded.summary.requests_ok <= before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert loaded.summary.requests_ok > before
