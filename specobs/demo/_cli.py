@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
         if _is_cached(args.cache_dir, args.seed, settings):
             _say("loading the demo target and draft head from the weight cache")
         else:
-            estimate = "~1-3 min on 2 CPU cores" if settings is None else "~30-60 s on 2 CPU cores"
+            estimate = "~30 s on 2 idle CPU cores, minutes on a busy machine"
             _say(f"training the demo target and draft head (first run only, {estimate}; "
                  "cached afterwards)")
         t0 = time.perf_counter()
