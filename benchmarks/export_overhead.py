@@ -2,11 +2,12 @@
 
 A worker loop paced at 1,000 cycles/s on the CPU (host clock; three phases; acceptance for a
 batch of 8 with k=4), with a PrometheusSink scraped every 5 s over HTTP and an OtlpSink pushing
-metrics (default interval, 10 s) and traces (0.1% head sampling, the default) to a real OTLP receiver over gRPC.
+metrics (default interval, 10 s) and traces (0.1% head sampling, the default) to a real OTLP
+receiver over gRPC.
 The receiver and the scraper run in a separate process, as Prometheus and a Collector would, so
 their CPU is not counted. The same loop then runs with specobs disabled. Reports:
 
-* specobs CPU per cycle = (process CPU with specobs − process CPU without) / cycles, and its
+* specobs CPU per cycle = (process CPU with specobs - process CPU without) / cycles, and its
   breakdown from specobs's own self-metrics (resolver, scrapes, OTLP export);
 * /metrics scrape time (HTTP round trip and collector only) with every label combination
   populated;
@@ -27,7 +28,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import specobs  # noqa: E402
+import specobs
 
 PEER = r"""
 import sys, threading, time, urllib.request

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -11,8 +12,15 @@ pytest_plugins = ["tests._otlp_receiver", "tests._prometheus_server"]
 
 # The suite must never pick up a user's exporter settings.
 for _var in list(os.environ):
-    if _var.startswith(("SPECOBS_", "OTEL_")):
+    if _var.startswith(("SPECOBS_", "OTEL_")) and _var != "SPECOBS_TEST_WEIGHTS_DIR":
         del os.environ[_var]
+
+# One weight cache for the demo engine across the whole suite and its subprocesses (`specobs
+# demo` started by tests finds it through SPECOBS_CACHE_DIR): the models are trained once, by
+# whichever test needs them first, and reused by every later run on the same machine.
+os.environ["SPECOBS_CACHE_DIR"] = os.environ.get("SPECOBS_TEST_WEIGHTS_DIR") or os.path.join(
+    tempfile.gettempdir(), "specobs-test-weights"
+)
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ def free_port() -> int:
 def weights() -> Path:
     """Train (or find) the quick weights before the command runs, so the subprocess loads them."""
     quick_engine()
-    assert QUICK_TRAINING.target_steps == 220  # what `--quick-train` uses
+    assert QUICK_TRAINING is None  # the demo's default training, as the command uses
     return WEIGHTS_DIR
 
 
@@ -47,7 +47,7 @@ def test_demo_runs_serves_and_is_scraped_by_prometheus(
     log = tmp_path / "demo.out"
     argv = [
         sys.executable, "-m", "specobs.cli", "demo", "--duration", str(DURATION_SECONDS),
-        "--port", str(port), "--metrics-port", str(metrics_port), "--plain", "--quick-train",
+        "--port", str(port), "--metrics-port", str(metrics_port), "--plain",
         "--cache-dir", str(weights), "--concurrency", "3",
     ]  # fmt: skip
     with open(log, "w") as out:
@@ -105,7 +105,7 @@ def test_demo_stops_with_a_clear_error_when_its_port_is_taken(weights: Path) -> 
         t0 = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "specobs.cli", "demo", "--duration", "5", "--port", str(port),
-             "--metrics-port", "0", "--plain", "--quick-train", "--cache-dir", str(weights),
+             "--metrics-port", "0", "--plain", "--cache-dir", str(weights),
              "--baseline-tokens-per-second", "50"],
             capture_output=True, text=True, timeout=60, env=env, cwd=ROOT,
             stdin=subprocess.DEVNULL,

@@ -10,10 +10,12 @@ Measured with the default config, k=4, seed 0, on these prompts: acceptance rate
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,8 +39,10 @@ TRAINING = TrainSettings()
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return tmp_path_factory.mktemp("specobs-cache")
+def cache_dir() -> Any:
+    # The suite's one weight cache (tests/conftest.py): trained once, shared with the other
+    # demo tests and with `specobs demo` subprocesses.
+    return Path(os.environ["SPECOBS_CACHE_DIR"])
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,13 +27,11 @@ import specobs  # noqa: E402
 from specobs.demo import SpecDecodeEngine, TrainSettings, build_engine, greedy_generate  # noqa: E402
 from specobs.demo._server import ServerThread, create_app  # noqa: E402
 
-# The same quick training as tests/test_demo_engine.py, cached across test modules and runs
-# (the cache is keyed by a hash of the configs and written atomically).
-QUICK_TRAINING = TrainSettings(target_steps=220, draft_steps=150, distill_sequences=128)
-WEIGHTS_DIR = Path(
-    os.environ.get("SPECOBS_TEST_WEIGHTS_DIR")
-    or Path(tempfile.gettempdir()) / "specobs-test-weights"
-)
+# The demo's default training, cached across test modules and runs in the suite's one weight
+# cache (tests/conftest.py; keyed by a hash of the configs and written atomically), so every demo
+# test shares one training.
+QUICK_TRAINING: TrainSettings | None = None
+WEIGHTS_DIR = Path(os.environ["SPECOBS_CACHE_DIR"])
 LABELS = {"model": "specobs-demo", "engine": "specobs-demo"}
 
 

@@ -32,13 +32,8 @@ Importing :mod:`specobs` never imports this package (it needs torch).
 
 from __future__ import annotations
 
-import os
+from importlib import import_module
 from typing import Any
-
-from ._draft import DraftConfig, DraftHead
-from ._engine import FAULTS, EngineStats, RequestHandle, SpecDecodeEngine
-from ._model import KVCache, TargetConfig, TargetModel, WordTokenizer, greedy_generate
-from ._train import TrainedModels, TrainSettings, load_or_train, resolve_cache_dir
 
 __all__ = [
     "FAULTS",
@@ -59,82 +54,22 @@ __all__ = [
     "resolve_cache_dir",
 ]
 
-_TARGET_FIELDS = {
-    "vocab_size",
-    "d_model",
-    "n_layers",
-    "n_heads",
-    "d_ff",
-    "max_seq_len",
-    "rope_theta",
-}
+# Everything here needs torch, so nothing is imported until it is asked for: `specobs load`
+# and the server module live in this package and must start without paying for torch.
+_WHERE = {
+    "FAULTS": "._engine", "EngineStats": "._engine", "RequestHandle": "._engine",
+    "SpecDecodeEngine": "._engine", "DraftConfig": "._draft", "DraftHead": "._draft",
+    "KVCache": "._model", "TargetConfig": "._model", "TargetModel": "._model",
+    "WordTokenizer": "._model", "greedy_generate": "._model", "TrainSettings": "._train",
+    "TrainedModels": "._train", "resolve_cache_dir": "._train", "build_engine": "._factory",
+    "load_models": "._factory",
+}  # fmt: skip
 
 
-def load_models(
-    *,
-    seed: int = 0,
-    cache_dir: str | os.PathLike[str] | None = None,
-    layer_ids: tuple[int, int, int] | None = None,
-    draft_d_ff: int | None = None,
-    train_settings: TrainSettings | None = None,
-    **model_overrides: Any,
-) -> TrainedModels:
-    """Load the demo's target and draft from the weight cache, or train and cache them.
-
-    ``model_overrides`` are :class:`TargetConfig` fields (``d_model=...``, ``n_layers=...``)."""
-    unknown = set(model_overrides) - _TARGET_FIELDS
-    if unknown:
-        raise ValueError(
-            f"unknown model override(s) {sorted(unknown)}: expected TargetConfig fields "
-            f"{sorted(_TARGET_FIELDS)}"
-        )
-    target_config = TargetConfig(**model_overrides)
-    draft_kwargs: dict[str, Any] = {}
-    if layer_ids is not None:
-        draft_kwargs["layer_ids"] = tuple(layer_ids)
-    if draft_d_ff is not None:
-        draft_kwargs["d_ff"] = draft_d_ff
-    draft_config = DraftConfig.for_target(target_config, **draft_kwargs)
-    return load_or_train(
-        target_config, draft_config, seed=seed, cache_dir=cache_dir, settings=train_settings
-    )
-
-
-def build_engine(
-    *,
-    device: str = "cpu",
-    k: int = 4,
-    seed: int = 0,
-    cache_dir: str | os.PathLike[str] | None = None,
-    observer: Any = None,
-    max_batch: int = 8,
-    fault: str | None = None,
-    cuda_graphs: bool | None = None,
-    train_settings: TrainSettings | None = None,
-    layer_ids: tuple[int, int, int] | None = None,
-    **model_overrides: Any,
-) -> SpecDecodeEngine:
-    """A ready :class:`SpecDecodeEngine` over cached (or freshly trained) demo models.
-
-    ``engine.models`` keeps the :class:`TrainedModels` (training info, whether it came from the
-    cache)."""
-    models = load_models(
-        seed=seed,
-        cache_dir=cache_dir,
-        layer_ids=layer_ids,
-        train_settings=train_settings,
-        **model_overrides,
-    )
-    engine = SpecDecodeEngine(
-        models.target,
-        models.draft,
-        models.language.tokenizer,
-        k=k,
-        max_batch=max_batch,
-        device=device,
-        observer=observer,
-        fault=fault,
-        cuda_graphs=cuda_graphs,
-    )
-    engine.models = models
-    return engine
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specobs.demo' has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
