@@ -277,14 +277,17 @@ def test_cancel_frees_the_slot(engine: SpecDecodeEngine, prompts: list[list[int]
 def test_weights_cache_is_reused(
     built: tuple[SpecDecodeEngine, float], cache_dir: Any, prompts: list[list[int]]
 ) -> None:
+    # The suite shares one weight cache, so `built` may itself have come from it; the time the
+    # training took is recorded in the cached file either way.
     first, first_seconds = built
-    assert first.models.from_cache is False
+    trained_seconds = first.models.info["train_seconds"]
+    assert trained_seconds > 0
     assert list(cache_dir.glob("demo-*.pt"))
     t0 = time.perf_counter()
     second = build_engine(cache_dir=cache_dir, seed=0, train_settings=TRAINING)
     second_seconds = time.perf_counter() - t0
     assert second.models.from_cache is True
-    assert second_seconds < first_seconds / 3
+    assert second_seconds < trained_seconds / 3
     for p in prompts[:3]:
         assert greedy_generate(second.target, p, 30) == greedy_generate(first.target, p, 30)
     handle = second.submit(prompts[10], 30)
