@@ -40,8 +40,11 @@ stop = threading.Event()
 def scrape(url):
     while not stop.wait(5.0):
         t0 = time.perf_counter()
-        with urllib.request.urlopen(url) as resp:
-            resp.read()
+        try:
+            with urllib.request.urlopen(url) as resp:
+                resp.read()
+        except OSError:  # the endpoint went away at the end of a run
+            break
         times.append(time.perf_counter() - t0)
 for line in sys.stdin:
     cmd, _, arg = line.strip().partition(" ")

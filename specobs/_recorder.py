@@ -180,7 +180,14 @@ class Cycle:
             if ev is not None:
                 rec.record_fn(ev[-1], rec.stream)
                 self._cost += _perf() - t
-            rec.enqueue(self)
+            # Recorder.enqueue inlined for the common case (queue not full, no wake needed).
+            q = rec.queue
+            n = len(q)
+            if n + 1 >= rec.wake_at:
+                rec.enqueue(self)
+                return
+            rec.enqueued += 1
+            q.append(self)
         except Exception as exc:
             self._rec.internal_error(exc)
 
