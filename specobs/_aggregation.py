@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -31,25 +31,36 @@ class Exemplar:
 
 
 class _Histogram:
-    __slots__ = ("bounds", "count", "counts", "exemplars", "sum")
+    __slots__ = ("bounds", "counts", "exemplars", "sum")
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds: tuple[float, ...] = tuple(bounds)
         self.counts: list[int] = [0] * (len(self.bounds) + 1)
         self.sum = 0.0
-        self.count = 0
         self.exemplars: list[Exemplar | None] = [None] * (len(self.bounds) + 1)
 
-    def observe(self, value: float) -> int:
-        # bisect_left: the first bound >= value, i.e. Prometheus's "le" bucket.
-        i = bisect_left(self.bounds, value)
-        self.counts[i] += 1
-        self.sum += value
-        self.count += 1
-        return i
+    def bucket(self, value: float) -> int:
+        """Index of the bucket ``value`` falls in: the first bound >= value (Prometheus "le")."""
+        return bisect_left(self.bounds, value)
+
+    def observe_many(self, values: Sequence[float]) -> None:
+        """Add a batch of values: sort once, then one bisect per bound instead of per value."""
+        if not values:
+            return
+        vs = sorted(values)
+        counts = self.counts
+        prev = 0
+        for i, bound in enumerate(self.bounds):
+            n = bisect_right(vs, bound, prev)  # values <= bound, the same rule as bucket()
+            counts[i] += n - prev
+            prev = n
+            if prev == len(vs):
+                break
+        counts[-1] += len(vs) - prev
+        self.sum += sum(vs)
 
     def freeze(self) -> HistogramData:
-        # The resolver's inner loop updates counts and sum only; the count is derived here.
+        # Only counts and sum are kept; the total count is derived here.
         return HistogramData(
             self.bounds, tuple(self.counts), self.sum, sum(self.counts), tuple(self.exemplars)
         )
@@ -74,9 +85,6 @@ class HistogramData:
             out.append((bound, acc))
         return out
 
-
-def _empty(bounds: Sequence[float]) -> HistogramData:
-    return _Histogram(bounds).freeze()
 
 
 @dataclass(frozen=True)
@@ -230,5 +238,3 @@ class Aggregation:
                 created_unix_seconds=self.created_unix_seconds,
             )
 
-
-__all__ += ["CLOCKS", "_empty"]

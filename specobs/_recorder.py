@@ -19,8 +19,6 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from specobs import sampling
-
 if TYPE_CHECKING:
     from specobs.timing import EventClock
 
@@ -296,7 +294,7 @@ class Recorder:
                     clock = self.clock
                 if clock is None:
                     return c
-            if idx % self.interval == 0:
+            if idx % self.interval == 0:  # sampling.should_sample, inlined (interval >= 1)
                 if clock.capturing():
                     # Inside CUDA graph capture nothing is real: not a cycle, not a timing.
                     self.dropped_capture += 1
@@ -385,6 +383,3 @@ class Recorder:
             self.log.warn("internal", f"internal error on the hot path, ignored: {exc!r}")
         except Exception:
             pass
-
-    def should_sample(self, idx: int) -> bool:
-        return sampling.should_sample(idx, self.interval)

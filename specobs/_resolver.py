@@ -19,12 +19,12 @@ import logging
 import random
 import threading
 import time
-from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from specobs import sampling
+from specobs._aggregation import Exemplar
 
 if TYPE_CHECKING:
     from specobs._aggregation import Aggregation
@@ -372,14 +372,14 @@ class Resolver:
             agg.dropped["queue_full"] += dropped_full
             agg.cycles += len(ready)
             for i in range(nph):
-                _observe_ns(agg.phase_host[i], host_cols[i])
-            _observe_ns(agg.cycle_host, totals)
+                agg.phase_host[i].observe_many([v * 1e-9 for v in host_cols[i]])
+            agg.cycle_host.observe_many([v * 1e-9 for v in totals])
             if gpu_of:
                 agg.sampled_cycles += len(gpu_of)
                 gcols = list(gpu_of.values())
                 for i in range(nph):
-                    _observe_ns(agg.phase_gpu[i], [g[i] for g in gcols])
-                _observe_ns(agg.cycle_gpu, [sum(g) for g in gcols])
+                    agg.phase_gpu[i].observe_many([g[i] * 1e-9 for g in gcols])
+                agg.cycle_gpu.observe_many([sum(g) * 1e-9 for g in gcols])
             if accs is not None:
                 lengths_all, accepted, drafted, emitted, k_counts = accs
                 agg.draft_tokens += drafted
@@ -396,7 +396,7 @@ class Resolver:
                 for kk, n in k_counts.items():
                     dbk[kk] += n
             if batches:
-                _observe(agg.batch_size, batches)
+                agg.batch_size.observe_many(batches)
             agg.last_cycle_timestamp = (anchor_wall + tss[-1][-1]) / 1e9
             want = set(traced)
             for j in (range(len(ready)) if need_all else traced):
@@ -605,28 +605,20 @@ class Resolver:
         return lengths, accepted, drafted, emitted, shape
 
     def _exemplars(self, agg: Aggregation, r: ResolvedCycle) -> None:
+        # GPU-timed cycles put exemplars on the GPU-clock histograms, host-only ones on the host's.
         if r.gpu_ns is not None:
-            for i, ns in enumerate(r.gpu_ns):
-                h = agg.phase_gpu[i]
-                self._exemplar(h, _bucket(h, ns), ns * 1e-9, r, i)
-            total = sum(r.gpu_ns)
-            self._exemplar(agg.cycle_gpu, _bucket(agg.cycle_gpu, total), total * 1e-9, r, None)
+            durations, phases, cycle = r.gpu_ns, agg.phase_gpu, agg.cycle_gpu
         else:
-            # Host-only cycle: exemplars go on the host-clock histograms instead.
-            for i, ns in enumerate(r.host_ns):
-                h = agg.phase_host[i]
-                self._exemplar(h, _bucket(h, ns), ns * 1e-9, r, i)
-            total = sum(r.host_ns)
-            self._exemplar(agg.cycle_host, _bucket(agg.cycle_host, total), total * 1e-9, r, None)
-
-    def _exemplar(self, h: Any, bucket: int, value: float, r: ResolvedCycle, phase: int | None
-                  ) -> None:
-        from specobs._aggregation import Exemplar
-
-        span = r.span_id if phase is None or r.phase_span_ids is None else r.phase_span_ids[phase]
-        h.exemplars[bucket] = Exemplar(
-            value, f"{r.trace_id:032x}", f"{span:016x}", r.end_wall_ns / 1e9
-        )
+            durations, phases, cycle = r.host_ns, agg.phase_host, agg.cycle_host
+        trace_id = f"{r.trace_id:032x}"
+        when = r.end_wall_ns / 1e9
+        span_ids = r.phase_span_ids or []
+        for i, ns in enumerate(durations):
+            h = phases[i]
+            v = ns * 1e-9  # the same float the histogram counted
+            h.exemplars[h.bucket(v)] = Exemplar(v, trace_id, f"{span_ids[i]:016x}", when)
+        v = sum(durations) * 1e-9
+        cycle.exemplars[cycle.bucket(v)] = Exemplar(v, trace_id, f"{r.span_id:016x}", when)
 
     def _fold(self, agg: Aggregation) -> None:
         rec = self.rec
@@ -667,34 +659,7 @@ class Resolver:
                 )
 
 
-def _observe_ns(h: Any, values_ns: list[int]) -> None:
-    """Add nanosecond values to a seconds histogram: sort once, bisect once per bound."""
-    if not values_ns:
-        return
-    _observe(h, [v * 1e-9 for v in values_ns])
-
-
-def _observe(h: Any, values: list[float] | list[int]) -> None:
-    vs = sorted(values)
-    counts = h.counts
-    prev = 0
-    for i, bound in enumerate(h.bounds):
-        n = bisect_right(vs, bound, prev)  # values <= bound: Prometheus "le"
-        counts[i] += n - prev
-        prev = n
-        if prev == len(vs):
-            break
-    counts[-1] += len(vs) - prev
-    h.sum += sum(vs)
-
-
 def _as_count(a: Any) -> int:
     if isinstance(a, bool) or int(a) != a:
         raise ValueError(f"not an integer count: {a!r}")
     return int(a)
-
-
-def _bucket(h: Any, ns: int) -> int:
-    from bisect import bisect_left
-
-    return bisect_left(h.bounds, ns / 1e9)

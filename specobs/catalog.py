@@ -13,7 +13,6 @@ exporter: ``specobs.phase.duration`` with unit ``s`` is ``specobs_phase_duration
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -318,9 +317,3 @@ def by_prometheus_name() -> dict[str, Metric]:
         for series in metric.series():
             out[series] = metric
     return out
-
-
-def iter_series(metrics: Sequence[Metric] = CATALOG) -> Iterator[str]:
-    """Every Prometheus series name the catalog defines."""
-    for metric in metrics:
-        yield from metric.series()

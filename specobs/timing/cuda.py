@@ -12,7 +12,6 @@ Nothing here calls ``synchronize()``: the resolver thread asks ``query()`` (0.38
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -86,7 +85,6 @@ class CudaEventClock(EventPool):
         EventPool.__init__(self, events)
         self._capturing = torch.cuda.is_current_stream_capturing
         self._pinned: dict[Any, list[Any]] = {}
-        self._pinned_lock = threading.Lock()
         self._pinned_capacity = pinned_capacity
         for dtype_name in _PINNED_DTYPES:
             dtype = getattr(torch, dtype_name)
