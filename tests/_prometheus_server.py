@@ -99,7 +99,8 @@ def promtool(
     )
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on loopback (for servers a test starts)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -178,7 +179,7 @@ class PrometheusServer:
         binary = prometheus_path()
         self.write_config()
         for attempt in range(1, _START_ATTEMPTS + 1):
-            self.port = _free_port()
+            self.port = free_port()
             self.url = f"http://127.0.0.1:{self.port}"
             argv = [
                 binary,
@@ -341,6 +342,24 @@ class PrometheusServer:
         """``data.alerts`` from ``/api/v1/alerts`` (pending and firing)."""
         data = self._api("GET", "/api/v1/alerts")
         return list(data["alerts"])
+
+    def firing(self, name: str) -> list[dict[str, Any]]:
+        """The alerts named ``name`` that are firing now (not pending)."""
+        return [
+            a for a in self.alerts() if a["labels"]["alertname"] == name and a["state"] == "firing"
+        ]
+
+    def wait_for_firing(self, name: str, timeout_seconds: float) -> dict[str, Any]:
+        """Poll until alert ``name`` fires; raise ``TimeoutError`` listing the alerts if not."""
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            firing = self.firing(name)
+            if firing:
+                return firing[0]
+            time.sleep(0.5)
+        raise TimeoutError(
+            f"{name} did not fire within {timeout_seconds}s; alerts: {self.alerts()}"
+        )
 
     def rules(self, type: str | None = None) -> list[dict[str, Any]]:
         """``data.groups`` from ``/api/v1/rules``; ``type`` is ``"alert"`` or ``"record"``."""

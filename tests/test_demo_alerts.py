@@ -78,22 +78,6 @@ def loaded() -> Iterator[Loaded]:
         lo.close()
 
 
-def _firing(server: Any, name: str) -> list[dict[str, Any]]:
-    return [
-        a for a in server.alerts() if a["labels"]["alertname"] == name and a["state"] == "firing"
-    ]
-
-
-def _wait_firing(server: Any, name: str, timeout_seconds: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        firing = _firing(server, name)
-        if firing:
-            return firing[0]
-        time.sleep(0.5)
-    raise TimeoutError(f"{name} did not fire within {timeout_seconds}s; alerts: {server.alerts()}")
-
-
 def test_acceptance_and_stall_alerts_fire_on_the_real_engine(
     prometheus_server: Callable[..., Any], loaded: Loaded, tmp_path: Path
 ) -> None:
@@ -109,15 +93,15 @@ def test_acceptance_and_stall_alerts_fire_on_the_real_engine(
         "instance:specobs_acceptance:ratio_rate4s", lambda r: bool(r), timeout_seconds=30
     )
     time.sleep(15)
-    assert _firing(server, "SpecobsAcceptanceRateDrop") == []
-    assert _firing(server, "SpecobsDecodingStalled") == []
+    assert server.firing("SpecobsAcceptanceRateDrop") == []
+    assert server.firing("SpecobsDecodingStalled") == []
     healthy = server.query("instance:specobs_acceptance:ratio_rate4s")
     assert float(healthy[0]["value"][1]) >= 0.4, healthy
     assert loaded.summary.requests_ok > 0 and loaded.summary.requests_failed == 0
 
     r = client.post("/admin/fault", json={"fault": "wrong-hidden-layers"})
     assert r.status_code == 200 and r.json()["fault"] == "wrong-hidden-layers"
-    alert = _wait_firing(server, "SpecobsAcceptanceRateDrop", timeout_seconds=40)
+    alert = server.wait_for_firing("SpecobsAcceptanceRateDrop", timeout_seconds=40)
     assert alert["labels"]["instance"] == loaded.target
     assert alert["labels"]["model"] == "specobs-demo"
     assert alert["labels"]["severity"] == "warning"
@@ -129,7 +113,7 @@ def test_acceptance_and_stall_alerts_fire_on_the_real_engine(
     assert r.json() == {
         "fault": "stall", "previous": "wrong-hidden-layers", "faults": r.json()["faults"]
     }
-    alert = _wait_firing(server, "SpecobsDecodingStalled", timeout_seconds=40)
+    alert = server.wait_for_firing("SpecobsDecodingStalled", timeout_seconds=40)
     assert alert["labels"]["severity"] == "critical"
     assert loaded.target in alert["annotations"]["description"]
     stats = loaded.served.engine.stats()

@@ -18,16 +18,12 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
 from specobs.cli import main
+from tests._prometheus_server import free_port
 from tests.test_demo_server import QUICK_TRAINING, WEIGHTS_DIR, quick_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 DURATION_SECONDS = 20
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

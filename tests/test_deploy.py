@@ -23,7 +23,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -35,6 +34,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+
+from tests._prometheus_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -656,11 +657,6 @@ def test_stack_local_help_and_bad_flags() -> None:
         assert result.returncode == 2 and message in result.stderr, (bad, result.stderr)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 class _Recorder:
     """A real specobs observer and PrometheusSink, fed speculative cycles on a fake GPU."""
@@ -746,7 +742,7 @@ def test_stack_local_runs_prometheus_and_alertmanager_against_a_specobs_endpoint
     log = tmp_path / "stack-local.out"
     env = {k: v for k, v in os.environ.items() if k not in ("PROMETHEUS", "ALERTMANAGER")}
     for attempt in range(3):  # a free port can be taken again before the server binds it
-        prometheus_port, alertmanager_port = _free_port(), _free_port()
+        prometheus_port, alertmanager_port = free_port(), free_port()
         argv = [
             "bash", str(STACK_LOCAL),
             "--target", recorder.target,
@@ -832,7 +828,7 @@ def test_stack_local_starts_the_demo_itself(tmp_path: Path) -> None:
                     "the recorder-based test above covers the script meanwhile")
     tool("prometheus")
     tool("curl")
-    metrics_port, prometheus_port, completions_port = _free_port(), _free_port(), _free_port()
+    metrics_port, prometheus_port, completions_port = free_port(), free_port(), free_port()
     log = tmp_path / "stack-local.out"
     argv = [
         "bash", str(STACK_LOCAL), "--no-alertmanager",

@@ -141,22 +141,6 @@ def test_every_expression_returns_data_from_a_real_recorder(
     assert empty == [], "expressions with no data:\n" + "\n".join(empty)
 
 
-def _firing(server: Any, name: str) -> list[dict[str, Any]]:
-    return [
-        a for a in server.alerts() if a["labels"]["alertname"] == name and a["state"] == "firing"
-    ]
-
-
-def _wait_firing(server: Any, name: str, timeout_seconds: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        firing = _firing(server, name)
-        if firing:
-            return firing[0]
-        time.sleep(0.5)
-    raise TimeoutError(f"{name} did not fire within {timeout_seconds}s; alerts: {server.alerts()}")
-
-
 def test_acceptance_and_stall_alerts_fire_end_to_end(
     prometheus_server: Callable[..., Any], engine: FakeEngine, tmp_path: Path
 ) -> None:
@@ -177,11 +161,11 @@ def test_acceptance_and_stall_alerts_fire_end_to_end(
     # Build up a healthy past (history window plus offset).
     server.wait_for("instance:specobs_acceptance:ratio_rate4s", timeout_seconds=30)
     time.sleep(14)
-    assert _firing(server, "SpecobsAcceptanceRateDrop") == []
-    assert _firing(server, "SpecobsDecodingStalled") == []
+    assert server.firing("SpecobsAcceptanceRateDrop") == []
+    assert server.firing("SpecobsDecodingStalled") == []
 
     engine.accepted = list(WRONG_LAYERS)
-    alert = _wait_firing(server, "SpecobsAcceptanceRateDrop", timeout_seconds=40)
+    alert = server.wait_for_firing("SpecobsAcceptanceRateDrop", timeout_seconds=40)
     assert alert["labels"]["instance"] == engine.target
     assert alert["labels"]["model"] == LABELS["model"]
     assert alert["labels"]["severity"] == "warning"
@@ -190,6 +174,6 @@ def test_acceptance_and_stall_alerts_fire_end_to_end(
 
     engine.decoding = False
     engine.waiting = 5.0
-    alert = _wait_firing(server, "SpecobsDecodingStalled", timeout_seconds=40)
+    alert = server.wait_for_firing("SpecobsDecodingStalled", timeout_seconds=40)
     assert alert["labels"]["severity"] == "critical"
     assert engine.target in alert["annotations"]["description"]

@@ -15,7 +15,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 import specobs
 from specobs import catalog
 from specobs.timing import FakeEventClock, FakeGpu
-from tests._prometheus_server import promtool
+from tests._prometheus_server import free_port, promtool
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -105,11 +105,6 @@ def test_every_catalog_metric_is_exposed_with_constant_labels():
     # Cardinality is fixed: phases x clocks x buckets, positions <= k, reasons and kinds enumerated.
     assert sum(1 for m in registry.collect() for _ in m.samples) < 400
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_own_endpoint_from_environment_and_content_negotiation(monkeypatch):
