@@ -13,11 +13,13 @@ Modes, run side by side in rotating order so drifts in clocks and load hit every
 * ``profiler``   torch.profiler with record_function per phase
 * ``specobs``    specobs defaults (adaptive sampling under a 0.5% budget)
 * ``every``      specobs timing every cycle on the GPU (sample_every=1)
+* ``chunk128``   specobs defaults, but the resolver resolving 128 records per GIL hold (the
+                 previous default) instead of 32: what the resolver's slice length costs
 
 Prints cycles/s relative to ``none`` (median over rounds), and per-phase milliseconds from each
 method next to a synchronize-isolated reference (each phase alone between synchronisations).
 
-    PYTHONPATH=. python benchmarks/gpu_overhead.py --rounds 7 --cycles 2000
+    PYTHONPATH=. python benchmarks/gpu_overhead.py --rounds 9 --seconds 0.8
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ import torch
 import specobs
 
 PHASES = ("draft", "verify", "bookkeeping")
+SPECOBS_MODES = ("specobs", "every", "chunk128")
+#: The profiler's run is this many cycles at most: processing its trace afterwards takes far
+#: longer than the loop, and its slowdown shows in a short run as well as in a long one.
+PROFILER_CYCLES = 150
 
 
 class Workload:
@@ -108,17 +114,21 @@ class Workload:
         else:
             self._verify_eager()
 
-    def bookkeeping(self) -> torch.Tensor:
+    def bookkeeping(self) -> list[int]:
         match = (self.draft_tokens == self.target_tokens[:, : self.k]).int()
         accept = match.cumprod(-1).sum(-1)
         # The host sync real servers do: the scheduler needs accepted lengths on the CPU.
-        accept_cpu = accept.to("cpu")
-        _ = accept_cpu.tolist()
-        return accept
+        return accept.to("cpu").tolist()  # type: ignore[no-any-return]
 
 
-def run_mode(w: Workload, mode: str, cycles: int) -> tuple[float, dict[str, Any]]:
-    """Run ``cycles`` cycles; return (seconds, per-phase info)."""
+def run_mode(
+    w: Workload, mode: str, cycles: int, obs: specobs.Observer | None = None
+) -> tuple[float, dict[str, Any]]:
+    """Run ``cycles`` cycles; return (seconds, per-phase info).
+
+    ``specobs``/``every`` use ``obs``, one observer per mode that lives for the whole workload
+    (as in a server: its adaptive sampling has settled, its event pool is warm), or a fresh one.
+    """
     info: dict[str, Any] = {}
     draft, verify, book = w.draft, w.verify, w.bookkeeping
     torch.cuda.synchronize()
@@ -197,19 +207,19 @@ def run_mode(w: Workload, mode: str, cycles: int) -> tuple[float, dict[str, Any]
         except Exception as exc:  # profiler API drift: keep the throughput number
             info["error"] = repr(exc)
         return el, info
-    if mode in ("specobs", "every"):
-        obs = specobs.configure(
-            clock="cuda", sinks=[], sample_every=1 if mode == "every" else None,
-            poll_interval_seconds=0.01,
-        )
+    if mode in SPECOBS_MODES:
+        own = obs is None
+        if obs is None:
+            obs = make_observer(mode)
+        k = w.k
         t0 = time.perf_counter()
         for _ in range(cycles):
-            c = obs.begin(batch_size=w.batch)
+            c = obs.begin(w.batch)
             draft()
             c.mark("verify")
             verify()
             c.mark("bookkeeping")
-            book()
+            c.accept(book(), draft_length=k)
             c.end()
         torch.cuda.synchronize()
         el = time.perf_counter() - t0
@@ -227,9 +237,19 @@ def run_mode(w: Workload, mode: str, cycles: int) -> tuple[float, dict[str, Any]
         info["cycles"] = s.cycles_total
         info["interval"] = s.sampling_interval
         info["overhead_ratio"] = s.overhead_ratio
-        obs.shutdown(timeout_seconds=5)
+        info["resolver_us_per_cycle"] = s.cpu_seconds["resolver"] / max(s.cycles_total, 1) * 1e6
+        if own:
+            obs.shutdown(timeout_seconds=5)
         return el, info
     raise ValueError(mode)
+
+
+def make_observer(mode: str) -> specobs.Observer:
+    """specobs as a user configures it: defaults, or GPU timing on every cycle."""
+    obs = specobs.configure(clock="cuda", sinks=[], sample_every=1 if mode == "every" else None)
+    if mode == "chunk128":
+        obs._resolver.chunk = 128
+    return obs
 
 
 def reference(w: Workload, n: int, *, busy: bool = False) -> dict[str, float]:
@@ -286,7 +306,10 @@ def build(size: str, graphs: bool) -> Workload:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--cycles", type=int, default=2000, help="cycles per mode per round (small)")
+    ap.add_argument("--seconds", type=float, default=0.8,
+                    help="length of one mode's run in a round (cycles = this / cycle time)")
+    ap.add_argument("--cycles", type=int, default=None,
+                    help="cycles per mode per round, instead of --seconds")
     ap.add_argument("--modes", default="none,host,sync,profiler,specobs,every")
     ap.add_argument("--workloads", default="small-eager,small-graph,large-eager,large-graph")
     ap.add_argument("--json", default=None, help="write full results here")
@@ -305,19 +328,23 @@ def main(argv: list[str] | None = None) -> int:
         w = build(size, variant == "graph")
         warm(w)
         base_ms = cycle_ms(w, 200)
-        cycles = args.cycles if size == "small" else max(200, args.cycles // 5)
+        cycles = args.cycles or max(100, round(args.seconds * 1e3 / base_ms))
         ref = reference(w, 50)
         ref_busy = reference(w, 50, busy=True)
         times: dict[str, list[float]] = {m: [] for m in modes}
         infos: dict[str, dict[str, Any]] = {}
-        for m in modes:  # warm every mode once (profiler and specobs start-up)
-            run_mode(w, m, 50)
+        observers = {m: make_observer(m) for m in modes if m in SPECOBS_MODES}
+        for m in modes:  # warm every mode once (profiler start-up, specobs's sampling settles)
+            run_mode(w, m, 50 if m == "profiler" else max(50, cycles // 4), observers.get(m))
         for r in range(args.rounds):
             order = modes[r % len(modes):] + modes[: r % len(modes)]
             for m in order:
-                el, info = run_mode(w, m, cycles)
-                times[m].append(el)
+                n = min(cycles, PROFILER_CYCLES) if m == "profiler" else cycles
+                el, info = run_mode(w, m, n, observers.get(m))
+                times[m].append(el / n)  # seconds per cycle
                 infos[m] = info
+        for o in observers.values():
+            o.shutdown(timeout_seconds=5)
         ratios = {}
         for m in modes:
             # Ratio per round against the same round's uninstrumented run, then the median.
@@ -327,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             "cycle_ms": base_ms, "cycles_per_mode_round": cycles, "reference_ms": ref,
             "reference_busy_ms": ref_busy,
             "ratios": ratios, "infos": infos,
-            "cycles_per_s": {m: cycles / statistics.median(times[m]) for m in modes},
+            "cycles_per_s": {m: 1 / statistics.median(times[m]) for m in modes},
         }
         print(f"\n== {wl}: uninstrumented cycle {base_ms:.3f} ms, {cycles} cycles x "
               f"{args.rounds} rounds")
@@ -345,8 +372,9 @@ def main(argv: list[str] | None = None) -> int:
             extra = ""
             if "interval" in infos[m]:
                 extra = f"  sampled {infos[m]['sampled']}/{infos[m]['cycles']} " \
-                        f"(1 in {infos[m]['interval']})"
-            print(f"{m:<10} {cycles / statistics.median(times[m]):9.0f} {ratios[m]:7.4f}   "
+                        f"(now 1 in {infos[m]['interval']}), resolver " \
+                        f"{infos[m]['resolver_us_per_cycle']:.1f} us/cycle"
+            print(f"{m:<10} {1 / statistics.median(times[m]):9.0f} {ratios[m]:7.4f}   "
                   f"{cols}{extra}")
     if args.json:
         with open(args.json, "w") as f:

@@ -3,10 +3,12 @@
 #   tests     the GPU tests (tests/test_gpu.py) and the transformers instrumentor's CUDA tests
 #   overhead  benchmarks/gpu_overhead.py (throughput ratios and per-phase accuracy)
 #   host      benchmarks/cpu_overhead.py and export_overhead.py on the GPU host's CPU
-#   engines   the demo engine and transformers assisted generation on the GPU
+#   engines   `specobs demo` from a cold weight cache, the demo engine benchmark, and
+#             transformers assisted generation, on the GPU
 # Usage: OUT=dir benchmarks/gpu_run.sh [tests] [overhead] [host] [engines]   (default: all)
 # Wheels for packages the device image lacks travel in .whl/ (pytest, prometheus_client,
-# opentelemetry, grpcio, protobuf; see benchmarks/RESULTS.md for the command that fetches them).
+# opentelemetry, grpcio, protobuf, fastapi/starlette/pydantic/uvicorn for the demo's server; see
+# benchmarks/RESULTS.md for the command that fetches them).
 set -u
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
@@ -32,6 +34,11 @@ for part in $parts; do
       python3 benchmarks/cpu_overhead.py --cycles 100000 --repeats 3 2>&1 | tee "$OUT/cpu_overhead.log"
       python3 benchmarks/export_overhead.py --seconds 10 --repeats 3 2>&1 | tee "$OUT/export_overhead.log" ;;
     engines)
+      export SPECOBS_CACHE_DIR=$(mktemp -d)  # cold: the demo trains its models first
+      start=$SECONDS
+      python3 -m specobs.cli demo --device cuda --duration 30 --plain --port 18000 \
+        --metrics-port 19477 2>&1 | tee "$OUT/demo_cli.log" | tail -n 25
+      echo "specobs demo: $((SECONDS - start)) s wall, cold cache, --duration 30" | tee -a "$OUT/demo_cli.log"
       python3 benchmarks/demo_engine.py --device cuda --seconds 8 2>&1 | tee "$OUT/demo_engine.log" | tail -n 8
       python3 benchmarks/transformers_overhead.py --device cuda --rounds 9 2>&1 | tee "$OUT/transformers_overhead.log" | tail -n 6 ;;
   esac

@@ -117,6 +117,10 @@ class Observer:
         # Cumulative series start when the observer was created (OTLP start_time_unix_nano).
         self.aggregation.created_unix_seconds = self.anchor.wall_ns / 1e9
         self._recorder.wake = self._resolver.wake
+        # The hot path skips one call layer: ``obs.begin`` *is* the recorder's bound method
+        # (the methods below stay for documentation and for subclasses' super()).
+        self.begin = self._recorder.begin  # type: ignore[method-assign]
+        self.cycle = self._recorder.begin  # type: ignore[method-assign]
         for sink in self.sinks:
             sink.attach(self)
         if settings.enabled:

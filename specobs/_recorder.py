@@ -56,6 +56,10 @@ class Cycle:
     """One speculative decoding cycle in flight. Created by :meth:`Observer.begin`.
 
     Also a context manager: ``with observer.cycle() as c: ...`` ends the cycle on exit.
+
+    ``_ts`` holds the host timestamps; its length is the index of the phase to start next. Only
+    the fields every cycle needs are set at ``begin``: ``_draft_len`` and ``_emitted`` are set by
+    ``accept`` (read only when ``_acc`` or ``_acc_copy`` is set), ``_cost`` with the events.
     """
 
     __slots__ = (
@@ -67,7 +71,6 @@ class Cycle:
         "_draft_len",
         "_emitted",
         "_ev",
-        "_i",
         "_rec",
         "_resolved_acc",
         "_ts",
@@ -76,33 +79,36 @@ class Cycle:
 
     #: Set by the resolver (never on the hot path): the validated acceptance.
     _resolved_acc: Any
+    #: Set by accept() (read only when ``_acc`` or ``_acc_copy`` is set).
+    _draft_len: Any
+    _emitted: Any
+    #: Hot-path nanoseconds spent on events; set with ``_ev``.
+    _cost: int
 
     def __init__(self, rec: Recorder, index: int, t0: int, batch_size: int | None) -> None:
         self._rec = rec
         self.index = index
         self._ts = [t0]
         self._ev: list[Any] | None = None
-        self._i = 0
         self._batch = batch_size
         self._acc: Any = None
         self._acc_copy: Any = None
-        self._draft_len: Any = None
-        self._emitted: Any = None
         self._closed = False
-        self._cost = 0
 
     # The three calls below are the hot path. Keep them short; failures go to _rec.
     def mark(self, phase: str) -> None:
         """End the running phase and start ``phase`` (the next one in the configured order)."""
         t = _perf()
         try:
+            ts = self._ts
             rec = self._rec
-            i = self._i + 1
-            if self._closed or i >= rec.nphases or rec.phases[i] != phase:
+            i = len(ts)
+            # ``expect`` is the phase order padded with two names no caller can pass, so a
+            # cycle past its last phase (or ended) fails the comparison, not the indexing.
+            if rec.expect[i] != phase or self._closed:
                 rec.misuse_mark(self, phase)
                 return
-            self._i = i
-            self._ts.append(t)
+            ts.append(t)
             ev = self._ev
             if ev is not None:
                 rec.record_fn(ev[i], rec.stream)
@@ -161,27 +167,26 @@ class Cycle:
                 rec.misuse("end_without_begin", "end() on a cycle that already ended")
                 return
             self._closed = True
-            if rec.current is self:
-                rec.current = None
-            if self.index < 0:  # begun during CUDA graph capture: counted there, not a cycle
-                return
-            if self._i != rec.nphases - 1:
+            rec.current = None  # an open cycle is always the current one (begin closes the old)
+            ts = self._ts
+            if len(ts) != rec.nphases or self.index < 0:
+                if self.index < 0:  # begun during CUDA graph capture: counted, not a cycle
+                    return
                 rec.misuse(
                     "wrong_phase_order",
-                    f"end() after phase {rec.phases[self._i]!r}; expected the cycle to reach "
+                    f"end() after phase {rec.phases[len(ts) - 1]!r}; expected the cycle to reach "
                     f"{rec.phases[-1]!r} first (phases: {', '.join(rec.phases)}); cycle discarded",
                 )
                 rec.discard(self)
                 return
-            self._ts.append(t)
+            ts.append(t)
             ev = self._ev
             if ev is not None:
                 rec.record_fn(ev[-1], rec.stream)
                 self._cost += _perf() - t
             # Recorder.enqueue inlined for the common case (queue not full, no wake needed).
             q = rec.queue
-            n = len(q)
-            if n + 1 >= rec.wake_at:
+            if len(q) + 1 >= rec.wake_at:
                 rec.enqueue(self)
                 return
             rec.enqueued += 1
@@ -245,6 +250,9 @@ class Recorder:
     ) -> None:
         self.phases = phases
         self.nphases = len(phases)
+        # What mark() compares against: the phase order padded with two names that are not
+        # strings, so a cycle past its last phase (or ended) fails the check without an IndexError.
+        self.expect: tuple[Any, ...] = (*phases, None, None)
         self.queue: deque[Cycle] = deque()
         self.queue_size = queue_size
         self.wake_at = max(16, min(1024, queue_size // 4))
@@ -372,7 +380,7 @@ class Recorder:
             self.misuse("unknown_phase", f"mark({phase!r}): unknown phase; expected one of "
                         f"{', '.join(self.phases)}")
             return
-        i = c._i
+        i = len(c._ts) - 1
         expected = self.phases[i + 1] if i + 1 < self.nphases else "end()"
         self.misuse("wrong_phase_order", f"mark({phase!r}) during {self.phases[i]!r}; "
                     f"expected {expected!r} next")

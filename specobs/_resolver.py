@@ -34,9 +34,12 @@ if TYPE_CHECKING:
 
 __all__ = ["ResolvedCycle", "Resolver"]
 
-#: Records resolved per GIL hold. At a few microseconds each, one chunk keeps the worker waiting
-#: for well under a millisecond even when a large backlog has built up.
-CHUNK = 128
+#: Records resolved per GIL hold. The resolver shares the GIL with the worker: a worker whose host
+#: sync returns while the resolver holds the GIL waits for the rest of the chunk. At a few
+#: microseconds per record a chunk of 32 is a slice of tens of microseconds, short enough that
+#: the resolver's work lands in the worker's GIL-free waits instead of delaying it (a chunk of
+#: 128 cost the worker more than the resolver's own CPU; see benchmarks/gil_contention.py).
+CHUNK = 32
 
 _log = logging.getLogger("specobs")
 
@@ -119,6 +122,7 @@ class Resolver:
         self.sinks = list(sinks)
         self.anchor = anchor
         self.poll = poll_interval_seconds
+        self.chunk = CHUNK
         self.backlog_size = backlog_size
         self.budget = overhead_budget
         self.head_rate = trace_head_rate
@@ -246,10 +250,10 @@ class Resolver:
             with self._cond:
                 self._cond.notify_all()
             total += n
-            if n < CHUNK:
+            if n < self.chunk:
                 return total
-            # A full chunk: let the worker have the GIL before the next one, so a large
-            # backlog never holds it for more than one chunk's worth of work.
+            # A full chunk: release the GIL before the next one, so a worker waiting for it
+            # gets it now instead of after the interpreter's 5 ms switch interval.
             time.sleep(0)
 
     def _drain_locked(self) -> tuple[int, int]:
@@ -271,7 +275,8 @@ class Resolver:
             self._release(rec.dropped_records.popleft())
 
         ready: list[Cycle] = []
-        while backlog and len(ready) < CHUNK:
+        chunk = self.chunk
+        while backlog and len(ready) < chunk:
             c = backlog[0]
             ev = c._ev
             if ev is not None and clock is not None and not clock.query(ev[-1]):
@@ -387,8 +392,11 @@ class Resolver:
                 agg.emitted_tokens += emitted
                 al = agg.accept_length
                 counts = al.counts
+                # Validated ints in 0..max_draft_length (<= 64): as bytes, each count is a
+                # C-speed scan (10x faster than list.count on this column).
+                column = bytes(lengths_all)
                 for value in range(len(counts) - 1):
-                    n = lengths_all.count(value)
+                    n = column.count(value)
                     if n:
                         counts[value] += n
                 al.sum += accepted
@@ -443,12 +451,12 @@ class Resolver:
         slow: list[Cycle] = []
         for c in ready:
             acc = c._acc
-            dl = c._draft_len
             c._resolved_acc = None
             if acc is None and c._acc_copy is None:
                 if c._batch is not None:
                     batches.append(c._batch)
                 continue
+            dl = c._draft_len  # set by accept(), with _acc / _acc_copy
             if type(acc) is list and (dl is None or type(dl) is int) and c._emitted is None:
                 k = k_max if dl is None else dl
                 n = len(acc)

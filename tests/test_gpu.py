@@ -5,6 +5,7 @@ Skipped on machines without CUDA (see conftest). Run on an H200 with ``benchmark
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -117,11 +118,14 @@ def test_gpu_phase_times_match_a_synchronized_reference(cuda_obs):
             verify()
             c.mark("bookkeeping")
     assert obs.force_flush(timeout_seconds=30)
-    s = obs.snapshot()
-    for name in ("draft", "verify"):
-        mean = s.phase_seconds_sum(name, "gpu") / s.phase_count(name, "gpu")
-        ref_mean = sorted(ref[name])[len(ref[name]) // 2]
-        assert mean == pytest.approx(ref_mean, rel=0.03), name
+    timed = [r for r in mem.cycles if r.gpu_ns is not None]
+    assert len(timed) == 20
+    # Medians on both sides: the first cycle starts on an idle GPU and pays launch latency the
+    # pipelined ones do not, and the reference is a median too.
+    for i, name in enumerate(("draft", "verify")):
+        got = statistics.median(r.gpu_ns[i] for r in timed) / 1e9
+        want = statistics.median(ref[name])
+        assert got == pytest.approx(want, rel=0.03), name
 
 
 def test_nothing_is_recorded_during_graph_capture(cuda_obs):
