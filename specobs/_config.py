@@ -101,7 +101,7 @@ class Settings:
     max_draft_length: int = 8
     labels: Mapping[str, str] = field(default_factory=dict)
     baseline_tokens_per_second: float | None = None
-    poll_interval_seconds: float = 0.05
+    poll_interval_seconds: float = 0.1
     trace_head_rate: float = 0.001
     trace_slow_cycle_seconds: float | None = None
     keep_cycles: int = 1024

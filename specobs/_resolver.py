@@ -34,12 +34,11 @@ if TYPE_CHECKING:
 
 __all__ = ["ResolvedCycle", "Resolver"]
 
-#: Records resolved per GIL hold. The resolver shares the GIL with the worker: a worker whose host
-#: sync returns while the resolver holds the GIL waits for the rest of the chunk. At a few
-#: microseconds per record a chunk of 32 is a slice of tens of microseconds, short enough that
-#: the resolver's work lands in the worker's GIL-free waits instead of delaying it (a chunk of
-#: 128 cost the worker more than the resolver's own CPU; see benchmarks/gil_contention.py).
-CHUNK = 32
+#: Records resolved per GIL hold; the resolver sleeps (``time.sleep(0)``) between chunks so a
+#: worker waiting for the GIL gets it. Measured both ways on an H200 (benchmarks/RESULTS.md):
+#: chunks of 32 cost more resolver CPU per cycle (fixed work per chunk) and did not lower the
+#: worker's loss, so the chunk is 128 (a few hundred microseconds of work).
+CHUNK = 128
 
 _log = logging.getLogger("specobs")
 

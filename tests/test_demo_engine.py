@@ -2,7 +2,8 @@
 weight cache, bad input, and its use of specobs's public API.
 
 The models are trained once per session into a temporary cache directory with the demo's own
-settings: about 41 s of the file's 49 s on two idle CPU cores, minutes on a busy machine.
+settings: about 77 s on two idle CPU cores, minutes on a busy machine (scripts/check trains them
+once before the suite).
 Measured with the default config, k=4, seed 0, on these prompts: acceptance rate 0.73 healthy,
 0.27 with ``wrong-hidden-layers``.
 """
@@ -31,7 +32,7 @@ from specobs.demo import (  # noqa: E402
 
 ACCEPTANCE_FLOOR = 0.4
 
-# Training is ~41 s on two idle cores, but several times that on a busy shared machine.
+# Training is ~77 s on two idle cores, but several times that on a busy shared machine.
 pytestmark = pytest.mark.timeout(900)
 
 # The demo's own settings, so the suite checks the models `specobs demo` serves.

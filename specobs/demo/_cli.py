@@ -249,7 +249,9 @@ def run(args: argparse.Namespace) -> int:
         if _is_cached(args.cache_dir, args.seed, settings):
             _say("loading the demo target and draft head from the weight cache")
         else:
-            estimate = "~30 s on 2 idle CPU cores, minutes on a busy machine"
+            # Measured: 77 s on 2 idle vCPUs, 21 s on a 16-core host (benchmarks/RESULTS.md).
+            estimate = ("about 75 s on 2 idle CPU cores, 20 s on 16, longer on a busy machine; "
+                        "--quick-train is faster")
             _say(f"training the demo target and draft head (first run only, {estimate}; "
                  "cached afterwards)")
         t0 = time.perf_counter()
