@@ -117,10 +117,13 @@ class Observer:
         # Cumulative series start when the observer was created (OTLP start_time_unix_nano).
         self.aggregation.created_unix_seconds = self.anchor.wall_ns / 1e9
         self._recorder.wake = self._resolver.wake
-        # The hot path skips one call layer: ``obs.begin`` *is* the recorder's bound method
-        # (the methods below stay for documentation and for subclasses' super()).
-        self.begin = self._recorder.begin  # type: ignore[method-assign]
-        self.cycle = self._recorder.begin  # type: ignore[method-assign]
+        # The hot path skips one call layer: ``obs.begin`` *is* the recorder's bound method.
+        # The methods below stay for documentation, and a subclass that overrides them keeps
+        # its override.
+        if type(self).begin is Observer.begin:
+            self.begin = self._recorder.begin  # type: ignore[method-assign]
+        if type(self).cycle is Observer.cycle:
+            self.cycle = self._recorder.begin  # type: ignore[method-assign]
         for sink in self.sinks:
             sink.attach(self)
         if settings.enabled:

@@ -278,6 +278,53 @@ def test_hot_path_misuse_is_counted_not_raised(caplog):
     obs.shutdown()
 
 
+def test_marks_past_the_last_phase_or_after_end_are_misuse_and_the_cycle_keeps_its_times():
+    obs, mem, gpu = make()
+    c = obs.begin()
+    gpu.run(100)
+    c.mark("verify")
+    gpu.run(200)
+    c.mark("bookkeeping")
+    c.mark("bookkeeping")  # already the last phase: nothing after it
+    c.mark("draft")  # the first phase again
+    gpu.run(50)
+    c.end()
+    c.mark("verify")  # after end
+    c.mark("anything")  # after end, unknown name: still "no open cycle"
+    gpu.complete()
+    assert obs.force_flush()
+    s = obs.snapshot()
+    errors = {k: v for k, v in s.errors.items() if v}
+    assert errors == {"wrong_phase_order": 2, "mark_without_begin": 2}
+    assert s.cycles_total == 1
+    (r,) = mem.cycles
+    assert r.gpu_ns == [100, 200, 50]  # the ignored marks changed nothing
+    obs.shutdown()
+
+
+def test_a_subclass_keeps_its_own_begin():
+    seen = []
+
+    class Counting(specobs.Observer):
+        def begin(self, batch_size=None):
+            seen.append(batch_size)
+            return super().begin(batch_size)
+
+    plain = specobs.configure(clock="host", sinks=[])
+    # The plain observer's begin is the recorder's (no wrapper call on the hot path)...
+    assert plain.begin == plain._recorder.begin
+    settings = plain.settings
+    plain.shutdown()
+    # ...but a subclass's override is not shadowed by that shortcut.
+    obs = Counting(settings, [])
+    obs.begin(3).end()
+    obs.begin(5).end()
+    assert seen == [3, 5]
+    assert obs.force_flush()
+    assert obs.snapshot().cycles_total == 0  # ended at the first phase: discarded, not counted
+    obs.shutdown()
+
+
 def test_bad_acceptance_shapes_are_counted():
     torch = pytest.importorskip("torch")
     obs, mem, gpu = make()
