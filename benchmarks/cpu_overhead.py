@@ -14,6 +14,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import specobs
 from specobs.timing import FakeEventClock, FakeGpu
@@ -21,7 +22,9 @@ from specobs.timing import FakeEventClock, FakeGpu
 CHUNK = 256
 
 
-def _timed_chunks(obs: object, n: int, acc: list[int] | None, between: object) -> int:
+def _timed_chunks(
+    obs: specobs.Observer, n: int, acc: list[int] | None, between: Callable[[], None]
+) -> int:
     """Nanoseconds spent in ``n`` cycles, run in chunks of CHUNK; ``between`` runs untimed."""
     pc = time.perf_counter_ns
     total = 0
@@ -30,19 +33,19 @@ def _timed_chunks(obs: object, n: int, acc: list[int] | None, between: object) -
         t0 = pc()
         if acc is not None:
             for _ in rng:
-                c = obs.begin(8)  # type: ignore[attr-defined]
+                c = obs.begin(8)
                 c.mark("verify")
                 c.mark("bookkeeping")
                 c.accept(acc, draft_length=4)
                 c.end()
         else:
             for _ in rng:
-                c = obs.begin(8)  # type: ignore[attr-defined]
+                c = obs.begin(8)
                 c.mark("verify")
                 c.mark("bookkeeping")
                 c.end()
         total += pc() - t0
-        between()  # type: ignore[operator]
+        between()
     return total
 
 

@@ -168,10 +168,10 @@ class Cycle:
                 return
             self._closed = True
             rec.current = None  # an open cycle is always the current one (begin closes the old)
+            if self.index < 0:  # begun during CUDA graph capture: counted there, not a cycle
+                return
             ts = self._ts
-            if len(ts) != rec.nphases or self.index < 0:
-                if self.index < 0:  # begun during CUDA graph capture: counted, not a cycle
-                    return
+            if len(ts) != rec.nphases:
                 rec.misuse(
                     "wrong_phase_order",
                     f"end() after phase {rec.phases[len(ts) - 1]!r}; expected the cycle to reach "

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,18 +24,13 @@ from specobs.demo._load import (  # noqa: E402
     completions_url,
     run_load,
 )
+from tests import test_demo_server  # noqa: E402
 from tests.test_demo_server import Served  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    s = Served()
-    try:
-        yield s
-    finally:
-        s.close()
+#: The demo server's module-scoped fixture: one real server for this module too.
+served = test_demo_server.served
 
 
 def dead_url() -> str:

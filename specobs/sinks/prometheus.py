@@ -155,22 +155,18 @@ class SnapshotCollector:
         info.add_metric(const_vals, dict(s.info))
         yield info
 
-        if s.last_cycle_timestamp_seconds is not None:
-            g = gauge(catalog.LAST_CYCLE_TIMESTAMP)
-            g.add_metric(const_vals, s.last_cycle_timestamp_seconds)
-            yield g
-        if s.baseline_tokens_per_second is not None:
-            g = gauge(catalog.BASELINE_SEQUENCE_TOKENS)
-            g.add_metric(const_vals, s.baseline_tokens_per_second)
-            yield g
-        if s.requests_running is not None:
-            g = gauge(catalog.REQUESTS_RUNNING)
-            g.add_metric(const_vals, s.requests_running)
-            yield g
-        if s.requests_waiting is not None:
-            g = gauge(catalog.REQUESTS_WAITING)
-            g.add_metric(const_vals, s.requests_waiting)
-            yield g
+        # Gauges with no value yet (no cycle, no baseline, no request counts) are left out.
+        optional: tuple[tuple[catalog.Metric, float | None], ...] = (
+            (catalog.LAST_CYCLE_TIMESTAMP, s.last_cycle_timestamp_seconds),
+            (catalog.BASELINE_SEQUENCE_TOKENS, s.baseline_tokens_per_second),
+            (catalog.REQUESTS_RUNNING, s.requests_running),
+            (catalog.REQUESTS_WAITING, s.requests_waiting),
+        )
+        for metric, current in optional:
+            if current is not None:
+                g = gauge(metric)
+                g.add_metric(const_vals, current)
+                yield g
 
         c = counter(catalog.DROPPED_RECORDS, ("reason",))
         for reason in catalog.DROP_REASONS:
