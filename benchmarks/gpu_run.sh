@@ -5,7 +5,11 @@
 #   host      benchmarks/cpu_overhead.py and export_overhead.py on the GPU host's CPU
 #   engines   `specobs demo` from a cold weight cache, the demo engine benchmark, and
 #             transformers assisted generation, on the GPU
-# Usage: OUT=dir benchmarks/gpu_run.sh [tests] [overhead] [host] [engines]   (default: all)
+#   demotests the demo engine's CUDA-graph test (tests/test_demo_engine.py -k cuda)
+#   recipes   benchmarks/demo_recipes.py: the demo's shipped training recipe over 8 seeds on the
+#             host's CPU cores (how far wrong-hidden-layers drops acceptance, seed by seed)
+# Usage: OUT=dir benchmarks/gpu_run.sh [tests] [overhead] [host] [engines] [demotests]
+#        [recipes]   (default: all)
 # Wheels for packages the device image lacks travel in .whl/ (pytest, prometheus_client,
 # opentelemetry, grpcio, protobuf, fastapi/starlette/pydantic/uvicorn for the demo's server; see
 # benchmarks/RESULTS.md for the command that fetches them).
@@ -21,7 +25,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/device.txt"
 python3 -c 'import torch, sys, os; print("torch", torch.__version__, "python", sys.version.split()[0], "cpus", os.cpu_count())' | tee -a "$OUT/device.txt"
 lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$OUT/device.txt"
-parts=${*:-tests overhead host engines}
+parts=${*:-tests overhead host engines demotests recipes}
 for part in $parts; do
   case $part in
     tests)
@@ -41,5 +45,11 @@ for part in $parts; do
       echo "specobs demo: $((SECONDS - start)) s wall, cold cache, --duration 30" | tee -a "$OUT/demo_cli.log"
       python3 benchmarks/demo_engine.py --device cuda --seconds 8 2>&1 | tee "$OUT/demo_engine.log" | tail -n 8
       python3 benchmarks/transformers_overhead.py --device cuda --rounds 9 2>&1 | tee "$OUT/transformers_overhead.log" | tail -n 6 ;;
+    demotests)  # the demo engine's CUDA-graph test (trains its own models into a fresh cache)
+      SPECOBS_CACHE_DIR=$(mktemp -d) python3 -m pytest -q --noconftest -p no:cacheprovider \
+        tests/test_demo_engine.py -k cuda 2>&1 | tee "$OUT/demo_gpu_tests.log" | tail -n 5 ;;
+    recipes)
+      python3 benchmarks/demo_recipes.py --jobs 8 --threads 2 --seeds 0 1 2 3 4 5 6 7 \
+        --recipe shipped '{}' 2>&1 | tee "$OUT/demo_recipes.jsonl" ;;
   esac
 done

@@ -38,7 +38,10 @@ _FAULTS = ("none", "wrong-hidden-layers", "slow-verify", "stall")
 _DEFAULT_METRICS_PORT = 9477
 _PLAIN_INTERVAL_SECONDS = 5.0
 _LIVE_INTERVAL_SECONDS = 1.0
-_BASELINE_SECONDS = 3.0
+_BASELINE_SECONDS = 2.0
+_FIRST_PLAIN_SECONDS = 2.0
+"""Plain output shows the first cycle breakdown this soon after serving starts, then every
+``_PLAIN_INTERVAL_SECONDS``."""
 
 
 def _port(raw: str) -> int:
@@ -391,6 +394,7 @@ def run(args: argparse.Namespace) -> int:
                         baseline_note=baseline_note,
                     ))  # fmt: skip
         else:
+            next_at += min(_FIRST_PLAIN_SECONDS, interval) - interval
             while True:
                 next_at += interval
                 wait_until(next_at)

@@ -1,0 +1,148 @@
+"""How the demo's training recipe trades start-up time against the draft's quality and against
+how hard acceptance collapses under the ``wrong-hidden-layers`` fault, across seeds.
+
+Each job trains a target and a draft head from scratch on CPU (timed), then measures the
+acceptance rate (k=4, greedy, 64 tokens per prompt, the held-out prompts of
+tests/test_demo_engine.py) with the healthy layers and with several wrong layer sets, and the
+"logit lens" of every target layer (how often the layer's hidden state, read through the final
+norm and LM head, already names the target's next greedy token). Jobs run in parallel processes
+with ``--threads`` torch threads each.
+
+    python benchmarks/demo_recipes.py --jobs 8 --threads 2 --seeds 0 1 2 3 \\
+        --recipe base '{}' --recipe fast '{"target_steps": 180, "draft_steps": 160}'
+
+A recipe is a JSON object of ``TrainSettings`` fields, plus ``"zipf"`` (the synthetic language's
+skew, ``SyntheticLanguage.ZIPF``). One JSON line per job on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import random
+import sys
+import time
+from typing import Any
+
+WRONG_SETS = {
+    "top-down": (5, 4, 0),
+    "reversed": (4, 3, 1),
+    "bottom": (0, 0, 0),
+    "low": (2, 1, 0),
+    "first3": (0, 1, 2),
+}
+
+
+_DEFAULT_ZIPF: dict[str, float] = {}
+
+
+def _prompts(language: Any) -> list[list[int]]:
+    text = language.stream(20_000, seed=12_345)
+    rng = random.Random(7)
+    out = []
+    for i in range(24):
+        n = [1, 2, 3, 60][i] if i < 4 else rng.randint(1, 60)
+        start = rng.randrange(0, len(text) - n)
+        out.append(text[start : start + n])
+    return out
+
+
+def _acceptance(engine: Any, prompts: list[list[int]], max_tokens: int = 64) -> float:
+    before = engine.stats()
+    for p in prompts:
+        engine.submit(p, max_tokens)
+    while engine.has_work():
+        engine.step()
+    after = engine.stats()
+    return (after.accepted_tokens - before.accepted_tokens) / (
+        after.draft_tokens - before.draft_tokens
+    )
+
+
+def job(name: str, recipe: dict[str, Any], seed: int, threads: int) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(threads)
+    from specobs.demo._draft import DraftConfig
+    from specobs.demo._engine import SpecDecodeEngine
+    from specobs.demo._model import SyntheticLanguage, TargetConfig
+    from specobs.demo._train import TrainSettings, distill_data, train_draft, train_target
+
+    recipe = dict(recipe)
+    # Worker processes are reused: restore the language's own skew unless the recipe sets one.
+    _DEFAULT_ZIPF.setdefault("zipf", SyntheticLanguage.ZIPF)
+    SyntheticLanguage.ZIPF = float(recipe.pop("zipf", _DEFAULT_ZIPF["zipf"]))
+    settings = TrainSettings(**recipe)
+    cfg = TargetConfig()
+    language = SyntheticLanguage(cfg.vocab_size, seed=seed)
+    dcfg = DraftConfig.for_target(cfg)
+    t0 = time.perf_counter()
+    target, info = train_target(cfg, language, seed, settings)
+    t1 = time.perf_counter()
+    data = distill_data(target, language, dcfg.layer_ids, seed, settings)
+    t2 = time.perf_counter()
+    draft, _ = train_draft(target, dcfg, data, seed, settings)
+    t3 = time.perf_counter()
+    with torch.inference_mode():
+        seqs = data[0][:32]
+        _, hidden = target(seqs, hidden_layers=tuple(range(cfg.n_layers)))
+        layers = hidden.view(*hidden.shape[:2], cfg.n_layers, cfg.d_model)
+        lens = [
+            round(
+                float(
+                    (target.lm_head(target.norm(layers[:, :-1, i])).argmax(-1) == seqs[:, 1:])
+                    .float()
+                    .mean()
+                ),
+                2,
+            )
+            for i in range(cfg.n_layers)
+        ]
+    engine = SpecDecodeEngine(target, draft, language.tokenizer, k=4, max_batch=8)
+    prompts = _prompts(language)
+    out: dict[str, Any] = {
+        "recipe": name,
+        "seed": seed,
+        "threads": threads,
+        "target_s": round(t1 - t0, 1),
+        "distill_s": round(t2 - t1, 1),
+        "draft_s": round(t3 - t2, 1),
+        "train_s": round(t3 - t0, 1),
+        "target_loss": round(info["target_loss"], 3),
+        "logit_lens": lens,
+        "healthy": round(_acceptance(engine, prompts[4:24]), 3),
+        "healthy_test": round(_acceptance(engine, prompts[4:12]), 3),
+    }
+    for label, layer_ids in WRONG_SETS.items():
+        engine.wrong_layer_ids = layer_ids
+        engine.fault = "wrong-hidden-layers"
+        out[f"wrong_{label}"] = round(_acceptance(engine, prompts[4:24]), 3)
+        engine.fault = None
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", nargs=2, action="append", metavar=("NAME", "JSON"),
+                        required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    work = [(name, json.loads(raw), seed) for name, raw in args.recipe for seed in args.seeds]
+    with cf.ProcessPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(job, n, r, s, args.threads): (n, s) for n, r, s in work}
+        for fut in cf.as_completed(futures):
+            try:
+                print(json.dumps(fut.result()), flush=True)
+            except Exception as exc:
+                name, seed = futures[fut]
+                print(json.dumps({"recipe": name, "seed": seed, "error": repr(exc)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "2")
+    sys.exit(main())
