@@ -125,8 +125,9 @@ def job(name: str, recipe: dict[str, Any], seed: int, threads: int) -> dict[str,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipe", nargs=2, action="append", metavar=("NAME", "JSON"),
-                        required=True)
+    parser.add_argument(
+        "--recipe", nargs=2, action="append", metavar=("NAME", "JSON"), required=True
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)

@@ -385,3 +385,56 @@ def test_cuda_graphs_match_plain_greedy(cache_dir: Any, prompts: list[list[int]]
     handle = eng.submit(prompts[7], 40)
     drain(eng)
     assert handle.tokens == greedy_generate(eng.target, prompts[7], 40)
+
+
+def test_draft_trains_in_background_while_the_engine_serves(tmp_path: Path) -> None:
+    """A cold first run can serve before the draft head is trained: the engine starts with the
+    untrained head, takes the weights trained so far every few steps, stays token-for-token
+    lossless throughout, and ends with (and caches) exactly the weights of a blocking run."""
+    tiny = TrainSettings(target_steps=20, distill_sequences=16, draft_steps=40)
+    engine = build_engine(
+        cache_dir=tmp_path / "bg", seed=3, train_settings=tiny, draft_in_background=True
+    )
+    pending = engine.models.pending
+    assert pending is not None and not engine.models.from_cache
+    assert pending.status() == "draft: making distillation data"
+    pending.publish_every = 10
+    initial = {k: v.clone() for k, v in engine.draft.state_dict().items()}
+    # Serve while it trains: requests before, during and after must match plain greedy.
+    lang = engine.models.language
+    prompts = [lang.stream(40, seed=100 + i)[: 5 + 3 * i] for i in range(6)]
+    handles = [engine.submit(prompts[0], 24)]
+    pending.start(engine.load_draft_state)
+    with pytest.raises(RuntimeError, match="already started"):
+        pending.start(engine.load_draft_state)
+    for p in prompts[1:]:
+        handles.append(engine.submit(p, 24))
+        drain(engine)
+    assert pending.join(timeout=300), pending.status()
+    assert pending.error is None and pending.status() == "draft trained"
+    assert pending.published == 4  # steps 10, 20, 30 and the final weights
+    handles.append(engine.submit(prompts[0], 24))
+    drain(engine)
+    for h, p in zip(handles, [*prompts, prompts[0]], strict=True):
+        assert h.tokens == greedy_generate(engine.target, p, 24)
+    served = engine.draft.state_dict()
+    assert any(not torch.equal(served[k], initial[k]) for k in served)
+    # The same settings trained the blocking way: identical weights, and the background run
+    # cached them where a later start loads them.
+    blocking = build_engine(cache_dir=tmp_path / "blocking", seed=3, train_settings=tiny)
+    for k, v in blocking.draft.state_dict().items():
+        torch.testing.assert_close(served[k], v, rtol=0, atol=0)
+    again = build_engine(cache_dir=tmp_path / "bg", seed=3, train_settings=tiny)
+    assert again.models.from_cache and again.models.pending is None
+    for k, v in again.draft.state_dict().items():
+        torch.testing.assert_close(served[k], v, rtol=0, atol=0)
+    assert again.models.info["train_seconds"] > 0
+
+
+def test_load_draft_state_rejects_a_mismatched_state(engine: SpecDecodeEngine) -> None:
+    state = engine.draft.state_dict()
+    with pytest.raises(ValueError, match="expected"):
+        engine.load_draft_state({k: v for k, v in list(state.items())[1:]})
+    name, value = next(iter(state.items()))
+    with pytest.raises(ValueError, match=f"{name!r} has shape"):
+        engine.load_draft_state({**state, name: value[..., :1]})

@@ -4,15 +4,17 @@
     specobs demo --duration 60 --plain
     specobs demo --device cuda --fault wrong-hidden-layers
 
-Start-up: load (or, on the first run, train and cache) the demo target and its EAGLE-3-style
-draft head; measure the target's non-speculative greedy decode speed for one sequence (the
-baseline, unless ``--baseline-tokens-per-second`` or ``SPECOBS_BASELINE_TOKENS_PER_SECOND`` gives
-one); configure specobs (Prometheus endpoint on ``--metrics-port``, plus OTLP when
-``OTEL_EXPORTER_OTLP_ENDPOINT`` is set or ``SPECOBS_EXPORTERS`` lists otlp); serve
-``/v1/completions`` on ``--host:--port``; run ``--concurrency`` load workers against it. Then a
-live summary (rich on a terminal; a line every few seconds otherwise) until Ctrl-C or
-``--duration``, a clean shutdown and a final summary. Exit status 0; 1 when start-up fails (a port
-taken, say); 2 for bad flags.
+Start-up: load the demo target and its EAGLE-3-style draft head from the weight cache. On the first
+run, train the target, then serve at once while the draft head trains in the background (the engine
+takes its weights every few steps, so acceptance climbs over the first minute; at shutdown an
+unfinished training is completed and everything is cached). Then measure the target's non-
+speculative greedy decode speed for one sequence (the baseline, unless ``--baseline-tokens-per-
+second`` or ``SPECOBS_BASELINE_TOKENS_PER_SECOND`` gives one); configure specobs (Prometheus
+endpoint on ``--metrics-port``, plus OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set or
+``SPECOBS_EXPORTERS`` lists otlp); serve ``/v1/completions`` on ``--host:--port``; run
+``--concurrency`` load workers against it. Then a live summary (rich on a terminal; a line every
+few seconds otherwise) until Ctrl-C or ``--duration``, a clean shutdown and a final summary. Exit
+status 0; 1 when start-up fails (a port taken, say); 2 for bad flags.
 
 Only argparse and the standard library are imported until the command runs.
 """
@@ -203,6 +205,9 @@ def _configure_observer(args: argparse.Namespace, baseline: float | None) -> tup
 def _requests_text(engine: Any, load: Any) -> str:
     s = engine.stats()
     text = f"{s.active} running, {s.waiting} waiting, {s.requests_finished} finished"
+    pending = getattr(getattr(engine, "models", None), "pending", None)
+    if pending is not None and not (pending.done.is_set() and pending.error is None):
+        text = f"{pending.status()}; {text}"
     if load is not None:
         text += f"; load {load.requests_ok} ok, {load.requests_failed} failed"
         if load.errors:
@@ -240,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
     engine = observer = server = None
     first: Any = None
     final: Any = None
-    first_at = started
+    first_at = final_at = started
     baseline_note = ""
     load_thread = None
     load_stop = threading.Event()
@@ -252,24 +257,23 @@ def run(args: argparse.Namespace) -> int:
         if _is_cached(args.cache_dir, args.seed, settings):
             _say("loading the demo target and draft head from the weight cache")
         else:
-            # Measured: 77 s on 2 idle vCPUs, 21 s on a 16-core host (benchmarks/RESULTS.md).
-            estimate = ("about 75 s on 2 idle CPU cores, 20 s on 16, longer on a busy machine; "
-                        "--quick-train is faster")
-            _say(f"training the demo target and draft head (first run only, {estimate}; "
-                 "cached afterwards)")
+            # Measured on 2 idle vCPUs: target 40-48 s, draft head 33 s (benchmarks/RESULTS.md).
+            _say("first run: training the demo target (about 45 s on 2 idle CPU cores, 10 s on "
+                 "16); the draft head then trains in the background while the demo serves, so "
+                 "acceptance climbs during the first minute (weights cached afterwards)")
         t0 = time.perf_counter()
         engine = build_engine(
             device=args.device, k=args.k, seed=args.seed, cache_dir=args.cache_dir,
-            max_batch=args.max_batch, train_settings=settings,
+            max_batch=args.max_batch, train_settings=settings, draft_in_background=True,
         )  # fmt: skip
-        info = engine.models.info
-        how = "loaded from cache" if engine.models.from_cache else "trained and cached"
+        pending = engine.models.pending
+        how = ("loaded from cache" if engine.models.from_cache
+               else "target trained, draft head to train" if pending is not None
+               else "trained and cached")  # fmt: skip
         _say(f"models {how} in {time.perf_counter() - t0:.1f} s (target "
              f"{engine.config.n_layers} layers d_model {engine.config.d_model}, vocab "
              f"{engine.config.vocab_size}, draft reads layers {engine.layer_ids}, k={args.k}, "
              f"device {args.device})")
-        if not engine.models.from_cache and info.get("train_seconds"):
-            _say(f"  training took {info['train_seconds']:.1f} s")
 
         # -- baseline -------------------------------------------------------------------------
         env_baseline = os.environ.get("SPECOBS_BASELINE_TOKENS_PER_SECOND")
@@ -297,6 +301,10 @@ def run(args: argparse.Namespace) -> int:
         if args.fault != "none":
             engine.fault = args.fault
         engine.start()
+        if pending is not None:
+            pending.start(engine.load_draft_state)
+            _say(f"draft head training in the background ({pending.total} steps; the engine "
+                 f"takes its weights every {pending.publish_every} steps)")
 
         # -- HTTP server ----------------------------------------------------------------------
         app = create_app(engine, observer)
@@ -418,10 +426,26 @@ def run(args: argparse.Namespace) -> int:
             with contextlib.suppress(Exception):
                 observer.force_flush(5)
             final = observer.snapshot()
+            final_at = time.monotonic()
             observer.shutdown(5)
+        pending = None if engine is None else engine.models.pending
+        if pending is not None and pending.error is None and not pending.done.is_set():
+            # Nothing else runs now, so the rest is quick; without it the next start would
+            # train everything again.
+            _say(f"finishing the draft head's training ({pending.step}/{pending.total} steps) so "
+                 "that the next start loads it; Ctrl-C skips")
+            try:
+                pending.join()
+            except KeyboardInterrupt:
+                _say("skipped: the next start trains afresh")
+        if pending is not None and pending.done.is_set():
+            if pending.error is None:
+                _say(f"draft head trained and cached in {pending.path}")
+            else:
+                _say(f"draft head training failed ({pending.error!r}); the next start retries")
     if final is None or engine is None or first is None:
         return 130 if interrupted else 1
-    seconds = time.monotonic() - first_at
+    seconds = final_at - first_at
     view = _summary.compute_view(final, first, seconds)
     _say("")
     for line in _summary.final_lines(

@@ -423,6 +423,26 @@ class SpecDecodeEngine:
         for req in pending:
             req._emit([], "cancelled")
 
+    def load_draft_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy new draft-head weights in between cycles (a draft still training in the
+        background publishes through this). The copy is in place, so captured CUDA graphs stay
+        valid; keys and values already in the draft's KV cache were made by the old weights and
+        only cost acceptance, never correctness (the target verifies every token)."""
+        own = self.draft.state_dict()
+        if set(state) != set(own):
+            raise ValueError(
+                f"draft state has keys {sorted(state)}, expected {sorted(own)}"
+            )
+        for name, value in state.items():
+            if value.shape != own[name].shape:
+                raise ValueError(
+                    f"draft state {name!r} has shape {tuple(value.shape)}, expected "
+                    f"{tuple(own[name].shape)}"
+                )
+        with self._step_lock, torch.no_grad():
+            for name, value in state.items():
+                own[name].copy_(value, non_blocking=False)
+
     # One step ------------------------------------------------------------------------------
     def step(self) -> bool:
         """Prefill newly admitted requests, then run one speculative cycle over all active

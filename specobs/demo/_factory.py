@@ -30,6 +30,7 @@ def load_models(
     layer_ids: tuple[int, int, int] | None = None,
     draft_d_ff: int | None = None,
     train_settings: TrainSettings | None = None,
+    draft_in_background: bool = False,
     **model_overrides: Any,
 ) -> TrainedModels:
     """Load the demo's target and draft from the weight cache, or train and cache them.
@@ -49,7 +50,12 @@ def load_models(
         draft_kwargs["d_ff"] = draft_d_ff
     draft_config = DraftConfig.for_target(target_config, **draft_kwargs)
     return load_or_train(
-        target_config, draft_config, seed=seed, cache_dir=cache_dir, settings=train_settings
+        target_config,
+        draft_config,
+        seed=seed,
+        cache_dir=cache_dir,
+        settings=train_settings,
+        draft_in_background=draft_in_background,
     )
 
 
@@ -65,17 +71,23 @@ def build_engine(
     cuda_graphs: bool | None = None,
     train_settings: TrainSettings | None = None,
     layer_ids: tuple[int, int, int] | None = None,
+    draft_in_background: bool = False,
     **model_overrides: Any,
 ) -> SpecDecodeEngine:
     """A ready :class:`SpecDecodeEngine` over cached (or freshly trained) demo models.
 
     ``engine.models`` keeps the :class:`TrainedModels` (training info, whether it came from the
-    cache)."""
+    cache).
+
+    ``draft_in_background=True``: on a cold cache only the target is trained here, and the
+    engine starts with an untrained draft head; start its training with
+    ``engine.models.pending.start(engine.load_draft_state)`` (see ``BackgroundDraft``)."""
     models = load_models(
         seed=seed,
         cache_dir=cache_dir,
         layer_ids=layer_ids,
         train_settings=train_settings,
+        draft_in_background=draft_in_background,
         **model_overrides,
     )
     engine = SpecDecodeEngine(

@@ -20,6 +20,7 @@ file's ``info``; measured acceptance and timings are in ``specobs/demo/__init__.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -27,7 +28,9 @@ import logging
 import os
 import random
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +40,14 @@ import torch.nn.functional as F
 from ._draft import DraftConfig, DraftHead
 from ._model import SyntheticLanguage, TargetConfig, TargetModel
 
-__all__ = ["TrainSettings", "TrainedModels", "cache_path", "load_or_train", "resolve_cache_dir"]
+__all__ = [
+    "BackgroundDraft",
+    "TrainSettings",
+    "TrainedModels",
+    "cache_path",
+    "load_or_train",
+    "resolve_cache_dir",
+]
 
 _log = logging.getLogger("specobs.demo")
 
@@ -71,6 +81,103 @@ class TrainedModels:
     language: SyntheticLanguage
     info: dict[str, Any]
     from_cache: bool
+    pending: BackgroundDraft | None = None
+    """Set when the draft head is still to be trained (``draft_in_background=True`` on a
+    cold cache): ``draft`` is then its untrained initial state."""
+
+
+class BackgroundDraft:
+    """Trains the draft head in a thread while an engine already serves with it.
+
+    The first run of the demo is otherwise a minute or more of training before anything is
+    served. With this, only the target is trained first; the engine
+    starts with the draft head's initial weights; the thread makes the distillation data and
+    trains the head, and every ``publish_every`` optimizer steps
+    the weights trained so far are copied into it (``publish``), so acceptance climbs while
+    the demo runs. The training itself is exactly :func:`train_draft` on the same data and
+    seed, so the weights cached at the end are the ones ``load_or_train`` would have made."""
+
+    def __init__(
+        self,
+        target: TargetModel,
+        language: SyntheticLanguage,
+        config: DraftConfig,
+        seed: int,
+        settings: TrainSettings,
+        path: Path,
+        info: dict[str, Any],
+        publish_every: int = 25,
+    ) -> None:
+        # Its own copy of the target: the engine may move the shared one to a GPU.
+        self._target = copy.deepcopy(target)
+        self._language, self._config, self._seed, self._settings = language, config, seed, settings
+        self.path, self.info = path, info
+        self.publish_every = max(1, publish_every)
+        self.total = settings.draft_steps
+        self.step = 0
+        self.distilled = False
+        self.published = 0
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, publish: Callable[[dict[str, torch.Tensor]], None]) -> threading.Thread:
+        """Train in a daemon thread, handing ``publish`` a state dict every
+        ``publish_every`` steps and at the end; then cache the weights."""
+        if self._thread is not None:
+            raise RuntimeError("the background draft training was already started")
+        self._thread = threading.Thread(
+            target=self._run, args=(publish,), name="specobs-demo-draft-training", daemon=True
+        )
+        self._thread.start()
+        return self._thread
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the training to end; returns whether it has."""
+        return self.done.wait(timeout)
+
+    def status(self) -> str:
+        if self.error is not None:
+            return f"draft training failed: {self.error!r}"
+        if self.done.is_set():
+            return "draft trained"
+        if not self.distilled:
+            return "draft: making distillation data"
+        return f"draft training {self.step}/{self.total}"
+
+    def _run(self, publish: Callable[[dict[str, torch.Tensor]], None]) -> None:
+        def on_step(step: int, draft: DraftHead) -> None:
+            self.step = step
+            if step % self.publish_every == 0 and step < self.total:
+                publish({k: v.detach().clone() for k, v in draft.state_dict().items()})
+                self.published += 1
+
+        try:
+            with torch.random.fork_rng(devices=[]):
+                t0 = time.perf_counter()
+                data = distill_data(
+                    self._target,
+                    self._language,
+                    self._config.layer_ids,
+                    self._seed,
+                    self._settings,
+                )
+                self.distilled = True
+                draft, draft_info = train_draft(
+                    self._target, self._config, data, self._seed, self._settings, on_step
+                )
+            self.info.update(draft_info)
+            self.info["train_seconds"] = self.info.get("target_phase_seconds", 0.0) + (
+                time.perf_counter() - t0
+            )
+            publish(dict(draft.state_dict()))
+            self.published += 1
+            _save(self.path, self._target, draft, self.info)
+        except BaseException as exc:  # reported through status(); the engine keeps serving
+            self.error = exc
+            _log.exception("background draft training failed")
+        finally:
+            self.done.set()
 
 
 def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -234,7 +341,10 @@ def train_draft(
     data: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     seed: int,
     s: TrainSettings,
+    on_step: Callable[[int, DraftHead], None] | None = None,
 ) -> tuple[DraftHead, dict[str, float]]:
+    """Train the draft head; ``on_step(step, draft)`` is called after every optimizer step
+    (1-based), from this thread."""
     next_tokens, features, labels = data
     torch.manual_seed(seed + 4)
     gen = torch.Generator().manual_seed(seed + 5)
@@ -266,6 +376,8 @@ def train_draft(
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if on_step is not None:
+            on_step(opt.t, draft)
     draft.eval()
     for p in draft.parameters():
         p.requires_grad_(False)
@@ -282,8 +394,13 @@ def load_or_train(
     seed: int = 0,
     cache_dir: str | os.PathLike[str] | None = None,
     settings: TrainSettings | None = None,
+    draft_in_background: bool = False,
 ) -> TrainedModels:
     """Load the demo models from the weight cache, or train them (on CPU) and cache them.
+
+    With ``draft_in_background`` a cold cache trains only the target (and makes the
+    distillation data) here; the result's ``pending`` then trains the draft head when started
+    (:class:`BackgroundDraft`), and its ``draft`` is the untrained head to serve with meanwhile.
 
     A cache file that cannot be read is retrained and replaced; a cache directory that cannot be
     written only costs the training again next time (logged)."""
@@ -306,6 +423,13 @@ def load_or_train(
     with torch.random.fork_rng(devices=[]):
         t0 = time.perf_counter()
         target, info = train_target(target_config, language, seed, s)
+        if draft_in_background:
+            info["target_phase_seconds"] = time.perf_counter() - t0
+            info["seed"] = seed
+            pending = BackgroundDraft(target, language, draft_config, seed, s, path, info)
+            torch.manual_seed(seed + 4)  # the same initial head train_draft starts from
+            initial = DraftHead(draft_config, target).eval().requires_grad_(False)
+            return TrainedModels(target, initial, language, info, False, pending)
         data = distill_data(target, language, draft_config.layer_ids, seed, s)
         draft, draft_info = train_draft(target, draft_config, data, seed, s)
         info.update(draft_info)
