@@ -38,6 +38,40 @@ WRONG_SETS = {
 _DEFAULT_ZIPF: dict[str, float] = {}
 
 
+def _residual_gain(kind: str | None) -> None:
+    """Experiment: scale block i's residual update by a per-layer gain ("linear": i + 1,
+    "sqrt": sqrt(i + 1), "exp15": 1.5 ** i, "exp": 2 ** i), so the residual stream's norm grows
+    with depth."""
+    import torch.nn.functional as F
+
+    from specobs.demo import _model
+
+    if not hasattr(_model.TargetModel, "_orig_init"):
+        _model.TargetModel._orig_init = _model.TargetModel.__init__  # type: ignore[attr-defined]
+
+        def forward(self, x, rope, mask, cache, slots, positions, attend_len):  # type: ignore[no-untyped-def]
+            g = getattr(self, "gain", 1.0)
+            a = self.attn(self.attn_norm(x), rope, mask, cache, slots, positions, attend_len)
+            x = x + g * a
+            return x + g * self.down(F.silu(self.up(self.mlp_norm(x))))
+
+        _model.Block.forward = forward  # type: ignore[method-assign]
+    orig = _model.TargetModel._orig_init  # type: ignore[attr-defined]
+
+    def init(self, config):  # type: ignore[no-untyped-def]
+        orig(self, config)
+        for i, block in enumerate(self.blocks):
+            block.gain = {
+                None: 1.0,
+                "linear": float(i + 1),
+                "sqrt": (i + 1) ** 0.5,
+                "exp15": 1.5**i,
+                "exp": float(2**i),
+            }[kind]
+
+    _model.TargetModel.__init__ = init  # type: ignore[method-assign]
+
+
 def _prompts(language: Any) -> list[list[int]]:
     text = language.stream(20_000, seed=12_345)
     rng = random.Random(7)
@@ -71,6 +105,7 @@ def job(name: str, recipe: dict[str, Any], seed: int, threads: int) -> dict[str,
     from specobs.demo._train import TrainSettings, distill_data, train_draft, train_target
 
     recipe = dict(recipe)
+    _residual_gain(recipe.pop("residual_gain", None))
     # Worker processes are reused: restore the language's own skew unless the recipe sets one.
     _DEFAULT_ZIPF.setdefault("zipf", SyntheticLanguage.ZIPF)
     SyntheticLanguage.ZIPF = float(recipe.pop("zipf", _DEFAULT_ZIPF["zipf"]))
@@ -100,6 +135,9 @@ def job(name: str, recipe: dict[str, Any], seed: int, threads: int) -> dict[str,
             )
             for i in range(cfg.n_layers)
         ]
+        unit = torch.nn.functional.normalize(layers, dim=-1)
+        cos = torch.einsum("btid,btjd->ij", unit, unit) / (unit.shape[0] * unit.shape[1])
+        norms = [round(float(x), 1) for x in layers.norm(dim=-1).mean((0, 1))]
     engine = SpecDecodeEngine(target, draft, language.tokenizer, k=4, max_batch=8)
     prompts = _prompts(language)
     out: dict[str, Any] = {
@@ -112,6 +150,9 @@ def job(name: str, recipe: dict[str, Any], seed: int, threads: int) -> dict[str,
         "train_s": round(t3 - t0, 1),
         "target_loss": round(info["target_loss"], 3),
         "logit_lens": lens,
+        "layer_norms": norms,
+        "cos_1_5": round(float(cos[1, 5]), 2),
+        "cos_0_4": round(float(cos[0, 4]), 2),
         "healthy": round(_acceptance(engine, prompts[4:24]), 3),
         "healthy_test": round(_acceptance(engine, prompts[4:12]), 3),
     }

@@ -16,6 +16,10 @@ target by self-distillation. Both are seeded and run on CPU; the weights are cac
 Weights go to ``<cache_dir>/demo-<hash>.pt`` where the hash covers both configs, the seed and the
 training settings, so changing any of them trains afresh. Training statistics are kept in the
 file's ``info``; measured acceptance and timings are in ``specobs/demo/__init__.py``.
+
+:class:`BackgroundDraft` runs steps 2-3 in a thread while an engine already serves with the
+untrained head, publishing the weights trained so far every few steps (``specobs demo`` on a cold
+cache); the weights it caches are bit-identical to the blocking path's (tested).
 """
 
 from __future__ import annotations
