@@ -12,7 +12,8 @@ with ``--threads`` torch threads each.
         --recipe base '{}' --recipe fast '{"target_steps": 180, "draft_steps": 160}'
 
 A recipe is a JSON object of ``TrainSettings`` fields, plus ``"zipf"`` (the synthetic language's
-skew, ``SyntheticLanguage.ZIPF``). One JSON line per job on stdout.
+skew, ``SyntheticLanguage.ZIPF``) and ``"model"`` (``TargetConfig`` fields, e.g.
+``{"residual_growth": 0}``). One JSON line per job on stdout.
 """
 
 from __future__ import annotations
@@ -36,40 +37,6 @@ WRONG_SETS = {
 
 
 _DEFAULT_ZIPF: dict[str, float] = {}
-
-
-def _residual_gain(kind: str | None) -> None:
-    """Experiment: scale block i's residual update by a per-layer gain ("linear": i + 1,
-    "sqrt": sqrt(i + 1), "exp15": 1.5 ** i, "exp": 2 ** i), so the residual stream's norm grows
-    with depth."""
-    import torch.nn.functional as F
-
-    from specobs.demo import _model
-
-    if not hasattr(_model.TargetModel, "_orig_init"):
-        _model.TargetModel._orig_init = _model.TargetModel.__init__  # type: ignore[attr-defined]
-
-        def forward(self, x, rope, mask, cache, slots, positions, attend_len):  # type: ignore[no-untyped-def]
-            g = getattr(self, "gain", 1.0)
-            a = self.attn(self.attn_norm(x), rope, mask, cache, slots, positions, attend_len)
-            x = x + g * a
-            return x + g * self.down(F.silu(self.up(self.mlp_norm(x))))
-
-        _model.Block.forward = forward  # type: ignore[method-assign]
-    orig = _model.TargetModel._orig_init  # type: ignore[attr-defined]
-
-    def init(self, config):  # type: ignore[no-untyped-def]
-        orig(self, config)
-        for i, block in enumerate(self.blocks):
-            block.gain = {
-                None: 1.0,
-                "linear": float(i + 1),
-                "sqrt": (i + 1) ** 0.5,
-                "exp15": 1.5**i,
-                "exp": float(2**i),
-            }[kind]
-
-    _model.TargetModel.__init__ = init  # type: ignore[method-assign]
 
 
 def _prompts(language: Any) -> list[list[int]]:
@@ -105,12 +72,12 @@ def job(name: str, recipe: dict[str, Any], seed: int, threads: int) -> dict[str,
     from specobs.demo._train import TrainSettings, distill_data, train_draft, train_target
 
     recipe = dict(recipe)
-    _residual_gain(recipe.pop("residual_gain", None))
+    model = recipe.pop("model", {})
     # Worker processes are reused: restore the language's own skew unless the recipe sets one.
     _DEFAULT_ZIPF.setdefault("zipf", SyntheticLanguage.ZIPF)
     SyntheticLanguage.ZIPF = float(recipe.pop("zipf", _DEFAULT_ZIPF["zipf"]))
     settings = TrainSettings(**recipe)
-    cfg = TargetConfig()
+    cfg = TargetConfig(**model)
     language = SyntheticLanguage(cfg.vocab_size, seed=seed)
     dcfg = DraftConfig.for_target(cfg)
     t0 = time.perf_counter()

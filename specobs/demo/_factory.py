@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -12,15 +13,7 @@ from ._train import TrainedModels, TrainSettings, load_or_train
 
 __all__ = ["build_engine", "load_models"]
 
-_TARGET_FIELDS = {
-    "vocab_size",
-    "d_model",
-    "n_layers",
-    "n_heads",
-    "d_ff",
-    "max_seq_len",
-    "rope_theta",
-}
+_TARGET_FIELDS = {f.name for f in dataclasses.fields(TargetConfig)}
 
 
 def load_models(

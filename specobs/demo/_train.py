@@ -68,7 +68,7 @@ class TrainSettings:
     target_steps: int = 300
     target_batch: int = 24
     target_seq_len: int = 48
-    target_lr: float = 5e-3
+    target_lr: float = 2.5e-3
     distill_sequences: int = 192
     distill_seq_len: int = 64
     draft_steps: int = 250
