@@ -21,19 +21,19 @@ Faults for alert testing are switched at run time: ``engine.fault = "wrong-hidde
 
 Measured (default config: d_model 128, 6 layers, k=4, seed 0):
 
-- acceptance rate (accepted / drafted tokens): 0.57-0.73 with the healthy draft, 0.19-0.27 with
-  ``wrong-hidden-layers`` (the draft fed layers (5, 4, 0) instead of (1, 3, 4)). How deep that
-  collapse goes depends on the trained weights, not only on the fault: with the same recipe and
-  seeds 1-3, or seed 0 trained on another CPU, wrong / healthy was 0.52-0.94
-  (``benchmarks/demo_recipes.py``, benchmarks/RESULTS.md): this small target's layers are alike
-  (cosine 0.8-0.99) and its greedy text can be 83 % predictable from the last word, so a mis-fed
-  draft often falls back on the token it is given;
+- acceptance rate (accepted / drafted tokens) on the held-out test prompts: 0.60 with the
+  healthy draft, 0.11 with ``wrong-hidden-layers`` (the draft fed layers (5, 4, 0) instead of
+  (1, 3, 4)) on the 2-vCPU reference VM; 0.58 and 0.32 on the H200. Over 8 training seeds,
+  wrong / healthy was 0.27-0.72 (median 0.49; ``benchmarks/demo_recipes.py``): the target's
+  residual updates grow with depth (``TargetConfig.residual_growth``), so its layers differ as
+  in a large LLM's and a mis-fed draft cannot fall back on what they share;
 - 2 idle vCPUs: first-run training 75-80 s in all (target 41-50 s, distillation 4 s, draft head
   33 s), cached afterwards (loading takes < 1 s). ``specobs demo`` serves as soon as the target
   is trained and trains the draft head in the background (``build_engine(...,
   draft_in_background=True)``), so its first cycle breakdown shows about 50 s after start;
   35-42 speculative cycles/s at batch 4 inside the demo (server and load share the 2 cores);
-- H200 with CUDA graphs: about 590 cycles/s at batch 4 (launch-bound at this model size).
+- H200 with CUDA graphs: 280-320 cycles/s at batch 4 (``benchmarks/demo_engine.py``;
+  launch-bound at this model size).
 
 Importing :mod:`specobs` never imports this package (it needs torch).
 """
