@@ -135,3 +135,41 @@ def test_bad_flags_exit_2(
         main(["demo", *argv])
     assert exc.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_first_run_serves_while_the_draft_head_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cold cache: the command serves once the target is trained, trains the draft head in the
+    background, finishes and caches it by the end, and the next start loads it. (Tiny training
+    settings stand in for the default's 75 s; the path through the command is the same.)"""
+    import signal
+
+    from specobs.demo import TrainSettings
+    from specobs.demo import _cli as demo_cli
+
+    tiny = TrainSettings(target_steps=20, distill_sequences=16, draft_steps=60)
+    monkeypatch.setattr(demo_cli, "_train_settings", lambda quick: tiny)
+    cache = tmp_path / "weights"
+    argv = [
+        "demo", "--duration", "3", "--plain", "--cache-dir", str(cache), "--concurrency", "2",
+        "--baseline-tokens-per-second", "100",
+    ]  # fmt: skip
+    old_handler = signal.getsignal(signal.SIGTERM)
+    try:
+        first = main([*argv, "--port", str(free_port()), "--metrics-port", str(free_port())])
+        text = capsys.readouterr().out
+        second = main([*argv, "--port", str(free_port()), "--metrics-port", str(free_port())])
+        again = capsys.readouterr().out
+    finally:
+        signal.signal(signal.SIGTERM, old_handler)
+    assert first == 0, text
+    assert "first run: training the demo target" in text
+    assert "target trained, draft head to train" in text
+    assert "draft head training in the background (60 steps" in text
+    assert "draft head trained and cached in" in text
+    assert len(list(cache.glob("demo-*.pt"))) == 1
+    assert "specobs demo ran" in text and "host: draft" in text
+    assert second == 0, again
+    assert "loading the demo target and draft head from the weight cache" in again
+    assert "draft head training" not in again
