@@ -1,12 +1,11 @@
 """How the demo's training recipe trades start-up time against the draft's quality and against
 how hard acceptance collapses under the ``wrong-hidden-layers`` fault, across seeds.
 
-Each job trains a target and a draft head from scratch on CPU (timed), then measures the
-acceptance rate (k=4, greedy, 64 tokens per prompt, the held-out prompts of
-tests/test_demo_engine.py) with the healthy layers and with several wrong layer sets, and the
-"logit lens" of every target layer (how often the layer's hidden state, read through the final
-norm and LM head, already names the target's next greedy token). Jobs run in parallel processes
-with ``--threads`` torch threads each.
+Each job trains a target and a draft head from scratch on CPU (timed), then measures the acceptance
+rate (k=4, greedy, 64 tokens per prompt, ``SyntheticLanguage.held_out_prompts``) with the healthy
+layers and with several wrong layer sets, and the "logit lens" of every target layer (how often the
+layer's hidden state, read through the final norm and LM head, already names the target's next
+greedy token). Jobs run in parallel processes with ``--threads`` torch threads each.
 
     python benchmarks/demo_recipes.py --jobs 8 --threads 2 --seeds 0 1 2 3 \\
         --recipe base '{}' --recipe fast '{"target_steps": 180, "draft_steps": 160}'
@@ -22,7 +21,6 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
-import random
 import sys
 import time
 from typing import Any
@@ -37,17 +35,6 @@ WRONG_SETS = {
 
 
 _DEFAULT_ZIPF: dict[str, float] = {}
-
-
-def _prompts(language: Any) -> list[list[int]]:
-    text = language.stream(20_000, seed=12_345)
-    rng = random.Random(7)
-    out = []
-    for i in range(24):
-        n = [1, 2, 3, 60][i] if i < 4 else rng.randint(1, 60)
-        start = rng.randrange(0, len(text) - n)
-        out.append(text[start : start + n])
-    return out
 
 
 def _acceptance(engine: Any, prompts: list[list[int]], max_tokens: int = 64) -> float:
@@ -106,7 +93,7 @@ def job(name: str, recipe: dict[str, Any], seed: int, threads: int) -> dict[str,
         cos = torch.einsum("btid,btjd->ij", unit, unit) / (unit.shape[0] * unit.shape[1])
         norms = [round(float(x), 1) for x in layers.norm(dim=-1).mean((0, 1))]
     engine = SpecDecodeEngine(target, draft, language.tokenizer, k=4, max_batch=8)
-    prompts = _prompts(language)
+    prompts = language.held_out_prompts()
     out: dict[str, Any] = {
         "recipe": name,
         "seed": seed,

@@ -68,15 +68,7 @@ def engine(built: tuple[SpecDecodeEngine, float]) -> Iterator[SpecDecodeEngine]:
 @pytest.fixture(scope="session")
 def prompts(built: tuple[SpecDecodeEngine, float]) -> list[list[int]]:
     """24 held-out prompts of 1..60 tokens (text the target was not trained on)."""
-    lang = built[0].models.language
-    text = lang.stream(20_000, seed=12_345)
-    rng = random.Random(7)
-    out = []
-    for i in range(24):
-        n = [1, 2, 3, 60][i] if i < 4 else rng.randint(1, 60)
-        start = rng.randrange(0, len(text) - n)
-        out.append(text[start : start + n])
-    return out
+    return built[0].models.language.held_out_prompts()
 
 
 def drain(engine: SpecDecodeEngine, limit: int = 10_000) -> int:

@@ -539,3 +539,16 @@ class SyntheticLanguage:
             out.append(self.space)
             prev = [t for t in sentence if self.tokenizer.is_word(t)][-1]
         return out[:n_tokens]
+
+    def held_out_prompts(self) -> list[list[int]]:
+        """24 fixed prompts of 1..60 tokens cut from text the models never train on (lengths 1,
+        2, 3 and 60 first, then seeded random ones): what acceptance is measured on, by the tests
+        and ``benchmarks/demo_recipes.py`` alike."""
+        text = self.stream(20_000, seed=12_345)
+        rng = random.Random(7)
+        out = []
+        for i in range(24):
+            n = [1, 2, 3, 60][i] if i < 4 else rng.randint(1, 60)
+            start = rng.randrange(0, len(text) - n)
+            out.append(text[start : start + n])
+        return out

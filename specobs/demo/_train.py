@@ -129,7 +129,9 @@ class BackgroundDraft:
 
     def start(self, publish: Callable[[dict[str, torch.Tensor]], None]) -> threading.Thread:
         """Train in a daemon thread, handing ``publish`` a state dict every
-        ``publish_every`` steps and at the end; then cache the weights."""
+        ``publish_every`` steps and at the end; then cache the weights. The dict's tensors are
+        the live weights, valid only during the call: ``publish`` copies them (as
+        :meth:`SpecDecodeEngine.load_draft_state` does), it does not keep them."""
         if self._thread is not None:
             raise RuntimeError("the background draft training was already started")
         self._thread = threading.Thread(
@@ -155,7 +157,7 @@ class BackgroundDraft:
         def on_step(step: int, draft: DraftHead) -> None:
             self.step = step
             if step % self.publish_every == 0 and step < self.total:
-                publish({k: v.detach().clone() for k, v in draft.state_dict().items()})
+                publish(draft.state_dict())
                 self.published += 1
 
         try:
@@ -176,7 +178,7 @@ class BackgroundDraft:
             self.info["train_seconds"] = self.info.get("target_phase_seconds", 0.0) + (
                 time.perf_counter() - t0
             )
-            publish(dict(draft.state_dict()))
+            publish(draft.state_dict())
             self.published += 1
             _save(self.path, self._target, draft, self.info)
         except BaseException as exc:  # reported through status(); the engine keeps serving
@@ -341,6 +343,12 @@ def distill_data(
     return seq[:, 1:], hidden[:, :-1], labels[:, 1:]
 
 
+def _initial_draft(target: TargetModel, config: DraftConfig, seed: int) -> DraftHead:
+    """The untrained draft head training starts from (seeded)."""
+    torch.manual_seed(seed + 4)
+    return DraftHead(config, target)
+
+
 def train_draft(
     target: TargetModel,
     config: DraftConfig,
@@ -352,9 +360,8 @@ def train_draft(
     """Train the draft head; ``on_step(step, draft)`` is called after every optimizer step
     (1-based), from this thread."""
     next_tokens, features, labels = data
-    torch.manual_seed(seed + 4)
+    draft = _initial_draft(target, config, seed)
     gen = torch.Generator().manual_seed(seed + 5)
-    draft = DraftHead(config, target)
     draft.train()
     opt = _Adam(list(draft.parameters()), s.draft_lr, s.draft_steps)
     vocab = target.config.vocab_size
@@ -433,8 +440,7 @@ def load_or_train(
             info["target_phase_seconds"] = time.perf_counter() - t0
             info["seed"] = seed
             pending = BackgroundDraft(target, language, draft_config, seed, s, path, info)
-            torch.manual_seed(seed + 4)  # the same initial head train_draft starts from
-            initial = DraftHead(draft_config, target).eval().requires_grad_(False)
+            initial = _initial_draft(target, draft_config, seed).eval().requires_grad_(False)
             return TrainedModels(target, initial, language, info, False, pending)
         data = distill_data(target, language, draft_config.layer_ids, seed, s)
         draft, draft_info = train_draft(target, draft_config, data, seed, s)
