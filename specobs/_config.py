@@ -84,7 +84,9 @@ SPECOBS_ALL_RANKS = "SPECOBS_ALL_RANKS"
 ClockMode = Literal["auto", "cuda", "host"]
 _PHASE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_RESERVED_LABELS = frozenset({"phase", "clock", "position", "reason", "component", "kind", "le"})
+_RESERVED_LABELS = frozenset(
+    {"phase", "clock", "position", "reason", "component", "kind", "le", "dp_rank"}
+)
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,13 @@ class Settings:
     keep_cycles: int = 1024
     rank: int = 0
     all_ranks: bool = False
+    replica: int | None = None
+    """Data-parallel replica this process serves, when the server runs several (``dp_rank``)."""
+    replicas: int = 1
+    leader: bool | None = None
+    """Whether this process records when one process per replica does (default: rank 0)."""
+    integration: str = "manual"
+    """Which integration records: ``manual`` (the API), or an instrumentor's name."""
 
 
 def _env(name: str, env: Mapping[str, str]) -> str | None:
@@ -238,6 +247,10 @@ def resolve_settings(
     keep_cycles: int | None = None,
     rank: int | None = None,
     all_ranks: bool | None = None,
+    replica: int | None = None,
+    replicas: int | None = None,
+    leader: bool | None = None,
+    integration: str | None = None,
 ) -> Settings:
     """Merge arguments over ``SPECOBS_*`` variables over defaults, validating each value."""
     env = os.environ if env is None else env
@@ -348,6 +361,17 @@ def resolve_settings(
     if all_ranks is None:
         raw = _env(SPECOBS_ALL_RANKS, env)
         all_ranks = d.all_ranks if raw is None else _parse_bool(SPECOBS_ALL_RANKS, raw)
+    replicas_v = d.replicas if replicas is None else _check_int(
+        "replicas", replicas, minimum=1, maximum=65535
+    )
+    replica_v = None if replica is None else _check_int(
+        "replica", replica, minimum=0, maximum=replicas_v - 1
+    )
+    integration_v = d.integration if integration is None else str(integration)
+    if not re.fullmatch(r"[a-z0-9_.-]{1,64}", integration_v):
+        raise ConfigurationError(
+            f"integration must be 1-64 characters of a-z, 0-9, '_', '.', '-', got {integration!r}"
+        )
 
     return Settings(
         enabled=bool(enabled),
@@ -366,6 +390,10 @@ def resolve_settings(
         keep_cycles=keep,
         rank=rank_v,
         all_ranks=bool(all_ranks),
+        replica=replica_v,
+        replicas=replicas_v,
+        leader=None if leader is None else bool(leader),
+        integration=integration_v,
     )
 
 

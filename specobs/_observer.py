@@ -89,6 +89,7 @@ class Observer:
                 "phases": ",".join(settings.phases),
                 "gpu_clock": clock_name,
                 "sampling": sampling_desc,
+                "integration": settings.integration,
             },
             baseline_tokens_per_second=settings.baseline_tokens_per_second,
         )
@@ -285,6 +286,13 @@ def _make_clock(settings: Settings, clock: Any) -> tuple[Any, Any, str]:
     return None, factory, "auto"
 
 
+def _port_offset(settings: Settings) -> int:
+    """Where this process's default Prometheus port lies above the configured one."""
+    replica = settings.replica or 0
+    rank = settings.rank if settings.all_ranks else 0
+    return replica + settings.replicas * rank
+
+
 def configure(
     *,
     sinks: Sequence[Sink] | None = None,
@@ -304,6 +312,10 @@ def configure(
     enabled: bool | None = None,
     rank: int | None = None,
     all_ranks: bool | None = None,
+    replica: int | None = None,
+    replicas: int | None = None,
+    leader: bool | None = None,
+    integration: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Observer:
     """Create an observer. Arguments win over ``SPECOBS_*`` variables, which win over defaults.
@@ -313,7 +325,13 @@ def configure(
     the engine has initialised CUDA), ``"cuda"``, ``"host"``, or a clock object (tests).
     ``sample_every``: GPU-time one cycle in N; default adaptive under ``overhead_budget``.
     Multi-process servers: only rank 0 records unless ``all_ranks`` (then each rank gets a
-    ``rank`` label and, for the default Prometheus endpoint, port + rank).
+    ``rank`` label and, for the default Prometheus endpoint, port + rank). A server of
+    ``replicas`` data-parallel replicas gives each its ``replica`` index: ``rank`` is then the
+    rank inside the replica, series carry ``dp_rank``, and the default Prometheus port of replica
+    *d* is port + *d* (with ``all_ranks``: port + *d* + ``replicas`` x rank), so replicas on one
+    host never compete for a port. ``leader`` says whether this process is the one of its
+    replica that records (default: ``rank == 0``); engines whose sampling runs on the last
+    pipeline stage pass it. ``integration`` names who records (``specobs_info``).
 
     Raises :class:`~specobs.ConfigurationError` on any invalid setting.
     """
@@ -325,7 +343,8 @@ def configure(
         baseline_tokens_per_second=baseline_tokens_per_second,
         poll_interval_seconds=poll_interval_seconds, trace_head_rate=trace_head_rate,
         trace_slow_cycle_seconds=trace_slow_cycle_seconds, keep_cycles=keep_cycles,
-        rank=rank, all_ranks=all_ranks,
+        rank=rank, all_ranks=all_ranks, replica=replica, replicas=replicas, leader=leader,
+        integration=integration,
     )  # fmt: skip
     if sinks is not None:
         for s in sinks:
@@ -334,16 +353,22 @@ def configure(
                     f"sinks must be specobs sinks (MemorySink, PrometheusSink, OtlpSink, or a "
                     f"Sink subclass), got {type(s).__name__}"
                 )
-    if settings.rank != 0 and not settings.all_ranks:
-        _log.info("specobs: rank %d does not record (rank 0 only; set SPECOBS_ALL_RANKS=1)",
-                  settings.rank)
+    is_leader = settings.rank == 0 if settings.leader is None else settings.leader
+    if not is_leader and not settings.all_ranks:
+        _log.info("specobs: rank %d does not record (one process per replica records; set "
+                  "SPECOBS_ALL_RANKS=1 for all)", settings.rank)
         from dataclasses import replace
 
         return Observer(replace(settings, enabled=False))
+    extra: dict[str, str] = {}
+    if settings.replica is not None and settings.replicas > 1:
+        extra["dp_rank"] = str(settings.replica)
     if settings.all_ranks:
+        extra["rank"] = str(settings.rank)
+    if extra:
         from dataclasses import replace
 
-        settings = replace(settings, labels={**settings.labels, "rank": str(settings.rank)})
+        settings = replace(settings, labels={**settings.labels, **extra})
     if not settings.enabled:
         return Observer(settings)
     env_map = os.environ if env is None else env
@@ -354,8 +379,8 @@ def configure(
                 from specobs.sinks.prometheus import PrometheusSink
 
                 port = prometheus_port(env_map)
-                if settings.all_ranks and port:
-                    port += settings.rank
+                if port:
+                    port += _port_offset(settings)
                 built.append(PrometheusSink(port=port, addr=prometheus_addr(env_map)))
             elif name == "otlp":
                 from specobs.sinks.otlp import OtlpSink

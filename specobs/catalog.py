@@ -232,8 +232,10 @@ BATCH_SIZE = Metric(
 )  # fmt: skip
 INFO = Metric(
     "specobs.info", "info", "",
-    "specobs build and configuration: version, phases, clock, sampling.",
-    labels=("version", "phases", "gpu_clock", "sampling"),
+    "specobs build and configuration: version, phases, clock, sampling, and the integration that "
+    "records (manual, vllm_v1, vllm_v2, sglang, transformers; unsupported when the engine built "
+    "something specobs cannot time).",
+    labels=("version", "phases", "gpu_clock", "sampling", "integration"),
 )  # fmt: skip
 LAST_CYCLE_TIMESTAMP = Metric(
     "specobs.last_cycle.timestamp", "gauge", "s",
