@@ -86,6 +86,7 @@ ERROR_KINDS: tuple[str, ...] = (
     "begin_while_open",
     "end_without_begin",
     "bad_acceptance",
+    "unsupported_engine",
     "internal",
 )
 

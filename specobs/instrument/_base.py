@@ -92,6 +92,29 @@ class PackageRange:
         return _pad(low, width) <= _pad(got, width) < _pad(high, width)
 
 
+@dataclass(frozen=True)
+class Topology:
+    """Where this process sits in the engine's parallel layout, as an instrumentor reads it.
+
+    ``leader``: this process runs the decode step's sampling and acceptance for its replica (the
+    TP rank 0 of the last pipeline stage); by default only leaders record. ``rank``: the process's
+    rank inside its replica. ``replica`` / ``replicas``: the data-parallel replica index and count
+    when the server runs several; each replica's series carry ``dp_rank`` and its default
+    Prometheus port is the configured port + ``replica`` (see :func:`specobs.configure`).
+    """
+
+    leader: bool = True
+    rank: int = 0
+    replica: int | None = None
+    replicas: int = 1
+
+    def describe(self) -> str:
+        where = f"rank {self.rank}"
+        if self.replica is not None and self.replicas > 1:
+            where += f" of data-parallel replica {self.replica}/{self.replicas}"
+        return where + (" (leader)" if self.leader else "")
+
+
 @dataclass
 class _Patch:
     owner: Any
@@ -109,6 +132,8 @@ class BaseInstrumentor:
     """
 
     package: ClassVar[PackageRange]
+    integration: ClassVar[str] = "manual"
+    """The ``integration`` label of ``specobs_info`` for observers this instrumentor builds."""
     _instances: ClassVar[dict[type, BaseInstrumentor]] = {}
     _instances_lock: ClassVar[threading.Lock] = threading.Lock()
 
@@ -122,6 +147,7 @@ class BaseInstrumentor:
                 instance._instrumented = False
                 instance._warned = False
                 instance._observer = None
+                instance._unsupported_reported = False
                 BaseInstrumentor._instances[cls] = instance
             return instance
 
@@ -130,6 +156,7 @@ class BaseInstrumentor:
     _instrumented: bool
     _warned: bool
     _observer: Observer | None
+    _unsupported_reported: bool
 
     # -- what OpenTelemetry's loader reads ------------------------------------------------------
 
@@ -180,6 +207,7 @@ class BaseInstrumentor:
             self._restore_all()
             self._instrumented = False
             self._observer = None
+            self._unsupported_reported = False
 
     def _version_supported(self) -> bool:
         version = self.package.installed_version()
@@ -231,27 +259,92 @@ class BaseInstrumentor:
         phases: tuple[str, ...] = DEFAULT_PHASES,
         rank: int | None = None,
         max_draft_length: int | None = None,
+        topology: Topology | None = None,
+        integration: str | None = None,
     ) -> Observer:
         """The observer cycles go to: the one given to ``instrument``, else one from SPECOBS_*.
 
         Built on first use, in the process and thread that runs the engine, so loading a plugin in
         a parent process starts no threads that a fork would lose. ``phases`` is the order in
-        which this engine runs them; ``rank`` the process's rank (only rank 0 records unless
-        SPECOBS_ALL_RANKS=1; ``None`` reads SPECOBS_RANK / RANK / LOCAL_RANK);
-        ``max_draft_length`` the engine's draft length when it exceeds specobs' default.
+        which this engine runs them; ``topology`` where this process sits (only the leader of
+        each replica records unless SPECOBS_ALL_RANKS=1); ``rank`` a plain rank for engines
+        without one (``None`` reads SPECOBS_RANK / RANK / LOCAL_RANK); ``max_draft_length`` the
+        engine's draft length when it exceeds specobs' default.
+
+        If the observer cannot be built (a taken port, a bad SPECOBS_* variable), this logs one
+        warning and returns a disabled observer, kept for the life of the process: the engine
+        never pays for a retry on every step.
         """
         observer = self._observer
         if observer is None:
             with self._lock:
                 observer = self._observer
                 if observer is None:
-                    import specobs
-
-                    observer = specobs.configure(
-                        phases=phases, rank=rank, max_draft_length=max_draft_length
+                    observer = self._build_observer(
+                        phases, rank, max_draft_length, topology, integration or self.integration
                     )
                     self._observer = observer
         return observer
+
+    def _build_observer(
+        self,
+        phases: tuple[str, ...],
+        rank: int | None,
+        max_draft_length: int | None,
+        topology: Topology | None,
+        integration: str,
+    ) -> Observer:
+        import specobs
+
+        kwargs: dict[str, Any] = {}
+        if topology is not None:
+            kwargs.update(
+                rank=topology.rank, leader=topology.leader, replicas=topology.replicas,
+                replica=topology.replica if topology.replicas > 1 else None,
+            )  # fmt: skip
+        else:
+            kwargs["rank"] = rank
+        try:
+            return specobs.configure(
+                phases=phases, max_draft_length=max_draft_length, integration=integration,
+                **kwargs,
+            )  # fmt: skip
+        except Exception as exc:
+            where = topology.describe() if topology is not None else f"rank {rank or 0}"
+            logger.warning(
+                "specobs could not start recording %s in this process (%s): %s. The engine runs "
+                "on unobserved here and specobs does not try again. If the port is taken, give "
+                "each server its own with SPECOBS_PROMETHEUS_PORT (replicas of one server get "
+                "port + dp_rank automatically).",
+                self.package.distribution, where, exc,
+            )  # fmt: skip
+            from specobs._config import Settings
+            from specobs._observer import Observer as _Observer
+
+            return _Observer(Settings(enabled=False, phases=phases, integration=integration))
+
+    def report_unsupported(self, what: str, way_out: str, *, topology: Topology | None = None) -> None:
+        """The engine built something specobs cannot time: warn once, and say so in the metrics.
+
+        The observer is built with ``integration="unsupported"`` (so ``specobs_info`` shows it)
+        and counts one ``unsupported_engine`` error; the engine runs unchanged.
+        """
+        with self._lock:
+            if self._unsupported_reported:
+                return
+            self._unsupported_reported = True
+        logger.warning(
+            "specobs does not time %s: %s; no speculative decoding cycles are recorded in this "
+            "process. %s",
+            self.package.distribution, what, way_out,
+        )  # fmt: skip
+        try:
+            observer = self.observer(topology=topology, integration="unsupported")
+            recorder = getattr(observer, "_recorder", None)
+            if recorder is not None and observer.settings.enabled:
+                recorder.misuse("unsupported_engine", f"unsupported: {what}")
+        except Exception:
+            logger.debug("specobs: could not export the unsupported-engine state", exc_info=True)
 
 
 class LogOnce:
