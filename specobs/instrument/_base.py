@@ -323,7 +323,9 @@ class BaseInstrumentor:
 
             return _Observer(Settings(enabled=False, phases=phases, integration=integration))
 
-    def report_unsupported(self, what: str, way_out: str, *, topology: Topology | None = None) -> None:
+    def report_unsupported(
+        self, what: str, way_out: str, *, topology: Topology | None = None
+    ) -> None:
         """The engine built something specobs cannot time: warn once, and say so in the metrics.
 
         The observer is built with ``integration="unsupported"`` (so ``specobs_info`` shows it)
