@@ -197,6 +197,9 @@ class Aggregation:
         self.sampling_interval = 1
         self.overhead_ratio = 0.0
         self.created_unix_seconds = time.time()
+        #: Bumped under ``lock`` by every change the resolver applies: a sink may cache what it
+        #: rendered from a snapshot until this moves (the Prometheus endpoint does).
+        self.generation = 0
 
     def add_cpu(self, component: str, seconds: float) -> None:
         with self.lock:

@@ -181,14 +181,32 @@ class Observer:
         c.end()
 
     def set_requests(self, *, running: float | None = None, waiting: float | None = None) -> None:
-        """Report the engine's running and waiting request counts (for the stall alert)."""
-        if not self._recorder.enabled:
+        """Report the engine's running and waiting request counts (for the stall alert).
+
+        Called from engine loops, so like the hot path it never raises: a value that is not a
+        finite number >= 0 is ignored (the gauge keeps its last value) and counted as
+        ``errors{kind="bad_request_counts"}``.
+        """
+        rec = self._recorder
+        if not rec.enabled:
             return
         agg = self.aggregation
-        if running is not None:
-            agg.requests_running = float(running)
-        if waiting is not None:
-            agg.requests_waiting = float(waiting)
+        for name, value in (("running", running), ("waiting", waiting)):
+            if value is None:
+                continue
+            try:
+                v = float(value)
+                ok = v >= 0.0 and v != float("inf")  # also False for NaN
+            except Exception:
+                ok = False
+            if not ok:
+                rec.misuse("bad_request_counts", f"set_requests({name}=...) must be a count "
+                           f">= 0, got {value!r:.80}; ignored")
+                continue
+            if name == "running":
+                agg.requests_running = v
+            else:
+                agg.requests_waiting = v
 
     def refresh_stream(self) -> None:
         """Look up the current CUDA stream again, after the engine switched streams."""

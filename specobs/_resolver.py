@@ -16,11 +16,12 @@ resolver never waits for the GPU.
 from __future__ import annotations
 
 import logging
+import operator
 import random
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any
 
 from specobs import sampling
@@ -141,6 +142,7 @@ class Resolver:
     def _init_sync_state(self) -> None:
         self.backlog: deque[Cycle] = deque()
         self.consumed = 0  # records taken off the backlog (resolved or dropped)
+        self.drains = 0  # completed drain passes (force_flush waits for one that began later)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._cond = threading.Condition()
@@ -189,12 +191,20 @@ class Resolver:
         """
         deadline = time.monotonic() + max(0.0, timeout_seconds)
         target = self.rec.enqueued
+        # Two passes later, one pass began after this call: it folded every count made before
+        # it (misuse with no record behind it, say) into the aggregation.
+        passes = self.drains + 2
         while True:
             if self._thread is None or not self._thread.is_alive():
                 self.drain()
+                self.drain()
             else:
                 self._wake.set()
-            if self.consumed + self.rec.dropped_queue_full >= target and not self.rec.queue:
+            if (
+                self.consumed + self.rec.dropped_queue_full >= target
+                and not self.rec.queue
+                and self.drains >= passes
+            ):
                 break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -239,13 +249,20 @@ class Resolver:
         while True:
             with self._drain_lock:
                 t_cpu = time.thread_time_ns()
-                n, taken = self._drain_locked()
-                cpu = time.thread_time_ns() - t_cpu
-                with self.agg.lock:
-                    self.agg.cpu_seconds["resolver"] += cpu / 1e9
-                # Counted only now, after aggregation, sinks and accounting: force_flush() waits
-                # on this number, so it must not move before the data it stands for is visible.
-                self.consumed += taken
+                taken_box = [0]
+                try:
+                    n = self._drain_locked(taken_box)
+                finally:
+                    # Counted only now, after aggregation, sinks and accounting: force_flush()
+                    # waits on this number, so it must not move before the data it stands for
+                    # is visible -- and it must move even if something raised, or every later
+                    # flush would wait its whole timeout for records that are gone.
+                    cpu = time.thread_time_ns() - t_cpu
+                    with self.agg.lock:
+                        self.agg.cpu_seconds["resolver"] += cpu / 1e9
+                    self.consumed += taken_box[0]
+            if n < self.chunk:
+                self.drains += 1
             with self._cond:
                 self._cond.notify_all()
             total += n
@@ -255,7 +272,12 @@ class Resolver:
             # gets it now instead of after the interpreter's 5 ms switch interval.
             time.sleep(0)
 
-    def _drain_locked(self) -> tuple[int, int]:
+    def _drain_locked(self, taken_box: list[int]) -> int:
+        """Take what is ready off the backlog, resolve it, hand it to the sinks.
+
+        ``taken_box[0]`` is set to the records taken off the backlog (resolved or dropped) as
+        soon as they are taken, so the caller can account for them whatever happens next.
+        """
         rec = self.rec
         clock = rec.clock
         q = rec.queue
@@ -284,15 +306,31 @@ class Resolver:
             if copy is not None and clock is not None and not clock.query(copy.event):
                 break
             ready.append(backlog.popleft())
+        taken_box[0] = dropped_full + len(ready)
 
-        out = self._resolve_all(ready, clock, dropped_full)
+        try:
+            out = self._resolve_all(ready, clock, dropped_full)
+        except Exception as exc:
+            # A bug, not bad input (bad values are validated per cycle before anything is
+            # applied): the chunk is lost as a whole and counted, never half-applied.
+            _log.exception("specobs: resolver error; %d records dropped: %r", len(ready), exc)
+            for c in ready:
+                self._release(c)
+            with self.agg.lock:
+                self.agg.dropped["resolver_error"] = (
+                    self.agg.dropped.get("resolver_error", 0) + len(ready)
+                )
+                self.agg.dropped["queue_full"] += dropped_full
+                self.agg.errors["internal"] = self.agg.errors.get("internal", 0) + 1
+                self.agg.generation += 1
+            return 0
         if out:
             for sink in self.sinks:
                 try:
                     sink.on_cycles(out)
                 except Exception as exc:
                     rec.log.warn("sink", f"sink {type(sink).__name__} failed on cycles: {exc!r}")
-        return len(ready), dropped_full + len(ready)
+        return len(ready)
 
     def _release(self, c: Cycle) -> None:
         clock = self.rec.clock
@@ -317,6 +355,12 @@ class Resolver:
         one bisect per bucket bound instead of one bisect per value; ``sum``/``min``/``max`` over
         concatenated acceptance). Only GPU-sampled cycles, traced cycles, and cycles a sink asked
         for (the memory sink) get per-cycle Python work.
+
+        Two stages, so a chunk is applied whole or not at all: everything that can fail on what
+        a caller passed (acceptance, draft lengths, batch sizes, GPU timings) is validated and
+        converted first, per cycle where a column check fails, each bad value counted in
+        ``errors{kind}`` and costing only its own cycle's value; then, under the aggregation
+        lock, only arithmetic on validated numbers is applied.
         """
         agg = self.agg
         rec = self.rec
@@ -333,12 +377,16 @@ class Resolver:
             with agg.lock:
                 self._fold(agg)
                 agg.dropped["queue_full"] += dropped_full
+                if dropped_full:
+                    agg.generation += 1
             return out
 
+        # -- stage 1: compute and validate (nothing shared is written) -----------------------
         # Host clock, column-wise (nanoseconds).
         tss = [c._ts for c in ready]
-        host_cols = [[t[i + 1] - t[i] for t in tss] for i in range(nph)]
+        host_cols = [[(t[i + 1] - t[i]) * 1e-9 for t in tss] for i in range(nph)]
         totals = [t[-1] - t[0] for t in tss]
+        cycle_host = [v * 1e-9 for v in totals]
 
         # GPU clock: sampled cycles only; every event of these cycles has completed.
         gpu_of: dict[int, list[int]] = {}
@@ -351,13 +399,26 @@ class Resolver:
                     continue
                 c._ev = None
                 try:
-                    gpu_of[j] = [el(ev[i], ev[i + 1]) for i in range(len(ev) - 1)]
+                    g = [el(ev[i], ev[i + 1]) for i in range(len(ev) - 1)]
+                    if all(type(x) is int and x >= 0 for x in g):
+                        gpu_of[j] = g
+                    else:
+                        rec.log.warn("elapsed", f"GPU event times are not counts of ns: {g!r}")
                 except Exception as exc:
                     rec.log.warn("elapsed", f"could not read GPU event times: {exc!r}")
                 clock.release(ev)
                 cost += c._cost
+        gcols = list(gpu_of.values())
+        gpu_phase_cols = [[g[i] * 1e-9 for g in gcols] for i in range(nph)] if gcols else []
+        gpu_cycle = [sum(g) * 1e-9 for g in gcols]
 
         accs, batches = self._acceptance_batch(ready)
+        column = b""
+        if accs is not None:
+            # Validated ints in 0..max_draft_length (<= 64): as bytes, each count below is a
+            # C-speed scan (10x faster than list.count on this column).
+            column = accs[0] if type(accs[0]) is bytes else bytes(accs[0])
+        counts_by_value = [column.count(v) for v in range(agg.max_draft_length + 1)]
 
         traced: list[int] = []
         if trace:
@@ -366,36 +427,56 @@ class Resolver:
             if slow is not None:
                 picked = set(traced)
                 for j, tot in enumerate(totals):
-                    g = gpu_of.get(j)
-                    if (sum(g) if g is not None else tot) >= slow and j not in picked:
+                    gj = gpu_of.get(j)
+                    if (sum(gj) if gj is not None else tot) >= slow and j not in picked:
                         traced.append(j)
                 traced.sort()
 
+        want = set(traced)
+        for j in (range(len(ready)) if need_all else traced):
+            c = ready[j]
+            ts = tss[j]
+            r = ResolvedCycle()
+            r.index = c.index
+            r.phases = phases
+            r.start_wall_ns = anchor_wall + ts[0]
+            r.end_wall_ns = anchor_wall + ts[-1]
+            r.host_ns = [ts[i + 1] - ts[i] for i in range(nph)]
+            r.gpu_ns = gpu_of.get(j)
+            r.batch_size = c._batch
+            a = self._resolved_acceptance(c) if accs is not None else None
+            if a is not None:
+                r.accept_lengths, r.accepted, r.drafted, r.emitted, r.drafted_shape = a
+                if r.batch_size is None:
+                    r.batch_size = len(r.accept_lengths)
+            if j in want:
+                r.trace_id = rng.getrandbits(128) or 1
+                r.span_id = rng.getrandbits(64) or 1
+                r.phase_span_ids = [rng.getrandbits(64) or 1 for _ in range(nph)]
+            out.append(r)
+        last_ts = (anchor_wall + tss[-1][-1]) / 1e9
+
+        # -- stage 2: apply (validated numbers only; nothing here can raise on input) --------
         with agg.lock:
             self._fold(agg)
             agg.dropped["queue_full"] += dropped_full
             agg.cycles += len(ready)
             for i in range(nph):
-                agg.phase_host[i].observe_many([v * 1e-9 for v in host_cols[i]])
-            agg.cycle_host.observe_many([v * 1e-9 for v in totals])
-            if gpu_of:
-                agg.sampled_cycles += len(gpu_of)
-                gcols = list(gpu_of.values())
+                agg.phase_host[i].observe_many(host_cols[i])
+            agg.cycle_host.observe_many(cycle_host)
+            if gcols:
+                agg.sampled_cycles += len(gcols)
                 for i in range(nph):
-                    agg.phase_gpu[i].observe_many([g[i] * 1e-9 for g in gcols])
-                agg.cycle_gpu.observe_many([sum(g) * 1e-9 for g in gcols])
+                    agg.phase_gpu[i].observe_many(gpu_phase_cols[i])
+                agg.cycle_gpu.observe_many(gpu_cycle)
             if accs is not None:
-                lengths_all, accepted, drafted, emitted, k_counts = accs
+                _, accepted, drafted, emitted, k_counts = accs
                 agg.draft_tokens += drafted
                 agg.accepted_tokens += accepted
                 agg.emitted_tokens += emitted
                 al = agg.accept_length
                 counts = al.counts
-                # Validated ints in 0..max_draft_length (<= 64): as bytes, each count is a
-                # C-speed scan (10x faster than list.count on this column).
-                column = bytes(lengths_all)
-                for value in range(len(counts) - 1):
-                    n = column.count(value)
+                for value, n in enumerate(counts_by_value):
                     if n:
                         counts[value] += n
                 al.sum += accepted
@@ -404,50 +485,34 @@ class Resolver:
                     dbk[kk] += n
             if batches:
                 agg.batch_size.observe_many(batches)
-            agg.last_cycle_timestamp = (anchor_wall + tss[-1][-1]) / 1e9
-            want = set(traced)
-            for j in (range(len(ready)) if need_all else traced):
-                c = ready[j]
-                ts = tss[j]
-                r = ResolvedCycle()
-                r.index = c.index
-                r.phases = phases
-                r.start_wall_ns = anchor_wall + ts[0]
-                r.end_wall_ns = anchor_wall + ts[-1]
-                r.host_ns = [col[j] for col in host_cols]
-                r.gpu_ns = gpu_of.get(j)
-                r.batch_size = c._batch
-                a = self._resolved_acceptance(c) if accs is not None else None
-                if a is not None:
-                    r.accept_lengths, r.accepted, r.drafted, r.emitted, r.drafted_shape = a
-                    if r.batch_size is None:
-                        r.batch_size = len(r.accept_lengths)
-                if j in want:
-                    r.trace_id = rng.getrandbits(128) or 1
-                    r.span_id = rng.getrandbits(64) or 1
-                    r.phase_span_ids = [rng.getrandbits(64) or 1 for _ in range(nph)]
+            agg.last_cycle_timestamp = last_ts
+            for r in out:
+                if r.trace_id is not None:
                     self._exemplars(agg, r)
-                out.append(r)
+            agg.generation += 1
         self._adapt(cost, len(gpu_of), sum(totals) / len(ready))
         return out
 
     def _acceptance_batch(
         self, ready: list[Cycle]
-    ) -> tuple[tuple[list[int], int, int, int, dict[int, int]] | None, list[int]]:
+    ) -> tuple[tuple[list[int] | bytes, int, int, int, dict[int, int]] | None, list[int]]:
         """Acceptance of a whole batch: (concatenated lengths, accepted, drafted, emitted,
-        sequences by draft length) and the batch sizes.
+        sequences by draft length) and the batch sizes, all validated.
 
         The common case — a list of ints with one integer draft length and the default emitted
-        count — is validated once for the whole batch (``min``/``max`` over the concatenation);
-        only if that fails, or for other inputs, is each cycle validated on its own.
+        count — is validated once for the whole batch with C-level builtins over the
+        concatenation (``bytes()`` rejects any non-int or value outside 0..255 anywhere in it,
+        ``min``/``max`` bound it by the draft length); only if that fails, or for other inputs,
+        is each cycle validated on its own, so a bad value costs only its own cycle's
+        acceptance. Batch sizes get the same treatment: a column check, then per cycle.
         """
         k_max = self.agg.max_draft_length
         fast_lengths: list[int] = []
         fast: list[Cycle] = []
         k_counts: dict[int, int] = {}
         k_min = k_max
-        batches: list[int] = []
         slow: list[Cycle] = []
+        batches: list[int] = []
         for c in ready:
             acc = c._acc
             c._resolved_acc = None
@@ -456,6 +521,8 @@ class Resolver:
                     batches.append(c._batch)
                 continue
             dl = c._draft_len  # set by accept(), with _acc / _acc_copy
+            if dl is not None and type(dl) is not int:
+                dl = c._draft_len = _as_scalar_count(dl)  # numpy / torch scalars; else as was
             if type(acc) is list and (dl is None or type(dl) is int) and c._emitted is None:
                 k = k_max if dl is None else dl
                 n = len(acc)
@@ -467,37 +534,37 @@ class Resolver:
                 batches.append(n if c._batch is None else c._batch)
             else:
                 slow.append(c)
-        all_lengths: list[int] = []
+        all_lengths: list[int] | bytes = []
         accepted = drafted = emitted = 0
         if fast:
             ok = k_min >= 0 and max(k_counts) <= k_max
+            column = b""
             if ok and fast_lengths:
-                lo = min(fast_lengths)
-                hi = max(fast_lengths)
-                ok = type(lo) is int and type(hi) is int and lo >= 0 and hi <= k_min
+                try:
+                    column = bytes(fast_lengths)  # TypeError / ValueError on any bad element
+                    lo = min(fast_lengths)
+                    hi = max(fast_lengths)
+                    ok = type(lo) is int and type(hi) is int and hi <= k_min
+                except (TypeError, ValueError):
+                    ok = False
             if ok:
-                all_lengths = fast_lengths
-                accepted = sum(fast_lengths)
+                all_lengths = column
+                accepted = sum(column)
                 drafted = sum(k * n for k, n in k_counts.items())
-                emitted = accepted + len(fast_lengths)
+                emitted = accepted + len(column)
             else:  # someone sent bad values: find and count them one by one
                 k_counts = {}
                 slow = fast + slow
-                batches = [
-                    c._batch for c in ready
-                    if c._acc is None and c._acc_copy is None and c._batch is not None
-                ]
-        for c in slow:
-            a = self._acceptance_of(c)
-            c._resolved_acc = a
-            if a is None:
-                c._acc = None  # invalid and counted: not shown on the resolved cycle either
-            batch = c._batch
-            if a is not None:
+        if slow:
+            merged = list(all_lengths)
+            for c in slow:
+                a = self._acceptance_of(c)
+                c._resolved_acc = a
+                if a is None:
+                    c._acc = None  # invalid and counted: not shown on the resolved cycle either
+                    continue
                 lengths, acc_n, dr, em, shape = a
-                if all_lengths is fast_lengths:
-                    all_lengths = list(fast_lengths)
-                all_lengths += lengths
+                merged += lengths
                 accepted += acc_n
                 drafted += dr
                 emitted += em
@@ -506,13 +573,38 @@ class Resolver:
                 else:
                     for kk in shape:
                         k_counts[kk] = k_counts.get(kk, 0) + 1
-                if batch is None:
-                    batch = len(lengths)
-            if batch is not None:
-                batches.append(batch)
+            all_lengths = merged
+        if slow or not _batches_ok(batches):
+            batches = self._batches(ready)
         if not all_lengths and not k_counts:
             return None, batches
         return (all_lengths, accepted, drafted, emitted, k_counts), batches
+
+    def _batches(self, ready: list[Cycle]) -> list[int]:
+        """Batch size of each cycle that has one (given, or the number of sequences whose
+        acceptance is valid), validated one by one; a bad given size is counted and dropped
+        (the cycle stays). Used only when the column check of the fast path failed."""
+        batches: list[int] = []
+        for c in ready:
+            b = c._batch
+            if b is not None:
+                v = _as_batch(b)
+                if v is None:
+                    self.rec.misuse(
+                        "bad_batch_size",
+                        f"batch_size must be an integer between 0 and {_MAX_BATCH}, got {b!r}; "
+                        f"the cycle is kept without a batch size",
+                    )
+                c._batch = v
+                if v is not None:
+                    batches.append(v)
+                continue
+            a = c._resolved_acc
+            if a is not None:
+                batches.append(len(a[0]))
+            elif type(c._acc) is list:
+                batches.append(len(c._acc))
+        return batches
 
     def _resolved_acceptance(
         self, c: Cycle
@@ -532,7 +624,20 @@ class Resolver:
     def _acceptance_of(
         self, c: Cycle
     ) -> tuple[list[int], int, int, int, list[int] | tuple[int, int]] | None:
-        """Validated acceptance of one cycle, or None (nothing given, or bad and counted)."""
+        """Validated acceptance of one cycle, or None (nothing given, or bad and counted).
+
+        Whatever the caller passed, this never raises: a value that cannot be read as counts
+        costs this cycle's acceptance and one ``errors{kind="bad_acceptance"}``.
+        """
+        try:
+            return self._acceptance_of_unchecked(c)
+        except Exception as exc:
+            self.rec.misuse("bad_acceptance", f"could not read the acceptance: {exc!r}")
+            return None
+
+    def _acceptance_of_unchecked(
+        self, c: Cycle
+    ) -> tuple[list[int], int, int, int, list[int] | tuple[int, int]] | None:
         acc = c._acc
         copy = c._acc_copy
         if copy is not None:
@@ -545,34 +650,33 @@ class Resolver:
         if acc is None:
             return None
         k_max = self.agg.max_draft_length
-        try:
-            # Lists arrive from the hot path (tolist() or a copy); only odd inputs are converted.
-            lengths = acc if type(acc) is list else [int(a) for a in acc]
-            if lengths:
-                lo = min(lengths)
-                hi = max(lengths)
-                if type(lo) is not int or type(hi) is not int:
-                    lengths = [_as_count(a) for a in lengths]
-                    lo = min(lengths)
-                    hi = max(lengths)
-            else:
-                lo = hi = 0
-        except (TypeError, ValueError):
-            self.rec.misuse("bad_acceptance", f"accepted lengths must be a sequence of integers, "
-                            f"got {type(acc).__name__}")
+        if type(acc) is not list and not _is_sequence(acc):
+            self.rec.misuse(
+                "bad_acceptance",
+                f"accepted lengths must be a sequence of integers (list, tuple, array, tensor), "
+                f"got {type(acc).__name__}",
+            )
             return None
+        try:
+            lengths = [_as_count(a) for a in acc]
+        except (TypeError, ValueError, OverflowError):
+            self.rec.misuse("bad_acceptance", f"accepted lengths must be integers >= 0, got "
+                            f"{_short(acc)}")
+            return None
+        lo = min(lengths, default=0)
+        hi = max(lengths, default=0)
         dl = c._draft_len
         if dl is None:
             dl = k_max
         per_seq_k: list[int] | None = None
-        if isinstance(dl, int) and not isinstance(dl, bool):
+        if type(dl) is int:
             k = dl
             drafted = dl * len(lengths)
             ok = 0 <= dl <= k_max
         else:
             try:
-                per_seq_k = [_as_count(x) for x in dl]
-            except (TypeError, ValueError):
+                per_seq_k = [_as_count(x) for x in dl] if _is_sequence(dl) else []
+            except (TypeError, ValueError, OverflowError):
                 per_seq_k = []
             k = max(per_seq_k, default=0)
             drafted = sum(per_seq_k)
@@ -581,7 +685,7 @@ class Resolver:
             self.rec.misuse(
                 "bad_acceptance",
                 f"draft_length must be an int (or one per sequence) between 0 and "
-                f"max_draft_length={k_max}, got {dl!r} for {len(lengths)} sequences",
+                f"max_draft_length={k_max}, got {_short(dl)} for {len(lengths)} sequences",
             )
             return None
         if lo < 0 or hi > k:
@@ -599,11 +703,12 @@ class Resolver:
         emitted = accepted + len(lengths)
         if em is not None:
             try:
-                got = int(em) if not hasattr(em, "__len__") else sum(int(x) for x in em)
-            except (TypeError, ValueError):
+                got = sum(_as_count(x) for x in em) if _is_sequence(em) else _as_count(em)
+            except (TypeError, ValueError, OverflowError):
                 got = -1
             if got < 0:
-                self.rec.misuse("bad_acceptance", f"emitted must be a count >= 0, got {em!r}")
+                self.rec.misuse("bad_acceptance", f"emitted must be a count >= 0, got "
+                                f"{_short(em)}; the default (accepted + 1 per sequence) is used")
             else:
                 emitted = got
         shape: list[int] | tuple[int, int] = (
@@ -666,7 +771,79 @@ class Resolver:
                 )
 
 
+#: Largest batch size counted; anything above is a caller's bug, not a batch.
+_MAX_BATCH = 1 << 31
+#: Most sequences one cycle's acceptance may hold (bounds the resolver's work per cycle).
+_MAX_SEQUENCES = 1 << 20
+
+
+def _is_sequence(x: Any) -> bool:
+    """A finite, ordered collection of per-sequence values: list, tuple, range, array, tensor.
+
+    Not a string, a mapping (``{1: 2}`` would count its keys), a set (unordered, deduplicated)
+    or an iterator (it could be endless, and the resolver must finish its chunk).
+    """
+    if isinstance(x, (str, bytes, bytearray, Mapping, Set)):
+        return False
+    try:
+        n = len(x)
+    except Exception:
+        return False
+    return isinstance(n, int) and n <= _MAX_SEQUENCES and hasattr(x, "__getitem__")
+
+
 def _as_count(a: Any) -> int:
-    if isinstance(a, bool) or int(a) != a:
+    """An integer count from an int, an integral float, or a numpy/torch integer scalar.
+
+    Raises ValueError for bools, NaN, infinities, fractions and anything else.
+    """
+    if type(a) is int:
+        return a
+    if isinstance(a, bool):
         raise ValueError(f"not an integer count: {a!r}")
-    return int(a)
+    try:
+        return operator.index(a)  # numpy integers, 0-d integer tensors
+    except TypeError:
+        pass
+    if isinstance(a, float) and a.is_integer():  # also rejects NaN and infinities
+        return int(a)
+    raise ValueError(f"not an integer count: {a!r}")
+
+
+def _batches_ok(batches: list[Any]) -> bool:
+    """Whether every batch size is an int in 0.._MAX_BATCH, with C-level builtins only: a float
+    anywhere makes the sum a float, a string or None makes it raise."""
+    try:
+        return type(sum(batches)) is int and (
+            not batches or (min(batches) >= 0 and max(batches) <= _MAX_BATCH)
+        )
+    except (TypeError, ValueError):
+        return False
+
+
+def _as_scalar_count(dl: Any) -> Any:
+    """A numpy or torch integer scalar ``draft_length`` as an int; anything else unchanged
+    (a per-sequence sequence, or a bad value that per-cycle validation counts)."""
+    if isinstance(dl, bool) or _is_sequence(dl):
+        return dl
+    try:
+        return _as_count(dl)
+    except Exception:
+        return dl
+
+
+def _as_batch(b: Any) -> int | None:
+    try:
+        v = _as_count(b)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return v if 0 <= v <= _MAX_BATCH else None
+
+
+def _short(x: Any) -> str:
+    """A bounded repr for log messages (a caller's value may be huge)."""
+    try:
+        text = repr(x)
+    except Exception:
+        text = f"<{type(x).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -76,6 +76,7 @@ DROP_REASONS: tuple[str, ...] = (
     "fork",  # records inherited from the parent process after fork()
     "span_export",  # cycle spans the OTLP exporter dropped (queue full, collector down)
     "metric_export",  # OTLP metric exports that failed (the next export resends cumulative data)
+    "resolver_error",  # records of a chunk whose resolution raised (a specobs bug; logged)
 )
 
 #: Kinds of hot-path misuse, counted in ``specobs_exporter_errors_total{kind}``.
@@ -86,6 +87,8 @@ ERROR_KINDS: tuple[str, ...] = (
     "begin_while_open",
     "end_without_begin",
     "bad_acceptance",
+    "bad_batch_size",
+    "bad_request_counts",
     "unsupported_engine",
     "internal",
 )
