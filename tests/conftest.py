@@ -10,9 +10,10 @@ import pytest
 
 pytest_plugins = ["tests._otlp_receiver", "tests._prometheus_server"]
 
-# The suite must never pick up a user's exporter settings.
+# The suite must never pick up a user's exporter settings (but keeps where its caches live).
+_KEEP = {"SPECOBS_TEST_WEIGHTS_DIR", "SPECOBS_CONTRACTS_CACHE", "SPECOBS_TEST_ENGINE_VENVS"}
 for _var in list(os.environ):
-    if _var.startswith(("SPECOBS_", "OTEL_")) and _var != "SPECOBS_TEST_WEIGHTS_DIR":
+    if _var.startswith(("SPECOBS_", "OTEL_")) and _var not in _KEEP:
         del os.environ[_var]
 
 # One weight cache for the demo engine across the whole suite and its subprocesses (`specobs

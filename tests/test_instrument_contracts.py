@@ -33,14 +33,12 @@ from specobs.instrument import vllm as vl_inst
 from specobs.instrument._base import PackageRange
 from specobs.instrument._package_sglang import PACKAGE as SGLANG_RANGE
 from specobs.instrument._package_transformers import PACKAGE as TRANSFORMERS_RANGE
-from specobs.instrument._package_vllm import PACKAGE as VLLM_RANGE
 
 CACHE = Path(
     os.environ.get("SPECOBS_CONTRACTS_CACHE", Path.home() / ".cache" / "specobs-contracts")
 )
 
 SGLANG_PINS = ("0.5.10", "0.5.11", "0.5.12", "0.5.23")
-VLLM_PINS = ("0.11.0", "0.33.0")
 TRANSFORMERS_PINS = ("4.57.6", "5.17.0")
 
 
@@ -206,55 +204,7 @@ def test_sglang_plugin_framework_contract(version: str) -> None:
     assert "AROUND" in members
 
 
-# -- vLLM contracts --------------------------------------------------------------------------------
-
-VL_RUNNER = "vllm/v1/worker/gpu_model_runner.py"
-VL_SIGNATURES = {
-    "execute_model": ["self", "scheduler_output", "intermediate_tensors"],
-    "_sample": ["self", "logits", "spec_decode_metadata"],
-    "sample_tokens": ["self", "grammar_output"],
-    "_bookkeeping_sync": ["self", "scheduler_output", "sampler_output"],
-    "propose_draft_token_ids": ["self", "scheduler_output", "sampled_token_ids"],
-}
-
-
-@pytest.mark.parametrize("version", VLLM_PINS)
-def test_vllm_seams_exist_with_expected_signatures(version: str) -> None:
-    assert VLLM_RANGE.supports(version)
-    runner_tree = _tree("vllm", version, VL_RUNNER)
-    assert runner_tree is not None
-    runner = _class(runner_tree, vl_inst.RUNNER_CLASS)
-    assert set(VL_SIGNATURES) == set(vl_inst.HOOKS)
-    for method, expected in VL_SIGNATURES.items():
-        if method == "sample_tokens" and not any(
-            isinstance(n, ast.FunctionDef) and n.name == method for n in runner.body
-        ):
-            # Before the split (0.11.0) execute_model sampled, drafted and did the bookkeeping
-            # itself and returned the output: the cycle then ends where execute_model returns.
-            assert "self._sample" in _calls(_method(runner, "execute_model")), version
-            continue
-        params = _params(_method(runner, method))
-        assert params[: len(expected)] == expected, (method, params)
-    assert "speculative_config" in _fields(runner)
-
-    output = _tree("vllm", version, "vllm/v1/core/sched/output.py")
-    assert output is not None
-    assert "scheduled_spec_decode_tokens" in _fields(_class(output, "SchedulerOutput"))
-    metadata = _tree("vllm", version, "vllm/v1/spec_decode/metadata.py")
-    assert metadata is not None
-    assert "num_draft_tokens" in _fields(_class(metadata, "SpecDecodeMetadata"))
-    outputs = _tree("vllm", version, "vllm/v1/outputs.py")
-    assert outputs is not None
-    assert "sampled_token_ids" in _fields(_class(outputs, "SamplerOutput"))
-    sampler = _tree("vllm", version, "vllm/v1/sample/rejection_sampler.py")
-    assert sampler is not None
-    assert _module_constant(sampler, "PLACEHOLDER_TOKEN_ID") == vl_inst.PLACEHOLDER_TOKEN_ID
-    spec = _tree("vllm", version, "vllm/config/speculative.py")
-    assert spec is not None
-    assert "num_speculative_tokens" in _fields(_class(spec, "SpeculativeConfig"))
-    plugins = _tree("vllm", version, "vllm/plugins/__init__.py")
-    assert plugins is not None
-    assert _module_constant(plugins, "DEFAULT_PLUGINS_GROUP") == "vllm.general_plugins"
+# vLLM: tests/test_instrument_vllm.py (contracts and behaviour), tests/test_engine_vllm_cpu.py.
 
 
 # -- transformers contracts ------------------------------------------------------------------------
@@ -575,116 +525,3 @@ def test_sglang_v1_worker_direct_instrumentation_restores(
     assert snap.draft_tokens_total == 2 * 3 * 4
     assert not any(snap.errors.values()), snap.errors
     observer.shutdown(timeout_seconds=5.0)
-
-
-def _vllm_runner_module(
-    monkeypatch: pytest.MonkeyPatch, calls: list[str], draft_first: bool
-) -> types.ModuleType:
-    """Stand-ins mirroring vllm 0.33.0's GPUModelRunner.execute_model / sample_tokens flow."""
-    torch = pytest.importorskip("torch")
-    for name in ("vllm.v1", "vllm.v1.worker"):
-        _package(monkeypatch, name)
-    module = _package(monkeypatch, vl_inst.RUNNER_MODULE, path=False)
-
-    class GPUModelRunner:
-        def __init__(self) -> None:
-            self.speculative_config = types.SimpleNamespace(num_speculative_tokens=3)
-            self.execute_model_state: Any = None
-
-        def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
-            calls.append("forward")
-            drafts = scheduler_output.scheduled_spec_decode_tokens
-            metadata = (
-                types.SimpleNamespace(num_draft_tokens=[len(d) for d in drafts.values()])
-                if drafts
-                else None
-            )
-            self.execute_model_state = (scheduler_output, metadata)
-            return None
-
-        def sample_tokens(self, grammar_output: Any) -> Any:
-            scheduler_output, metadata = self.execute_model_state
-            self.execute_model_state = None
-            sampler_output = self._sample(None, metadata)
-            if draft_first:
-                self.propose_draft_token_ids(scheduler_output, sampler_output.sampled_token_ids)
-            self._bookkeeping_sync(scheduler_output, sampler_output, None, None, 0)
-            if not draft_first:
-                self.propose_draft_token_ids(scheduler_output, [[1]])
-            return "model-runner-output"
-
-        def _sample(self, logits: Any, spec_decode_metadata: Any) -> Any:
-            calls.append("sample")
-            # Rows: 2 accepted of 3, all 3 accepted, none accepted; -1 marks rejected slots.
-            sampled = torch.tensor([[5, 6, 7, -1], [5, 6, 7, 8], [9, -1, -1, -1]])
-            return types.SimpleNamespace(sampled_token_ids=sampled)
-
-        def propose_draft_token_ids(
-            self, scheduler_output: Any, sampled_token_ids: Any, *args: Any
-        ) -> Any:
-            calls.append("draft")
-
-        def _bookkeeping_sync(
-            self, scheduler_output: Any, sampler_output: Any, logits: Any, hidden_states: Any,
-            num_scheduled_tokens: int,
-        ) -> Any:  # fmt: skip
-            calls.append("bookkeeping")
-
-    module.GPUModelRunner = GPUModelRunner
-    return module
-
-
-@pytest.mark.parametrize("draft_first", [True, False], ids=["eagle-order", "ngram-order"])
-def test_vllm_plugin_through_vllms_own_loader(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fresh_instrumentors: Any, draft_first: bool
-) -> None:
-    version = "0.33.0"
-    calls: list[str] = []
-    _package(monkeypatch, "vllm")
-    envs = _package(monkeypatch, "vllm.envs", path=False)
-    envs.VLLM_PLUGINS = None
-    module = _vllm_runner_module(monkeypatch, calls, draft_first)
-    originals = dict(vars(module.GPUModelRunner))
-    plugins = _load_from_wheel(monkeypatch, tmp_path, "vllm", version, "vllm.plugins")
-    entry = importlib.metadata.EntryPoint(
-        name="specobs", value="specobs.instrument.vllm:vllm_plugin", group="vllm.general_plugins"
-    )
-    monkeypatch.setattr(
-        importlib.metadata, "entry_points", lambda group: [entry] if group == entry.group else []
-    )
-    monkeypatch.setattr(vl_inst.VllmInstrumentor, "package", _Installed(VLLM_RANGE, version))
-    monkeypatch.setenv(vl_inst.SPECOBS_VLLM, "1")
-    monkeypatch.setenv("SPECOBS_CLOCK", "host")
-    for var in ("SPECOBS_EXPORTERS", "SPECOBS_RANK", "RANK", "LOCAL_RANK", "SPECOBS_PHASES"):
-        monkeypatch.delenv(var, raising=False)
-
-    plugins.load_general_plugins()
-    plugins.load_general_plugins()  # vLLM may call it again: idempotent
-    assert vl_inst.VllmInstrumentor().is_instrumented
-    runner = module.GPUModelRunner()
-    with_drafts = types.SimpleNamespace(scheduled_spec_decode_tokens={"a": [1] * 3, "b": [2] * 3,
-                                                                      "c": [3] * 3})  # fmt: skip
-    without = types.SimpleNamespace(scheduled_spec_decode_tokens={})
-    runner.execute_model(without)  # first decode step after prefill: nothing to verify
-    runner.sample_tokens(None)
-    for _ in range(4):  # the first speculative step teaches the phase order, then 3 cycles
-        assert runner.execute_model(with_drafts) is None
-        assert runner.sample_tokens(None) == "model-runner-output"
-
-    observer = vl_inst.VllmInstrumentor().current_observer
-    assert observer is not None
-    expected = ("verify", "draft", "bookkeeping") if draft_first else (
-        "verify", "bookkeeping", "draft")  # fmt: skip
-    assert tuple(observer.phases) == expected
-    snap = _snapshot(observer)
-    assert snap.cycles_total == 3
-    assert snap.accepted_tokens_total == 3 * (2 + 3 + 0)
-    assert snap.draft_tokens_total == 3 * 9
-    assert not any(snap.errors.values()), snap.errors
-    for phase in expected:
-        assert snap.phase_count(phase, "host") == 3
-        assert snap.phase_seconds_sum(phase, "host") > 0.0
-    assert calls.count("forward") == 5
-
-    vl_inst.VllmInstrumentor().uninstrument()
-    assert dict(vars(module.GPUModelRunner)) == originals

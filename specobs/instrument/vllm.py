@@ -1,25 +1,41 @@
-"""vLLM: a ``vllm.general_plugins`` plugin timing every speculative step of the v1 GPU runner.
+"""vLLM: a ``vllm.general_plugins`` plugin timing every speculative step of the model runner.
 
 Turn it on with ``SPECOBS_VLLM=1`` (``pip install specobs`` registers the entry point). vLLM's
 ``load_general_plugins()`` runs :func:`vllm_plugin` in every process it starts (API server,
-engine core, workers); the plugin patches ``GPUModelRunner`` in place, restorably.
+engine core, workers, a model-inspection subprocess). The plugin imports nothing of vLLM: it
+registers post-import hooks, and the runner classes are patched, in place and restorably, when
+vLLM itself imports them -- which only the processes that run the model do.
 
-Seams, read from ``vllm/v1/worker/gpu_model_runner.py`` of the pinned release (0.33.0):
+vLLM has two model runners, and which one a worker builds is decided at run time
+(``VllmConfig.use_v2_model_runner``; model runner V2 is the default for eagle, eagle3, ngram,
+draft_model and mtp since 0.33 whenever Triton is usable, ``VLLM_USE_V2_MODEL_RUNNER=0`` forces
+V1). specobs instruments both, and checks the runner the worker actually built
+(``Worker.load_model``): anything else logs one warning and exports
+``specobs_info{integration="unsupported"}``.
 
-- ``GPUModelRunner.execute_model(scheduler_output, intermediate_tensors=None)`` runs the target
-  forward over each request's last token plus its draft tokens (**verify** starts here);
-- ``GPUModelRunner.sample_tokens(grammar_output)`` then calls ``_sample(logits,
-  spec_decode_metadata)`` (the rejection sampler, still verify), ``propose_draft_token_ids(...)``
-  (**draft**, for the next step) and ``_bookkeeping_sync(...)`` (**bookkeeping**). Drafters that
-  run on the GPU (EAGLE, draft models) propose before bookkeeping; CPU drafters (n-gram) after.
-  specobs learns that order from the first speculative step and names the phases in it.
+Seams, read from the pinned release (0.33.0) -- see docs/integrations.md for what each phase
+covers:
+
+- **V2** (``vllm.v1.worker.gpu.model_runner.GPUModelRunner``): ``execute_model`` runs the target
+  forward over each request's last token and drafts (**verify** starts); ``sample_tokens`` calls
+  ``sample()`` (the rejection sampler, returning ``(sampler_output, num_sampled,
+  num_rejected)``), then the host-side output and state update (**bookkeeping**, from where
+  ``sample()`` returns to where ``postprocess_sampled()`` returns), then
+  ``self.speculator.propose(...)`` for the next step (**draft**, to the end of
+  ``sample_tokens``). Accepted drafts per request are ``num_sampled - 1``, on the GPU; drafts per
+  request are ``input_batch.num_draft_tokens_per_req``, on the host.
+- **V1** (``vllm.v1.worker.gpu_model_runner.GPUModelRunner``, and the CPU build's
+  ``CPUModelRunner``): ``execute_model`` (**verify**), ``sample_tokens`` -> ``_sample`` (the
+  rejection sampler), ``propose_draft_token_ids`` (**draft**) and ``_bookkeeping_sync``
+  (**bookkeeping**). Drafters that run a model forward (EAGLE, draft models, the GPU n-gram)
+  propose before bookkeeping; the others (n-gram on the host, suffix) after it. The order is read
+  from the speculative config, so the first step is recorded like every other. Accepted drafts
+  per request: sampled tokens that are not ``PLACEHOLDER_TOKEN_ID`` (-1), minus the bonus token.
 - A step is a cycle when the scheduler sent draft tokens to verify
   (``scheduler_output.scheduled_spec_decode_tokens``). It ends when ``sample_tokens`` returns
-  (or ``execute_model`` returns an output itself, as older releases do).
-- Acceptance per request from the rejection sampler's output: the number of sampled tokens that
-  are not ``PLACEHOLDER_TOKEN_ID`` (-1), minus the bonus token, computed on the GPU and handed to
-  specobs as a CUDA tensor (no sync); draft lengths per request from
-  ``spec_decode_metadata.num_draft_tokens``.
+  (or when ``execute_model`` returns an output itself, as releases before the split did).
+- Topology: the TP rank 0 of the last pipeline stage of each data-parallel replica records
+  (other ranks see no sampling); replicas carry ``dp_rank`` and use port + ``dp_rank``.
 """
 
 from __future__ import annotations
@@ -31,7 +47,13 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from specobs.instrument._base import DEFAULT_PHASES, BaseInstrumentor, LogOnce, PhaseTracker
+from specobs.instrument._base import (
+    BaseInstrumentor,
+    LogOnce,
+    PhaseTracker,
+    Topology,
+    when_imported,
+)
 from specobs.instrument._package_vllm import PACKAGE
 
 if TYPE_CHECKING:
@@ -42,10 +64,20 @@ __all__ = ["SPECOBS_VLLM", "VllmInstrumentor", "vllm_plugin"]
 SPECOBS_VLLM = "SPECOBS_VLLM"
 """``1`` turns the vLLM plugin on (default off: installing specobs changes nothing)."""
 
-RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 RUNNER_CLASS = "GPUModelRunner"
+V1_MODULE = "vllm.v1.worker.gpu_model_runner"
+"""Model runner V1 (and, through subclassing, the CPU build's runner)."""
+V2_MODULE = "vllm.v1.worker.gpu.model_runner"
+"""Model runner V2, the default for speculative decoding since vLLM 0.33."""
+WORKER_MODULE = "vllm.v1.worker.gpu_worker"
+WORKER_CLASS = "Worker"
+RUNNER_MODULE = V1_MODULE  # the name earlier releases of specobs exported
+
 PLACEHOLDER_TOKEN_ID = -1
-"""What vLLM's rejection sampler writes where a draft token was rejected."""
+"""What vLLM's V1 rejection sampler writes where a draft token was rejected."""
+
+V2_PHASES = ("verify", "bookkeeping", "draft")
+"""Model runner V2 always updates its state before it proposes the next drafts."""
 
 _failed = LogOnce()
 _log = logging.getLogger("specobs.instrument")
@@ -55,27 +87,73 @@ def _enabled() -> bool:
     return os.environ.get(SPECOBS_VLLM, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _rank() -> int | None:
-    try:
-        import torch.distributed as dist
+def v1_phase_order(spec_config: Any) -> tuple[str, ...]:
+    """The order V1's ``sample_tokens`` runs the phases in, from the speculative config.
 
-        if dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
+    Mirrors the branch in ``GPUModelRunner.sample_tokens``: a drafter that runs a model forward
+    (or the GPU n-gram) reads the sampled tokens on the device and proposes before bookkeeping,
+    unless ``disable_padded_drafter_batch``; every other drafter needs the host tokens and runs
+    after it.
+    """
+
+    def flag(name: str) -> bool:
+        fn = getattr(spec_config, name, None)
+        try:
+            return bool(fn()) if callable(fn) else False
+        except Exception:
+            return False
+
+    if getattr(spec_config, "disable_padded_drafter_batch", False):
+        return ("verify", "bookkeeping", "draft")
+    forward = (
+        flag("use_eagle") or flag("uses_draft_model") or flag("uses_extract_hidden_states")
+    )
+    if not forward and not any(
+        hasattr(spec_config, n) for n in ("use_eagle", "uses_draft_model")
+    ):
+        # A config without the predicates (older releases): decide by the method's name.
+        method = str(getattr(spec_config, "method", "") or "")
+        forward = method not in ("ngram", "suffix", "")
+    if forward or flag("use_ngram_gpu"):
+        return ("verify", "draft", "bookkeeping")
+    return ("verify", "bookkeeping", "draft")
+
+
+def topology(runner: Any) -> Topology:
+    """Where this runner's process sits: TP rank, last pipeline stage, data-parallel replica."""
+    tp_rank = pp_rank = 0
+    tp_size = 1
+    last_stage = True
+    try:
+        from vllm.distributed import parallel_state
+
+        tp = parallel_state.get_tp_group()
+        pp = parallel_state.get_pp_group()
+        tp_rank, tp_size = int(tp.rank_in_group), int(tp.world_size)
+        pp_rank, last_stage = int(pp.rank_in_group), bool(pp.is_last_rank)
     except Exception:
-        pass
-    return None
+        last_stage = bool(getattr(runner, "is_last_pp_rank", True))
+    parallel = getattr(runner, "parallel_config", None)
+    replicas = int(getattr(parallel, "data_parallel_size", 1) or 1)
+    replica = int(getattr(parallel, "data_parallel_rank", 0) or 0) if replicas > 1 else None
+    return Topology(
+        leader=last_stage and tp_rank == 0,
+        rank=pp_rank * tp_size + tp_rank,
+        replica=replica,
+        replicas=replicas,
+    )
 
 
 class _Step:
     """The per-thread state of the runner's step in flight."""
 
+    __slots__ = ("accepted", "draft_length", "off", "tracker")
+
     def __init__(self) -> None:
         self.tracker: PhaseTracker | None = None
-        self.learning: list[str] | None = None  # phases in the order the first step ran them
-        self.order: tuple[str, ...] | None = None
         self.draft_length: Any = None
         self.accepted: Any = None
-        self.max_draft_length = 0
+        self.off = False  # this process does not record (not the leader, or a failed start)
 
 
 _local = threading.local()
@@ -88,13 +166,6 @@ def _step() -> _Step:
     return step
 
 
-def _phase_seen(step: _Step, phase: str) -> None:
-    if step.tracker is not None:
-        step.tracker.enter(phase)
-    elif step.learning is not None and phase not in step.learning:
-        step.learning.append(phase)
-
-
 def _finish(step: _Step) -> None:
     tracker = step.tracker
     if tracker is not None:
@@ -102,62 +173,88 @@ def _finish(step: _Step) -> None:
         if step.accepted is not None:
             tracker.accept(step.accepted, step.draft_length)
         tracker.finish()
-    elif step.learning is not None:
-        seen = step.learning
-        step.learning = None
-        rest = [p for p in DEFAULT_PHASES if p not in seen]
-        step.order = tuple(seen + rest)
     step.accepted = None
     step.draft_length = None
 
 
-def around_execute_model(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """The target forward: a speculative step's cycle starts here, in the verify phase."""
-    step = _step()
-    try:
-        runner = args[0]
-        scheduler_output = args[1] if len(args) > 1 else kwargs["scheduler_output"]
-        if step.tracker is not None or step.learning is not None:
-            _finish(step)  # the previous step never reached sample_tokens
-        if runner.speculative_config is not None and scheduler_output.scheduled_spec_decode_tokens:
-            _start(step, runner, len(scheduler_output.scheduled_spec_decode_tokens))
-    except Exception:
-        _failed("the cycle start (execute_model)")
-    try:
-        result = original(*args, **kwargs)
-    except BaseException:
-        if step.tracker is not None:
-            step.tracker.abort()
-            step.tracker = None
-        step.learning = None
-        raise
-    if result is not None:
-        try:
-            _finish(step)  # the runner sampled inside execute_model: the step is over
-        except Exception:
-            _failed("the cycle end (execute_model)")
-    return result
+def _abort(step: _Step | None) -> None:
+    if step is not None and step.tracker is not None:
+        step.tracker.abort()
+        step.tracker = None
 
 
-def _start(step: _Step, runner: Any, batch_size: int) -> None:
+def _start(
+    step: _Step, runner: Any, batch_size: int, phases: tuple[str, ...], integration: str
+) -> None:
     instrumentor = VllmInstrumentor()
-    k = int(runner.speculative_config.num_speculative_tokens)
-    if instrumentor._observer is None and step.order is None:
-        step.learning = ["verify"]
+    observer = instrumentor.current_observer
+    if observer is None:
+        k = int(getattr(runner.speculative_config, "num_speculative_tokens", 0) or 0)
+        observer = instrumentor.observer(
+            phases=phases,
+            max_draft_length=k if k > 8 else None,
+            topology=topology(runner),
+            integration=integration,
+        )
+    if not observer.settings.enabled:
+        step.off = True
         return
-    order = step.order or DEFAULT_PHASES
-    max_draft_length = k if k > 8 else None
-    observer = instrumentor.observer(phases=order, rank=_rank(), max_draft_length=max_draft_length)
     tracker = PhaseTracker(observer)
     tracker.start(batch_size)
     step.tracker = tracker
 
 
-def around_sample(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """The rejection sampler: still verify; acceptance per request is read from its output."""
+def _make_execute_model(
+    phases_of: Callable[[Any], tuple[str, ...]], integration: str
+) -> Callable[..., Any]:
+    def around_execute_model(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """The target forward: a speculative step's cycle starts here, in the verify phase."""
+        step = _step()
+        if step.off or kwargs.get("dummy_run"):
+            return original(*args, **kwargs)
+        try:
+            runner = args[0]
+            scheduler_output = args[1] if len(args) > 1 else kwargs["scheduler_output"]
+            if step.tracker is not None:
+                _finish(step)  # the previous step never reached sample_tokens
+            drafts = scheduler_output.scheduled_spec_decode_tokens
+            if runner.speculative_config is not None and drafts:
+                batch = getattr(scheduler_output, "num_scheduled_tokens", None) or drafts
+                _start(step, runner, len(batch), phases_of(runner), integration)
+        except Exception:
+            _failed("the cycle start (execute_model)")
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            _abort(step)
+            raise
+        if result is not None and step.tracker is not None:
+            try:
+                _finish(step)  # sampled inside execute_model, or nothing to sample here
+            except Exception:
+                _failed("the cycle end (execute_model)")
+        return result
+
+    return around_execute_model
+
+
+def _v1_phases(runner: Any) -> tuple[str, ...]:
+    return v1_phase_order(runner.speculative_config)
+
+
+def _v2_phases(runner: Any) -> tuple[str, ...]:
+    return V2_PHASES
+
+
+around_execute_model_v1 = _make_execute_model(_v1_phases, "vllm_v1")
+around_execute_model_v2 = _make_execute_model(_v2_phases, "vllm_v2")
+
+
+def around_sample_v1(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """V1's rejection sampler: still verify; acceptance per request is read from its output."""
     result = original(*args, **kwargs)
-    step = _step()
-    if step.tracker is not None:
+    step = _local.__dict__.get("step")
+    if step is not None and step.tracker is not None:
         try:
             metadata = args[2] if len(args) > 2 else kwargs.get("spec_decode_metadata")
             if metadata is not None:
@@ -172,12 +269,44 @@ def around_sample(original: Callable[..., Any], *args: Any, **kwargs: Any) -> An
     return result
 
 
+def around_sample_v2(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """V2's ``sample()``: verify ends where it returns; bookkeeping starts."""
+    result = original(*args, **kwargs)
+    step = _local.__dict__.get("step")
+    if step is not None and step.tracker is not None:
+        try:
+            input_batch = args[2] if len(args) > 2 else kwargs["input_batch"]
+            drafts = input_batch.num_draft_tokens_per_req
+            if drafts is not None:
+                num_sampled = result[1]
+                # Sampled tokens are the accepted drafts plus the bonus token (0 for a request
+                # still in chunked prefill): one tiny kernel on the runner's stream, no sync.
+                step.accepted = (num_sampled - 1).clamp_(min=0)
+                step.draft_length = [int(d) for d in drafts]
+            step.tracker.enter("bookkeeping")
+        except Exception:
+            _failed("acceptance (sample)")
+    return result
+
+
+def around_postprocess_sampled(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """V2's request-state update: bookkeeping ends where it returns; the draft starts."""
+    result = original(*args, **kwargs)
+    step = _local.__dict__.get("step")
+    if step is not None and step.tracker is not None:
+        try:
+            step.tracker.enter("draft")
+        except Exception:
+            _failed("the draft phase start (postprocess_sampled)")
+    return result
+
+
 def _around_phase(phase: str) -> Callable[..., Any]:
     def hook(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         step = _local.__dict__.get("step")
-        if step is not None:
+        if step is not None and step.tracker is not None:
             try:
-                _phase_seen(step, phase)
+                step.tracker.enter(phase)
             except Exception:
                 _failed(f"the {phase} phase start")
         return original(*args, **kwargs)
@@ -190,17 +319,14 @@ around_bookkeeping_sync = _around_phase("bookkeeping")
 
 
 def around_sample_tokens(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Sampling, drafting and bookkeeping of the step; the cycle ends when it returns."""
+    """Sampling, bookkeeping and drafting of the step; the cycle ends when it returns."""
     try:
         result = original(*args, **kwargs)
     except BaseException:
-        step = _local.__dict__.get("step")
-        if step is not None and step.tracker is not None:
-            step.tracker.abort()
-            step.tracker = None
+        _abort(_local.__dict__.get("step"))
         raise
     step = _local.__dict__.get("step")
-    if step is not None:
+    if step is not None and step.tracker is not None:
         try:
             _finish(step)
         except Exception:
@@ -208,51 +334,142 @@ def around_sample_tokens(original: Callable[..., Any], *args: Any, **kwargs: Any
     return result
 
 
-HOOKS: dict[str, Callable[..., Any]] = {
-    "execute_model": around_execute_model,
-    "_sample": around_sample,
+HOOKS_V1: dict[str, Callable[..., Any]] = {
+    "execute_model": around_execute_model_v1,
+    "_sample": around_sample_v1,
     "propose_draft_token_ids": around_propose_draft_token_ids,
     "_bookkeeping_sync": around_bookkeeping_sync,
     "sample_tokens": around_sample_tokens,
 }
-"""``GPUModelRunner`` method -> AROUND hook ``hook(original, *args, **kwargs)``."""
+"""Model runner V1 method -> AROUND hook ``hook(original, *args, **kwargs)``."""
+
+HOOKS_V2: dict[str, Callable[..., Any]] = {
+    "execute_model": around_execute_model_v2,
+    "sample": around_sample_v2,
+    "postprocess_sampled": around_postprocess_sampled,
+    "sample_tokens": around_sample_tokens,
+}
+"""Model runner V2 method -> AROUND hook."""
+
+HOOKS = HOOKS_V1  # the name earlier releases of specobs exported
+
+RUNNERS: dict[str, dict[str, Callable[..., Any]]] = {V1_MODULE: HOOKS_V1, V2_MODULE: HOOKS_V2}
+"""Module of each instrumented ``GPUModelRunner`` -> its hooks."""
+
+INTEGRATIONS = {V1_MODULE: "vllm_v1", V2_MODULE: "vllm_v2"}
 
 
 def vllm_plugin() -> None:
-    """The ``vllm.general_plugins`` entry point: instruments the GPU runner when SPECOBS_VLLM=1.
+    """The ``vllm.general_plugins`` entry point: instruments the runners when SPECOBS_VLLM=1.
 
-    vLLM may call it several times per process and in every process; patching is idempotent,
-    and the observer is built on the first speculative step, in the worker process only.
+    vLLM calls it several times per process and in every process; it imports nothing of vLLM
+    (the runners are patched when vLLM imports them), and the observer is built on the first
+    speculative step, in the worker process only. It never raises: vLLM does not guard plugins.
     """
-    if not _enabled():
-        return
-    VllmInstrumentor().instrument()
+    try:
+        if not _enabled():
+            return
+        VllmInstrumentor().instrument()
+    except Exception:
+        _log.exception("specobs could not instrument vLLM; vLLM runs unchanged.")
 
 
 class VllmInstrumentor(BaseInstrumentor):
-    """Patches ``vllm.v1.worker.gpu_model_runner.GPUModelRunner``; ``uninstrument`` restores it."""
+    """Patches vLLM's model runners V1 and V2 when vLLM imports them; ``uninstrument`` restores."""
 
     package = PACKAGE
+    integration = "vllm"  # observers built on a step say which runner: vllm_v1 or vllm_v2
+
+    _armed = False
+    _patched_modules: set[str]
+    _runner_classes: dict[type, str]
 
     def instrument(self, *, observer: Observer | None = None, skip_dep_check: bool = False) -> bool:
-        """Patch the runner; ``False`` (one warning) when the vLLM version is unsupported.
+        """Patch the runners (now if vLLM imported them, else when it does).
 
-        With an ``observer`` its phase order is used as given; without one, the order is learned
-        from the first speculative step and an observer is built from SPECOBS_* for it.
+        ``False`` (one warning) when the vLLM version is unsupported. With an ``observer`` its
+        phase order must be the one of the runner the engine builds (:data:`V2_PHASES`, or
+        :func:`v1_phase_order`); without one an observer is built from SPECOBS_* on the first
+        speculative step, in that order.
         """
         return self._instrument_checked(observer, skip_dep_check)
 
     def _instrument(self) -> None:
-        import importlib
+        self._armed = True
+        self._patched_modules = set()
+        self._runner_classes = {}
+        for module in (*RUNNERS, WORKER_MODULE):
+            when_imported(module, self._on_import)
 
-        runner = getattr(importlib.import_module(RUNNER_MODULE), RUNNER_CLASS)
-        for method, hook in HOOKS.items():
-            if method == "sample_tokens" and not hasattr(runner, method):
-                continue  # releases that sample inside execute_model
-            self._patch(runner, method, functools.partial(_wrap_around, hook))
+    def _on_import(self, module: Any) -> None:
+        name = getattr(module, "__name__", "")
+        with self._lock:
+            if not self._armed or name in self._patched_modules:
+                return
+            try:
+                if name in RUNNERS:
+                    runner = getattr(module, RUNNER_CLASS)
+                    for method, hook in RUNNERS[name].items():
+                        if method == "sample_tokens" and not hasattr(runner, method):
+                            continue  # releases that sample inside execute_model
+                        self._patch(runner, method, functools.partial(_wrap_around, hook))
+                    self._runner_classes[runner] = name
+                elif name == WORKER_MODULE:
+                    worker = getattr(module, WORKER_CLASS)
+                    check = functools.partial(_wrap_around, _check_runner)
+                    self._patch(worker, "load_model", check)
+            except Exception:
+                _log.exception(
+                    "specobs could not patch %s; vLLM runs unchanged and this runner is not timed.",
+                    name,
+                )
+                return
+            self._patched_modules.add(name)
 
     def _uninstrument(self) -> None:
+        self._armed = False
+        self._patched_modules = set()
+        self._runner_classes = {}
         _local.__dict__.pop("step", None)
+
+    def runner_integration(self, runner: Any) -> str | None:
+        """``vllm_v1`` / ``vllm_v2`` when ``runner`` is one specobs times, else ``None``."""
+        for cls in type(runner).__mro__:
+            module = self._runner_classes.get(cls) if self._armed else None
+            if module is not None:
+                # A subclass that overrides a seam without calling it would run unobserved.
+                for method, hook in RUNNERS[module].items():
+                    bound = getattr(type(runner), method, None)
+                    if bound is not None and getattr(bound, "__specobs_hook__", None) is not hook:
+                        return None
+                return INTEGRATIONS[module]
+        return None
+
+
+def _check_runner(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """After ``Worker.load_model``: say which runner is timed, or warn that none is."""
+    result = original(*args, **kwargs)
+    try:
+        worker = args[0]
+        runner = getattr(worker, "model_runner", None)
+        config = getattr(worker, "vllm_config", None) or getattr(runner, "vllm_config", None)
+        if runner is not None and getattr(config, "speculative_config", None) is not None:
+            instrumentor = VllmInstrumentor()
+            kind = instrumentor.runner_integration(runner)
+            cls = type(runner)
+            name = f"{cls.__module__}.{cls.__qualname__}"
+            if kind is None:
+                instrumentor.report_unsupported(
+                    f"this worker built {name}, a model runner specobs does not instrument",
+                    "vLLM runs unchanged. specobs times vLLM's GPUModelRunner V1 and V2 "
+                    "(VLLM_USE_V2_MODEL_RUNNER=0 or 1 picks one); see docs/integrations.md.",
+                    topology=topology(runner),
+                )
+            else:
+                _log.info("specobs times vLLM's model runner %s (%s)", kind[-2:].upper(), name)
+    except Exception:
+        _failed("the model runner check (Worker.load_model)")
+    return result
 
 
 def _wrap_around(hook: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
@@ -260,4 +477,6 @@ def _wrap_around(hook: Callable[..., Any], original: Callable[..., Any]) -> Call
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         return hook(original, *args, **kwargs)
 
+    wrapper.__specobs_hook__ = hook  # type: ignore[attr-defined]
     return wrapper
+

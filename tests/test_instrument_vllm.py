@@ -1,0 +1,723 @@
+"""The vLLM plugin against vLLM's real code: the pinned wheels' runners, worker and config.
+
+1. Contracts read from the pinned wheels with ``ast`` (nothing of vLLM is imported): every seam
+   of model runner V1 and V2, and -- the check that matters most -- which runner class the
+   worker *builds* for each documented speculative configuration, evaluated with vLLM's own
+   ``use_v2_model_runner`` from the wheel. It fails when vLLM starts building a runner specobs
+   does not instrument.
+2. Behaviour: stand-in runners written as real modules under a ``vllm`` package on
+   ``sys.path``, imported through the ordinary import system *after* vLLM's real
+   ``load_general_plugins()`` (from the wheel) ran the plugin, so the post-import patching path
+   is the one exercised. They mirror the call order of the real ``execute_model`` /
+   ``sample_tokens``.
+
+The real engine runs in tests/test_engine_vllm_cpu.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.metadata
+import logging
+import sys
+import textwrap
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import specobs
+from specobs.instrument import vllm as vl_inst
+from specobs.instrument._base import Topology
+from specobs.instrument._package_vllm import PACKAGE as VLLM_RANGE
+from tests.test_instrument_contracts import (
+    _calls,
+    _class,
+    _fields,
+    _Installed,
+    _method,
+    _module_constant,
+    _params,
+    _source,
+    _tree,
+)
+
+VERSION = "0.33.0"
+V1_FILE = "vllm/v1/worker/gpu_model_runner.py"
+V2_FILE = "vllm/v1/worker/gpu/model_runner.py"
+
+
+# -- 1. contracts from the wheel -------------------------------------------------------------------
+
+
+V1_SIGNATURES = {
+    "execute_model": ["self", "scheduler_output", "intermediate_tensors"],
+    "_sample": ["self", "logits", "spec_decode_metadata"],
+    "sample_tokens": ["self", "grammar_output"],
+    "_bookkeeping_sync": ["self", "scheduler_output", "sampler_output"],
+    "propose_draft_token_ids": ["self", "scheduler_output", "sampled_token_ids"],
+}
+V2_SIGNATURES = {
+    "execute_model": ["self", "scheduler_output", "intermediate_tensors", "dummy_run"],
+    "sample": ["self", "hidden_states", "input_batch", "grammar_output"],
+    "postprocess_sampled": ["self", "idx_mapping", "sampled_tokens", "num_sampled"],
+    "sample_tokens": ["self", "grammar_output"],
+}
+
+
+def test_v1_and_v2_seams_exist_with_the_signatures_the_hooks_read() -> None:
+    assert VLLM_RANGE.supports(VERSION)
+    assert set(V1_SIGNATURES) == set(vl_inst.HOOKS_V1)
+    assert set(V2_SIGNATURES) == set(vl_inst.HOOKS_V2)
+    for path, signatures in ((V1_FILE, V1_SIGNATURES), (V2_FILE, V2_SIGNATURES)):
+        tree = _tree("vllm", VERSION, path)
+        assert tree is not None, path
+        runner = _class(tree, vl_inst.RUNNER_CLASS)
+        for method, expected in signatures.items():
+            params = _params(_method(runner, method))
+            assert params[: len(expected)] == expected, (path, method, params)
+    assert [m.replace(".", "/") + ".py" for m in vl_inst.RUNNERS] == [V1_FILE, V2_FILE]
+
+
+def test_v1_seams_in_the_oldest_supported_release() -> None:
+    oldest = VLLM_RANGE.minimum + ".0"
+    tree = _tree("vllm", oldest, V1_FILE)
+    assert tree is not None
+    runner = _class(tree, vl_inst.RUNNER_CLASS)
+    own = {n.name for n in runner.body if isinstance(n, ast.FunctionDef)}
+    # Before the split, execute_model sampled, drafted and did the bookkeeping itself and
+    # returned the output: the cycle then ends where execute_model returns.
+    assert "sample_tokens" not in own
+    assert "self._sample" in _calls(_method(runner, "execute_model"))
+    for method, expected in V1_SIGNATURES.items():
+        if method != "sample_tokens":
+            assert _params(_method(runner, method))[: len(expected)] == expected, method
+    assert "speculative_config" in _fields(runner)
+    assert _tree("vllm", oldest, V2_FILE) is None  # no model runner V2 yet
+    metadata = _tree("vllm", oldest, "vllm/v1/spec_decode/metadata.py")
+    assert metadata is not None
+    assert "num_draft_tokens" in _fields(_class(metadata, "SpecDecodeMetadata"))
+    sampler = _tree("vllm", oldest, "vllm/v1/sample/rejection_sampler.py")
+    assert sampler is not None
+    assert _module_constant(sampler, "PLACEHOLDER_TOKEN_ID") == vl_inst.PLACEHOLDER_TOKEN_ID
+
+
+def test_v2_sample_tokens_runs_sample_then_the_state_update_then_the_speculator() -> None:
+    """The V2 phase split rests on this order inside ``sample_tokens``."""
+    tree = _tree("vllm", VERSION, V2_FILE)
+    assert tree is not None
+    runner = _class(tree, vl_inst.RUNNER_CLASS)
+    body = _method(runner, "sample_tokens")
+    lines: dict[str, int] = {}
+    for node in ast.walk(body):
+        if isinstance(node, ast.Call):
+            name = ast.unparse(node.func)
+            if name in ("self.sample", "self.postprocess_sampled", "self.speculator.propose"):
+                lines.setdefault(name, node.lineno)
+    assert set(lines) == {"self.sample", "self.postprocess_sampled", "self.speculator.propose"}
+    assert lines["self.sample"] < lines["self.postprocess_sampled"] < lines[
+        "self.speculator.propose"
+    ]
+    assert vl_inst.V2_PHASES == ("verify", "bookkeeping", "draft")
+    # sample() returns (sampler_output, num_sampled, num_rejected): the hook reads index 1.
+    sample = _method(runner, "sample")
+    returns = [n for n in ast.walk(sample) if isinstance(n, ast.Return) and n.value is not None]
+    assert [ast.unparse(r.value) for r in returns] == [
+        "(sampler_output, sampler_output.num_sampled, sampler_output.num_rejected)"
+    ]
+    batch = _tree("vllm", VERSION, "vllm/v1/worker/gpu/input_batch.py")
+    assert batch is not None
+    assert {"num_draft_tokens", "num_draft_tokens_per_req"} <= _fields(_class(batch, "InputBatch"))
+    # num_sampled = accepted drafts + 1; 0 while a request is still in chunked prefill.
+    kernel = _source("vllm", VERSION, "vllm/v1/worker/gpu/input_batch.py")
+    assert kernel is not None and "num_rejected = num_logits - num_sampled" in kernel
+    assert "num_sampled = tl.where(is_chunked_prefilling, 0, num_sampled)" in kernel
+
+
+def test_v1_phase_order_follows_the_branch_in_sample_tokens() -> None:
+    tree = _tree("vllm", VERSION, V1_FILE)
+    assert tree is not None
+    text = ast.unparse(_method(_class(tree, vl_inst.RUNNER_CLASS), "sample_tokens"))
+    # The predicates v1_phase_order mirrors, and where the host-token drafters run.
+    for needle in (
+        "spec_config.use_eagle()", "spec_config.uses_draft_model()",
+        "spec_config.uses_extract_hidden_states()", "spec_config.disable_padded_drafter_batch",
+        "spec_config.use_ngram_gpu()", "draft_after_bookkeeping = True",
+    ):  # fmt: skip
+        assert needle in text, needle
+
+    def config(method: str, padded: bool = True) -> Any:
+        return types.SimpleNamespace(
+            method=method,
+            disable_padded_drafter_batch=not padded,
+            use_eagle=lambda: method in ("eagle", "eagle3", "mtp"),
+            uses_draft_model=lambda: method == "draft_model",
+            uses_extract_hidden_states=lambda: False,
+            use_ngram_gpu=lambda: method == "ngram_gpu",
+        )
+
+    gpu_first = ("verify", "draft", "bookkeeping")
+    host_first = ("verify", "bookkeeping", "draft")
+    for method in ("eagle", "eagle3", "mtp", "draft_model", "ngram_gpu"):
+        assert vl_inst.v1_phase_order(config(method)) == gpu_first, method
+    for method in ("ngram", "suffix"):
+        assert vl_inst.v1_phase_order(config(method)) == host_first, method
+    assert vl_inst.v1_phase_order(config("eagle3", padded=False)) == host_first
+    # Releases whose config lacks the predicates: by the method's name.
+    assert vl_inst.v1_phase_order(types.SimpleNamespace(method="ngram")) == host_first
+    assert vl_inst.v1_phase_order(types.SimpleNamespace(method="eagle")) == gpu_first
+
+
+def _function(tree: ast.Module, cls: str, name: str) -> ast.FunctionDef:
+    fn = _method(_class(tree, cls), name)
+    fn = ast.FunctionDef(**{**fn.__dict__, "decorator_list": []})  # a plain function
+    return fn
+
+
+def _use_v2(method: str, env: bool | None, has_triton: bool = True) -> bool:
+    """vLLM's own ``VllmConfig.use_v2_model_runner``, from the wheel, on a stub config."""
+    tree = _tree("vllm", VERSION, "vllm/config/vllm.py")
+    assert tree is not None
+    module = ast.Module(
+        body=[
+            _function(tree, "VllmConfig", "use_v2_model_runner"),
+            _function(tree, "VllmConfig", "_get_v2_model_runner_unsupported_features"),
+        ],
+        type_ignores=[],
+    )
+    ast.fix_missing_locations(module)
+    quiet = types.SimpleNamespace(warning_once=lambda *a, **k: None, info_once=lambda *a, **k: None)
+    scope: dict[str, Any] = {
+        "envs": types.SimpleNamespace(VLLM_USE_V2_MODEL_RUNNER=env),
+        "HAS_TRITON": has_triton,
+        "current_platform": types.SimpleNamespace(is_unspecified=lambda: False),
+        "logger": quiet,
+    }
+    exec(compile(module, "vllm/config/vllm.py", "exec"), scope)
+    config = types.SimpleNamespace(
+        attention_config=types.SimpleNamespace(hisparse_config=None),
+        watermark_config=None,
+        speculative_config=types.SimpleNamespace(
+            method=method, parallel_drafting=False, use_heterogeneous_vocab=False
+        ),
+        parallel_config=types.SimpleNamespace(
+            distributed_executor_backend="mp", pipeline_parallel_size=1, use_ubatching=False
+        ),
+    )
+    config._get_v2_model_runner_unsupported_features = types.MethodType(
+        scope["_get_v2_model_runner_unsupported_features"], config
+    )
+    return bool(scope["use_v2_model_runner"](config))
+
+
+def _runner_imports(path: str, cls: str, method: str) -> dict[bool, set[str]]:
+    """Modules ``cls.method`` imports a runner class from, under ``if self.use_v2_model_runner``
+    (True) and outside it (False)."""
+    tree = _tree("vllm", VERSION, path)
+    assert tree is not None
+    fn = _method(_class(tree, cls), method)
+    found: dict[bool, set[str]] = {True: set(), False: set()}
+
+    def visit(node: ast.AST, v2: bool) -> None:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "self.use_v2_model_runner":
+            for child in node.body:
+                visit(child, True)
+            for child in node.orelse:
+                visit(child, False)
+            return
+        if isinstance(node, ast.ImportFrom) and any("ModelRunner" in a.name for a in node.names):
+            found[v2].add(node.module or "")
+        for child in ast.iter_child_nodes(node):
+            visit(child, v2)
+
+    for stmt in fn.body:
+        visit(stmt, False)
+    return found
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "ngram", "draft_model", "mtp"])
+def test_the_runner_the_worker_builds_is_one_specobs_instruments(method: str) -> None:
+    # vLLM 0.33.0 builds model runner V2 for the documented configurations by default ...
+    assert _use_v2(method, env=None) is True
+    # ... V1 when asked to, or when Triton is missing.
+    assert _use_v2(method, env=False) is False
+    assert _use_v2(method, env=None, has_triton=False) is False
+    gpu = _runner_imports("vllm/v1/worker/gpu_worker.py", "Worker", "_make_model_runner")
+    # mm_encoder_model_runner is the encoder-only runner (no speculative decoding).
+    assert gpu[True] - {"vllm.v1.worker.mm_encoder_model_runner"} == {vl_inst.V2_MODULE}
+    assert gpu[False] == {vl_inst.V1_MODULE}
+    # The CPU worker builds subclasses of the same two runners.
+    cpu = _runner_imports("vllm/v1/worker/cpu_worker.py", "CPUWorker", "init_device")
+    assert cpu == {True: {"vllm.v1.worker.cpu.model_runner"}, False: set()}
+    for path, base_module in (
+        ("vllm/v1/worker/cpu/model_runner.py", vl_inst.V2_MODULE),
+        ("vllm/v1/worker/cpu_model_runner.py", vl_inst.V1_MODULE),
+    ):
+        tree = _tree("vllm", VERSION, path)
+        assert tree is not None
+        runner = _class(tree, "CPUModelRunner")
+        assert [ast.unparse(b) for b in runner.bases] == [vl_inst.RUNNER_CLASS]
+        imported = {
+            n.module for n in tree.body
+            if isinstance(n, ast.ImportFrom) and any(a.name == "GPUModelRunner" for a in n.names)
+        }  # fmt: skip
+        assert imported == {base_module}, path
+        # The CPU runners keep the seams (an override would bypass the hooks).
+        own = {n.name for n in runner.body if isinstance(n, ast.FunctionDef)}
+        assert not own & (set(vl_inst.HOOKS_V1) | set(vl_inst.HOOKS_V2)), path
+
+
+def test_worker_load_model_is_where_the_runner_is_checked() -> None:
+    tree = _tree("vllm", VERSION, "vllm/v1/worker/gpu_worker.py")
+    assert tree is not None
+    worker = _class(tree, vl_inst.WORKER_CLASS)
+    assert _params(_method(worker, "load_model"))[:1] == ["self"]
+    # init_device builds the runner; the executors then call load_model, where specobs looks.
+    built = {
+        ast.unparse(n.value) for n in ast.walk(worker)
+        if isinstance(n, ast.AnnAssign | ast.Assign) and n.value is not None
+        and "self.model_runner" in ast.unparse(n)
+    }  # fmt: skip
+    assert "self._make_model_runner()" in built
+    assert "self.model_runner.load_model" in _calls(_method(worker, "load_model"))
+    uniproc = _source("vllm", VERSION, "vllm/v1/executor/uniproc_executor.py")
+    multiproc = _source("vllm", VERSION, "vllm/v1/executor/multiproc_executor.py")
+    assert uniproc is not None and "self.driver_worker.load_model()" in uniproc
+    assert multiproc is not None and "self.worker.load_model()" in multiproc
+    cpu = _tree("vllm", VERSION, "vllm/v1/worker/cpu_worker.py")
+    assert cpu is not None
+    assert [ast.unparse(b) for b in _class(cpu, "CPUWorker").bases] == ["Worker"]
+    plugins = _tree("vllm", VERSION, "vllm/plugins/__init__.py")
+    assert plugins is not None
+    assert _module_constant(plugins, "DEFAULT_PLUGINS_GROUP") == "vllm.general_plugins"
+    state = _tree("vllm", VERSION, "vllm/distributed/parallel_state.py")
+    assert state is not None
+    names = {n.name for n in state.body if isinstance(n, ast.FunctionDef)}
+    assert {"get_tp_group", "get_pp_group"} <= names
+    group = _class(state, "GroupCoordinator")
+    assert {"rank_in_group", "world_size"} <= _fields(group)
+    assert "is_last_rank" in {n.name for n in group.body if isinstance(n, ast.FunctionDef)}
+
+
+# -- 2. behaviour: stand-ins imported through the real import system ------------------------------
+
+STANDINS = {
+    "vllm/__init__.py": "",
+    "vllm/envs.py": "VLLM_PLUGINS = None\n",
+    "vllm/v1/__init__.py": "",
+    "vllm/v1/worker/__init__.py": "",
+    "vllm/v1/worker/gpu/__init__.py": "",
+    "vllm/distributed/__init__.py": "",
+    "vllm/distributed/parallel_state.py": '''
+        import types
+        LAYOUT = {"tp_rank": 0, "tp_size": 1, "pp_rank": 0, "pp_size": 1}
+        def get_tp_group():
+            return types.SimpleNamespace(rank_in_group=LAYOUT["tp_rank"],
+                                         world_size=LAYOUT["tp_size"])
+        def get_pp_group():
+            return types.SimpleNamespace(rank_in_group=LAYOUT["pp_rank"],
+                                         world_size=LAYOUT["pp_size"],
+                                         is_last_rank=LAYOUT["pp_rank"] == LAYOUT["pp_size"] - 1)
+    ''',
+    # Model runner V2, as vllm 0.33.0's execute_model / sample_tokens call it.
+    "vllm/v1/worker/gpu/model_runner.py": '''
+        import types
+        import torch
+        CALLS = []
+
+        class GPUModelRunner:
+            def __init__(self, spec_config, dp=(0, 1)):
+                self.speculative_config = spec_config
+                self.parallel_config = types.SimpleNamespace(
+                    data_parallel_rank=dp[0], data_parallel_size=dp[1])
+                self.execute_model_state = None
+                self.speculator = types.SimpleNamespace(propose=self._propose)
+
+            def execute_model(self, scheduler_output, intermediate_tensors=None,
+                              dummy_run=False):
+                CALLS.append("dummy" if dummy_run else "forward")
+                drafts = scheduler_output.scheduled_spec_decode_tokens
+                per_req = [len(drafts.get(r, ())) for r in scheduler_output.num_scheduled_tokens]
+                batch = types.SimpleNamespace(
+                    num_draft_tokens=sum(per_req),
+                    num_draft_tokens_per_req=(
+                        __import__("numpy").array(per_req, dtype="int32") if drafts else None))
+                self.execute_model_state = (batch, scheduler_output.accepted)
+                return None
+
+            def sample_tokens(self, grammar_output):
+                if self.execute_model_state is None:
+                    return None
+                batch, accepted = self.execute_model_state
+                self.execute_model_state = None
+                sampler_output, num_sampled, num_rejected = self.sample(None, batch,
+                                                                        grammar_output)
+                CALLS.append("output-prep")
+                self.postprocess_sampled(None, None, num_sampled, num_rejected)
+                self.speculator.propose(batch, num_sampled, num_rejected)
+                return "async-output"
+
+            def sample(self, hidden_states, input_batch, grammar_output):
+                CALLS.append("sample")
+                num_sampled = torch.tensor([a + 1 for a in self_accepted(input_batch)],
+                                           dtype=torch.int32)
+                return types.SimpleNamespace(), num_sampled, num_sampled * 0
+
+            def postprocess_sampled(self, idx_mapping, sampled_tokens, num_sampled,
+                                    num_rejected, query_start_loc=None, draft_tokens=None):
+                CALLS.append("postprocess")
+
+            def _propose(self, *args, **kwargs):
+                CALLS.append("propose")
+
+        def self_accepted(batch):
+            if batch.num_draft_tokens_per_req is None:  # no drafts: one token per request
+                return [0] * 3
+            return ACCEPTED[: len(batch.num_draft_tokens_per_req)]
+
+        ACCEPTED = [2, 3, 0]
+    ''',
+    # Model runner V1 (0.33.0): execute_model, then sample_tokens -> _sample -> draft/bookkeeping.
+    "vllm/v1/worker/gpu_model_runner.py": '''
+        import types
+        import torch
+        CALLS = []
+
+        class GPUModelRunner:
+            def __init__(self, spec_config, dp=(0, 1)):
+                self.speculative_config = spec_config
+                self.parallel_config = types.SimpleNamespace(
+                    data_parallel_rank=dp[0], data_parallel_size=dp[1])
+                self.execute_model_state = None
+
+            def execute_model(self, scheduler_output, intermediate_tensors=None):
+                CALLS.append("forward")
+                drafts = scheduler_output.scheduled_spec_decode_tokens
+                metadata = (types.SimpleNamespace(num_draft_tokens=[len(d) for d in
+                                                                    drafts.values()])
+                            if drafts else None)
+                self.execute_model_state = (scheduler_output, metadata)
+                return None
+
+            def sample_tokens(self, grammar_output):
+                scheduler_output, metadata = self.execute_model_state
+                self.execute_model_state = None
+                sampler_output = self._sample(None, metadata)
+                first = self.speculative_config.method != "ngram"
+                if first:
+                    self.propose_draft_token_ids(scheduler_output, None)
+                self._bookkeeping_sync(scheduler_output, sampler_output, None, None, 0)
+                if not first:
+                    self.propose_draft_token_ids(scheduler_output, None)
+                return "model-runner-output"
+
+            def _sample(self, logits, spec_decode_metadata):
+                CALLS.append("sample")
+                # Rows: 2 accepted of 3, all 3, none; -1 marks rejected slots.
+                sampled = torch.tensor([[5, 6, 7, -1], [5, 6, 7, 8], [9, -1, -1, -1]])
+                return types.SimpleNamespace(sampled_token_ids=sampled)
+
+            def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args):
+                CALLS.append("draft")
+
+            def _bookkeeping_sync(self, scheduler_output, sampler_output, logits,
+                                  hidden_states, num_scheduled_tokens):
+                CALLS.append("bookkeeping")
+    ''',
+    "vllm/v1/worker/gpu_worker.py": '''
+        import importlib
+
+        class Worker:
+            RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
+
+            def __init__(self, vllm_config):
+                self.vllm_config = vllm_config
+                self.model_runner = None
+
+            def load_model(self):
+                module, _, name = self.RUNNER.partition(":")
+                cls = getattr(importlib.import_module(module), name)
+                self.model_runner = cls(self.vllm_config.speculative_config)
+    ''',
+}
+
+
+def _spec(method: str, k: int = 3) -> Any:
+    return types.SimpleNamespace(
+        method=method, num_speculative_tokens=k, disable_padded_drafter_batch=False,
+        use_eagle=lambda: method in ("eagle", "eagle3"),
+        uses_draft_model=lambda: method == "draft_model",
+        uses_extract_hidden_states=lambda: False, use_ngram_gpu=lambda: False,
+    )  # fmt: skip
+
+
+def _step(drafts: dict[str, list[int]], requests: tuple[str, ...] = ("a", "b", "c")) -> Any:
+    return types.SimpleNamespace(
+        scheduled_spec_decode_tokens=drafts,
+        num_scheduled_tokens={r: 1 + len(drafts.get(r, ())) for r in requests},
+        accepted=None,
+    )
+
+
+DRAFTS = {"a": [1, 1, 1], "b": [2, 2, 2], "c": [3, 3, 3]}
+
+
+@pytest.fixture
+def vllm_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A ``vllm`` package of stand-ins plus the real ``vllm.plugins`` from the wheel, on the
+    path, nothing of it imported yet; the plugin enabled; fresh instrumentor state."""
+    root = tmp_path / "site"
+    for rel, text in STANDINS.items():
+        file = root / rel
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(textwrap.dedent(text))
+    plugins = _source("vllm", VERSION, "vllm/plugins/__init__.py")
+    assert plugins is not None
+    (root / "vllm/plugins").mkdir(parents=True)
+    (root / "vllm/plugins/__init__.py").write_text(plugins)
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(root))
+    importlib.invalidate_caches()
+    entry = importlib.metadata.EntryPoint(
+        name="specobs", value="specobs.instrument.vllm:vllm_plugin", group="vllm.general_plugins"
+    )
+    monkeypatch.setattr(
+        importlib.metadata, "entry_points", lambda group: [entry] if group == entry.group else []
+    )
+    monkeypatch.setattr(vl_inst.VllmInstrumentor, "package", _Installed(VLLM_RANGE, VERSION))
+    monkeypatch.setenv(vl_inst.SPECOBS_VLLM, "1")
+    monkeypatch.setenv("SPECOBS_CLOCK", "host")
+    for var in ("SPECOBS_EXPORTERS", "SPECOBS_RANK", "RANK", "LOCAL_RANK", "SPECOBS_PHASES",
+                "SPECOBS_ALL_RANKS"):  # fmt: skip
+        monkeypatch.delenv(var, raising=False)
+    inst = vl_inst.VllmInstrumentor()
+    inst.uninstrument()
+    inst._observer = None
+    yield root
+    observer = inst.current_observer
+    inst.uninstrument()
+    inst._observer = None
+    if observer is not None:
+        observer.shutdown(timeout_seconds=5.0)
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        sys.modules.pop(name, None)
+
+
+def _load_plugins() -> None:
+    plugins = importlib.import_module("vllm.plugins")
+    plugins.load_general_plugins()
+    plugins.load_general_plugins()  # vLLM calls it again in the same process: idempotent
+
+
+def _snapshot(observer: Any) -> Any:
+    assert observer.force_flush(timeout_seconds=5.0)
+    return observer.snapshot()
+
+
+def test_the_plugin_imports_no_runner_and_patches_v2_when_vllm_imports_it(vllm_tree: Any) -> None:
+    _load_plugins()
+    assert vl_inst.VllmInstrumentor().is_instrumented
+    # Loading the plugin (API server, engine core, every process) imports nothing heavy.
+    assert vl_inst.V1_MODULE not in sys.modules
+    assert vl_inst.V2_MODULE not in sys.modules
+    assert vl_inst.WORKER_MODULE not in sys.modules
+
+    module = importlib.import_module(vl_inst.V2_MODULE)  # what the worker's runner choice does
+    patched = module.GPUModelRunner.__dict__["sample"]
+    assert patched.__specobs_hook__ is vl_inst.around_sample_v2  # patched as it was imported
+    original = patched.__wrapped__
+    runner = module.GPUModelRunner(_spec("eagle3"))
+    runner.execute_model(_step({}), dummy_run=True)  # warm-up / DP padding: never a cycle
+    runner.execute_model(_step({}))  # prefill step: nothing to verify
+    runner.sample_tokens(None)
+    for _ in range(4):  # every speculative step is a cycle, the first one included
+        assert runner.execute_model(_step(DRAFTS)) is None
+        assert runner.sample_tokens(None) == "async-output"
+
+    observer = vl_inst.VllmInstrumentor().current_observer
+    assert observer is not None
+    assert tuple(observer.phases) == ("verify", "bookkeeping", "draft")
+    snap = _snapshot(observer)
+    assert snap.info["integration"] == "vllm_v2"
+    assert snap.cycles_total == 4
+    assert snap.draft_tokens_total == 4 * 9
+    assert snap.accepted_tokens_total == 4 * (2 + 3 + 0)
+    assert snap.accepted_by_position[:3] == (8, 8, 4)  # a and b accept positions 1-2, b 3
+    assert not any(snap.errors.values()), snap.errors
+    for phase in observer.phases:
+        assert snap.phase_count(phase, "host") == 4
+        assert snap.phase_seconds_sum(phase, "host") > 0.0
+    assert module.CALLS.count("propose") == 5
+
+    vl_inst.VllmInstrumentor().uninstrument()
+    assert module.GPUModelRunner.__dict__["sample"] is original
+
+
+@pytest.mark.parametrize(("method", "order"), [
+    ("eagle3", ("verify", "draft", "bookkeeping")),
+    ("draft_model", ("verify", "draft", "bookkeeping")),
+    ("ngram", ("verify", "bookkeeping", "draft")),
+])  # fmt: skip
+def test_v1_records_the_first_step_in_the_order_of_its_drafter(
+    vllm_tree: Any, method: str, order: tuple[str, ...]
+) -> None:
+    _load_plugins()
+    module = importlib.import_module(vl_inst.V1_MODULE)
+    runner = module.GPUModelRunner(_spec(method))
+    runner.execute_model(_step({}))
+    runner.sample_tokens(None)
+    for _ in range(3):
+        runner.execute_model(_step(DRAFTS))
+        runner.sample_tokens(None)
+    observer = vl_inst.VllmInstrumentor().current_observer
+    assert observer is not None
+    assert tuple(observer.phases) == order
+    snap = _snapshot(observer)
+    assert snap.info["integration"] == "vllm_v1"
+    assert snap.cycles_total == 3  # the first speculative step is no longer lost
+    assert snap.draft_tokens_total == 3 * 9
+    assert snap.accepted_tokens_total == 3 * (2 + 3 + 0)
+    assert not any(snap.errors.values()), snap.errors
+    for phase in order:
+        assert snap.phase_count(phase, "host") == 3
+
+
+def test_the_worker_check_names_the_runner_it_times(vllm_tree: Any, caplog: Any) -> None:
+    _load_plugins()
+    gpu_worker = importlib.import_module(vl_inst.WORKER_MODULE)
+    config = types.SimpleNamespace(speculative_config=_spec("eagle3"))
+    with caplog.at_level(logging.INFO, logger="specobs.instrument"):
+        worker = gpu_worker.Worker(config)
+        worker.load_model()
+    assert "specobs times vLLM's model runner V2" in caplog.text
+    assert vl_inst.VllmInstrumentor().runner_integration(worker.model_runner) == "vllm_v2"
+    assert vl_inst.VllmInstrumentor().current_observer is None  # built on the first cycle
+
+
+def test_a_runner_specobs_cannot_time_is_one_warning_and_says_so_in_the_metrics(
+    vllm_tree: Any, caplog: Any
+) -> None:
+    (vllm_tree / "vllm/v1/worker/other_runner.py").write_text(textwrap.dedent('''
+        class OtherRunner:
+            def __init__(self, spec_config):
+                self.speculative_config = spec_config
+            def execute_model(self, scheduler_output):
+                return None
+    '''))
+    _load_plugins()
+    gpu_worker = importlib.import_module(vl_inst.WORKER_MODULE)
+    gpu_worker.Worker.RUNNER = "vllm.v1.worker.other_runner:OtherRunner"
+    config = types.SimpleNamespace(speculative_config=_spec("eagle3"))
+    with caplog.at_level(logging.WARNING, logger="specobs.instrument"):
+        for _ in range(3):  # one worker loads once, but a warning must never repeat
+            gpu_worker.Worker(config).load_model()
+    warnings = [r for r in caplog.records if "does not time vllm" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text
+    assert "vllm.v1.worker.other_runner.OtherRunner" in warnings[0].getMessage()
+    observer = vl_inst.VllmInstrumentor().current_observer
+    assert observer is not None
+    snap = _snapshot(observer)
+    assert snap.info["integration"] == "unsupported"
+    assert snap.errors["unsupported_engine"] == 1
+    assert snap.cycles_total == 0
+
+
+def test_a_subclass_that_overrides_a_seam_is_not_claimed(vllm_tree: Any) -> None:
+    _load_plugins()
+    module = importlib.import_module(vl_inst.V2_MODULE)
+
+    class Bypass(module.GPUModelRunner):  # type: ignore[name-defined, misc]
+        def sample(self, *args: Any) -> Any:  # never calls the hooked method
+            return None
+
+    inst = vl_inst.VllmInstrumentor()
+    assert inst.runner_integration(module.GPUModelRunner(_spec("eagle3"))) == "vllm_v2"
+    assert inst.runner_integration(Bypass(_spec("eagle3"))) is None
+
+
+def test_only_the_last_pipeline_stage_records(vllm_tree: Any) -> None:
+    _load_plugins()
+    state = importlib.import_module("vllm.distributed.parallel_state")
+    module = importlib.import_module(vl_inst.V2_MODULE)
+    state.LAYOUT.update(tp_rank=0, tp_size=2, pp_rank=0, pp_size=2)  # WORLD rank 0, stage 0
+    runner = module.GPUModelRunner(_spec("eagle3"))
+    for _ in range(3):
+        runner.execute_model(_step(DRAFTS))
+        runner.sample_tokens(None)
+    observer = vl_inst.VllmInstrumentor().current_observer
+    assert observer is not None and not observer.settings.enabled
+    assert vl_inst.topology(runner) == Topology(
+        leader=False, rank=0, replica=None, replicas=1
+    )
+    state.LAYOUT.update(tp_rank=0, pp_rank=1)  # the last stage's TP rank 0 is the leader
+    assert vl_inst.topology(runner).leader and vl_inst.topology(runner).rank == 2
+    state.LAYOUT.update(tp_rank=1)
+    assert not vl_inst.topology(runner).leader
+
+
+def test_replicas_get_their_own_port_and_a_taken_port_is_one_warning(
+    vllm_tree: Any, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    import socket
+
+    pytest.importorskip("prometheus_client")
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    base = blocker.getsockname()[1] - 1  # replica 1's port (base + 1) is taken
+    monkeypatch.setenv("SPECOBS_EXPORTERS", "prometheus")
+    monkeypatch.setenv("SPECOBS_PROMETHEUS_PORT", str(base))
+    monkeypatch.setenv("SPECOBS_PROMETHEUS_ADDR", "127.0.0.1")
+    calls = []
+    real = specobs.configure
+
+    def counting(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(specobs, "configure", counting)
+    _load_plugins()
+    module = importlib.import_module(vl_inst.V2_MODULE)
+    runner = module.GPUModelRunner(_spec("eagle3"), dp=(1, 2))
+    try:
+        with caplog.at_level(logging.WARNING, logger="specobs.instrument"):
+            for _ in range(50):
+                runner.execute_model(_step(DRAFTS))
+                runner.sample_tokens(None)
+    finally:
+        blocker.close()
+    assert len(calls) == 1, "a failed start must not be retried on every step"
+    assert calls[0]["replica"] == 1 and calls[0]["replicas"] == 2
+    warnings = [r for r in caplog.records if "could not start recording" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "replica 1/2" in warnings[0].getMessage()
+    observer = vl_inst.VllmInstrumentor().current_observer
+    assert observer is not None and not observer.settings.enabled
+
+
+def test_replica_labels_and_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specobs._observer import _port_offset
+
+    pytest.importorskip("prometheus_client")
+    obs = specobs.configure(sinks=[specobs.MemorySink()], clock="host", rank=0, replica=3,
+                            replicas=4)  # fmt: skip
+    try:
+        assert obs.settings.labels["dp_rank"] == "3"
+        assert _port_offset(obs.settings) == 3
+    finally:
+        obs.shutdown(timeout_seconds=2.0)
+    off = specobs.configure(sinks=[specobs.MemorySink()], clock="host", rank=1, leader=False)
+    assert not off.settings.enabled
+    every = specobs.configure(sinks=[specobs.MemorySink()], clock="host", rank=2, leader=False,
+                              replica=1, replicas=4, all_ranks=True)  # fmt: skip
+    try:
+        assert every.settings.enabled
+        assert every.settings.labels == {"dp_rank": "1", "rank": "2"}
+        assert _port_offset(every.settings) == 1 + 4 * 2  # leaders keep port + dp_rank
+    finally:
+        every.shutdown(timeout_seconds=2.0)
+    with pytest.raises(specobs.ConfigurationError, match="replica"):
+        specobs.configure(sinks=[], replica=4, replicas=4)
