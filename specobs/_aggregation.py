@@ -201,6 +201,21 @@ class Aggregation:
         #: rendered from a snapshot until this moves (the Prometheus endpoint does).
         self.generation = 0
 
+    def reset(self) -> None:
+        """Start every total from zero with a new creation time (a forked child's own series:
+        OpenMetrics ``_created`` and OTLP start times move, so consumers see a new series,
+        not a counter going down). Labels, info, phases and the baseline stay."""
+        fresh = Aggregation(self.phases, self.max_draft_length, self.labels, self.info,
+                            self.baseline_tokens_per_second)
+        generation = self.generation
+        components = set(self.cpu_seconds)
+        keep = {"lock", "labels", "info", "phases", "max_draft_length"}
+        for name, value in vars(fresh).items():
+            if name not in keep:
+                setattr(self, name, value)
+        self.cpu_seconds = dict.fromkeys(components, 0.0)
+        self.generation = generation + 1
+
     def add_cpu(self, component: str, seconds: float) -> None:
         with self.lock:
             self.cpu_seconds[component] = self.cpu_seconds.get(component, 0.0) + seconds

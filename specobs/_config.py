@@ -81,6 +81,12 @@ SPECOBS_RANK = "SPECOBS_RANK"
 SPECOBS_ALL_RANKS = "SPECOBS_ALL_RANKS"
 """``1``: every rank exports (with a ``rank`` label and port + rank). Default: rank 0 only."""
 
+SPECOBS_EXIT_TIMEOUT_SECONDS = "SPECOBS_EXIT_TIMEOUT_SECONDS"
+"""Most seconds the exit hook spends flushing every observer still open (records, the final
+OTLP export) when the interpreter exits. Default 5."""
+
+DEFAULT_EXIT_TIMEOUT_SECONDS = 5.0
+
 ClockMode = Literal["auto", "cuda", "host"]
 _PHASE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -425,3 +431,21 @@ def exporters(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
                 f"{SPECOBS_EXPORTERS} must list 'prometheus', 'otlp' or 'none', got {n!r}"
             )
     return tuple(n for n in names if n != "none")
+
+
+def exit_timeout_seconds(env: Mapping[str, str] | None = None) -> float:
+    """``SPECOBS_EXIT_TIMEOUT_SECONDS`` (default 5). Read at exit, so a bad value cannot raise
+    then: it is logged and the default is used."""
+    env = os.environ if env is None else env
+    raw = _env(SPECOBS_EXIT_TIMEOUT_SECONDS, env)
+    if raw is None:
+        return DEFAULT_EXIT_TIMEOUT_SECONDS
+    try:
+        return _parse_float(SPECOBS_EXIT_TIMEOUT_SECONDS, raw, low=0.0, high=3600.0,
+                            open_low=False)
+    except ConfigurationError as exc:
+        import logging
+
+        logging.getLogger("specobs").warning("specobs: %s; using %g s", exc,
+                                             DEFAULT_EXIT_TIMEOUT_SECONDS)
+        return DEFAULT_EXIT_TIMEOUT_SECONDS

@@ -7,15 +7,24 @@ aggregation and sinks.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specobs._aggregation import Aggregation, Snapshot
-from specobs._config import Settings, exporters, prometheus_addr, prometheus_port, resolve_settings
+from specobs._config import (
+    Settings,
+    exit_timeout_seconds,
+    exporters,
+    prometheus_addr,
+    prometheus_port,
+    resolve_settings,
+)
 from specobs._errors import ConfigurationError, ObserverClosedError
 from specobs._recorder import Cycle, Recorder, _NullCycle
 from specobs._resolver import Resolver
@@ -40,9 +49,46 @@ def _after_fork_in_child() -> None:
 
 def _install_fork_hook() -> None:
     global _fork_hook_installed
-    if not _fork_hook_installed and hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_after_fork_in_child)
+    if not _fork_hook_installed:
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+        atexit.register(_at_exit)
         _fork_hook_installed = True
+
+
+def _at_exit() -> None:
+    """Shut down every observer still open when the interpreter exits.
+
+    Engine integrations never call ``shutdown()``; without this the records of the last poll
+    interval and the final OTLP export were lost. Bounded by ``SPECOBS_EXIT_TIMEOUT_SECONDS``
+    (default 5 s) for all observers together; what could not be delivered in time is counted
+    (``dropped{reason="shutdown"}`` for records, ``span_export`` / ``metric_export`` for OTLP,
+    counted before the final export so a collector that is up still receives the counts) and
+    named in one log line.
+    """
+    observers = [o for o in list(_live) if not o.closed]
+    if not observers:
+        return
+    deadline = time.monotonic() + exit_timeout_seconds()
+    for i, obs in enumerate(observers):
+        share = max(0.0, deadline - time.monotonic()) / (len(observers) - i)
+        try:
+            before = obs.aggregation.snapshot()
+            obs.shutdown(share)
+            after = obs.aggregation.snapshot()
+        except Exception as exc:  # never a traceback at exit
+            _log.warning("specobs: exit flush failed: %r", exc)
+            continue
+        lost = {
+            reason: after.dropped.get(reason, 0) - before.dropped.get(reason, 0)
+            for reason in ("shutdown", "span_export", "metric_export")
+        }
+        if any(lost.values()):
+            _log.warning(
+                "specobs: at exit, within %.3g s, could not deliver %d cycle records, %d spans "
+                "and %d metric exports (counted in specobs_exporter_dropped_records_total)",
+                share, lost["shutdown"], lost["span_export"], lost["metric_export"],
+            )
 
 
 class Observer:
@@ -125,8 +171,20 @@ class Observer:
             self.begin = self._recorder.begin  # type: ignore[method-assign]
         if type(self).cycle is Observer.cycle:
             self.cycle = self._recorder.begin  # type: ignore[method-assign]
-        for sink in self.sinks:
-            sink.attach(self)
+        attached: list[Sink] = []
+        try:
+            for sink in self.sinks:
+                sink.attach(self)
+                attached.append(sink)
+        except BaseException:
+            # A later sink failed (a taken port, say): stop the ones already started, or their
+            # threads and sockets would outlive the failed configure().
+            for sink in reversed(attached):
+                try:
+                    sink.shutdown(1.0)
+                except Exception as exc:
+                    _log.warning("specobs: could not stop sink %r: %r", sink, exc)
+            raise
         if settings.enabled:
             self._resolver.start()
             _live.add(self)
@@ -263,7 +321,13 @@ class Observer:
             rec.record_fn = None
             rec._clock_factory = None
         self._lock = threading.Lock()
-        self._resolver.after_fork_in_child()
+        self._resolver.after_fork_in_child(start=False)
+        for sink in self.sinks:
+            try:
+                sink.after_fork_in_child()
+            except Exception as exc:
+                _log.warning("specobs: sink %r could not restart after fork: %r", sink, exc)
+        self._resolver.start()
 
     def __enter__(self) -> Observer:
         return self

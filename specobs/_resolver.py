@@ -155,19 +155,38 @@ class Resolver:
         self._thread = t
         t.start()
 
-    def after_fork_in_child(self) -> None:
-        """Rebuild locks and the thread; what the parent had queued is dropped and counted."""
+    def after_fork_in_child(self, *, start: bool = True) -> None:
+        """Rebuild locks and the thread, and start the child's totals from zero.
+
+        The parent's records (queued or already aggregated) are the parent's: it resolves and
+        exports them itself. The child's aggregation starts empty with a new creation time, so
+        a child exporting by OTLP never re-reports the parent's cycles; the records the parent
+        had queued are dropped here and counted as ``dropped{reason="fork"}``.
+        """
         lost = len(self.backlog) + len(self.rec.queue)
         self._init_sync_state()
         self._rng = random.Random()  # else parent and child draw the same trace ids
-        self.rec.queue.clear()
-        self.consumed = self.rec.enqueued - self.rec.dropped_queue_full
-        self.rec.dropped_records.clear()
+        rec = self.rec
+        rec.queue.clear()
+        self.consumed = rec.enqueued - rec.dropped_queue_full
+        rec.dropped_records.clear()
         self.agg.lock = threading.Lock()
+        self.agg.reset()
+        # What the recorder counted before the fork belongs to the parent: fold from here on.
+        self._folded = {
+            "event_pool_exhausted": rec.dropped_pool,
+            "graph_capture": rec.dropped_capture,
+            "misuse": rec.discarded,
+            "queue_full": rec.dropped_queue_full,
+            **{"err:" + kind: n for kind, n in list(rec.errors.items())},
+        }
+        self._cost_ewma = 0.0
+        self._cycle_ewma = 0.0
         with self.agg.lock:
             self.agg.dropped["fork"] += lost
-        self.rec.current = None
-        self.start()
+        rec.current = None
+        if start:
+            self.start()
 
     def wake(self) -> None:
         self._wake.set()

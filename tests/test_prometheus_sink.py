@@ -28,6 +28,7 @@ def fixed_observer(registry):
     agg = obs.aggregation
     with agg.lock:
         agg.info["version"] = "X"
+        agg.created_unix_seconds = 1699999990.0  # counters carry it as _created
         agg.phase_host[0].counts[6] = 3  # draft, (0.0005, 0.001]
         agg.phase_host[0].sum = 0.0024
         agg.phase_gpu[1].counts[9] = 2  # verify, (0.005, 0.01]

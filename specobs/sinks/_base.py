@@ -36,3 +36,7 @@ class Sink:
 
     def shutdown(self, timeout_seconds: float) -> None:
         pass
+
+    def after_fork_in_child(self) -> None:
+        """Called in a forked child after the observer rebuilt its resolver and zeroed its
+        totals: restart what needs a thread or a socket of its own, or log that it cannot."""

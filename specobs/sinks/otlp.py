@@ -78,7 +78,6 @@ import math
 import os
 import threading
 import time
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -215,6 +214,13 @@ class _CountingSpanExporter(SpanExporter):
     def close(self) -> None:
         with self._lock:
             self._closed = True
+
+    def reset_in_child(self, inner: SpanExporter) -> None:
+        self._lock = threading.Lock()
+        self._inner = inner
+        self.received = 0
+        self._closed = False
+        self._shut = False
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         with self._lock:
@@ -368,15 +374,6 @@ class OtlpSink(Sink):
                 f"and arguments: {exc}"
             ) from exc
         self._start_thread()
-        if hasattr(os, "register_at_fork"):
-            ref = weakref.ref(self)
-
-            def after_fork_in_child() -> None:
-                sink = ref()
-                if sink is not None:
-                    sink._after_fork_in_child()
-
-            os.register_at_fork(after_in_child=after_fork_in_child)
 
     def _signal_endpoint(self, protocol: OtlpProtocol, path: str) -> str | None:
         if self.endpoint is None:
@@ -426,11 +423,31 @@ class OtlpSink(Sink):
         self._thread = t
         t.start()
 
-    def _after_fork_in_child(self) -> None:
-        # Threads do not survive fork(); the span processor rebuilds its own.
+    def after_fork_in_child(self) -> None:
+        """Called by the observer in a forked child, after it zeroed its totals.
+
+        Threads do not survive fork(); the span processor restarts its own with an empty queue
+        (the parent exports what it had queued). The exporters are made anew (a gRPC channel or
+        an HTTP session is not shared across processes), nothing is counted as in flight, and
+        the child's cumulative series start at its own new start time.
+        """
         self._lock = threading.Lock()
         if self._closed or not self._attached:
             return
+        try:
+            if self._span_exporter is not None:
+                self._span_exporter.reset_in_child(self._make_span_exporter())
+            if self._metric_exporter is not None:
+                self._metric_exporter = self._make_metric_exporter()
+        except Exception as exc:
+            _log.warning("specobs: forked child (pid %d) cannot export by OTLP: %r",
+                         os.getpid(), exc)
+            self._closed = True
+            return
+        self._submitted = 0
+        self._failed_span_batches = 0
+        self._exporters_shut = False
+        self._start_ns = int(self.observer.snapshot().created_unix_seconds * 1e9)
         self._init_thread_state()
         self._start_thread()
 

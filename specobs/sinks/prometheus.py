@@ -11,10 +11,25 @@ Three ways to expose it:
   application/openmetrics-text``), with exemplars on the phase and cycle histograms;
 * mounted into a registry the inference server already serves: ``PrometheusSink(registry=r)``;
 * as an app to mount in the server's own web framework: :meth:`wsgi_app` / :meth:`asgi_app`.
+
+The own endpoint is :class:`~specobs.sinks._http.MetricsServer`: one thread with a bounded number
+of connections and a deadline per request (slow or idle clients cannot pile up threads inside
+the inference process). What it serves is cached per format until the resolver next changes the
+aggregation (or ``cache_max_age_seconds`` passed), so back-to-back scrapes cost one encode per
+resolver update. ``specobs_exporter_cpu_time_seconds_total{component="prometheus"}`` counts the
+endpoint thread's whole CPU time (parsing, encoding, compressing, sending), and for the WSGI app
+the whole call; mounted into a foreign registry only ``collect()`` can be timed.
+
+A sink serves one observer: attaching it to a second raises ``ConfigurationError`` (create one
+sink per observer). After ``fork()`` the child closes its copies of the endpoint's sockets; with
+``port=0`` it serves its own numbers on a new free port, with a fixed port (the parent keeps it) it
+logs one line saying that its metrics are not served.
 """
 
 from __future__ import annotations
 
+import gzip
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -27,7 +42,7 @@ from specobs.sinks._base import Sink
 
 require("prometheus_client", feature="The Prometheus sink", extra="prometheus")
 
-from prometheus_client import CollectorRegistry, start_http_server  # noqa: E402
+from prometheus_client import CollectorRegistry  # noqa: E402
 from prometheus_client.core import (  # noqa: E402
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -35,13 +50,18 @@ from prometheus_client.core import (  # noqa: E402
     InfoMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import choose_encoder, gzip_accepted  # noqa: E402
 from prometheus_client.samples import Exemplar as PromExemplar  # noqa: E402
+
+from specobs.sinks._http import MetricsServer  # noqa: E402
 
 if TYPE_CHECKING:
     from specobs._aggregation import HistogramData, Snapshot
     from specobs._observer import Observer
 
 __all__ = ["PrometheusSink", "SnapshotCollector"]
+
+_log = logging.getLogger("specobs")
 
 
 def _le(bound: float) -> str:
@@ -77,7 +97,9 @@ class SnapshotCollector:
     def __init__(self, observer: Observer, *, exemplars: bool = True) -> None:
         self._observer = observer
         self._exemplars = exemplars
-        self._cpu_lock = threading.Lock()
+        # Set on a thread whose whole CPU time is already being counted (the endpoint thread,
+        # the WSGI app): collect() then does not count its part a second time.
+        self.outer = threading.local()
 
     def describe(self) -> list[Metric]:
         # An empty describe() makes the registry accept us without calling collect() at
@@ -88,11 +110,8 @@ class SnapshotCollector:
         t0 = time.thread_time_ns()
         snap = self._observer.snapshot()
         families = list(self._families(snap))
-        agg = self._observer.aggregation
-        with agg.lock:
-            agg.cpu_seconds["prometheus"] = (
-                agg.cpu_seconds.get("prometheus", 0.0) + (time.thread_time_ns() - t0) / 1e9
-            )
+        if not getattr(self.outer, "counting", False):
+            _add_cpu(self._observer, (time.thread_time_ns() - t0) / 1e9)
         yield from families
 
     def _families(self, s: Snapshot) -> Iterator[Metric]:
@@ -105,8 +124,18 @@ class SnapshotCollector:
                 m.name, m.help, labels=[*labels, *const_keys], unit=""
             )
 
+        created = s.created_unix_seconds or None
+
+        class _Counter(CounterMetricFamily):
+            # Every counter carries the observer's start (OpenMetrics ``_created``), so a reset
+            # -- a restart, or a forked child starting from zero -- is visible as such.
+            def add_metric(self, labels: Sequence[str], value: float, *args: Any,
+                           **kwargs: Any) -> None:
+                kwargs.setdefault("created", created)
+                super().add_metric(labels, value, *args, **kwargs)
+
         def counter(m: catalog.Metric, labels: Sequence[str] = ()) -> CounterMetricFamily:
-            return CounterMetricFamily(m.base_name, m.help, labels=[*labels, *const_keys])
+            return _Counter(m.base_name, m.help, labels=[*labels, *const_keys])
 
         def gauge(m: catalog.Metric, labels: Sequence[str] = ()) -> GaugeMetricFamily:
             return GaugeMetricFamily(m.name, m.help, labels=[*labels, *const_keys])
@@ -217,29 +246,87 @@ class PrometheusSink(Sink):
         self._addr_arg = addr
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self._exemplars = exemplars
-        self._server: Any = None
-        self._thread: Any = None
+        self._server: MetricsServer | None = None
+        self._attached = False
+        self._bound_port: int | None = None
         self.port: int | None = None
         self.addr: str | None = None
         self.collector: SnapshotCollector | None = None
+        #: How long a rendering is served to repeated scrapes when the aggregation has not
+        #: changed (the exporter's own CPU counter moves only when it is re-rendered).
+        self.cache_max_age_seconds = 1.0
+        #: Renderings made and scrapes answered from the cache (for tests and diagnostics).
+        self.renders = 0
+        self.cache_hits = 0
+        self._cache: dict[tuple[str, bool], tuple[int, float, bytes]] = {}
+        self._cache_lock = threading.Lock()
 
     def attach(self, observer: Observer) -> None:
+        if self._attached:
+            raise ConfigurationError(
+                "this PrometheusSink is already attached to an observer; create one sink per "
+                "observer (a second attach would orphan the first endpoint)"
+            )
         super().attach(observer)
+        self._attached = True
         self.collector = SnapshotCollector(observer, exemplars=self._exemplars)
         self.registry.register(self.collector)  # type: ignore[arg-type]
         if self._serve:
             port = prometheus_port() if self._port_arg is None else self._port_arg
             addr = prometheus_addr() if self._addr_arg is None else self._addr_arg
             try:
-                self._server, self._thread = start_http_server(port, addr, registry=self.registry)
+                self._start_server(addr, port)
             except OSError as exc:
                 self.registry.unregister(self.collector)  # type: ignore[arg-type]
+                self.collector = None
                 raise ConfigurationError(
                     f"cannot serve Prometheus metrics on {addr}:{port}: {exc.strerror or exc}. "
                     f"Set SPECOBS_PROMETHEUS_PORT to a free port (or 0 for any)."
                 ) from exc
-            self.port = int(self._server.server_port)
-            self.addr = addr
+            self._bound_port = port
+
+    def _start_server(self, addr: str, port: int) -> None:
+        server = MetricsServer(addr, port, self._render, self._count_cpu)
+        self._server = server
+        self.port = server.port
+        self.addr = addr
+
+    @property
+    def server(self) -> MetricsServer | None:
+        """The endpoint, when this sink serves one."""
+        return self._server
+
+    # -- the endpoint's work ---------------------------------------------------------------------
+    def _count_cpu(self, seconds: float) -> None:
+        _add_cpu(self.observer, seconds)
+
+    def _render(self, accept: str, accept_encoding: str) -> tuple[int, str, bytes, str]:
+        """The exposition for this scrape, from the cache while the aggregation is unchanged."""
+        encoder, ctype = choose_encoder(accept)
+        zipped = gzip_accepted(accept_encoding)
+        key = (ctype, zipped)
+        generation = self.observer.aggregation.generation
+        now = time.monotonic()
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit is not None and hit[0] == generation and now - hit[1] < (
+                self.cache_max_age_seconds
+            ):
+                self.cache_hits += 1
+                return 200, ctype, hit[2], "gzip" if zipped else ""
+            collector = self.collector
+            if collector is not None:
+                collector.outer.counting = True
+            try:
+                body = encoder(self.registry)
+            finally:
+                if collector is not None:
+                    collector.outer.counting = False
+            if zipped:
+                body = gzip.compress(body, compresslevel=6)
+            self.renders += 1
+            self._cache[key] = (generation, now, body)
+        return 200, ctype, body, "gzip" if zipped else ""
 
     @property
     def url(self) -> str | None:
@@ -249,10 +336,26 @@ class PrometheusSink(Sink):
         return f"http://{self.addr}:{self.port}/metrics"
 
     def wsgi_app(self) -> Any:
-        """A WSGI app serving this sink's registry (mount it at ``/metrics``)."""
+        """A WSGI app serving this sink's registry (mount it at ``/metrics``).
+
+        Its whole call (collect, encode, compress) counts as the exporter's CPU time."""
         from prometheus_client import make_wsgi_app
 
-        return make_wsgi_app(self.registry)
+        inner = make_wsgi_app(self.registry)
+
+        def app(environ: Any, start_response: Any) -> Any:
+            collector = self.collector
+            t0 = time.thread_time()
+            if collector is not None:
+                collector.outer.counting = True
+            try:
+                return list(inner(environ, start_response))
+            finally:
+                if collector is not None:
+                    collector.outer.counting = False
+                    _add_cpu(self.observer, time.thread_time() - t0)
+
+        return app
 
     def asgi_app(self) -> Any:
         """An ASGI app serving this sink's registry (mount it at ``/metrics``)."""
@@ -260,22 +363,50 @@ class PrometheusSink(Sink):
 
         return make_asgi_app(self.registry)
 
+    def after_fork_in_child(self) -> None:
+        """In a forked child: drop the parent's endpoint here; serve anew if the port was free."""
+        server = self._server
+        if server is None:
+            return
+        self._server = None
+        server.abandon_in_child()
+        with self._cache_lock:
+            self._cache.clear()
+        import os
+
+        old_url = self.url
+        if self._bound_port == 0:
+            try:
+                self._start_server(server.addr, 0)
+            except OSError as exc:
+                self.port = None
+                _log.warning("specobs: forked child (pid %d) could not serve its metrics: %s",
+                             os.getpid(), exc)
+                return
+            _log.warning("specobs: forked child (pid %d) serves its own metrics on %s (the "
+                         "parent keeps %s)", os.getpid(), self.url, old_url)
+        else:
+            self.port = None
+            _log.warning(
+                "specobs: forked child (pid %d) does not serve Prometheus metrics: the parent "
+                "keeps %s. Export the child by OTLP, or call specobs.configure() in the child "
+                "with another port.", os.getpid(), old_url,
+            )
+
     def shutdown(self, timeout_seconds: float) -> None:
         server = self._server
         if server is not None:
             self._server = None
-            done = threading.Event()
-
-            def stop() -> None:
-                server.shutdown()
-                server.server_close()
-                done.set()
-
-            threading.Thread(target=stop, name="specobs-prometheus-stop", daemon=True).start()
-            done.wait(max(0.0, timeout_seconds))
+            server.shutdown(timeout_seconds)
         if self.collector is not None:
             try:
                 self.registry.unregister(self.collector)  # type: ignore[arg-type]
             except KeyError:
                 pass
             self.collector = None
+
+
+def _add_cpu(observer: Observer, seconds: float) -> None:
+    agg = observer.aggregation
+    with agg.lock:
+        agg.cpu_seconds["prometheus"] = agg.cpu_seconds.get("prometheus", 0.0) + seconds
