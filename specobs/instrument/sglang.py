@@ -1,41 +1,55 @@
-"""SGLang: an ``sglang.srt.plugins`` plugin timing every EAGLE speculative decoding step.
+"""SGLang: an ``sglang.srt.plugins`` plugin timing every speculative decoding step.
 
 Turn it on with ``SPECOBS_SGLANG=1`` (``pip install specobs`` registers the entry point). SGLang's
-``load_plugins()`` runs :func:`sglang_plugin` early in every process; it registers AROUND hooks
-in SGLang's own ``HookRegistry``, which patches the targets before the engine starts. Releases
-without the plugin framework (before 0.5.11) are instrumented by calling
-``SGLangInstrumentor().instrument()`` in the scheduler process instead.
+``load_plugins()`` runs :func:`sglang_plugin` early in every process it starts (API server,
+detokenizer, data-parallel controller, schedulers). The plugin imports nothing of SGLang's worker
+code: it registers post-import hooks, so a worker class is patched in the moment SGLang itself
+imports its module -- which only the scheduler processes that run the model do. The same code
+path serves ``SGLangInstrumentor().instrument()`` (releases before 0.5.11, which have no plugin
+framework, and tests), and ``uninstrument()`` puts every original back.
 
-Seams, read from the wheels of the pinned releases (see docs/integrations.md):
+Coverage, per worker class ``SpeculativeAlgorithm.create_worker`` returns (0.5.23; see
+docs/integrations.md for what each phase covers per class):
 
-- V2 worker (``sglang.srt.speculative.eagle_worker_v2``, the default since overlap scheduling
-  for speculative decoding): ``EAGLEWorkerV2.forward_batch_generation`` is one decode step (the
-  cycle), ``EagleDraftWorker.draft`` the draft, ``EAGLEWorkerV2.verify`` the target forward with
-  acceptance, ``EagleDraftWorker._draft_extend_for_decode`` the draft model's catch-up over the
-  accepted tokens, which specobs books as bookkeeping (KV-cache and draft-state update).
-- V1 worker (``sglang.srt.speculative.eagle_worker.EAGLEWorker``, up to 0.5.12):
-  ``forward_batch_generation``, ``draft``, ``verify``, ``forward_draft_extend_after_decode``.
-- Acceptance from the returned ``GenerationBatchResult``: the per-request CPU list under its
-  three names (``accept_length_per_req_cpu`` up to 0.5.10, ``num_accepted_drafts_per_req_cpu``
-  in 0.5.11, ``num_correct_drafts_per_req_cpu`` since 0.5.12), else the GPU ``accept_lens``
-  (accepted drafts plus the bonus token), handed to specobs as a CUDA tensor: no sync.
+- hooked: ``EAGLEWorkerV2`` (EAGLE, EAGLE3, NEXTN), ``StandaloneWorkerV2`` (inherits it),
+  ``MultiLayerEagleWorkerV2``, ``FrozenKVMTPWorkerV2``, ``NGRAMWorker``, and the V1
+  ``EAGLEWorker`` of releases up to 0.5.12. A decode step is one cycle; the draft phase runs
+  until the draft returns, verify is the target forward with acceptance, and bookkeeping is the
+  draft model's extend forward over the accepted tokens (NGRAM: the n-gram corpus update);
+- reported as unsupported (one warning per class and ``specobs_info{integration="unsupported"}``
+  on its first step): :data:`UNSUPPORTED_WORKERS`, and any other class ``create_worker`` returns
+  (an out-of-tree platform's worker, a custom algorithm) whose decode step is not hooked.
 
-Prefill (extend) and idle batches are not speculative cycles and pass straight through. Phase
-boundaries record CUDA events through specobs on the stream the worker runs on, which stays
-correct under CUDA graph replay, where torch module hooks never fire.
+Drafted tokens per request: the draft tree verifies ``speculative_num_draft_tokens - 1`` tokens
+(``topk > 1``); a chain (``topk == 1``) verifies ``speculative_num_steps``, which adaptive
+speculation changes at run time and may set to 0 (drafting off). Acceptance comes from the
+returned ``GenerationBatchResult``: the per-request CPU list under its three names, else the GPU
+``accept_lens`` (accepted drafts plus the bonus token), handed to specobs as a CUDA tensor: no
+sync. Prefill (extend) and idle batches are not speculative cycles and pass straight through.
+
+Topology (:func:`topology_of`): the process that records is the TP rank 0 of the last pipeline
+stage of each data-parallel replica (with DP attention: of each attention-DP group); replicas are
+told apart by ``dp_rank`` and get port + ``dp_rank``.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from specobs.instrument._base import BaseInstrumentor, LogOnce, PhaseTracker
+from specobs.instrument._base import (
+    DEFAULT_PHASES,
+    BaseInstrumentor,
+    LogOnce,
+    PhaseTracker,
+    Topology,
+    when_imported,
+)
 from specobs.instrument._package_sglang import PACKAGE
 
 if TYPE_CHECKING:
@@ -46,8 +60,20 @@ __all__ = ["SPECOBS_SGLANG", "SGLangInstrumentor", "sglang_plugin"]
 SPECOBS_SGLANG = "SPECOBS_SGLANG"
 """``1`` turns the SGLang plugin on (default off: installing specobs changes nothing)."""
 
-V2_MODULE = "sglang.srt.speculative.eagle_worker_v2"
-V1_MODULE = "sglang.srt.speculative.eagle_worker"
+_SPEC = "sglang.srt.speculative."
+V2_MODULE = _SPEC + "eagle_worker_v2"
+V1_MODULE = _SPEC + "eagle_worker"
+MULTI_LAYER_MODULE = _SPEC + "multi_layer_eagle_worker_v2"
+FROZEN_KV_MTP_MODULE = _SPEC + "frozen_kv_mtp_worker_v2"
+NGRAM_MODULE = _SPEC + "ngram_worker"
+SPEC_INFO_MODULE = _SPEC + "spec_info"
+SPEC_REGISTRY_MODULE = _SPEC + "spec_registry"
+WORKER_FACTORIES = (
+    (SPEC_INFO_MODULE, "SpeculativeAlgorithm"),
+    (SPEC_REGISTRY_MODULE, "CustomSpecAlgo"),
+)
+"""The classes whose ``create_worker`` picks the worker class the scheduler builds (built-in
+algorithms, and algorithms registered by plugins)."""
 
 ACCEPTED_PER_REQUEST_FIELDS = (
     "num_correct_drafts_per_req_cpu",  # 0.5.12 and later
@@ -55,6 +81,11 @@ ACCEPTED_PER_REQUEST_FIELDS = (
     "accept_length_per_req_cpu",  # up to 0.5.10 (since 0.5.19 also a dLLM field, never EAGLE's)
 )
 """Names, newest first, of the per-request accepted-draft counts (bonus token excluded)."""
+
+PP_PHASES = ("verify", "bookkeeping", "draft")
+"""Phase order of ``EAGLEWorkerV2`` on the last pipeline stage when ``pp_size > 1``: the
+scheduler hands it the verify input relayed from earlier stages, and it drafts the next round's
+chain after the draft extend (the PP tail draft)."""
 
 _failed = LogOnce()
 _log = logging.getLogger("specobs.instrument")
@@ -66,7 +97,168 @@ def _enabled(env: dict[str, str] | os._Environ[str] | None = None) -> bool:
     return raw.strip().lower() in ("1", "true", "yes", "on")
 
 
-# -- the hooks: SGLang's AROUND signature, hook(original_fn, *args, **kwargs) ----------------------
+# -- topology --------------------------------------------------------------------------------------
+
+
+def topology_from(
+    *,
+    tp_rank: int,
+    tp_size: int,
+    pp_rank: int = 0,
+    pp_size: int = 1,
+    dp_rank: int | None = None,
+    dp_ranks: int = 1,
+    attn_dp_size: int = 1,
+) -> Topology:
+    """Where a scheduler process sits, from SGLang's ranks and widths.
+
+    ``dp_ranks`` counts the data-parallel units that each run their own batches: replicas
+    (``--dp-size``, each with its own WORLD, so their WORLD ranks repeat) or attention-DP groups
+    (``--enable-dp-attention``: one WORLD, TP ranks laid out DP-major). ``dp_rank`` is this
+    process's unit, as SGLang's launcher hands it to the scheduler. The leader is the first TP
+    rank of the unit on the last pipeline stage -- the only stage that runs the speculative
+    worker's draft, verify and acceptance.
+    """
+    group = max(tp_size // max(attn_dp_size, 1), 1)
+    local_tp = tp_rank % group
+    last_stage = pp_rank == pp_size - 1
+    replicas = max(dp_ranks, 1)
+    replica = None
+    if replicas > 1:
+        replica = dp_rank if dp_rank is not None else tp_rank // group
+        replica = min(max(replica, 0), replicas - 1)
+    return Topology(
+        leader=local_tp == 0 and last_stage,
+        rank=pp_rank * group + local_tp,
+        replica=replica,
+        replicas=replicas,
+    )
+
+
+def _parallel_context() -> Any:
+    """SGLang's published parallel context (0.5.23: ``runtime_context.get_parallel()``)."""
+    import sys
+
+    module = sys.modules.get("sglang.srt.runtime_context")
+    if module is None:
+        return None
+    try:
+        parallel = module.get_parallel()
+        int(parallel.tp_rank)  # raises when this process published no ranks
+    except Exception:
+        return None
+    return parallel
+
+
+def topology_of(worker: Any) -> Topology:
+    """The topology of the process running ``worker`` (a speculative worker of any release).
+
+    Reads SGLang's runtime context when it is published (0.5.23), else the ranks the target
+    ``TpModelWorker`` holds and the server arguments (older releases), else torch.distributed.
+    """
+    parallel = _parallel_context()
+    if parallel is not None:
+
+        def read(name: str, default: Any) -> Any:
+            try:
+                value = getattr(parallel, name)
+            except Exception:
+                return default
+            return default if value is None else value
+
+        dp_size = int(read("dp_size", 1))
+        attn_dp = int(read("attn_dp_size", 1))
+        return topology_from(
+            tp_rank=int(parallel.tp_rank), tp_size=int(read("tp_size", 1)),
+            pp_rank=int(read("pp_rank", 0)), pp_size=int(read("pp_size", 1)),
+            dp_rank=parallel.dp_rank if _has(parallel, "dp_rank") else None,
+            dp_ranks=int(read("num_dp_ranks", dp_size * attn_dp)), attn_dp_size=attn_dp,
+        )  # fmt: skip
+    target = getattr(worker, "target_worker", None) or getattr(worker, "_target_worker", None)
+    args = getattr(worker, "server_args", None) or getattr(target, "server_args", None)
+
+    def rank(name: str) -> int | None:
+        for holder in (worker, target):
+            value = getattr(holder, name, None)
+            if isinstance(value, int):
+                return value
+        return None
+
+    tp_rank = rank("tp_rank")
+    if tp_rank is None:
+        tp_rank = _world_rank()
+    dp_size = int(getattr(args, "dp_size", 1) or 1)
+    attn_dp = dp_size if getattr(args, "enable_dp_attention", False) else 1
+    return topology_from(
+        tp_rank=tp_rank, tp_size=int(getattr(args, "tp_size", 0) or tp_rank + 1),
+        pp_rank=rank("pp_rank") or 0, pp_size=int(getattr(args, "pp_size", 1) or 1),
+        dp_rank=rank("dp_rank"), dp_ranks=dp_size, attn_dp_size=attn_dp,
+    )  # fmt: skip
+
+
+def _has(obj: Any, name: str) -> bool:
+    try:
+        getattr(obj, name)
+    except Exception:
+        return False
+    return True
+
+
+def _world_rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:
+        pass
+    return 0
+
+
+def _pp_size(worker: Any) -> int:
+    parallel = _parallel_context()
+    if parallel is not None:
+        try:
+            return int(parallel.pp_size)
+        except Exception:
+            return 1
+    args = getattr(worker, "server_args", None)
+    return int(getattr(args, "pp_size", 1) or 1)
+
+
+# -- draft length ----------------------------------------------------------------------------------
+
+
+def eagle_draft_length(worker: Any) -> int:
+    """Tokens verified per request by one EAGLE-family step (tree or chain)."""
+    steps = getattr(worker, "speculative_num_steps", None)
+    if steps is not None and int(steps) == 0:
+        return 0  # adaptive speculation turned drafting off for this batch size
+    topk = int(getattr(worker, "topk", 1) or 1)
+    tokens = getattr(worker, "speculative_num_draft_tokens", None)
+    if tokens is not None and (topk > 1 or steps is None):
+        return max(int(tokens) - 1, 0)
+    return int(steps or 0)
+
+
+def ngram_draft_length(worker: Any) -> int:
+    """NGRAM verifies a tree of ``draft_token_num`` nodes, the first being the last real token."""
+    tokens = getattr(worker, "draft_token_num", None)
+    if tokens is None:
+        tokens = getattr(worker, "speculative_num_draft_tokens", None)
+    return max(int(tokens if tokens is not None else 1) - 1, 0)
+
+
+_MAX_DRAFT_LENGTH_LIMIT = 64  # specobs' own bound on max_draft_length
+
+
+def _max_draft_length(worker: Any, now: int) -> int | None:
+    configured = getattr(worker, "speculative_num_draft_tokens", None)
+    longest = max(now, int(configured) - 1 if configured is not None else 0)
+    return min(longest, _MAX_DRAFT_LENGTH_LIMIT) if longest > 8 else None
+
+
+# -- the hooks: hook(original_fn, *args, **kwargs) -------------------------------------------------
 
 
 def _is_decode(batch: Any) -> bool:
@@ -75,17 +267,6 @@ def _is_decode(batch: Any) -> bool:
         return False
     is_idle = getattr(mode, "is_idle", None)
     return not (is_idle is not None and is_idle())
-
-
-def _rank(worker: Any) -> int:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
-    except Exception:
-        pass
-    return int(getattr(worker, "tp_rank", 0) or 0)
 
 
 def _accepted(result: Any) -> Any:
@@ -101,46 +282,62 @@ def _accepted(result: Any) -> Any:
     return None
 
 
-def around_decode_step(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """One decode step of an EAGLE worker (V1 or V2) is one cycle."""
-    worker, batch = args[0], (args[1] if len(args) > 1 else _first_batch(kwargs))
-    tracker = None
-    try:
-        if _local.__dict__.get("tracker") is None and _is_decode(batch):
-            k = int(worker.speculative_num_steps)
-            observer = SGLangInstrumentor().observer(
-                rank=_rank(worker), max_draft_length=k if k > 8 else None
-            )
-            tracker = PhaseTracker(observer)
-            tracker.start(int(batch.seq_lens.shape[0]))
-            _local.tracker = tracker
-    except Exception:
-        _failed("the cycle start (forward_batch_generation)")
-        tracker = None
-    if tracker is None:
-        return original(*args, **kwargs)
-    try:
-        result = original(*args, **kwargs)
-    except BaseException:
-        _local.tracker = None
-        tracker.abort()
-        raise
-    _local.tracker = None
-    try:
-        accepted = _accepted(result)
-        if accepted is not None:
-            tracker.accept(accepted, int(worker.speculative_num_steps))
-        tracker.finish()
-    except Exception:
-        _failed("the cycle end (forward_batch_generation)")
-    return result
-
-
 def _first_batch(kwargs: dict[str, Any]) -> Any:
     for name in ("batch", "model_worker_batch"):
         if name in kwargs:
             return kwargs[name]
     raise TypeError("forward_batch_generation() called without a batch")
+
+
+def _observer_for(worker: Any, draft_length: int, pp_order: bool) -> Observer:
+    instrumentor = SGLangInstrumentor()
+    observer = instrumentor.current_observer
+    if observer is None:
+        phases = PP_PHASES if pp_order and _pp_size(worker) > 1 else DEFAULT_PHASES
+        observer = instrumentor.observer(
+            phases=phases,
+            max_draft_length=_max_draft_length(worker, draft_length),
+            topology=topology_of(worker),
+        )
+    return observer
+
+
+def _cycle_hook(draft_length: Callable[[Any], int], pp_order: bool = False) -> Callable[..., Any]:
+    """The hook for a worker's decode step: one cycle, acceptance read from its result."""
+
+    def around_step(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        worker, batch = args[0], (args[1] if len(args) > 1 else _first_batch(kwargs))
+        tracker = None
+        try:
+            # The guard: a subclass's step that calls super() is still one cycle.
+            if _local.__dict__.get("tracker") is None and _is_decode(batch):
+                observer = _observer_for(worker, draft_length(worker), pp_order)
+                tracker = PhaseTracker(observer)
+                tracker.start(int(batch.seq_lens.shape[0]))
+                _local.tracker = tracker
+        except Exception:
+            _failed("the cycle start (forward_batch_generation)")
+            tracker = None
+        if tracker is None:
+            return original(*args, **kwargs)
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            _local.tracker = None
+            tracker.abort()
+            raise
+        _local.tracker = None
+        try:
+            accepted = _accepted(result)
+            if accepted is not None:
+                # Read after the step: adaptive speculation may have changed it for this step.
+                tracker.accept(accepted, draft_length(worker))
+            tracker.finish()
+        except Exception:
+            _failed("the cycle end (forward_batch_generation)")
+        return result
+
+    return around_step
 
 
 def _around_phase(start: str | None, end: str | None) -> Callable[..., Any]:
@@ -164,97 +361,268 @@ def _around_phase(start: str | None, end: str | None) -> Callable[..., Any]:
     return hook
 
 
-around_draft = _around_phase(None, "verify")
-"""The draft ends where ``draft`` returns (it started with the cycle)."""
+around_decode_step = _cycle_hook(eagle_draft_length, pp_order=True)
+"""One decode step of an EAGLE-family worker (V1 or V2) is one cycle."""
+around_ngram_step = _cycle_hook(ngram_draft_length)
+"""One decode step of the NGRAM worker is one cycle."""
+around_draft = _around_phase("draft", "verify")
+"""The draft ends where ``draft`` returns. Entering "draft" at its start is a no-op in the
+default order (the cycle starts in draft) and moves the PP tail draft into draft."""
 around_verify = _around_phase("verify", "bookkeeping")
 """Verify runs exactly the length of ``verify`` (also when drafting was skipped)."""
 around_draft_extend = _around_phase("bookkeeping", None)
-"""The draft model's catch-up over the accepted tokens is bookkeeping."""
+"""The draft model's catch-up over the accepted tokens (or NGRAM's corpus update) is
+bookkeeping."""
 
 
-def hook_targets(v1: bool, v2: bool) -> list[tuple[str, Callable[..., Any]]]:
-    """``(dotted target, AROUND hook)`` for the worker generations present."""
-    targets: list[tuple[str, Callable[..., Any]]] = []
-    if v2:
-        targets += [
-            (
-                f"{V2_MODULE}.EAGLEWorkerV2.forward_batch_generation",
-                around_decode_step,
-            ),
-            (f"{V2_MODULE}.EagleDraftWorker.draft", around_draft),
-            (f"{V2_MODULE}.EAGLEWorkerV2.verify", around_verify),
-            (f"{V2_MODULE}.EagleDraftWorker._draft_extend_for_decode", around_draft_extend),
-        ]
-    if v1:
-        targets += [
-            (f"{V1_MODULE}.EAGLEWorker.forward_batch_generation", around_decode_step),
-            (f"{V1_MODULE}.EAGLEWorker.draft", around_draft),
-            (f"{V1_MODULE}.EAGLEWorker.verify", around_verify),
-            (f"{V1_MODULE}.EAGLEWorker.forward_draft_extend_after_decode", around_draft_extend),
-        ]
-    return targets
+@dataclass(frozen=True)
+class HookTarget:
+    """One method specobs wraps: ``module.owner.method`` with ``hook``."""
+
+    module: str
+    owner: str
+    method: str
+    hook: Callable[..., Any]
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.module}.{self.owner}.{self.method}"
 
 
-def _present_workers() -> tuple[bool, bool]:
-    def present(module: str) -> bool:
+_V2, _ML, _FROZEN = V2_MODULE, MULTI_LAYER_MODULE, FROZEN_KV_MTP_MODULE
+_STEP, _EXTEND = "forward_batch_generation", "_draft_extend_for_decode"
+HOOK_TARGETS: tuple[HookTarget, ...] = (
+    HookTarget(_V2, "EAGLEWorkerV2", _STEP, around_decode_step),
+    HookTarget(_V2, "EAGLEWorkerV2", "verify", around_verify),
+    HookTarget(_V2, "EagleDraftWorker", "draft", around_draft),
+    HookTarget(_V2, "EagleDraftWorker", _EXTEND, around_draft_extend),
+    HookTarget(_ML, "MultiLayerEagleWorkerV2", _STEP, around_decode_step),
+    HookTarget(_ML, "MultiLayerEagleWorkerV2", "verify", around_verify),
+    HookTarget(_ML, "MultiLayerEagleDraftWorker", "draft", around_draft),
+    HookTarget(_ML, "MultiLayerEagleDraftWorker", _EXTEND, around_draft_extend),
+    # FrozenKVMTPWorkerV2 inherits EAGLEWorkerV2.verify (hooked above: its module imports V2's).
+    HookTarget(_FROZEN, "FrozenKVMTPWorkerV2", _STEP, around_decode_step),
+    HookTarget(_FROZEN, "FrozenKVMTPDraftWorker", "draft", around_draft),
+    HookTarget(_FROZEN, "FrozenKVMTPDraftWorker", _EXTEND, around_draft_extend),
+    HookTarget(NGRAM_MODULE, "NGRAMWorker", _STEP, around_ngram_step),
+    HookTarget(NGRAM_MODULE, "NGRAMWorker", "_prepare_for_speculative_decoding", around_draft),
+    HookTarget(NGRAM_MODULE, "NGRAMWorker", "_update_ngram_corpus", around_draft_extend),
+    HookTarget(V1_MODULE, "EAGLEWorker", _STEP, around_decode_step),
+    HookTarget(V1_MODULE, "EAGLEWorker", "draft", around_draft),
+    HookTarget(V1_MODULE, "EAGLEWorker", "verify", around_verify),
+    HookTarget(V1_MODULE, "EAGLEWorker", "forward_draft_extend_after_decode", around_draft_extend),
+)
+"""Every method specobs wraps, in every release of the supported range that has it."""
+
+HOOKED_WORKERS: dict[str, str] = {
+    "EAGLEWorkerV2": "EAGLE, EAGLE3 and NEXTN (sglang.srt.speculative.eagle_worker_v2)",
+    "StandaloneWorkerV2": "STANDALONE: a subclass of EAGLEWorkerV2 that inherits its step",
+    "MultiLayerEagleWorkerV2": "EAGLE with enable_multi_layer_eagle (MiMo-V2, GigaChat 3.5)",
+    "FrozenKVMTPWorkerV2": "FROZEN_KV_MTP: its own step, EAGLEWorkerV2's verify",
+    "NGRAMWorker": "NGRAM: host-side n-gram drafting, target verify, corpus update",
+    "EAGLEWorker": "the V1 EAGLE worker of releases up to 0.5.12",
+}
+"""Worker classes ``create_worker`` can return whose decode step specobs times."""
+
+UNSUPPORTED_WORKERS: dict[str, str] = {
+    "DFlashWorkerV2": (
+        "DFLASH drafts a whole block with a diffusion draft model and verifies it inside one "
+        "decode step with no method boundary between the draft, the verify and the draft "
+        "cache update that specobs could hook"
+    ),
+    "UnoWorkerV2": (
+        "UNO runs its draft block, sampling and verify through private helpers of one decode "
+        "step with no stable method boundary between the phases"
+    ),
+    "DSparkWorkerV2": (
+        "DSPARK plans, drafts and verifies through its own executor and epilogue objects "
+        "(deferred commits, compact verify) with no method boundary specobs could hook"
+    ),
+}
+"""Worker classes ``create_worker`` can return that specobs reports as unsupported, and why."""
+
+_WAY_OUT = (
+    "Use EAGLE, EAGLE3, NEXTN, STANDALONE, FROZEN_KV_MTP or NGRAM speculative decoding to get "
+    "the cycle breakdown, or time the loop by hand with specobs.Observer (docs/integrations.md)."
+)
+
+
+def _around_first_step_reporting(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Wraps an unsupported worker's step: warn once per class, then run it untouched."""
+    worker = args[0] if args else None
+    cls = type(worker)
+    if cls not in _reported:
+        _reported.add(cls)
         try:
-            return importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            return False
+            _report_unsupported(cls, worker)
+        except Exception:
+            _failed("the unsupported-worker report")
+    return original(*args, **kwargs)
 
-    return present(V1_MODULE), present(V2_MODULE)
+
+_reported: set[type] = set()
+
+
+def _report_unsupported(cls: type, worker: Any) -> None:
+    name = cls.__name__
+    reason = UNSUPPORTED_WORKERS.get(name, "specobs has no hooks for its decode step")
+    what = f"the speculative worker {cls.__module__}.{cls.__qualname__} ({reason})"
+    instrumentor = SGLangInstrumentor()
+    if instrumentor._unsupported_reported:
+        # report_unsupported warns once per process; a second class still gets its own line.
+        _log.warning("specobs does not time %s. %s", what, _WAY_OUT)
+        return
+    instrumentor.report_unsupported(what, _WAY_OUT, topology=topology_of(worker))
+
+
+_HOOK_MARK = "__specobs_sglang_hook__"
+
+
+def is_hooked(worker_class: type) -> bool:
+    """Whether ``worker_class``'s decode step resolves to a specobs cycle hook."""
+    step = getattr(worker_class, "forward_batch_generation", None)
+    return bool(getattr(step, _HOOK_MARK, False))
+
+
+def _create_worker_hook(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Wraps ``create_worker``: an unhooked class gets the once-per-class unsupported report."""
+    worker_class = original(*args, **kwargs)
+    try:
+        if isinstance(worker_class, type) and not is_hooked(worker_class):
+            SGLangInstrumentor()._report_on_first_step(worker_class)
+    except Exception:
+        _failed("the worker class check (create_worker)")
+    return worker_class
 
 
 # -- the two ways in -------------------------------------------------------------------------------
 
 
-def sglang_plugin() -> None:
-    """The ``sglang.srt.plugins`` entry point: registers specobs' hooks when SPECOBS_SGLANG=1.
+def watched_modules() -> tuple[str, ...]:
+    """The SGLang modules whose import triggers patching (none is imported by specobs)."""
+    names = dict.fromkeys(target.module for target in HOOK_TARGETS)
+    names.update(dict.fromkeys(module for module, _ in WORKER_FACTORIES))
+    return tuple(names)
 
-    SGLang calls it in every process it starts; the hooks record only in the process of rank 0
-    (SPECOBS_ALL_RANKS=1 for all), and build their observer on the first decode step.
+
+_pending: set[str] = set()
+_pending_lock = threading.Lock()
+
+
+def _on_import(module: Any) -> None:
+    with _pending_lock:
+        _pending.discard(getattr(module, "__name__", ""))
+    SGLangInstrumentor()._patch_module(module)
+
+
+def sglang_plugin() -> None:
+    """The ``sglang.srt.plugins`` entry point: instruments SGLang when SPECOBS_SGLANG=1.
+
+    SGLang calls it in every process it starts. It imports no SGLang module; the classes are
+    patched when SGLang imports them (in the scheduler processes), and the observer is built on
+    the first decode step by the recording process (:func:`topology_of`).
     """
     if not _enabled():
         return
-    instrumentor = SGLangInstrumentor()
-    if not instrumentor._version_supported():
-        return
     try:
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-        v1, v2 = _present_workers()
-        for target, hook in hook_targets(v1, v2):
-            HookRegistry.register(target, hook, HookType.AROUND)
+        SGLangInstrumentor().instrument()
     except Exception:
-        _log.exception("specobs could not register its SGLang hooks; SGLang runs unchanged.")
+        _log.exception("specobs could not instrument SGLang; SGLang runs unchanged.")
 
 
 class SGLangInstrumentor(BaseInstrumentor):
-    """Patches SGLang's EAGLE workers directly, restorably (tests, and releases before plugins).
-
-    The plugin path (:func:`sglang_plugin`) uses SGLang's HookRegistry instead, which cannot be
-    undone; both use the same hooks.
-    """
+    """Patches SGLang's speculative workers restorably, as SGLang imports them."""
 
     package = PACKAGE
+    integration = "sglang"
 
     def instrument(self, *, observer: Observer | None = None, skip_dep_check: bool = False) -> bool:
-        """Patch the EAGLE workers present; ``False`` when the SGLang version is unsupported."""
+        """Patch the speculative workers (now, or when imported); ``False`` when unsupported."""
         return self._instrument_checked(observer, skip_dep_check)
 
     def _instrument(self) -> None:
-        import importlib
+        import sys
 
-        v1, v2 = _present_workers()
-        for target, hook in hook_targets(v1, v2):
-            module_name, class_name, method = target.rsplit(".", 2)
-            owner = getattr(importlib.import_module(module_name), class_name)
-            self._patch(owner, method, functools.partial(_wrap_around, hook))
+        self.__dict__["_in_instrument"] = True
+        try:
+            # wrapt fires a post-import hook once (then drops it) and cannot remove one early, so
+            # a module gets one pending hook at a time, which asks the instrumentor what to do.
+            with _pending_lock:
+                for name in watched_modules():
+                    if name not in sys.modules and name not in _pending:
+                        _pending.add(name)
+                        when_imported(name, _on_import)
+            for name in watched_modules():
+                module = sys.modules.get(name)
+                if module is not None:
+                    self._patch_module(module)
+        finally:
+            self.__dict__["_in_instrument"] = False
+
+    def _uninstrument(self) -> None:
+        self._patched_modules().clear()
+        _reported.clear()
+
+    def _patched_modules(self) -> set[str]:
+        patched: set[str] = self.__dict__.setdefault("_patched_module_names", set())
+        return patched
+
+    def _patch_module(self, module: Any) -> None:
+        """Wrap this module's hook targets (from a post-import hook, or at instrument time)."""
+        name = getattr(module, "__name__", "")
+        with self._lock:
+            if not (self._instrumented or self.__dict__.get("_in_instrument", False)):
+                return  # uninstrumented: the post-import hook outlives it and does nothing
+            patched = self._patched_modules()
+            if name in patched:
+                return
+            patched.add(name)
+            try:
+                for factory_module, factory in WORKER_FACTORIES:
+                    owner = getattr(module, factory, None) if factory_module == name else None
+                    if owner is not None and "create_worker" in vars(owner):
+                        self._patch(owner, "create_worker", _wrapping(_create_worker_hook))
+                for target in HOOK_TARGETS:
+                    owner = getattr(module, target.owner, None) if target.module == name else None
+                    if owner is not None and target.method in vars(owner):
+                        self._patch(owner, target.method, _wrapping(target.hook))
+            except Exception:
+                _log.exception("specobs could not patch %s; its workers run unobserved.", name)
+
+    def _report_on_first_step(self, worker_class: type) -> None:
+        """Wrap an unhooked worker class's step so its first call reports it (restorably)."""
+        with self._lock:
+            if not self._instrumented:
+                return
+            step = getattr(worker_class, "forward_batch_generation", None)
+            if step is None:
+                return
+            if getattr(step, "__specobs_reporting__", False):
+                return
+            self._patch(
+                worker_class, "forward_batch_generation", _reporting(_around_first_step_reporting)
+            )
 
 
-def _wrap_around(hook: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrapping(hook: Callable[..., Any]) -> Callable[[Any], Any]:
+    return functools.partial(_wrap_around, hook, _HOOK_MARK if _is_cycle(hook) else None)
+
+
+def _reporting(hook: Callable[..., Any]) -> Callable[[Any], Any]:
+    return functools.partial(_wrap_around, hook, "__specobs_reporting__")
+
+
+def _is_cycle(hook: Callable[..., Any]) -> bool:
+    return hook is around_decode_step or hook is around_ngram_step
+
+
+def _wrap_around(
+    hook: Callable[..., Any], mark: str | None, original: Callable[..., Any]
+) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         return hook(original, *args, **kwargs)
 
+    if mark is not None:
+        setattr(wrapper, mark, True)
     return wrapper

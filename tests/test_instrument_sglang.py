@@ -1,0 +1,1020 @@
+"""SGLang: the coverage of every worker class, the seams, topology and the plugin path.
+
+1. AST checks against the pinned wheels (fetched by tests/test_instrument_contracts.py's cache):
+   every worker class ``SpeculativeAlgorithm.create_worker`` can return in 0.5.23 is either hooked
+   or reported as unsupported by specobs, and every hooked method, parameter and field exists.
+2. Behaviour: stand-ins mirroring each covered class's call order (0.5.23), driven through
+   SGLang's own ``load_plugins()`` taken from the wheel; topology (PP, DP replicas, DP attention)
+   from a stand-in of SGLang's ``runtime_context``; the import-time behaviour (nothing of SGLang is
+   imported by the plugin; classes are patched when SGLang imports them).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.metadata
+import logging
+import sys
+import textwrap
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import specobs
+from specobs.instrument import sglang as sg_inst
+from specobs.instrument._base import Topology
+from specobs.instrument._package_sglang import PACKAGE as SGLANG_RANGE
+from tests.test_instrument_contracts import (
+    SGLANG_PINS,
+    _class,
+    _fields,
+    _Installed,
+    _load_from_wheel,
+    _method,
+    _package,
+    _params,
+    _tree,
+)
+
+SG = "sglang/srt/speculative/"
+LATEST = "0.5.23"
+
+
+# -- AST: coverage and seams against the real wheels -----------------------------------------------
+
+
+def _returned_classes(tree: ast.Module) -> dict[str, str]:
+    """``{class name: module}`` that ``SpeculativeAlgorithm.create_worker`` imports and returns."""
+    fn = _method(_class(tree, "SpeculativeAlgorithm"), "create_worker")
+    imported: dict[str, str] = {}
+    returned: set[str] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                imported[alias.asname or alias.name] = node.module
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Name):
+            returned.add(node.value.id)
+    # ``platform_worker_cls`` is an out-of-tree platform's class: covered by the runtime check.
+    returned.discard("platform_worker_cls")
+    missing = returned - set(imported)
+    assert not missing, f"create_worker returns classes it does not import: {missing}"
+    return {name: imported[name] for name in returned}
+
+
+def _module_path(module: str) -> str:
+    return module.replace(".", "/") + ".py"
+
+
+def _class_in(version: str, module: str, name: str) -> ast.ClassDef:
+    tree = _tree("sglang", version, _module_path(module))
+    assert tree is not None, module
+    return _class(tree, name)
+
+
+def _resolve_method(version: str, module: str, cls: str, method: str) -> tuple[str, str]:
+    """The (module, class) that defines ``cls.method``, following same-package base classes."""
+    tree = _tree("sglang", version, _module_path(module))
+    assert tree is not None, module
+    node = _class(tree, cls)
+    if any(isinstance(n, ast.FunctionDef) and n.name == method for n in node.body):
+        return module, cls
+    imports = {
+        alias.asname or alias.name: n.module
+        for n in tree.body
+        if isinstance(n, ast.ImportFrom) and n.module
+        for alias in n.names
+    }
+    for base in node.bases:
+        if isinstance(base, ast.Name) and base.id in imports:
+            try:
+                return _resolve_method(version, imports[base.id], base.id, method)
+            except (AssertionError, LookupError):
+                continue
+    raise LookupError(f"{module}.{cls}.{method} is defined nowhere in its bases")
+
+
+def test_every_worker_class_create_worker_returns_is_hooked_or_reported() -> None:
+    """Fails when SGLang adds (or renames) a worker class specobs neither hooks nor reports."""
+    spec_info = _tree("sglang", LATEST, SG + "spec_info.py")
+    assert spec_info is not None
+    returned = _returned_classes(spec_info)
+    declared = set(sg_inst.HOOKED_WORKERS) | set(sg_inst.UNSUPPORTED_WORKERS)
+    assert not set(sg_inst.HOOKED_WORKERS) & set(sg_inst.UNSUPPORTED_WORKERS)
+    assert set(returned) <= declared, (
+        f"create_worker in sglang {LATEST} returns {sorted(set(returned) - declared)}, which "
+        "specobs neither hooks nor reports as unsupported"
+    )
+    assert len(returned) == 8, sorted(returned)  # every worker class of 0.5.23, counted
+    hooked_modules = {t.module for t in sg_inst.HOOK_TARGETS}
+    for name, module in returned.items():
+        if name not in sg_inst.HOOKED_WORKERS:
+            continue
+        # A hooked worker's decode step resolves to a hooked method (its own or inherited).
+        owner = _resolve_method(LATEST, module, name, "forward_batch_generation")
+        steps = {
+            (t.module, t.owner)
+            for t in sg_inst.HOOK_TARGETS
+            if t.method == "forward_batch_generation"
+        }
+        assert owner in steps, f"{name}'s decode step is {owner}, which specobs does not hook"
+        assert owner[0] in hooked_modules
+    # The runtime check wraps both factories that pick the class.
+    assert ("SpeculativeAlgorithm", "create_worker") == (
+        "SpeculativeAlgorithm",
+        _method(_class(spec_info, "SpeculativeAlgorithm"), "create_worker").name,
+    )
+    registry = _tree("sglang", LATEST, SG + "spec_registry.py")
+    assert registry is not None
+    assert _params(_method(_class(registry, "CustomSpecAlgo"), "create_worker")) == [
+        "self",
+        "server_args",
+    ]
+
+
+WORKER_FIELDS = {
+    # class: fields the cycle hook reads from the worker for the drafted count
+    "EAGLEWorkerV2": {"topk", "speculative_num_steps", "speculative_num_draft_tokens"},
+    "MultiLayerEagleWorkerV2": {"topk", "speculative_num_steps", "speculative_num_draft_tokens"},
+    "FrozenKVMTPWorkerV2": {"topk", "speculative_num_steps", "speculative_num_draft_tokens"},
+    "NGRAMWorker": {"draft_token_num"},
+    "EAGLEWorker": {"speculative_num_steps"},
+}
+
+
+@pytest.mark.parametrize("version", SGLANG_PINS)
+def test_hooked_seams_exist_with_expected_signatures(version: str) -> None:
+    assert SGLANG_RANGE.supports(version)
+    present = 0
+    for target in sg_inst.HOOK_TARGETS:
+        tree = _tree("sglang", version, _module_path(target.module))
+        if tree is None:
+            continue  # a worker generation this release does not have
+        classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+        if target.owner not in classes and version != LATEST:
+            continue  # an older layout; see below
+        owner = _class(tree, target.owner)
+        defined = any(
+            isinstance(n, ast.FunctionDef) and n.name == target.method for n in owner.body
+        )
+        if not defined and version != LATEST:
+            # An older layout (0.5.12's FrozenKVMTPWorkerV2 subclasses a V1 worker): the runtime
+            # skips the target too, and create_worker's check reports the class if its step is
+            # then not hooked. 0.5.23 must have every target.
+            continue
+        present += 1
+        fn = _method(owner, target.method)
+        params = _params(fn)
+        assert params[0] == "self", target.dotted
+        if target.method == "forward_batch_generation":
+            # The hook reads the batch as the first argument after self.
+            assert params[1] in ("batch", "model_worker_batch"), (target.dotted, params)
+            assert ast.unparse(fn.args.args[1].annotation or ast.Constant("")) in (
+                "ScheduleBatch",
+                "ModelWorkerBatch",
+            ), target.dotted
+            fields = _fields(_class(tree, target.owner))
+            assert WORKER_FIELDS[target.owner] <= fields, (target.dotted, sorted(fields))
+    assert present >= 4, f"sglang {version}: fewer than the EAGLE V2 seams found"
+
+    utils = _tree("sglang", version, "sglang/srt/managers/utils.py")
+    assert utils is not None
+    result = _fields(_class(utils, "GenerationBatchResult"))
+    assert "accept_lens" in result
+    assert set(sg_inst.ACCEPTED_PER_REQUEST_FIELDS) & result
+    batch = _tree("sglang", version, "sglang/srt/managers/schedule_batch.py")
+    assert batch is not None
+    assert {"forward_mode", "seq_lens"} <= _fields(_class(batch, "ScheduleBatch"))
+
+
+def test_latest_release_seams_per_class() -> None:
+    """0.5.23 specifics: the phase seams are called from the step, in the order the hooks assume."""
+    calls = {
+        ("eagle_worker_v2", "EAGLEWorkerV2"): ["draft", "verify", "_draft_extend_for_decode"],
+        ("multi_layer_eagle_worker_v2", "MultiLayerEagleWorkerV2"): [
+            "draft",
+            "verify",
+            "_draft_extend_for_decode",
+        ],
+        ("frozen_kv_mtp_worker_v2", "FrozenKVMTPWorkerV2"): [
+            "draft",
+            "verify",
+            "_draft_extend_for_decode",
+        ],
+        ("ngram_worker", "NGRAMWorker"): [
+            "_prepare_for_speculative_decoding",
+            "_update_ngram_corpus",
+        ],
+    }
+    for (module, cls), expected in calls.items():
+        tree = _tree("sglang", LATEST, SG + module + ".py")
+        assert tree is not None
+        fn = _method(_class(tree, cls), "forward_batch_generation")
+        called = [
+            node.func.attr
+            for node in ast.walk(fn)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        ]
+        order = [name for name in called if name in expected]
+        # ast.walk is breadth first; compare by first appearance in source order instead.
+        by_line = sorted(
+            (node.lineno, node.func.attr)
+            for node in ast.walk(fn)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in expected
+        )
+        first: list[str] = []
+        for _, name in by_line:
+            if name not in first:
+                first.append(name)
+        assert first == expected, (cls, first)
+        assert set(order) == set(expected)
+    # FrozenKVMTPWorkerV2 inherits verify from EAGLEWorkerV2 (hooked there).
+    frozen = _tree("sglang", LATEST, SG + "frozen_kv_mtp_worker_v2.py")
+    assert frozen is not None
+    node = _class(frozen, "FrozenKVMTPWorkerV2")
+    assert [ast.unparse(b) for b in node.bases] == ["EAGLEWorkerV2"]
+    assert not any(isinstance(n, ast.FunctionDef) and n.name == "verify" for n in node.body)
+    # NGRAM's tree width lives in draft_token_num; the draft extend takes no kwargs we pass.
+    ngram = _tree("sglang", LATEST, SG + "ngram_worker.py")
+    assert ngram is not None
+    assert "draft_token_num" in _fields(_class(ngram, "NGRAMWorker"))
+
+
+def test_latest_release_topology_sources() -> None:
+    """The parallel context fields topology_of reads, and the rank layout it assumes."""
+    ctx = _tree("sglang", LATEST, "sglang/srt/runtime_context.py")
+    assert ctx is not None
+    _method(_class(ctx, "ParallelContext"), "__getattr__")
+    src = ast.unparse(ctx)
+    for name in ("get_parallel", "num_dp_ranks_of", "derive_attention_ranks", "spawn_world_rank"):
+        assert f"def {name}" in src, name
+    # WORLD rank = offset + tp_size * pp_rank + tp_rank: PP stage 0 holds WORLD rank 0.
+    assert "cfg.ep_join_rank_offset + cfg.tp_size * pp_rank + tp_rank" in src
+    # The launcher hands every scheduler its dp_rank (replica, or attention-DP group).
+    dpc = _tree("sglang", LATEST, "sglang/srt/managers/data_parallel_controller.py")
+    assert dpc is not None
+    assert "compute_dp_attention_world_info" in ast.unparse(dpc)
+    # Only the last PP stage hosts the draft worker.
+    v2 = _tree("sglang", LATEST, SG + "eagle_worker_v2.py")
+    assert v2 is not None
+    assert "self._hosts_draft = get_parallel().pp_group.is_last_rank" in ast.unparse(v2)
+
+
+# -- stand-ins mirroring 0.5.23's call order -------------------------------------------------------
+
+
+class _Mode:
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def is_extend(self) -> bool:
+        return self.kind == "extend"
+
+    def is_idle(self) -> bool:
+        return self.kind == "idle"
+
+    def is_decode(self) -> bool:
+        return self.kind == "decode"
+
+
+class _Batch:
+    def __init__(self, kind: str, size: int) -> None:
+        torch = pytest.importorskip("torch")
+        self.forward_mode = _Mode(kind)
+        self.is_extend_in_batch = False
+        self.seq_lens = torch.full((size,), 7)
+        self.spec_info = None
+
+
+class _Result:
+    def __init__(self, **fields: Any) -> None:
+        self.accept_lens = None
+        self.__dict__.update(fields)
+
+
+def _accept(values: list[int]) -> _Result:
+    torch = pytest.importorskip("torch")
+    return _Result(accept_lens=torch.tensor(values, dtype=torch.int32))  # bonus token included
+
+
+def _speculative_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
+        if name not in sys.modules:
+            _package(monkeypatch, name)
+
+
+def _eagle_v2(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> types.ModuleType:
+    _speculative_package(monkeypatch)
+    module = _package(monkeypatch, sg_inst.V2_MODULE, path=False)
+
+    class EagleDraftWorker:
+        def draft(self, batch: Any, *, with_topology: bool = False) -> Any:
+            calls.append("draft-tail" if with_topology else "draft")
+            return "verify-input"
+
+        def _draft_extend_for_decode(
+            self, batch: Any, batch_result: Any, *, kv_loc_plan: Any = None
+        ) -> None:
+            calls.append("draft_extend")
+
+    class EAGLEWorkerV2:
+        def __init__(
+            self,
+            accept: list[int],
+            topk: int = 1,
+            steps: int = 3,
+            tokens: int = 4,
+            pp: bool = False,
+        ) -> None:
+            self.topk = topk
+            self.speculative_num_steps = steps
+            self.speculative_num_draft_tokens = tokens
+            self.draft_worker = EagleDraftWorker()
+            self._accept = accept
+            self._pp = pp
+
+        def forward_batch_generation(
+            self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None,
+            pp_proxy_tensors: Any = None,
+        ) -> Any:  # fmt: skip
+            if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+                calls.append("prefill")
+                return _Result()
+            if not self._pp and self.speculative_num_steps > 0:
+                batch.spec_info = self.draft_worker.draft(batch)
+            output = self.verify(batch, pp_proxy_tensors=pp_proxy_tensors)
+            self.draft_worker._draft_extend_for_decode(batch, output, kv_loc_plan=None)
+            if self._pp:
+                self.draft_worker.draft(batch, with_topology=True)  # the PP tail draft
+            return output
+
+        def verify(
+            self, batch: Any, pp_proxy_tensors: Any = None, grammar_barrier: Any = None
+        ) -> Any:
+            calls.append("verify")
+            return _accept(self._accept)
+
+    module.EagleDraftWorker = EagleDraftWorker
+    module.EAGLEWorkerV2 = EAGLEWorkerV2
+    return module
+
+
+def _standalone(monkeypatch: pytest.MonkeyPatch, v2: types.ModuleType) -> types.ModuleType:
+    module = _package(monkeypatch, "sglang.srt.speculative.standalone_worker_v2", path=False)
+
+    class StandaloneWorkerV2(v2.EAGLEWorkerV2):  # type: ignore[misc, name-defined]
+        pass
+
+    module.StandaloneWorkerV2 = StandaloneWorkerV2
+    return module
+
+
+def _multi_layer(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> types.ModuleType:
+    _speculative_package(monkeypatch)
+    module = _package(monkeypatch, sg_inst.MULTI_LAYER_MODULE, path=False)
+
+    class MultiLayerEagleDraftWorker:
+        def draft(self, batch: Any) -> Any:
+            calls.append("draft")
+            return "verify-input"
+
+        def _draft_extend_plan_for_decode(self, batch: Any) -> bool:
+            calls.append("plan")
+            return True
+
+        def _draft_extend_for_decode(
+            self, batch: Any, batch_result: Any, *, staged: bool = False, kv_loc_plan: Any = None
+        ) -> None:
+            calls.append("draft_extend")
+
+    class MultiLayerEagleWorkerV2:
+        def __init__(self, accept: list[int], topk: int = 1, steps: int = 3, tokens: int = 4):
+            self.topk = topk
+            self.speculative_num_steps = steps
+            self.speculative_num_draft_tokens = tokens
+            self.draft_worker = MultiLayerEagleDraftWorker()
+            self._accept = accept
+
+        def forward_batch_generation(
+            self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None,
+            pp_proxy_tensors: Any = None,
+        ) -> Any:  # fmt: skip
+            if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+                return _Result()
+            batch.spec_info = self.draft_worker.draft(batch)
+            staged = self.draft_worker._draft_extend_plan_for_decode(batch)
+            output = self.verify(batch, grammar_barrier=grammar_barrier)
+            self.draft_worker._draft_extend_for_decode(batch, output, staged=staged)
+            return output
+
+        def verify(self, batch: Any, grammar_barrier: Any = None) -> Any:
+            calls.append("verify")
+            return _accept(self._accept)
+
+    module.MultiLayerEagleDraftWorker = MultiLayerEagleDraftWorker
+    module.MultiLayerEagleWorkerV2 = MultiLayerEagleWorkerV2
+    return module
+
+
+def _frozen(
+    monkeypatch: pytest.MonkeyPatch, calls: list[str], v2: types.ModuleType
+) -> types.ModuleType:
+    module = _package(monkeypatch, sg_inst.FROZEN_KV_MTP_MODULE, path=False)
+
+    class FrozenKVMTPDraftWorker:
+        def draft(self, batch: Any) -> Any:
+            calls.append("frozen-draft")
+            return "verify-input"
+
+        def _draft_extend_for_decode(self, batch: Any, batch_result: Any) -> None:
+            calls.append("frozen-extend")
+
+    class FrozenKVMTPWorkerV2(v2.EAGLEWorkerV2):  # type: ignore[misc, name-defined]
+        def __init__(self, accept: list[int], topk: int = 1, steps: int = 2, tokens: int = 3):
+            # Like the real class: does not call EAGLEWorkerV2.__init__.
+            self.topk = topk
+            self.speculative_num_steps = steps
+            self.speculative_num_draft_tokens = tokens
+            self.draft_worker = FrozenKVMTPDraftWorker()
+            self._accept = accept
+            self._pp = False
+
+        def forward_batch_generation(
+            self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None
+        ) -> Any:
+            if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+                return _Result()
+            batch.spec_info = self.draft_worker.draft(batch)
+            output = self.verify(batch, grammar_barrier=grammar_barrier)  # EAGLEWorkerV2's
+            self.draft_worker._draft_extend_for_decode(batch, output)
+            return output
+
+    module.FrozenKVMTPDraftWorker = FrozenKVMTPDraftWorker
+    module.FrozenKVMTPWorkerV2 = FrozenKVMTPWorkerV2
+    return module
+
+
+def _ngram(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> types.ModuleType:
+    _speculative_package(monkeypatch)
+    module = _package(monkeypatch, sg_inst.NGRAM_MODULE, path=False)
+
+    class NGRAMWorker:
+        def __init__(self, accept: list[int], tokens: int = 8) -> None:
+            self.draft_token_num = tokens
+            self.speculative_num_draft_tokens = tokens
+            self.topk = 1
+            self.speculative_num_steps = 3  # not what NGRAM verifies: its tree is tokens wide
+            self._accept = accept
+
+        def _prepare_for_speculative_decoding(self, batch: Any) -> None:
+            if not batch.forward_mode.is_decode():
+                return
+            calls.append("ngram-draft")
+            batch.forward_mode = _Mode("target_verify")
+
+        def _update_ngram_corpus(self, batch: Any) -> None:
+            calls.append("corpus")
+
+        def forward_batch_generation(
+            self, batch: Any, on_publish: Any = None, pp_proxy_tensors: Any = None
+        ) -> Any:
+            self._prepare_for_speculative_decoding(batch)
+            if batch.forward_mode.kind == "target_verify":
+                calls.append("ngram-verify")
+                self._update_ngram_corpus(batch)
+                batch.forward_mode = _Mode("decode")
+                return _accept(self._accept)
+            return _Result()
+
+    module.NGRAMWorker = NGRAMWorker
+    return module
+
+
+def _host_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECOBS_CLOCK", "host")
+    for var in (
+        "SPECOBS_EXPORTERS", "SPECOBS_RANK", "RANK", "LOCAL_RANK", "SPECOBS_PHASES",
+        "SPECOBS_ALL_RANKS", "SPECOBS_PROMETHEUS_PORT", "SPECOBS_MAX_DRAFT_LENGTH",
+    ):  # fmt: skip
+        monkeypatch.delenv(var, raising=False)
+
+
+def _instrument(
+    monkeypatch: pytest.MonkeyPatch, observer: Any = None
+) -> sg_inst.SGLangInstrumentor:
+    monkeypatch.setattr(sg_inst.SGLangInstrumentor, "package", _Installed(SGLANG_RANGE, LATEST))
+    inst = sg_inst.SGLangInstrumentor()
+    assert inst.instrument(observer=observer) is True
+    return inst
+
+
+@pytest.fixture
+def fresh_instrumentors() -> Any:
+    inst = sg_inst.SGLangInstrumentor()
+    inst.uninstrument()
+    inst._observer = None
+    yield
+    observer = inst.current_observer
+    inst.uninstrument()
+    inst._observer = None
+    if observer is not None:
+        observer.shutdown(timeout_seconds=5.0)
+
+
+def _snapshot(observer: Any) -> Any:
+    observer.force_flush(timeout_seconds=5.0)
+    return observer.snapshot()
+
+
+def _memory_observer(**kwargs: Any) -> Any:
+    return specobs.configure(sinks=[specobs.MemorySink()], clock="host", rank=0, **kwargs)
+
+
+# -- behaviour: the plugin through SGLang's own loader ---------------------------------------------
+
+
+def test_plugin_through_sglangs_own_loader_patches_every_covered_class(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fresh_instrumentors: Any
+) -> None:
+    calls: list[str] = []
+    v2 = _eagle_v2(monkeypatch, calls)
+    original = v2.EAGLEWorkerV2.forward_batch_generation
+    ml = _multi_layer(monkeypatch, calls)
+    monkeypatch.setattr(sg_inst.SGLangInstrumentor, "package", _Installed(SGLANG_RANGE, LATEST))
+    environ = _package(monkeypatch, "sglang.srt.environ", path=False)
+
+    class _Unset:
+        def get(self) -> None:
+            return None
+
+    environ.envs = types.SimpleNamespace(SGLANG_PLUGINS=_Unset(), SGLANG_PLATFORM=_Unset())
+    _package(monkeypatch, "sglang.srt.plugins")
+    registry = _load_from_wheel(
+        monkeypatch, tmp_path, "sglang", LATEST, "sglang.srt.plugins.hook_registry"
+    )
+    plugins = _load_from_wheel(monkeypatch, tmp_path, "sglang", LATEST, "sglang.srt.plugins")
+    entry = importlib.metadata.EntryPoint(
+        name="specobs", value="specobs.instrument.sglang:sglang_plugin", group="sglang.srt.plugins"
+    )
+    monkeypatch.setattr(
+        plugins, "entry_points", lambda group: [entry] if group == entry.group else []
+    )
+    monkeypatch.setenv(sg_inst.SPECOBS_SGLANG, "1")
+    _host_only(monkeypatch)
+    try:
+        plugins.load_plugins()
+        registry.HookRegistry.apply_hooks()  # SGLang's own step; specobs registers nothing there
+        assert v2.EAGLEWorkerV2.forward_batch_generation.__wrapped__ is original
+        assert sg_inst.is_hooked(v2.EAGLEWorkerV2)
+        assert sg_inst.is_hooked(ml.MultiLayerEagleWorkerV2)
+
+        worker = v2.EAGLEWorkerV2(accept=[1, 4, 2])
+        worker.forward_batch_generation(_Batch("extend", 3))  # prefill: not a cycle
+        worker.forward_batch_generation(_Batch("idle", 0))  # idle: not a cycle
+        for _ in range(5):
+            out = worker.forward_batch_generation(_Batch("decode", 3))
+            assert out.accept_lens.tolist() == [1, 4, 2]  # the engine's result is untouched
+        observer = sg_inst.SGLangInstrumentor().current_observer
+        assert observer is not None
+        snap = _snapshot(observer)
+        assert snap.cycles_total == 5
+        assert snap.accepted_tokens_total == 5 * (0 + 3 + 1)
+        assert snap.draft_tokens_total == 5 * 3 * 3
+        assert not any(snap.errors.values()), snap.errors
+        for phase in ("draft", "verify", "bookkeeping"):
+            assert snap.phase_count(phase, "host") == 5
+    finally:
+        registry.HookRegistry.reset()
+
+
+def test_plugin_off_without_env(monkeypatch: pytest.MonkeyPatch, fresh_instrumentors: Any) -> None:
+    calls: list[str] = []
+    v2 = _eagle_v2(monkeypatch, calls)
+    original = v2.EAGLEWorkerV2.forward_batch_generation
+    monkeypatch.delenv(sg_inst.SPECOBS_SGLANG, raising=False)
+    sg_inst.sglang_plugin()
+    assert v2.EAGLEWorkerV2.forward_batch_generation is original
+    assert not sg_inst.SGLangInstrumentor().is_instrumented
+
+
+@pytest.mark.parametrize(
+    ("topk", "steps", "tokens", "drafted"),
+    [(1, 3, 4, 3), (4, 3, 8, 7), (8, 5, 64, 63), (1, 0, 1, 0)],
+    ids=["chain", "tree", "wide-tree", "drafting-off"],
+)
+def test_eagle_v2_drafted_counts_follow_the_tree(
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_instrumentors: Any,
+    topk: int,
+    steps: int,
+    tokens: int,
+    drafted: int,
+) -> None:
+    calls: list[str] = []
+    v2 = _eagle_v2(monkeypatch, calls)
+    _host_only(monkeypatch)
+    _instrument(monkeypatch)
+    accept = [1, 2] if drafted else [1, 1]  # drafting off: only the bonus token
+    worker = v2.EAGLEWorkerV2(accept=accept, topk=topk, steps=steps, tokens=tokens)
+    for _ in range(3):
+        worker.forward_batch_generation(_Batch("decode", 2))
+    observer = sg_inst.SGLangInstrumentor().current_observer
+    assert observer is not None
+    # The histogram buckets reach the widest tree: a 63-token tree needs max_draft_length 63.
+    assert observer.settings.max_draft_length == max(8, drafted)
+    snap = _snapshot(observer)
+    assert snap.cycles_total == 3
+    assert snap.draft_tokens_total == 3 * 2 * drafted
+    assert snap.accepted_tokens_total == (3 * (0 + 1) if drafted else 0)
+    assert not any(snap.errors.values()), snap.errors
+    if steps == 0:
+        assert "draft" not in calls
+
+
+def test_standalone_inherits_the_eagle_hooks(
+    monkeypatch: pytest.MonkeyPatch, fresh_instrumentors: Any
+) -> None:
+    calls: list[str] = []
+    v2 = _eagle_v2(monkeypatch, calls)
+    sa = _standalone(monkeypatch, v2)
+    _host_only(monkeypatch)
+    observer = _memory_observer()
+    _instrument(monkeypatch, observer)
+    assert sg_inst.is_hooked(sa.StandaloneWorkerV2)
+    sa.StandaloneWorkerV2(accept=[3, 3]).forward_batch_generation(_Batch("decode", 2))
+    snap = _snapshot(observer)
+    assert (snap.cycles_total, snap.draft_tokens_total, snap.accepted_tokens_total) == (1, 6, 4)
+    observer.shutdown(timeout_seconds=5.0)
+
+
+def test_multi_layer_eagle_phases_and_tree_counts(
+    monkeypatch: pytest.MonkeyPatch, fresh_instrumentors: Any
+) -> None:
+    calls: list[str] = []
+    ml = _multi_layer(monkeypatch, calls)
+    _host_only(monkeypatch)
+    observer = _memory_observer()
+    _instrument(monkeypatch, observer)
+    worker = ml.MultiLayerEagleWorkerV2(accept=[2, 1, 5], topk=2, steps=4, tokens=6)
+    worker.forward_batch_generation(_Batch("extend", 3))
+    worker.forward_batch_generation(_Batch("decode", 3))
+    worker.forward_batch_generation(_Batch("decode", 3))
+    assert calls == ["draft", "plan", "verify", "draft_extend"] * 2
+    snap = _snapshot(observer)
+    assert snap.cycles_total == 2
+    assert snap.draft_tokens_total == 2 * 3 * 5  # topk 2: the tree verifies 6 - 1 per request
+    assert snap.accepted_tokens_total == 2 * (1 + 0 + 4)
+    for phase in ("draft", "verify", "bookkeeping"):
+        assert snap.phase_count(phase, "host") == 2
+    assert not any(snap.errors.values()), snap.errors
+    observer.shutdown(timeout_seconds=5.0)
+
+
+def test_frozen_kv_mtp_is_one_cycle_with_the_inherited_verify(
+    monkeypatch: pytest.MonkeyPatch, fresh_instrumentors: Any
+) -> None:
+    calls: list[str] = []
+    v2 = _eagle_v2(monkeypatch, calls)
+    frozen = _frozen(monkeypatch, calls, v2)
+    _host_only(monkeypatch)
+    observer = _memory_observer()
+    _instrument(monkeypatch, observer)
+    assert sg_inst.is_hooked(frozen.FrozenKVMTPWorkerV2)
+    worker = frozen.FrozenKVMTPWorkerV2(accept=[3, 1])
+    for _ in range(4):
+        worker.forward_batch_generation(_Batch("decode", 2))
+    assert calls == ["frozen-draft", "verify", "frozen-extend"] * 4
+    snap = _snapshot(observer)
+    # Not 8: the EAGLEWorkerV2 verify it inherits and its own step are one cycle, not two.
+    assert snap.cycles_total == 4
+    assert snap.draft_tokens_total == 4 * 2 * 2
+    assert snap.accepted_tokens_total == 4 * (2 + 0)
+    for phase in ("draft", "verify", "bookkeeping"):
+        assert snap.phase_count(phase, "host") == 4
+    observer.shutdown(timeout_seconds=5.0)
+
+
+def test_subclass_step_calling_super_counts_one_cycle(
+    monkeypatch: pytest.MonkeyPatch, fresh_instrumentors: Any
+) -> None:
+    calls: list[str] = []
+    v2 = _eagle_v2(monkeypatch, calls)
+    _host_only(monkeypatch)
+    observer = _memory_observer()
+    _instrument(monkeypatch, observer)
+
+    class Wrapped(v2.EAGLEWorkerV2):  # type: ignore[misc, name-defined]
+        def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+            return super().forward_batch_generation(batch, *args, **kwargs)
+
+    # Its step is hooked too (as if SGLang shipped it), around a super() call into a hooked step.
+    Wrapped.forward_batch_generation = sg_inst._wrap_around(
+        sg_inst.around_decode_step, None, Wrapped.forward_batch_generation
+    )
+    Wrapped(accept=[2]).forward_batch_generation(_Batch("decode", 1))
+    snap = _snapshot(observer)
+    assert snap.cycles_total == 1
+    assert snap.draft_tokens_total == 3
+    observer.shutdown(timeout_seconds=5.0)
+
+
+def test_ngram_draft_is_the_lookup_and_bookkeeping_the_corpus_update(
+    monkeypatch: pytest.MonkeyPatch, fresh_instrumentors: Any
+) -> None:
+    calls: list[str] = []
+    ng = _ngram(monkeypatch, calls)
+    _host_only(monkeypatch)
+    observer = _memory_observer()
+    _instrument(monkeypatch, observer)
+    worker = ng.NGRAMWorker(accept=[1, 3, 8])
+    worker.forward_batch_generation(_Batch("extend", 3))
+    for _ in range(2):
+        worker.forward_batch_generation(_Batch("decode", 3))
+    assert calls == ["ngram-draft", "ngram-verify", "corpus"] * 2
+    snap = _snapshot(observer)
+    assert snap.cycles_total == 2
+    assert snap.draft_tokens_total == 2 * 3 * 7  # a tree of 8 nodes verifies 7, not num_steps
+    assert snap.accepted_tokens_total == 2 * (0 + 2 + 7)
+    for phase in ("draft", "verify", "bookkeeping"):
+        assert snap.phase_count(phase, "host") == 2
+    assert not any(snap.errors.values()), snap.errors
+    observer.shutdown(timeout_seconds=5.0)
+
+
+# -- unsupported classes: one warning per class, exported, never silent ----------------------------
+
+
+def _spec_info(monkeypatch: pytest.MonkeyPatch, returns: dict[str, type]) -> types.ModuleType:
+    _speculative_package(monkeypatch)
+    module = _package(monkeypatch, sg_inst.SPEC_INFO_MODULE, path=False)
+
+    class SpeculativeAlgorithm:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def create_worker(self, server_args: Any) -> Any:
+            return returns[self.name]
+
+    module.SpeculativeAlgorithm = SpeculativeAlgorithm
+    return module
+
+
+def test_unsupported_workers_warn_once_per_class_and_export_it(
+    monkeypatch: pytest.MonkeyPatch, fresh_instrumentors: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[str] = []
+    v2 = _eagle_v2(monkeypatch, calls)
+
+    class DFlashWorkerV2:
+        def forward_batch_generation(self, batch: Any, on_publish: Any = None) -> Any:
+            calls.append("dflash")
+            return _accept([2])
+
+    class UnoWorkerV2(DFlashWorkerV2):
+        pass
+
+    originals = dict(vars(DFlashWorkerV2))
+    spec = _spec_info(
+        monkeypatch,
+        {"DFLASH": DFlashWorkerV2, "UNO": UnoWorkerV2, "EAGLE": v2.EAGLEWorkerV2},
+    )
+    _host_only(monkeypatch)
+    monkeypatch.setenv("SPECOBS_EXPORTERS", "none")
+    inst = _instrument(monkeypatch)
+    caplog.set_level(logging.WARNING, logger="specobs.instrument")
+
+    assert spec.SpeculativeAlgorithm("EAGLE").create_worker(None) is v2.EAGLEWorkerV2
+    assert "does not time" not in caplog.text  # a hooked class is not reported
+    cls = spec.SpeculativeAlgorithm("DFLASH").create_worker(None)
+    assert cls is DFlashWorkerV2
+    worker = cls()
+    for _ in range(5):
+        assert worker.forward_batch_generation(_Batch("decode", 1)).accept_lens.tolist() == [2]
+    assert calls == ["dflash"] * 5
+    warnings = [r for r in caplog.records if "does not time" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert "DFlashWorkerV2" in warnings[0].getMessage()
+    assert "no method boundary" in warnings[0].getMessage()
+    observer = inst.current_observer
+    assert observer is not None
+    assert observer.settings.integration == "unsupported"
+    assert _snapshot(observer).errors.get("unsupported_engine") == 1
+
+    # A second unsupported class in the same process still gets its own single line.
+    spec.SpeculativeAlgorithm("UNO").create_worker(None)().forward_batch_generation(
+        _Batch("decode", 1)
+    )
+    spec.SpeculativeAlgorithm("UNO").create_worker(None)().forward_batch_generation(
+        _Batch("decode", 1)
+    )
+    warnings = [r for r in caplog.records if "does not time" in r.getMessage()]
+    assert len(warnings) == 2 and "UnoWorkerV2" in warnings[1].getMessage()
+
+    inst.uninstrument()
+    assert dict(vars(DFlashWorkerV2)) == originals
+    assert "create_worker" in vars(spec.SpeculativeAlgorithm)
+    assert not hasattr(spec.SpeculativeAlgorithm.create_worker, "__wrapped__")
+
+
+# -- topology --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ranks", "expected"),
+    [
+        # tp 4, pp 2: stage 0 (WORLD ranks 0-3) never runs the worker's decode step.
+        (dict(tp_rank=0, tp_size=4, pp_rank=0, pp_size=2), Topology(False, 0)),
+        (dict(tp_rank=0, tp_size=4, pp_rank=1, pp_size=2), Topology(True, 4)),
+        (dict(tp_rank=1, tp_size=4, pp_rank=1, pp_size=2), Topology(False, 5)),
+        # --dp-size 2: each replica's WORLD starts at 0; dp_rank tells them apart.
+        (dict(tp_rank=0, tp_size=2, dp_rank=1, dp_ranks=2), Topology(True, 0, 1, 2)),
+        (dict(tp_rank=1, tp_size=2, dp_rank=1, dp_ranks=2), Topology(False, 1, 1, 2)),
+        # DP attention, tp 8 in 4 groups of 2: TP rank 6 leads group 3.
+        (
+            dict(tp_rank=6, tp_size=8, dp_rank=3, dp_ranks=4, attn_dp_size=4),
+            Topology(True, 0, 3, 4),
+        ),
+        (
+            dict(tp_rank=7, tp_size=8, dp_rank=3, dp_ranks=4, attn_dp_size=4),
+            Topology(False, 1, 3, 4),
+        ),
+        # One replica: no dp_rank label.
+        (dict(tp_rank=0, tp_size=1, dp_rank=0, dp_ranks=1), Topology(True, 0, None, 1)),
+    ],
+)
+def test_topology_from_ranks(ranks: dict[str, int], expected: Topology) -> None:
+    assert sg_inst.topology_from(**ranks) == expected
+
+
+class _Parallel:
+    """The fields of 0.5.23's ParallelContext that topology_of reads."""
+
+    def __init__(self, **fields: Any) -> None:
+        defaults = dict(tp_size=1, pp_rank=0, pp_size=1, dp_rank=None, dp_size=1, attn_dp_size=1)
+        self.__dict__.update({**defaults, **fields})
+        self.num_dp_ranks = self.dp_size * self.attn_dp_size
+
+
+def _runtime_context(monkeypatch: pytest.MonkeyPatch, parallel: _Parallel) -> None:
+    module = _package(monkeypatch, "sglang.srt.runtime_context", path=False)
+    module.get_parallel = lambda: parallel
+
+
+def test_pipeline_parallel_records_on_the_last_stage_only(
+    monkeypatch: pytest.MonkeyPatch, fresh_instrumentors: Any
+) -> None:
+    calls: list[str] = []
+    v2 = _eagle_v2(monkeypatch, calls)
+    _host_only(monkeypatch)
+    monkeypatch.setenv("SPECOBS_EXPORTERS", "none")
+    seen = {}
+    for pp_rank in (0, 1):
+        # WORLD rank 0 is PP stage 0; the last stage's TP rank 0 is WORLD rank 2 here.
+        _runtime_context(monkeypatch, _Parallel(tp_rank=0, tp_size=2, pp_rank=pp_rank, pp_size=2))
+        inst = _instrument(monkeypatch)
+        worker = v2.EAGLEWorkerV2(accept=[2, 3], pp=True)
+        for _ in range(3):
+            worker.forward_batch_generation(_Batch("decode", 2))
+        observer = inst.current_observer
+        assert observer is not None
+        seen[pp_rank] = (observer.settings.leader, observer.settings.rank, _snapshot(observer))
+        observer.shutdown(timeout_seconds=5.0)
+        inst.uninstrument()
+        inst._observer = None
+    assert seen[0][0] is False and seen[0][2].cycles_total == 0
+    leader, rank, snap = seen[1]
+    assert (leader, rank) == (True, 2)
+    assert snap.cycles_total == 3
+    assert snap.accepted_tokens_total == 3 * (1 + 2)
+    # On the last stage the draft runs last (the PP tail draft): it is still booked as draft.
+    assert calls.count("draft-tail") == 6 and "draft" not in calls
+    for phase in ("draft", "verify", "bookkeeping"):
+        assert snap.phase_count(phase, "host") == 3
+        assert snap.phase_seconds_sum(phase, "host") > 0.0
+
+
+def test_dp_replica_with_a_taken_port_warns_once_and_never_retries(
+    monkeypatch: pytest.MonkeyPatch, fresh_instrumentors: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    import socket
+
+    pytest.importorskip("prometheus_client")
+    calls: list[str] = []
+    v2 = _eagle_v2(monkeypatch, calls)
+    _host_only(monkeypatch)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    base = taken.getsockname()[1] - 1  # replica 1 gets base + 1: the taken port
+    monkeypatch.setenv("SPECOBS_EXPORTERS", "prometheus")
+    monkeypatch.setenv("SPECOBS_PROMETHEUS_PORT", str(base))
+    monkeypatch.setenv("SPECOBS_PROMETHEUS_ADDR", "127.0.0.1")
+    _runtime_context(monkeypatch, _Parallel(tp_rank=0, tp_size=1, dp_rank=1, dp_size=2))
+    configured: list[dict[str, Any]] = []
+    real_configure = specobs.configure
+
+    def counting_configure(**kwargs: Any) -> Any:
+        configured.append(kwargs)
+        return real_configure(**kwargs)
+
+    monkeypatch.setattr(specobs, "configure", counting_configure)
+    caplog.set_level(logging.WARNING, logger="specobs.instrument")
+    try:
+        inst = _instrument(monkeypatch)
+        worker = v2.EAGLEWorkerV2(accept=[2])
+        for _ in range(50):
+            worker.forward_batch_generation(_Batch("decode", 1))
+    finally:
+        taken.close()
+    assert len(configured) == 1, "configure() must not be retried on every step"
+    assert configured[0]["replica"] == 1 and configured[0]["replicas"] == 2
+    assert configured[0]["leader"] is True
+    failures = [r for r in caplog.records if "could not start recording" in r.getMessage()]
+    assert len(failures) == 1
+    assert "replica 1/2" in failures[0].getMessage()
+    observer = inst.current_observer
+    assert observer is not None and not observer.settings.enabled
+    assert calls.count("verify") == 50  # the engine ran every step
+
+
+def test_dp_replica_labels_and_port(
+    monkeypatch: pytest.MonkeyPatch, fresh_instrumentors: Any
+) -> None:
+    calls: list[str] = []
+    v2 = _eagle_v2(monkeypatch, calls)
+    _host_only(monkeypatch)
+    monkeypatch.setenv("SPECOBS_EXPORTERS", "none")
+    _runtime_context(monkeypatch, _Parallel(tp_rank=0, tp_size=1, dp_rank=2, dp_size=3))
+    inst = _instrument(monkeypatch)
+    v2.EAGLEWorkerV2(accept=[2]).forward_batch_generation(_Batch("decode", 1))
+    observer = inst.current_observer
+    assert observer is not None
+    settings = observer.settings
+    assert (settings.replica, settings.replicas, settings.leader) == (2, 3, True)
+    assert _snapshot(observer).cycles_total == 1
+
+
+def test_topology_falls_back_to_worker_ranks_on_older_releases(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(sys.modules, "sglang.srt.runtime_context", raising=False)
+    args = types.SimpleNamespace(tp_size=2, pp_size=2, dp_size=2, enable_dp_attention=False)
+    target = types.SimpleNamespace(tp_rank=0, pp_rank=1, dp_rank=1, server_args=args)
+    worker = types.SimpleNamespace(target_worker=target, server_args=args)
+    assert sg_inst.topology_of(worker) == Topology(True, 2, 1, 2)
+    target.pp_rank = 0
+    assert sg_inst.topology_of(worker).leader is False
+
+
+# -- import cost: the plugin imports nothing of SGLang; classes patch on SGLang's import -----------
+
+
+def test_plugin_imports_no_worker_module_and_patches_on_import(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fresh_instrumentors: Any
+) -> None:
+    """A real on-disk package: the worker module is imported after the plugin ran."""
+    pkg = tmp_path / "sglang" / "srt" / "speculative"
+    pkg.mkdir(parents=True)
+    for directory in (pkg.parent.parent, pkg.parent, pkg):
+        (directory / "__init__.py").write_text("")
+    (pkg / "eagle_worker_v2.py").write_text(
+        textwrap.dedent(
+            """
+            class EagleDraftWorker:
+                def draft(self, batch, *, with_topology=False):
+                    return None
+
+                def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
+                    return None
+
+
+            class EAGLEWorkerV2:
+                def forward_batch_generation(self, batch, on_publish=None):
+                    return None
+
+                def verify(self, batch, grammar_barrier=None):
+                    return None
+            """
+        )
+    )
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(sg_inst.SPECOBS_SGLANG, "1")
+    monkeypatch.setattr(sg_inst.SGLangInstrumentor, "package", _Installed(SGLANG_RANGE, LATEST))
+    sg_inst.sglang_plugin()
+    assert sg_inst.SGLangInstrumentor().is_instrumented
+    assert sg_inst.V2_MODULE not in sys.modules  # the plugin imported nothing of SGLang
+    assert not [m for m in sys.modules if m.startswith("sglang")]
+    try:
+        module = importlib.import_module(sg_inst.V2_MODULE)
+        assert sg_inst.is_hooked(module.EAGLEWorkerV2)  # patched as SGLang imported it
+        sg_inst.SGLangInstrumentor().uninstrument()
+        assert not sg_inst.is_hooked(module.EAGLEWorkerV2)
+    finally:
+        for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+            del sys.modules[name]
