@@ -57,13 +57,14 @@ def _port(raw: str) -> int:
 
 
 def _env_metrics_port() -> int | None:
+    """``SPECOBS_PROMETHEUS_PORT`` if set; a bad value raises ``ConfigurationError`` naming the
+    variable (it used to be ignored, and the demo bound 9477 without a word)."""
     raw = os.environ.get("SPECOBS_PROMETHEUS_PORT")
     if raw is None or not raw.strip():
         return None
-    try:
-        return _port(raw.strip())
-    except argparse.ArgumentTypeError:
-        return None  # configure() reports the bad variable with its own message
+    from specobs._config import prometheus_port
+
+    return prometheus_port()
 
 
 def _k(raw: str) -> int:
@@ -119,6 +120,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 class _Stop(Exception):
     pass
+
+
+class _TrainingProgress:
+    """Prints the target's training progress: steps, elapsed, an estimate of what is left
+    (first at 5 s, then every ``_PLAIN_INTERVAL_SECONDS``, and at the end)."""
+
+    def __init__(self) -> None:
+        self._next = 5.0
+
+    def __call__(self, step: int, total: int, elapsed: float) -> None:
+        if elapsed < self._next and step < total:
+            return
+        self._next = elapsed + _PLAIN_INTERVAL_SECONDS
+        left = elapsed / step * (total - step)
+        more = f", about {left:.0f} s left" if step < total else ""
+        _say(f"  training the target: step {step}/{total}, {elapsed:.0f} s elapsed{more}")
 
 
 def _say(text: str) -> None:
@@ -215,6 +232,33 @@ def _requests_text(engine: Any, load: Any) -> str:
     return text
 
 
+def _join_demo_threads(
+    device: str, *, before: set[threading.Thread], timeout_seconds: float = 10.0
+) -> None:
+    """Wait for the demo's own threads (engine, draft training, resolver, exporters, server,
+    load) to end before the interpreter exits.
+
+    A daemon thread still inside torch when the interpreter finalizes is stopped in the middle
+    of C++ frames, and with CUDA up that ends the process with ``terminate called without an
+    active exception`` (SIGABRT, status 134) after the summary. Everything was asked to stop
+    before this; here we only wait, bounded. On CUDA the device is synchronized last.
+    """
+    deadline = time.monotonic() + timeout_seconds
+    ours = [t for t in threading.enumerate()
+            if t not in before and t is not threading.current_thread()]
+    for t in ours:
+        t.join(max(0.0, deadline - time.monotonic()))
+    left = [t.name for t in ours if t.is_alive()]
+    if left:
+        print(f"{_PROG}: threads still running at exit: {', '.join(left)}", file=sys.stderr,
+              flush=True)
+    if device == "cuda":
+        with contextlib.suppress(Exception):
+            import torch
+
+            torch.cuda.synchronize()
+
+
 def run(args: argparse.Namespace) -> int:
     """``specobs demo``."""
     try:
@@ -234,6 +278,15 @@ def run(args: argparse.Namespace) -> int:
                      f"(torch {torch.__version__}); run with --device cpu", code=2)
     live = sys.stdout.isatty() and not args.plain
     started = time.monotonic()
+    threads_before = set(threading.enumerate())
+    if args.metrics_port is None:
+        # Checked before minutes of first-run training, not after.
+        from specobs import ConfigurationError
+
+        try:
+            _env_metrics_port()
+        except ConfigurationError as exc:
+            return _fail(f"cannot start the specobs exporter: {exc}", code=2)
 
     # SIGTERM (docker stop, a supervisor) shuts down as cleanly as Ctrl-C.
     def on_term(signum: int, frame: Any) -> None:
@@ -262,10 +315,13 @@ def run(args: argparse.Namespace) -> int:
                  "16); the draft head then trains in the background while the demo serves, so "
                  "acceptance climbs during the first minute (weights cached afterwards)")
         t0 = time.perf_counter()
-        engine = build_engine(
-            device=args.device, k=args.k, seed=args.seed, cache_dir=args.cache_dir,
-            max_batch=args.max_batch, train_settings=settings, draft_in_background=True,
-        )  # fmt: skip
+        from ._train import target_progress
+
+        with target_progress(_TrainingProgress()):
+            engine = build_engine(
+                device=args.device, k=args.k, seed=args.seed, cache_dir=args.cache_dir,
+                max_batch=args.max_batch, train_settings=settings, draft_in_background=True,
+            )  # fmt: skip
         pending = engine.models.pending
         how = ("loaded from cache" if engine.models.from_cache
                else "target trained, draft head to train" if pending is not None
@@ -422,6 +478,11 @@ def run(args: argparse.Namespace) -> int:
             server.stop()
         if engine is not None:
             engine.close()
+        pending = None if engine is None else engine.models.pending
+        if pending is not None:
+            # The engine is closed: the training must not copy weights into it any more
+            # (on a GPU that is a CUDA call from the training thread during teardown).
+            pending.detach()
         if observer is not None:
             with contextlib.suppress(Exception):
                 observer.force_flush(5)
@@ -434,11 +495,21 @@ def run(args: argparse.Namespace) -> int:
             # train everything again.
             _say(f"finishing the draft head's training ({pending.step}/{pending.total} steps) so "
                  "that the next start loads it; Ctrl-C skips")
+            t_join, step0 = time.monotonic(), pending.step
             try:
-                pending.join()
+                while not pending.join(_PLAIN_INTERVAL_SECONDS):
+                    spent = time.monotonic() - t_join
+                    rate = (pending.step - step0) / spent
+                    left = (f", about {(pending.total - pending.step) / rate:.0f} s left"
+                            if rate > 0 else "")
+                    _say(f"  draft head: step {pending.step}/{pending.total}, {spent:.0f} s "
+                         f"elapsed{left}")
             except KeyboardInterrupt:
+                pending.stop()
+                pending.join(30)
                 _say("skipped: the next start trains afresh")
-        if pending is not None and pending.done.is_set():
+        _join_demo_threads(args.device, before=threads_before)
+        if pending is not None and pending.done.is_set() and not pending.stopped:
             if pending.error is None:
                 _say(f"draft head trained and cached in {pending.path}")
             else:

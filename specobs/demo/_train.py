@@ -26,6 +26,7 @@ cache); the weights it caches are bit-identical to the blocking path's (tested).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -36,7 +37,7 @@ import random
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ __all__ = [
     "cache_path",
     "load_or_train",
     "resolve_cache_dir",
+    "target_progress",
 ]
 
 _log = logging.getLogger("specobs.demo")
@@ -61,6 +63,26 @@ CACHE_DIR_ENV = "SPECOBS_CACHE_DIR"
 """Environment variable naming the directory for the demo's cached weights."""
 
 _FORMAT_VERSION = 1
+
+# The progress callback of target training on this thread (see target_progress).
+_progress = threading.local()
+
+
+@contextlib.contextmanager
+def target_progress(callback: Callable[[int, int, float], None]) -> Iterator[None]:
+    """Within the block, target training on this thread calls ``callback(step, total,
+    elapsed_seconds)`` after every optimizer step (``specobs demo`` shows steps, elapsed time
+    and an estimate during the first run's 45-120 s of training). Not part of the cache key."""
+    previous = getattr(_progress, "callback", None)
+    _progress.callback = callback
+    try:
+        yield
+    finally:
+        _progress.callback = previous
+
+
+class _Stopped(Exception):
+    """Raised inside the background training when :meth:`BackgroundDraft.stop` was called."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +147,11 @@ class BackgroundDraft:
         self.published = 0
         self.done = threading.Event()
         self.error: BaseException | None = None
+        self.stopped = False
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._publish_lock = threading.Lock()
+        self._publish: Callable[[dict[str, torch.Tensor]], None] | None = None
 
     def start(self, publish: Callable[[dict[str, torch.Tensor]], None]) -> threading.Thread:
         """Train in a daemon thread, handing ``publish`` a state dict every
@@ -134,17 +160,46 @@ class BackgroundDraft:
         :meth:`SpecDecodeEngine.load_draft_state` does), it does not keep them."""
         if self._thread is not None:
             raise RuntimeError("the background draft training was already started")
+        self._publish = publish
         self._thread = threading.Thread(
-            target=self._run, args=(publish,), name="specobs-demo-draft-training", daemon=True
+            target=self._run, name="specobs-demo-draft-training", daemon=True
         )
         self._thread.start()
         return self._thread
 
+    def detach(self) -> None:
+        """Stop handing weights to the engine (it is closing): training goes on, and only the
+        cache receives the result. After this returns no publish call is running or will
+        run, so the engine's (possibly CUDA) tensors are no longer touched from this thread."""
+        with self._publish_lock:
+            self._publish = None
+
+    def stop(self) -> None:
+        """Ask the training to end after its current step, without caching anything."""
+        self._stop.set()
+
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the training to end; returns whether it has."""
-        return self.done.wait(timeout)
+        """Wait for the training thread to end (not only for ``done``: a thread still
+        unwinding torch frames when the interpreter exits can abort the process); returns
+        whether it has."""
+        if not self.done.wait(timeout):
+            return False
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout)
+            return not t.is_alive()
+        return True
+
+    def _publish_state(self, draft: DraftHead) -> None:
+        with self._publish_lock:
+            publish = self._publish
+            if publish is not None:
+                publish(draft.state_dict())
+                self.published += 1
 
     def status(self) -> str:
+        if self.stopped:
+            return "draft training stopped"
         if self.error is not None:
             return f"draft training failed: {self.error!r}"
         if self.done.is_set():
@@ -153,14 +208,17 @@ class BackgroundDraft:
             return "draft: making distillation data"
         return f"draft training {self.step}/{self.total}"
 
-    def _run(self, publish: Callable[[dict[str, torch.Tensor]], None]) -> None:
+    def _run(self) -> None:
         def on_step(step: int, draft: DraftHead) -> None:
             self.step = step
+            if self._stop.is_set():
+                raise _Stopped
             if step % self.publish_every == 0 and step < self.total:
-                publish(draft.state_dict())
-                self.published += 1
+                self._publish_state(draft)
 
         try:
+            if self._stop.is_set():
+                raise _Stopped
             with torch.random.fork_rng(devices=[]):
                 t0 = time.perf_counter()
                 data = distill_data(
@@ -171,6 +229,8 @@ class BackgroundDraft:
                     self._settings,
                 )
                 self.distilled = True
+                if self._stop.is_set():
+                    raise _Stopped
                 draft, draft_info = train_draft(
                     self._target, self._config, data, self._seed, self._settings, on_step
                 )
@@ -178,9 +238,10 @@ class BackgroundDraft:
             self.info["train_seconds"] = self.info.get("target_phase_seconds", 0.0) + (
                 time.perf_counter() - t0
             )
-            publish(draft.state_dict())
-            self.published += 1
+            self._publish_state(draft)
             _save(self.path, self._target, draft, self.info)
+        except _Stopped:
+            self.stopped = True
         except BaseException as exc:  # reported through status(); the engine keeps serving
             self.error = exc
             _log.exception("background draft training failed")
@@ -283,7 +344,8 @@ def train_target(
     offsets = torch.arange(span)
     t0 = time.perf_counter()
     loss = torch.zeros(())
-    for _ in range(s.target_steps):
+    progress: Callable[[int, int, float], None] | None = getattr(_progress, "callback", None)
+    for step in range(1, s.target_steps + 1):
         starts = torch.randint(0, len(stream) - span, (s.target_batch,), generator=gen)
         batch = stream[starts.unsqueeze(1) + offsets]
         logits, _ = model(batch[:, :-1])
@@ -291,6 +353,8 @@ def train_target(
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if progress is not None:
+            progress(step, s.target_steps, time.perf_counter() - t0)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
