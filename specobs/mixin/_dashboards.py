@@ -334,6 +334,13 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
     phase = c.PHASE_DURATION.name
     cycle = c.CYCLE_DURATION.name
     b = _Builder(config)
+    # The token counts mean the same everywhere; the phase cut follows each engine's code.
+    per_engine = (
+        " What each phase covers depends on the engine (label engine, and "
+        "specobs_info{integration}): in SGLang bookkeeping is mostly the draft model's catch-up "
+        "forward, in vLLM host-side output processing, in transformers token selection and cache "
+        "crop; compare phases between servers of one engine (docs/integrations.md)."
+    )
 
     b.row("Where a cycle's time goes")
     for clock, what in (
@@ -343,7 +350,7 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         b.timeseries(
             f"Mean time per cycle by phase ({clock.upper() if clock == 'gpu' else clock} clock)",
             f"Mean seconds each phase takes per cycle, stacked, {what}. The stack's height is the "
-            "mean cycle time. Averaged over the selected instances.",
+            "mean cycle time. Averaged over the selected instances." + per_engine,
             "s",
             [
                 (
@@ -364,7 +371,7 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
     b.timeseries(
         "Phase share of the cycle (GPU clock)",
         "Fraction of GPU cycle time spent in each phase. A growing draft share means the draft "
-        "model costs more of each cycle than it used to.",
+        "model costs more of each cycle than it used to." + per_engine,
         "percentunit",
         [
             (
@@ -379,7 +386,7 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "Phase latency p50 / p90 / p99",
         "Quantiles of each phase's duration per clock, from the histogram buckets. Exemplars "
         "(dots) are individual sampled cycles; with a trace datasource they open the cycle's "
-        "trace.",
+        "trace." + per_engine,
         "s",
         [
             (
