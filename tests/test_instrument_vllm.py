@@ -326,6 +326,7 @@ STANDINS = {
         import types
         import torch
         CALLS = []
+        DEVICE = "cpu"
 
         class GPUModelRunner:
             def __init__(self, spec_config, dp=(0, 1)):
@@ -362,7 +363,7 @@ STANDINS = {
             def sample(self, hidden_states, input_batch, grammar_output):
                 CALLS.append("sample")
                 num_sampled = torch.tensor([a + 1 for a in self_accepted(input_batch)],
-                                           dtype=torch.int32)
+                                           dtype=torch.int32, device=DEVICE)
                 return types.SimpleNamespace(), num_sampled, num_sampled * 0
 
             def postprocess_sampled(self, idx_mapping, sampled_tokens, num_sampled,
@@ -465,28 +466,18 @@ DRAFTS = {"a": [1, 1, 1], "b": [2, 2, 2], "c": [3, 3, 3]}
 
 
 @pytest.fixture
-def vllm_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A ``vllm`` package of stand-ins plus the real ``vllm.plugins`` from the wheel, on the
-    path, nothing of it imported yet; the plugin enabled; fresh instrumentor state."""
+def vllm_standins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A ``vllm`` package of stand-ins on the path, nothing of it imported yet; the plugin
+    enabled; fresh instrumentor state."""
     root = tmp_path / "site"
     for rel, text in STANDINS.items():
         file = root / rel
         file.parent.mkdir(parents=True, exist_ok=True)
         file.write_text(textwrap.dedent(text))
-    plugins = _source("vllm", VERSION, "vllm/plugins/__init__.py")
-    assert plugins is not None
-    (root / "vllm/plugins").mkdir(parents=True)
-    (root / "vllm/plugins/__init__.py").write_text(plugins)
     for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(root))
     importlib.invalidate_caches()
-    entry = importlib.metadata.EntryPoint(
-        name="specobs", value="specobs.instrument.vllm:vllm_plugin", group="vllm.general_plugins"
-    )
-    monkeypatch.setattr(
-        importlib.metadata, "entry_points", lambda group: [entry] if group == entry.group else []
-    )
     monkeypatch.setattr(vl_inst.VllmInstrumentor, "package", _Installed(VLLM_RANGE, VERSION))
     monkeypatch.setenv(vl_inst.SPECOBS_VLLM, "1")
     monkeypatch.setenv("SPECOBS_CLOCK", "host")
@@ -504,6 +495,23 @@ def vllm_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
         observer.shutdown(timeout_seconds=5.0)
     for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
         sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def vllm_tree(vllm_standins: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The stand-ins plus vLLM's real ``vllm.plugins`` from the pinned wheel, which finds specobs
+    through an entry point."""
+    plugins = _source("vllm", VERSION, "vllm/plugins/__init__.py")
+    assert plugins is not None
+    (vllm_standins / "vllm/plugins").mkdir(parents=True)
+    (vllm_standins / "vllm/plugins/__init__.py").write_text(plugins)
+    entry = importlib.metadata.EntryPoint(
+        name="specobs", value="specobs.instrument.vllm:vllm_plugin", group="vllm.general_plugins"
+    )
+    monkeypatch.setattr(
+        importlib.metadata, "entry_points", lambda group: [entry] if group == entry.group else []
+    )
+    return vllm_standins
 
 
 def _load_plugins() -> None:
@@ -721,3 +729,36 @@ def test_replica_labels_and_ports(monkeypatch: pytest.MonkeyPatch) -> None:
         every.shutdown(timeout_seconds=2.0)
     with pytest.raises(specobs.ConfigurationError, match="replica"):
         specobs.configure(sinks=[], replica=4, replicas=4)
+
+
+@pytest.mark.gpu
+def test_v2_acceptance_on_cuda_tensors_is_timed_on_the_gpu_without_a_sync(
+    vllm_standins: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The V2 hooks on a real GPU: ``num_sampled`` is a CUDA tensor, phases on CUDA events."""
+    import torch
+
+    monkeypatch.setenv("SPECOBS_CLOCK", "cuda")
+    vl_inst.vllm_plugin()
+    module = importlib.import_module(vl_inst.V2_MODULE)
+    module.DEVICE = "cuda"
+    runner = module.GPUModelRunner(_spec("eagle3"))
+    torch.cuda.synchronize()
+    steps = 40
+    torch.cuda.set_sync_debug_mode("error")  # any hidden device sync on the hot path raises
+    try:
+        for _ in range(steps):
+            runner.execute_model(_step(DRAFTS))
+            runner.sample_tokens(None)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    observer = vl_inst.VllmInstrumentor().current_observer
+    assert observer is not None
+    snap = _snapshot(observer)
+    assert snap.cycles_total == steps
+    assert snap.accepted_tokens_total == steps * (2 + 3 + 0)
+    assert snap.draft_tokens_total == steps * 9
+    assert not any(snap.errors.values()), snap.errors
+    assert snap.sampled_cycles_total > 0
+    for phase in vl_inst.V2_PHASES:
+        assert snap.phase_count(phase, "gpu") == snap.sampled_cycles_total
