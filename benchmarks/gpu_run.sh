@@ -30,7 +30,10 @@ for part in $parts; do
   case $part in
     tests)
       python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_gpu.py \
-        tests/test_instrument_transformers.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15 ;;
+        tests/test_instrument_transformers.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15
+      # The vLLM V2 hooks on CUDA tensors (stand-in runner; no vLLM wheel on the device).
+      python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_instrument_vllm.py \
+        -k cuda_tensors 2>&1 | tee "$OUT/gpu_vllm_tests.log" | tail -n 5 ;;
     overhead)
       python3 benchmarks/gpu_overhead.py ${OVERHEAD_ARGS:-} --json "$OUT/gpu_overhead.json" \
         2>&1 | tee "$OUT/gpu_overhead.log" ;;
