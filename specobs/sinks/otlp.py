@@ -190,6 +190,8 @@ class _CountingSpanExporter(SpanExporter):
         self._inner = inner
         self._sink = sink
         self.received = 0
+        self.exporting = 0  # spans of the export in progress
+        self._abandoned = False
         self._closed = False
         self._shut = False
         self._lock = threading.Lock()
@@ -200,16 +202,30 @@ class _CountingSpanExporter(SpanExporter):
             if self._closed:
                 return SpanExportResult.FAILURE
             self.received += n
+            self.exporting = n
         t0 = time.thread_time_ns()
         try:
             result = self._inner.export(spans)
         except Exception as exc:  # the processor would only log it; we count it too
             _log.warning("specobs: OTLP span export raised: %r", exc)
             result = SpanExportResult.FAILURE
-        self._sink._exported_spans(
-            n, result is SpanExportResult.SUCCESS, time.thread_time_ns() - t0
-        )
+        with self._lock:
+            self.exporting = 0
+            abandoned = self._abandoned
+        if not abandoned:  # else shutdown() already counted this batch as lost
+            self._sink._exported_spans(
+                n, result is SpanExportResult.SUCCESS, time.thread_time_ns() - t0
+            )
         return result
+
+    def abandon(self) -> int:
+        """Shutdown ran out of time: refuse further exports and return the spans of the
+        export still in progress (lost: the process may end before it returns)."""
+        with self._lock:
+            self._closed = True
+            self._abandoned = True
+            lost, self.exporting = self.exporting, 0
+        return lost
 
     def close(self) -> None:
         with self._lock:
@@ -336,6 +352,8 @@ class OtlpSink(Sink):
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._stopping = False
+        self._metrics_exporting = False
+        self._metrics_abandoned = False
         self._requests: list[_FlushRequest] = []
         self._thread: threading.Thread | None = None
 
@@ -480,13 +498,21 @@ class OtlpSink(Sink):
         if not self._attached:
             return
         self._wake.set()
+        exp = self._span_exporter
         if not self._stopped.wait(max(0.0, timeout_seconds)):
             _log.warning(
                 "specobs: OTLP export did not finish within %.3g s; dropping what is left",
                 timeout_seconds,
             )
+            # What is being exported right now is lost too (the process may end first).
+            if exp is not None:
+                self._count_dropped("span_export", exp.abandon())
+            # The final metric export did not complete (still running, or never reached).
+            with self._lock:
+                self._metrics_abandoned = True
+            if self._metric_exporter is not None:
+                self._count_dropped("metric_export", 1)
         self._shutdown_exporters()
-        exp = self._span_exporter
         if exp is not None:
             exp.close()
             with self._lock:
@@ -662,6 +688,8 @@ class OtlpSink(Sink):
         exporter = self._metric_exporter
         if exporter is not None:
             t0 = time.thread_time_ns()
+            with self._lock:
+                self._metrics_exporting = True
             try:
                 data = self.metrics_data(self.observer.snapshot())
                 # The exporter bounds the call itself (its timeout covers the retries).
@@ -670,11 +698,14 @@ class OtlpSink(Sink):
             except Exception as exc:
                 _log.warning("specobs: OTLP metric export raised: %r", exc)
                 metrics_ok = False
+            with self._lock:
+                self._metrics_exporting = False
+                counted = self._metrics_abandoned  # shutdown() counted it when it gave up
             cpu = time.thread_time_ns() - t0
             agg = self._aggregation()
             with agg.lock:
                 agg.cpu_seconds["otlp"] = agg.cpu_seconds.get("otlp", 0.0) + cpu / 1e9
-                if not metrics_ok:
+                if not metrics_ok and not counted:
                     agg.dropped["metric_export"] = agg.dropped.get("metric_export", 0) + 1
             ok = ok and metrics_ok
         return ok

@@ -1,0 +1,182 @@
+"""Issue 16, item 2: poisoned values cost exactly their own cycle's value, counted; flushes never
+wedge. Driven through the public API with a MemorySink and the host clock."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import specobs
+
+GOOD, K = [1, 2], 4
+
+
+def observer():
+    mem = specobs.MemorySink()
+    obs = specobs.configure(sinks=[mem], clock="host", max_draft_length=K,
+                            poll_interval_seconds=3600)
+    return obs, mem
+
+
+def cycle(obs, accepted, **kwargs):
+    c = obs.begin()
+    c.mark("verify")
+    c.mark("bookkeeping")
+    c.accept(accepted, **kwargs)
+    c.end()
+
+
+# (accept() arguments of the poisoned cycle, error kind, whether its acceptance counts,
+#  its batch size in the histogram or None)
+POISON = [
+    ({"accepted": [float("inf")]}, "bad_acceptance", False, None),
+    ({"accepted": [float("nan"), 1]}, "bad_acceptance", False, None),
+    ({"accepted": [1, None]}, "bad_acceptance", False, None),
+    ({"accepted": [1, "a"]}, "bad_acceptance", False, None),
+    ({"accepted": [1, 2.5, 2]}, "bad_acceptance", False, None),
+    ({"accepted": {1: 2}}, "bad_acceptance", False, None),
+    ({"accepted": {1, 2}}, "bad_acceptance", False, None),
+    ({"accepted": iter([1, 2])}, "bad_acceptance", False, None),
+    ({"accepted": "12"}, "bad_acceptance", False, None),
+    ({"accepted": [10**30]}, "bad_acceptance", False, None),
+    ({"accepted": [-1, 2]}, "bad_acceptance", False, None),
+    ({"accepted": [1, 2], "draft_length": float("inf")}, "bad_acceptance", False, None),
+    ({"accepted": [1, 2], "emitted": float("inf")}, "bad_acceptance", True, 2),
+    ({"accepted": [1], "batch_size": "8"}, "bad_batch_size", True, None),
+    ({"accepted": [1], "batch_size": float("nan")}, "bad_batch_size", True, None),
+    ({"accepted": [1], "batch_size": -7}, "bad_batch_size", True, None),
+    ({"accepted": [1], "batch_size": 2.5}, "bad_batch_size", True, None),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "kind", "counts", "batch"), POISON,
+                         ids=[repr(p[0])[:48] for p in POISON])
+def test_poisoned_cycle_costs_only_its_own_value(kwargs, kind, counts, batch):
+    obs, mem = observer()
+    for _ in range(100):
+        cycle(obs, GOOD, draft_length=K)
+    cycle(obs, **{"draft_length": K, **kwargs})
+    for _ in range(100):
+        cycle(obs, GOOD, draft_length=K)
+    t0 = time.monotonic()
+    assert obs.force_flush(5) is True
+    assert time.monotonic() - t0 < 1.0
+    s = obs.snapshot()
+    # Every cycle is kept; the neighbours' acceptance is whole.
+    assert s.cycles_total == 201
+    assert s.dropped_total() == 0
+    assert {k: v for k, v in s.errors.items() if v} == {kind: 1}
+    own = sum(kwargs["accepted"]) if counts else 0
+    assert s.accepted_tokens_total == 200 * 3 + own
+    assert s.draft_tokens_total == 200 * 2 * K + (K * len(kwargs["accepted"]) if counts else 0)
+    assert s.batch_size.count == 200 + (batch is not None)
+    assert s.batch_size.sum == 400 + (batch or 0)
+    assert s.accept_length.count == 400 + (len(kwargs["accepted"]) if counts else 0)
+    assert len(mem.cycles) == 201
+    # Flushing keeps working: promptly True, again and again.
+    for _ in range(3):
+        cycle(obs, GOOD, draft_length=K)
+        t0 = time.monotonic()
+        assert obs.force_flush(5) is True
+        assert time.monotonic() - t0 < 1.0
+    assert obs.snapshot().cycles_total == 204
+    obs.shutdown()
+
+
+@pytest.mark.parametrize("k", [np.int64(K), np.int32(K), torch.tensor(K), float(K)],
+                         ids=["np.int64", "np.int32", "torch 0-d", "integral float"])
+def test_numpy_and_torch_scalar_draft_lengths_are_accepted(k):
+    obs, _ = observer()
+    for _ in range(10):
+        cycle(obs, GOOD, draft_length=k)
+    assert obs.force_flush(5) is True
+    s = obs.snapshot()
+    assert s.errors["bad_acceptance"] == 0
+    assert s.accepted_tokens_total == 30 and s.draft_tokens_total == 10 * 2 * K
+    obs.shutdown()
+
+
+def test_poison_in_every_chunk_position_never_loses_neighbours():
+    """A bad value at the start, middle and end of one resolver chunk (128 records)."""
+    obs, _ = observer()
+    bad = {0, 63, 127, 128, 255}
+    for i in range(256):
+        cycle(obs, [1, None] if i in bad else GOOD, draft_length=K)
+    assert obs.force_flush(5) is True
+    s = obs.snapshot()
+    assert s.cycles_total == 256
+    assert s.errors["bad_acceptance"] == len(bad)
+    assert s.accepted_tokens_total == 3 * (256 - len(bad))
+    obs.shutdown()
+
+
+def test_nan_batch_size_never_poisons_the_histogram_sum():
+    obs, _ = observer()
+    cycle(obs, [1], batch_size=float("nan"))
+    cycle(obs, [1], batch_size=3)
+    assert obs.force_flush(5)
+    s = obs.snapshot()
+    assert s.batch_size.sum == 3 and s.batch_size.count == 1
+    obs.shutdown()
+
+
+def test_begin_with_a_bad_batch_size_is_counted_not_raised():
+    obs, _ = observer()
+    with obs.cycle(batch_size="x") as c:
+        c.mark("verify")
+        c.mark("bookkeeping")
+    with obs.cycle(batch_size=4) as c:
+        c.mark("verify")
+        c.mark("bookkeeping")
+    assert obs.force_flush(5)
+    s = obs.snapshot()
+    assert s.cycles_total == 2 and s.errors["bad_batch_size"] == 1
+    assert s.batch_size.count == 1 and s.batch_size.sum == 4
+    obs.shutdown()
+
+
+@pytest.mark.parametrize("bad", ["x", float("nan"), float("inf"), -1, object()])
+def test_set_requests_never_raises_and_keeps_the_last_good_value(bad):
+    obs, _ = observer()
+    obs.set_requests(running=3, waiting=1)
+    obs.set_requests(running=bad, waiting=2)  # must not raise
+    assert obs.force_flush(5)
+    s = obs.snapshot()
+    assert s.requests_running == 3.0 and s.requests_waiting == 2.0
+    assert s.errors["bad_request_counts"] == 1
+    obs.shutdown()
+
+
+def test_a_resolver_bug_drops_its_chunk_counted_and_flush_still_works(monkeypatch):
+    """Not bad input but a bug inside resolution: the chunk is counted as resolver_error,
+    nothing of it is applied, and force_flush returns True instead of waiting forever."""
+    obs, _ = observer()
+    for _ in range(5):
+        cycle(obs, GOOD, draft_length=K)
+    assert obs.force_flush(5)
+    resolver = obs._resolver
+    real = resolver._acceptance_batch
+    calls = {"n": 0}
+
+    def broken(ready):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("boom")
+        return real(ready)
+
+    monkeypatch.setattr(resolver, "_acceptance_batch", broken)
+    for _ in range(7):
+        cycle(obs, GOOD, draft_length=K)
+    t0 = time.monotonic()
+    assert obs.force_flush(5) is True
+    assert time.monotonic() - t0 < 1.0
+    s = obs.snapshot()
+    assert s.cycles_total == 5  # not half-applied: no cycle of the failed chunk counted
+    assert s.dropped["resolver_error"] == 7 and s.errors["internal"] == 1
+    cycle(obs, GOOD, draft_length=K)
+    assert obs.force_flush(5) is True
+    assert obs.snapshot().cycles_total == 6
+    obs.shutdown()
