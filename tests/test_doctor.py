@@ -1,5 +1,7 @@
 """``specobs doctor`` against a real specobs endpoint fed by a real recorder (fake GPU clock), real
-expositions replayed by a stdlib server for exact arithmetic, and every kind of bad input."""
+expositions replayed by a stdlib server for exact arithmetic, and every kind of bad input,
+hostile endpoints included (an endless body, a slow drip, a gzip bomb...), each bounded in wall
+time and peak memory."""
 
 from __future__ import annotations
 
@@ -11,13 +13,15 @@ import httpx
 import pytest
 
 from specobs import catalog
-from specobs.tools import _doctor
+from specobs.tools import _doctor, _http
 from tests import test_top
-from tests.test_top import BadServer, Engine, cli, cli_here, closed_port_url
+from tests._hostile_server import HostileServer, Measured, hostile_server, run_measured
+from tests.test_top import ROOT, BadServer, Engine, cli, cli_env, cli_here, closed_port_url
 
 # The shared fixtures: a factory of real engines and the stdlib bad server.
 engines = test_top.engines
 bad_server = test_top.bad_server
+__all__ = ["bad_server", "engines", "hostile_server"]
 
 WAIT = "0.3"
 
@@ -265,3 +269,97 @@ def test_command_line_from_a_shell():
     bad = cli("doctor", "file:///etc/passwd")
     assert bad.returncode == 2
     assert "specobs doctor: unsupported URL scheme 'file'" in bad.stderr
+
+
+# -- hostile endpoints: bounded time and memory ---------------------------------------------------
+
+#: Per-request deadline given to the command in these tests, and generous bounds around it: the
+#: interpreter's start-up on a loaded 2-core machine is most of the slack.
+HOSTILE_TIMEOUT = 1.0
+WALL_BOUND_SECONDS = HOSTILE_TIMEOUT + 8.0
+#: Peak RSS bound: the interpreter with httpx and prometheus_client is ~40 MB and the default cap
+#: 16 MiB; the unbounded command reached 1.4 GB (gzip bomb) to 5 GB (endless body) in 15 s.
+RSS_BOUND_MB = 160.0
+
+HOSTILE_CASES = [
+    ("endless", "sent a body larger than 16 MiB (after decompression)"),
+    ("slowdrip", f"did not finish answering within {HOSTILE_TIMEOUT:g} s"),
+    ("slowheaders", f"did not finish answering within {HOSTILE_TIMEOUT:g} s"),
+    ("silent", f"did not finish answering within {HOSTILE_TIMEOUT:g} s"),
+    ("gzipbomb", "sent a body larger than 16 MiB (after decompression)"),
+    ("hugeline", "sent a body larger than 16 MiB (after decompression)"),
+    ("biglength", "announced a body of 47.7 MiB, larger than 16 MiB"),
+    ("garbage", "not UTF-8 text"),
+    ("redirectbomb", "redirected more than 10 times"),
+]
+
+
+def measured_cli(*args: str) -> Measured:
+    return run_measured(list(args), env=cli_env(),
+                        cwd=str(ROOT), kill_after=30)
+
+
+@pytest.mark.parametrize(("mode", "expected"), HOSTILE_CASES, ids=[c[0] for c in HOSTILE_CASES])
+def test_hostile_endpoint_fails_fast_in_bounded_memory_after_one_request(
+    hostile_server: HostileServer, mode: str, expected: str
+):
+    before = hostile_server.hits[mode]
+    url = hostile_server.url(f"/{mode}")
+    m = measured_cli("doctor", url, "--wait", "0", "--timeout", str(HOSTILE_TIMEOUT))
+    assert m.returncode == 1, m
+    lines = m.output.splitlines()
+    fails = [line for line in lines if line.startswith("FAIL  ")]
+    assert len(fails) == 1 and fails[0].startswith("FAIL  reachable"), m
+    assert expected in fails[0] and url in fails[0], m
+    assert len(fails[0]) < 300, "the reason is one short line"
+    assert "Traceback" not in m.output
+    assert m.seconds < WALL_BOUND_SECONDS, m
+    assert m.peak_rss_mb < RSS_BOUND_MB, m
+    # Fetched once: the first failure ends the report (the probe saw a 50 MB line fetched 3x).
+    # A redirect loop is one request of MAX_REDIRECTS + 1 hops.
+    hops = _http.MAX_REDIRECTS + 1 if mode == "redirectbomb" else 1
+    assert hostile_server.hits[mode] - before == hops
+
+
+def test_the_deadline_bounds_the_whole_request_not_each_read(hostile_server: HostileServer):
+    """The drip sends a chunk every 0.2 s, far inside a per-read timeout: only a deadline on the
+    whole request ends it, and close to the deadline, not one timeout later."""
+    m = measured_cli("doctor", hostile_server.url("/slowdrip"), "--wait", "0", "--timeout", "2",
+                     "--json")
+    assert m.returncode == 1, m
+    report = json.loads(m.output)
+    reason = report["checks"][0]["reason"]
+    assert "did not finish answering within 2 s" in reason, reason
+    assert 2.0 <= m.seconds < 2.0 + 6.0, m
+
+
+def test_a_healthy_report_takes_two_requests(
+    engines: Callable[..., Engine], bad_server: BadServer, capsys: pytest.CaptureFixture[str]
+):
+    """The second scrape asks for OpenMetrics, which serves both the deltas and the exemplars
+    check: two requests in all (a third fetched the same body again before)."""
+    eng = engines(traces=True)
+    eng.run(3)
+    with httpx.Client(timeout=5) as client:
+        text = client.get(eng.url).text
+        om = client.get(eng.url, headers={"Accept": "application/openmetrics-text"}).text
+    bad_server.bodies, bad_server.openmetrics = [text], om
+    before = bad_server.hits["/seq"]
+    rc, _, checks = doctor_json(capsys, bad_server.url("/seq"))
+    assert rc == 0
+    assert checks["exemplars"]["verdict"] == "OK"
+    assert checks["exemplars"]["data"]["exemplars"] == len(_doctor.EXEMPLAR_PATTERN.findall(om))
+    assert bad_server.hits["/seq"] - before == 2
+
+
+def test_max_bytes_flag(engines: Callable[..., Engine], capsys: pytest.CaptureFixture[str]):
+    eng = engines()
+    eng.run(1)
+    rc, _, checks = doctor_json(capsys, eng.url, "--max-bytes", "1KiB")
+    assert rc == 1
+    assert checks["reachable"]["verdict"] == "FAIL"
+    assert "larger than 1 KiB" in checks["reachable"]["reason"]
+    rc, _, checks = doctor_json(capsys, eng.url, "--max-bytes", "4MiB")
+    assert checks["reachable"]["verdict"] == "OK"
+    rc, out, err = cli_here(capsys, "doctor", eng.url, "--max-bytes", "lots")
+    assert rc == 2 and "bad size 'lots'" in err

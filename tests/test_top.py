@@ -7,9 +7,11 @@ The engine and bad-server helpers here are shared with tests/test_doctor.py.
 
 from __future__ import annotations
 
+import collections
 import http.server
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -146,16 +148,19 @@ GARBAGE = "this is { not metrics ]] at all\n\x01\x02 42 forty-two\n"
 class BadServer:
     """A stdlib HTTP server answering per path: /html, /garbage, /binary, /500, /other (some
     other exporter's metrics), /empty, and /seq: the text bodies in ``bodies`` one per request
-    (the last one repeats), or ``openmetrics`` when the client asks for OpenMetrics."""
+    (the last one repeats), or ``openmetrics`` when the client asks for OpenMetrics. ``hits``
+    counts requests per path."""
 
     def __init__(self) -> None:
         owner = self
         self.bodies: list[str] = [""]
         self.openmetrics: str | None = None
+        self.hits: collections.Counter[str] = collections.Counter()
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
+                owner.hits[path] += 1
                 status, ctype, data = 200, "text/plain; version=0.0.4", b""
                 if path == "/html":
                     ctype, data = "text/html", HTML.encode()
@@ -584,12 +589,29 @@ def test_live_view_in_tmux_reads_back_and_quits_on_q(engines: Callable[..., Engi
         _tmux(sock, "kill-server")
 
 
-def test_pty_shows_waiting_first_and_quits_on_ctrl_c(engines: Callable[..., Engine]):
+@pytest.mark.parametrize("inherited_sigint", ["default", "ignored"])
+def test_pty_shows_waiting_first_and_quits_on_ctrl_c(
+    engines: Callable[..., Engine], inherited_sigint: str
+):
+    """Ctrl-C quits whatever SIGINT disposition ``top`` inherits.
+
+    This test used to fail only in some full-suite runs: a suite started where SIGINT is ignored
+    (a background job of a shell without job control, a CI runner) hands SIG_IGN down through
+    fork and exec, Python then installs no KeyboardInterrupt handler, and the Ctrl-C sent here
+    did nothing. The child's disposition is now set explicitly, both ways, and the live view
+    takes SIGINT back when it came in ignored.
+    """
     pexpect = pytest.importorskip("pexpect")
     eng = engines().start()
+    disposition = signal.SIG_IGN if inherited_sigint == "ignored" else signal.SIG_DFL
+
+    def preexec() -> None:
+        signal.signal(signal.SIGINT, disposition)
+
     child = pexpect.spawn(
         sys.executable, ["-m", "specobs.cli", "top", eng.url, "--interval", "0.5"],
         env=cli_env(), cwd=str(ROOT), encoding="utf-8", dimensions=(45, 120), timeout=10,
+        preexec_fn=preexec,
     )
     try:
         child.expect("waiting for a second sample")

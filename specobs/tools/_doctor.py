@@ -1,9 +1,11 @@
 """``specobs doctor``: a one-shot health check of a specobs /metrics endpoint.
 
-    specobs doctor http://127.0.0.1:9477/metrics [--wait 2] [--json]
+    specobs doctor http://127.0.0.1:9477/metrics [--wait 2] [--json] [--timeout 5]
+                                                 [--max-bytes 16MiB]
 
-It scrapes the endpoint twice, ``--wait`` seconds apart, and prints one line per check with a
-verdict — OK, WARN, FAIL, or SKIP when a check cannot run — and the reason:
+It scrapes the endpoint twice, ``--wait`` seconds apart (the second time asking for OpenMetrics,
+which also carries the exemplars), and prints one line per check with a verdict — OK, WARN, FAIL,
+or SKIP when a check cannot run — and the reason:
 
 =================  ===========================================================================
 reachable          the URL answers HTTP 200
@@ -21,6 +23,11 @@ baseline           realized per-sequence tokens/s against the configured baselin
 
 The exit status is 1 when any check FAILs, else 0 (2 for a bad command line). ``--json`` prints
 the same as one JSON object.
+
+Each request has one deadline, ``--timeout`` seconds for connecting, the headers and the whole
+body, and reads at most ``--max-bytes`` of body after decompression (default 16 MiB): an endpoint
+that never stops sending, trickles, or sends a gzip bomb fails ``reachable`` with one line
+instead of hanging the command (see :mod:`specobs.tools._http`).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specobs import catalog
+from specobs.tools import _http
 from specobs.tools import _scrape as scr
 
 __all__ = ["Check", "add_arguments", "diagnose", "run"]
@@ -79,8 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                     "(host:port means http://host:port/metrics)")
     parser.add_argument("--wait", type=float, default=2.0, metavar="SECONDS",
                         help="seconds between the two scrapes (default: 2)")
-    parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
-                        help="HTTP timeout per request (default: 5)")
+    _http.add_limit_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -115,14 +122,16 @@ def _budget(info: dict[str, str]) -> float:
     return DEFAULT_OVERHEAD_BUDGET
 
 
-def diagnose(client: Any, url: str, wait_seconds: float) -> list[Check]:
-    """Run every check against ``url``; see the module docstring."""
+def diagnose(
+    client: Any, url: str, wait_seconds: float, limits: _http.Limits = _http.DEFAULT_LIMITS
+) -> list[Check]:
+    """Run every check against ``url``; see the module docstring. Two requests in all."""
     checks: list[Check] = []
 
     # reachable / specobs endpoint
     t0 = time.monotonic()
     try:
-        text, content_type = scr.fetch_text(client, url)
+        text, content_type = scr.fetch_text(client, url, limits=limits)
     except scr.ScrapeError as exc:
         checks.append(Check("reachable", "FAIL", str(exc)))
         return _skip_rest(checks, "needs a reachable endpoint")
@@ -168,10 +177,10 @@ def diagnose(client: Any, url: str, wait_seconds: float) -> list[Check]:
             {"missing": [], "absent_optional": absent_optional},
         ))
 
-    # second scrape, cycles advancing
+    # second scrape, cycles advancing; as OpenMetrics, so it also shows the exemplars
     time.sleep(max(0.0, wait_seconds))
     try:
-        second = scr.scrape(client, url)
+        second = scr.scrape(client, url, openmetrics=True, limits=limits)
     except scr.ScrapeError as exc:
         checks.append(Check("cycles advancing", "FAIL", f"second scrape failed: {exc}"))
         return _skip_rest(checks, "needs two scrapes")
@@ -206,7 +215,7 @@ def diagnose(client: Any, url: str, wait_seconds: float) -> list[Check]:
     checks.append(_errors(s2))
     checks.append(_overhead(s2, info))
     checks.append(_cpu(b))
-    checks.append(_exemplars(client, url))
+    checks.append(_exemplars(second))
     checks.append(_baseline(b, s2))
     return checks
 
@@ -299,11 +308,8 @@ def _cpu(b: scr.Breakdown | None) -> Check:
                  data)
 
 
-def _exemplars(client: Any, url: str) -> Check:
-    try:
-        text, content_type = scr.fetch_text(client, url, openmetrics=True)
-    except scr.ScrapeError as exc:
-        return Check("exemplars", "WARN", f"OpenMetrics request failed: {exc}")
+def _exemplars(second: scr.Scrape) -> Check:
+    text, content_type = second.body, second.content_type
     if "openmetrics" not in content_type:
         return Check("exemplars", "WARN",
                      f"the endpoint ignores Accept: application/openmetrics-text (answered "
@@ -349,18 +355,18 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return 2
-    if not args.wait >= 0 or not args.timeout > 0:
+    if not args.wait >= 0 or not (0 < args.timeout < math.inf):
         print(f"{_PROG}: --wait must be >= 0 and --timeout > 0 seconds", file=sys.stderr)
         return 2
     try:
-        import httpx
+        import httpx  # noqa: F401
         import prometheus_client  # noqa: F401 - the parser
     except ImportError as exc:
         print(f"{_PROG}: {exc.name or exc} is missing: pip install 'specobs[cli,prometheus]'",
               file=sys.stderr)
         return 1
-    with httpx.Client(timeout=args.timeout, follow_redirects=True) as client:
-        checks = diagnose(client, url, args.wait)
+    with _http.http_client(args) as client:
+        checks = diagnose(client, url, args.wait, _http.limits_from(args))
     failed = any(c.verdict == "FAIL" for c in checks)
     if args.json:
         print(json.dumps(

@@ -21,6 +21,7 @@ inside the functions that use them: importing this module costs nothing.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -30,12 +31,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from specobs import catalog
+from specobs.tools import _http
+from specobs.tools._http import Limits, ScrapeError
 
 __all__ = [
     "PHASE_CLOCKS",
     "Breakdown",
     "CounterReset",
     "Delta",
+    "Limits",
     "PhaseStats",
     "Scrape",
     "ScrapeError",
@@ -59,10 +63,6 @@ PHASE_CLOCKS: tuple[str, ...] = ("gpu", "host")
 OPENMETRICS_ACCEPT = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 LabelKey = tuple[tuple[str, str], ...]
-
-
-class ScrapeError(Exception):
-    """A scrape or a Prometheus query failed; ``str()`` is one line meant for the user."""
 
 
 def _counter_like_names() -> frozenset[str]:
@@ -190,46 +190,35 @@ def parse_exposition(text: str) -> Series:
                     continue
                 series.add(sample.name, sample.labels, value)
     except Exception as exc:  # the parsers raise ValueError, IndexError, KeyError, ...
-        first = next((line for line in text.splitlines() if line.strip()), "")
+        # Both parts are cut short: the parser quotes the offending text, which may be huge.
+        first = next((line for line in text[:4096].splitlines() if line.strip()), "")
+        reason = " ".join(str(exc).split())
+        reason = reason if len(reason) <= 100 else reason[:97] + "..."
         raise ScrapeError(
-            f"the body is not Prometheus text exposition ({exc}); it starts with {first[:60]!r}"
+            f"the body is not Prometheus text exposition ({reason}); it starts with "
+            f"{first[:60]!r}"
         ) from None
     return series
 
 
-def fetch_text(client: Any, url: str, *, openmetrics: bool = False) -> tuple[str, str]:
-    """GET ``url``; returns ``(body, content type)``. Raises :class:`ScrapeError`."""
-    import httpx
-
+def fetch_text(
+    client: Any, url: str, *, openmetrics: bool = False, limits: Limits = _http.DEFAULT_LIMITS
+) -> tuple[str, str]:
+    """GET ``url`` within ``limits``; returns ``(body, content type)``. Raises
+    :class:`ScrapeError` (see :func:`specobs.tools._http.get`)."""
     headers = {"Accept": OPENMETRICS_ACCEPT} if openmetrics else {"Accept": "text/plain"}
-    try:
-        response = client.get(url, headers=headers)
-    except httpx.TimeoutException:
-        raise ScrapeError(f"{url} did not answer within {client.timeout.read} s") from None
-    except httpx.ConnectError as exc:
-        raise ScrapeError(f"cannot connect to {url}: {_reason(exc)}") from None
-    except httpx.HTTPError as exc:
-        raise ScrapeError(f"request to {url} failed: {_reason(exc)}") from None
+    response = _http.get(client, url, headers=headers, limits=limits)
     if response.status_code != 200:
-        body = response.text.strip().splitlines()
+        body = response.body.decode("utf-8", "replace").strip().splitlines()
         detail = f": {body[0][:80]}" if body else ""
         raise ScrapeError(
             f"{url} answered HTTP {response.status_code} {response.reason_phrase}{detail}"
         )
     try:
-        text = response.content.decode("utf-8")
+        text = response.body.decode("utf-8")
     except UnicodeDecodeError:
         raise ScrapeError(f"{url} sent a body that is not UTF-8 text (binary garbage?)") from None
     return text, response.headers.get("content-type", "")
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip()
-    # httpx wraps the OS error: "[Errno 111] Connection refused" → "connection refused".
-    m = re.search(r"\[Errno -?\d+\]\s*(.*)", text)
-    if m:
-        text = m.group(1)
-    return (text or type(exc).__name__)[:120]
 
 
 @dataclass(frozen=True)
@@ -239,6 +228,7 @@ class Scrape:
     series: Series
     monotonic_seconds: float
     body: str = ""
+    content_type: str = ""
 
     @property
     def is_specobs(self) -> bool:
@@ -250,15 +240,18 @@ class Scrape:
         return found[0] if found else {}
 
 
-def scrape(client: Any, url: str) -> Scrape:
+def scrape(
+    client: Any, url: str, *, openmetrics: bool = False, limits: Limits = _http.DEFAULT_LIMITS
+) -> Scrape:
     """Fetch and parse one scrape of a specobs endpoint; raises :class:`ScrapeError`.
 
     A body that parses but has no ``specobs_info`` is refused: it is some other exporter.
+    ``openmetrics`` asks for OpenMetrics (exemplars); the body is kept in :attr:`Scrape.body`.
     """
     t = time.monotonic()
-    text, _ = fetch_text(client, url)
+    text, content_type = fetch_text(client, url, openmetrics=openmetrics, limits=limits)
     series = parse_exposition(text)
-    result = Scrape(series, t, text)
+    result = Scrape(series, t, text, content_type)
     if not result.is_specobs:
         raise ScrapeError(not_specobs_message(url, series))
     return result
@@ -536,22 +529,20 @@ def _window_text(seconds: float) -> str:
 
 
 def _prom_query(
-    client: Any, base_url: str, promql: str, at: float | None = None
+    client: Any, base_url: str, promql: str, at: float | None = None,
+    limits: Limits = _http.DEFAULT_LIMITS,
 ) -> list[dict[str, Any]]:
-    import httpx
-
     url = base_url.rstrip("/") + "/api/v1/query"
     params: dict[str, Any] = {"query": promql}
     if at is not None:
         params["time"] = f"{at:.3f}"
     try:
-        response = client.get(url, params=params)
-    except httpx.TimeoutException:
-        raise ScrapeError(f"Prometheus at {base_url} did not answer in time") from None
-    except httpx.HTTPError as exc:
-        raise ScrapeError(f"cannot query Prometheus at {base_url}: {_reason(exc)}") from None
+        response = _http.get(client, url, params=params, limits=limits,
+                             headers={"Accept": "application/json"})
+    except ScrapeError as exc:
+        raise ScrapeError(f"cannot query Prometheus at {base_url}: {exc}") from None
     try:
-        payload = response.json()
+        payload = json.loads(response.body)
     except ValueError:
         raise ScrapeError(
             f"{base_url} is not a Prometheus server: /api/v1/query answered HTTP "
@@ -565,7 +556,8 @@ def _prom_query(
         )
     data = payload.get("data") or {}
     result = data.get("result") if isinstance(data, dict) else None
-    if data.get("resultType") != "vector" or not isinstance(result, list):
+    if not isinstance(data, dict) or data.get("resultType") != "vector" \
+            or not isinstance(result, list):
         raise ScrapeError(f"Prometheus at {base_url} answered {promql!r} with no vector")
     return result
 
@@ -581,7 +573,10 @@ def _add_result(series: Series, name: str, result: list[dict[str, Any]]) -> None
             series.add(name, labels, value)
 
 
-def prometheus_delta(client: Any, base_url: str, selector: str, window_seconds: float) -> Delta:
+def prometheus_delta(
+    client: Any, base_url: str, selector: str, window_seconds: float, *,
+    limits: Limits = _http.DEFAULT_LIMITS,
+) -> Delta:
     """Counter deltas over the last ``window_seconds`` from a Prometheus server's ``increase()``.
 
     ``selector`` is the matchers inside the braces (see :func:`normalize_selector`). Raises
@@ -594,12 +589,12 @@ def prometheus_delta(client: Any, base_url: str, selector: str, window_seconds: 
     counters = Series()
     for name in sorted(COUNTER_SERIES):
         promql = f"increase({name}{{{selector}}}[{window}])"
-        _add_result(counters, name, _prom_query(client, base_url, promql, at))
+        _add_result(counters, name, _prom_query(client, base_url, promql, at, limits))
     gauges = Series()
     for m in (catalog.INFO, catalog.BASELINE_SEQUENCE_TOKENS, catalog.SAMPLING_INTERVAL,
               catalog.OVERHEAD_RATIO):
         promql = f"{m.name}{{{selector}}}"
-        _add_result(gauges, m.name, _prom_query(client, base_url, promql, at))
+        _add_result(gauges, m.name, _prom_query(client, base_url, promql, at, limits))
     if not gauges.has(catalog.INFO.name):
         raise ScrapeError(
             f"Prometheus at {base_url} has no {catalog.INFO.name}{{{selector}}}: check the "

@@ -17,20 +17,30 @@ Ctrl-C). When stdout is not a terminal (or with ``--plain``) it prints one line 
 
 A poll that fails (refused connection, HTTP error, a page that is not specobs metrics, a counter
 that went down because the server restarted) shows a one-line message and polling goes on.
+Each poll fetches the endpoint once (or runs one query per series against Prometheus); every
+request has one deadline, ``--timeout`` seconds from connecting to the last byte, and reads at
+most ``--max-bytes`` of body after decompression (default 16 MiB), so an endpoint that never
+stops sending, trickles, or sends a gzip bomb costs one failed poll, not a hang (see
+:mod:`specobs.tools._http`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import select
+import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from specobs import catalog
+from specobs.tools import _http
 from specobs.tools import _scrape as scr
 
 __all__ = ["add_arguments", "run"]
@@ -55,8 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="range of increase() with --prometheus (default: 30s)")
     parser.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
                         help="seconds between polls (default: 2)")
-    parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
-                        help="HTTP timeout per request (default: 5)")
+    _http.add_limit_arguments(parser)
     parser.add_argument("--plain", action="store_true",
                         help="one line of text per poll even on a terminal")
     parser.add_argument("--once", action="store_true",
@@ -80,15 +89,17 @@ class Frame:
 class EndpointSource:
     """Polls a specobs /metrics endpoint and differences consecutive scrapes."""
 
-    def __init__(self, client: Any, url: str) -> None:
+    def __init__(self, client: Any, url: str, limits: _http.Limits = _http.DEFAULT_LIMITS
+                 ) -> None:
         self.client = client
         self.url = url
+        self.limits = limits
         self.description = url
         self._prev: scr.Scrape | None = None
 
     def poll(self) -> Frame:
         try:
-            cur = scr.scrape(self.client, self.url)
+            cur = scr.scrape(self.client, self.url, limits=self.limits)
         except scr.ScrapeError as exc:
             return Frame("error", str(exc))
         prev, self._prev = self._prev, cur
@@ -103,8 +114,10 @@ class EndpointSource:
 class PrometheusSource:
     """Queries ``increase(...[window])`` from a Prometheus server on every poll."""
 
-    def __init__(self, client: Any, base_url: str, selector: str, window_seconds: float) -> None:
+    def __init__(self, client: Any, base_url: str, selector: str, window_seconds: float,
+                 limits: _http.Limits = _http.DEFAULT_LIMITS) -> None:
         self.client = client
+        self.limits = limits
         self.base_url = base_url
         self.selector = selector
         self.window_seconds = window_seconds
@@ -115,7 +128,8 @@ class PrometheusSource:
     def poll(self) -> Frame:
         try:
             delta = scr.prometheus_delta(
-                self.client, self.base_url, self.selector, self.window_seconds
+                self.client, self.base_url, self.selector, self.window_seconds,
+                limits=self.limits,
             )
         except scr.ScrapeError as exc:
             return Frame("error", str(exc))
@@ -441,7 +455,7 @@ def run(args: argparse.Namespace) -> int:
         window = scr.parse_window(args.window)
     except ValueError as exc:
         return _usage(str(exc))
-    if not args.interval > 0 or not args.timeout > 0:
+    if not (0 < args.interval < math.inf) or not (0 < args.timeout < math.inf):
         return _usage("--interval and --timeout must be positive numbers of seconds")
     if args.count is not None and args.count < 1:
         return _usage(f"--count must be at least 1, got {args.count}")
@@ -449,7 +463,7 @@ def run(args: argparse.Namespace) -> int:
         return _usage("--selector only applies with --prometheus")
     count = 1 if args.once else args.count
     try:
-        import httpx
+        import httpx  # noqa: F401
         import prometheus_client  # noqa: F401 - the parser
         import rich  # noqa: F401
     except ImportError as exc:
@@ -466,17 +480,22 @@ def run(args: argparse.Namespace) -> int:
         console = Console(highlight=False)
         plain = console.is_dumb_terminal or not console.is_terminal
     quit_event = threading.Event()
-    with httpx.Client(timeout=args.timeout, follow_redirects=True) as client:
+    limits = _http.limits_from(args)
+    with _http.http_client(args) as client:
         source: EndpointSource | PrometheusSource
         if args.prometheus is not None:
-            source = PrometheusSource(client, target, selector, window)
+            source = PrometheusSource(client, target, selector, window, limits)
         else:
-            source = EndpointSource(client, target)
+            source = EndpointSource(client, target, limits)
         view: PlainView | LiveView = (
             PlainView(stdout) if plain else LiveView(source.description, args.interval, console)
         )
         try:
-            with KeyReader(sys.stdin, quit_event) if not plain else _nothing(), view:
+            with (
+                KeyReader(sys.stdin, quit_event) if not plain else _nothing(),
+                _ctrl_c_interrupts() if not plain else _nothing(),
+                view,
+            ):
                 return _loop(source, view, args.interval, count, quit_event)
         except KeyboardInterrupt:
             return 0
@@ -488,6 +507,26 @@ def run(args: argparse.Namespace) -> int:
             except OSError:
                 pass
             return 0
+
+
+@contextlib.contextmanager
+def _ctrl_c_interrupts() -> Iterator[None]:
+    """Ctrl-C quits the live view even when SIGINT came in ignored.
+
+    A process started with SIGINT ignored (by a script's ``trap '' INT``, a CI runner, a
+    background job of a shell without job control) keeps it ignored, and Python then installs no
+    KeyboardInterrupt handler: the terminal's Ctrl-C would do nothing. The live view owns the
+    terminal and promises that Ctrl-C quits, so it takes SIGINT back for its lifetime.
+    """
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class _nothing:
