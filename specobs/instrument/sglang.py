@@ -363,11 +363,23 @@ def _around_phase(start: str | None, end: str | None) -> Callable[..., Any]:
 
 around_decode_step = _cycle_hook(eagle_draft_length, pp_order=True)
 """One decode step of an EAGLE-family worker (V1 or V2) is one cycle."""
+around_plain_step = _cycle_hook(eagle_draft_length)
+"""One decode step of an EAGLE-family worker without a PP tail draft (multi-layer, FrozenKV)."""
 around_ngram_step = _cycle_hook(ngram_draft_length)
 """One decode step of the NGRAM worker is one cycle."""
-around_draft = _around_phase("draft", "verify")
-"""The draft ends where ``draft`` returns. Entering "draft" at its start is a no-op in the
-default order (the cycle starts in draft) and moves the PP tail draft into draft."""
+_around_head_draft = _around_phase(None, "verify")
+_around_tail_draft = _around_phase("draft", None)
+
+
+def around_draft(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """The draft ends where ``draft`` returns (it started with the cycle). Under PP the last
+    stage also drafts the next round after the draft extend (``with_topology=True``): with the
+    PP phase order that call is the draft phase; an ordinary draft then stays in verify."""
+    if kwargs.get("with_topology"):
+        return _around_tail_draft(original, *args, **kwargs)
+    return _around_head_draft(original, *args, **kwargs)
+
+
 around_verify = _around_phase("verify", "bookkeeping")
 """Verify runs exactly the length of ``verify`` (also when drafting was skipped)."""
 around_draft_extend = _around_phase("bookkeeping", None)
@@ -396,18 +408,18 @@ HOOK_TARGETS: tuple[HookTarget, ...] = (
     HookTarget(_V2, "EAGLEWorkerV2", "verify", around_verify),
     HookTarget(_V2, "EagleDraftWorker", "draft", around_draft),
     HookTarget(_V2, "EagleDraftWorker", _EXTEND, around_draft_extend),
-    HookTarget(_ML, "MultiLayerEagleWorkerV2", _STEP, around_decode_step),
+    HookTarget(_ML, "MultiLayerEagleWorkerV2", _STEP, around_plain_step),
     HookTarget(_ML, "MultiLayerEagleWorkerV2", "verify", around_verify),
     HookTarget(_ML, "MultiLayerEagleDraftWorker", "draft", around_draft),
     HookTarget(_ML, "MultiLayerEagleDraftWorker", _EXTEND, around_draft_extend),
     # FrozenKVMTPWorkerV2 inherits EAGLEWorkerV2.verify (hooked above: its module imports V2's).
-    HookTarget(_FROZEN, "FrozenKVMTPWorkerV2", _STEP, around_decode_step),
+    HookTarget(_FROZEN, "FrozenKVMTPWorkerV2", _STEP, around_plain_step),
     HookTarget(_FROZEN, "FrozenKVMTPDraftWorker", "draft", around_draft),
     HookTarget(_FROZEN, "FrozenKVMTPDraftWorker", _EXTEND, around_draft_extend),
     HookTarget(NGRAM_MODULE, "NGRAMWorker", _STEP, around_ngram_step),
     HookTarget(NGRAM_MODULE, "NGRAMWorker", "_prepare_for_speculative_decoding", around_draft),
     HookTarget(NGRAM_MODULE, "NGRAMWorker", "_update_ngram_corpus", around_draft_extend),
-    HookTarget(V1_MODULE, "EAGLEWorker", _STEP, around_decode_step),
+    HookTarget(V1_MODULE, "EAGLEWorker", _STEP, around_plain_step),
     HookTarget(V1_MODULE, "EAGLEWorker", "draft", around_draft),
     HookTarget(V1_MODULE, "EAGLEWorker", "verify", around_verify),
     HookTarget(V1_MODULE, "EAGLEWorker", "forward_draft_extend_after_decode", around_draft_extend),
@@ -613,7 +625,7 @@ def _reporting(hook: Callable[..., Any]) -> Callable[[Any], Any]:
 
 
 def _is_cycle(hook: Callable[..., Any]) -> bool:
-    return hook is around_decode_step or hook is around_ngram_step
+    return hook in (around_decode_step, around_plain_step, around_ngram_step)
 
 
 def _wrap_around(
