@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -27,8 +28,12 @@ import pytest
 import specobs
 from specobs import catalog
 from specobs.timing import FakeEventClock, FakeGpu
+from specobs.tools import _http, _top
 from specobs.tools import _scrape as scr
-from specobs.tools import _top
+from tests import _hostile_server as _hostile
+from tests._hostile_server import hostile_server
+
+__all__ = ["hostile_server"]
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 4  # draft length
@@ -695,3 +700,122 @@ def test_prometheus_mode_against_a_real_prometheus(
     assert not_prom.returncode == 1
     assert "is not a Prometheus server" in not_prom.stdout
     assert "Traceback" not in bad.stdout + bad.stderr + not_prom.stdout + not_prom.stderr
+
+
+# -- hostile endpoints: bounded time and memory ---------------------------------------------------
+
+HOSTILE_TIMEOUT = 1.0
+#: Two polls of at most one deadline each, plus the interpreter's start-up on a loaded machine.
+WALL_BOUND_SECONDS = 2 * HOSTILE_TIMEOUT + 8.0
+#: The unbounded command reached 5.3 GB in 15 s on the endless body; ~40-75 MB now.
+RSS_BOUND_MB = 160.0
+OVER_CAP = "sent a body larger than 16 MiB (after decompression)"
+TOO_SLOW = f"did not finish answering within {HOSTILE_TIMEOUT:g} s"
+TOP_HOSTILE_CASES = [
+    ("endless", OVER_CAP),
+    ("slowdrip", TOO_SLOW),
+    ("slowheaders", TOO_SLOW),
+    ("gzipbomb", OVER_CAP),
+    ("hugeline", OVER_CAP),
+    ("garbage", "sent a body that is not UTF-8 text"),
+]
+
+
+def measured_top(*args: str) -> _hostile.Measured:
+    return _hostile.run_measured(
+        ["top", *args, "--plain", "--timeout", str(HOSTILE_TIMEOUT)], env=cli_env(),
+        cwd=str(ROOT), kill_after=30,
+    )
+
+
+@pytest.mark.parametrize(("mode", "expected"), TOP_HOSTILE_CASES,
+                         ids=[c[0] for c in TOP_HOSTILE_CASES])
+def test_hostile_endpoint_costs_a_failed_poll_not_a_hang(
+    hostile_server: _hostile.HostileServer, mode: str, expected: str
+):
+    before = hostile_server.hits[mode]
+    url = hostile_server.url(f"/{mode}")
+    m = measured_top(url, "--once", "--interval", "0.05")
+    assert m.returncode == 1, m
+    lines = m.output.splitlines()
+    assert len(lines) == 2, m  # --once: two polls (both failed), then give up
+    for line in lines:
+        assert f"error: {url} {expected}" in line, m
+        assert len(line) < 300
+    assert m.seconds < WALL_BOUND_SECONDS, m
+    assert m.peak_rss_mb < RSS_BOUND_MB, m
+    assert hostile_server.hits[mode] - before == 2  # one request per poll
+
+
+@pytest.mark.parametrize(("mode", "expected"), TOP_HOSTILE_CASES[:4],
+                         ids=[c[0] for c in TOP_HOSTILE_CASES[:4]])
+def test_hostile_prometheus_costs_a_failed_poll_not_a_hang(
+    hostile_server: _hostile.HostileServer, mode: str, expected: str
+):
+    before = hostile_server.hits[mode]
+    base = hostile_server.url(f"/{mode}")
+    m = measured_top("--prometheus", base, "--once", "--interval", "0.05")
+    assert m.returncode == 1, m
+    (line,) = m.output.splitlines()
+    assert f"error: cannot query Prometheus at {base}: {base}/api/v1/query {expected}" in line, m
+    assert m.seconds < HOSTILE_TIMEOUT + 8.0, m
+    assert m.peak_rss_mb < RSS_BOUND_MB, m
+    assert hostile_server.hits[mode] - before == 1  # the poll's first query fails it
+
+
+def test_the_gzip_bomb_inflates_no_further_than_the_cap(hostile_server: _hostile.HostileServer):
+    """In-process, under tracemalloc: zlib's output is bounded per chunk, so the peak stays near
+    the cap (httpx's own decoder inflates each 64 KiB read whole: ~64 MB at a time)."""
+    limits = _http.Limits(timeout_seconds=10, max_bytes=1024 * 1024)
+    with httpx.Client(timeout=10) as client:
+        tracemalloc.start()
+        try:
+            with pytest.raises(scr.ScrapeError, match=r"larger than 1 MiB \(after decompression"):
+                _http.get(client, hostile_server.url("/gzipbomb"), limits=limits)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024, f"peak {peak / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize("mode", ["slowdrip", "slowheaders", "silent"])
+def test_the_deadline_holds_for_any_client(hostile_server: _hostile.HostileServer, mode: str):
+    """A caller's own keep-alive client with a long per-read timeout: the deadline still cuts
+    the request at 0.5 s (the timer shuts the socket down), not after 30 s of reads."""
+    limits = _http.Limits(timeout_seconds=0.5)
+    with httpx.Client(timeout=30) as client:
+        started = time.monotonic()
+        with pytest.raises(scr.ScrapeError, match=r"did not finish answering within 0.5 s"):
+            _http.get(client, hostile_server.url(f"/{mode}"), limits=limits)
+        elapsed = time.monotonic() - started
+    assert 0.5 <= elapsed < 2.0, elapsed
+
+
+def test_a_small_gzip_body_is_inflated(engines: Callable[..., Engine]):
+    eng = engines()
+    eng.run(2)
+    with httpx.Client(timeout=5) as client:
+        got = _http.get(client, eng.url)
+        plain = client.get(eng.url, headers={"Accept-Encoding": "identity"}).content
+    assert got.status_code == 200
+    assert got.headers.get("content-encoding") == "gzip"  # prometheus_client compressed it
+    cycles = catalog.CYCLES.name
+    assert scr.parse_exposition(got.body.decode()).total(cycles) == 2
+    # Same exposition (the exporter's own CPU counter moves between the two scrapes).
+    assert [line.split(" ")[0] for line in got.body.decode().splitlines()] == \
+        [line.split(" ")[0] for line in plain.decode().splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1048576", 1048576), ("16MiB", 16 * 2**20), ("500k", 500 * 1024), ("2 MB", 2_000_000),
+     ("1.5KiB", 1536), ("1g", 2**30)],
+)
+def test_byte_sizes(text: str, expected: int):
+    assert _http.parse_byte_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-1", "0", "12 parsecs"])
+def test_bad_byte_sizes(text: str):
+    with pytest.raises(ValueError, match="size"):
+        _http.parse_byte_size(text)
