@@ -11,7 +11,10 @@ import pytest
 pytest_plugins = ["tests._otlp_receiver", "tests._prometheus_server"]
 
 # The suite must never pick up a user's exporter settings (but keeps where its caches live).
-_KEEP = {"SPECOBS_TEST_WEIGHTS_DIR", "SPECOBS_CONTRACTS_CACHE", "SPECOBS_TEST_ENGINE_VENVS"}
+_KEEP = {
+    "SPECOBS_TEST_WEIGHTS_DIR", "SPECOBS_CONTRACTS_CACHE", "SPECOBS_TEST_ENGINE_VENVS",
+    "SPECOBS_KEEP_ENGINE_VENV",
+}
 for _var in list(os.environ):
     if _var.startswith(("SPECOBS_", "OTEL_")) and _var not in _KEEP:
         del os.environ[_var]
