@@ -6,6 +6,12 @@
 #   docker build -t specobs-demo:local .
 #   docker run --rm -p 8000:8000 -p 9477:9477 specobs-demo:local
 #
+# The completions port is published, so /admin/fault is off in this image: no admin token is set
+# here and every /admin path answers 404. To switch faults at run time, give a token of at least
+# 16 characters when starting a container (callers then send "Authorization: Bearer <token>"):
+#
+#   docker run --rm -p 8000:8000 -e SPECOBS_DEMO_ADMIN_TOKEN="$(openssl rand -hex 16)" ...
+#
 # docker-compose.yml builds it once and runs three replicas of it.
 FROM python:3.11.14-slim-bookworm
 

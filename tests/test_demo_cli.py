@@ -3,6 +3,7 @@ Prometheus, with its terminal output; and bad flags."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -125,6 +126,10 @@ def test_demo_stops_with_a_clear_error_when_its_port_is_taken(weights: Path) -> 
         (["--fault", "melt"], "invalid choice"),
         (["--seed", "-1"], "expected an integer >= 0"),
         (["--baseline-tokens-per-second", "0"], "expected a number > 0"),
+        (["--max-requests", "0"], "expected an integer >= 1, got 0"),
+        (["--max-request-bytes", "lots"], "bad size 'lots'"),
+        (["--max-request-bytes", "0"], "size must be at least 1 byte"),
+        (["--read-timeout", "0"], "expected a number > 0"),
         (["--bogus"], "unrecognized arguments"),
     ],
 )
@@ -173,3 +178,102 @@ def test_first_run_serves_while_the_draft_head_trains(
     assert second == 0, again
     assert "loading the demo target and draft head from the weight cache" in again
     assert "draft head training" not in again
+
+
+# -- the admin endpoints and the server's limits ----------------------------------------------
+
+ADMIN_TOKEN = "cli-admin-token-0f1e2d3c4b5a6978"
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "expected"),
+    [
+        (None, None, None),
+        (None, "", None),
+        (None, "   ", None),
+        (None, ADMIN_TOKEN, ADMIN_TOKEN),
+        ("flag-token-0123456789", ADMIN_TOKEN, "flag-token-0123456789"),
+        ("", ADMIN_TOKEN, None),  # an empty flag turns a token in the environment off
+    ],
+)
+def test_admin_token_comes_from_the_flag_then_the_environment(
+    flag: str | None, env: str | None, expected: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+
+    from specobs.demo import _cli as demo_cli
+
+    if env is None:
+        monkeypatch.delenv(demo_cli.SPECOBS_DEMO_ADMIN_TOKEN, raising=False)
+    else:
+        monkeypatch.setenv(demo_cli.SPECOBS_DEMO_ADMIN_TOKEN, env)
+    assert demo_cli._admin_token(argparse.Namespace(admin_token=flag)) == expected
+
+
+@pytest.mark.parametrize("where", ["flag", "env"])
+def test_a_short_admin_token_exits_2_before_anything_starts(
+    where: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["demo", "--port", "1", "--cache-dir", "/nonexistent"]
+    if where == "flag":
+        argv += ["--admin-token", "secret"]
+    else:
+        monkeypatch.setenv("SPECOBS_DEMO_ADMIN_TOKEN", "secret")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    name = "--admin-token" if where == "flag" else "SPECOBS_DEMO_ADMIN_TOKEN"
+    assert f"{name} must have at least 16 characters, got 6" in err
+
+
+def test_the_command_wires_the_admin_token_and_the_limits(weights: Path, tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECOBS_", "OTEL_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    env["SPECOBS_DEMO_ADMIN_TOKEN"] = ADMIN_TOKEN
+    log = tmp_path / "demo.out"
+    argv = [
+        sys.executable, "-m", "specobs.cli", "demo", "--duration", "60", "--port", str(port),
+        "--metrics-port", "0", "--plain", "--cache-dir", str(weights), "--no-load",
+        "--baseline-tokens-per-second", "50", "--max-request-bytes", "4KiB",
+        "--max-requests", "3",
+    ]  # fmt: skip
+    import httpx
+
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while "serving completions" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        base = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=base, timeout=30) as client:
+            assert client.get("/admin/fault").status_code == 401
+            r = client.get("/admin/fault", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+            assert r.status_code == 200 and r.json()["fault"] is None
+            r = client.post("/v1/completions", json={"prompt": "a " * 4096, "max_tokens": 2})
+            assert r.status_code == 413 and "limit of 4096 bytes" in r.json()["error"]["message"]
+        proc.terminate()  # SIGTERM: shut down as cleanly as Ctrl-C
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert code == 0, text
+    assert f"admin endpoints on {base}/admin/fault" in text
+    assert ADMIN_TOKEN not in text, "the token must not be printed"
+
+
+def test_the_container_image_leaves_the_admin_endpoints_off() -> None:
+    """No token in the image: /admin/* answers 404 in every container started from it (a token
+    can still be given at `docker run -e SPECOBS_DEMO_ADMIN_TOKEN=...`)."""
+    text = (ROOT / "Dockerfile").read_text()
+    instructions = [line for line in text.replace("\\\n", " ").splitlines()
+                    if line.strip() and not line.lstrip().startswith("#")]
+    cmd = next(line for line in instructions if line.startswith("CMD "))
+    assert json.loads(cmd[4:])[:2] == ["specobs", "demo"]
+    assert "--admin-token" not in cmd
+    assert not any("SPECOBS_DEMO_ADMIN_TOKEN" in line for line in instructions)
+    assert "/admin/fault is off" in text  # and the file says so

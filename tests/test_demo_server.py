@@ -4,12 +4,20 @@ Completions as text and token ids (greedy output equal to plain greedy decoding 
 SSE streaming, every kind of bad input answered with the OpenAI error shape while the server
 keeps serving, a client that goes away mid-stream (its request is cancelled), and run-time fault
 switching through /admin/fault, visible in what the engine does.
+
+Hostile and careless clients: bodies over the cap (413), a lone surrogate in the prompt, prompts
+too long to tokenize, clients that send their headers or body a byte at a time (dropped), more
+completions than the admission limit (429 with Retry-After), the admin token (401 without it,
+404 when the server has none), bytes that are not HTTP and an exception in a route (JSON, not
+text).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +33,7 @@ pytest.importorskip("uvicorn")
 
 import specobs  # noqa: E402
 from specobs.demo import SpecDecodeEngine, TrainSettings, build_engine, greedy_generate  # noqa: E402
-from specobs.demo._server import ServerThread, create_app  # noqa: E402
+from specobs.demo._server import ServerLimits, ServerThread, create_app  # noqa: E402
 
 # The demo's default training, cached across test modules and runs in the suite's one weight
 # cache (tests/conftest.py; keyed by a hash of the configs and written atomically), so every demo
@@ -33,6 +41,8 @@ from specobs.demo._server import ServerThread, create_app  # noqa: E402
 QUICK_TRAINING: TrainSettings | None = None
 WEIGHTS_DIR = Path(os.environ["SPECOBS_CACHE_DIR"])
 LABELS = {"model": "specobs-demo", "engine": "specobs-demo"}
+#: The admin token of the shared server; its client sends it with every request.
+ADMIN_TOKEN = "test-admin-token-5f2b9c0e4d7a1386"
 
 
 def quick_engine(
@@ -65,8 +75,13 @@ class Served:
         )
         self.engine = quick_engine(self.observer, train_settings)
         self.engine.start()
-        self.server = ServerThread(create_app(self.engine, self.observer), port=0).start()
-        self.client = httpx.Client(base_url=self.server.url, timeout=60)
+        self.server = ServerThread(
+            create_app(self.engine, self.observer, admin_token=ADMIN_TOKEN), port=0
+        ).start()
+        self.client = httpx.Client(
+            base_url=self.server.url, timeout=60,
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
         lang = self.engine.models.language
         text = lang.stream(4000, seed=4242)
         self.prompts = [text[i * 37 : i * 37 + 5 + (i * 7) % 30] for i in range(8)]
@@ -419,3 +434,243 @@ def test_slow_verify_and_wrong_hidden_layers_change_the_cycle_not_the_output(api
     assert slow_verify > 2 * healthy_verify, (healthy_verify, slow_verify)
     run("wrong-hidden-layers")
     assert api.client.get("/admin/fault").json()["fault"] == "wrong-hidden-layers"
+
+
+# -- hostile and careless clients -------------------------------------------------------------
+
+#: The strict server's limits: small, so that each limit is reached quickly.
+STRICT = ServerLimits(max_body_bytes=64 * 1024, max_requests=2, read_timeout_seconds=0.5)
+
+
+class Strict:
+    """A second app and uvicorn over the shared engine, with :data:`STRICT` limits and no admin
+    token."""
+
+    def __init__(self, served: Served) -> None:
+        self.served = served
+        self.server = ServerThread(create_app(served.engine, limits=STRICT), port=0,
+                                   limits=STRICT).start()
+        self.client = httpx.Client(base_url=self.server.url, timeout=60)
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.stop()
+
+
+@pytest.fixture(scope="module")
+def strict_server(served: Served) -> Iterator[Strict]:
+    s = Strict(served)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def strict(strict_server: Strict, api: Served) -> Strict:
+    return strict_server
+
+
+def assert_openai_error(r: httpx.Response, status: int, kind: str, needle: str) -> dict[str, Any]:
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers["content-type"] == "application/json"
+    error = r.json()["error"]
+    assert error["type"] == kind, error
+    assert needle in error["message"], error["message"]
+    return error
+
+
+def drip(port: int, first: bytes, every: float = 0.1, limit: float = 5.0) -> tuple[float, bytes]:
+    """Send ``first``, then one more byte every ``every`` seconds, until the server hangs up;
+    returns the seconds that took and what the server sent. Fails after ``limit`` seconds."""
+    with socket.create_connection(("127.0.0.1", port), timeout=limit) as sock:
+        started = time.monotonic()
+        sock.sendall(first)
+        got = b""
+        while time.monotonic() - started < limit:
+            readable, _, _ = select.select([sock], [], [], every)
+            try:
+                if readable:
+                    data = sock.recv(65536)
+                    if not data:
+                        return time.monotonic() - started, got
+                    got += data
+                else:
+                    sock.sendall(b"x")
+            except (ConnectionResetError, BrokenPipeError):
+                return time.monotonic() - started, got
+    raise AssertionError(f"the server still held the connection after {limit} s; sent {got!r}")
+
+
+def test_a_body_over_the_cap_is_refused_with_413(api: Served, strict: Strict) -> None:
+    big = {"prompt": "a " * (600 * 1024), "max_tokens": 4}  # 1.2 MB of JSON: over the 1 MiB cap
+    started = time.monotonic()
+    r = api.client.post("/v1/completions", json=big)
+    error = assert_openai_error(r, 413, "invalid_request_error", "larger than this server's limit")
+    assert error["code"] == "request_too_large"
+    assert time.monotonic() - started < 5
+    # A chunked body (no Content-Length) is cut at the cap as it arrives.
+    sent = []
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"prompt": "'
+        for _ in range(64):
+            sent.append(4096)
+            yield b"a " * 2048
+        yield b'"}'
+
+    r = strict.client.post("/v1/completions", content=chunks(),
+                           headers={"Content-Type": "application/json"})
+    assert_openai_error(r, 413, "invalid_request_error", "limit of 65536 bytes")
+    assert "content-length" not in {k.lower() for k in r.request.headers}
+    # Both servers go on serving.
+    prompt = api.prompts[0]
+    assert complete(api, prompt=prompt, max_tokens=4)["choices"][0]["token_ids"] == reference(
+        api, prompt, 4)
+
+
+def test_a_lone_surrogate_in_the_prompt_is_a_400_not_a_500(api: Served) -> None:
+    for raw, at in ((b'{"prompt": "\\ud800 a", "max_tokens": 2}', 0),
+                    (b'{"prompt": "ab \\udfff", "max_tokens": 2}', 3)):
+        r = api.client.post("/v1/completions", content=raw,
+                            headers={"Content-Type": "application/json"})
+        error = assert_openai_error(r, 400, "invalid_request_error", "lone surrogate")
+        assert f"at character {at}" in error["message"]
+        assert error["param"] == "prompt"
+    # A surrogate pair is one real character: accepted.
+    r = api.client.post("/v1/completions", content=b'{"prompt": "a \\ud83d\\ude00", '
+                        b'"max_tokens": 2}', headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+
+
+def test_prompts_are_measured_before_and_tokenized_off_the_event_loop(
+    api: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tok = api.engine.tokenizer
+    calls: list[tuple[int, str]] = []
+    encode = tok.encode
+
+    def spy(text: str) -> list[int]:
+        calls.append((len(text), threading.current_thread().name))
+        return encode(text)
+
+    monkeypatch.setattr(tok, "encode", spy)
+    limit = api.engine.max_request_tokens()
+    long_text = "to " * (16 * limit)  # under the body cap, far over what can fit
+    r = api.client.post("/v1/completions", json={"prompt": long_text, "max_tokens": 1})
+    error = assert_openai_error(r, 400, "invalid_request_error", f"at most {16 * limit} characters")
+    assert error["param"] == "prompt" and f"got {len(long_text)} characters" in error["message"]
+    assert calls == [], "the over-long prompt was tokenized"
+    prompt_text = tok.decode(api.prompts[1])
+    out = complete(api, prompt=prompt_text, max_tokens=4)
+    assert out["usage"]["prompt_tokens"] == len(encode(prompt_text))
+    ((length, thread),) = calls
+    assert length == len(prompt_text)
+    assert thread != "specobs-demo-http", "tokenized on the event loop's thread"
+
+
+def test_slow_clients_are_dropped(strict: Strict) -> None:
+    port = strict.server.port
+    # Headers a byte at a time: the connection is closed, nothing is answered.
+    seconds, got = drip(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    assert got == b""
+    assert STRICT.read_timeout_seconds <= seconds < STRICT.read_timeout_seconds + 2.5
+    # A connection that sends nothing at all.
+    seconds, got = drip(port, b"", every=60)
+    assert got == b"" and seconds < STRICT.read_timeout_seconds + 2.5
+    # Whole headers, then the body a byte at a time: 408 in the API's shape, then closed.
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n{")
+    seconds, got = drip(port, head)
+    assert STRICT.read_timeout_seconds <= seconds < STRICT.read_timeout_seconds + 2.5
+    status, _, rest = got.partition(b"\r\n")
+    assert status == b"HTTP/1.1 408 Request Timeout", got
+    assert b"connection: close" in rest.lower()
+    error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+    assert error["code"] == "request_timeout"
+    assert "did not arrive within 0.5 s" in error["message"]
+    # Prompt clients are served as before.
+    assert strict.client.get("/health").json()["status"] == "ok"
+
+
+def test_the_admission_limit_answers_429_with_retry_after(api: Served, strict: Strict) -> None:
+    eng = api.engine
+    eng.fault = "stall"
+    results: list[httpx.Response] = []
+
+    def send(i: int) -> None:
+        results.append(strict.client.post(
+            "/v1/completions", json={"prompt": api.prompts[i], "max_tokens": 6}))
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(STRICT.max_requests)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: eng.stats().waiting == STRICT.max_requests, 10, "requests did not queue")
+        r = strict.client.post("/v1/completions", json={"prompt": api.prompts[5], "max_tokens": 2})
+        error = assert_openai_error(r, 429, "rate_limit_error", "2 completions in flight")
+        assert error["code"] == "rate_limit_exceeded"
+        assert r.headers["retry-after"] == "1"
+        assert eng.stats().waiting == STRICT.max_requests  # the refused one never reached it
+        # Other endpoints are not limited.
+        assert strict.client.get("/health").status_code == 200
+    finally:
+        eng.fault = None
+        for t in threads:
+            t.join(60)
+    assert [r.status_code for r in results] == [200] * STRICT.max_requests
+    # The slots are free again, streaming or not.
+    for stream in (False, True, False):
+        r = strict.client.post("/v1/completions", json={"prompt": api.prompts[6], "max_tokens": 3,
+                                                        "stream": stream})
+        assert r.status_code == 200, r.text
+
+
+def test_admin_needs_the_token(api: Served) -> None:
+    url = api.server.url + "/admin/fault"
+    for headers in ({}, {"Authorization": "Bearer wrong-token-wrong-token"},
+                    {"Authorization": f"Basic {ADMIN_TOKEN}"}, {"Authorization": ADMIN_TOKEN}):
+        r = httpx.get(url, headers=headers, timeout=10)
+        assert_openai_error(r, 401, "authentication_error", "Authorization: Bearer <token>")
+        assert r.headers["www-authenticate"].startswith("Bearer")
+        r = httpx.post(url, headers=headers, json={"fault": "stall"}, timeout=10)
+        assert r.status_code == 401
+        # Authorization comes before the body is even parsed.
+        r = httpx.post(url, headers=headers, content=b"{nonsense", timeout=10)
+        assert r.status_code == 401
+    assert api.engine.fault is None
+    r = httpx.get(url, headers={"Authorization": "Bearer wrong-token-wrong-token"}, timeout=10)
+    assert "the token given is wrong" in r.json()["error"]["message"]
+    ok = httpx.get(url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10)
+    assert ok.status_code == 200 and ok.json()["fault"] is None
+
+
+def test_admin_is_off_without_a_token(api: Served, strict: Strict) -> None:
+    for method in ("GET", "POST"):
+        r = strict.client.request(method, "/admin/fault", json={"fault": "stall"},
+                                  headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert_openai_error(r, 404, "not_found", "the admin endpoints are off")
+    assert api.engine.fault is None
+    r = strict.client.get("/admin")
+    assert r.status_code == 404
+    with pytest.raises(ValueError, match="at least 16 characters"):
+        create_app(api.engine, admin_token="short")
+
+
+def test_every_failure_is_json(api: Served, strict: Strict,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # Bytes that are not HTTP: uvicorn's own 400, in the API's shape.
+    seconds, got = drip(strict.server.port, b"\x16\x03\x01 not http at all\r\n\r\n", every=5)
+    status, _, rest = got.partition(b"\r\n")
+    assert status == b"HTTP/1.1 400 Bad Request", got
+    assert json.loads(rest.partition(b"\r\n\r\n")[2])["error"]["type"] == "invalid_request_error"
+    # An exception in a route: a JSON 500, and the server goes on.
+
+    def broken() -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(api.engine, "stats", broken)
+    r = api.client.get("/health")
+    assert_openai_error(r, 500, "server_error", "the server failed this request")
+    monkeypatch.undo()
+    assert api.client.get("/health").json()["status"] == "ok"

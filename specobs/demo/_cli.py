@@ -16,6 +16,13 @@ endpoint on ``--metrics-port``, plus OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` i
 few seconds otherwise) until Ctrl-C or ``--duration``, a clean shutdown and a final summary. Exit
 status 0; 1 when start-up fails (a port taken, say); 2 for bad flags.
 
+The completions server refuses bodies over ``--max-request-bytes`` (413), more than
+``--max-requests`` completions in flight (429 with ``Retry-After``), and clients slower than
+``--read-timeout`` to send their headers or body. ``POST /admin/fault`` (switching faults at run
+time) is off unless an admin token is given, by ``--admin-token`` or, better, since a command line
+is visible to every local user, by ``SPECOBS_DEMO_ADMIN_TOKEN``; callers then send
+``Authorization: Bearer <token>``.
+
 Only argparse and the standard library are imported until the command runs.
 """
 
@@ -36,6 +43,11 @@ from ._load import non_negative_int, positive_float, positive_int
 __all__ = ["add_arguments", "run"]
 
 _PROG = "specobs demo"
+
+SPECOBS_DEMO_ADMIN_TOKEN = "SPECOBS_DEMO_ADMIN_TOKEN"
+"""Turns the demo server's ``/admin/*`` endpoints on, behind this token (``Authorization: Bearer
+<token>``; at least 16 characters). Unset or empty: the endpoints are off. ``--admin-token``
+overrides it."""
 _FAULTS = ("none", "wrong-hidden-layers", "slow-verify", "stall")
 _DEFAULT_METRICS_PORT = 9477
 _PLAIN_INTERVAL_SECONDS = 5.0
@@ -65,6 +77,22 @@ def _env_metrics_port() -> int | None:
     from specobs._config import prometheus_port
 
     return prometheus_port()
+
+
+def _byte_size(raw: str) -> int:
+    from specobs.tools._http import parse_byte_size
+
+    try:
+        return parse_byte_size(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _admin_token(args: argparse.Namespace) -> str | None:
+    """The flag, else the environment variable; ``None`` (admin off) when both are empty."""
+    raw = args.admin_token if args.admin_token is not None else os.environ.get(
+        SPECOBS_DEMO_ADMIN_TOKEN, "")
+    return raw.strip() or None
 
 
 def _k(raw: str) -> int:
@@ -100,7 +128,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-load", action="store_true",
                         help="do not run the built-in load (send your own, e.g. specobs load)")
     parser.add_argument("--fault", choices=_FAULTS, default="none",
-                        help="fault to start with (switch at run time with POST /admin/fault)")
+                        help="fault to start with (switch at run time with POST /admin/fault, "
+                             "which needs an admin token)")
+    parser.add_argument("--admin-token", default=None, metavar="TOKEN",
+                        help="serve /admin/fault to callers sending 'Authorization: Bearer "
+                             "TOKEN' (at least 16 characters; default "
+                             f"${SPECOBS_DEMO_ADMIN_TOKEN}, which other local users cannot read "
+                             "as they can a flag; unset: no admin endpoints)")
+    parser.add_argument("--max-request-bytes", type=_byte_size, default=1024 * 1024,
+                        metavar="SIZE",
+                        help="largest request body the completions server reads; more is "
+                             "answered 413 (default 1MiB)")
+    parser.add_argument("--max-requests", type=positive_int, default=64, metavar="N",
+                        help="completions in flight at most (running or waiting); more are "
+                             "answered 429 with Retry-After (default 64)")
+    parser.add_argument("--read-timeout", type=positive_float, default=10.0, metavar="SECONDS",
+                        help="seconds a client has to send a request's headers, and again its "
+                             "body, before it is dropped (default 10)")
     parser.add_argument("--cache-dir", default=None, metavar="DIR",
                         help="where trained weights are cached (default $SPECOBS_CACHE_DIR, "
                              "$XDG_CACHE_HOME/specobs or ~/.cache/specobs)")
@@ -273,6 +317,16 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _fail(f"{exc}. Install the demo's dependencies: pip install 'specobs[demo]'")
 
+    from ._server import MIN_ADMIN_TOKEN_CHARS, ServerLimits
+
+    admin_token = _admin_token(args)
+    if admin_token is not None and len(admin_token) < MIN_ADMIN_TOKEN_CHARS:
+        source = "--admin-token" if args.admin_token is not None else SPECOBS_DEMO_ADMIN_TOKEN
+        return _fail(f"{source} must have at least {MIN_ADMIN_TOKEN_CHARS} characters, got "
+                     f"{len(admin_token)}; make one with: python -c 'import secrets; "
+                     "print(secrets.token_hex(16))'", code=2)
+    limits = ServerLimits(max_body_bytes=args.max_request_bytes, max_requests=args.max_requests,
+                          read_timeout_seconds=args.read_timeout)
     if args.device == "cuda" and not torch.cuda.is_available():
         return _fail("--device cuda was asked for, but torch sees no CUDA device "
                      f"(torch {torch.__version__}); run with --device cpu", code=2)
@@ -363,9 +417,9 @@ def run(args: argparse.Namespace) -> int:
                  f"takes its weights every {pending.publish_every} steps)")
 
         # -- HTTP server ----------------------------------------------------------------------
-        app = create_app(engine, observer)
+        app = create_app(engine, observer, admin_token=admin_token, limits=limits)
         try:
-            server = ServerThread(app, args.host, args.port).start()
+            server = ServerThread(app, args.host, args.port, limits=limits).start()
         except OSError as exc:
             return _fail(f"cannot serve completions on {args.host}:{args.port}: "
                          f"{exc.strerror or exc}; pick another --port")
@@ -376,6 +430,9 @@ def run(args: argparse.Namespace) -> int:
             target = f"{host}:{prom.port}"
         where = _summary.where_lines(metrics_url, server.url, target)
         _say(f"serving completions on {server.url}/v1/completions")
+        _say(f"admin endpoints on {server.url}/admin/fault (Authorization: Bearer <token>)"
+             if admin_token is not None else
+             f"admin endpoints off (--admin-token or {SPECOBS_DEMO_ADMIN_TOKEN} turns them on)")
         if metrics_url:
             _say(f"specobs metrics on {metrics_url}")
 

@@ -8,30 +8,49 @@ Endpoints (all answers JSON unless noted)::
     GET  /health           liveness plus the engine's counters
     GET  /metrics          the specobs series (Prometheus text or OpenMetrics by Accept header)
     GET  /admin/fault      {"fault": null | "wrong-hidden-layers" | "slow-verify" | "stall"}
-    POST /admin/fault      switch the fault at run time (``admin=False`` leaves these out)
+    POST /admin/fault      switch the fault at run time (only with an admin token, see below)
 
 Decoding is greedy only (``temperature`` absent or 0). Bad input is answered with a 4xx and the
 OpenAI error shape ``{"error": {"message": ..., "type": "invalid_request_error", "param": ...}}``
 whose message says what was wrong, what was expected and what was got; the server keeps serving.
+Every other failure has the same shape too (an unexpected exception is a JSON 500, logged once).
 A client that goes away (streaming or not) cancels its request in the engine.
+
+Limits (:class:`ServerLimits`), so that no client can stall the engine for the others:
+
+* a request body over ``max_body_bytes`` (default 1 MiB) is refused with **413**, from its
+  ``Content-Length`` or as soon as a chunked body passes the cap;
+* a text prompt longer than ``max_prompt_chars`` is refused before it is tokenized, and
+  tokenizing runs on a worker thread, never on the event loop;
+* a client gets ``read_timeout_seconds`` (default 10) to send its request headers, and again its
+  body: one that sends a byte now and then is dropped (**408** for a slow body, the connection
+  closed for slow headers);
+* at most ``max_requests`` completions are in flight (running or waiting in the engine, default
+  64); beyond that the answer is **429** with ``Retry-After``.
+
+``/admin/*`` exists only when :func:`create_app` gets an ``admin_token`` (``specobs demo
+--admin-token`` or ``SPECOBS_DEMO_ADMIN_TOKEN``), and then every call must carry
+``Authorization: Bearer <token>`` (401 otherwise). Without a token the paths answer 404.
 
 The engine reports no request gauges itself, so the app samples ``engine.stats()`` a few times a
 second and hands running/waiting counts to ``observer.set_requests`` (the stall alert reads them).
 :class:`ServerThread` runs the app under uvicorn on a background thread (used by ``specobs demo``
-and the tests).
+and the tests), with the header read timeout in its HTTP protocol.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import itertools
 import json
 import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -40,13 +59,52 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-__all__ = ["DEFAULT_MODEL_NAME", "ServerThread", "create_app"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "DEFAULT_MODEL_NAME",
+    "MIN_ADMIN_TOKEN_CHARS",
+    "ServerLimits",
+    "ServerThread",
+    "create_app",
+]
 
 _log = logging.getLogger("specobs.demo")
 
 DEFAULT_MODEL_NAME = "specobs-demo"
 _REQUEST_GAUGE_INTERVAL_SECONDS = 0.25
 _DISCONNECT_POLL_SECONDS = 0.25
+#: An admin token shorter than this is refused: it would be guessable.
+MIN_ADMIN_TOKEN_CHARS = 16
+#: Characters of text prompt allowed per token of the engine's limit before tokenizing. The demo's
+#: tokens are words of at most 9 letters plus a space, so 16 leaves room for extra whitespace.
+_PROMPT_CHARS_PER_TOKEN = 16
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one client may cost the server (see the module docstring)."""
+
+    max_body_bytes: int = 1024 * 1024
+    """Largest request body; more is answered 413."""
+    max_requests: int = 64
+    """Completions in flight (running or waiting in the engine); more are answered 429."""
+    read_timeout_seconds: float = 10.0
+    """Seconds a client has to send its request headers, and again its body."""
+    retry_after_seconds: int = 1
+    """The ``Retry-After`` of a 429."""
+    max_prompt_chars: int | None = None
+    """Longest text prompt tokenized; ``None``: 16 characters per token of the engine's limit."""
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1 or self.max_requests < 1 or self.retry_after_seconds < 0:
+            raise ValueError(f"ServerLimits must be positive, got {self}")
+        if not 0 < self.read_timeout_seconds < float("inf"):
+            raise ValueError(
+                f"read_timeout_seconds must be a positive number, got {self.read_timeout_seconds}"
+            )
+
+
+DEFAULT_LIMITS = ServerLimits()
 
 
 # -- request bodies ---------------------------------------------------------------------------
@@ -106,6 +164,15 @@ class CompletionRequest(BaseModel):
                     "expected a non-empty text or a non-empty array of token ids, got an empty "
                     "text"
                 )
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                # JSON allows "\ud800" alone; it is no character and has no UTF-8 form.
+                raise ValueError(
+                    f"expected text of Unicode characters, got a lone surrogate "
+                    f"U+{ord(v[exc.start]):04X} at character {exc.start} (escape a character "
+                    "outside the BMP as a surrogate pair, or send UTF-8)"
+                ) from None
             return v
         if isinstance(v, list):
             if not v:
@@ -180,11 +247,35 @@ class _InvalidRequest(Exception):
         self.status = status
 
 
+def _error_body(
+    message: str, param: str | None = None, kind: str = "invalid_request_error",
+    code: str | None = None,
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
 def _error(
-    status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
+    status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+    code: str | None = None, headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(_error_body(message, param, kind, code), status_code=status,
+                        headers=headers)
+
+
+async def _send_error(
+    send: Callable[[MutableMapping[str, Any]], Awaitable[None]], status: int, message: str, *,
+    kind: str = "invalid_request_error", code: str | None = None,
+    headers: tuple[tuple[bytes, bytes], ...] = (), close: bool = False,
+) -> None:
+    """An OpenAI-style JSON error straight over ASGI (for the guard, outside FastAPI)."""
+    body = json.dumps(_error_body(message, None, kind, code)).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+           *headers]
+    if close:
+        # The request's body was not (fully) read: the connection cannot carry another request.
+        raw.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -232,6 +323,141 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 _KNOWN_FIELDS = ", ".join(sorted(CompletionRequest.model_fields))
 
 
+# -- the guard ------------------------------------------------------------------------------
+
+_Scope = MutableMapping[str, Any]
+_Message = MutableMapping[str, Any]
+_Receive = Callable[[], Awaitable[_Message]]
+_Send = Callable[[_Message], Awaitable[None]]
+
+
+class _Guard:
+    """ASGI middleware in front of the routes: the admin token, the admission limit, the body
+    cap and the body's read deadline, and a JSON 500 for anything that escapes.
+
+    Everything here happens before FastAPI reads or parses anything: an unauthorized caller
+    learns nothing from a body, and the body is read whole before the route runs, so a 413 or 408
+    never meets a half-started handler (the route then gets the body from memory).
+    """
+
+    def __init__(self, app: Callable[[_Scope, _Receive, _Send], Awaitable[None]],
+                 limits: ServerLimits, admin_token: str | None) -> None:
+        self.app = app
+        self.limits = limits
+        self.admin_token = None if admin_token is None else admin_token.encode()
+        # Only the event loop's thread touches it: no lock.
+        self.in_flight = 0
+
+    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if (path == "/admin" or path.startswith("/admin/")) and not await self._admin(scope, send):
+            return
+        admitted = path == "/v1/completions" and scope["method"] == "POST"
+        if admitted and self.in_flight >= self.limits.max_requests:
+            await _send_error(
+                send, 429,
+                f"this server already has {self.in_flight} completions in flight, its limit: "
+                f"retry after {self.limits.retry_after_seconds} s",
+                kind="rate_limit_error", code="rate_limit_exceeded",
+                headers=((b"retry-after", str(self.limits.retry_after_seconds).encode()),),
+            )
+            return
+        started = False
+
+        async def tracked(message: _Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        if admitted:
+            self.in_flight += 1
+        try:
+            replay = await self._read_body(scope, receive, send)
+            if replay is not None:
+                await self.app(scope, replay, tracked)
+        except Exception:
+            _log.exception("%s %s failed", scope["method"], scope["path"])
+            if not started:
+                await _send_error(send, 500, "the server failed this request (see its log)",
+                                  kind="server_error", close=True)
+        finally:
+            if admitted:
+                self.in_flight -= 1
+
+    async def _admin(self, scope: _Scope, send: _Send) -> bool:
+        """True when the caller may go on to an admin route; else answered here (404, 401)."""
+        if self.admin_token is None:
+            await _send_error(
+                send, 404,
+                "the admin endpoints are off: start specobs demo with --admin-token (or set "
+                "SPECOBS_DEMO_ADMIN_TOKEN) to switch faults at run time",
+                kind="not_found", close=True,
+            )
+            return False
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        scheme, _, token = given.partition(b" ")
+        # Constant time: the comparison must not tell how much of a guess was right.
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.admin_token):
+            return True
+        await _send_error(
+            send, 401,
+            "the admin endpoints need this server's admin token as 'Authorization: Bearer "
+            "<token>'" + (": the token given is wrong" if token else ""),
+            kind="authentication_error", code="invalid_admin_token", close=True,
+            headers=((b"www-authenticate", b'Bearer realm="specobs demo admin"'),),
+        )
+        return False
+
+    async def _read_body(self, scope: _Scope, receive: _Receive, send: _Send) -> _Receive | None:
+        """The whole body within the read deadline and the cap, as a new ``receive``; ``None``
+        when the request was answered here (413, 408) or the client left."""
+        cap = self.limits.max_body_bytes
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if declared is not None and declared.isdigit() and int(declared) > cap:
+            await self._too_large(send, int(declared))
+            return None
+        deadline = time.monotonic() + self.limits.read_timeout_seconds
+        body = bytearray()
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                await _send_error(
+                    send, 408,
+                    f"the request body did not arrive within {self.limits.read_timeout_seconds:g} "
+                    f"s ({len(body)} bytes came)", code="request_timeout", close=True,
+                )
+                return None
+            if message["type"] == "http.disconnect":
+                return None
+            body += message.get("body", b"")
+            if len(body) > cap:
+                await self._too_large(send, None)
+                return None
+            if not message.get("more_body", False):
+                break
+        pending: list[_Message] = [{"type": "http.request", "body": bytes(body),
+                                    "more_body": False}]
+
+        async def replay() -> _Message:
+            # The body once, then the real channel (the routes watch it for a disconnect).
+            return pending.pop() if pending else await receive()
+
+        return replay
+
+    async def _too_large(self, send: _Send, declared: int | None) -> None:
+        size = f"of {declared} bytes " if declared is not None else ""
+        await _send_error(
+            send, 413,
+            f"the request body {size}is larger than this server's limit of "
+            f"{self.limits.max_body_bytes} bytes; a prompt this long could not fit the model "
+            "anyway", code="request_too_large", close=True,
+        )
+
+
 # -- the app ----------------------------------------------------------------------------------
 
 
@@ -256,16 +482,28 @@ def create_app(
     engine: Any,
     observer: Any = None,
     *,
-    admin: bool = True,
+    admin_token: str | None = None,
     model_name: str = DEFAULT_MODEL_NAME,
+    limits: ServerLimits = DEFAULT_LIMITS,
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` (a started :class:`SpecDecodeEngine`).
 
     ``observer``: the engine's specobs observer; ``/metrics`` serves it and the app reports the
-    engine's running/waiting requests to it. ``admin``: include ``/admin/fault``.
+    engine's running/waiting requests to it. ``admin_token``: serve ``/admin/fault`` to callers
+    that present it as ``Authorization: Bearer <token>`` (``None``: no admin endpoints; at least
+    :data:`MIN_ADMIN_TOKEN_CHARS` characters). ``limits``: see :class:`ServerLimits`.
     """
+    if admin_token is not None and len(admin_token) < MIN_ADMIN_TOKEN_CHARS:
+        raise ValueError(
+            f"the admin token must have at least {MIN_ADMIN_TOKEN_CHARS} characters, got "
+            f"{len(admin_token)}; make one with: python -c 'import secrets; "
+            "print(secrets.token_hex(16))'"
+        )
     tokenizer = engine.tokenizer
     vocab_size = int(engine.config.vocab_size)
+    max_prompt_chars = limits.max_prompt_chars or (
+        _PROMPT_CHARS_PER_TOKEN * int(engine.max_request_tokens())
+    )
     ids = itertools.count(1)
     created = int(time.time())
     registry = _metrics_registry(observer)
@@ -301,6 +539,7 @@ def create_app(
     )
     app.state.engine = engine
     app.state.observer = observer
+    app.add_middleware(_Guard, limits=limits, admin_token=admin_token)
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -323,9 +562,18 @@ def create_app(
 
     # -- completions ---------------------------------------------------------------------------
 
-    def _prompt_ids(body: CompletionRequest) -> list[int]:
+    async def _prompt_ids(body: CompletionRequest) -> list[int]:
         if isinstance(body.prompt, str):
-            prompt = tokenizer.encode(body.prompt)
+            if len(body.prompt) > max_prompt_chars:
+                # Refused before tokenizing: the tokenizer's time grows with the text.
+                raise _InvalidRequest(
+                    f"'prompt': expected at most {max_prompt_chars} characters of text (this "
+                    f"model's limit is {engine.max_request_tokens()} tokens), got "
+                    f"{len(body.prompt)} characters",
+                    "prompt",
+                )
+            # Off the event loop: other requests, /health and /metrics go on meanwhile.
+            prompt = await asyncio.to_thread(tokenizer.encode, body.prompt)
             if not prompt:
                 raise _InvalidRequest(
                     "'prompt': expected text with at least one token, got text that encodes to "
@@ -342,8 +590,7 @@ def create_app(
                 )
         return list(body.prompt)
 
-    def _submit(body: CompletionRequest) -> tuple[Any, list[int]]:
-        prompt = _prompt_ids(body)
+    def _submit(body: CompletionRequest, prompt: list[int]) -> Any:
         limit = int(engine.max_request_tokens())
         if body.max_tokens > limit:
             raise _InvalidRequest(
@@ -360,12 +607,11 @@ def create_app(
                 "prompt" if len(prompt) >= limit else "max_tokens",
             )
         try:
-            handle = engine.submit(prompt, body.max_tokens)
+            return engine.submit(prompt, body.max_tokens)
         except ValueError as exc:
             raise _InvalidRequest(str(exc), "prompt") from exc
         except RuntimeError as exc:  # engine closed
             raise _InvalidRequest(str(exc), None, status=503) from exc
-        return handle, prompt
 
     def _choice(text: str, tokens: list[int], finish_reason: str | None) -> dict[str, Any]:
         return {
@@ -397,7 +643,8 @@ def create_app(
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        handle, prompt = _submit(body)
+        prompt = await _prompt_ids(body)
+        handle = _submit(body, prompt)
         cid = f"cmpl-{next(ids)}"
         now = int(time.time())
         if body.stream:
@@ -533,7 +780,7 @@ def create_app(
         body = await asyncio.to_thread(encoder, registry)
         return Response(body, media_type=None, headers={"Content-Type": content_type})
 
-    if admin:
+    if admin_token is not None:
         from ._engine import FAULTS
 
         @app.get("/admin/fault")
@@ -559,15 +806,75 @@ def create_app(
 # -- running it -----------------------------------------------------------------------------
 
 
+def _protocol(header_timeout_seconds: float) -> type[Any]:
+    """uvicorn's h11 protocol with a deadline on each request's headers and JSON for its 400.
+
+    uvicorn bounds the idle time between requests (keep-alive) but not the headers themselves:
+    a client sending one byte now and then held its connection forever. Here a timer runs from
+    the connection's start, and again from each response's end, until the next request's headers
+    are complete; if it fires first, the connection is closed.
+    """
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadlineH11Protocol(H11Protocol):  # type: ignore[misc]
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:  # the headers are in
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(header_timeout_seconds, self._expired)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expired(self) -> None:
+            self._header_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                # No request has started, so HTTP has no response to give: just hang up.
+                self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn's own answer to bytes that are not HTTP is plain text; keep the API's shape.
+            body = json.dumps(_error_body(f"not a valid HTTP request: {msg}")).encode()
+            headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                          h11.Data(data=body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
+
+    return HeaderDeadlineH11Protocol
+
+
 class ServerThread:
     """Serve an ASGI app with uvicorn on a daemon thread.
 
     The socket is bound here, before the thread starts, so a taken port raises ``OSError`` at
     once (uvicorn would log and ``sys.exit`` inside the thread). ``port=0`` picks a free port;
-    read it back from :attr:`port`.
+    read it back from :attr:`port`. ``limits.read_timeout_seconds`` bounds each request's headers
+    (the app created with the same limits bounds the body).
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 8000) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 8000, *,
+                 limits: ServerLimits = DEFAULT_LIMITS) -> None:
         import uvicorn
 
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -584,7 +891,7 @@ class ServerThread:
         self._sock = sock
         config = uvicorn.Config(
             app, host=host, port=self.port, log_level="warning", lifespan="on",
-            timeout_graceful_shutdown=2,
+            timeout_graceful_shutdown=2, http=_protocol(limits.read_timeout_seconds),
         )  # fmt: skip
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(
