@@ -17,10 +17,23 @@ from specobs import catalog as c
 from specobs.mixin._config import RULE_FIELDS, MixinConfig
 from specobs.mixin._rules import AlertRule, RuleNames, alert_rules, dump_yaml
 
-__all__ = ["ServerState", "render"]
+__all__ = ["ServerState", "detection_times", "engine_series", "render", "server_series"]
 
 RULES_FILE = "specobs-rules.yml"
-LABELS = {"job": "specobs", "instance": "gpu-0:9477", "model": "llama-3-8b"}
+#: One evaluation every 30 s: kube-prometheus-stack's default; detection times assume it.
+EVALUATION_INTERVAL = "30s"
+GROUP = {"cluster": "eu-1", "namespace": "llm"}
+LLAMA = {"model_name": "llama-3-8b", "serving_engine": "vllm"}
+MISTRAL = {"model_name": "mistral-7b", "serving_engine": "sglang"}
+
+
+def pod(index: int, model: dict[str, str] = LLAMA, name: str = "llama") -> dict[str, str]:
+    """Labels of one specobs target as the Prometheus Operator scrapes it: 10.0.0.N:9477."""
+    return {**GROUP, "job": "specobs", "instance": f"10.0.0.{index}:9477",
+            "pod": f"{name}-{index}", **model}  # fmt: skip
+
+
+LABELS = pod(1)
 
 
 @dataclass(frozen=True)
@@ -29,7 +42,8 @@ class ServerState:
 
     cycles_per_second: float = 100.0
     batch_size: float = 8.0
-    emitted_per_sequence: float = 3.0  # tokens per sequence per cycle
+    #: Tokens per sequence per cycle; None: 1 + draft length x acceptance (the bonus token).
+    emitted_per_sequence: float | None = None
     draft_per_sequence: float = 4.0
     acceptance: float = 0.5
     cycle_seconds: float = 0.01  # host clock
@@ -37,10 +51,17 @@ class ServerState:
         default_factory=lambda: {"draft": 0.002, "verify": 0.006, "bookkeeping": 0.001}
     )
     baseline: float | None = 100.0
-    waiting: float = 0.0
-    running: float = 8.0
+    #: specobs's own request gauges (the demo sets them); None: not exported (vLLM, SGLang).
+    waiting: float | None = 0.0
+    running: float | None = 8.0
     up: float = 1.0
     dropped_per_second: float = 0.0
+
+    @property
+    def emitted(self) -> float:
+        if self.emitted_per_sequence is not None:
+            return self.emitted_per_sequence
+        return 1.0 + self.draft_per_sequence * self.acceptance
 
 
 def _fmt(value: float) -> str:
@@ -48,18 +69,31 @@ def _fmt(value: float) -> str:
     return text
 
 
-def _notation(values: list[float]) -> str:
-    """Compress per-minute samples into promtool's ``a+bxn`` runs."""
+def _notation(values: list[float | None]) -> str:
+    """Compress samples into promtool's ``a+bxn`` runs (``_xn`` for missing samples)."""
     parts: list[str] = []
     i = 0
     while i < len(values):
         start = values[i]
-        if i + 1 == len(values):
+        if start is None:
+            n = 1
+            while i + n < len(values) and values[i + n] is None:
+                n += 1
+            parts.append("_" if n == 1 else f"_x{n}")
+            i += n
+            continue
+        if i + 1 == len(values) or values[i + 1] is None:
             parts.append(_fmt(start))
-            break
-        step = values[i + 1] - values[i]
+            i += 1
+            continue
+        nxt = values[i + 1]
+        assert nxt is not None
+        step = nxt - start
         n = 1
-        while i + n + 1 < len(values) and abs(values[i + n + 1] - values[i + n] - step) < 1e-9:
+        while i + n + 1 < len(values):
+            a, b = values[i + n], values[i + n + 1]
+            if a is None or b is None or abs(b - a - step) >= 1e-9:
+                break
             n += 1
         sign = "+" if step >= 0 else "-"
         parts.append(f"{_fmt(start)}{sign}{_fmt(abs(step))}x{n}")
@@ -69,8 +103,8 @@ def _notation(values: list[float]) -> str:
 
 def _timeline(segments: list[tuple[ServerState, int]]) -> list[ServerState]:
     minutes: list[ServerState] = []
-    for state, duration_minutes in segments:
-        minutes.extend([state] * duration_minutes)
+    for state, duration in segments:
+        minutes.extend([state] * duration)
     return minutes
 
 
@@ -80,61 +114,100 @@ def _selector(name: str, labels: dict[str, str]) -> str:
 
 
 def server_series(
-    segments: list[tuple[ServerState, int]], labels: dict[str, str] = LABELS
+    segments: list[tuple[ServerState, int]],
+    labels: dict[str, str] = LABELS,
+    *,
+    start: int = 0,
+    restart_at: int | None = None,
+    step_seconds: float = 60.0,
 ) -> list[dict[str, str]]:
-    """Every input series of one server over the timeline (sample at minute 0 is all zeros)."""
-    minutes = _timeline(segments)
-    series: dict[str, list[float]] = {}
+    """Every input series of one server: absent for ``start`` steps, then the segments (each
+    lasting that many steps; its first sample is all zeros), then gone. ``restart_at``: the
+    process restarts at that step of the segments, its counters starting again from zero."""
+    steps = _timeline(segments)
+    series: dict[str, list[float | None]] = {}
+    pad: list[float | None] = [None] * start
 
     def counter(key: str, per_second: list[float]) -> None:
         total, values = 0.0, [0.0]
-        for rate in per_second:
-            total += rate * 60.0
+        for i, rate in enumerate(per_second):
+            if restart_at is not None and i == restart_at:
+                total = 0.0
+            total += rate * step_seconds
             values.append(total)
-        series[key] = values
+        series[key] = [*pad, *values]
 
     def gauge(key: str, values: list[float | None]) -> None:
-        if all(v is not None for v in values):
-            series[key] = [float(v) for v in [values[0], *values] if v is not None]
+        if any(v is not None for v in values):
+            series[key] = [*pad, values[0], *values]
 
-    cycles = [s.cycles_per_second for s in minutes]
-    sequences = [s.cycles_per_second * s.batch_size for s in minutes]
-    drafted = [q * s.draft_per_sequence for q, s in zip(sequences, minutes, strict=True)]
+    cycles = [s.cycles_per_second for s in steps]
+    sequences = [s.cycles_per_second * s.batch_size for s in steps]
+    drafted = [q * s.draft_per_sequence for q, s in zip(sequences, steps, strict=True)]
     counter(_selector(c.CYCLES.name, labels), cycles)
     counter(_selector(f"{c.BATCH_SIZE.name}_sum", labels), sequences)
     counter(_selector(f"{c.BATCH_SIZE.name}_count", labels), cycles)
     counter(
         _selector(c.EMITTED_TOKENS.name, labels),
-        [q * s.emitted_per_sequence for q, s in zip(sequences, minutes, strict=True)],
+        [q * s.emitted for q, s in zip(sequences, steps, strict=True)],
     )
     counter(_selector(c.DRAFT_TOKENS.name, labels), drafted)
     counter(
         _selector(c.ACCEPTED_TOKENS.name, labels),
-        [d * s.acceptance for d, s in zip(drafted, minutes, strict=True)],
+        [d * s.acceptance for d, s in zip(drafted, steps, strict=True)],
     )
     host = {**labels, "clock": "host"}
     counter(
         _selector(f"{c.CYCLE_DURATION.name}_sum", host),
-        [s.cycles_per_second * s.cycle_seconds for s in minutes],
+        [s.cycles_per_second * s.cycle_seconds for s in steps],
     )
     counter(_selector(f"{c.CYCLE_DURATION.name}_count", host), cycles)
-    for phase in minutes[0].phase_gpu_seconds:
+    for phase in steps[0].phase_gpu_seconds:
         gpu = {**labels, "phase": phase, "clock": "gpu"}
         counter(
             _selector(f"{c.PHASE_DURATION.name}_sum", gpu),
-            [s.cycles_per_second * s.phase_gpu_seconds[phase] for s in minutes],
+            [s.cycles_per_second * s.phase_gpu_seconds[phase] for s in steps],
         )
         counter(_selector(f"{c.PHASE_DURATION.name}_count", gpu), cycles)
     counter(
         _selector(c.DROPPED_RECORDS.name, {**labels, "reason": "queue_full"}),
-        [s.dropped_per_second for s in minutes],
+        [s.dropped_per_second for s in steps],
     )
-    gauge(_selector(c.BASELINE_SEQUENCE_TOKENS.name, labels), [s.baseline for s in minutes])
-    gauge(_selector(c.REQUESTS_WAITING.name, labels), [s.waiting for s in minutes])
-    gauge(_selector(c.REQUESTS_RUNNING.name, labels), [s.running for s in minutes])
-    target = {"job": labels["job"], "instance": labels["instance"]}
-    gauge(_selector("up", target), [s.up for s in minutes])
+    # The last cycle's end: the sample's own time while cycles run, frozen when they stop.
+    last: list[float | None] = []
+    seen: float | None = None
+    for i, s in enumerate(steps):
+        if s.cycles_per_second > 0:
+            seen = (start + i + 1) * step_seconds
+        last.append(seen)
+    series[_selector(c.LAST_CYCLE_TIMESTAMP.name, labels)] = [*pad, None, *last]
+    if all(v is None for v in series[_selector(c.LAST_CYCLE_TIMESTAMP.name, labels)]):
+        del series[_selector(c.LAST_CYCLE_TIMESTAMP.name, labels)]
+    gauge(_selector(c.BASELINE_SEQUENCE_TOKENS.name, labels), [s.baseline for s in steps])
+    gauge(_selector(c.REQUESTS_WAITING.name, labels), [s.waiting for s in steps])
+    gauge(_selector(c.REQUESTS_RUNNING.name, labels), [s.running for s in steps])
+    target = {k: v for k, v in labels.items() if k not in LLAMA}
+    gauge(_selector("up", target), [s.up for s in steps])
     return [{"series": k, "values": _notation(v)} for k, v in series.items()]
+
+
+def engine_series(
+    style: str, host: str, running: list[float], waiting: list[float], model: str = "llama-3-8b"
+) -> list[dict[str, str]]:
+    """The engine's own request gauges, one sample per step, as vLLM or SGLang export them
+    (their own endpoint: another port and job than specobs's)."""
+    if style == "vllm":
+        labels = {**GROUP, "job": "vllm", "instance": f"{host}:8000", "model_name": model,
+                  "engine": "0"}  # fmt: skip
+        names = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    else:
+        labels = {**GROUP, "job": "sglang", "instance": f"{host}:30000", "model_name": model,
+                  "engine_type": "unified", "tp_rank": "0"}  # fmt: skip
+        names = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+    return [
+        {"series": _selector(name, labels), "values": _notation([values[0], *values])}
+        for name, values in zip(names, (running, waiting), strict=True)
+    ]
 
 
 _TEMPLATE = re.compile(r"\{\{\s*\$(labels\.(\w+)|value)[^}]*\}\}")
@@ -147,14 +220,19 @@ def _expand(template: str, labels: dict[str, str], value: str) -> str:
     return _TEMPLATE.sub(sub, template)
 
 
+Check = tuple[str, str, list[tuple[dict[str, str], str]]]
+
+
 @dataclass(frozen=True)
 class _Case:
-    """One promtool test: a timeline, and per eval time the alerts expected (value as printed)."""
+    """One promtool test: a timeline, and checks (eval time, alert, the alerts expected with
+    their value as printed). ``fault_at`` is when the fault begins, for detection times."""
 
     name: str
-    alert: str
     input_series: list[dict[str, str]]
-    checks: list[tuple[str, list[tuple[dict[str, str], str]]]]
+    checks: list[Check]
+    fault_at: str | None = None
+    interval: str = "1m"
 
 
 def _expected(
@@ -176,6 +254,21 @@ def _expected(
     return out
 
 
+def _minutes(duration: str) -> float:
+    value = 0.0
+    for number, unit in re.findall(r"(\d+)([smh])", duration):
+        value += float(number) * {"s": 1 / 60, "m": 1.0, "h": 60.0}[unit]
+    return value
+
+
+def _cohort(labels: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in labels.items() if k not in ("instance", "pod")}
+
+
+def _server(labels: dict[str, str]) -> dict[str, str]:
+    return dict(labels)
+
+
 def _cases() -> list[_Case]:
     healthy = ServerState()
     hour = 60
@@ -185,6 +278,7 @@ def _cases() -> list[_Case]:
     load_drop = replace(healthy, batch_size=2.0, cycles_per_second=125.0, cycle_seconds=0.008)
     # More requests: bigger batches and slower cycles; each sequence is slower, the server faster.
     load_rise = replace(healthy, batch_size=32.0, cycles_per_second=40.0, cycle_seconds=0.025)
+    broken = replace(healthy, acceptance=0.1)
     wrong_layers = replace(healthy, acceptance=0.19)
     drift = replace(healthy, acceptance=0.42)
     verify_slow = replace(
@@ -192,124 +286,296 @@ def _cases() -> list[_Case]:
     )
     verify_slow_bigger_batch = replace(verify_slow, batch_size=16.0)
     below_baseline = replace(healthy, cycle_seconds=0.03, emitted_per_sequence=2.4)
-    stalled = replace(healthy, cycles_per_second=0.0, waiting=5.0)
+    quiet = replace(healthy, cycles_per_second=0.02, batch_size=1.0, running=0.0)
     idle = replace(healthy, cycles_per_second=0.0, waiting=0.0, running=0.0)
     down = replace(healthy, up=0.0)
     dropping = replace(healthy, dropped_per_second=5.0)
     trickle = replace(healthy, dropped_per_second=0.1)
     unbaselined = replace(below_baseline, baseline=None)
+    engine_only = replace(healthy, waiting=None, running=None)
+    engine_stalled = replace(engine_only, cycles_per_second=0.0)
+    engine_idle = engine_stalled
 
-    def series(*segments: tuple[ServerState, int]) -> list[dict[str, str]]:
-        return server_series(list(segments))
+    def series(*segments: tuple[ServerState, int], labels: dict[str, str] = LABELS,
+               start: int = 0) -> list[dict[str, str]]:  # fmt: skip
+        return server_series(list(segments), labels, start=start)
 
+    def fleet(*servers: list[dict[str, str]]) -> list[dict[str, str]]:
+        return [s for server in servers for s in server]
+
+    p0, p1, p2, p3 = pod(1), pod(2), pod(3), pod(4)
+    m0 = pod(9, MISTRAL, "mistral")
     server = dict(LABELS)
-    return [
+    cases: list[_Case] = []
+    a = "SpecobsAcceptanceBelowCohort"
+    cases += [
+        _Case(
+            "new pod with a broken draft joins two healthy pods: acceptance below cohort fires",
+            fleet(series((healthy, 2 * hour), labels=p0), series((healthy, 2 * hour), labels=p1),
+                  series((broken, hour), labels=p2, start=hour)),  # fmt: skip
+            [("65m30s", a, []), ("66m", a, [(p2, "10%")]),
+             ("90m", "SpecobsAcceptanceRateDrop", [])],  # fmt: skip
+            fault_at="60m",
+        ),
+        _Case(
+            "one outlier of four pods loses its draft: acceptance below cohort fires",
+            fleet(*(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
+                  series((healthy, hour), (wrong_layers, hour), labels=p3)),  # fmt: skip
+            [("67m", a, []), ("67m30s", a, [(p3, "19%")])],
+            fault_at="60m",
+        ),
+        _Case(
+            "a healthy new pod, and a quiet pod with a poor draft: acceptance below cohort silent",
+            fleet(series((healthy, 2 * hour), labels=p0), series((healthy, 2 * hour), labels=p1),
+                  series((healthy, hour), labels=p2, start=hour),
+                  series((replace(quiet, acceptance=0.1), 2 * hour), labels=p3)),  # fmt: skip
+            [("70m", a, []), ("110m", a, [])],
+        ),
+    ]
+    a = "SpecobsAcceptanceRateDrop"
+    rollout = fleet(
+        series((healthy, 90), labels=p0), series((healthy, 90), labels=p1),
+        series((broken, hour), labels=p2, start=90), series((broken, hour), labels=p3, start=90),
+        series((healthy, 150), labels=m0),
+    )  # fmt: skip
+    cases += [
+        _Case(
+            "a whole rollout degrades one model (new pods, broken draft): acceptance drop fires "
+            "for that model only",
+            rollout,
+            [("97m", a, []), ("97m30s", a, [(_cohort(p0), "10%")]),
+             ("120m", "SpecobsAcceptanceBelowCohort", [])],  # fmt: skip
+            fault_at="90m",
+        ),
+        _Case(
+            "draft wired to the wrong hidden layers on a fixed server: acceptance drop fires",
+            series((healthy, hour), (wrong_layers, hour)),
+            [("67m", a, []), ("67m30s", a, [(_cohort(server), "19%")])],
+            fault_at="60m",
+        ),
+        _Case(
+            "a rollout with a healthy draft, a load drop and mild drift: no acceptance drop",
+            fleet(series((healthy, 90), labels=p0),
+                  series((load_drop, 20), (drift, 40), labels=p2, start=90)),  # fmt: skip
+            [("95m", a, []), ("110m", a, []), ("145m", a, [])],
+        ),
+    ]
+    a = "SpecobsDecodeThroughputBelowCohort"
+    cases += [
+        _Case(
+            "one pod's cycle time doubles at the fleet's load: throughput below cohort fires",
+            fleet(*(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
+                  series((healthy, hour), (slow, hour), labels=p3)),  # fmt: skip
+            [("68m", a, []), ("68m30s", a, [(p3, "150.0")])],
+            fault_at="60m",
+        ),
+        _Case(
+            "one pod gets four times the batch (load, not a fault): throughput below cohort "
+            "silent",
+            fleet(*(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
+                  series((healthy, hour), (load_rise, hour), labels=p3)),  # fmt: skip
+            [("70m", a, []), ("110m", a, [])],
+        ),
+    ]
+    a = "SpecobsCohortThroughputDrop"
+    cases += [
+        _Case(
+            "a rollout slows every pod of one model (new pods): cohort throughput drop fires",
+            fleet(series((healthy, 90), labels=p0), series((healthy, 90), labels=p1),
+                  series((slow, hour), labels=p2, start=90),
+                  series((slow, hour), labels=p3, start=90)),  # fmt: skip
+            [("104m", a, []), ("104m30s", a, [(_cohort(p0), "150.0")])],
+            fault_at="90m",
+        ),
+        _Case(
+            "a rollout under four times the load: cohort throughput drop silent",
+            fleet(series((healthy, 90), labels=p0),
+                  series((load_rise, hour), labels=p2, start=90)),  # fmt: skip
+            [("100m", a, []), ("140m", a, [])],
+        ),
+    ]
+    a = "SpecobsDecodeThroughputDrop"
+    cases += [
         _Case(
             "cycle time doubles at constant load: throughput drop fires",
-            "SpecobsDecodeThroughputDrop",
             series((healthy, hour), (slow, hour)),
-            [("55m", []), ("90m", [(server, "150.0")])],
+            [("72m30s", a, []), ("73m", a, [(server, "150.0")])],
+            fault_at="60m",
         ),
         _Case(
             "load drop (fewer requests, far fewer tokens/s): no throughput drop",
-            "SpecobsDecodeThroughputDrop",
             series((healthy, hour), (load_drop, hour)),
-            [("75m", []), ("90m", []), ("115m", [])],
+            [("75m", a, []), ("90m", a, []), ("115m", a, [])],
         ),
         _Case(
             "load rise (each sequence slower, server faster): no throughput drop",
-            "SpecobsDecodeThroughputDrop",
             series((healthy, hour), (load_rise, hour)),
-            [("75m", []), ("90m", []), ("115m", [])],
+            [("75m", a, []), ("90m", a, []), ("115m", a, [])],
         ),
-        _Case(
-            "draft wired to the wrong hidden layers: acceptance drop fires",
-            "SpecobsAcceptanceRateDrop",
-            series((healthy, hour), (wrong_layers, hour)),
-            [("55m", []), ("90m", [(server, "19%")])],
-        ),
-        _Case(
-            "load drop and mild acceptance drift: no acceptance drop",
-            "SpecobsAcceptanceRateDrop",
-            series((healthy, hour), (load_drop, 20), (drift, 40)),
-            [("75m", []), ("90m", []), ("115m", [])],
-        ),
+    ]
+    a = "SpecobsSpeculationSlowerThanBaseline"
+    cases += [
         _Case(
             "realized per-sequence speed below the baseline: slower than baseline fires",
-            "SpecobsSpeculationSlowerThanBaseline",
             series((below_baseline, 30)),
-            [("10m", []), ("25m", [(server, "0.80")])],
+            [("15m30s", a, []), ("16m", a, [(server, "0.80")])],
+            fault_at="0m",
         ),
         _Case(
             "3x faster than the baseline, or no baseline configured: does not fire",
-            "SpecobsSpeculationSlowerThanBaseline",
             series((healthy, 15), (unbaselined, 15)),
-            [("14m", []), ("29m", [])],
+            [("14m", a, []), ("29m", a, [])],
+        ),
+    ]
+    a = "SpecobsPhaseLatencyAboveCohort"
+    cases += [
+        _Case(
+            "verify doubles on one pod at the fleet's batch size: phase above cohort fires",
+            fleet(*(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
+                  series((healthy, hour), (verify_slow, hour), labels=p3)),  # fmt: skip
+            [("67m30s", a, []),
+             ("68m", a, [({**p3, "phase": "verify", "clock": "gpu"}, "12ms")])],  # fmt: skip
+            fault_at="60m",
         ),
         _Case(
+            "verify doubles on one pod because its batch doubled: phase above cohort silent",
+            fleet(*(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
+                  series((healthy, hour), (verify_slow_bigger_batch, hour), labels=p3)),
+            [("70m", a, []), ("110m", a, [])],
+        ),
+    ]
+    a = "SpecobsPhaseLatencyRegression"
+    cases += [
+        _Case(
             "verify doubles at constant batch size: phase regression fires",
-            "SpecobsPhaseLatencyRegression",
             series((healthy, hour), (verify_slow, hour)),
-            [
-                ("55m", []),
-                ("90m", [({**server, "phase": "verify", "clock": "gpu"}, "12ms")]),
-            ],
+            [("77m30s", a, []),
+             ("78m", a, [({**server, "phase": "verify", "clock": "gpu"}, "12ms")])],  # fmt: skip
+            fault_at="60m",
         ),
         _Case(
             "verify doubles because the batch doubled (load): no phase regression",
-            "SpecobsPhaseLatencyRegression",
             series((healthy, hour), (verify_slow_bigger_batch, hour)),
-            [("80m", []), ("90m", []), ("115m", [])],
+            [("80m", a, []), ("90m", a, []), ("115m", a, [])],
+        ),
+    ]
+    a = "SpecobsDecodingStalled"
+    host = {**GROUP, "host": "10.0.0.1"}
+    quarter = 4 * 30  # 15 s steps: 30 minutes
+    for style in ("vllm", "sglang"):
+        cases.append(
+            _Case(
+                f"{style}-style engine: requests running, cycles stop: stalled fires",
+                fleet(
+                    server_series([(engine_only, quarter), (engine_stalled, quarter)], p0,
+                                  step_seconds=15),
+                    engine_series(style, "10.0.0.1", [3.0] * 2 * quarter, [2.0] * 2 * quarter),
+                ),  # fmt: skip
+                [("31m", a, []), ("31m30s", a, [(host, "3")]), ("45m", a, [(host, "3")])],
+                fault_at="30m",
+                interval="15s",
+            )
+        )
+    cases += [
+        _Case(
+            "demo-style (specobs's own request gauges): requests waiting, no cycles: stalled",
+            series((healthy, hour), (replace(healthy, cycles_per_second=0.0, waiting=5.0), 30)),
+            [("61m", a, []), ("61m30s", a, [(host, "8")])],
+            fault_at="60m",
         ),
         _Case(
-            "requests waiting, no cycles: stalled fires",
-            "SpecobsDecodingStalled",
-            series((healthy, hour), (stalled, 30)),
-            [("55m", []), ("62m", []), ("75m", [(server, "5")])],
+            "quiet engine (no requests, no cycles), busy engine, an engine host without specobs: "
+            "not stalled",
+            fleet(
+                server_series([(engine_only, quarter), (engine_idle, quarter)], p0,
+                              step_seconds=15),
+                engine_series("vllm", "10.0.0.1", [3.0] * quarter + [0.0] * quarter,
+                              [0.0] * 2 * quarter),
+                server_series([(engine_only, 2 * quarter)], p1, step_seconds=15),
+                engine_series("sglang", "10.0.0.2", [4.0] * 2 * quarter, [1.0] * 2 * quarter),
+                engine_series("vllm", "10.0.0.7", [4.0] * 2 * quarter, [1.0] * 2 * quarter),
+            ),  # fmt: skip
+            [("25m", a, []), ("45m", a, [])],
+            interval="15s",
         ),
-        _Case(
-            "idle server (nothing waiting, no cycles) or busy server: not stalled",
-            "SpecobsDecodingStalled",
-            series((healthy, 30), (idle, 30)),
-            [("25m", []), ("55m", [])],
-        ),
+    ]
+    a = "SpecobsExporterDown"
+    target = {k: v for k, v in server.items() if k not in LLAMA}
+    cases += [
         _Case(
             "scrapes fail: exporter down fires",
-            "SpecobsExporterDown",
             series((healthy, 10), (down, 20)),
-            [("12m", []), ("20m", [({"job": "specobs", "instance": "gpu-0:9477"}, "0")])],
+            [("15m30s", a, []), ("16m", a, [(target, "0")])],
+            fault_at="10m",
         ),
-        _Case(
-            "scrapes succeed: exporter down does not fire",
-            "SpecobsExporterDown",
-            series((healthy, 30)),
-            [("20m", [])],
-        ),
+        _Case("scrapes succeed: exporter down does not fire", series((healthy, 30)),
+              [("20m", a, [])]),  # fmt: skip
+    ]
+    a = "SpecobsTargetMissing"
+    cases += [
         _Case(
             "no specobs target at all: target missing fires",
-            "SpecobsTargetMissing",
             [{"series": 'up{job="node", instance="host:9100"}', "values": "1+0x30"}],
-            [("10m", []), ("20m", [({"job": "specobs"}, "1")])],
+            [("14m30s", a, []), ("15m", a, [({"job": "specobs"}, "1")])],
+            fault_at="0m",
         ),
-        _Case(
-            "a specobs target exists: target missing does not fire",
-            "SpecobsTargetMissing",
-            series((down, 30)),
-            [("20m", [])],
-        ),
+        _Case("a specobs target exists: target missing does not fire", series((down, 30)),
+              [("20m", a, [])]),  # fmt: skip
+    ]
+    a = "SpecobsExporterDroppingRecords"
+    cases += [
         _Case(
             "5% of cycle records dropped: dropping records fires",
-            "SpecobsExporterDroppingRecords",
-            series((dropping, 30)),
-            [("10m", []), ("25m", [({**server, "reason": "queue_full"}, "5%")])],
+            series((healthy, 10), (dropping, 30)),
+            [("26m", a, []), ("26m30s", a, [({**server, "reason": "queue_full"}, "5%")])],
+            fault_at="10m",
         ),
         _Case(
             "0.1% of cycle records dropped: dropping records does not fire",
-            "SpecobsExporterDroppingRecords",
             series((trickle, 30)),
-            [("25m", [])],
+            [("25m", a, [])],
         ),
     ]
+    every = [alert.alert for alert in alert_rules(MixinConfig())]
+    cases += [
+        _Case(
+            "a quiet but healthy fleet (a trickle of traffic, one idle pod): no alert at all",
+            fleet(series((healthy, hour), (quiet, hour), labels=p0),
+                  series((quiet, 2 * hour), labels=p1),
+                  series((healthy, 30), (idle, 90), labels=p2)),  # fmt: skip
+            [(t, name, []) for t in ("70m", "110m") for name in every],
+        ),
+        _Case(
+            "a restart (counters reset to zero on the same pod): no alert at all",
+            fleet(server_series([(healthy, 2 * hour)], p0, restart_at=hour),
+                  series((healthy, 2 * hour), labels=p1)),  # fmt: skip
+            [(t, name, []) for t in ("61m", "63m", "70m", "90m") for name in every],
+        ),
+    ]
+    return cases
+
+
+def detection_times() -> dict[str, list[tuple[str, float, float]]]:
+    """Alert -> (case, last silent check, first firing check) in minutes after the fault, as the
+    promtool tests prove them (the runbook prints them)."""
+    out: dict[str, list[tuple[str, float, float]]] = {}
+    for case in _cases():
+        if case.fault_at is None:
+            continue
+        fault = _minutes(case.fault_at)
+        by_alert: dict[str, tuple[float, float]] = {}
+        for eval_time, alert, expected in case.checks:
+            t = _minutes(eval_time) - fault
+            silent, fired = by_alert.get(alert, (0.0, float("inf")))
+            if expected:
+                fired = min(fired, t)
+            elif t < fired:
+                silent = max(silent, t)
+            by_alert[alert] = (silent, fired)
+        for alert, (silent, fired) in by_alert.items():
+            if fired != float("inf"):
+                out.setdefault(alert, []).append((case.name, silent, fired))
+    return out
 
 
 def _expr_tests(config: MixinConfig) -> dict[str, Any]:
@@ -339,11 +605,15 @@ def _expr_tests(config: MixinConfig) -> dict[str, Any]:
                 "exp_samples": [{"labels": _selector("", out), "value": 0.5}],
             },
             {
-                # (1 - 0.5^5) / (1 - 0.5) = 1.9375 tokens per cycle, at (2 + 6) / 6 target
-                # steps per cycle: 1.453125.
+                # 3 measured tokens per sequence-cycle at (2 + 6) / 6 target steps per cycle.
                 "expr": f"round({n.speedup_predicted}, 0.001)",
                 "eval_time": "15m",
-                "exp_samples": [{"labels": _selector("", {**out, "clock": "gpu"}), "value": 1.453}],
+                "exp_samples": [{"labels": _selector("", {**out, "clock": "gpu"}), "value": 2.25}],
+            },
+            {
+                "expr": f"round({n.cohort_acceptance}, 0.001)",
+                "eval_time": "15m",
+                "exp_samples": [{"labels": _selector("", _cohort(out)), "value": 0.5}],
             },
             {
                 "expr": f'round({n.phase_share}{{phase="verify"}}, 0.001)',
@@ -364,6 +634,25 @@ def _expr_tests(config: MixinConfig) -> dict[str, Any]:
     }
 
 
+def _idle_tests(config: MixinConfig) -> dict[str, Any]:
+    """An idle server stores no NaN: every ratio rule is absent, not NaN."""
+    n = RuleNames(config)
+    idle = replace(ServerState(), cycles_per_second=0.0, waiting=0.0, running=0.0)
+    ratios = (
+        n.acceptance, n.emitted_per_sequence, n.batch_size_mean, n.cycle_mean, n.cycle_p99,
+        n.phase_mean, n.phase_share, n.sequence_speed, n.speedup_realized, n.speedup_predicted,
+        n.sampled_ratio, n.cohort_acceptance,
+    )  # fmt: skip
+    return {
+        "name": "an idle server: no NaN in any ratio rule (absent instead)",
+        "interval": "1m",
+        "input_series": server_series([(ServerState(), 10), (idle, 20)]),
+        "promql_expr_test": [
+            {"expr": rule, "eval_time": "25m", "exp_samples": []} for rule in ratios
+        ],
+    }
+
+
 def is_default(config: MixinConfig) -> bool:
     default = MixinConfig()
     return all(getattr(config, name) == getattr(default, name) for name in RULE_FIELDS)
@@ -374,21 +663,20 @@ def render(config: MixinConfig) -> str | None:
     if not is_default(config):
         return None
     alerts = {a.alert: a for a in alert_rules(config)}
-    tests: list[dict[str, Any]] = [_expr_tests(config)]
+    tests: list[dict[str, Any]] = [_expr_tests(config), _idle_tests(config)]
     for case in _cases():
-        alert = alerts[case.alert]
         tests.append(
             {
                 "name": case.name,
-                "interval": "1m",
+                "interval": case.interval,
                 "input_series": case.input_series,
                 "alert_rule_test": [
                     {
                         "eval_time": eval_time,
-                        "alertname": case.alert,
-                        "exp_alerts": _expected(alert, config, expected),
+                        "alertname": alert,
+                        "exp_alerts": _expected(alerts[alert], config, expected),
                     }
-                    for eval_time, expected in case.checks
+                    for eval_time, alert, expected in case.checks
                 ],
             }
         )
@@ -397,5 +685,5 @@ def render(config: MixinConfig) -> str | None:
         "# Run with: promtool test rules deploy/prometheus/rules/specobs-rules.test.yml\n"
     )
     return header + dump_yaml(
-        {"rule_files": [RULES_FILE], "evaluation_interval": "1m", "tests": tests}
+        {"rule_files": [RULES_FILE], "evaluation_interval": EVALUATION_INTERVAL, "tests": tests}
     )

@@ -10,6 +10,7 @@ Alerts are CamelCase with the prefix ``Specobs``; each has a ``severity`` label,
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,15 @@ import yaml
 from specobs import catalog as c
 from specobs.mixin._config import MixinConfig
 
-__all__ = ["AlertRule", "RecordingRule", "RuleNames", "alert_rules", "recording_rules", "render"]
+__all__ = [
+    "ENGINE_REQUEST_GAUGES",
+    "AlertRule",
+    "RecordingRule",
+    "RuleNames",
+    "alert_rules",
+    "recording_rules",
+    "render",
+]
 
 ALERT_PREFIX = "Specobs"
 
@@ -46,8 +55,23 @@ class AlertRule:
         return self.alert.lower()
 
 
+#: The engines' own request gauges the stall alert reads, besides specobs's (vLLM
+#: ``vllm/v1/metrics/loggers.py``, SGLang ``sglang/srt/metrics/collector.py``).
+ENGINE_REQUEST_GAUGES: tuple[str, ...] = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+)
+
+
 class RuleNames:
-    """The recording rule names for one config (the window is part of every rate rule's name)."""
+    """The recording rule names for one config (the window is part of every rate rule's name).
+
+    Levels: ``instance:`` one series per server; ``cohort:`` one per cohort (the servers of one
+    model and engine in one group, whatever their instance); ``host:`` one per host (joins the
+    engine's own gauges with specobs's series of the same pod or machine).
+    """
 
     def __init__(self, config: MixinConfig) -> None:
         w = config.rate_window
@@ -57,7 +81,9 @@ class RuleNames:
         self.accepted = f"instance:{c.ACCEPTED_TOKENS.base_name}:rate{w}"
         self.sequences = f"instance:{c.BATCH_SIZE.name}_sum:rate{w}"
         self.acceptance = f"instance:specobs_acceptance:ratio_rate{w}"
-        self.accept_length_mean = f"instance:{c.ACCEPT_LENGTH.name}:mean_rate{w}"
+        # Two names so nobody mistakes one for vLLM's "mean acceptance length" (bonus included).
+        self.accept_length_excl_bonus = f"instance:specobs_accept_length_excl_bonus:mean_rate{w}"
+        self.accept_length_incl_bonus = f"instance:specobs_accept_length_incl_bonus:mean_rate{w}"
         self.accept_length_bucket = f"instance:{c.ACCEPT_LENGTH.name}_bucket:rate{w}"
         self.batch_size_mean = f"instance:{c.BATCH_SIZE.name}:mean_rate{w}"
         self.emitted_per_sequence = f"instance:specobs_emitted_tokens_per_sequence:ratio_rate{w}"
@@ -68,6 +94,7 @@ class RuleNames:
         self.phase_mean = f"instance:{c.PHASE_DURATION.name}:mean_rate{w}"
         self.phase_share = f"instance:{c.PHASE_DURATION.name}:share_rate{w}"
         self.sequence_speed = f"instance:specobs_sequence_tokens_per_second:rate{w}"
+        self.baseline = f"instance:{c.BASELINE_SEQUENCE_TOKENS.name}:max"
         self.speedup_realized = f"instance:specobs_speedup:realized_rate{w}"
         self.speedup_predicted = f"instance:specobs_speedup:predicted_rate{w}"
         self.dropped = f"instance:{c.DROPPED_RECORDS.base_name}:rate{w}"
@@ -75,22 +102,48 @@ class RuleNames:
         self.up = "instance:specobs_up:max"
         self.last_cycle_age = f"instance:{c.LAST_CYCLE_TIMESTAMP.name}:age"
         self.alerts_firing = "instance:specobs_alerts:count_firing"
+        self.cohort_servers = "cohort:specobs_servers:count"
+        self.cohort_emitted = f"cohort:{c.EMITTED_TOKENS.base_name}:rate{w}"
+        self.cohort_acceptance = f"cohort:specobs_acceptance:ratio_rate{w}"
+        self.cohort_acceptance_median = f"cohort:specobs_acceptance:median_rate{w}"
+        self.cohort_speed_median = f"cohort:specobs_sequence_tokens_per_second:median_rate{w}"
+        self.cohort_batch_median = f"cohort:{c.BATCH_SIZE.name}:median_rate{w}"
+        self.cohort_phase_median = f"cohort:{c.PHASE_DURATION.name}:median_rate{w}"
+        self.host_up = "host:specobs_up:max"
+        self.host_requests = "host:specobs_engine_requests:max"
+        self.host_last_cycle = f"host:{c.LAST_CYCLE_TIMESTAMP.name}:max"
 
 
 def _rate(metric: str, config: MixinConfig, by: str) -> str:
     return f"sum by ({by}) (rate({metric}{{{config.selector}}}[{config.rate_window}]))"
 
 
+def _host(expr: str) -> str:
+    """``expr`` with a ``host`` label: ``instance`` without its port. The engine's own endpoint
+    (vLLM's API port) and specobs's (9477) of one pod or machine share it."""
+    return f'label_replace({expr}, "host", "$1", "instance", "(.+):[0-9]+")'
+
+
 def recording_rules(config: MixinConfig) -> list[RecordingRule]:
-    """Every recording rule, in evaluation order (later rules read earlier ones)."""
+    """Every recording rule, in evaluation order (later rules read earlier ones).
+
+    Every ratio divides by ``(denominator > 0)``: an idle server or a clock with no sample (the
+    GPU clock on a CPU, or between sampled cycles) has no series instead of a stored NaN, so a
+    dashboard's "or" fallback and its "No traffic" text work.
+    """
     n = RuleNames(config)
     by = config.by
+    cby = config.cohort_by
+    hby = config.host_by
     sel = config.selector
 
     def ratio(num: str, den: str) -> str:
-        return f"{num}\n/\n{den}"
+        return f"{num}\n/\n({den} > 0)"
 
-    phases = f'phase=~"{config.draft_phase}|{config.verify_phase}"'
+    own_requests = f'__name__=~"{c.REQUESTS_RUNNING.name}|{c.REQUESTS_WAITING.name}"'
+    engine_sel = ", ".join(
+        m for m in (f'__name__=~"{"|".join(ENGINE_REQUEST_GAUGES)}"', config.engine_selector) if m
+    )
     return [
         RecordingRule(n.up, f"max by ({by}) (up{{{sel}}})"),
         RecordingRule(n.cycles, _rate(c.CYCLES.name, config, by)),
@@ -98,17 +151,19 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         RecordingRule(n.drafted, _rate(c.DRAFT_TOKENS.name, config, by)),
         RecordingRule(n.accepted, _rate(c.ACCEPTED_TOKENS.name, config, by)),
         RecordingRule(n.sequences, _rate(f"{c.BATCH_SIZE.name}_sum", config, by)),
-        RecordingRule(n.acceptance, f"{n.accepted}\n/\n{n.drafted}"),
-        RecordingRule(n.emitted_per_sequence, f"{n.emitted}\n/\n{n.sequences}"),
-        RecordingRule(n.drafted_per_sequence, f"{n.drafted}\n/\n{n.sequences}"),
-        RecordingRule(n.batch_size_mean, f"{n.sequences}\n/\n{n.cycles}"),
+        RecordingRule(n.acceptance, ratio(n.accepted, n.drafted)),
+        RecordingRule(n.emitted_per_sequence, ratio(n.emitted, n.sequences)),
+        RecordingRule(n.drafted_per_sequence, ratio(n.drafted, n.sequences)),
+        RecordingRule(n.batch_size_mean, ratio(n.sequences, n.cycles)),
         RecordingRule(
-            n.accept_length_mean,
+            n.accept_length_excl_bonus,
             ratio(
                 _rate(f"{c.ACCEPT_LENGTH.name}_sum", config, by),
                 _rate(f"{c.ACCEPT_LENGTH.name}_count", config, by),
             ),
         ),
+        # vLLM's dashboards show 1 + accepted / drafts: the target's bonus token included.
+        RecordingRule(n.accept_length_incl_bonus, f"1 + {n.accept_length_excl_bonus}"),
         RecordingRule(
             n.accept_length_bucket, _rate(f"{c.ACCEPT_LENGTH.name}_bucket", config, f"{by}, le")
         ),
@@ -122,7 +177,8 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         RecordingRule(
             n.cycle_bucket, _rate(f"{c.CYCLE_DURATION.name}_bucket", config, f"{by}, clock, le")
         ),
-        RecordingRule(n.cycle_p99, f"histogram_quantile(0.99, {n.cycle_bucket})"),
+        # ">= 0" drops the NaN histogram_quantile returns when no cycle fell in the window.
+        RecordingRule(n.cycle_p99, f"histogram_quantile(0.99, {n.cycle_bucket}) >= 0"),
         # The GPU clock exists only on sampled cycles, so each clock's mean is its own
         # rate(sum) / rate(count); never divide GPU time by the count of all cycles.
         RecordingRule(
@@ -134,28 +190,29 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         ),
         RecordingRule(
             n.phase_share,
-            f"{n.phase_mean}\n/ ignoring (phase) group_left\nsum without (phase) ({n.phase_mean})",
+            f"{n.phase_mean}\n/ ignoring (phase) group_left ()\n"
+            f"(sum without (phase) ({n.phase_mean}) > 0)",
         ),
         # Per-sequence speed: tokens one sequence gains per cycle over wall-clock cycle time.
         # Unlike tokens/s it does not fall when fewer requests arrive.
         RecordingRule(
             n.sequence_speed,
-            f'{n.emitted_per_sequence}\n/ on ({by})\n{n.cycle_mean}{{clock="host"}}',
+            f'{n.emitted_per_sequence}\n/ on ({by})\n({n.cycle_mean}{{clock="host"}} > 0)',
         ),
+        RecordingRule(n.baseline, f"max by ({by}) ({c.BASELINE_SEQUENCE_TOKENS.name}{{{sel}}})"),
         RecordingRule(
-            n.speedup_realized,
-            f"{n.sequence_speed}\n/ on ({by})\n"
-            f"max by ({by}) ({c.BASELINE_SEQUENCE_TOKENS.name}{{{sel}}})",
+            n.speedup_realized, f"{n.sequence_speed}\n/ on ({by})\n({n.baseline} > 0)"
         ),
-        # Leviathan et al.: expected tokens per cycle (1 - a^(k+1)) / (1 - a) for acceptance a and
-        # draft length k, divided by the cycle's cost in target steps, (draft + verify) / verify.
+        # Measured tokens per sequence-cycle E (= 1 + the sum over positions of the accepted
+        # fraction, which the per-position counters give) over the cycle's cost in target steps,
+        # (draft + verify) / verify, on each clock. docs/metrics.md states the assumptions.
         RecordingRule(
             n.speedup_predicted,
-            f"(\n  (1 - {n.acceptance} ^ ({n.drafted_per_sequence} + 1))\n"
-            f"  /\n  (1 - {n.acceptance})\n)\n"
-            f"* on ({by}) group_right ()\n(\n"
+            f"{n.emitted_per_sequence}\n* on ({by}) group_right ()\n(\n"
             f'  sum without (phase) ({n.phase_mean}{{phase="{config.verify_phase}"}})\n'
-            f"  /\n  sum without (phase) ({n.phase_mean}{{{phases}}})\n)",
+            f"  /\n"
+            f'  (sum without (phase) ({n.phase_mean}{{phase=~"{config.draft_phase}|'
+            f'{config.verify_phase}"}}) > 0)\n)',
         ),
         RecordingRule(n.dropped, _rate(c.DROPPED_RECORDS.name, config, f"{by}, reason")),
         RecordingRule(
@@ -170,6 +227,30 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
             f'count by ({by}) (ALERTS{{alertstate="firing", alertname=~"{ALERT_PREFIX}.*", {sel}}})'
             f"\nor on (job, instance)\n0 * {n.up}",
         ),
+        # Cohorts: the servers of one model and engine, wherever and however long they run.
+        RecordingRule(n.cohort_servers, f"count by ({cby}) ({n.cycles} > 0)"),
+        RecordingRule(n.cohort_emitted, f"sum by ({cby}) ({n.emitted})"),
+        RecordingRule(
+            n.cohort_acceptance,
+            ratio(f"sum by ({cby}) ({n.accepted})", f"sum by ({cby}) ({n.drafted})"),
+        ),
+        RecordingRule(n.cohort_acceptance_median, f"quantile by ({cby}) (0.5, {n.acceptance})"),
+        RecordingRule(n.cohort_speed_median, f"quantile by ({cby}) (0.5, {n.sequence_speed})"),
+        RecordingRule(n.cohort_batch_median, f"quantile by ({cby}) (0.5, {n.batch_size_mean})"),
+        RecordingRule(
+            n.cohort_phase_median, f"quantile by ({cby}, phase, clock) (0.5, {n.phase_mean})"
+        ),
+        # Hosts: the engine's own request gauges joined with specobs's series of the same host.
+        RecordingRule(n.host_up, f"max by ({hby}) ({_host(f'up{{{sel}}}')})"),
+        RecordingRule(
+            n.host_requests,
+            f"max by ({hby}) (\n  {_host('{' + engine_sel + '}')}\n  or\n"
+            f"  {_host('{' + own_requests + ', ' + sel + '}')}\n)",
+        ),
+        RecordingRule(
+            n.host_last_cycle,
+            f"max by ({hby}) ({_host(f'{c.LAST_CYCLE_TIMESTAMP.name}{{{sel}}}')})",
+        ),
     ]
 
 
@@ -180,13 +261,72 @@ def _past(expr: str, config: MixinConfig) -> str:
 def alert_rules(config: MixinConfig) -> list[AlertRule]:
     n = RuleNames(config)
     by = config.by
+    cby = config.cohort_by
+    hby = config.host_by
     sel = config.selector
-    w = config.rate_window
+    model = config.model_label
+    engine = config.engine_label
     where = "{{ $labels.instance }} (job {{ $labels.job }})"
+    cohort = (
+        f"model {{{{ $labels.{model} }}}}, engine {{{{ $labels.{engine} }}}} "
+        "(job {{ $labels.job }})"
+    )
     history = (
         f"its average over the {config.history_window} before the last {config.history_offset}"
     )
+    ratio = config.cohort_ratio
+    busy = f"and on ({by})\n({n.drafted} > {config.cohort_min_drafted_per_second:g})"
     return [
+        AlertRule(
+            f"{ALERT_PREFIX}AcceptanceBelowCohort",
+            f"(\n  {n.acceptance}\n  < on ({cby}) group_left ()\n"
+            f"  {ratio:g} * {n.cohort_acceptance_median}\n)\n{busy}",
+            config.cohort_for,
+            "warning",
+            "A server's draft acceptance is far below the other servers of its model and engine.",
+            f"Acceptance on {where} is {{{{ $value | humanizePercentage }}}} of drafted tokens, "
+            f"below {ratio:.0%} of the median server of {cohort}: a new pod with a broken or "
+            "mismatched draft, or one bad server.",
+        ),
+        AlertRule(
+            f"{ALERT_PREFIX}AcceptanceRateDrop",
+            f"{n.cohort_acceptance}\n< {config.acceptance_drop_ratio:g} * "
+            f"{_past(n.cohort_acceptance, config)}",
+            config.acceptance_drop_for,
+            "warning",
+            "A model's draft acceptance dropped across its servers against its recent past.",
+            f"Acceptance of {cohort} over all its servers is "
+            f"{{{{ $value | humanizePercentage }}}} of drafted tokens, below "
+            f"{config.acceptance_drop_ratio:.0%} of {history}: a rollout or a traffic change "
+            "that affects every server of the model.",
+        ),
+        AlertRule(
+            f"{ALERT_PREFIX}DecodeThroughputBelowCohort",
+            f"(\n  {n.sequence_speed}\n  < on ({cby}) group_left ()\n"
+            f"  {ratio:g} * {n.cohort_speed_median}\n)\n"
+            f"unless on ({by})\n(\n  {n.batch_size_mean}\n  > on ({cby}) group_left ()\n"
+            f"  {config.batch_growth_tolerance:g} * {n.cohort_batch_median}\n)\n{busy}",
+            config.cohort_for,
+            "warning",
+            "A server decodes each sequence far slower than the other servers of its model.",
+            f'Each sequence on {where} gains {{{{ $value | printf "%.1f" }}}} tokens/s, below '
+            f"{ratio:.0%} of the median server of {cohort}, at a batch size no larger than "
+            f"{config.batch_growth_tolerance:g}x theirs.",
+        ),
+        AlertRule(
+            f"{ALERT_PREFIX}CohortThroughputDrop",
+            f"(\n  {n.cohort_speed_median}\n  < {config.throughput_drop_ratio:g} * "
+            f"{_past(n.cohort_speed_median, config)}\n)\n"
+            f"unless on ({cby})\n(\n  {n.cohort_batch_median}\n  > "
+            f"{config.batch_growth_tolerance:g} * {_past(n.cohort_batch_median, config)}\n)",
+            config.throughput_drop_for,
+            "warning",
+            "Per-sequence decode speed of a model dropped across its servers against its past.",
+            f"The median server of {cohort} now gives each sequence "
+            f'{{{{ $value | printf "%.1f" }}}} tokens/s, below '
+            f"{config.throughput_drop_ratio:.0%} of {history}, with no matching growth in batch "
+            "size: a rollout that slowed every server of the model.",
+        ),
         AlertRule(
             f"{ALERT_PREFIX}DecodeThroughputDrop",
             f"(\n  {n.sequence_speed}\n  < {config.throughput_drop_ratio:g} * "
@@ -201,15 +341,6 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             "throughput did not rise (so this is not more load sharing the GPU).",
         ),
         AlertRule(
-            f"{ALERT_PREFIX}AcceptanceRateDrop",
-            f"{n.acceptance}\n< {config.acceptance_drop_ratio:g} * {_past(n.acceptance, config)}",
-            config.acceptance_drop_for,
-            "warning",
-            "The draft model's acceptance rate dropped against the same server's recent past.",
-            f"Acceptance on {where} is {{{{ $value | humanizePercentage }}}} of drafted tokens, "
-            f"below {config.acceptance_drop_ratio:.0%} of {history}.",
-        ),
-        AlertRule(
             f"{ALERT_PREFIX}SpeculationSlowerThanBaseline",
             f"{n.speedup_realized} < {config.min_speedup:g}",
             config.slower_than_baseline_for,
@@ -218,6 +349,20 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             f"Realized per-sequence speedup on {where} is "
             f'{{{{ $value | printf "%.2f" }}}}x the configured non-speculative baseline '
             f"(threshold {config.min_speedup:g}x).",
+        ),
+        AlertRule(
+            f"{ALERT_PREFIX}PhaseLatencyAboveCohort",
+            f"(\n  {n.phase_mean}\n  > on ({cby}, phase, clock) group_left ()\n"
+            f"  {config.phase_regression_ratio:g} * {n.cohort_phase_median}\n)\n"
+            f"unless on ({by})\n(\n  {n.batch_size_mean}\n  > on ({cby}) group_left ()\n"
+            f"  {config.batch_growth_tolerance:g} * {n.cohort_batch_median}\n)",
+            config.cohort_for,
+            "warning",
+            "A phase takes far longer on one server than on the other servers of its model.",
+            "The {{ $labels.phase }} phase on " + where + " takes "
+            "{{ $value | humanizeDuration }} per cycle ({{ $labels.clock }} clock), more than "
+            f"{config.phase_regression_ratio:g}x the median server of {cohort}, at a batch size "
+            f"no larger than {config.batch_growth_tolerance:g}x theirs.",
         ),
         AlertRule(
             f"{ALERT_PREFIX}PhaseLatencyRegression",
@@ -235,15 +380,16 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
         ),
         AlertRule(
             f"{ALERT_PREFIX}DecodingStalled",
-            f"(\n  sum by ({by}) ({c.REQUESTS_WAITING.name}{{{sel}}}) > 0\n  or\n"
-            f"  sum by ({by}) ({c.REQUESTS_RUNNING.name}{{{sel}}}) > 0\n)\n"
-            f"unless on ({by})\n"
-            f"(\n  sum by ({by}) (rate({c.CYCLES.name}{{{sel}}}[{w}])) > 0\n)",
+            f"{n.host_requests} > 0\n"
+            f"and on ({hby})\n({n.host_up} == 1)\n"
+            f"unless on ({hby})\n"
+            f"(time() - {n.host_last_cycle} <= {_seconds(config.stall_after):g})",
             config.stall_for,
             "critical",
             "Requests are waiting or running but no speculative decoding cycle completes.",
-            f"{where} reports {{{{ $value }}}} requests waiting or running and completed no "
-            f"cycle in the last {w}.",
+            "Host {{ $labels.host }} has {{ $value }} requests running or waiting (the engine's "
+            f"own gauges) and its specobs exporter saw no cycle end in the last "
+            f"{config.stall_after}.",
         ),
         AlertRule(
             f"{ALERT_PREFIX}ExporterDown",
@@ -264,7 +410,8 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
         ),
         AlertRule(
             f"{ALERT_PREFIX}ExporterDroppingRecords",
-            f"{n.dropped}\n/ on ({by}) group_left\n{n.cycles}\n> {config.dropped_records_ratio:g}",
+            f"{n.dropped}\n/ on ({by}) group_left ()\n({n.cycles} > 0)\n"
+            f"> {config.dropped_records_ratio:g}",
             config.dropped_records_for,
             "warning",
             "specobs is dropping cycle records, so its metrics undercount.",
@@ -272,6 +419,14 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             "(reason {{ $labels.reason }}).",
         ),
     ]
+
+
+def _seconds(duration: str) -> float:
+    """A Prometheus duration in seconds (``"90s"`` -> 90, ``"1m30s"`` -> 90)."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    return sum(
+        float(value) * units[unit] for value, unit in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", duration)
+    )
 
 
 class _Dumper(yaml.SafeDumper):  # type: ignore[misc]

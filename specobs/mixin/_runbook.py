@@ -2,13 +2,115 @@
 
 from __future__ import annotations
 
+from specobs.mixin import _rule_tests
 from specobs.mixin._config import MixinConfig
 from specobs.mixin._rules import ALERT_PREFIX, RuleNames, alert_rules
 
 __all__ = ["render"]
 
+# alert name (without the prefix) -> what it cannot see (its blind spots and false alarms)
+_BLIND: dict[str, str] = {
+    "AcceptanceBelowCohort": (
+        "A cohort of one server (nothing to compare with: AcceptanceRateDrop covers it); a "
+        "rollout where more than half the pods are broken (the median is broken too: "
+        "AcceptanceRateDrop catches that); pods drafting under 1 token/s (no evidence); servers "
+        "missing the model or engine label are one cohort per job."
+    ),
+    "AcceptanceRateDrop": (
+        "One bad server among many (it barely moves the cohort: AcceptanceBelowCohort); a "
+        "slow decline over more than the history window; a cohort that started broken (no "
+        "healthy past). A traffic change (new prompt domain, temperature) fires it too."
+    ),
+    "DecodeThroughputBelowCohort": (
+        "A server whose batch is over 1.2x the cohort median (load, by design); fleets that "
+        "mix GPU types under one model and engine label (the slower GPUs look like outliers: "
+        "add the GPU type to group_labels); cohorts of one."
+    ),
+    "CohortThroughputDrop": (
+        "One slow server (DecodeThroughputBelowCohort); a slowdown that arrives with a batch "
+        "size growth (hidden as load); a decline slower than the history window."
+    ),
+    "DecodeThroughputDrop": (
+        "New pods (no past of their own: the cohort alerts cover them); a slowdown together "
+        "with more total tokens/s (hidden as load)."
+    ),
+    "SpeculationSlowerThanBaseline": (
+        "Servers without a baseline gauge (the alert needs one); a baseline measured at another "
+        "batch size than the server runs (the comparison is then not like for like: measure it "
+        "at the served batch, as `specobs demo` does)."
+    ),
+    "PhaseLatencyAboveCohort": (
+        "Phases that differ by design between engines or GPU types in one cohort; a server whose "
+        "batch is over 1.2x the cohort median; cohorts of one (PhaseLatencyRegression)."
+    ),
+    "PhaseLatencyRegression": (
+        "New pods (no past: PhaseLatencyAboveCohort); a regression that comes with batch growth; "
+        "the GPU clock when no cycle is sampled in the window."
+    ),
+    "DecodingStalled": (
+        "An engine whose request gauges are not scraped, or scraped under another host name "
+        "than specobs's endpoint (the join is on the host part of `instance`); an engine that "
+        "stops speculating on purpose while serving (vLLM's disable-by-batch-size) fires it; a "
+        "dead process (its gauges go stale: ExporterDown)."
+    ),
+    "ExporterDown": (
+        "Engines that push OTLP through a collector (no scrape target: watch the collector)."
+    ),
+    "TargetMissing": "Targets of another job name than the rules' selector.",
+    "ExporterDroppingRecords": (
+        "Records lost before they reach specobs (an engine that never calls the observer)."
+    ),
+}
+
 # alert name (without the prefix) -> (what it means, what to check first)
 _ENTRIES: dict[str, tuple[str, list[str]]] = {
+    "AcceptanceBelowCohort": (
+        "One server's draft acceptance is far below the median server of its cohort: the "
+        "servers of the same model and engine in the same cluster and namespace. This is the "
+        "alert for a new pod with a broken or mismatched draft (it has no past of its own to "
+        "compare with) and for a single bad server.",
+        [
+            "Which pod, and how new is it? A pod from the latest rollout points at its image, "
+            "draft checkpoint or config (draft must match the target's exact weights and "
+            "tokenizer; EAGLE heads also need the right hidden layers).",
+            "Cycle breakdown (opens on that instance from the fleet table), *Acceptance by "
+            "draft position*: a collapse at position 0 means the draft is broken.",
+            "Does the pod get different traffic (a routing rule, a tenant)?",
+        ],
+    ),
+    "DecodeThroughputBelowCohort": (
+        "Each sequence on one server decodes far slower than on the median server of its "
+        "cohort, while its batch is not much larger: one slow machine (GPU clocks, thermals, a "
+        "noisy neighbour), or a pod started with other settings (no CUDA graphs, another "
+        "attention backend).",
+        [
+            "Cycle breakdown for that instance, *Mean time per cycle by phase*: which phase is "
+            "slower than on its peers (PhaseLatencyAboveCohort may fire too)?",
+            "`nvidia-smi -q` on the node: clocks, throttling, ECC, other processes.",
+            "The pod's engine flags against its peers'.",
+        ],
+    ),
+    "CohortThroughputDrop": (
+        "The median server of a cohort decodes each sequence markedly slower than the cohort "
+        "did in the recent past, with no matching growth in batch size: a rollout (engine, "
+        "driver, model or draft version) that slowed every pod, whatever their instance.",
+        [
+            "The last rollout of that model: roll back and compare.",
+            "Fleet dashboard, *Acceptance by model*: fewer accepted tokens per cycle slow each "
+            "sequence at an unchanged cycle time.",
+            "Cycle breakdown on one new pod: which phase grew?",
+        ],
+    ),
+    "PhaseLatencyAboveCohort": (
+        "One phase (label `phase`, clock `clock`) takes far longer on one server than on the "
+        "median server of its cohort, at a comparable batch size.",
+        [
+            "GPU clock: that GPU's kernels are slower (clocks, thermals, a co-located process, a "
+            "lost CUDA graph). Host clock only: CPU contention or Python overhead on that node.",
+            "Cycle breakdown for that instance, *Phase latency p50 / p90 / p99*: every cycle or "
+            "a slow tail?",
+        ],
+    ),
     "DecodeThroughputDrop": (
         "Each sequence on this server now gains tokens markedly slower than it did in the recent "
         "past, and the server as a whole is not emitting more tokens than before. Per-sequence "
@@ -27,8 +129,10 @@ _ENTRIES: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "AcceptanceRateDrop": (
-        "The target model accepts a much smaller fraction of drafted tokens than it did in the "
-        "recent past. Every rejected token is wasted draft and verify work, so speedup falls. A "
+        "Across all servers of one model and engine (the cohort, whatever their instance), the "
+        "target model accepts a much smaller fraction of drafted tokens than the cohort did in "
+        "the recent past: a rollout of a broken draft to every pod survives the new instances, "
+        "and a cohort of one server is that server's own history. Every rejected token is wasted draft and verify work, so speedup falls. A "
         "draft head wired to the wrong hidden layers drops acceptance from about 47% to 19%.",
         [
             "Was the draft model, its checkpoint or the target model changed? A draft must match "
@@ -38,7 +142,8 @@ _ENTRIES: dict[str, tuple[str, list[str]]] = {
             "draft is broken; a decay only at late positions means traffic got harder to predict.",
             "Traffic mix: a new prompt domain, language or sampling temperature lowers acceptance "
             "without anything being broken.",
-            "Fleet dashboard, *Acceptance by model*: is it one server or every server of a model?",
+            "Fleet dashboard, *Acceptance by model*: when did it start, and does it match a "
+            "rollout?",
         ],
     ),
     "SpeculationSlowerThanBaseline": (
@@ -68,9 +173,12 @@ _ENTRIES: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "DecodingStalled": (
-        "The engine reports requests waiting or running, but specobs saw no completed cycle for "
-        "the whole rate window: decoding is stuck, or specobs is no longer called from the "
-        "decode loop.",
+        "The engine's own gauges (vLLM `vllm:num_requests_running`/`waiting`, SGLang "
+        "`sglang:num_running_reqs`/`num_queue_reqs`, or specobs's `specobs_requests_*` where an "
+        "engine sets them) report requests on a host whose specobs exporter is up, but no cycle "
+        "ended there recently (`specobs_last_cycle_timestamp_seconds`): decoding is stuck, or "
+        "specobs is no longer called from the decode loop. Engine and specobs series are joined "
+        "on `host`, the `instance` without its port, within the same cluster and namespace.",
         [
             "Is the engine's process alive and its GPU busy (`nvidia-smi`)? A hung NCCL "
             "collective, a deadlock or an OOM-retry loop stops every cycle.",
@@ -131,12 +239,34 @@ def render(config: MixinConfig) -> str:
         "regression does not hide in its own reference. Thresholds and windows come from "
         "`specobs.mixin.MixinConfig`; regenerate with your own values.",
         "",
-        "| Alert | Severity | For |",
-        "| --- | --- | --- |",
+        "A **cohort** is the servers of one model and engine (labels "
+        f"`{config.model_label}`, `{config.engine_label}`) in one "
+        f"{', '.join(f'`{g}`' for g in config.group_labels) or 'fleet'} and job. Cohort alerts "
+        "compare a server with the cohort's median server (a new pod needs no past of its own) "
+        "or the whole cohort with its own recent past (a rollout replaces every instance but "
+        "not the cohort).",
+        "",
+        "**Detected after** is measured by the generated promtool tests "
+        "(`deploy/prometheus/rules/specobs-rules.test.yml`, rule evaluation every "
+        f"{_rule_tests.EVALUATION_INTERVAL}, a sample a minute, 15 s for the stall cases): the "
+        "alert is proven silent at the first time and firing at the second, counted from the "
+        "fault (the default thresholds; a milder fault takes longer).",
+        "",
+        "| Alert | Severity | For | Catches | Detected after (promtool) | Cannot see |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     alerts = alert_rules(config)
+    times = _rule_tests.detection_times() if _rule_tests.is_default(config) else {}
     for alert in alerts:
-        lines.append(f"| [{alert.alert}](#{alert.anchor}) | {alert.severity} | {alert.for_} |")
+        measured = "; ".join(
+            f"{_duration(fired)} ({case}; silent at {_duration(silent)})"
+            for case, silent, fired in times.get(alert.alert, [])
+        ) or "not measured for this config"
+        short = alert.alert.removeprefix(ALERT_PREFIX)
+        lines.append(
+            f"| [{alert.alert}](#{alert.anchor}) | {alert.severity} | {alert.for_} | "
+            f"{alert.summary} | {measured} | {_BLIND[short]} |"
+        )
     lines.append("")
     for alert in alerts:
         meaning, checks = _ENTRIES[alert.alert.removeprefix(ALERT_PREFIX)]
@@ -147,6 +277,8 @@ def render(config: MixinConfig) -> str:
             f"{alert.summary}",
             "",
             meaning,
+            "",
+            f"**Cannot see:** {_BLIND[alert.alert.removeprefix(ALERT_PREFIX)]}",
             "",
             "**Check first:**",
             "",
@@ -171,6 +303,12 @@ def render(config: MixinConfig) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _duration(minutes: float) -> str:
+    whole = int(minutes)
+    seconds = round((minutes - whole) * 60)
+    return f"{whole} min {seconds} s" if seconds else f"{whole} min"
 
 
 def entries() -> dict[str, tuple[str, list[str]]]:
