@@ -575,17 +575,18 @@ def _add_result(series: Series, name: str, result: list[dict[str, Any]]) -> None
 
 def prometheus_delta(
     client: Any, base_url: str, selector: str, window_seconds: float, *,
-    limits: Limits = _http.DEFAULT_LIMITS,
+    limits: Limits = _http.DEFAULT_LIMITS, at: float | None = None,
 ) -> Delta:
     """Counter deltas over the last ``window_seconds`` from a Prometheus server's ``increase()``.
 
     ``selector`` is the matchers inside the braces (see :func:`normalize_selector`). Raises
     :class:`ScrapeError` when Prometheus fails or has no specobs series for the selector.
+    ``at`` is the Unix time the window ends (default: now).
     """
     window = _window_text(window_seconds)
     # Every query is evaluated at the same instant: increase() extrapolates to the window's
     # edges, so series read at different moments would not divide into exact ratios.
-    at = time.time()
+    at = time.time() if at is None else at
     counters = Series()
     for name in sorted(COUNTER_SERIES):
         promql = f"increase({name}{{{selector}}}[{window}])"
@@ -601,6 +602,33 @@ def prometheus_delta(
             "selector and that Prometheus scrapes the specobs endpoint"
         )
     return Delta(counters, gauges, window_seconds)
+
+
+def speedups(
+    b: Breakdown, draft_phase: str = "draft", verify_phase: str = "verify"
+) -> tuple[float | None, dict[str, float | None]]:
+    """Realized and predicted (per clock) speedup of one interval, as the recording rules define
+    them (``instance:specobs_speedup:realized_rate*`` and ``...:predicted_rate*``).
+
+    Realized: tokens/s per sequence over the configured non-speculative baseline. Predicted:
+    tokens per sequence-cycle times verify / (draft + verify) on each clock.
+    """
+    realized = ratio(b.sequence_tokens_per_second, b.baseline_tokens_per_second)
+    host_cycle = b.cycle_mean_seconds.get("host")
+    per_sequence_cycle = (
+        b.sequence_tokens_per_second * host_cycle
+        if b.sequence_tokens_per_second is not None and host_cycle is not None else None
+    )
+    predicted: dict[str, float | None] = {}
+    for clock in PHASE_CLOCKS:
+        draft, verify = b.stats.get((draft_phase, clock)), b.stats.get((verify_phase, clock))
+        if draft is None or verify is None or per_sequence_cycle is None \
+                or draft.mean_seconds is None or verify.mean_seconds is None:
+            predicted[clock] = None
+            continue
+        cost = ratio(verify.mean_seconds, draft.mean_seconds + verify.mean_seconds)
+        predicted[clock] = None if cost is None else per_sequence_cycle * cost
+    return realized, predicted
 
 
 # -- formatting -----------------------------------------------------------------------------------
@@ -640,4 +668,5 @@ __all__ += [
     "normalize_selector",
     "not_specobs_message",
     "parse_window",
+    "speedups",
 ]
