@@ -5,6 +5,7 @@
     specobs generate  dashboards, rules and docs from the metric catalog (--check: drift test)
     specobs top URL   live cycle breakdown from a specobs /metrics endpoint
     specobs doctor URL  one-shot health check of an endpoint
+    specobs report    a self-contained HTML report of a run, or an A/B comparison of two
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) ->
 int``; a module is imported only when its subcommand runs (or for ``--help``), so ``specobs
@@ -33,6 +34,8 @@ _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "top": ("specobs.tools._top", "live cycle breakdown from a specobs /metrics endpoint or a "
             "Prometheus server"),
     "doctor": ("specobs.tools._doctor", "one-shot health check of a specobs /metrics endpoint"),
+    "report": ("specobs.tools._report", "a self-contained HTML report of a run (live endpoint, "
+               "snapshot file or Prometheus range), or --compare two"),
 }
 
 

@@ -1,0 +1,436 @@
+"""Where ``specobs report`` gets its numbers: a :class:`Run` of per-window deltas and one total.
+
+Three sources, one shape:
+
+* **A live endpoint** (:func:`sample_endpoint`): scraped every ``interval`` seconds for
+  ``duration`` seconds. Window *i* is ``difference(scrape[i], scrape[i+1])`` and the total is
+  ``difference(first, last)``, exactly what ``specobs top`` computes between two polls.
+* **A snapshot file** (:func:`load_snapshots`, written by :func:`save_snapshots`): the same
+  scrapes recorded as JSON Lines, so a run can be reported (or compared) later.
+* **A Prometheus server and a time range** (:func:`prometheus_run`): window *i* is
+  ``increase(...[step])`` evaluated at the end of each step (what the recording rules and
+  ``specobs top --prometheus --window STEP`` read), and the total is ``increase()`` over the
+  whole range evaluated at its end (``top --prometheus --window RANGE`` at that moment).
+
+Every window and the total become :class:`specobs.tools._scrape.Breakdown` through
+:func:`specobs.tools._scrape.breakdown`, so the report has no formula of its own.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from specobs import catalog
+from specobs.tools import _http
+from specobs.tools import _scrape as scr
+
+__all__ = [
+    "SNAPSHOT_FORMAT",
+    "Run",
+    "RunError",
+    "Window",
+    "load_snapshots",
+    "prometheus_run",
+    "run_from_scrapes",
+    "sample_endpoint",
+    "save_snapshots",
+]
+
+#: The first line of a snapshot file names its format and version.
+SNAPSHOT_FORMAT = "specobs-snapshots"
+SNAPSHOT_VERSION = 1
+
+#: Gauges a report reads besides the counters (differenced) of ``COUNTER_SERIES``.
+GAUGE_NAMES: tuple[str, ...] = (
+    catalog.INFO.name,
+    catalog.BASELINE_SEQUENCE_TOKENS.name,
+    catalog.SAMPLING_INTERVAL.name,
+    catalog.OVERHEAD_RATIO.name,
+)
+
+
+class RunError(Exception):
+    """A source gave nothing to report; ``str()`` is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window of a run: its end (seconds since the run's start) and its deltas."""
+
+    end_seconds: float
+    delta: scr.Delta
+    breakdown: scr.Breakdown
+
+
+@dataclass
+class Run:
+    """What one source gave: per-window breakdowns, the whole-run total and health notes."""
+
+    name: str
+    source: str
+    start_unix: float
+    end_unix: float
+    windows: list[Window]
+    total: scr.Breakdown
+    total_delta: scr.Delta
+    #: Seconds at which a sample failed (a scrape error, a counter reset), and why.
+    failures: list[tuple[float, str]] = field(default_factory=list)
+    #: Seconds each scrape took (live sampling only), by window end.
+    scrape_seconds: list[tuple[float, float]] = field(default_factory=list)
+    #: ``up`` per server over time (Prometheus only): {instance: [(seconds, value)]}.
+    up: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+
+    @property
+    def duration_seconds(self) -> float:
+        return self.end_unix - self.start_unix
+
+    def servers(self) -> list[str]:
+        """The ``instance`` labels seen (one unnamed server for a direct endpoint)."""
+        names = {d.get("instance", "") for d in self.total_delta.counters.labels(
+            catalog.CYCLES.name)}
+        return sorted(n for n in names if n) or [""]
+
+
+def only(series: scr.Series, label: str, value: str) -> scr.Series:
+    """The samples of ``series`` whose ``label`` is ``value`` (per-server views)."""
+    return scr.Series({k: v for k, v in series.samples.items() if dict(k[1]).get(label) == value})
+
+
+def per_server(delta: scr.Delta, instance: str) -> scr.Breakdown:
+    """The breakdown of one server (``instance`` label) of a multi-server delta."""
+    if not instance:
+        return scr.breakdown(delta)
+    return scr.breakdown(scr.Delta(
+        only(delta.counters, "instance", instance), only(delta.gauges, "instance", instance),
+        delta.elapsed_seconds,
+    ))
+
+
+# -- snapshots (a live endpoint or a file) --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One scrape: Unix time, the seconds it took, and its specobs samples (or the error)."""
+
+    unix: float
+    series: scr.Series | None
+    fetch_seconds: float = 0.0
+    error: str = ""
+
+
+def run_from_scrapes(name: str, source: str, snapshots: list[Snapshot]) -> Run:
+    """Windows between consecutive good scrapes; raises :class:`RunError` with fewer than two."""
+    good = [s for s in snapshots if s.series is not None]
+    if len(good) < 2:
+        failed = [s.error for s in snapshots if s.error]
+        why = f" (last error: {failed[-1]})" if failed else ""
+        raise RunError(
+            f"{source}: {len(good)} good sample(s) of {len(snapshots)}; a report needs at least "
+            f"two{why}"
+        )
+    t0 = good[0].unix
+    failures = [(s.unix - t0, s.error) for s in snapshots if s.series is None]
+    windows: list[Window] = []
+    scrape_seconds = [(s.unix - t0, s.fetch_seconds) for s in good if s.fetch_seconds > 0]
+    prev = good[0]
+    base = good[0]
+    for cur in good[1:]:
+        a = scr.Scrape(prev.series or scr.Series(), prev.unix)
+        b = scr.Scrape(cur.series or scr.Series(), cur.unix)
+        delta = scr.difference(a, b)
+        if isinstance(delta, scr.CounterReset):
+            # The server restarted: the run restarts from here (its earlier part is lost).
+            failures.append((cur.unix - t0, str(delta)))
+            windows = []
+            base = cur
+        else:
+            windows.append(Window(cur.unix - t0, delta, scr.breakdown(delta)))
+        prev = cur
+    total = scr.difference(
+        scr.Scrape(base.series or scr.Series(), base.unix),
+        scr.Scrape(good[-1].series or scr.Series(), good[-1].unix),
+    )
+    if isinstance(total, scr.CounterReset) or not windows:
+        raise RunError(f"{source}: no two consecutive samples without a counter reset")
+    return Run(name, source, base.unix, good[-1].unix, windows, scr.breakdown(total), total,
+               failures, scrape_seconds)
+
+
+def _specobs_only(series: scr.Series) -> scr.Series:
+    return scr.Series({k: v for k, v in series.samples.items() if k[0].startswith("specobs_")})
+
+
+class Progress:
+    """A one-line progress indication on stderr: redrawn in place on a terminal, else a line
+    every ``every_seconds``."""
+
+    def __init__(self, stream: IO[str] | None = None, every_seconds: float = 10.0) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.every = every_seconds
+        self._last = -math.inf
+
+    def update(self, text: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + text)
+        elif force or now - self._last >= self.every:
+            self.stream.write(text + "\n")
+        else:
+            return
+        self._last = now
+        self.stream.flush()
+
+    def done(self, text: str) -> None:
+        self.stream.write(("\r\x1b[2K" if self.tty else "") + text + "\n")
+        self.stream.flush()
+
+
+def sample_endpoint(
+    client: Any,
+    url: str,
+    duration_seconds: float,
+    interval_seconds: float,
+    *,
+    limits: _http.Limits = _http.DEFAULT_LIMITS,
+    progress: Callable[[str], None] | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> list[Snapshot]:
+    """Scrape ``url`` every ``interval_seconds`` for ``duration_seconds`` (one more scrape at the
+    end). The first scrape must succeed: an unreachable or non-specobs endpoint raises
+    :class:`RunError` at once; later failures are recorded and sampling goes on."""
+    snapshots: list[Snapshot] = []
+    started = time.monotonic()
+    n = max(1, math.ceil(duration_seconds / interval_seconds))
+    for i in range(n + 1):
+        due = started + i * interval_seconds
+        wait = due - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        t = time.time()
+        m = time.monotonic()
+        try:
+            got = scr.scrape(client, url, limits=limits)
+        except scr.ScrapeError as exc:
+            if i == 0:
+                raise RunError(str(exc)) from None
+            snapshots.append(Snapshot(t, None, time.monotonic() - m, str(exc)))
+        else:
+            snapshots.append(Snapshot(t, _specobs_only(got.series), time.monotonic() - m))
+        if progress is not None:
+            failed = sum(1 for s in snapshots if s.series is None)
+            elapsed = min(duration_seconds, time.monotonic() - started)
+            bar = "#" * round(20 * i / n)
+            progress(
+                f"sampling {url} [{bar:<20}] {elapsed:4.0f}/{duration_seconds:g} s, "
+                f"{len(snapshots) - failed} samples" + (f", {failed} failed" if failed else "")
+            )
+        if stop is not None and stop():
+            break
+    return snapshots
+
+
+def save_snapshots(path: str, source: str, snapshots: Iterable[Snapshot]) -> None:
+    """Write snapshots as JSON Lines (gzip when ``path`` ends in ``.gz``), atomically."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    opener: Any = gzip.open if path.endswith(".gz") else open
+    with opener(tmp, "wt", encoding="utf-8") as f:
+        f.write(json.dumps({"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION,
+                            "source": source}) + "\n")
+        for s in snapshots:
+            row: dict[str, Any] = {"t": round(s.unix, 6), "fetch_seconds": round(
+                s.fetch_seconds, 6)}
+            if s.series is None:
+                row["error"] = s.error
+            else:
+                row["samples"] = [[name, dict(labels), value]
+                                  for (name, labels), value in sorted(s.series.samples.items())]
+            f.write(json.dumps(row, separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+
+
+def load_snapshots(path: str) -> tuple[str, list[Snapshot]]:
+    """Read a file :func:`save_snapshots` wrote; returns ``(source, snapshots)``. Raises
+    :class:`RunError` with the file and line for anything else."""
+    opener: Any = gzip.open if path.endswith(".gz") else open
+    snapshots: list[Snapshot] = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            header_line = f.readline()
+            try:
+                header = json.loads(header_line)
+            except ValueError:
+                header = None
+            if not isinstance(header, dict) or header.get("format") != SNAPSHOT_FORMAT:
+                raise RunError(
+                    f"{path} is not a specobs snapshot file (line 1 should name format "
+                    f"{SNAPSHOT_FORMAT!r}; write one with specobs report --save)"
+                )
+            if header.get("version") != SNAPSHOT_VERSION:
+                raise RunError(f"{path}: snapshot format version {header.get('version')!r} is "
+                               f"not supported (expected {SNAPSHOT_VERSION})")
+            for lineno, line in enumerate(f, start=2):
+                if not line.strip():
+                    continue
+                snapshots.append(_snapshot_from_json(path, lineno, line))
+    except FileNotFoundError:
+        raise RunError(f"{path}: no such file") from None
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise RunError(f"{path}: cannot read it ({exc})") from None
+    return str(header.get("source") or path), snapshots
+
+
+def _snapshot_from_json(path: str, lineno: int, line: str) -> Snapshot:
+    try:
+        row = json.loads(line)
+        t = float(row["t"])
+        fetch = float(row.get("fetch_seconds", 0.0))
+        if "error" in row:
+            return Snapshot(t, None, fetch, str(row["error"]))
+        series = scr.Series()
+        for name, labels, value in row["samples"]:
+            if not isinstance(name, str) or not isinstance(labels, dict):
+                raise TypeError("bad sample")
+            series.add(name, {str(k): str(v) for k, v in labels.items()}, float(value))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RunError(f"{path}: line {lineno} is not a snapshot ({type(exc).__name__}: "
+                       f"{str(exc)[:80]})") from None
+    if not math.isfinite(t):
+        raise RunError(f"{path}: line {lineno} has a bad time {t!r}")
+    return Snapshot(t, series, fetch)
+
+
+# -- Prometheus and a time range ------------------------------------------------------------------
+
+
+def _prom_range(
+    client: Any, base_url: str, promql: str, start: float, end: float, step: float,
+    limits: _http.Limits,
+) -> list[dict[str, Any]]:
+    url = base_url.rstrip("/") + "/api/v1/query_range"
+    params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    try:
+        response = _http.get(client, url, params=params, limits=limits,
+                             headers={"Accept": "application/json"})
+    except scr.ScrapeError as exc:
+        raise RunError(f"cannot query Prometheus at {base_url}: {exc}") from None
+    try:
+        payload = json.loads(response.body)
+    except ValueError:
+        raise RunError(f"{base_url} is not a Prometheus server: /api/v1/query_range answered "
+                       f"HTTP {response.status_code} with a non-JSON body") from None
+    if not isinstance(payload, dict) or payload.get("status") != "success":
+        error = payload.get("error") if isinstance(payload, dict) else None
+        raise RunError(f"Prometheus at {base_url} rejected {promql!r} "
+                       f"(HTTP {response.status_code}): {error or 'no error text'}")
+    data = payload.get("data") or {}
+    result = data.get("result") if isinstance(data, dict) else None
+    if not isinstance(result, list):
+        raise RunError(f"Prometheus at {base_url} answered {promql!r} with no matrix")
+    return result
+
+
+def _add_matrix(
+    frames: dict[float, scr.Series], name: str, result: list[dict[str, Any]]
+) -> None:
+    for item in result:
+        labels = {k: str(v) for k, v in (item.get("metric") or {}).items() if k != "__name__"}
+        for point in item.get("values") or []:
+            try:
+                t, value = float(point[0]), float(point[1])
+            except (IndexError, TypeError, ValueError):
+                continue
+            if math.isnan(value):
+                continue
+            frames.setdefault(round(t, 3), scr.Series()).add(name, labels, value)
+
+
+def prometheus_run(
+    client: Any,
+    base_url: str,
+    selector: str,
+    start: float,
+    end: float,
+    step: float,
+    *,
+    name: str = "",
+    limits: _http.Limits = _http.DEFAULT_LIMITS,
+) -> Run:
+    """A run from a Prometheus server over ``[start, end]`` (Unix seconds); see the module
+    docstring. Raises :class:`RunError` for an unreachable server or an empty range."""
+    if not end > start:
+        raise RunError(f"the time range is empty: end {end:.0f} is not after start {start:.0f}")
+    step = min(step, end - start)
+    window = scr._window_text(step)
+    first = start + step
+    counters: dict[float, scr.Series] = {}
+    for metric in sorted(scr.COUNTER_SERIES):
+        promql = f"increase({metric}{{{selector}}}[{window}])"
+        _add_matrix(counters, metric, _prom_range(client, base_url, promql, first, end, step,
+                                                  limits))
+    gauges: dict[float, scr.Series] = {}
+    for metric in GAUGE_NAMES:
+        _add_matrix(gauges, metric, _prom_range(
+            client, base_url, f"{metric}{{{selector}}}", first, end, step, limits))
+    up_matrix = _prom_range(client, base_url, f"up{{{selector}}}", start, end, step, limits)
+    source = f"{base_url} {{{selector}}}"
+    if not any(s.has(catalog.CYCLES.name) for s in counters.values()):
+        seen = "" if gauges else (" and no specobs series at all: check the selector and that "
+                                  "Prometheus scrapes the specobs endpoint")
+        raise RunError(
+            f"Prometheus at {base_url} has no {catalog.CYCLES.name}{{{selector}}} samples between "
+            f"{_iso(start)} and {_iso(end)}{seen}"
+        )
+    windows: list[Window] = []
+    for t in sorted(counters):
+        delta = scr.Delta(counters[t], gauges.get(t, scr.Series()), step)
+        windows.append(Window(t - start, delta, scr.breakdown(delta)))
+    try:
+        total_delta = scr.prometheus_delta(client, base_url, selector, end - start,
+                                           limits=limits, at=end)
+    except scr.ScrapeError as exc:
+        raise RunError(str(exc)) from None
+    up: dict[str, list[tuple[float, float]]] = {}
+    for item in up_matrix:
+        instance = str((item.get("metric") or {}).get("instance", ""))
+        up[instance] = [(float(p[0]) - start, float(p[1])) for p in item.get("values") or []]
+    return Run(name or source, source, start, end, windows, scr.breakdown(total_delta),
+               total_delta, up=up)
+
+
+def _iso(unix: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix))
+
+
+def parse_time(text: str, now: float) -> float:
+    """``now``, Unix seconds, RFC 3339 (``2024-05-01T10:00:00Z``) or ``-15m`` (before now)."""
+    raw = text.strip()
+    if raw == "now":
+        return now
+    if raw.startswith("-"):
+        return now - scr.parse_window(raw[1:])
+    try:
+        return float(raw)
+    except ValueError:
+        pass
+    from datetime import datetime, timezone
+
+    try:
+        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"bad time {text!r}; expected now, Unix seconds, RFC 3339 such as "
+            "2024-05-01T10:00:00Z, or a duration before now such as -15m"
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
