@@ -384,10 +384,10 @@ def _summary(b: scr.Breakdown, prefix: str = "") -> str:
 
 
 def _layout(fig: Any, title: str, y: str, height: int = 320, **kw: Any) -> Any:
+    kw.setdefault("margin", {"l": 60, "r": 20, "t": 50, "b": 45})
     fig.update_layout(
         title={"text": title, "x": 0.01, "xanchor": "left"}, template="plotly_white",
-        height=height, margin={"l": 60, "r": 20, "t": 50, "b": 45},
-        legend={"orientation": "h", "y": -0.22}, yaxis_title=y, **kw,
+        height=height, legend={"orientation": "h", "y": -0.22}, yaxis_title=y, **kw,
     )
     return fig
 
@@ -587,7 +587,9 @@ def _health_figure(runs: Sequence[data.Run]) -> Any:
                          w.breakdown.overhead_ratio * 100 for w in r.windows],
             name=f"{tag}overhead %", mode="lines",
             line={"color": _RUN_COLORS[ri % 2], "dash": "dot"}), row=1, col=2)
-    return _layout(fig, "Drops and exporter health", "")
+    fig.update_annotations(font_size=12)
+    return _layout(fig, "Drops and exporter health", "", margin={"l": 60, "r": 20, "t": 80,
+                                                                  "b": 45})
 
 
 def _figures(runs: Sequence[data.Run]) -> list[tuple[str, str, Any]]:
@@ -649,7 +651,8 @@ def _page(title: str, meta: str, body: str, figs: list[tuple[str, str, Any]]) ->
             sections.append(f"<h2>{html.escape(section)}</h2><div class=\"grid\">")
             current, open_grid = section, True
         div = pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=fid,
-                          config={"displaylogo": False, "responsive": True})
+                          config={"displaylogo": False, "responsive": True,
+                                  "displayModeBar": False})
         title_text = fig.layout.title.text or ""
         sections.append(f'<div class="chart" data-title="{html.escape(title_text)}">{div}</div>')
     if open_grid:

@@ -118,6 +118,10 @@ def _phase_mean(phase: str, clock: str) -> Callable[[scr.Breakdown], float | Non
     return get
 
 
+def _cycle_mean(clock: str) -> Callable[[scr.Breakdown], float | None]:
+    return lambda b: b.cycle_mean_seconds.get(clock)
+
+
 def _position(position: str) -> Callable[[scr.Breakdown], float | None]:
     def get(b: scr.Breakdown) -> float | None:
         return dict(b.position_acceptance).get(position)
@@ -153,7 +157,7 @@ def metric_defs(phases: Sequence[str], positions: Sequence[str]) -> list[MetricD
     ]
     for clock in scr.PHASE_CLOCKS:
         out.append(MetricDef(f"cycle_{clock}", f"cycle time ({clock} clock)", "timing",
-                             "seconds", lambda b, c=clock: b.cycle_mean_seconds.get(c)))
+                             "seconds", _cycle_mean(clock)))
         for phase in phases:
             out.append(MetricDef(f"phase_{phase}_{clock}", f"{phase} per cycle ({clock} clock)",
                                  "timing", "seconds", _phase_mean(phase, clock)))
