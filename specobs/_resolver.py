@@ -418,18 +418,26 @@ class Resolver:
                     continue
                 c._ev = None
                 try:
-                    g = [el(ev[i], ev[i + 1]) for i in range(len(ev) - 1)]
-                    if all(type(x) is int and x >= 0 for x in g):
-                        gpu_of[j] = g
-                    else:
-                        rec.log.warn("elapsed", f"GPU event times are not counts of ns: {g!r}")
+                    gpu_of[j] = [el(ev[i], ev[i + 1]) for i in range(len(ev) - 1)]
                 except Exception as exc:
                     rec.log.warn("elapsed", f"could not read GPU event times: {exc!r}")
                 clock.release(ev)
                 cost += c._cost
         gcols = list(gpu_of.values())
+        try:
+            gpu_sums = [sum(g) for g in gcols]
+            ok = type(sum(gpu_sums)) is int  # a float or None anywhere shows here
+        except TypeError:
+            ok = False
+        if not ok:  # a clock that returned something odd: keep only well-formed cycles
+            rec.log.warn("elapsed", "GPU event times are not integer nanoseconds; those cycles "
+                         "are counted without GPU times")
+            gpu_of = {j: g for j, g in gpu_of.items()
+                      if all(type(x) is int and x >= 0 for x in g)}
+            gcols = list(gpu_of.values())
+            gpu_sums = [sum(g) for g in gcols]
         gpu_phase_cols = [[g[i] * 1e-9 for g in gcols] for i in range(nph)] if gcols else []
-        gpu_cycle = [sum(g) * 1e-9 for g in gcols]
+        gpu_cycle = [v * 1e-9 for v in gpu_sums]
 
         accs, batches = self._acceptance_batch(ready)
         column = b""
