@@ -14,7 +14,7 @@ import yaml
 
 from specobs import catalog
 from specobs.mixin import OUTPUT_PATHS, MixinConfig, check_all, render_all, write_all
-from specobs.mixin._rules import alert_rules, recording_rules
+from specobs.mixin._rules import ENGINE_REQUEST_GAUGES, alert_rules, recording_rules
 from specobs.mixin._runbook import entries as runbook_entries
 from tests._prometheus_server import promtool
 from tests.test_mixin_promql import label_values_query, metric_names
@@ -22,8 +22,8 @@ from tests.test_mixin_promql import label_values_query, metric_names
 ROOT = Path(__file__).resolve().parent.parent
 RULES = "deploy/prometheus/rules/specobs-rules.yml"
 RULE_TESTS = "deploy/prometheus/rules/specobs-rules.test.yml"
-#: Series Prometheus itself produces, which rules may read.
-PROMETHEUS_SERIES = frozenset({"up", "ALERTS"})
+#: Series Prometheus itself produces, which rules may read, and the engines' own gauges.
+PROMETHEUS_SERIES = frozenset({"up", "ALERTS", *ENGINE_REQUEST_GAUGES})
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +109,30 @@ def test_custom_config_changes_names_and_drops_the_default_only_rule_tests(
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_grouping_and_labels_are_configurable_and_carried_everywhere() -> None:
+    config = MixinConfig(group_labels=("region", "cluster"), server_labels=("pod", "node"),
+                         model_label="model", engine_label="engine_name")  # fmt: skip
+    files = render_all(config)
+    rules = yaml.safe_load(files[RULES])
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            expr = rule["expr"]
+            for by in re.findall(r"\b(?:by|on) \(([^)]*)\)", expr):
+                labels = {x.strip() for x in by.split(",")}
+                if labels & {"job", "instance", "host"} and "le" not in labels:
+                    assert {"region", "cluster"} <= labels, (rule.get("record"), by)
+    for path in ("dashboards/fleet.json", "dashboards/cycle-breakdown.json"):
+        dashboard = json.loads(files[path])
+        names = [v["name"] for v in dashboard["templating"]["list"]]
+        assert names[:3] == ["datasource", "region", "cluster"], names
+        for expr in dashboard_exprs(dashboard):
+            assert 'region=~"$region"' in expr and 'cluster=~"$cluster"' in expr, expr
+    with pytest.raises(ValueError, match="tuple of label names"):
+        MixinConfig(group_labels="cluster")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="must not repeat"):
+        MixinConfig(group_labels=("instance",))
+
+
 # -- promtool ----------------------------------------------------------------------------------
 
 
@@ -145,7 +169,7 @@ def test_promtool_test_rules_bites_a_naive_tokens_per_second_alert(tmp_path: Pat
     """The load-drop case really is a load drop: an alert on raw tokens/s would fire on it."""
     rules = yaml.safe_load((ROOT / RULES).read_text())
     alert = next(
-        r for r in rules["groups"][1]["rules"] if r["alert"] == "SpecobsDecodeThroughputDrop"
+        r for r in rules["groups"][0]["rules"] if r.get("alert") == "SpecobsDecodeThroughputDrop"
     )
     alert["expr"] = (
         "instance:specobs_emitted_tokens:rate5m\n"
@@ -165,6 +189,7 @@ def test_dashboard_expressions_parse_in_prometheus_2_42(
     exprs = [e for path, es in all_exprs(rendered).items() if path != RULES for e in es]
     substitutions = {
         "$__rate_interval": "1m", "$job": "specobs", "$instance": ".+", "$model": ".*",
+        "$cluster": ".*", "$namespace": ".*",
     }  # fmt: skip
     rules = []
     for i, expr in enumerate(exprs):
@@ -190,7 +215,9 @@ def test_every_series_queried_is_in_the_catalog_or_a_recording_rule(
     for source, exprs in all_exprs(rendered).items():
         assert exprs, source
         for expr in exprs:
-            names = metric_names(expr)
+            names = metric_names(expr) - {""}
+            for regex in re.findall(r'__name__=~"([^"]+)"', expr):
+                names |= set(regex.split("|"))
             assert names, f"{source}: no series found in {expr!r}"
             unknown = names - known - recorded - PROMETHEUS_SERIES
             if unknown:
@@ -203,6 +230,9 @@ def test_every_catalog_metric_is_shown_somewhere(rendered: dict[str, str]) -> No
         name for exprs in all_exprs(rendered).values() for e in exprs for name in metric_names(e)
     }
     by_name = catalog.by_prometheus_name()
+    # Also series read through a {__name__=~"a|b"} selector (the stall alert's request gauges).
+    text = "\n".join(e for exprs in all_exprs(rendered).values() for e in exprs)
+    used |= {name for name in by_name if re.search(rf"[\"|]{name}[\"|]", text)}
     shown = {by_name[name].otel_name for name in used if name in by_name}
     missing = {m.otel_name for m in catalog.CATALOG} - shown
     assert missing == set()
@@ -217,7 +247,7 @@ def test_recording_rules_are_named_level_metric_operations() -> None:
     assert len(names) == len(set(names))
     for name in names:
         assert re.fullmatch(r"[a-z_]+:[a-z_]+:[a-z0-9_]+", name), name
-        assert name.startswith("instance:specobs_"), name
+        assert name.startswith(("instance:specobs_", "cohort:specobs_", "host:specobs_")), name
     # Read in evaluation order: a rule only reads rules defined before it.
     defined: set[str] = set()
     for rule in rules:
@@ -228,7 +258,7 @@ def test_recording_rules_are_named_level_metric_operations() -> None:
 def test_alerts_follow_the_conventions(rendered: dict[str, str]) -> None:
     runbook = rendered["docs/runbook.md"]
     anchors = {heading.lower() for heading in re.findall(r"^## (\S+)$", runbook, flags=re.M)}
-    rules = yaml.safe_load(rendered[RULES])["groups"][1]["rules"]
+    rules = [r for r in yaml.safe_load(rendered[RULES])["groups"][0]["rules"] if "alert" in r]
     assert len(rules) == len(runbook_entries())
     for rule in rules:
         name = rule["alert"]
@@ -241,16 +271,24 @@ def test_alerts_follow_the_conventions(rendered: dict[str, str]) -> None:
         assert url.startswith(MixinConfig().runbook_base_url + "#")
         assert url.split("#")[1] in anchors, name
         assert re.fullmatch(r"\d+[smh]", rule["for"]), name
+        labels = set(re.findall(r"\$labels\.(\w+)", annotations["description"]))
+        assert labels, name
 
 
 def test_alerts_cover_the_issue(rendered: dict[str, str]) -> None:
     rules = {r.alert: r.expr for r in alert_rules(MixinConfig())}
     assert set(rules) == {
-        "SpecobsDecodeThroughputDrop", "SpecobsAcceptanceRateDrop",
-        "SpecobsSpeculationSlowerThanBaseline", "SpecobsPhaseLatencyRegression",
+        "SpecobsAcceptanceBelowCohort", "SpecobsAcceptanceRateDrop",
+        "SpecobsDecodeThroughputBelowCohort", "SpecobsCohortThroughputDrop",
+        "SpecobsDecodeThroughputDrop", "SpecobsSpeculationSlowerThanBaseline",
+        "SpecobsPhaseLatencyAboveCohort", "SpecobsPhaseLatencyRegression",
         "SpecobsDecodingStalled", "SpecobsExporterDown", "SpecobsTargetMissing",
         "SpecobsExporterDroppingRecords",
     }  # fmt: skip
+    # Survives pod churn: the cohort alerts never group by instance.
+    assert "cohort:specobs_acceptance:ratio_rate5m" in rules["SpecobsAcceptanceRateDrop"]
+    # The stall alert reads the engines' own gauges, joined by host.
+    assert "host:specobs_engine_requests:max" in rules["SpecobsDecodingStalled"]
     # Throughput is judged per sequence, not by raw tokens/s.
     assert "specobs_sequence_tokens_per_second" in rules["SpecobsDecodeThroughputDrop"]
     assert rules["SpecobsTargetMissing"].startswith("absent(")
@@ -263,4 +301,5 @@ def test_metrics_doc_lists_every_metric_and_rule(rendered: dict[str, str]) -> No
         assert f"`{metric.name}`" in doc and f"`{metric.otel_name}`" in doc
     for rule in recording_rules(MixinConfig()):
         assert f"`{rule.record}`" in doc
-    assert "(1 - a^(k+1)) / (1 - a)" in doc
+    assert "E x t_verify / (t_draft + t_verify)" in doc
+    assert "vllm:num_requests_running" in doc and "sglang:num_queue_reqs" in doc

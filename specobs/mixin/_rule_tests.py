@@ -29,8 +29,13 @@ MISTRAL = {"model_name": "mistral-7b", "serving_engine": "sglang"}
 
 def pod(index: int, model: dict[str, str] = LLAMA, name: str = "llama") -> dict[str, str]:
     """Labels of one specobs target as the Prometheus Operator scrapes it: 10.0.0.N:9477."""
-    return {**GROUP, "job": "specobs", "instance": f"10.0.0.{index}:9477",
-            "pod": f"{name}-{index}", **model}  # fmt: skip
+    return {
+        **GROUP,
+        "job": "specobs",
+        "instance": f"10.0.0.{index}:9477",
+        "pod": f"{name}-{index}",
+        **model,
+    }
 
 
 LABELS = pod(1)
@@ -197,12 +202,23 @@ def engine_series(
     """The engine's own request gauges, one sample per step, as vLLM or SGLang export them
     (their own endpoint: another port and job than specobs's)."""
     if style == "vllm":
-        labels = {**GROUP, "job": "vllm", "instance": f"{host}:8000", "model_name": model,
-                  "engine": "0"}  # fmt: skip
+        labels = {
+            **GROUP,
+            "job": "vllm",
+            "instance": f"{host}:8000",
+            "model_name": model,
+            "engine": "0",
+        }
         names = ("vllm:num_requests_running", "vllm:num_requests_waiting")
     else:
-        labels = {**GROUP, "job": "sglang", "instance": f"{host}:30000", "model_name": model,
-                  "engine_type": "unified", "tp_rank": "0"}  # fmt: skip
+        labels = {
+            **GROUP,
+            "job": "sglang",
+            "instance": f"{host}:30000",
+            "model_name": model,
+            "engine_type": "unified",
+            "tp_rank": "0",
+        }
         names = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
     return [
         {"series": _selector(name, labels), "values": _notation([values[0], *values])}
@@ -296,8 +312,9 @@ def _cases() -> list[_Case]:
     engine_stalled = replace(engine_only, cycles_per_second=0.0)
     engine_idle = engine_stalled
 
-    def series(*segments: tuple[ServerState, int], labels: dict[str, str] = LABELS,
-               start: int = 0) -> list[dict[str, str]]:  # fmt: skip
+    def series(
+        *segments: tuple[ServerState, int], labels: dict[str, str] = LABELS, start: int = 0
+    ) -> list[dict[str, str]]:
         return server_series(list(segments), labels, start=start)
 
     def fleet(*servers: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -311,40 +328,56 @@ def _cases() -> list[_Case]:
     cases += [
         _Case(
             "new pod with a broken draft joins two healthy pods: acceptance below cohort fires",
-            fleet(series((healthy, 2 * hour), labels=p0), series((healthy, 2 * hour), labels=p1),
-                  series((broken, hour), labels=p2, start=hour)),  # fmt: skip
-            [("65m30s", a, []), ("66m", a, [(p2, "10%")]),
-             ("90m", "SpecobsAcceptanceRateDrop", [])],  # fmt: skip
+            fleet(
+                series((healthy, 2 * hour), labels=p0),
+                series((healthy, 2 * hour), labels=p1),
+                series((broken, hour), labels=p2, start=hour),
+            ),
+            [
+                ("65m30s", a, []),
+                ("66m", a, [(p2, "10%")]),
+                ("90m", "SpecobsAcceptanceRateDrop", []),
+            ],
             fault_at="60m",
         ),
         _Case(
             "one outlier of four pods loses its draft: acceptance below cohort fires",
-            fleet(*(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
-                  series((healthy, hour), (wrong_layers, hour), labels=p3)),  # fmt: skip
+            fleet(
+                *(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
+                series((healthy, hour), (wrong_layers, hour), labels=p3),
+            ),
             [("67m", a, []), ("67m30s", a, [(p3, "19%")])],
             fault_at="60m",
         ),
         _Case(
             "a healthy new pod, and a quiet pod with a poor draft: acceptance below cohort silent",
-            fleet(series((healthy, 2 * hour), labels=p0), series((healthy, 2 * hour), labels=p1),
-                  series((healthy, hour), labels=p2, start=hour),
-                  series((replace(quiet, acceptance=0.1), 2 * hour), labels=p3)),  # fmt: skip
+            fleet(
+                series((healthy, 2 * hour), labels=p0),
+                series((healthy, 2 * hour), labels=p1),
+                series((healthy, hour), labels=p2, start=hour),
+                series((replace(quiet, acceptance=0.1), 2 * hour), labels=p3),
+            ),
             [("70m", a, []), ("110m", a, [])],
         ),
     ]
     a = "SpecobsAcceptanceRateDrop"
     rollout = fleet(
-        series((healthy, 90), labels=p0), series((healthy, 90), labels=p1),
-        series((broken, hour), labels=p2, start=90), series((broken, hour), labels=p3, start=90),
+        series((healthy, 90), labels=p0),
+        series((healthy, 90), labels=p1),
+        series((broken, hour), labels=p2, start=90),
+        series((broken, hour), labels=p3, start=90),
         series((healthy, 150), labels=m0),
-    )  # fmt: skip
+    )
     cases += [
         _Case(
             "a whole rollout degrades one model (new pods, broken draft): acceptance drop fires "
             "for that model only",
             rollout,
-            [("97m", a, []), ("97m30s", a, [(_cohort(p0), "10%")]),
-             ("120m", "SpecobsAcceptanceBelowCohort", [])],  # fmt: skip
+            [
+                ("97m", a, []),
+                ("97m30s", a, [(_cohort(p0), "10%")]),
+                ("120m", "SpecobsAcceptanceBelowCohort", []),
+            ],
             fault_at="90m",
         ),
         _Case(
@@ -355,8 +388,10 @@ def _cases() -> list[_Case]:
         ),
         _Case(
             "a rollout with a healthy draft, a load drop and mild drift: no acceptance drop",
-            fleet(series((healthy, 90), labels=p0),
-                  series((load_drop, 20), (drift, 40), labels=p2, start=90)),  # fmt: skip
+            fleet(
+                series((healthy, 90), labels=p0),
+                series((load_drop, 20), (drift, 40), labels=p2, start=90),
+            ),
             [("95m", a, []), ("110m", a, []), ("145m", a, [])],
         ),
     ]
@@ -364,16 +399,19 @@ def _cases() -> list[_Case]:
     cases += [
         _Case(
             "one pod's cycle time doubles at the fleet's load: throughput below cohort fires",
-            fleet(*(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
-                  series((healthy, hour), (slow, hour), labels=p3)),  # fmt: skip
+            fleet(
+                *(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
+                series((healthy, hour), (slow, hour), labels=p3),
+            ),
             [("68m", a, []), ("68m30s", a, [(p3, "150.0")])],
             fault_at="60m",
         ),
         _Case(
-            "one pod gets four times the batch (load, not a fault): throughput below cohort "
-            "silent",
-            fleet(*(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
-                  series((healthy, hour), (load_rise, hour), labels=p3)),  # fmt: skip
+            "one pod gets four times the batch (load, not a fault): throughput below cohort silent",
+            fleet(
+                *(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
+                series((healthy, hour), (load_rise, hour), labels=p3),
+            ),
             [("70m", a, []), ("110m", a, [])],
         ),
     ]
@@ -381,16 +419,18 @@ def _cases() -> list[_Case]:
     cases += [
         _Case(
             "a rollout slows every pod of one model (new pods): cohort throughput drop fires",
-            fleet(series((healthy, 90), labels=p0), series((healthy, 90), labels=p1),
-                  series((slow, hour), labels=p2, start=90),
-                  series((slow, hour), labels=p3, start=90)),  # fmt: skip
+            fleet(
+                series((healthy, 90), labels=p0),
+                series((healthy, 90), labels=p1),
+                series((slow, hour), labels=p2, start=90),
+                series((slow, hour), labels=p3, start=90),
+            ),
             [("104m", a, []), ("104m30s", a, [(_cohort(p0), "150.0")])],
             fault_at="90m",
         ),
         _Case(
             "a rollout under four times the load: cohort throughput drop silent",
-            fleet(series((healthy, 90), labels=p0),
-                  series((load_rise, hour), labels=p2, start=90)),  # fmt: skip
+            fleet(series((healthy, 90), labels=p0), series((load_rise, hour), labels=p2, start=90)),
             [("100m", a, []), ("140m", a, [])],
         ),
     ]
@@ -431,16 +471,22 @@ def _cases() -> list[_Case]:
     cases += [
         _Case(
             "verify doubles on one pod at the fleet's batch size: phase above cohort fires",
-            fleet(*(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
-                  series((healthy, hour), (verify_slow, hour), labels=p3)),  # fmt: skip
-            [("67m30s", a, []),
-             ("68m", a, [({**p3, "phase": "verify", "clock": "gpu"}, "12ms")])],  # fmt: skip
+            fleet(
+                *(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
+                series((healthy, hour), (verify_slow, hour), labels=p3),
+            ),
+            [
+                ("67m30s", a, []),
+                ("68m", a, [({**p3, "phase": "verify", "clock": "gpu"}, "12ms")]),
+            ],
             fault_at="60m",
         ),
         _Case(
             "verify doubles on one pod because its batch doubled: phase above cohort silent",
-            fleet(*(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
-                  series((healthy, hour), (verify_slow_bigger_batch, hour), labels=p3)),
+            fleet(
+                *(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
+                series((healthy, hour), (verify_slow_bigger_batch, hour), labels=p3),
+            ),
             [("70m", a, []), ("110m", a, [])],
         ),
     ]
@@ -449,8 +495,10 @@ def _cases() -> list[_Case]:
         _Case(
             "verify doubles at constant batch size: phase regression fires",
             series((healthy, hour), (verify_slow, hour)),
-            [("77m30s", a, []),
-             ("78m", a, [({**server, "phase": "verify", "clock": "gpu"}, "12ms")])],  # fmt: skip
+            [
+                ("77m30s", a, []),
+                ("78m", a, [({**server, "phase": "verify", "clock": "gpu"}, "12ms")]),
+            ],
             fault_at="60m",
         ),
         _Case(
@@ -467,10 +515,11 @@ def _cases() -> list[_Case]:
             _Case(
                 f"{style}-style engine: requests running, cycles stop: stalled fires",
                 fleet(
-                    server_series([(engine_only, quarter), (engine_stalled, quarter)], p0,
-                                  step_seconds=15),
+                    server_series(
+                        [(engine_only, quarter), (engine_stalled, quarter)], p0, step_seconds=15
+                    ),
                     engine_series(style, "10.0.0.1", [3.0] * 2 * quarter, [2.0] * 2 * quarter),
-                ),  # fmt: skip
+                ),
                 [("31m", a, []), ("31m30s", a, [(host, "3")]), ("45m", a, [(host, "3")])],
                 fault_at="30m",
                 interval="15s",
@@ -487,14 +536,16 @@ def _cases() -> list[_Case]:
             "quiet engine (no requests, no cycles), busy engine, an engine host without specobs: "
             "not stalled",
             fleet(
-                server_series([(engine_only, quarter), (engine_idle, quarter)], p0,
-                              step_seconds=15),
-                engine_series("vllm", "10.0.0.1", [3.0] * quarter + [0.0] * quarter,
-                              [0.0] * 2 * quarter),
+                server_series(
+                    [(engine_only, quarter), (engine_idle, quarter)], p0, step_seconds=15
+                ),
+                engine_series(
+                    "vllm", "10.0.0.1", [3.0] * quarter + [0.0] * quarter, [0.0] * 2 * quarter
+                ),
                 server_series([(engine_only, 2 * quarter)], p1, step_seconds=15),
                 engine_series("sglang", "10.0.0.2", [4.0] * 2 * quarter, [1.0] * 2 * quarter),
                 engine_series("vllm", "10.0.0.7", [4.0] * 2 * quarter, [1.0] * 2 * quarter),
-            ),  # fmt: skip
+            ),
             [("25m", a, []), ("45m", a, [])],
             interval="15s",
         ),
@@ -508,8 +559,9 @@ def _cases() -> list[_Case]:
             [("15m30s", a, []), ("16m", a, [(target, "0")])],
             fault_at="10m",
         ),
-        _Case("scrapes succeed: exporter down does not fire", series((healthy, 30)),
-              [("20m", a, [])]),  # fmt: skip
+        _Case(
+            "scrapes succeed: exporter down does not fire", series((healthy, 30)), [("20m", a, [])]
+        ),
     ]
     a = "SpecobsTargetMissing"
     cases += [
@@ -519,8 +571,11 @@ def _cases() -> list[_Case]:
             [("14m30s", a, []), ("15m", a, [({"job": "specobs"}, "1")])],
             fault_at="0m",
         ),
-        _Case("a specobs target exists: target missing does not fire", series((down, 30)),
-              [("20m", a, [])]),  # fmt: skip
+        _Case(
+            "a specobs target exists: target missing does not fire",
+            series((down, 30)),
+            [("20m", a, [])],
+        ),
     ]
     a = "SpecobsExporterDroppingRecords"
     cases += [
@@ -540,15 +595,19 @@ def _cases() -> list[_Case]:
     cases += [
         _Case(
             "a quiet but healthy fleet (a trickle of traffic, one idle pod): no alert at all",
-            fleet(series((healthy, hour), (quiet, hour), labels=p0),
-                  series((quiet, 2 * hour), labels=p1),
-                  series((healthy, 30), (idle, 90), labels=p2)),  # fmt: skip
+            fleet(
+                series((healthy, hour), (quiet, hour), labels=p0),
+                series((quiet, 2 * hour), labels=p1),
+                series((healthy, 30), (idle, 90), labels=p2),
+            ),
             [(t, name, []) for t in ("70m", "110m") for name in every],
         ),
         _Case(
             "a restart (counters reset to zero on the same pod): no alert at all",
-            fleet(server_series([(healthy, 2 * hour)], p0, restart_at=hour),
-                  series((healthy, 2 * hour), labels=p1)),  # fmt: skip
+            fleet(
+                server_series([(healthy, 2 * hour)], p0, restart_at=hour),
+                series((healthy, 2 * hour), labels=p1),
+            ),
             [(t, name, []) for t in ("61m", "63m", "70m", "90m") for name in every],
         ),
     ]
@@ -639,10 +698,19 @@ def _idle_tests(config: MixinConfig) -> dict[str, Any]:
     n = RuleNames(config)
     idle = replace(ServerState(), cycles_per_second=0.0, waiting=0.0, running=0.0)
     ratios = (
-        n.acceptance, n.emitted_per_sequence, n.batch_size_mean, n.cycle_mean, n.cycle_p99,
-        n.phase_mean, n.phase_share, n.sequence_speed, n.speedup_realized, n.speedup_predicted,
-        n.sampled_ratio, n.cohort_acceptance,
-    )  # fmt: skip
+        n.acceptance,
+        n.emitted_per_sequence,
+        n.batch_size_mean,
+        n.cycle_mean,
+        n.cycle_p99,
+        n.phase_mean,
+        n.phase_share,
+        n.sequence_speed,
+        n.speedup_realized,
+        n.speedup_predicted,
+        n.sampled_ratio,
+        n.cohort_acceptance,
+    )
     return {
         "name": "an idle server: no NaN in any ratio rule (absent instead)",
         "interval": "1m",

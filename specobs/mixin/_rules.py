@@ -200,9 +200,7 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
             f'{n.emitted_per_sequence}\n/ on ({by})\n({n.cycle_mean}{{clock="host"}} > 0)',
         ),
         RecordingRule(n.baseline, f"max by ({by}) ({c.BASELINE_SEQUENCE_TOKENS.name}{{{sel}}})"),
-        RecordingRule(
-            n.speedup_realized, f"{n.sequence_speed}\n/ on ({by})\n({n.baseline} > 0)"
-        ),
+        RecordingRule(n.speedup_realized, f"{n.sequence_speed}\n/ on ({by})\n({n.baseline} > 0)"),
         # Measured tokens per sequence-cycle E (= 1 + the sum over positions of the accepted
         # fraction, which the per-position counters give) over the cycle's cost in target steps,
         # (draft + verify) / verify, on each clock. docs/metrics.md states the assumptions.
@@ -225,7 +223,7 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         RecordingRule(
             n.alerts_firing,
             f'count by ({by}) (ALERTS{{alertstate="firing", alertname=~"{ALERT_PREFIX}.*", {sel}}})'
-            f"\nor on (job, instance)\n0 * {n.up}",
+            f"\nor on ({', '.join((*config.group_labels, 'job', 'instance'))})\n0 * {n.up}",
         ),
         # Cohorts: the servers of one model and engine, wherever and however long they run.
         RecordingRule(n.cohort_servers, f"count by ({cby}) ({n.cycles} > 0)"),
@@ -448,15 +446,15 @@ def dump_yaml(data: Any) -> str:
 
 
 def rule_groups(config: MixinConfig) -> dict[str, Any]:
+    """One group: the recording rules, then the alerts. Rules of a group run in order at the
+    same timestamp, so every alert reads the recording rules of its own evaluation (in separate
+    groups an alert may read values one interval old, and detection times would wobble)."""
     return {
         "groups": [
             {
-                "name": "specobs.rules",
-                "rules": [{"record": r.record, "expr": r.expr} for r in recording_rules(config)],
-            },
-            {
-                "name": "specobs.alerts",
-                "rules": [
+                "name": "specobs",
+                "rules": [{"record": r.record, "expr": r.expr} for r in recording_rules(config)]
+                + [
                     {
                         "alert": a.alert,
                         "expr": a.expr,

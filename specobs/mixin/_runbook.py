@@ -132,7 +132,8 @@ _ENTRIES: dict[str, tuple[str, list[str]]] = {
         "Across all servers of one model and engine (the cohort, whatever their instance), the "
         "target model accepts a much smaller fraction of drafted tokens than the cohort did in "
         "the recent past: a rollout of a broken draft to every pod survives the new instances, "
-        "and a cohort of one server is that server's own history. Every rejected token is wasted draft and verify work, so speedup falls. A "
+        "and a cohort of one server is that server's own history. Every rejected token is "
+        "wasted draft and verify work, so speedup falls. A "
         "draft head wired to the wrong hidden layers drops acceptance from about 47% to 19%.",
         [
             "Was the draft model, its checkpoint or the target model changed? A draft must match "
@@ -258,10 +259,13 @@ def render(config: MixinConfig) -> str:
     alerts = alert_rules(config)
     times = _rule_tests.detection_times() if _rule_tests.is_default(config) else {}
     for alert in alerts:
-        measured = "; ".join(
-            f"{_duration(fired)} ({case}; silent at {_duration(silent)})"
-            for case, silent, fired in times.get(alert.alert, [])
-        ) or "not measured for this config"
+        measured = (
+            "; ".join(
+                f"{_duration(fired)} ({case}; silent at {_duration(silent)})"
+                for case, silent, fired in times.get(alert.alert, [])
+            )
+            or "not measured for this config"
+        )
         short = alert.alert.removeprefix(ALERT_PREFIX)
         lines.append(
             f"| [{alert.alert}](#{alert.anchor}) | {alert.severity} | {alert.for_} | "
