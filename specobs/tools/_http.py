@@ -338,7 +338,7 @@ def _read_body(
         f"{url} sent a body larger than {format_bytes(limit)} (after decompression): not a "
         "metrics endpoint? (--max-bytes raises the limit)"
     )
-    encoding = response.headers.get("content-encoding", "")
+    encoding = response.headers.get("content-encoding", "").strip().lower()
     inflater = _Inflater(encoding, url)
     declared = response.headers.get("content-length", "")
     if not truncate and encoding in ("", "identity") and declared.isdigit() \
