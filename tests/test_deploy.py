@@ -263,9 +263,10 @@ def test_grafana_links_exemplars_to_the_tempo_datasource() -> None:
     destinations = sources["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
     # The Prometheus sink's exemplar label (specobs/sinks/prometheus.py) is trace_id.
     assert destinations == [{"name": "trace_id", "datasourceUid": sources["tempo"]["uid"]}]
-    assert 'PromExemplar(\n                    {"trace_id"' in (
-        ROOT / "specobs/sinks/prometheus.py"
-    ).read_text()
+    assert (
+        'PromExemplar(\n                    {"trace_id"'
+        in (ROOT / "specobs/sinks/prometheus.py").read_text()
+    )
     for path in DASHBOARDS:
         variables = json.loads(path.read_text())["templating"]["list"]
         ds = [v for v in variables if v["name"] == "datasource"]
@@ -469,7 +470,8 @@ def test_kubernetes_ports_match(kustomized: dict[str, list[dict[str, Any]]]) -> 
     for port in service["spec"]["ports"]:
         assert ports[port["targetPort"]] == port["port"], port
     config_map = next(
-        o for o in rendered
+        o
+        for o in rendered
         if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("specobs-otel-collector")
     )
     mounted = deployment["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
@@ -510,7 +512,8 @@ def test_kustomize_renders_the_generated_dashboards(
 ) -> None:
     for overlay, rendered in kustomized.items():
         maps = [
-            o for o in rendered
+            o
+            for o in rendered
             if o["kind"] == "ConfigMap" and o["metadata"].get("labels", {}).get("grafana_dashboard")
         ]
         assert len(maps) == len(DASHBOARDS), overlay
@@ -548,7 +551,8 @@ def test_remote_write_overlay_pushes_and_scrapes_nothing_dead(
 ) -> None:
     rendered = kustomized["deploy/k8s/examples/remote-write"]
     config_map = next(
-        o for o in rendered
+        o
+        for o in rendered
         if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("specobs-otel-collector")
     )
     config = yaml.safe_load(config_map["data"]["config.yaml"])
@@ -567,11 +571,11 @@ def test_remote_write_overlay_pushes_and_scrapes_nothing_dead(
         ]
     ]
     assert "prom-export" not in ports
-    patch = load_yaml(K8S / "examples/remote-write/prometheus-remote-write.yaml")
-    assert patch["kind"] == "Prometheus"
-    (remote,) = patch["spec"]["remoteWrite"]
+    # A JSON patch that appends one entry (tests/test_fleet_deploy.py applies it).
+    (op,) = load_yaml(K8S / "examples/remote-write/prometheus-remote-write.yaml")
+    assert op["op"] == "add" and op["path"] == "/spec/remoteWrite/-"
+    remote = op["value"]
     assert remote["url"].startswith("http") and remote["sendExemplars"] is True
-    assert "exemplar-storage" in patch["spec"]["enableFeatures"]
 
 
 def test_derived_k8s_files_are_in_sync_with_the_generated_files() -> None:
@@ -613,9 +617,11 @@ def test_render_deploy_is_pure_and_says_what_it_needs(tmp_path: Path) -> None:
         dest = tmp_path / path.relative_to(ROOT)
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(path.read_text())
-    assert module.check_deploy(tmp_path) == sorted(module.render_deploy(
-        {str(p.relative_to(ROOT)): p.read_text() for p in [RULES, *DASHBOARDS]}
-    ))
+    assert module.check_deploy(tmp_path) == sorted(
+        module.render_deploy(
+            {str(p.relative_to(ROOT)): p.read_text() for p in [RULES, *DASHBOARDS]}
+        )
+    )
     assert module.main(["--root", str(tmp_path)]) == 0
     assert module.check_deploy(tmp_path) == []
     (tmp_path / "deploy/k8s/base/dashboards/old.json").write_text("{}")
@@ -633,8 +639,9 @@ def test_render_deploy_is_pure_and_says_what_it_needs(tmp_path: Path) -> None:
 
 
 def test_yamllint_is_clean() -> None:
-    result = run(tool("yamllint"), "--strict", "-c", ".yamllint", "docker-compose.yml", "deploy",
-                 ".yamllint")
+    result = run(
+        tool("yamllint"), "--strict", "-c", ".yamllint", "docker-compose.yml", "deploy", ".yamllint"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -655,7 +662,6 @@ def test_stack_local_help_and_bad_flags() -> None:
     ):
         result = run("bash", str(STACK_LOCAL), *bad)
         assert result.returncode == 2 and message in result.stderr, (bad, result.stderr)
-
 
 
 class _Recorder:
@@ -727,8 +733,10 @@ def _wait(predicate: Any, what: str, timeout: float, log: Path) -> Any:
         except (httpx.HTTPError, KeyError, ValueError) as exc:
             last = exc
         time.sleep(0.2)
-    raise AssertionError(f"{what} within {timeout}s; last: {last!r}\n--- script output ---\n"
-                         + (log.read_text() if log.exists() else ""))
+    raise AssertionError(
+        f"{what} within {timeout}s; last: {last!r}\n--- script output ---\n"
+        + (log.read_text() if log.exists() else "")
+    )
 
 
 @pytest.mark.slow
@@ -744,19 +752,36 @@ def test_stack_local_runs_prometheus_and_alertmanager_against_a_specobs_endpoint
     for attempt in range(3):  # a free port can be taken again before the server binds it
         prometheus_port, alertmanager_port = free_port(), free_port()
         argv = [
-            "bash", str(STACK_LOCAL),
-            "--target", recorder.target,
-            "--prometheus-port", str(prometheus_port),
-            "--alertmanager-port", str(alertmanager_port),
-            "--scrape-interval", "1s",
-            "--dir", str(state),
+            "bash",
+            str(STACK_LOCAL),
+            "--target",
+            recorder.target,
+            "--prometheus-port",
+            str(prometheus_port),
+            "--alertmanager-port",
+            str(alertmanager_port),
+            "--scrape-interval",
+            "1s",
+            "--dir",
+            str(state),
         ]
         with open(log, "wb") as out:
             # Its own session, so that a failing test can still end everything it started.
-            script = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        _wait(lambda p=script: p.poll() is not None or "stack is up" in log.read_text(),
-              "the script neither reported the stack up nor exited", 60, log)
+            script = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        _wait(
+            lambda p=script: p.poll() is not None or "stack is up" in log.read_text(),
+            "the script neither reported the stack up nor exited",
+            60,
+            log,
+        )
         if script.poll() is None or "address already in use" not in log.read_text() or attempt == 2:
             break
     api = httpx.Client(base_url=f"http://127.0.0.1:{prometheus_port}", timeout=5)
@@ -767,12 +792,17 @@ def test_stack_local_runs_prometheus_and_alertmanager_against_a_specobs_endpoint
         assert f"Alertmanager  http://127.0.0.1:{alertmanager_port}" in text
 
         def query(promql: str) -> list[Any]:
-            result: list[Any] = api.get("/api/v1/query", params={"query": promql}).json()[
-                "data"]["result"]
+            result: list[Any] = api.get("/api/v1/query", params={"query": promql}).json()["data"][
+                "result"
+            ]
             return result
 
-        series = _wait(lambda: query("specobs_cycles_total"),
-                       "Prometheus did not get specobs_cycles_total", 40, log)
+        series = _wait(
+            lambda: query("specobs_cycles_total"),
+            "Prometheus did not get specobs_cycles_total",
+            40,
+            log,
+        )
         assert series[0]["metric"]["job"] == "specobs"
         assert series[0]["metric"]["instance"] == recorder.target
         assert float(series[0]["value"][1]) > 0
@@ -824,29 +854,50 @@ def test_stack_local_runs_prometheus_and_alertmanager_against_a_specobs_endpoint
 @pytest.mark.slow
 def test_stack_local_starts_the_demo_itself(tmp_path: Path) -> None:
     if importlib.util.find_spec("specobs.demo._cli") is None or shutil.which("specobs") is None:
-        pytest.skip("`specobs demo` is not there yet (specobs.demo._cli); "
-                    "the recorder-based test above covers the script meanwhile")
+        pytest.skip(
+            "`specobs demo` is not there yet (specobs.demo._cli); "
+            "the recorder-based test above covers the script meanwhile"
+        )
     tool("prometheus")
     tool("curl")
     metrics_port, prometheus_port, completions_port = free_port(), free_port(), free_port()
     log = tmp_path / "stack-local.out"
     argv = [
-        "bash", str(STACK_LOCAL), "--no-alertmanager",
-        "--demo", "400",
-        "--target", f"127.0.0.1:{metrics_port}",
-        "--prometheus-port", str(prometheus_port),
-        "--scrape-interval", "1s",
-        "--dir", str(tmp_path / "state"),
-        "--", "--port", str(completions_port), "--device", "cpu",
+        "bash",
+        str(STACK_LOCAL),
+        "--no-alertmanager",
+        "--demo",
+        "400",
+        "--target",
+        f"127.0.0.1:{metrics_port}",
+        "--prometheus-port",
+        str(prometheus_port),
+        "--scrape-interval",
+        "1s",
+        "--dir",
+        str(tmp_path / "state"),
+        "--",
+        "--port",
+        str(completions_port),
+        "--device",
+        "cpu",
     ]
     with open(log, "wb") as out:
-        script = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
+        script = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     api = httpx.Client(base_url=f"http://127.0.0.1:{prometheus_port}", timeout=5)
     try:
+
         def cycles() -> Any:
             return api.get("/api/v1/query", params={"query": "specobs_cycles_total"}).json()[
-                "data"]["result"]
+                "data"
+            ]["result"]
 
         # Generous: if no earlier test trained the demo's weights, this demo trains them first.
         series = _wait(cycles, "Prometheus got no specobs_cycles_total from the demo", 360, log)
