@@ -529,3 +529,21 @@ def test_significance_needs_both_the_noise_test_and_the_minimum_change() -> None
     # Too few windows: no verdict.
     c = {c.metric.key: c for c in stats.compare(defs, a[0], b[0], a[:3], b[:3])}
     assert c["acceptance"].verdict == "too few windows"
+
+
+def test_help_and_a_light_import() -> None:
+    code = (
+        "import sys, specobs.tools._report\n"
+        "heavy = [m for m in ('httpx', 'plotly', 'prometheus_client', 'torch') "
+        "if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=_env(), timeout=30)
+    done = subprocess.run([sys.executable, "-m", "specobs.cli", "report", "--help"],
+                          capture_output=True, text=True, env=_env(), timeout=30)
+    assert done.returncode == 0
+    for flag in ("--from", "--compare", "--duration", "--save", "--prometheus", "--min-change"):
+        assert flag in done.stdout
+    top = subprocess.run([sys.executable, "-m", "specobs.cli", "--help"], capture_output=True,
+                         text=True, env=_env(), timeout=30)
+    assert re.search(r"^\s+report\s", top.stdout, re.M), top.stdout
