@@ -37,7 +37,9 @@ def _prometheus_rule(rules_yaml: str) -> str:
     if not lines or not lines[0].startswith("groups:"):
         raise ValueError(
             f"{RULES_PATH} should start with a top-level `groups:` key (after comments), "
-            f"got {lines[0]!r}" if lines else f"{RULES_PATH} is empty"
+            f"got {lines[0]!r}"
+            if lines
+            else f"{RULES_PATH} is empty"
         )
     body = "".join(f"  {line}\n" if line.strip() else "\n" for line in lines)
     return (
@@ -57,9 +59,7 @@ def _prometheus_rule(rules_yaml: str) -> str:
 
 def _dashboards_kustomization(names: Sequence[str]) -> str:
     generators = "".join(
-        f"  - name: specobs-dashboard-{name.removesuffix('.json')}\n"
-        f"    files:\n"
-        f"      - {name}\n"
+        f"  - name: specobs-dashboard-{name.removesuffix('.json')}\n    files:\n      - {name}\n"
         for name in names
     )
     return (
