@@ -327,6 +327,7 @@ STANDINS = {
         import torch
         CALLS = []
         DEVICE = "cpu"
+        NUM_SAMPLED = None
 
         class GPUModelRunner:
             def __init__(self, spec_config, dp=(0, 1)):
@@ -362,6 +363,9 @@ STANDINS = {
 
             def sample(self, hidden_states, input_batch, grammar_output):
                 CALLS.append("sample")
+                if NUM_SAMPLED is not None:  # already on the device: no host-to-device copy
+                    num_sampled = NUM_SAMPLED.clone()
+                    return types.SimpleNamespace(), num_sampled, num_sampled * 0
                 num_sampled = torch.tensor([a + 1 for a in self_accepted(input_batch)],
                                            dtype=torch.int32, device=DEVICE)
                 return types.SimpleNamespace(), num_sampled, num_sampled * 0
@@ -742,6 +746,8 @@ def test_v2_acceptance_on_cuda_tensors_is_timed_on_the_gpu_without_a_sync(
     vl_inst.vllm_plugin()
     module = importlib.import_module(vl_inst.V2_MODULE)
     module.DEVICE = "cuda"
+    # The engine's own tensors, made before the sync check: sampled = accepted + the bonus token.
+    module.NUM_SAMPLED = torch.tensor([3, 4, 1], dtype=torch.int32, device="cuda")
     runner = module.GPUModelRunner(_spec("eagle3"))
     torch.cuda.synchronize()
     steps = 40
