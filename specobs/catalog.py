@@ -247,8 +247,11 @@ LAST_CYCLE_TIMESTAMP = Metric(
 )  # fmt: skip
 BASELINE_SEQUENCE_TOKENS = Metric(
     "specobs.baseline.sequence_tokens", "gauge", "{token}/s",
-    "Configured non-speculative decode rate of one sequence (tokens/s), the baseline speculation "
-    "must beat. Absent when no baseline is configured.",
+    "Non-speculative decode rate of one sequence (tokens/s) at the batch size served, the "
+    "baseline speculation must beat; label source says who measured it. Absent when there is none.",
+    notes="Configured (`SPECOBS_BASELINE_TOKENS_PER_SECOND`): no `source` label, which the "
+    "recording rules read as `source=\"configured\"`. Measured by the engine: `source` names how "
+    "(`specobs demo`: `demo_measured`, plain decode steps of the served batch between cycles).",
 )  # fmt: skip
 REQUESTS_RUNNING = Metric(
     "specobs.requests.running", "gauge", "{request}",

@@ -22,7 +22,7 @@ from grafanalib._gen import DashboardEncoder
 
 from specobs import catalog as c
 from specobs.mixin._config import MixinConfig
-from specobs.mixin._rules import RuleNames
+from specobs.mixin._rules import BASELINE_CONFIGURED, RuleNames
 
 __all__ = ["render_cycle_breakdown", "render_fleet"]
 
@@ -30,6 +30,9 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 #: The dashboard schema Grafana 11 writes; Grafana migrates older files on every load.
 SCHEMA_VERSION = 39
 NO_TRAFFIC = "No traffic"
+#: What a GPU-clock-only panel shows on a busy server with no GPU-timed cycle (a CPU engine, or
+#: no sampled cycle in the window): not "No traffic", which would be wrong there.
+NO_GPU_CLOCK = "No GPU-timed cycles"
 #: A ratio of two zero rates (an idle server) reads "No traffic", not NaN.
 _NAN_MAPPING = [
     {"type": "special", "options": {"match": "nan", "result": {"text": NO_TRAFFIC, "index": 0}}}
@@ -231,10 +234,11 @@ class _Builder:
         minimum: float | None = 0,
         maximum: float | None = None,
         overrides: list[dict[str, Any]] | None = None,
+        no_value: str = NO_TRAFFIC,
     ) -> None:
         panel_id, pos = self.layout.place(w, h)
         links = self._links(exemplars)
-        defaults: dict[str, Any] = {"noValue": NO_TRAFFIC, "mappings": _NAN_MAPPING}
+        defaults: dict[str, Any] = {"noValue": no_value, "mappings": _NAN_MAPPING}
         if links:
             defaults["links"] = links
         if maximum is None and unit == "percentunit":
@@ -511,6 +515,7 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
                 )
             ],
             stack=True,
+            no_value=NO_GPU_CLOCK if clock == "gpu" else NO_TRAFFIC,
         )
     b.timeseries(
         "Mean cycle time: GPU vs host clock",
@@ -537,6 +542,7 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
             )
         ],
         stack=True,
+        no_value=NO_GPU_CLOCK,
     )
     b.timeseries(
         "Phase latency p50 / p90 / p99",
@@ -684,8 +690,9 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
     b.timeseries(
         "Speedup: realized vs predicted",
         "Realized: tokens/s per sequence over the non-speculative baseline "
-        f"({c.BASELINE_SEQUENCE_TOKENS.name}, measured at the batch size the server runs at; "
-        "`specobs demo` measures it at start-up); below 1 speculation is a loss. Predicted: the "
+        f"({c.BASELINE_SEQUENCE_TOKENS.name}; the legend names its source: configured by hand, "
+        "or measured by the engine at the batch size it serves, as `specobs demo` does with "
+        "plain decode steps between cycles); below 1 speculation is a loss. Predicted: the "
         "measured tokens per sequence-cycle E (1 + accepted draft tokens; the per-position "
         "counters give the conditional acceptances it sums) divided by the cycle's cost in "
         "target steps, (draft + verify) / verify on each clock. It assumes a non-speculative "
@@ -694,9 +701,11 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "none",
         [
             (
-                f"{seq_speed}\n/ on (instance)\n"
-                f"(max by (instance) ({s(c.BASELINE_SEQUENCE_TOKENS.name)}) > 0)",
-                "realized {{instance}}",
+                f"{seq_speed}\n/ on (instance) group_left (source)\n(\n"
+                f"  max by (instance, source) (\n    label_replace("
+                f'{s(c.BASELINE_SEQUENCE_TOKENS.name)}, "source", "{BASELINE_CONFIGURED}", '
+                '"source", "")\n  )\n  > 0\n)',
+                "realized {{instance}} ({{source}} baseline)",
             ),
             (predicted, "predicted {{instance}} ({{clock}} clock)"),
         ],
@@ -920,10 +929,11 @@ def render_fleet(config: MixinConfig) -> str:
         )
         b.timeseries(
             f"Realized speedup by {label}",
-            "Mean over servers of tokens/s per sequence over the configured baseline, "
-            f"per {label}.",
+            "Mean over servers of tokens/s per sequence over the non-speculative baseline, "
+            f"per {label} and baseline source (configured, or measured by the engine).",
             "none",
-            [(f"avg by ({label}) ({s(n.speedup_realized)})", f"{{{{{label}}}}}")],
+            [(f"avg by ({label}, source) ({s(n.speedup_realized)})",
+              f"{{{{{label}}}}} ({{{{source}}}} baseline)")],
             axis_label="x baseline",
         )
 

@@ -56,6 +56,8 @@ class ServerState:
         default_factory=lambda: {"draft": 0.002, "verify": 0.006, "bookkeeping": 0.001}
     )
     baseline: float | None = 100.0
+    #: The baseline gauge's ``source`` label; None: none (a configured baseline).
+    baseline_source: str | None = None
     #: specobs's own request gauges (the demo sets them); None: not exported (vLLM, SGLang).
     waiting: float | None = 0.0
     running: float | None = 8.0
@@ -188,7 +190,12 @@ def server_series(
     series[_selector(c.LAST_CYCLE_TIMESTAMP.name, labels)] = [*pad, None, *last]
     if all(v is None for v in series[_selector(c.LAST_CYCLE_TIMESTAMP.name, labels)]):
         del series[_selector(c.LAST_CYCLE_TIMESTAMP.name, labels)]
-    gauge(_selector(c.BASELINE_SEQUENCE_TOKENS.name, labels), [s.baseline for s in steps])
+    for source in dict.fromkeys(s.baseline_source for s in steps):
+        gauge(
+            _selector(c.BASELINE_SEQUENCE_TOKENS.name,
+                      labels if source is None else {**labels, "source": source}),
+            [s.baseline if s.baseline_source == source else None for s in steps],
+        )  # fmt: skip
     gauge(_selector(c.REQUESTS_WAITING.name, labels), [s.waiting for s in steps])
     gauge(_selector(c.REQUESTS_RUNNING.name, labels), [s.running for s in steps])
     target = {k: v for k, v in labels.items() if k not in LLAMA}
@@ -308,6 +315,7 @@ def _cases() -> list[_Case]:
     dropping = replace(healthy, dropped_per_second=5.0)
     trickle = replace(healthy, dropped_per_second=0.1)
     unbaselined = replace(below_baseline, baseline=None)
+    below_measured = replace(below_baseline, baseline_source="demo_measured")
     engine_only = replace(healthy, waiting=None, running=None)
     engine_stalled = replace(engine_only, cycles_per_second=0.0)
     engine_idle = engine_stalled
@@ -458,7 +466,13 @@ def _cases() -> list[_Case]:
         _Case(
             "realized per-sequence speed below the baseline: slower than baseline fires",
             series((below_baseline, 30)),
-            [("15m30s", a, []), ("16m", a, [(server, "0.80")])],
+            [("15m30s", a, []), ("16m", a, [({**server, "source": "configured"}, "0.80")])],
+            fault_at="0m",
+        ),
+        _Case(
+            "below a baseline the engine measured itself: fires, labelled with its source",
+            series((below_measured, 30)),
+            [("15m30s", a, []), ("16m", a, [({**server, "source": "demo_measured"}, "0.80")])],
             fault_at="0m",
         ),
         _Case(
@@ -656,7 +670,9 @@ def _expr_tests(config: MixinConfig) -> dict[str, Any]:
             {
                 "expr": f"round({n.speedup_realized}, 0.001)",
                 "eval_time": "15m",
-                "exp_samples": [{"labels": _selector("", out), "value": 3}],
+                "exp_samples": [
+                    {"labels": _selector("", {**out, "source": "configured"}), "value": 3}
+                ],
             },
             {
                 "expr": f"round({n.acceptance}, 0.001)",

@@ -20,16 +20,20 @@ from specobs import catalog as c
 from specobs.mixin._config import MixinConfig
 
 __all__ = [
+    "BASELINE_CONFIGURED",
     "ENGINE_REQUEST_GAUGES",
     "AlertRule",
     "RecordingRule",
     "RuleNames",
     "alert_rules",
+    "baseline_expr",
     "recording_rules",
     "render",
 ]
 
 ALERT_PREFIX = "Specobs"
+#: ``source`` of a baseline gauge that carries none (set by configuration, not measured).
+BASELINE_CONFIGURED = "configured"
 
 
 @dataclass(frozen=True)
@@ -199,8 +203,13 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
             n.sequence_speed,
             f'{n.emitted_per_sequence}\n/ on ({by})\n({n.cycle_mean}{{clock="host"}} > 0)',
         ),
-        RecordingRule(n.baseline, f"max by ({by}) ({c.BASELINE_SEQUENCE_TOKENS.name}{{{sel}}})"),
-        RecordingRule(n.speedup_realized, f"{n.sequence_speed}\n/ on ({by})\n({n.baseline} > 0)"),
+        # The baseline keeps where it came from: an engine that measures its own labels it
+        # (source="demo_measured"); a configured one has no label and is called "configured".
+        RecordingRule(n.baseline, baseline_expr(config)),
+        RecordingRule(
+            n.speedup_realized,
+            f"{n.sequence_speed}\n/ on ({by}) group_left (source)\n({n.baseline} > 0)",
+        ),
         # Measured tokens per sequence-cycle E (= 1 + the sum over positions of the accepted
         # fraction, which the per-position counters give) over the cycle's cost in target steps,
         # (draft + verify) / verify, on each clock. docs/metrics.md states the assumptions.
@@ -250,6 +259,16 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
             f"max by ({hby}) ({_host(f'{c.LAST_CYCLE_TIMESTAMP.name}{{{sel}}}')})",
         ),
     ]
+
+
+def baseline_expr(config: MixinConfig, by: str | None = None) -> str:
+    """The non-speculative baseline per server with its ``source`` label (``configured`` where
+    the exporter gave none); the dashboards use it with ``by="instance"``."""
+    return (
+        f"max by ({config.by if by is None else by}, source) (\n"
+        f'  label_replace({c.BASELINE_SEQUENCE_TOKENS.name}{{{config.selector}}}, "source", '
+        f'"{BASELINE_CONFIGURED}", "source", "")\n)'
+    )
 
 
 def _past(expr: str, config: MixinConfig) -> str:
@@ -343,10 +362,10 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             f"{n.speedup_realized} < {config.min_speedup:g}",
             config.slower_than_baseline_for,
             "warning",
-            "Speculative decoding is slower than the configured non-speculative baseline.",
+            "Speculative decoding is slower than the non-speculative baseline.",
             f"Realized per-sequence speedup on {where} is "
-            f'{{{{ $value | printf "%.2f" }}}}x the configured non-speculative baseline '
-            f"(threshold {config.min_speedup:g}x).",
+            f'{{{{ $value | printf "%.2f" }}}}x the non-speculative baseline '
+            f"({{{{ $labels.source }}}}; threshold {config.min_speedup:g}x).",
         ),
         AlertRule(
             f"{ALERT_PREFIX}PhaseLatencyAboveCohort",

@@ -35,9 +35,10 @@ _BLIND: dict[str, str] = {
         "with more total tokens/s (hidden as load)."
     ),
     "SpeculationSlowerThanBaseline": (
-        "Servers without a baseline gauge (the alert needs one); a baseline measured at another "
-        "batch size than the server runs (the comparison is then not like for like: measure it "
-        "at the served batch, as `specobs demo` does)."
+        "Servers without a baseline gauge (the alert needs one); a configured baseline that no "
+        "longer matches the batch size, GPU or model the server runs (the comparison is then not "
+        "like for like; the label `source` says whether the baseline was configured or measured "
+        "by the engine at the served batch, as `specobs demo` does)."
     ),
     "PhaseLatencyAboveCohort": (
         "Phases that differ by design between engines or GPU types in one cohort; a server whose "
@@ -148,17 +149,19 @@ _ENTRIES: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "SpeculationSlowerThanBaseline": (
-        "Sequences on this server decode slower than the configured non-speculative decode rate "
-        "(`specobs_baseline_sequence_tokens_per_second`): speculation is costing time instead of "
-        "saving it.",
+        "Sequences on this server decode slower than the non-speculative decode rate "
+        "(`specobs_baseline_sequence_tokens_per_second`, configured or measured by the engine: "
+        "label `source`): speculation is costing time instead of saving it.",
         [
             "Cycle breakdown, *Speedup: realized vs predicted*. Predicted below 1 too: acceptance "
             "is too low or drafting too costly for this draft length; shorten the draft or turn "
             "speculation off for this traffic.",
             "Realized far below predicted: the time goes outside draft and verify (host overhead, "
             "bookkeeping); compare the GPU and host clock panels.",
-            "Is the baseline still right? It is configured by hand; a new GPU, model or batch "
-            "regime changes the non-speculative rate too.",
+            "Is the baseline still right? `source=\"configured\"`: it was set by hand, and a "
+            "new GPU, model or batch regime changes the non-speculative rate too; measure it at "
+            "the batch size the server runs. A measured source (`demo_measured`) is taken at the "
+            "served batch under the same load, so believe it.",
         ],
     ),
     "PhaseLatencyRegression": (
