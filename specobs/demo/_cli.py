@@ -7,14 +7,21 @@
 Start-up: load the demo target and its EAGLE-3-style draft head from the weight cache. On the first
 run, train the target, then serve at once while the draft head trains in the background (the engine
 takes its weights every few steps, so acceptance climbs over the first minute; at shutdown an
-unfinished training is completed and everything is cached). Then measure the target's non-
-speculative greedy decode speed for one sequence (the baseline, unless ``--baseline-tokens-per-
-second`` or ``SPECOBS_BASELINE_TOKENS_PER_SECOND`` gives one); configure specobs (Prometheus
+unfinished training is completed and everything is cached). Configure specobs (Prometheus
 endpoint on ``--metrics-port``, plus OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set or
-``SPECOBS_EXPORTERS`` lists otlp); serve ``/v1/completions`` on ``--host:--port``; run
+``SPECOBS_EXPORTERS`` lists otlp; series labelled ``model_name`` and ``serving_engine``, as the
+generated dashboards and rules expect); serve ``/v1/completions`` on ``--host:--port``; run
 ``--concurrency`` load workers against it. Then a live summary (rich on a terminal; a line every
 few seconds otherwise) until Ctrl-C or ``--duration``, a clean shutdown and a final summary. Exit
 status 0; 1 when start-up fails (a port taken, say); 2 for bad flags.
+
+The realized speedup's baseline -- the non-speculative decode speed of one sequence -- is measured
+while serving, unless ``--baseline-tokens-per-second`` or ``SPECOBS_BASELINE_TOKENS_PER_SECOND``
+gives one: every 16th cycle the engine thread runs one plain decode step of the batch it serves
+(:mod:`specobs.demo._baseline`), so the baseline has the batch size, the machine and the load of
+the speculative cycles it is compared with. The Prometheus endpoint exports it with
+``source="demo_measured"``; a given baseline has no ``source`` label (the rules call it
+``configured``). The measured baseline is not sent by OTLP.
 
 The completions server refuses bodies over ``--max-request-bytes`` (413), more than
 ``--max-requests`` completions in flight (429 with ``Retry-After``), and clients slower than
@@ -52,7 +59,11 @@ _FAULTS = ("none", "wrong-hidden-layers", "slow-verify", "stall")
 _DEFAULT_METRICS_PORT = 9477
 _PLAIN_INTERVAL_SECONDS = 5.0
 _LIVE_INTERVAL_SECONDS = 1.0
-_BASELINE_SECONDS = 2.0
+_BASELINE_EVERY_CYCLES = 16
+_BASELINE_WINDOW_SECONDS = 60.0
+#: Constant labels of the demo's series: the names the generated rules and dashboards group by
+#: (``MixinConfig.model_label`` / ``engine_label``); vLLM's own ``engine`` label is an index.
+DEMO_LABELS = {"model_name": "specobs-demo", "serving_engine": "specobs-demo"}
 _FIRST_PLAIN_SECONDS = 2.0
 """Plain output shows the first cycle breakdown this soon after serving starts, then every
 ``_PLAIN_INTERVAL_SECONDS``."""
@@ -156,7 +167,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline-tokens-per-second", type=positive_float, default=None,
                         metavar="TPS",
                         help="non-speculative decode speed of one sequence (default "
-                             "$SPECOBS_BASELINE_TOKENS_PER_SECOND, else measured at start-up)")
+                             "$SPECOBS_BASELINE_TOKENS_PER_SECOND, else measured while serving: "
+                             "a plain decode step of the served batch every 16th cycle)")
     parser.add_argument("--plain", action="store_true",
                         help="print a line every few seconds instead of the live view (the "
                              "default when stdout is not a terminal)")
@@ -210,25 +222,11 @@ def _is_cached(cache_dir: str | None, seed: int, settings: Any) -> bool:
     return path.exists()
 
 
-def measure_baseline(target: Any, prompt: list[int], seconds: float = _BASELINE_SECONDS) -> float:
-    """Non-speculative greedy decode speed of one sequence (tokens/s): plain one-token-per-forward
-    decoding of the target with its KV cache, repeated for about ``seconds``."""
-    from specobs.demo import greedy_generate
-
-    room = target.config.max_seq_len - len(prompt) - 1
-    n = max(1, min(64, room))
-    greedy_generate(target, prompt, 4)  # warm-up (allocations, first-call costs)
-    tokens = 0
-    t0 = time.perf_counter()
-    while True:
-        tokens += len(greedy_generate(target, prompt, n))
-        elapsed = time.perf_counter() - t0
-        if elapsed >= seconds:
-            return tokens / elapsed
-
-
-def _configure_observer(args: argparse.Namespace, baseline: float | None) -> tuple[Any, Any]:
-    """(observer, PrometheusSink or None)."""
+def _configure_observer(
+    args: argparse.Namespace, baseline: float | None, probe: Any = None
+) -> tuple[Any, Any]:
+    """(observer, PrometheusSink or None). ``probe``: the engine's baseline probe, exported on
+    the Prometheus endpoint with ``source="demo_measured"`` (``baseline`` is then ``None``)."""
     import specobs
     from specobs._config import SPECOBS_LABELS, exporters, parse_labels
 
@@ -246,11 +244,18 @@ def _configure_observer(args: argparse.Namespace, baseline: float | None) -> tup
         port = args.metrics_port
         if port is None:
             port = _env_metrics_port()
-        prom = specobs.PrometheusSink(port=_DEFAULT_METRICS_PORT if port is None else port)
+        from prometheus_client import CollectorRegistry
+
+        # Our own registry, so the measured baseline can be served next to the observer's
+        # series (the sink serves the registry it is given when it also has a port).
+        registry = CollectorRegistry(auto_describe=True)
+        prom = specobs.PrometheusSink(
+            port=_DEFAULT_METRICS_PORT if port is None else port, registry=registry
+        )
         sinks.append(prom)
     if "otlp" in wanted:
         sinks.append(specobs.OtlpSink())
-    labels = {"model": "specobs-demo", "engine": "specobs-demo"}
+    labels = dict(DEMO_LABELS)
     raw = os.environ.get(SPECOBS_LABELS)
     if raw:
         labels.update(parse_labels(SPECOBS_LABELS, raw))
@@ -260,6 +265,10 @@ def _configure_observer(args: argparse.Namespace, baseline: float | None) -> tup
     observer = specobs.configure(
         sinks=sinks, labels=labels, max_draft_length=max(args.k, 1), **kwargs
     )
+    if prom is not None and probe is not None:
+        from ._baseline import BaselineCollector
+
+        prom.registry.register(BaselineCollector(probe, observer.snapshot().labels))
     return observer, prom
 
 
@@ -354,6 +363,7 @@ def run(args: argparse.Namespace) -> int:
     final: Any = None
     first_at = final_at = started
     baseline_note = ""
+    probe: Any = None
     load_thread = None
     load_stop = threading.Event()
     load_summary = None
@@ -387,27 +397,30 @@ def run(args: argparse.Namespace) -> int:
 
         # -- baseline -------------------------------------------------------------------------
         env_baseline = os.environ.get("SPECOBS_BASELINE_TOKENS_PER_SECOND")
-        baseline: float | None
+        baseline: float | None = None
         if args.baseline_tokens_per_second is not None:
-            baseline, baseline_note = args.baseline_tokens_per_second, "given by flag"
+            baseline, baseline_note = args.baseline_tokens_per_second, "configured by flag"
         elif env_baseline:
-            baseline, baseline_note = None, "from SPECOBS_BASELINE_TOKENS_PER_SECOND"
+            baseline_note = "configured by SPECOBS_BASELINE_TOKENS_PER_SECOND"
         else:
-            prompt = engine.models.language.stream(16, seed=args.seed + 99)[:16]
-            _say(f"measuring the non-speculative baseline ({_BASELINE_SECONDS:g} s of plain "
-                 "greedy decoding of the target, one sequence)")
-            baseline = measure_baseline(engine.target, prompt)
-            baseline_note = "measured at start-up"
-            _say(f"  baseline {baseline:.1f} tokens/s per sequence (measured)")
+            from ._baseline import BaselineProbe
+
+            probe = BaselineProbe(
+                engine.target, engine.max_batch, every_cycles=_BASELINE_EVERY_CYCLES,
+                window_seconds=_BASELINE_WINDOW_SECONDS, device=engine.device,
+            )  # fmt: skip
+            engine.baseline_probe = probe
+            baseline_note = "measured while serving, same batch"
+            _say("the non-speculative baseline is measured while serving: a plain decode step "
+                 f"of the served batch every {_BASELINE_EVERY_CYCLES}th cycle (source="
+                 f'"demo_measured", over the last {_BASELINE_WINDOW_SECONDS:g} s)')
 
         # -- specobs --------------------------------------------------------------------------
         try:
-            observer, prom = _configure_observer(args, baseline)
+            observer, prom = _configure_observer(args, baseline, probe)
         except Exception as exc:
             return _fail(f"cannot start the specobs exporter: {exc}")
         engine.observer = observer
-        if baseline is None:
-            baseline = observer.settings.baseline_tokens_per_second
         if args.fault != "none":
             engine.fault = args.fault
         engine.start()
@@ -492,13 +505,16 @@ def run(args: argparse.Namespace) -> int:
         window = 5.0
         interval = _LIVE_INTERVAL_SECONDS if live else _PLAIN_INTERVAL_SECONDS
 
+        def _baseline() -> float | None:
+            return None if probe is None else probe.tokens_per_second()
+
         def frame() -> tuple[Any, str]:
             snap, now = observer.snapshot(), time.monotonic()
             while len(history) > 1 and now - history[1][0] >= window:
                 history.popleft()
             then, old = history[0]
             history.append((now, snap))
-            return _summary.compute_view(snap, old, now - then), _requests_text(
+            return _summary.compute_view(snap, old, now - then, _baseline()), _requests_text(
                 engine, load_summary)
 
         next_at = first_at
@@ -574,7 +590,9 @@ def run(args: argparse.Namespace) -> int:
     if final is None or engine is None or first is None:
         return 130 if interrupted else 1
     seconds = final_at - first_at
-    view = _summary.compute_view(final, first, seconds)
+    view = _summary.compute_view(
+        final, first, seconds, None if probe is None else probe.tokens_per_second()
+    )
     _say("")
     for line in _summary.final_lines(
         view, seconds=seconds, fault=engine.fault, baseline_note=baseline_note,

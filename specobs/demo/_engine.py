@@ -244,6 +244,9 @@ class SpecDecodeEngine:
         self.k = k
         self.max_batch = max_batch
         self.observer = observer
+        #: A :class:`~specobs.demo._baseline.BaselineProbe` (or ``None``): measures plain
+        #: decode steps of the served batch between cycles, the demo's realized-speedup baseline.
+        self.baseline_probe: Any = None
         self.slow_verify_repeats = slow_verify_repeats
         self.eos_id = (
             eos_id if eos_id is not None else (tokenizer.eos_id if tokenizer is not None else None)
@@ -457,9 +460,16 @@ class SpecDecodeEngine:
                 self._prefill(admitted, fault)
             with self._lock:
                 active = sorted(self._slots)
+                positions = [self._slots[s].target_len for s in active]
             if not active:
                 return False
             self._cycle(active, fault)
+            probe = self.baseline_probe
+            if probe is not None:
+                # After the cycle, outside it: a plain decode step of the same sequences.
+                probe.after_cycle(
+                    self._pend_tokens[torch.tensor(active, device=self.device), 0], positions
+                )
             return True
 
     def _drop_cancelled(self) -> None:

@@ -68,9 +68,12 @@ def _hist_delta(new: Any, old: Any) -> tuple[int, float, tuple[int, ...]]:
     return new.count - old.count, new.sum - old.sum, counts
 
 
-def compute_view(new: Any, old: Any | None, window_seconds: float) -> DemoView:
+def compute_view(
+    new: Any, old: Any | None, window_seconds: float, baseline: float | None = None
+) -> DemoView:
     """The view of what happened between snapshots ``old`` and ``new`` (``old=None``: since the
-    start). ``window_seconds`` is the wall time between them."""
+    start). ``window_seconds`` is the wall time between them. ``baseline``: the non-speculative
+    tokens/s per sequence when the demo measures it (else the observer's configured one)."""
     window = max(window_seconds, 1e-9)
 
     def d(attr: str) -> int:
@@ -131,7 +134,9 @@ def compute_view(new: Any, old: Any | None, window_seconds: float) -> DemoView:
         phases=phases,
         cycle_ms=cycle_ms,
         sequence_tokens_per_second=sequence_speed,
-        baseline_tokens_per_second=new.baseline_tokens_per_second,
+        baseline_tokens_per_second=(
+            baseline if baseline is not None else new.baseline_tokens_per_second
+        ),
         dropped_total=int(new.dropped_total()),
         gpu_sampling_interval=int(new.sampling_interval),
     )
@@ -153,6 +158,7 @@ def plain_line(view: DemoView, *, fault: str | None, requests: str = "") -> str:
         f"acceptance {_f(view.acceptance_rate, '.2f')}",
         f"accept length {_f(view.mean_accept_length, '.2f')}",
         f"batch {_f(view.batch_size_mean, '.1f')}",
+        f"speedup {_f(view.speedup, '.2f')}x",
     ]
     for clock in CLOCKS:
         split = [
