@@ -21,6 +21,7 @@ __all__ = [
     "ACCEPTED_TOKENS",
     "ACCEPT_LENGTH",
     "BASELINE_SEQUENCE_TOKENS",
+    "BASELINE_SOURCE_CONFIGURED",
     "BATCH_SIZE",
     "BATCH_SIZE_BUCKETS",
     "CATALOG",
@@ -253,6 +254,9 @@ BASELINE_SEQUENCE_TOKENS = Metric(
     "recording rules read as `source=\"configured\"`. Measured by the engine: `source` names how "
     "(`specobs demo`: `demo_measured`, plain decode steps of the served batch between cycles).",
 )  # fmt: skip
+#: The ``source`` of a baseline gauge that has no ``source`` label: set by configuration
+#: (``SPECOBS_BASELINE_TOKENS_PER_SECOND``), not measured by the engine.
+BASELINE_SOURCE_CONFIGURED = "configured"
 REQUESTS_RUNNING = Metric(
     "specobs.requests.running", "gauge", "{request}",
     "Requests being decoded, as reported by the engine.",

@@ -33,7 +33,7 @@ __all__ = [
 
 ALERT_PREFIX = "Specobs"
 #: ``source`` of a baseline gauge that carries none (set by configuration, not measured).
-BASELINE_CONFIGURED = "configured"
+BASELINE_CONFIGURED = c.BASELINE_SOURCE_CONFIGURED
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ exporter errors    hot-path misuse counted by the exporter, by kind
 overhead           ``specobs_exporter_overhead_ratio`` against the overhead budget
 exporter cpu       the exporter's CPU seconds per cycle between the scrapes (budget 15 µs)
 exemplars          OpenMetrics exposition carries trace exemplars
-baseline           realized per-sequence tokens/s against the configured baseline
+baseline           realized speedup: per-sequence tokens/s over the non-speculative baseline,
+                   configured or measured by the engine (its ``source`` label), as the
+                   recording rules compute it; below 1 fails
 =================  ===========================================================================
 
 The exit status is 1 when any check FAILs, else 0 (2 for a bad command line). ``--json`` prints
@@ -328,24 +330,35 @@ def _baseline(b: scr.Breakdown | None, s: scr.Series) -> Check:
     if baseline is None:
         return Check("baseline", "SKIP",
                      "no baseline configured (configure(baseline_tokens_per_second=...) or "
-                     "SPECOBS_BASELINE_TOKENS_PER_SECOND)")
+                     "SPECOBS_BASELINE_TOKENS_PER_SECOND) and none measured by the engine")
+    labels = s.labels(catalog.BASELINE_SEQUENCE_TOKENS.name)
+    # The recording rules call a baseline without a source label "configured".
+    source = (labels[0].get("source") if labels else None) or catalog.BASELINE_SOURCE_CONFIGURED
     if b is None or b.sequence_tokens_per_second is None:
         return Check("baseline", "SKIP",
                      "no cycles with tokens between the two scrapes: cannot measure "
-                     f"(baseline {scr.format_rate(baseline)} tok/s)", {"baseline": baseline})
+                     f"(baseline {scr.format_rate(baseline)} tok/s, {source})",
+                     {"baseline": baseline, "source": source})
     realized = b.sequence_tokens_per_second
-    speedup = scr.ratio(realized, baseline)
-    data = {"realized": realized, "baseline": baseline, "speedup": speedup}
+    speedup, _ = scr.speedups(b)
+    batch = b.mean_batch_size
+    data = {"realized": realized, "baseline": baseline, "speedup": speedup, "source": source,
+            "mean_batch_size": batch}
     text = (
-        f"{scr.format_rate(realized)} tok/s per sequence vs baseline "
-        f"{scr.format_rate(baseline)} tok/s"
-        + (f" ({speedup:.2f}x)" if speedup is not None else "")
+        f"{scr.format_rate(realized)} tok/s per sequence at mean batch "
+        f"{scr.format_rate(batch)} vs baseline {scr.format_rate(baseline)} tok/s ({source})"
+        + (f": {speedup:.2f}x" if speedup is not None else "")
     )
-    if realized >= baseline:
+    if speedup is not None and speedup >= 1.0:
         return Check("baseline", "OK", f"speculation is faster: {text}", data)
+    advice = (
+        "; a configured baseline must be measured at the batch size the server runs "
+        f"(here {scr.format_rate(batch)}), else re-measure it there"
+        if source == catalog.BASELINE_SOURCE_CONFIGURED else ""
+    )
     return Check("baseline", "FAIL",
                  f"speculation is slower than the baseline: {text}; turn it off or fix "
-                 "acceptance", data)
+                 f"acceptance{advice}", data)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -610,8 +610,10 @@ def speedups(
     """Realized and predicted (per clock) speedup of one interval, as the recording rules define
     them (``instance:specobs_speedup:realized_rate*`` and ``...:predicted_rate*``).
 
-    Realized: tokens/s per sequence over the configured non-speculative baseline. Predicted:
-    tokens per sequence-cycle times verify / (draft + verify) on each clock.
+    Realized: tokens/s per sequence over the non-speculative baseline gauge, whatever its
+    ``source`` (configured, or measured by the engine at the batch size it serves, as
+    ``specobs demo`` does). Predicted: tokens per sequence-cycle times verify / (draft + verify)
+    on each clock. ``specobs top``, ``report`` and ``doctor`` all use this one definition.
     """
     realized = ratio(b.sequence_tokens_per_second, b.baseline_tokens_per_second)
     host_cycle = b.cycle_mean_seconds.get("host")
