@@ -40,7 +40,7 @@ from specobs.demo._server import ServerLimits, ServerThread, create_app  # noqa:
 # test shares one training.
 QUICK_TRAINING: TrainSettings | None = None
 WEIGHTS_DIR = Path(os.environ["SPECOBS_CACHE_DIR"])
-LABELS = {"model": "specobs-demo", "engine": "specobs-demo"}
+LABELS = {"model_name": "specobs-demo", "serving_engine": "specobs-demo"}
 #: The admin token of the shared server; its client sends it with every request.
 ADMIN_TOKEN = "test-admin-token-5f2b9c0e4d7a1386"
 
