@@ -6,6 +6,7 @@
     specobs top URL   live cycle breakdown from a specobs /metrics endpoint
     specobs doctor URL  one-shot health check of an endpoint
     specobs report    a self-contained HTML report of a run, or an A/B comparison of two
+    specobs fleet-sim N simulated servers' /metrics with injected faults (monitoring load tests)
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) ->
 int``; a module is imported only when its subcommand runs (or for ``--help``), so ``specobs
@@ -34,6 +35,8 @@ _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "top": ("specobs.tools._top", "live cycle breakdown from a specobs /metrics endpoint or a "
             "Prometheus server"),
     "doctor": ("specobs.tools._doctor", "one-shot health check of a specobs /metrics endpoint"),
+    "fleet-sim": ("specobs.tools._fleet", "serve N simulated servers' /metrics with injected "
+                  "faults, to load-test monitoring (loopback only)"),
     "report": ("specobs.tools._report", "a self-contained HTML report of a run (live endpoint, "
                "snapshot file or Prometheus range), or --compare two"),
 }

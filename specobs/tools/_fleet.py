@@ -1,0 +1,595 @@
+"""``specobs fleet-sim``: N simulated inference servers' ``/metrics`` from one process.
+
+For load-testing monitoring before a rollout: every simulated server's exposition is a real
+:class:`specobs.Snapshot` rendered by the Prometheus sink's own collector
+(:class:`specobs.sinks.prometheus.SnapshotCollector`) and ``prometheus_client``'s encoders, with
+content negotiation as the real endpoint does (OpenMetrics for Prometheus) — so the series, names,
+labels and buckets are exactly what a fleet of instrumented engines exports.
+
+The fleet has spread: several models (draft length, per-position acceptance, phase costs), two
+engines, two clusters, per-server batch sizes and speeds, both clocks (the GPU clock on one cycle in
+16), restarts (counters start again from zero with a new ``_created``), occasional failed scrapes,
+and faults from a schedule (:mod:`specobs.tools._fleet_schedule`).
+
+All servers share one loopback port; each has its own path (``/s/<index>/r<generation>/metrics``).
+The simulator writes a Prometheus ``file_sd`` target file whose per-target labels set
+``__metrics_path__``, ``instance``, ``pod``, ``cluster`` and ``namespace`` (what the Prometheus
+Operator would attach), so Prometheus sees N distinct targets; a bad rollout rewrites it with new
+pods. Every fault, restart and rollout is appended to an events file (JSON lines) that
+:mod:`specobs.tools._fleet_score` scores alerts against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import math
+import os
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from specobs import catalog
+from specobs.tools._fleet_schedule import Fault, ScheduleError, load_schedule
+
+__all__ = ["CLUSTERS", "ENGINES", "MODELS", "Fleet", "ModelProfile", "SimServer",
+           "add_arguments", "run"]
+
+PHASES = ("draft", "verify", "bookkeeping")
+#: One cycle in this many is timed on the GPU clock (specobs's default sampling).
+GPU_SAMPLE_EVERY = 16
+NAMESPACE = "inference"
+METRICS_PORT_LABEL = 9477
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """What a served model looks like to specobs: draft length, conditional acceptance per draft
+    position, one draft step's and one verify pass's GPU time at batch 1, the usual batch."""
+
+    name: str
+    draft_length: int
+    acceptance: tuple[float, ...]
+    draft_step_seconds: float
+    verify_seconds: float
+    batch: float
+
+
+MODELS: tuple[ModelProfile, ...] = (
+    ModelProfile("llama-3.1-8b", 4, (0.82, 0.70, 0.61, 0.53), 0.0006, 0.011, 24),
+    ModelProfile("llama-3.1-70b", 3, (0.78, 0.65, 0.55), 0.0012, 0.034, 16),
+    ModelProfile("qwen2.5-32b", 5, (0.80, 0.68, 0.58, 0.50, 0.44), 0.0010, 0.022, 20),
+    ModelProfile("mixtral-8x7b", 4, (0.74, 0.62, 0.52, 0.45), 0.0009, 0.019, 32),
+)
+#: Engine name, the integration specobs_info reports, relative speed.
+ENGINES: tuple[tuple[str, str, float], ...] = (("vllm", "vllm_v1", 1.0), ("sglang", "sglang", 0.93))
+CLUSTERS: tuple[str, ...] = ("us-east-1", "eu-west-1")
+
+
+def _lognormal_fractions(bounds: tuple[float, ...], mean: float, sigma: float) -> list[float]:
+    """Fraction of a log-normal with this mean falling in each bucket (+Inf last)."""
+    if mean <= 0:
+        return [1.0] + [0.0] * len(bounds)
+    mu = math.log(mean) - sigma * sigma / 2
+    cdf = [0.5 * (1 + math.erf((math.log(b) - mu) / (sigma * math.sqrt(2)))) if b > 0 else 0.0
+           for b in bounds]
+    out, prev = [], 0.0
+    for c in cdf:
+        out.append(max(c - prev, 0.0))
+        prev = c
+    out.append(max(1.0 - prev, 0.0))
+    return out
+
+
+class _Hist:
+    """A histogram's cumulative state in floats; exposed as floored integer counts (monotone)."""
+
+    __slots__ = ("bounds", "counts", "fractions", "mean", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0.0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.fractions = [0.0] * (len(bounds) + 1)
+        self.mean = 0.0
+
+    def shape(self, fractions: list[float], mean: float) -> None:
+        self.fractions = fractions
+        self.mean = mean
+
+    def add(self, n: float) -> None:
+        if n <= 0:
+            return
+        counts = self.counts
+        for i, f in enumerate(self.fractions):
+            if f:
+                counts[i] += n * f
+        self.sum += n * self.mean
+
+    def data(self) -> Any:
+        from specobs import HistogramData
+
+        counts = tuple(int(c) for c in self.counts)
+        return HistogramData(self.bounds, counts, self.sum, sum(counts))
+
+
+class _Aggregationish:
+    """What ``SnapshotCollector`` needs of an aggregation besides the snapshot: the lock and the
+    CPU counters its own rendering time is added to (exported as the exporter's CPU time)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cpu_seconds: dict[str, float] = {"hot_path": 0.0, "resolver": 0.0}
+
+
+@dataclass
+class SimServer:
+    """One simulated server: identity, its own spread of parameters, and cumulative state."""
+
+    index: int
+    model: ModelProfile
+    engine: str
+    integration: str
+    cluster: str
+    rng: random.Random
+    acceptance: tuple[float, ...] = ()
+    batch: float = 1.0
+    phase_gpu_seconds: dict[str, float] = field(default_factory=dict)
+    generation: int = 0
+    # fault state
+    acceptance_factor: float = 1.0
+    verify_factor: float = 1.0
+    stalled: bool = False
+    exporter_down: bool = False
+    down_until: float = 0.0  # restarting: no answer until this monotonic time
+    # cumulative state
+    created: float = 0.0
+    last_advance: float = 0.0
+    last_cycle_timestamp: float | None = None
+    cycles: float = 0.0
+    sequences: float = 0.0
+    hists: dict[str, _Hist] = field(default_factory=dict)
+    agg: _Aggregationish = field(default_factory=_Aggregationish)
+    registry: Any = None
+    _snapshot: Any = None
+
+    # -- identity ---------------------------------------------------------------------------------
+    @property
+    def pod(self) -> str:
+        return f"sim-{self.index:04d}-r{self.generation}"
+
+    @property
+    def instance(self) -> str:
+        return f"{self.pod}:{METRICS_PORT_LABEL}"
+
+    @property
+    def path(self) -> str:
+        return f"/s/{self.index}/r{self.generation}/metrics"
+
+    def labels(self) -> dict[str, str]:
+        """The labels every series of this server carries in Prometheus."""
+        return {"cluster": self.cluster, "namespace": NAMESPACE, "instance": self.instance,
+                "pod": self.pod, "host": self.pod, "model_name": self.model.name,
+                "serving_engine": self.engine}
+
+    # -- the model ----------------------------------------------------------------------------------
+    def setup(self, now_wall: float, now_mono: float) -> None:
+        r = self.rng
+        self.acceptance = tuple(min(a * r.uniform(0.96, 1.04), 0.97)
+                                for a in self.model.acceptance)
+        self.batch = self.model.batch * r.uniform(0.85, 1.15)
+        speed = dict((e, s) for e, _, s in ENGINES)[self.engine] * r.uniform(0.95, 1.05)
+        self.phase_gpu_seconds = {
+            "draft": self.model.draft_length * self.model.draft_step_seconds
+            * (1 + 0.004 * self.batch) / speed,
+            "verify": self.model.verify_seconds * (1 + 0.01 * self.batch) / speed,
+            "bookkeeping": 0.00025 * r.uniform(0.8, 1.2),
+        }
+        self.restart(now_wall, now_mono)
+
+    def restart(self, now_wall: float, now_mono: float) -> None:
+        """Counters from zero, a new ``_created`` (a process restart)."""
+        dur = catalog.DURATION_BUCKETS_SECONDS
+        self.hists = {f"{p}/{c}": _Hist(dur) for p in PHASES for c in ("gpu", "host")}
+        self.hists["cycle/gpu"] = _Hist(dur)
+        self.hists["cycle/host"] = _Hist(dur)
+        self.hists["accept"] = _Hist(catalog.accept_length_buckets(self.model.draft_length))
+        self.hists["batch"] = _Hist(catalog.BATCH_SIZE_BUCKETS)
+        self.cycles = self.sequences = 0.0
+        self.agg = _Aggregationish()
+        self.created = now_wall
+        self.last_advance = now_mono
+        self.last_cycle_timestamp = None
+        self._shape()
+        self._registry()
+
+    def _registry(self) -> None:
+        from prometheus_client import CollectorRegistry
+
+        from specobs.sinks.prometheus import SnapshotCollector
+
+        self.registry = CollectorRegistry(auto_describe=False)
+        # SnapshotCollector reads observer.snapshot() and observer.aggregation: this server
+        # stands in for the observer with a snapshot built from the simulation.
+        self.registry.register(SnapshotCollector(cast(Any, self), exemplars=False))
+
+    def _shape(self) -> None:
+        sig = 0.18
+        host = {}
+        for p, g in self.phase_gpu_seconds.items():
+            g = g * (self.verify_factor if p == "verify" else 1.0)
+            h = g * 1.04 + 0.00003
+            host[p] = h
+            self.hists[f"{p}/gpu"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
+                                                              g, sig), g)
+            self.hists[f"{p}/host"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
+                                                               h, sig), h)
+        gpu_cycle = sum(self.phase_gpu_seconds.values()) + self.phase_gpu_seconds["verify"] * (
+            self.verify_factor - 1)
+        host_cycle = sum(host.values())
+        self.hists["cycle/gpu"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
+                                                           gpu_cycle, sig), gpu_cycle)
+        self.hists["cycle/host"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
+                                                            host_cycle, sig), host_cycle)
+        self.cycle_seconds = host_cycle
+        # accept length L per sequence: P(L >= j) = product of the first j conditional acceptances
+        k = self.model.draft_length
+        at_least = [1.0]
+        for a in self.acceptance:
+            at_least.append(at_least[-1] * min(a * self.acceptance_factor, 0.99))
+        exactly = [at_least[j] - (at_least[j + 1] if j < k else 0.0) for j in range(k + 1)]
+        mean_len = sum(at_least[1:])
+        self.hists["accept"].shape([*exactly, 0.0, 0.0], mean_len)
+        self.hists["batch"].shape(_lognormal_fractions(catalog.BATCH_SIZE_BUCKETS,
+                                                       self.batch, 0.35), self.batch)
+
+    def set_fault(self, now_wall: float, now_mono: float, **state: Any) -> None:
+        self.advance(now_wall, now_mono)
+        for key, value in state.items():
+            setattr(self, key, value)
+        self._shape()
+
+    def advance(self, now_wall: float, now_mono: float) -> None:
+        dt = now_mono - self.last_advance
+        self.last_advance = now_mono
+        if dt <= 0 or self.stalled:
+            return
+        n = dt / self.cycle_seconds * self.rng.uniform(0.97, 1.03)
+        self.cycles += n
+        seqs = n * self.batch
+        self.sequences += seqs
+        for p in PHASES:
+            self.hists[f"{p}/host"].add(n)
+            self.hists[f"{p}/gpu"].add(n / GPU_SAMPLE_EVERY)
+        self.hists["cycle/host"].add(n)
+        self.hists["cycle/gpu"].add(n / GPU_SAMPLE_EVERY)
+        self.hists["accept"].add(seqs)
+        self.hists["batch"].add(n)
+        self.last_cycle_timestamp = now_wall
+
+    # -- what SnapshotCollector reads ---------------------------------------------------------------
+    @property
+    def aggregation(self) -> _Aggregationish:
+        return self.agg
+
+    def snapshot(self) -> Any:
+        from specobs import Snapshot
+
+        k = self.model.draft_length
+        accept = self.hists["accept"].data()
+        seqs = accept.count
+        accepted = sum(j * c for j, c in enumerate(accept.counts[: k + 1]))
+        # The accept-length sum is the accepted tokens, exactly as the resolver aggregates it.
+        accept = type(accept)(accept.bounds, accept.counts, float(accepted), seqs)
+        batch = self.hists["batch"].data()
+        batch = type(batch)(batch.bounds, batch.counts, float(seqs), batch.count)
+        cycles = int(self.cycles)
+        with self.agg.lock:
+            cpu = dict(self.agg.cpu_seconds)
+        busy = not self.exporter_down
+        return Snapshot(
+            phases=PHASES,
+            max_draft_length=k,
+            labels={"model_name": self.model.name, "serving_engine": self.engine},
+            info={"version": "fleet-sim", "phases": ",".join(PHASES), "gpu_clock": "cuda_event",
+                  "sampling": f"every_{GPU_SAMPLE_EVERY}", "integration": self.integration},
+            cycles_total=cycles,
+            draft_tokens_total=seqs * k,
+            accepted_tokens_total=accepted,
+            emitted_tokens_total=accepted + seqs,
+            sampled_cycles_total=cycles // GPU_SAMPLE_EVERY,
+            phase_histograms={(p, c): self.hists[f"{p}/{c}"].data() for p in PHASES
+                              for c in ("gpu", "host")},
+            cycle_histograms={c: self.hists[f"cycle/{c}"].data() for c in ("gpu", "host")},
+            accept_length=accept,
+            drafted_by_position=(seqs,) * k,
+            batch_size=batch,
+            last_cycle_timestamp_seconds=self.last_cycle_timestamp,
+            # A configured per-sequence non-speculative rate: one verify-sized step per token.
+            baseline_tokens_per_second=1.0 / (self.phase_gpu_seconds["verify"] * 1.04),
+            requests_running=round(self.batch) if busy else None,
+            requests_waiting=float(self.rng.randint(0, 3)),
+            dropped=dict.fromkeys(catalog.DROP_REASONS, 0),
+            errors=dict.fromkeys(catalog.ERROR_KINDS, 0),
+            cpu_seconds=cpu,
+            sampling_interval=GPU_SAMPLE_EVERY,
+            overhead_ratio=0.002,
+            created_unix_seconds=self.created,
+        )
+
+    def render(self, accept: str) -> tuple[str, bytes]:
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, ctype = choose_encoder(accept)
+        return ctype, encoder(self.registry)
+
+
+class Fleet:
+    """N servers, a fault schedule, restarts and scrape failures, served over HTTP."""
+
+    def __init__(self, n_servers: int, faults: list[Fault], *, seed: int = 0,
+                 scrape_failure_ratio: float = 0.002, restarts_per_hour: float = 0.2,
+                 restart_downtime_seconds: float = 10.0, clusters: int = 2,
+                 events_path: Path | None = None, targets_path: Path | None = None) -> None:
+        self.n = n_servers
+        self.faults = faults
+        self.rng = random.Random(seed)
+        self.scrape_failure_ratio = scrape_failure_ratio
+        self.restarts_per_hour = restarts_per_hour
+        self.restart_downtime_seconds = restart_downtime_seconds
+        self.events_path = events_path
+        self.targets_path = targets_path
+        self.address = ""
+        now_wall, now_mono = time.time(), time.monotonic()
+        self.start_wall, self.start_mono = now_wall, now_mono
+        self.servers: list[SimServer] = []
+        for i in range(n_servers):
+            engine, integration, _ = ENGINES[(i // len(MODELS)) % len(ENGINES)]
+            s = SimServer(
+                index=i, model=MODELS[i % len(MODELS)], engine=engine, integration=integration,
+                cluster=CLUSTERS[(i // (len(MODELS) * len(ENGINES))) % clusters],
+                rng=random.Random(seed * 1_000_003 + i),
+            )
+            s.setup(now_wall, now_mono)
+            self.servers.append(s)
+        self.by_path = {s.path: s for s in self.servers}
+        self._applied: set[tuple[int, str]] = set()
+        self.scrapes = 0
+        self.failed_scrapes = 0
+
+    # -- events -------------------------------------------------------------------------------------
+    def event(self, kind: str, servers: list[SimServer], **extra: Any) -> None:
+        if self.events_path is None:
+            return
+        record = {"t": time.time(), "kind": kind, "servers": [s.labels() for s in servers],
+                  **extra}
+        with open(self.events_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def write_targets(self) -> None:
+        if self.targets_path is None:
+            return
+        groups = [{"targets": [self.address],
+                   "labels": {"__metrics_path__": s.path, "instance": s.instance, "pod": s.pod,
+                              "cluster": s.cluster, "namespace": NAMESPACE}}
+                  for s in self.servers]
+        tmp = self.targets_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups, indent=1) + "\n")
+        os.replace(tmp, self.targets_path)  # file_sd must never read half a file
+
+    # -- time ---------------------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Apply faults whose time came, end those whose time passed, restart a few servers."""
+        now_wall, now_mono = time.time(), time.monotonic()
+        elapsed = now_mono - self.start_mono
+        for fi, fault in enumerate(self.faults):
+            for phase in ("start", "end"):
+                key = (fi, phase)
+                due = fault.at_seconds if phase == "start" else (
+                    None if fault.duration_seconds is None
+                    else fault.at_seconds + fault.duration_seconds)
+                if key in self._applied or due is None or elapsed < due:
+                    continue
+                self._applied.add(key)
+                self._apply(fault, phase == "start", now_wall, now_mono)
+        p = self.restarts_per_hour / 3600.0
+        if p > 0:
+            for s in self.servers:
+                if self.rng.random() < p and now_mono >= s.down_until:
+                    s.advance(now_wall, now_mono)
+                    s.restart(now_wall, now_mono)
+                    s.down_until = now_mono + self.restart_downtime_seconds
+                    self.event("restart", [s])
+
+    def _apply(self, fault: Fault, start: bool, now_wall: float, now_mono: float) -> None:
+        if fault.kind == "bad_rollout":
+            targets = [s for s in self.servers if s.model.name == fault.model]
+        else:
+            targets = [self.servers[i] for i in fault.servers]
+        for s in targets:
+            if fault.kind == "acceptance_collapse":
+                s.set_fault(now_wall, now_mono,
+                            acceptance_factor=(fault.factor or 1.0) if start else 1.0)
+            elif fault.kind == "verify_slowdown":
+                s.set_fault(now_wall, now_mono, verify_factor=(fault.factor or 1.0) if start
+                            else 1.0)
+            elif fault.kind == "stall":
+                s.set_fault(now_wall, now_mono, stalled=start)
+            elif fault.kind == "exporter_down":
+                s.set_fault(now_wall, now_mono, exporter_down=start)
+        if fault.kind == "bad_rollout":
+            old = [dict(s.labels()) for s in targets]
+            for s in targets:
+                # The rollout replaces every pod of the model: new names, counters from zero,
+                # and (a broken draft shipped with it) lower acceptance; undoing it rolls again.
+                del self.by_path[s.path]
+                s.generation += 1
+                s.acceptance_factor = (fault.factor or 1.0) if start else 1.0
+                s.restart(now_wall, now_mono)
+                self.by_path[s.path] = s
+            self.write_targets()
+            self.event(f"{fault.kind}:{'start' if start else 'end'}", targets,
+                       fault=fault.describe(), replaced=old)
+            return
+        self.event(f"{fault.kind}:{'start' if start else 'end'}", targets, fault=fault.describe())
+
+    # -- HTTP ---------------------------------------------------------------------------------------
+    def respond(self, path: str, accept: str) -> tuple[int, str, bytes]:
+        s = self.by_path.get(path.split("?", 1)[0])
+        if s is None:
+            return 404, "text/plain", b"no such simulated server\n"
+        now_mono = time.monotonic()
+        self.scrapes += 1
+        if s.exporter_down or now_mono < s.down_until or (
+                self.rng.random() < self.scrape_failure_ratio):
+            self.failed_scrapes += 1
+            return 503, "text/plain", b"simulated failure\n"
+        s.advance(time.time(), now_mono)
+        ctype, body = s.render(accept)
+        return 200, ctype, body
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                headers: dict[str, str] = {}
+                while True:
+                    h = await reader.readline()
+                    if h in (b"\r\n", b"\n", b""):
+                        break
+                    k, _, v = h.decode("latin-1").partition(":")
+                    headers[k.strip().lower()] = v.strip()
+                parts = line.decode("latin-1").split()
+                path = parts[1] if len(parts) > 1 else "/"
+                status, ctype, body = self.respond(path, headers.get("accept", ""))
+                reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
+                writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
+                             f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                await writer.drain()
+                if headers.get("connection", "").lower() == "close":
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    async def serve(self, host: str, port: int, duration_seconds: float,
+                    ready: Any = None) -> None:
+        server = await asyncio.start_server(self._handle, host, port, backlog=2048)
+        bound = server.sockets[0].getsockname()
+        self.address = f"{bound[0]}:{bound[1]}"
+        self.write_targets()
+        self.event("start", self.servers, address=self.address)
+        if ready is not None:
+            ready(self)
+        deadline = None if duration_seconds <= 0 else time.monotonic() + duration_seconds
+        async with server:
+            while deadline is None or time.monotonic() < deadline:
+                self.tick()
+                await asyncio.sleep(0.25)
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``specobs fleet-sim``."""
+    parser.add_argument("--servers", type=int, default=100, help="simulated servers (default 100)")
+    parser.add_argument("--addr", default="127.0.0.1",
+                        help="loopback address to serve on (default 127.0.0.1; only 127.0.0.0/8 "
+                             "and ::1 are accepted)")
+    parser.add_argument("--port", type=int, default=9470, help="port (default 9470; 0: any free)")
+    parser.add_argument("--targets-file", type=Path, default=Path("fleet-sim-targets.json"),
+                        help="Prometheus file_sd target file to write (default "
+                             "fleet-sim-targets.json)")
+    parser.add_argument("--events-file", type=Path, default=None,
+                        help="append faults, restarts and rollouts here as JSON lines (for "
+                             "scoring alerts)")
+    parser.add_argument("--schedule", type=Path, default=None,
+                        help="fault schedule, YAML or JSON (see docs/deploy.md#sizing)")
+    parser.add_argument("--fault", action="append", default=[], metavar="'KIND key=value ...'",
+                        help="a fault, e.g. 'stall servers=3 at=90s' or 'bad_rollout "
+                             "model=llama-3.1-8b at=3m factor=0.3' (repeatable)")
+    parser.add_argument("--duration", type=float, default=0.0,
+                        help="seconds to run (default 0: until interrupted)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--clusters", type=int, default=2, choices=(1, 2),
+                        help="clusters the fleet spans (default 2)")
+    parser.add_argument("--scrape-failure-ratio", type=float, default=0.002,
+                        help="fraction of scrapes answered 503 at random (default 0.002)")
+    parser.add_argument("--restarts-per-hour", type=float, default=0.2,
+                        help="restarts per server per hour: counters reset (default 0.2)")
+    parser.add_argument("--restart-downtime", type=float, default=10.0,
+                        help="seconds a restarting server does not answer (default 10)")
+
+
+def _loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return addr == "localhost"
+
+
+def run(args: argparse.Namespace) -> int:
+    """``specobs fleet-sim``."""
+    if not 1 <= args.servers <= 100_000:
+        print(f"specobs fleet-sim: --servers must be in 1..100000, got {args.servers}",
+              file=sys.stderr)
+        return 2
+    if not _loopback(args.addr):
+        print(f"specobs fleet-sim: --addr must be a loopback address (127.0.0.0/8 or ::1), got "
+              f"{args.addr!r}: the simulator is for load-testing monitoring on one machine",
+              file=sys.stderr)
+        return 2
+    for name in ("scrape_failure_ratio",):
+        if not 0 <= getattr(args, name) < 1:
+            print(f"specobs fleet-sim: --{name.replace('_', '-')} must be in [0, 1)",
+                  file=sys.stderr)
+            return 2
+    if args.restarts_per_hour < 0 or args.restart_downtime < 0:
+        print("specobs fleet-sim: --restarts-per-hour and --restart-downtime must be >= 0",
+              file=sys.stderr)
+        return 2
+    try:
+        from specobs._errors import MissingDependencyError
+        from specobs._errors import require
+
+        require("prometheus_client", feature="specobs fleet-sim", extra="prometheus")
+    except MissingDependencyError as exc:
+        print(f"specobs fleet-sim: {exc}", file=sys.stderr)
+        return 1
+    try:
+        faults = load_schedule(args.schedule, args.fault, args.servers,
+                               tuple(m.name for m in MODELS))
+    except ScheduleError as exc:
+        print(f"specobs fleet-sim: {exc}", file=sys.stderr)
+        return 2
+    fleet = Fleet(args.servers, faults, seed=args.seed,
+                  scrape_failure_ratio=args.scrape_failure_ratio,
+                  restarts_per_hour=args.restarts_per_hour,
+                  restart_downtime_seconds=args.restart_downtime, clusters=args.clusters,
+                  events_path=args.events_file, targets_path=args.targets_file)
+
+    def ready(f: Fleet) -> None:
+        print(f"specobs fleet-sim: {f.n} servers on http://{f.address}/s/<i>/r<gen>/metrics; "
+              f"targets in {args.targets_file} (file_sd); faults: "
+              + ("; ".join(x.describe() for x in faults) or "none"), flush=True)
+
+    try:
+        asyncio.run(fleet.serve(args.addr, args.port, args.duration, ready))
+    except OSError as exc:
+        print(f"specobs fleet-sim: cannot serve on {args.addr}:{args.port}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    print(f"specobs fleet-sim: {fleet.scrapes} scrapes answered, {fleet.failed_scrapes} failed on "
+          "purpose", flush=True)
+    return 0
