@@ -1,0 +1,204 @@
+"""Scoring alerts against the faults ``specobs fleet-sim`` injected.
+
+Each fault kind *expects* some alerts (they must fire for the faulted servers, their host or their
+cohort) and *allows* a few more that are true symptoms of the same fault (an acceptance collapse
+also makes the server slower than its cohort). A firing alert is a true positive when it names a
+faulted server, host or cohort whose fault expects or allows it and it fired after the fault
+began; every other firing alert is a false positive. Recall counts, for every fault, the expected
+(alert, server/host/cohort) pairs that fired; time to fire is from the fault to the first
+evaluation at which the alert was firing.
+
+Also here: :data:`SHORT_WINDOWS`, the rule windows scaled down ~15x so a test or a benchmark sees
+every alert fire within minutes instead of an hour.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ALERT_MAP", "SHORT_WINDOWS", "AlertScore", "FaultEvent", "load_events", "score"]
+
+#: fault kind -> (alerts that must fire, alerts that may fire as true symptoms)
+ALERT_MAP: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "acceptance_collapse": (
+        frozenset({"SpecobsAcceptanceBelowCohort"}),
+        frozenset({"SpecobsDecodeThroughputBelowCohort", "SpecobsDecodeThroughputDrop",
+                   "SpecobsSpeculationSlowerThanBaseline", "SpecobsAcceptanceRateDrop"}),
+    ),
+    "verify_slowdown": (
+        frozenset({"SpecobsPhaseLatencyAboveCohort"}),
+        frozenset({"SpecobsDecodeThroughputBelowCohort", "SpecobsPhaseLatencyRegression",
+                   "SpecobsDecodeThroughputDrop", "SpecobsSpeculationSlowerThanBaseline"}),
+    ),
+    "stall": (frozenset({"SpecobsDecodingStalled"}), frozenset()),
+    "exporter_down": (frozenset({"SpecobsExporterDown"}), frozenset()),
+    "bad_rollout": (
+        frozenset({"SpecobsAcceptanceRateDrop"}),
+        frozenset({"SpecobsCohortThroughputDrop", "SpecobsSpeculationSlowerThanBaseline"}),
+    ),
+}
+
+#: MixinConfig overrides for runs of minutes: rate windows of 30 s (10 scrapes at 3 s), a 2 min
+#: history ending 20 s ago, ``for`` of 15-30 s. Scrape and evaluate every 3 s with these.
+SHORT_WINDOWS: dict[str, str] = {
+    "rate_window": "30s",
+    "history_window": "2m",
+    "history_offset": "20s",
+    "throughput_drop_for": "20s",
+    "cohort_for": "15s",
+    "acceptance_drop_for": "15s",
+    "slower_than_baseline_for": "30s",
+    "phase_regression_for": "30s",
+    "stall_after": "15s",
+    "stall_for": "10s",
+    "exporter_down_for": "15s",
+    "target_missing_for": "1m",
+    "dropped_records_for": "30s",
+}
+
+_COHORT = ("cluster", "namespace", "model_name", "serving_engine")
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    kind: str
+    t: float
+    servers: tuple[dict[str, str], ...]
+
+
+def load_events(path: str | Path) -> list[FaultEvent]:
+    """The fault starts from a fleet-sim events file (restarts and ends are not faults)."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        rec = json.loads(line)
+        kind, _, phase = rec["kind"].partition(":")
+        if phase == "start" and kind in ALERT_MAP:
+            out.append(FaultEvent(kind, float(rec["t"]), tuple(rec["servers"])))
+    return out
+
+
+def _unit(alert_labels: dict[str, str], server: dict[str, str]) -> bool:
+    """Does an alert with these labels name this server (its instance, host or cohort)?"""
+    if "instance" in alert_labels:
+        return alert_labels["instance"] == server["instance"]
+    if "host" in alert_labels:
+        return (alert_labels["host"] == server["host"]
+                and alert_labels.get("cluster", "") == server["cluster"])
+    return all(alert_labels.get(k, "") == server[k] for k in _COHORT)
+
+
+def _unit_key(alert: str, server: dict[str, str], scope: str) -> tuple[str, ...]:
+    if scope == "instance":
+        return (alert, server["instance"])
+    if scope == "host":
+        return (alert, server["cluster"], server["host"])
+    return (alert, *(server[k] for k in _COHORT))
+
+
+@dataclass
+class AlertScore:
+    """Per alert name: true and false positives, expected units and those that fired, delays."""
+
+    alert: str
+    true_positives: int = 0
+    false_positives: int = 0
+    expected: int = 0
+    detected: int = 0
+    delays_seconds: list[float] = field(default_factory=list)
+    false: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def precision(self) -> float | None:
+        fired = self.true_positives + self.false_positives
+        return None if fired == 0 else self.true_positives / fired
+
+    @property
+    def recall(self) -> float | None:
+        return None if self.expected == 0 else self.detected / self.expected
+
+
+def _scope(alert: str) -> str:
+    if alert == "SpecobsDecodingStalled":
+        return "host"
+    if alert in ("SpecobsAcceptanceRateDrop", "SpecobsCohortThroughputDrop"):
+        return "cohort"
+    return "instance"
+
+
+def score(firing: Iterable[tuple[dict[str, str], float]], faults: list[FaultEvent]
+          ) -> dict[str, AlertScore]:
+    """``firing``: (alert labels, first time it was firing) per alert series."""
+    scores: dict[str, AlertScore] = {}
+
+    def get(name: str) -> AlertScore:
+        return scores.setdefault(name, AlertScore(name))
+
+    first: dict[tuple[str, ...], float] = {}
+    for labels, t in firing:
+        name = labels["alertname"]
+        ok = False
+        for fault in faults:
+            expected, allowed = ALERT_MAP[fault.kind]
+            if name not in expected | allowed or t < fault.t:
+                continue
+            for server in fault.servers:
+                if _unit(labels, server):
+                    ok = True
+                    key = _unit_key(name, server, _scope(name))
+                    first[key] = min(first.get(key, t), t)
+        s = get(name)
+        if ok:
+            s.true_positives += 1
+        else:
+            s.false_positives += 1
+            s.false.append(labels)
+    for fault in faults:
+        expected, _ = ALERT_MAP[fault.kind]
+        for name in expected:
+            units = {_unit_key(name, server, _scope(name)) for server in fault.servers}
+            s = get(name)
+            for key in sorted(units):
+                s.expected += 1
+                if key in first:
+                    s.detected += 1
+                    s.delays_seconds.append(first[key] - fault.t)
+    return scores
+
+
+def firing_from_matrix(result: list[dict[str, Any]]) -> list[tuple[dict[str, str], float]]:
+    """First firing time per series of a range query of ``ALERTS{alertstate="firing"}``."""
+    out = []
+    for series in result:
+        labels = {k: v for k, v in series["metric"].items()
+                  if k not in ("__name__", "alertstate")}
+        if series["values"]:
+            out.append((labels, float(series["values"][0][0])))
+    return out
+
+
+def dashboard_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every query target of a generated dashboard, in panel order."""
+    out: list[tuple[str, str]] = []
+
+    def walk(panels: list[dict[str, Any]]) -> None:
+        for p in panels:
+            walk(p.get("panels", []))
+            for i, t in enumerate(p.get("targets", [])):
+                if t.get("expr"):
+                    out.append((f"{p.get('title', '?')} [{t.get('refId', i)}]", t["expr"]))
+
+    walk(dashboard.get("panels", []))
+    return out
+
+
+def fill_variables(expr: str, rate_interval: str, values: dict[str, str] | None = None) -> str:
+    """Grafana's variables as a dashboard opened on everything (or on ``values``) sends them."""
+    values = values or {}
+    expr = expr.replace("$__rate_interval", rate_interval).replace("$__interval", rate_interval)
+    for var in ("cluster", "namespace", "job", "model", "instance"):
+        expr = expr.replace(f"${var}", values.get(var, ".*"))
+    return expr

@@ -1,0 +1,205 @@
+"""``specobs fleet-sim``: the schedule, the exposition, and a 50-server fleet against the real
+Prometheus with the generated rules at shortened windows — alerts fire for exactly the faulted
+servers, and every fleet-dashboard query returns numbers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specobs import catalog
+from specobs.cli import main
+from specobs.mixin import MixinConfig, render_all
+from specobs.tools._fleet import MODELS, Fleet
+from specobs.tools._fleet_schedule import ScheduleError, load_schedule
+from specobs.tools._fleet_score import (
+    SHORT_WINDOWS,
+    dashboard_queries,
+    fill_variables,
+    firing_from_matrix,
+    load_events,
+    score,
+)
+from tests._prometheus_server import PrometheusServer, prometheus_path, promtool
+
+MODEL_NAMES = tuple(m.name for m in MODELS)
+
+
+# -- the schedule ----------------------------------------------------------------------------------
+
+def test_schedule_from_yaml_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "faults.yaml"
+    path.write_text(
+        "faults:\n"
+        "  - {kind: acceptance_collapse, servers: [3], at: 90s, factor: 0.25}\n"
+        "  - {kind: exporter_down, servers: 4, at: 2m, duration: 30s}\n"
+        "  - {kind: bad_rollout, model: llama-3.1-70b, at: 1.5m}\n"
+    )
+    faults = load_schedule(path, ["stall servers=7,5 at=100"], 10, MODEL_NAMES)
+    assert [f.describe() for f in faults] == [
+        "acceptance_collapse servers=3 at=90s factor=0.25",
+        "exporter_down servers=4 at=120s duration=30s",
+        "bad_rollout model=llama-3.1-70b at=90s factor=0.3",
+        "stall servers=5,7 at=100s",
+    ]
+    assert faults[1].active(130) and not faults[1].active(150) and not faults[1].active(119)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"faults": [{"kind": "melt", "servers": [1], "at": 1}]}', "kind must be one of"),
+        ('{"faults": [{"kind": "stall", "servers": [10], "at": 1}]}', "not a server index in 0..9"),
+        ('{"faults": [{"kind": "stall", "servers": [1]}]}', "missing 'at'"),
+        ('{"faults": [{"kind": "stall", "servers": [1], "at": "soon"}]}', "expected a duration"),
+        ('{"faults": [{"kind": "stall", "servers": [1], "at": 1, "factor": 2}]}', "takes no factor"),
+        ('{"faults": [{"kind": "bad_rollout", "model": "gpt-9", "at": 1}]}', "fleet's models"),
+        ('{"faults": [{"kind": "stall", "model": "x", "servers": [1], "at": 1}]}', "takes servers"),
+        ('{"faults": [{"kind": "stall", "servers": [1], "at": 1, "when": 2}]}', "unknown field"),
+        ('{"faults": {"kind": "stall"}}', "a list under 'faults'"),
+        ("{not json", "not valid JSON"),
+    ],
+)
+def test_schedule_errors_are_clear(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "faults.json"
+    path.write_text(text)
+    with pytest.raises(ScheduleError, match=message):
+        load_schedule(path, [], 10, MODEL_NAMES)
+
+
+def test_bad_flags_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fleet-sim", "--fault", "stall servers=x at=1"]) == 2
+    assert "servers must be integers" in capsys.readouterr().err
+    assert main(["fleet-sim", "--addr", "0.0.0.0"]) == 2
+    assert "loopback" in capsys.readouterr().err
+
+
+# -- the exposition --------------------------------------------------------------------------------
+
+def test_exposition_is_the_sinks_and_valid() -> None:
+    fleet = Fleet(8, [], seed=1)
+    server = fleet.servers[5]
+    server.advance(time.time(), time.monotonic() + 30)
+    _, text = server.render("")
+    check = promtool("check", "metrics", input=text.decode())
+    assert check.returncode == 0, check.stderr + check.stdout
+    names = {line.split("{")[0].split(" ")[0] for line in text.decode().splitlines()
+             if line and not line.startswith("#")}
+    for metric in catalog.CATALOG:
+        if metric.otel_name == "specobs.info":
+            assert "specobs_info" in names
+            continue
+        assert set(metric.series()) & names, metric.name
+    ctype, om = server.render("application/openmetrics-text; version=1.0.0")
+    assert ctype.startswith("application/openmetrics-text") and om.endswith(b"# EOF\n")
+    assert b'model_name="' + server.model.name.encode() in text
+    assert b'serving_engine="sglang"' in text
+
+
+# -- a fleet against the real Prometheus -----------------------------------------------------------
+
+class _FileSdPrometheus(PrometheusServer):
+    """The test fixture's Prometheus with one file_sd job: the simulator's target file."""
+
+    def __init__(self, targets_file: Path, **kwargs: Any) -> None:
+        self.targets_file = targets_file
+        super().__init__([], **kwargs)
+
+    def write_config(self) -> None:
+        config = {
+            "global": {"scrape_interval": self.scrape_interval,
+                       "scrape_timeout": self.scrape_timeout,
+                       "evaluation_interval": self.evaluation_interval},
+            "rule_files": [str(p) for p in self.rule_files],
+            "scrape_configs": [{
+                "job_name": "specobs",
+                "file_sd_configs": [{"files": [str(self.targets_file)], "refresh_interval": "5s"}],
+            }],
+        }
+        self.config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+N_SERVERS = 50
+FAULT_AT = 50.0
+# Each fault in a different cohort (model i % 4, engine (i // 4) % 2, cluster (i // 8) % 2).
+FAULTS = [
+    f"acceptance_collapse servers=0 at={FAULT_AT:g}",
+    f"verify_slowdown servers=6 at={FAULT_AT:g}",
+    f"stall servers=3 at={FAULT_AT:g}",
+    f"exporter_down servers=12 at={FAULT_AT:g}",
+    f"bad_rollout model=llama-3.1-70b at={FAULT_AT:g}",
+]
+
+
+def test_fleet_of_50_alerts_exactly_the_faulted_servers(tmp_path: Path) -> None:
+    prometheus_path()
+    config = MixinConfig(**SHORT_WINDOWS)  # type: ignore[arg-type]
+    files = render_all(config)
+    rules = tmp_path / "rules.yml"
+    rules.write_text(files["deploy/prometheus/rules/specobs-rules.yml"])
+    targets, events = tmp_path / "targets.json", tmp_path / "events.jsonl"
+    faults = load_schedule(None, FAULTS, N_SERVERS, MODEL_NAMES)
+    fleet = Fleet(N_SERVERS, faults, seed=7, restarts_per_hour=6.0, restart_downtime_seconds=5.0,
+                  events_path=events, targets_path=targets)
+    started = threading.Event()
+    loop = asyncio.new_event_loop()
+    sim = threading.Thread(
+        target=lambda: loop.run_until_complete(
+            fleet.serve("127.0.0.1", 0, 170.0, lambda _f: started.set())),
+        name="fleet-sim", daemon=True)
+    sim.start()
+    assert started.wait(10)
+    t0 = fleet.start_wall
+    with _FileSdPrometheus(targets, rule_files=[rules], scrape_interval="3s",
+                           evaluation_interval="3s", directory=tmp_path / "prom") as prom:
+        up = prom.wait_for("count(up == 1)", lambda r: bool(r) and float(r[0]["value"][1])
+                           >= N_SERVERS - 2, timeout_seconds=30)
+        assert float(up[0]["value"][1]) >= N_SERVERS - 2
+        groups = prom.rules()
+        assert [g["name"] for g in groups] == ["specobs"]
+        assert all(r["health"] == "ok" for r in groups[0]["rules"]), [
+            (r["name"], r.get("lastError")) for r in groups[0]["rules"] if r["health"] != "ok"]
+
+        # Before the faults: every fleet-dashboard query answers with numbers, nothing fires.
+        prom.wait_for("instance:specobs_speedup:realized_rate30s", timeout_seconds=40)
+        time.sleep(max(0.0, t0 + 40 - time.time()))
+        fleet_dashboard = json.loads(files["dashboards/fleet.json"])
+        for title, expr in dashboard_queries(fleet_dashboard):
+            result = prom.query(fill_variables(expr, "30s"))
+            if "alerts" in expr and not result:
+                continue
+            assert result, f"{title}: no result for {expr}"
+            values = [float(s["value"][1]) for s in result]
+            assert all(math.isfinite(v) for v in values), f"{title}: {values}"
+        assert prom.query('ALERTS{alertstate="firing"}') == []
+
+        expected = {"SpecobsAcceptanceBelowCohort", "SpecobsPhaseLatencyAboveCohort",
+                    "SpecobsDecodingStalled", "SpecobsExporterDown", "SpecobsAcceptanceRateDrop"}
+        deadline = t0 + FAULT_AT + 75
+        while time.time() < deadline:
+            if expected <= {a["labels"]["alertname"] for a in prom.alerts()
+                            if a["state"] == "firing"}:
+                break
+            time.sleep(2)
+        time.sleep(12)  # a little longer, for false positives to show
+        matrix = prom.query_range('ALERTS{alertstate="firing"}', t0, time.time(), 3)
+    fleet_events = load_events(events)
+    assert len(fleet_events) == len(FAULTS)
+    scores = score(firing_from_matrix(matrix), fleet_events)
+    table = {name: (s.precision, s.recall, [round(d) for d in s.delays_seconds], s.false)
+             for name, s in scores.items()}
+    print(table)
+    for name in expected:
+        assert scores[name].recall == 1.0, table
+    for name, s in scores.items():
+        assert s.precision in (None, 1.0), table
+    # Detection within the shortened windows: the rate window (30 s) plus `for` plus scrapes.
+    for name in expected:
+        assert max(scores[name].delays_seconds) < 75, table
