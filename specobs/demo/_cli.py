@@ -408,6 +408,7 @@ def run(args: argparse.Namespace) -> int:
             probe = BaselineProbe(
                 engine.target, engine.max_batch, every_cycles=_BASELINE_EVERY_CYCLES,
                 window_seconds=_BASELINE_WINDOW_SECONDS, device=engine.device,
+                cuda_graph_buckets=engine._buckets() if engine.cuda_graphs else (),
             )  # fmt: skip
             engine.baseline_probe = probe
             baseline_note = "measured while serving, same batch"
