@@ -36,9 +36,12 @@ ALERT_MAP: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     ),
     "stall": (frozenset({"SpecobsDecodingStalled"}), frozenset()),
     "exporter_down": (frozenset({"SpecobsExporterDown"}), frozenset()),
+    # While the replaced pods' rates still cover the rate window, they are the cohort's median,
+    # so the new (broken) pods can also fire the below-cohort alerts: right, and named correctly.
     "bad_rollout": (
         frozenset({"SpecobsAcceptanceRateDrop"}),
-        frozenset({"SpecobsCohortThroughputDrop", "SpecobsSpeculationSlowerThanBaseline"}),
+        frozenset({"SpecobsCohortThroughputDrop", "SpecobsSpeculationSlowerThanBaseline",
+                   "SpecobsAcceptanceBelowCohort", "SpecobsDecodeThroughputBelowCohort"}),
     ),
 }
 
