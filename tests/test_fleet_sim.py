@@ -59,7 +59,8 @@ def test_schedule_from_yaml_and_flags(tmp_path: Path) -> None:
         ('{"faults": [{"kind": "stall", "servers": [10], "at": 1}]}', "not a server index in 0..9"),
         ('{"faults": [{"kind": "stall", "servers": [1]}]}', "missing 'at'"),
         ('{"faults": [{"kind": "stall", "servers": [1], "at": "soon"}]}', "expected a duration"),
-        ('{"faults": [{"kind": "stall", "servers": [1], "at": 1, "factor": 2}]}', "takes no factor"),
+        ('{"faults": [{"kind": "stall", "servers": [1], "at": 1, "factor": 2}]}',
+         "takes no factor"),
         ('{"faults": [{"kind": "bad_rollout", "model": "gpt-9", "at": 1}]}', "fleet's models"),
         ('{"faults": [{"kind": "stall", "model": "x", "servers": [1], "at": 1}]}', "takes servers"),
         ('{"faults": [{"kind": "stall", "servers": [1], "at": 1, "when": 2}]}', "unknown field"),
@@ -198,7 +199,7 @@ def test_fleet_of_50_alerts_exactly_the_faulted_servers(tmp_path: Path) -> None:
     print(table)
     for name in expected:
         assert scores[name].recall == 1.0, table
-    for name, s in scores.items():
+    for s in scores.values():
         assert s.precision in (None, 1.0), table
     # Detection within the shortened windows: the rate window (30 s) plus `for` plus scrapes.
     for name in expected:

@@ -178,7 +178,7 @@ class SimServer:
                 "pod": self.pod, "host": self.pod, "model_name": self.model.name,
                 "serving_engine": self.engine}
 
-    # -- the model ----------------------------------------------------------------------------------
+    # -- the model ---------------------------------------------------------------------------------
     def setup(self, now_wall: float, now_mono: float) -> None:
         r = self.rng
         self.acceptance = tuple(min(a * r.uniform(0.96, 1.04), 0.97)
@@ -273,7 +273,7 @@ class SimServer:
         self.hists["batch"].add(n)
         self.last_cycle_timestamp = now_wall
 
-    # -- what SnapshotCollector reads ---------------------------------------------------------------
+    # -- what SnapshotCollector reads --------------------------------------------------------------
     @property
     def aggregation(self) -> _Aggregationish:
         return self.agg
@@ -363,7 +363,7 @@ class Fleet:
         self.scrapes = 0
         self.failed_scrapes = 0
 
-    # -- events -------------------------------------------------------------------------------------
+    # -- events ------------------------------------------------------------------------------------
     def event(self, kind: str, servers: list[SimServer], **extra: Any) -> None:
         if self.events_path is None:
             return
@@ -383,7 +383,7 @@ class Fleet:
         tmp.write_text(json.dumps(groups, indent=1) + "\n")
         os.replace(tmp, self.targets_path)  # file_sd must never read half a file
 
-    # -- time ---------------------------------------------------------------------------------------
+    # -- time --------------------------------------------------------------------------------------
     def tick(self) -> None:
         """Apply faults whose time came, end those whose time passed, restart a few servers."""
         now_wall, now_mono = time.time(), time.monotonic()
@@ -439,7 +439,7 @@ class Fleet:
             return
         self.event(f"{fault.kind}:{'start' if start else 'end'}", targets, fault=fault.describe())
 
-    # -- HTTP ---------------------------------------------------------------------------------------
+    # -- HTTP --------------------------------------------------------------------------------------
     def respond(self, path: str, accept: str) -> tuple[int, str, bytes]:
         s = self.by_path.get(path.split("?", 1)[0])
         if s is None:
@@ -497,7 +497,7 @@ class Fleet:
                 await asyncio.sleep(0.25)
 
 
-# -- the command ------------------------------------------------------------------------------------
+# -- the command -----------------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``specobs fleet-sim``."""
@@ -558,8 +558,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        from specobs._errors import MissingDependencyError
-        from specobs._errors import require
+        from specobs._errors import MissingDependencyError, require
 
         require("prometheus_client", feature="specobs fleet-sim", extra="prometheus")
     except MissingDependencyError as exc:

@@ -137,7 +137,8 @@ def _fault(raw: object, where: str, n_servers: int, models: tuple[str, ...]) -> 
         raise ScheduleError(f"{where}.servers: expected a list of server indexes, got {servers!r}")
     for s in servers:
         if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < n_servers:
-            raise ScheduleError(f"{where}.servers: {s!r} is not a server index in 0..{n_servers - 1}")
+            raise ScheduleError(
+                f"{where}.servers: {s!r} is not a server index in 0..{n_servers - 1}")
     return Fault(kind, at, servers=tuple(sorted(set(servers))), factor=factor,
                  duration_seconds=duration)
 

@@ -1,0 +1,601 @@
+"""A simulated fleet against the real Prometheus, remote-writing to VictoriaMetrics, measured.
+
+For each fleet size N (default 100, 300, 1000) one run of about nine minutes:
+
+1. History: ``--backfill-hours`` (default 24) of every series the fleet dashboard and the alerts'
+   history windows read (the ``instance:``/``cohort:`` recording series of every server, and
+   ``specobs_info``) plus the raw series of the server the cycle-breakdown dashboard opens on,
+   one sample per ``--backfill-step`` (default 300 s: a 24 h history of 1,000 servers at 60 s
+   would be 110 M samples, ~25 GB of text, too slow to load within a 10-minute run), written
+   as OpenMetrics and loaded with
+   ``promtool tsdb create-blocks-from openmetrics`` into Prometheus and with
+   ``/api/v1/import/prometheus`` into VictoriaMetrics.
+2. ``specobs fleet-sim --servers N`` with faults; Debian ``prometheus`` scraping it every 15 s
+   (file_sd), remote-writing the raw series to ``victoria-metrics`` (single node); ``vmalert``
+   evaluating the same generated rules on VictoriaMetrics and writing the results back there.
+3. Alerts (rule windows scaled for 15 s scrapes, :data:`MEDIUM_WINDOWS`): faults at 120 s;
+   ``ALERTS`` of Prometheus and of vmalert scored against the simulator's events.
+4. Sizing (the generated rules, default windows, reloaded): Prometheus RSS and CPU, head series,
+   each rule group's evaluation time, remote-write lag; every fleet- and cycle-breakdown-dashboard
+   query at 1 h, 6 h and 24 h on both stores (latency, Prometheus's peak samples, and whether
+   VictoriaMetrics gives the same numbers).
+
+Prints a table per N and writes JSON (``--json``). Loopback only; everything lives under
+``--workdir`` (default /tmp/specobs-fleet-bench) and is deleted afterwards unless ``--keep``.
+
+    python3 benchmarks/fleet.py --servers 100 300 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specobs.mixin import MixinConfig, render_all
+from specobs.mixin._rules import RuleNames
+from specobs.tools._fleet import GPU_SAMPLE_EVERY, MODELS, NAMESPACE, PHASES, Fleet
+from specobs.tools._fleet_score import (
+    dashboard_queries,
+    fill_variables,
+    firing_from_matrix,
+    load_events,
+    score,
+)
+
+RULES_PATH = "deploy/prometheus/rules/specobs-rules.yml"
+SCRAPE_SECONDS = 15
+#: MixinConfig overrides for 15 s scrapes and runs of minutes.
+MEDIUM_WINDOWS: dict[str, str] = {
+    "rate_window": "1m", "history_window": "5m", "history_offset": "1m",
+    "cohort_for": "1m", "acceptance_drop_for": "1m", "throughput_drop_for": "2m",
+    "slower_than_baseline_for": "2m", "phase_regression_for": "2m", "stall_after": "45s",
+    "stall_for": "30s", "exporter_down_for": "1m", "target_missing_for": "5m",
+    "dropped_records_for": "2m",
+}
+FAULT_AT = 120.0
+ALERT_PHASE_END = FAULT_AT + 150.0
+SIZING_SECONDS = 200.0
+RANGES = {"1h": 3600, "6h": 6 * 3600, "24h": 24 * 3600}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def faults_for(n: int) -> list[str]:
+    """Faults in distinct cohorts (cohort = i % 16), none in the rolled-out model (i % 4 == 1)."""
+    per = max(1, n // 100)
+    stall = [3 + 16 * j for j in range(per) if 3 + 16 * j < n]
+    down = [4 + 16 * j for j in range(per) if 4 + 16 * j < n]
+    return [
+        f"acceptance_collapse servers={','.join(str(i) for i in (0, 8) if i < n)} at={FAULT_AT:g}",
+        f"verify_slowdown servers={','.join(str(i) for i in (2, 14) if i < n)} at={FAULT_AT:g}",
+        f"stall servers={','.join(map(str, stall))} at={FAULT_AT:g}",
+        f"exporter_down servers={','.join(map(str, down))} at={FAULT_AT:g}",
+        f"bad_rollout model={MODELS[1].name} at={FAULT_AT:g}",
+    ]
+
+
+# -- backfill --------------------------------------------------------------------------------------
+
+def _labels(d: dict[str, str]) -> str:
+    return ",".join(f'{k}="{v}"' for k, v in d.items())
+
+
+def backfill(fleet: Fleet, config: MixinConfig, end: float, hours: float, step: int,
+             om_path: Path, vm_path: Path) -> int:
+    """Write the history files; returns the number of samples."""
+    n = RuleNames(config)
+    rng = random.Random(1)
+    times = [int(end - hours * 3600) + i * step for i in range(int(hours * 3600 // step))]
+    samples = 0
+    with open(om_path, "w") as om, open(vm_path, "w") as vm:
+        def series(name: str, labels: dict[str, str], value: float) -> None:
+            nonlocal samples
+            head = f"{name}{{{_labels(labels)}}} "
+            om.writelines(f"{head}{value * (1 + 0.02 * (rng.random() - 0.5)):.6g} {t}\n"
+                          for t in times)
+            vm.writelines(f"{head}{value:.6g} {t * 1000}\n" for t in times)
+            samples += len(times)
+
+        cohorts: dict[tuple[str, ...], list[Any]] = {}
+        for s in fleet.servers:
+            lab = {"cluster": s.cluster, "namespace": NAMESPACE, "job": "specobs",
+                   "instance": s.instance, "pod": s.pod, "model_name": s.model.name,
+                   "serving_engine": s.engine}
+            cohort = (s.cluster, s.model.name, s.engine)
+            cohorts.setdefault(cohort, []).append(s)
+            cps = 1.0 / s.cycle_seconds
+            seqs = cps * s.batch
+            acc_mean = s.hists["accept"].mean
+            drafted = seqs * s.model.draft_length
+            accepted = seqs * acc_mean
+            gpu_mean = {p: s.phase_gpu_seconds[p] for p in PHASES}
+            host_mean = {p: g * 1.04 + 0.00003 for p, g in gpu_mean.items()}
+            info = {**lab, "version": "fleet-sim", "phases": ",".join(PHASES),
+                    "gpu_clock": "cuda_event", "sampling": f"every_{GPU_SAMPLE_EVERY}",
+                    "integration": s.integration}
+            if s is not fleet.servers[0]:  # its raw series follow, specobs_info included
+                series("specobs_info", info, 1)
+            series(n.up, lab, 1)
+            series(n.cycles, lab, cps)
+            series(n.emitted, lab, accepted + seqs)
+            series(n.drafted, lab, drafted)
+            series(n.accepted, lab, accepted)
+            series(n.acceptance, lab, accepted / drafted)
+            series(n.batch_size_mean, lab, s.batch)
+            series(n.emitted_per_sequence, lab, 1 + acc_mean)
+            speed = (1 + acc_mean) / s.cycle_seconds
+            series(n.sequence_speed, lab, speed)
+            series(n.speedup_realized, {**lab, "source": "configured"},
+                   speed * s.phase_gpu_seconds["verify"] * 1.04)
+            series(n.last_cycle_age, lab, 7.5)
+            series(n.alerts_firing, lab, 0)
+            for clock, means in (("gpu", gpu_mean), ("host", host_mean)):
+                total = sum(means.values())
+                series(n.cycle_p99, {**lab, "clock": clock}, total * 1.5)
+                for p in PHASES:
+                    series(n.phase_mean, {**lab, "phase": p, "clock": clock}, means[p])
+                    series(n.phase_share, {**lab, "phase": p, "clock": clock}, means[p] / total)
+                h = s.hists[f"cycle/{clock}"]
+                acc = 0.0
+                rate = cps / (GPU_SAMPLE_EVERY if clock == "gpu" else 1)
+                for le, f in zip((*h.bounds, math.inf), h.fractions, strict=True):
+                    acc += f
+                    series(n.cycle_bucket, {**lab, "clock": clock,
+                                            "le": "+Inf" if le == math.inf else repr(le)},
+                           acc * rate)
+            h = s.hists["accept"]
+            acc = 0.0
+            for le, f in zip((*h.bounds, math.inf), h.fractions, strict=True):
+                acc += f
+                series(n.accept_length_bucket,
+                       {**lab, "le": "+Inf" if le == math.inf else repr(le)}, acc * seqs)
+        for (cluster, model, engine), members in cohorts.items():
+            lab = {"cluster": cluster, "namespace": NAMESPACE, "job": "specobs",
+                   "model_name": model, "serving_engine": engine}
+            s = members[0]
+            acc_mean = s.hists["accept"].mean
+            series(n.cohort_servers, lab, len(members))
+            series(n.cohort_acceptance, lab, acc_mean / s.model.draft_length)
+            series(n.cohort_acceptance_median, lab, acc_mean / s.model.draft_length)
+            series(n.cohort_speed_median, lab, (1 + acc_mean) / s.cycle_seconds)
+            series(n.cohort_batch_median, lab, s.batch)
+            for p in PHASES:
+                for clock in ("gpu", "host"):
+                    series(n.cohort_phase_median, {**lab, "phase": p, "clock": clock},
+                           s.phase_gpu_seconds[p])
+        # The raw series of the server the cycle-breakdown dashboard opens on, as scraped.
+        s0 = fleet.servers[0]
+        lab0 = {"cluster": s0.cluster, "namespace": NAMESPACE, "job": "specobs",
+                "instance": s0.instance, "pod": s0.pod}
+        t_mono = 0.0
+        s0.last_advance = 0.0
+        for t in times:
+            t_mono += step
+            s0.advance(float(t), t_mono)
+            _, text = s0.render("")
+            for line in text.decode().splitlines():
+                if not line or line.startswith("#"):
+                    continue
+                name_labels, _, value = line.rpartition(" ")
+                name, _, rest = name_labels.partition("{")
+                rest = rest.rstrip("}")
+                labels = _labels(lab0) + ("," + rest if rest else "")
+                om.write(f"{name}{{{labels}}} {value} {t}\n")
+                vm.write(f"{name}{{{labels}}} {value} {t * 1000}\n")
+                samples += 1
+        om.write("# EOF\n")
+    # OpenMetrics wants each series' samples contiguous; the raw block above is time-major,
+    # which promtool accepts as long as timestamps per series increase.
+    return samples
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+class Procs:
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+        with open(log, "ab") as f:
+            p = subprocess.Popen(argv, stdout=f, stderr=f, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def stop_all(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        self.procs.clear()
+
+
+def wait_http(url: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not ready after {timeout}s")
+
+
+def self_metrics(url: str) -> dict[str, float]:
+    """Selected series of a Prometheus-format /metrics page, summed per name{filtered}."""
+    out: dict[str, float] = {}
+    for line in httpx.get(url, timeout=10).text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        key, _, value = line.rpartition(" ")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            pass
+    return out
+
+
+def api(base: str, path: str, params: dict[str, Any], timeout: float = 120.0
+        ) -> tuple[float, dict[str, Any]]:
+    t = time.perf_counter()
+    r = httpx.get(base + path, params=params, timeout=timeout)
+    elapsed = time.perf_counter() - t
+    try:
+        body = r.json()
+    except ValueError:
+        body = {"status": "error", "error": r.text[:300]}
+    return elapsed, body
+
+
+def _values(result: list[dict[str, Any]]) -> dict[str, float]:
+    out = {}
+    for s in result:
+        key = json.dumps({k: v for k, v in s["metric"].items() if k != "__name__"},
+                         sort_keys=True)
+        v = s["value"][1] if "value" in s else s["values"][-1][1]
+        out[key] = float(v)
+    return out
+
+
+def compare(a: dict[str, float], b: dict[str, float]) -> float | None:
+    """Largest relative difference between two results over the series both have (None: no
+    common series)."""
+    common = set(a) & set(b)
+    if not common:
+        return None
+    worst = 0.0
+    for k in common:
+        x, y = a[k], b[k]
+        if math.isnan(x) and math.isnan(y):
+            continue
+        worst = max(worst, abs(x - y) / max(abs(x), abs(y), 1e-12))
+    return worst
+
+
+# -- one run ---------------------------------------------------------------------------------------
+
+def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    wd = args.workdir / f"n{n}"
+    shutil.rmtree(wd, ignore_errors=True)
+    wd.mkdir(parents=True)
+    procs = Procs()
+    result: dict[str, Any] = {"servers": n}
+    default = MixinConfig()
+    medium = MixinConfig(**MEDIUM_WINDOWS)  # type: ignore[arg-type]
+    default_files = render_all(default)
+    rules = wd / "rules.yml"
+    rules.write_text(render_all(medium)[RULES_PATH])
+    try:
+        # 1. history
+        t = time.perf_counter()
+        fleet_params = Fleet(n, [], seed=args.seed)
+        now = time.time()
+        samples = backfill(fleet_params, default, now - 600, args.backfill_hours,
+                           args.backfill_step, wd / "history.om", wd / "history.vm")
+        result["backfill_samples"] = samples
+        gen_s = time.perf_counter() - t
+        t = time.perf_counter()
+        cp = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics",
+                             str(wd / "history.om"), str(wd / "data")], capture_output=True,
+                            text=True)
+        if cp.returncode != 0:
+            raise RuntimeError(f"promtool backfill failed: {cp.stderr[-2000:]}")
+        (wd / "history.om").unlink()
+        promtool_s = time.perf_counter() - t
+        vm_port, prom_port, vmalert_port, sim_port = (free_port() for _ in range(4))
+        vm = f"http://127.0.0.1:{vm_port}"
+        procs.start(["victoria-metrics", f"-storageDataPath={wd / 'vm'}",
+                     f"-httpListenAddr=127.0.0.1:{vm_port}", "-retentionPeriod=2",
+                     "-search.latencyOffset=5s"], wd / "vm.log")
+        wait_http(vm + "/health")
+        t = time.perf_counter()
+        with open(wd / "history.vm", "rb") as f:
+            r = httpx.post(vm + "/api/v1/import/prometheus", content=f, timeout=600)
+            r.raise_for_status()
+        httpx.get(vm + "/internal/force_flush", timeout=60)
+        (wd / "history.vm").unlink()
+        vm_import_s = time.perf_counter() - t
+        result["backfill_seconds"] = {"generate": round(gen_s, 1),
+                                      "promtool": round(promtool_s, 1),
+                                      "vm_import": round(vm_import_s, 1)}
+        print(f"[n={n}] backfill: {samples / 1e6:.1f} M samples; {result['backfill_seconds']}",
+              flush=True)
+
+        # 2. the fleet, Prometheus, vmalert
+        targets, events = wd / "targets.json", wd / "events.jsonl"
+        sim_argv = [sys.executable, "-c",
+                    "import sys; from specobs.cli import main; sys.exit(main(sys.argv[1:]))",
+                    "fleet-sim", "--servers", str(n), "--port", str(sim_port),
+                    "--targets-file", str(targets), "--events-file", str(events),
+                    "--seed", str(args.seed)]
+        for fault in faults_for(n):
+            sim_argv += ["--fault", fault]
+        sim = procs.start(sim_argv, wd / "sim.log")
+        t0 = time.time()
+        deadline = time.monotonic() + 30
+        while not targets.exists():
+            if time.monotonic() > deadline or sim.poll() is not None:
+                raise RuntimeError("fleet-sim did not start: " + (wd / "sim.log").read_text())
+            time.sleep(0.2)
+        drop_rules = "(instance|cohort|host):.*|ALERTS|ALERTS_FOR_STATE"
+        prom_config = {
+            "global": {"scrape_interval": f"{SCRAPE_SECONDS}s",
+                       "scrape_timeout": "10s", "evaluation_interval": f"{SCRAPE_SECONDS}s"},
+            "rule_files": [str(rules)],
+            "scrape_configs": [{"job_name": "specobs",
+                                "file_sd_configs": [{"files": [str(targets)],
+                                                     "refresh_interval": "10s"}]}],
+            # Raw series only: the store evaluates the rules itself (vmalert).
+            "remote_write": [{"url": vm + "/api/v1/write",
+                              "write_relabel_configs": [{"source_labels": ["__name__"],
+                                                         "regex": drop_rules,
+                                                         "action": "drop"}]}],
+        }
+        (wd / "prometheus.yml").write_text(json.dumps(prom_config, indent=1))
+        prom_proc = procs.start(["prometheus", f"--config.file={wd / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={wd / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{prom_port}",
+                                 "--web.enable-lifecycle", "--storage.tsdb.retention.time=30d"],
+                                wd / "prometheus.log")
+        prom = f"http://127.0.0.1:{prom_port}"
+        wait_http(prom + "/-/ready")
+        procs.start(["vmalert", f"-rule={rules}", f"-datasource.url={vm}",
+                     f"-remoteWrite.url={vm}", f"-remoteRead.url={vm}",
+                     "-notifier.url=http://127.0.0.1:1", f"-evaluationInterval={SCRAPE_SECONDS}s",
+                     f"-httpListenAddr=127.0.0.1:{vmalert_port}"], wd / "vmalert.log")
+        vmalert = f"http://127.0.0.1:{vmalert_port}"
+
+        # 3. alerts
+        while time.time() < t0 + ALERT_PHASE_END:
+            time.sleep(5)
+        end = time.time()
+        fault_events = load_events(events)
+        alerts: dict[str, Any] = {}
+        for store, base in (("prometheus", prom), ("vmalert", vm)):
+            _, body = api(base, "/api/v1/query_range",
+                          {"query": 'ALERTS{alertstate="firing"}', "start": t0, "end": end,
+                           "step": SCRAPE_SECONDS})
+            matrix = body.get("data", {}).get("result", [])
+            scores = score(firing_from_matrix(matrix), fault_events)
+            alerts[store] = {
+                name: {"precision": s.precision, "recall": s.recall,
+                       "tp": s.true_positives, "fp": s.false_positives,
+                       "expected": s.expected, "detected": s.detected,
+                       "seconds_to_fire": [round(d) for d in s.delays_seconds],
+                       "false": s.false[:5]}
+                for name, s in sorted(scores.items())}
+        result["alerts"] = alerts
+
+        # 4. sizing: the generated rules as shipped
+        rules.write_text(default_files[RULES_PATH])
+        httpx.post(prom + "/-/reload", timeout=30).raise_for_status()
+        try:
+            httpx.post(vmalert + "/-/reload", timeout=30)
+        except httpx.HTTPError:
+            pass
+        sizing_start = time.time()
+        samples_taken: list[dict[str, float]] = []
+        pid_stat = Path(f"/proc/{prom_proc.pid}/stat")
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def cpu_seconds() -> float:
+            fields = pid_stat.read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / tick
+
+        cpu0, wall0 = cpu_seconds(), time.monotonic()
+        group_max: dict[str, float] = {}
+        vmalert_max: dict[str, float] = {}
+        rss_max = head_max = lag_max = 0.0
+
+        def sample() -> None:
+            nonlocal rss_max, head_max, lag_max
+            m = self_metrics(prom + "/metrics")
+            samples_taken.append(m)
+            rss_max = max(rss_max, m.get("process_resident_memory_bytes", 0))
+            head_max = max(head_max, m.get("prometheus_tsdb_head_series", 0))
+            highest = sent = None
+            for k, v in m.items():
+                if k.startswith("prometheus_rule_group_last_duration_seconds{"):
+                    if time.time() - sizing_start > 2 * SCRAPE_SECONDS + 5:
+                        group_max[k] = max(group_max.get(k, 0), v)
+                if k.startswith("prometheus_remote_storage_highest_timestamp_in_seconds"):
+                    highest = v
+                if k.startswith("prometheus_remote_storage_queue_highest_sent_timestamp_seconds"):
+                    sent = v
+            if highest is not None and sent is not None:
+                lag_max = max(lag_max, highest - sent)
+            try:
+                vm_m = self_metrics(vmalert + "/metrics")
+            except httpx.HTTPError:
+                return
+            for k, v in vm_m.items():
+                if k.startswith("vmalert_iteration_duration_seconds{") and 'quantile="0.99"' in k:
+                    vmalert_max[k] = max(vmalert_max.get(k, 0), v)
+
+        queries: list[dict[str, Any]] = []
+        dashboards = {name: json.loads(default_files[f"dashboards/{name}.json"])
+                      for name in ("fleet", "cycle-breakdown")}
+        s0 = fleet_params.servers[0]
+        opened_on = {"cluster": s0.cluster, "namespace": NAMESPACE, "job": "specobs",
+                     "model": s0.model.name, "instance": s0.instance}
+        while time.time() < sizing_start + 75:
+            sample()
+            time.sleep(5)
+        # queries while rules keep running (and keep sampling between them)
+        qt = time.time() - 30
+        last_sample = time.monotonic()
+        for dname, dash in dashboards.items():
+            values = None if dname == "fleet" else opened_on
+            for title, expr in dashboard_queries(dash):
+                instant = _is_instant(dash, title)
+                for rname, seconds in (({"instant": 0}) if instant else RANGES).items():
+                    step = max(SCRAPE_SECONDS, round(seconds / 1500 / 15) * 15)
+                    rate_iv = f"{max(4 * SCRAPE_SECONDS, step + SCRAPE_SECONDS)}s"
+                    q = fill_variables(expr, rate_iv, values)
+                    row: dict[str, Any] = {"dashboard": dname, "panel": title, "range": rname}
+                    for store, base in (("prometheus", prom), ("vm", vm)):
+                        if instant:
+                            params: dict[str, Any] = {"query": q, "time": qt}
+                            path = "/api/v1/query"
+                        else:
+                            params = {"query": q, "start": qt - seconds, "end": qt, "step": step}
+                            path = "/api/v1/query_range"
+                        if store == "prometheus":
+                            params["stats"] = "all"
+                        elapsed, body = api(base, path, params)
+                        row[f"{store}_seconds"] = round(elapsed, 3)
+                        row[f"{store}_status"] = body.get("status")
+                        if body.get("status") != "success":
+                            row[f"{store}_error"] = str(body.get("error"))[:200]
+                            continue
+                        data = body["data"]
+                        row[f"{store}_series"] = len(data["result"])
+                        if store == "prometheus":
+                            st = data.get("stats", {}).get("samples", {})
+                            row["peak_samples"] = st.get("peakSamples")
+                            row["total_samples"] = st.get("totalQueryableSamples")
+                        row[f"{store}_values"] = _values(data["result"])
+                    if "prometheus_values" in row and "vm_values" in row:
+                        row["max_rel_diff"] = compare(row.pop("prometheus_values"),
+                                                      row.pop("vm_values"))
+                    row.pop("prometheus_values", None)
+                    row.pop("vm_values", None)
+                    queries.append(row)
+                    if time.monotonic() - last_sample > 5:
+                        sample()
+                        last_sample = time.monotonic()
+        while time.time() < sizing_start + SIZING_SECONDS:
+            sample()
+            time.sleep(5)
+        cpu1, wall1 = cpu_seconds(), time.monotonic()
+        result["prometheus"] = {
+            "rss_max_mib": round(rss_max / 2**20),
+            "cpu_cores_mean": round((cpu1 - cpu0) / (wall1 - wall0), 3),
+            "head_series_max": int(head_max),
+            "rule_group_last_duration_max_seconds": {k: round(v, 4) for k, v in group_max.items()},
+            "remote_write_lag_max_seconds": round(lag_max, 1),
+        }
+        result["vmalert_iteration_p99_max_seconds"] = {k: round(v, 4)
+                                                       for k, v in vmalert_max.items()}
+        result["queries"] = queries
+        sim_log = (wd / "sim.log").read_text()
+        result["sim_log_tail"] = sim_log[-400:]
+    finally:
+        procs.stop_all()
+        if not args.keep:
+            shutil.rmtree(wd, ignore_errors=True)
+    return result
+
+
+def _is_instant(dash: dict[str, Any], title: str) -> bool:
+    name, _, ref = title.rpartition(" [")
+    ref = ref.rstrip("]")
+
+    def walk(panels: list[dict[str, Any]]) -> bool | None:
+        for p in panels:
+            found = walk(p.get("panels", []))
+            if found is not None:
+                return found
+            if p.get("title") == name:
+                for i, t in enumerate(p.get("targets", [])):
+                    if str(t.get("refId", i)) == ref:
+                        return bool(t.get("instant"))
+        return None
+
+    return bool(walk(dash.get("panels", [])))
+
+
+def report(r: dict[str, Any]) -> None:
+    n = r["servers"]
+    p = r["prometheus"]
+    print(f"\n== {n} servers ==")
+    print(f"prometheus: RSS max {p['rss_max_mib']} MiB, CPU {p['cpu_cores_mean']} cores, head "
+          f"series {p['head_series_max']}, remote-write lag max {p['remote_write_lag_max_seconds']}"
+          " s")
+    for k, v in p["rule_group_last_duration_max_seconds"].items():
+        print(f"  rule group {k}: max last duration {v * 1000:.1f} ms")
+    for k, v in r["vmalert_iteration_p99_max_seconds"].items():
+        print(f"  vmalert {k}: p99 iteration {v * 1000:.1f} ms")
+    print("queries (dashboard, panel, range: prometheus s / peak samples | vm s | max rel diff):")
+    for q in r["queries"]:
+        print(f"  {q['dashboard']:<15} {q['panel'][:48]:<48} {q['range']:>7}: "
+              f"{q.get('prometheus_seconds')} s / {q.get('peak_samples')} | "
+              f"{q.get('vm_seconds')} s | {q.get('max_rel_diff')}"
+              + (f" PROM ERR {q['prometheus_error']}" if "prometheus_error" in q else "")
+              + (f" VM ERR {q['vm_error']}" if "vm_error" in q else ""))
+    for store, scores in r["alerts"].items():
+        print(f"alerts ({store}):")
+        for name, s in scores.items():
+            print(f"  {name:<40} precision {s['precision']} recall {s['recall']} "
+                  f"(tp {s['tp']}, fp {s['fp']}, expected {s['expected']}, detected "
+                  f"{s['detected']}) seconds to fire {s['seconds_to_fire']}"
+                  + (f" false: {s['false'][:2]}" if s["false"] else ""))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--servers", type=int, nargs="+", default=[100, 300, 1000])
+    parser.add_argument("--backfill-hours", type=float, default=24.0)
+    parser.add_argument("--backfill-step", type=int, default=300)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/specobs-fleet-bench"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="write all results here")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args()
+    results = []
+    for n in args.servers:
+        r = run_one(n, args)
+        report(r)
+        results.append(r)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
