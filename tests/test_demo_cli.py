@@ -282,3 +282,12 @@ def test_the_container_image_leaves_the_admin_endpoints_off() -> None:
     assert "--admin-token" not in cmd
     assert not any("SPECOBS_DEMO_ADMIN_TOKEN" in line for line in instructions)
     assert "/admin/fault is off" in text  # and the file says so
+
+
+def test_where_lines_point_at_the_fault_endpoint_only_when_admin_is_on():
+    from specobs.demo import _summary
+
+    off = _summary.where_lines(None, "http://127.0.0.1:8000", None)
+    on = _summary.where_lines(None, "http://127.0.0.1:8000", None, admin=True)
+    assert not any("/admin/fault" in line for line in off)
+    assert any("POST http://127.0.0.1:8000/admin/fault" in line for line in on)

@@ -442,7 +442,9 @@ def run(args: argparse.Namespace) -> int:
         if prom is not None:
             host = "127.0.0.1" if prom.addr in ("0.0.0.0", "", "::") else prom.addr
             target = f"{host}:{prom.port}"
-        where = _summary.where_lines(metrics_url, server.url, target)
+        where = _summary.where_lines(
+            metrics_url, server.url, target, admin=admin_token is not None
+        )
         _say(f"serving completions on {server.url}/v1/completions")
         _say(f"admin endpoints on {server.url}/admin/fault (Authorization: Bearer <token>)"
              if admin_token is not None else

@@ -173,10 +173,13 @@ def plain_line(view: DemoView, *, fault: str | None, requests: str = "") -> str:
     return " | ".join(parts)
 
 
-def where_lines(metrics_url: str | None, completions_url: str, target: str | None) -> list[str]:
-    """Where to point Prometheus and Grafana."""
-    out = [f"completions  {completions_url}/v1/completions   (faults: POST {completions_url}"
-           "/admin/fault)"]
+def where_lines(
+    metrics_url: str | None, completions_url: str, target: str | None, *, admin: bool = False
+) -> list[str]:
+    """Where to point Prometheus and Grafana (and, when admin endpoints are on, faults)."""
+    faults = (f"   (faults: POST {completions_url}/admin/fault, with the admin token)" if admin
+              else "")
+    out = [f"completions  {completions_url}/v1/completions{faults}"]
     if metrics_url:
         out += [
             f"metrics      {metrics_url}",
