@@ -13,8 +13,13 @@ Modes, run side by side in rotating order so drifts in clocks and load hit every
 * ``profiler``   torch.profiler with record_function per phase
 * ``specobs``    specobs defaults (adaptive sampling under a 0.5% budget)
 * ``every``      specobs timing every cycle on the GPU (sample_every=1)
-* ``chunk32``    specobs defaults, but the resolver resolving 32 records per GIL hold instead
-                 of 128 and polling every 50 ms instead of 100 ms: what shorter GIL holds buy
+* ``chunk32``    specobs defaults, but the resolver starting at 32 records per GIL hold and
+                 polling every 50 ms instead of 100 ms
+* ``slice200`` / ``slice20`` / ``every200``  the resolver's GIL holds sized for 200 / 20 µs of
+                 CPU instead of the default (``every200``: with every cycle GPU-timed)
+
+Workloads: ``small|b32|large`` - ``eager|graph``, optionally ``-cudaacc`` (acceptance passed to
+specobs as the CUDA tensor; the scheduler's host sync is a read of one number instead).
 
 Prints cycles/s relative to ``none`` (median over rounds), and per-phase milliseconds from each
 method next to a synchronize-isolated reference (each phase alone between synchronisations).
@@ -37,7 +42,7 @@ import torch
 import specobs
 
 PHASES = ("draft", "verify", "bookkeeping")
-SPECOBS_MODES = ("specobs", "every", "chunk32")
+SPECOBS_MODES = ("specobs", "every", "chunk32", "slice200", "every200", "slice20")
 #: The profiler's run is this many cycles at most: processing its trace afterwards takes far
 #: longer than the loop, and its slowdown shows in a short run as well as in a long one.
 PROFILER_CYCLES = 150
@@ -46,7 +51,8 @@ PROFILER_CYCLES = 150
 class Workload:
     """One synthetic EAGLE-style cycle."""
 
-    def __init__(self, *, d: int, target_layers: int, batch: int, k: int, graphs: bool) -> None:
+    def __init__(self, *, d: int, target_layers: int, batch: int, k: int, graphs: bool,
+                 cuda_acceptance: bool = False) -> None:
         dev = torch.device("cuda")
         dt = torch.bfloat16
         g = torch.Generator(device=dev).manual_seed(0)
@@ -66,6 +72,9 @@ class Workload:
         self.draft_tokens = torch.zeros(batch, k, device=dev, dtype=torch.long)
         self.target_tokens = torch.zeros(batch, k + 1, device=dev, dtype=torch.long)
         self.graphs = graphs
+        #: Acceptance handed to specobs as the CUDA tensor (specobs copies it asynchronously);
+        #: the scheduler's host sync is then a separate read of one number.
+        self.cuda_acceptance = cuda_acceptance
         self._draft_graph: torch.cuda.CUDAGraph | None = None
         self._verify_graph: torch.cuda.CUDAGraph | None = None
         if graphs:
@@ -117,6 +126,9 @@ class Workload:
     def bookkeeping(self) -> list[int]:
         match = (self.draft_tokens == self.target_tokens[:, : self.k]).int()
         accept = match.cumprod(-1).sum(-1)
+        if self.cuda_acceptance:
+            int(accept.sum())  # the host sync a scheduler does, on one number
+            return accept  # type: ignore[no-any-return]
         # The host sync real servers do: the scheduler needs accepted lengths on the CPU.
         return accept.to("cpu").tolist()  # type: ignore[no-any-return]
 
@@ -246,10 +258,15 @@ def run_mode(
 
 def make_observer(mode: str) -> specobs.Observer:
     """specobs as a user configures it: defaults, or GPU timing on every cycle."""
-    obs = specobs.configure(clock="cuda", sinks=[], sample_every=1 if mode == "every" else None)
+    every = mode in ("every", "every200")
+    obs = specobs.configure(clock="cuda", sinks=[], sample_every=1 if every else None)
     if mode == "chunk32":
         obs._resolver.chunk = 32
         obs._resolver.poll = 0.05
+    if mode in ("slice200", "every200"):
+        obs._resolver.slice_ns = 200_000
+    if mode == "slice20":
+        obs._resolver.slice_ns = 20_000
     return obs
 
 
@@ -291,9 +308,17 @@ def cycle_ms(w: Workload, n: int = 200) -> float:
     return el / n * 1e3
 
 
-def build(size: str, graphs: bool) -> Workload:
+def build(name: str) -> Workload:
+    """``small|b32|large`` - ``eager|graph`` [- ``cudaacc``: acceptance as a CUDA tensor]."""
+    size, variant, *rest = name.split("-")
+    graphs = variant == "graph"
+    cuda_acc = "cudaacc" in rest
     if size == "small":
-        return Workload(d=1024, target_layers=2, batch=8, k=4, graphs=graphs)
+        return Workload(d=1024, target_layers=2, batch=8, k=4, graphs=graphs,
+                        cuda_acceptance=cuda_acc)
+    if size == "b32":  # batch 32, a mid-size model: a cycle between the small and large ones
+        return Workload(d=2048, target_layers=4, batch=32, k=4, graphs=graphs,
+                        cuda_acceptance=cuda_acc)
     # Large: grow the target until an eager cycle takes about 3 ms.
     layers = 8
     w = Workload(d=4096, target_layers=layers, batch=64, k=4, graphs=False)
@@ -301,7 +326,8 @@ def build(size: str, graphs: bool) -> Workload:
         ms = cycle_ms(w, 50)
         layers = max(1, round(layers * 3.0 / ms))
         w = Workload(d=4096, target_layers=layers, batch=64, k=4, graphs=False)
-    return Workload(d=4096, target_layers=layers, batch=64, k=4, graphs=graphs)
+    return Workload(d=4096, target_layers=layers, batch=64, k=4, graphs=graphs,
+                    cuda_acceptance=cuda_acc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,8 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d"), "workloads": {},
     }
     for wl in args.workloads.split(","):
-        size, variant = wl.split("-")
-        w = build(size, variant == "graph")
+        w = build(wl)
         warm(w)
         base_ms = cycle_ms(w, 200)
         cycles = args.cycles or max(100, round(args.seconds * 1e3 / base_ms))
@@ -374,7 +399,9 @@ def main(argv: list[str] | None = None) -> int:
             if "interval" in infos[m]:
                 extra = f"  sampled {infos[m]['sampled']}/{infos[m]['cycles']} " \
                         f"(now 1 in {infos[m]['interval']}), resolver " \
-                        f"{infos[m]['resolver_us_per_cycle']:.1f} us/cycle"
+                        f"{infos[m]['resolver_us_per_cycle']:.1f} us/cycle, self-reported " \
+                        f"overhead {infos[m]['overhead_ratio'] * 100:.2f}% (measured " \
+                        f"{(1 - ratios[m]) * 100:.2f}%)"
             print(f"{m:<10} {1 / statistics.median(times[m]):9.0f} {ratios[m]:7.4f}   "
                   f"{cols}{extra}")
     if args.json:

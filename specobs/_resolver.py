@@ -22,6 +22,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence, Set
+from itertools import chain, repeat, starmap
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from specobs import sampling
@@ -35,11 +37,25 @@ if TYPE_CHECKING:
 
 __all__ = ["ResolvedCycle", "Resolver"]
 
-#: Records resolved per GIL hold; the resolver sleeps (``time.sleep(0)``) between chunks so a
-#: worker waiting for the GIL gets it. Measured both ways on an H200 (benchmarks/RESULTS.md):
-#: chunks of 32 cost more resolver CPU per cycle (fixed work per chunk) and did not lower the
-#: worker's loss, so the chunk is 128 (a few hundred microseconds of work).
-CHUNK = 128
+#: Records resolved in the first GIL hold of a new resolver; after that the chunk is sized by
+#: time (``SLICE_NS``), from the measured CPU per record.
+CHUNK = 32
+#: Thread CPU one hold of the GIL aims at. The worker shares the GIL: a worker whose GPU sync
+#: returns while the resolver holds it waits for the rest of the hold, so every hold is short
+#: (the bound is 100 µs; slices aim at half of it, so a slower record or noise stays under it).
+#: A slice has ~8 µs of fixed work (five histograms, counters, the lock), so much shorter
+#: slices would cost more CPU per cycle (measured: benchmarks/RESULTS.md, issue 15).
+SLICE_NS = 50_000
+MIN_CHUNK = 4
+MAX_CHUNK = 2048
+#: Pause between two slices of one drain. ``time.sleep(0)`` releases the GIL but does not hand
+#: it over: the resolver's own syscall returns before the woken worker is scheduled, and it
+#: takes the GIL straight back (the worker then waits out the 5 ms switch interval). A real
+#: sleep lets a waiting worker in.
+YIELD_SECONDS = 20e-6
+#: Hot-path cost of one phase boundary without a CUDA event (measured 0.25-0.35 µs on the
+#: H200's host and on the CPU VM: benchmarks/RESULTS.md); part of the self-reported overhead.
+HOST_STAMP_NS = 300
 
 _log = logging.getLogger("specobs")
 
@@ -138,6 +154,16 @@ class Resolver:
         self._cost_ewma = 0.0
         self._cycle_ewma = 0.0
         self._folded: dict[str, int] = {}
+        #: bytes.translate deletion tables: deleting the bytes 0..k from a column of accepted
+        #: lengths leaves exactly the values above k (a whole column checked at C speed).
+        self._upto = [bytes(range(k + 1)) for k in range(aggregation.max_draft_length + 1)]
+        #: Longest single hold of the GIL by this resolver's work (thread CPU nanoseconds of
+        #: one slice, between two points where it releases the GIL), for benchmarks.
+        self.max_hold_ns = 0
+        self.long_holds = 0  # slices over 100 µs (a garbage collection inside one, say)
+        self._record_ns = 0.0  # EWMA of thread CPU per record: sizes the next slice
+        self.slice_ns = SLICE_NS
+        self.yield_seconds = YIELD_SECONDS
 
     def _init_sync_state(self) -> None:
         self.backlog: deque[Cycle] = deque()
@@ -263,35 +289,52 @@ class Resolver:
 
     # -- the work --------------------------------------------------------------------------------
     def drain(self) -> int:
-        """Resolve every record whose events completed. Returns how many were resolved."""
+        """Resolve every record whose events completed. Returns how many were resolved.
+
+        In slices of about ``SLICE_NS`` of thread CPU each (one GIL hold), with a short sleep
+        between slices so a worker waiting for the GIL gets it.
+        """
         total = 0
         while True:
+            limit = self.chunk
             with self._drain_lock:
                 t_cpu = time.thread_time_ns()
                 taken_box = [0]
+                cpu = 0
                 try:
-                    n = self._drain_locked(taken_box)
+                    n = self._drain_locked(taken_box, limit)
                 finally:
                     # Counted only now, after aggregation, sinks and accounting: force_flush()
                     # waits on this number, so it must not move before the data it stands for
                     # is visible -- and it must move even if something raised, or every later
                     # flush would wait its whole timeout for records that are gone.
                     cpu = time.thread_time_ns() - t_cpu
+                    if cpu > self.max_hold_ns:
+                        self.max_hold_ns = cpu
+                    if cpu > 100_000:
+                        self.long_holds += 1
                     with self.agg.lock:
                         self.agg.cpu_seconds["resolver"] += cpu / 1e9
                     self.consumed += taken_box[0]
-            if n < self.chunk:
+            if n >= limit or n >= 32:
+                # Size the next slice by time: a record costs 0.5-30 µs depending on batch
+                # size, GPU sampling and sinks, so no fixed count bounds the hold. Small
+                # partial slices are not used: their fixed cost would read as per-record cost.
+                per = cpu / n
+                ewma = self._record_ns
+                self._record_ns = per if ewma <= 0 else ewma + 0.3 * (per - ewma)
+                self.chunk = max(MIN_CHUNK, min(MAX_CHUNK, int(self.slice_ns / self._record_ns)))
+            if n < limit:
                 self.drains += 1
             with self._cond:
                 self._cond.notify_all()
             total += n
-            if n < self.chunk:
+            if n < limit:
                 return total
-            # A full chunk: release the GIL before the next one, so a worker waiting for it
-            # gets it now instead of after the interpreter's 5 ms switch interval.
-            time.sleep(0)
+            # A full slice and more to do: let a worker waiting for the GIL have it first.
+            time.sleep(self.yield_seconds)
 
-    def _drain_locked(self, taken_box: list[int]) -> int:
+    def _drain_locked(self, taken_box: list[int], chunk: int) -> int:
         """Take what is ready off the backlog, resolve it, hand it to the sinks.
 
         ``taken_box[0]`` is set to the records taken off the backlog (resolved or dropped) as
@@ -301,11 +344,9 @@ class Resolver:
         clock = rec.clock
         q = rec.queue
         backlog = self.backlog
-        while q:
-            try:
-                backlog.append(q.popleft())
-            except IndexError:
-                break
+        # C-level pops, ~15 ns a record (the worker appends concurrently; only this thread
+        # pops, so the length read first can be popped), bounded per hold.
+        backlog.extend(starmap(q.popleft, repeat((), min(len(q), 4096))))
         dropped_full = 0
         while len(backlog) > self.backlog_size:
             old = backlog.popleft()
@@ -314,17 +355,26 @@ class Resolver:
         while rec.dropped_records:
             self._release(rec.dropped_records.popleft())
 
-        ready: list[Cycle] = []
-        chunk = self.chunk
-        while backlog and len(ready) < chunk:
-            c = backlog[0]
-            ev = c._ev
-            if ev is not None and clock is not None and not clock.query(ev[-1]):
-                break
-            copy = c._acc_copy
-            if copy is not None and clock is not None and not clock.query(copy.event):
-                break
-            ready.append(backlog.popleft())
+        ready: list[Cycle]
+        if clock is None:  # nothing to wait for
+            ready = list(starmap(backlog.popleft, repeat((), min(chunk, len(backlog)))))
+        else:
+            # Only GPU-sampled records and CUDA acceptance copies are queried; for the rest
+            # the walk is two attribute reads.
+            ready = []
+            query = clock.query
+            for c in backlog:
+                if len(ready) >= chunk:
+                    break
+                ev = c._ev
+                if ev is not None and not query(ev[-1]):
+                    break
+                copy = c._acc_copy
+                if copy is not None and not query(copy.event):
+                    break
+                ready.append(c)
+            for _ in starmap(backlog.popleft, repeat((), len(ready))):
+                pass
         taken_box[0] = dropped_full + len(ready)
 
         try:
@@ -523,6 +573,58 @@ class Resolver:
     def _acceptance_batch(
         self, ready: list[Cycle]
     ) -> tuple[tuple[list[int] | bytes, int, int, int, dict[int, int]] | None, list[int]]:
+        """Acceptance of a whole batch (see ``_acceptance_each``), by columns when it can.
+
+        The common case -- every cycle gave a list, one integer draft length for all, the
+        default emitted count -- is read with C-level ``map``/``set``/``bytes`` over the whole
+        slice, with no Python work per cycle or per sequence: ``bytes()`` rejects a non-int or
+        a value outside 0..255 anywhere, and deleting the bytes 0..k (``translate``) leaves
+        exactly the values above the draft length. Anything else, or any bad value, goes to
+        the per-cycle path, which counts it against its own cycle only.
+        """
+        try:
+            fast = self._acceptance_columns(ready)
+        except (TypeError, ValueError, OverflowError, AttributeError):
+            fast = None
+        return fast if fast is not None else self._acceptance_each(ready)
+
+    def _acceptance_columns(
+        self, ready: list[Cycle]
+    ) -> tuple[tuple[bytes, int, int, int, dict[int, int]], list[int]] | None:
+        accs = list(map(_GET_ACC, ready))
+        if set(map(type, accs)) != _LIST_ONLY:
+            return None
+        if set(map(_GET_EMITTED, ready)) != _NONE_ONLY:  # a list there raises TypeError
+            return None
+        dls = set(map(_GET_DRAFT_LEN, ready))
+        if len(dls) != 1:
+            return None
+        k_max = self.agg.max_draft_length
+        (k,) = dls
+        if k is None:
+            k = k_max
+        elif type(k) is not int or not 0 <= k <= k_max:
+            return None
+        column = bytes(chain.from_iterable(accs))
+        if column.translate(None, self._upto[k]):  # a value above the draft length
+            return None
+        lens = list(map(len, accs))
+        sequences = len(column)
+        given = list(map(_GET_BATCH, ready))
+        if given.count(None) == len(given):
+            batches = lens
+        else:
+            batches = [n if b is None else b for n, b in zip(lens, given, strict=True)]
+            if not _batches_ok(batches):
+                return None
+        accepted = 0
+        for v in range(1, k + 1):
+            accepted += v * column.count(v)
+        return (column, accepted, k * sequences, accepted + sequences, {k: sequences}), batches
+
+    def _acceptance_each(
+        self, ready: list[Cycle]
+    ) -> tuple[tuple[list[int] | bytes, int, int, int, dict[int, int]] | None, list[int]]:
         """Acceptance of a whole batch: (concatenated lengths, accepted, drafted, emitted,
         sequences by draft length) and the batch sizes, all validated.
 
@@ -569,9 +671,8 @@ class Resolver:
             if ok and fast_lengths:
                 try:
                     column = bytes(fast_lengths)  # TypeError / ValueError on any bad element
-                    lo = min(fast_lengths)
-                    hi = max(fast_lengths)
-                    ok = type(lo) is int and type(hi) is int and hi <= k_min
+                    # Deleting the bytes 0..k_min leaves the values above it.
+                    ok = not column.translate(None, self._upto[k_min])
                 except (TypeError, ValueError):
                     ok = False
             if ok:
@@ -626,7 +727,7 @@ class Resolver:
                 if v is not None:
                     batches.append(v)
                 continue
-            a = c._resolved_acc
+            a = getattr(c, "_resolved_acc", None)  # set only by the per-cycle path
             if a is not None:
                 batches.append(len(a[0]))
             elif type(c._acc) is list:
@@ -637,7 +738,9 @@ class Resolver:
         self, c: Cycle
     ) -> tuple[list[int], int, int, int, list[int] | tuple[int, int]] | None:
         """The per-cycle view of acceptance for a ResolvedCycle (after _acceptance_batch)."""
-        a: tuple[list[int], int, int, int, list[int] | tuple[int, int]] | None = c._resolved_acc
+        a: tuple[list[int], int, int, int, list[int] | tuple[int, int]] | None = getattr(
+            c, "_resolved_acc", None
+        )  # set only by the per-cycle path
         if a is not None:
             return a
         acc = c._acc
@@ -793,10 +896,23 @@ class Resolver:
                 self.agg.cpu_seconds["hot_path"] += cost / 1e9
             self.agg.sampling_interval = rec.interval
             if self._cycle_ewma > 0:
-                self.agg.overhead_ratio = (
-                    self._cost_ewma / max(rec.interval, 1) / self._cycle_ewma
+                # What the worker loses per cycle: event records on sampled cycles (measured on
+                # the hot path), host stamps (an estimate per boundary), and the resolver's own
+                # CPU per record, which shares the GIL with the worker.
+                per_cycle = (
+                    self._cost_ewma / max(rec.interval, 1)
+                    + HOST_STAMP_NS * (rec.nphases + 1)
+                    + self._record_ns
                 )
+                self.agg.overhead_ratio = per_cycle / self._cycle_ewma
 
+
+_GET_ACC = attrgetter("_acc")
+_GET_EMITTED = attrgetter("_emitted")
+_GET_DRAFT_LEN = attrgetter("_draft_len")
+_GET_BATCH = attrgetter("_batch")
+_LIST_ONLY = {list}
+_NONE_ONLY = {None}
 
 #: Largest batch size counted; anything above is a caller's bug, not a batch.
 _MAX_BATCH = 1 << 31
