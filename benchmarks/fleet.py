@@ -272,29 +272,31 @@ def api(base: str, path: str, params: dict[str, Any], timeout: float = 120.0
     return elapsed, body
 
 
-def _values(result: list[dict[str, Any]]) -> dict[str, float]:
+def _values(result: list[dict[str, Any]]) -> dict[tuple[str, float], float]:
+    """(series, timestamp) -> value, for instant and range results alike."""
     out = {}
     for s in result:
         key = json.dumps({k: v for k, v in s["metric"].items() if k != "__name__"},
                          sort_keys=True)
-        v = s["value"][1] if "value" in s else s["values"][-1][1]
-        out[key] = float(v)
+        for t, v in s.get("values") or [s["value"]]:
+            out[(key, round(float(t)))] = float(v)
     return out
 
 
-def compare(a: dict[str, float], b: dict[str, float]) -> float | None:
-    """Largest relative difference between two results over the series both have (None: no
-    common series)."""
-    common = set(a) & set(b)
-    if not common:
-        return None
-    worst = 0.0
-    for k in common:
+def compare(a: dict[tuple[str, float], float], b: dict[tuple[str, float], float],
+            split: float) -> tuple[float | None, float | None]:
+    """Largest relative difference between two results at the (series, time) points both have:
+    (before ``split``: the backfilled history, identical in both stores; after it: live data,
+    whose recording rules each store evaluated itself). None where no point is common."""
+    worst: list[float | None] = [None, None]
+    for k in set(a) & set(b):
         x, y = a[k], b[k]
         if math.isnan(x) and math.isnan(y):
             continue
-        worst = max(worst, abs(x - y) / max(abs(x), abs(y), 1e-12))
-    return worst
+        d = abs(x - y) / max(abs(x), abs(y), 1e-12)
+        i = 0 if k[1] < split else 1
+        worst[i] = max(worst[i] or 0.0, d)
+    return worst[0], worst[1]
 
 
 # -- one run ---------------------------------------------------------------------------------------
@@ -315,7 +317,8 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
         t = time.perf_counter()
         fleet_params = Fleet(n, [], seed=args.seed)
         now = time.time()
-        samples = backfill(fleet_params, default, now - 600, args.backfill_hours,
+        history_end = now - 600
+        samples = backfill(fleet_params, default, history_end, args.backfill_hours,
                            args.backfill_step, wd / "history.om", wd / "history.vm")
         result["backfill_samples"] = samples
         gen_s = time.perf_counter() - t
@@ -501,8 +504,9 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                             row["total_samples"] = st.get("totalQueryableSamples")
                         row[f"{store}_values"] = _values(data["result"])
                     if "prometheus_values" in row and "vm_values" in row:
-                        row["max_rel_diff"] = compare(row.pop("prometheus_values"),
-                                                      row.pop("vm_values"))
+                        hist, live = compare(row.pop("prometheus_values"),
+                                             row.pop("vm_values"), history_end)
+                        row["vm_diff_history"], row["vm_diff_live"] = hist, live
                     row.pop("prometheus_values", None)
                     row.pop("vm_values", None)
                     queries.append(row)
@@ -561,11 +565,13 @@ def report(r: dict[str, Any]) -> None:
         print(f"  rule group {k}: max last duration {v * 1000:.1f} ms")
     for k, v in r["vmalert_iteration_p99_max_seconds"].items():
         print(f"  vmalert {k}: p99 iteration {v * 1000:.1f} ms")
-    print("queries (dashboard, panel, range: prometheus s / peak samples | vm s | max rel diff):")
+    print("queries (dashboard, panel, range: prometheus s / peak samples | vm s | VM vs "
+          "Prometheus, largest difference: history / live):")
     for q in r["queries"]:
         print(f"  {q['dashboard']:<15} {q['panel'][:48]:<48} {q['range']:>7}: "
               f"{q.get('prometheus_seconds')} s / {q.get('peak_samples')} | "
-              f"{q.get('vm_seconds')} s | {q.get('max_rel_diff')}"
+              f"{q.get('vm_seconds')} s | {_pct(q.get('vm_diff_history'))} / "
+              f"{_pct(q.get('vm_diff_live'))}"
               + (f" PROM ERR {q['prometheus_error']}" if "prometheus_error" in q else "")
               + (f" VM ERR {q['vm_error']}" if "vm_error" in q else ""))
     for store, scores in r["alerts"].items():
@@ -575,6 +581,10 @@ def report(r: dict[str, Any]) -> None:
                   f"(tp {s['tp']}, fp {s['fp']}, expected {s['expected']}, detected "
                   f"{s['detected']}) seconds to fire {s['seconds_to_fire']}"
                   + (f" false: {s['false'][:2]}" if s["false"] else ""))
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2%}"
 
 
 def main() -> int:
