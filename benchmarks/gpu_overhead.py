@@ -30,9 +30,11 @@ method next to a synchronize-isolated reference (each phase alone between synchr
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -224,6 +226,9 @@ def run_mode(
         if obs is None:
             obs = make_observer(mode)
         k = w.k
+        res = obs._resolver
+        slices0, gc0 = res.slices, dict(GC_IN_THREAD)
+        res.max_hold_ns = res.long_holds = 0
         t0 = time.perf_counter()
         for _ in range(cycles):
             c = obs.begin(w.batch)
@@ -250,10 +255,39 @@ def run_mode(
         info["interval"] = s.sampling_interval
         info["overhead_ratio"] = s.overhead_ratio
         info["resolver_us_per_cycle"] = s.cpu_seconds["resolver"] / max(s.cycles_total, 1) * 1e6
+        # Where the resolver's holds went: slices of work, the longest, and garbage
+        # collections that ran on its thread during this run (milliseconds).
+        # The self-reported overhead's parts, in % of a cycle: event records (hot path, on
+        # sampled cycles), host stamps (estimate), the resolver's CPU per record.
+        if res._cycle_ewma > 0:
+            info["overhead_parts_pct"] = {
+                "events": round(res._cost_ewma / max(s.sampling_interval, 1)
+                                / res._cycle_ewma * 100, 3),
+                "stamps": round(300 * 4 / res._cycle_ewma * 100, 3),
+                "resolver": round(res._record_ns / res._cycle_ewma * 100, 3),
+            }
+        info["slices"] = res.slices - slices0
+        info["max_hold_us"] = res.max_hold_ns / 1e3
+        info["long_holds"] = res.long_holds
+        info["gc_ms"] = {t: round(GC_IN_THREAD.get(t, 0.0) - gc0.get(t, 0.0), 3)
+                         for t in GC_IN_THREAD}
         if own:
             obs.shutdown(timeout_seconds=5)
         return el, info
     raise ValueError(mode)
+
+
+#: Milliseconds of garbage collection per thread name, from gc.callbacks (diagnostics).
+GC_IN_THREAD: dict[str, float] = {}
+_gc_start = [0]
+
+
+def _gc_probe(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _gc_start[0] = time.perf_counter_ns()
+        return
+    name = threading.current_thread().name
+    GC_IN_THREAD[name] = GC_IN_THREAD.get(name, 0.0) + (time.perf_counter_ns() - _gc_start[0]) / 1e6
 
 
 def make_observer(mode: str) -> specobs.Observer:
@@ -345,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         print("needs CUDA", file=sys.stderr)
         return 2
     torch.cuda.init()
+    gc.callbacks.append(_gc_probe)
     modes = args.modes.split(",")
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -401,7 +436,10 @@ def main(argv: list[str] | None = None) -> int:
                         f"(now 1 in {infos[m]['interval']}), resolver " \
                         f"{infos[m]['resolver_us_per_cycle']:.1f} us/cycle, self-reported " \
                         f"overhead {infos[m]['overhead_ratio'] * 100:.2f}% (measured " \
-                        f"{(1 - ratios[m]) * 100:.2f}%)"
+                        f"{(1 - ratios[m]) * 100:.2f}%); {infos[m]['slices']} slices, " \
+                        f"longest {infos[m]['max_hold_us']:.0f} us, " \
+                        f"{infos[m]['long_holds']} over 100 us; GC ms {infos[m]['gc_ms']}; " \
+                        f"parts % {infos[m].get('overhead_parts_pct')}"
             print(f"{m:<10} {1 / statistics.median(times[m]):9.0f} {ratios[m]:7.4f}   "
                   f"{cols}{extra}")
     if args.json:

@@ -46,7 +46,7 @@ CHUNK = 32
 #: A slice has ~8 µs of fixed work (five histograms, counters, the lock), so much shorter
 #: slices would cost more CPU per cycle (measured: benchmarks/RESULTS.md, issue 15).
 SLICE_NS = 50_000
-MIN_CHUNK = 4
+MIN_CHUNK = 16
 MAX_CHUNK = 2048
 #: Pause between two slices of one drain. ``time.sleep(0)`` releases the GIL but does not hand
 #: it over: the resolver's own syscall returns before the woken worker is scheduled, and it
@@ -161,7 +161,10 @@ class Resolver:
         #: one slice, between two points where it releases the GIL), for benchmarks.
         self.max_hold_ns = 0
         self.long_holds = 0  # slices over 100 µs (a garbage collection inside one, say)
-        self._record_ns = 0.0  # EWMA of thread CPU per record: sizes the next slice
+        self._record_ns = 0.0  # EWMA of the resolver's thread CPU per record
+        self._cpu_acc = 0  # thread CPU and records since the last _adapt
+        self._n_acc = 0
+        self.slices = 0  # GIL holds taken (slices of work), for benchmarks
         self.slice_ns = SLICE_NS
         self.yield_seconds = YIELD_SECONDS
 
@@ -316,21 +319,27 @@ class Resolver:
                     with self.agg.lock:
                         self.agg.cpu_seconds["resolver"] += cpu / 1e9
                     self.consumed += taken_box[0]
-            if n >= limit or n >= 32:
-                # Size the next slice by time: a record costs 0.5-30 µs depending on batch
-                # size, GPU sampling and sinks, so no fixed count bounds the hold. Small
-                # partial slices are not used: their fixed cost would read as per-record cost.
-                per = cpu / n
-                ewma = self._record_ns
-                self._record_ns = per if ewma <= 0 else ewma + 0.3 * (per - ewma)
-                self.chunk = max(MIN_CHUNK, min(MAX_CHUNK, int(self.slice_ns / self._record_ns)))
-            if n < limit:
+            self.slices += 1
+            if n:
+                self._cpu_acc += cpu
+                self._n_acc += n
+            # Size the next slice by time: a record costs 0.5-50 µs depending on batch size,
+            # GPU sampling, sinks and the machine, so no fixed count bounds the hold. Grow
+            # after a full slice well under the target, shrink after any slice over it. Not
+            # from cpu / n: a slice's fixed cost (~10 µs here, more under contention) would
+            # read as per-record cost and shrink slices until fixed cost is all they do.
+            if n >= limit and cpu * 2 < self.slice_ns:
+                self.chunk = min(MAX_CHUNK, limit * 2)
+            elif cpu > self.slice_ns and n > MIN_CHUNK:
+                self.chunk = max(MIN_CHUNK, n * self.slice_ns // cpu)
+            if n < limit or (not self.backlog and not self.rec.queue):
                 self.drains += 1
+                with self._cond:
+                    self._cond.notify_all()
+                return total + n
             with self._cond:
                 self._cond.notify_all()
             total += n
-            if n < limit:
-                return total
             # A full slice and more to do: let a worker waiting for the GIL have it first.
             time.sleep(self.yield_seconds)
 
@@ -883,6 +892,10 @@ class Resolver:
                 self._folded[key] = value
 
     def _adapt(self, cost: int, n_sampled: int, mean_cycle: float) -> None:
+        if self._n_acc:
+            per = self._cpu_acc / self._n_acc
+            self._record_ns = sampling.smoothed(self._record_ns, per)
+            self._cpu_acc = self._n_acc = 0
         self._cycle_ewma = sampling.smoothed(self._cycle_ewma, mean_cycle)
         if n_sampled:
             self._cost_ewma = sampling.smoothed(self._cost_ewma, cost / n_sampled)
