@@ -41,11 +41,13 @@ __all__ = ["ResolvedCycle", "Resolver"]
 #: time (``SLICE_NS``), from the measured CPU per record.
 CHUNK = 32
 #: Thread CPU one hold of the GIL aims at. The worker shares the GIL: a worker whose GPU sync
-#: returns while the resolver holds it waits for the rest of the hold, so every hold is short
-#: (the bound is 100 µs; slices aim at half of it, so a slower record or noise stays under it).
-#: A slice has ~8 µs of fixed work (five histograms, counters, the lock), so much shorter
-#: slices would cost more CPU per cycle (measured: benchmarks/RESULTS.md, issue 15).
-SLICE_NS = 50_000
+#: returns while the resolver holds it waits for the rest of the hold, so holds are bounded by
+#: time, not by a count of records (a record costs 0.5-50 µs). Measured side by side
+#: (benchmarks/RESULTS.md, issue 15): 50 µs slices kept the resolver's holds near 100 µs on the
+#: CPU VM but cost 1.3-2 µs more process CPU per cycle (every slice has ~10 µs of fixed work
+#: and a GIL handoff), and on the H200 they did not raise throughput (0.5 points lower than
+#: 200 µs slices, averaged over six workloads, in two runs), so the target is 200 µs.
+SLICE_NS = 200_000
 MIN_CHUNK = 16
 MAX_CHUNK = 2048
 #: Pause between two slices of one drain. ``time.sleep(0)`` releases the GIL but does not hand
