@@ -323,7 +323,9 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
         result["backfill_samples"] = samples
         gen_s = time.perf_counter() - t
         t = time.perf_counter()
+        block_hours = max(2, 2 * math.ceil(args.backfill_hours / 2))  # one pass, not one per 2 h
         cp = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics",
+                             f"--max-block-duration={block_hours}h",
                              str(wd / "history.om"), str(wd / "data")], capture_output=True,
                             text=True)
         if cp.returncode != 0:
@@ -432,6 +434,7 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
         cpu0, wall0 = cpu_seconds(), time.monotonic()
         group_max: dict[str, float] = {}
+        group_all: dict[str, list[float]] = {}
         vmalert_max: dict[str, float] = {}
         rss_max = head_max = lag_max = 0.0
 
@@ -446,6 +449,7 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 if k.startswith("prometheus_rule_group_last_duration_seconds{"):
                     if time.time() - sizing_start > 2 * SCRAPE_SECONDS + 5:
                         group_max[k] = max(group_max.get(k, 0), v)
+                        group_all.setdefault(k, []).append(v)
                 if k.startswith("prometheus_remote_storage_highest_timestamp_in_seconds"):
                     highest = v
                 if k.startswith("prometheus_remote_storage_queue_highest_sent_timestamp_seconds"):
@@ -470,7 +474,8 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
             sample()
             time.sleep(5)
         # queries while rules keep running (and keep sampling between them)
-        qt = time.time() - 30
+        # On a 60 s grid, so both stores put their range points at the same timestamps.
+        qt = math.floor((time.time() - 30) / 60) * 60
         last_sample = time.monotonic()
         for dname, dash in dashboards.items():
             values = None if dname == "fleet" else opened_on
@@ -522,6 +527,8 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "cpu_cores_mean": round((cpu1 - cpu0) / (wall1 - wall0), 3),
             "head_series_max": int(head_max),
             "rule_group_last_duration_max_seconds": {k: round(v, 4) for k, v in group_max.items()},
+            "rule_group_last_duration_median_seconds": {
+                k: round(sorted(v)[len(v) // 2], 4) for k, v in group_all.items()},
             "remote_write_lag_max_seconds": round(lag_max, 1),
         }
         result["vmalert_iteration_p99_max_seconds"] = {k: round(v, 4)
@@ -583,6 +590,57 @@ def report(r: dict[str, Any]) -> None:
                   + (f" false: {s['false'][:2]}" if s["false"] else ""))
 
 
+def markdown(results: list[dict[str, Any]]) -> str:
+    """The summary tables of benchmarks/RESULTS.md and docs/deploy.md#sizing."""
+    lines = ["| servers | head series | Prometheus RSS (max) | Prometheus CPU (cores) | rule group "
+             "evaluation (median / max) | vmalert group (p99) | remote-write lag (max) |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in results:
+        p = r["prometheus"]
+        group = max(p["rule_group_last_duration_max_seconds"].values(), default=0)
+        vma = max(r["vmalert_iteration_p99_max_seconds"].values(), default=0)
+        med = max(p.get("rule_group_last_duration_median_seconds", {}).values(), default=0)
+        lines.append(f"| {r['servers']:,} | {p['head_series_max']:,} | {p['rss_max_mib']:,} MiB | "
+                     f"{p['cpu_cores_mean']:.2f} | {med * 1000:.0f} / {group * 1000:.0f} ms | "
+                     f"{vma * 1000:.0f} ms | "
+                     f"{p['remote_write_lag_max_seconds']:.0f} s |")
+    lines += ["", "| servers | dashboard | range | slowest query, Prometheus | slowest, "
+              "VictoriaMetrics | peak samples (max, Prometheus) | VM vs Prometheus, history / "
+              "live (largest difference) |", "| ---: | --- | --- | ---: | ---: | ---: | --- |"]
+    for r in results:
+        for dash in ("fleet", "cycle-breakdown"):
+            for rng in ("instant", *RANGES):
+                qs = [q for q in r["queries"] if q["dashboard"] == dash and q["range"] == rng]
+                if not qs:
+                    continue
+                slow = max(qs, key=lambda q: q.get("prometheus_seconds") or 0)
+                slow_vm = max(qs, key=lambda q: q.get("vm_seconds") or 0)
+                peak = max((q.get("peak_samples") or 0) for q in qs)
+                hist = max((q["vm_diff_history"] for q in qs
+                            if q.get("vm_diff_history") is not None), default=None)
+                live = max((q["vm_diff_live"] for q in qs
+                            if q.get("vm_diff_live") is not None), default=None)
+                errors = sum(1 for q in qs if "prometheus_error" in q or "vm_error" in q)
+                lines.append(
+                    f"| {r['servers']:,} | {dash} ({len(qs)} queries) | {rng} | "
+                    f"{slow['prometheus_seconds']:.3f} s ({slow['panel']}) | "
+                    f"{slow_vm['vm_seconds']:.3f} s | {peak:,} | {_pct(hist)} / {_pct(live)}"
+                    + (f" ({errors} errors)" if errors else "") + " |")
+    lines += ["", "| servers | store | alert | precision | recall | seconds to fire |",
+              "| ---: | --- | --- | ---: | ---: | --- |"]
+    for r in results:
+        for store, scores in r["alerts"].items():
+            for name, sc in scores.items():
+                prec = "-" if sc["precision"] is None else f"{sc['precision']:.2f}"
+                rec = "-" if sc["recall"] is None else f"{sc['recall']:.2f}"
+                delays = sc["seconds_to_fire"]
+                fire = (f"{min(delays)}-{max(delays)} ({len(delays)} of {sc['expected']})"
+                        if delays else "-")
+                lines.append(f"| {r['servers']:,} | {store} | {name} | {prec} ({sc['tp']} tp, "
+                             f"{sc['fp']} fp) | {rec} | {fire} |")
+    return "\n".join(lines) + "\n"
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.2%}"
 
@@ -596,7 +654,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write all results here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--markdown", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="only print the Markdown tables of earlier --json results")
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown([r for path in args.markdown for r in json.loads(path.read_text())]))
+        return 0
     results = []
     for n in args.servers:
         r = run_one(n, args)
