@@ -340,6 +340,9 @@ class Recorder:
             return None
         copy = clock.copy_to_host(tensor)
         if copy is None:
+            # Pinned buffers come back when the resolver reads them: ask it to run now (at
+            # thousands of cycles a second, the 100 ms poll holds more copies than buffers).
+            self.wake()
             self.misuse("bad_acceptance", "could not copy the CUDA acceptance tensor (no free "
                         "pinned buffer or event, unsupported dtype, or too many sequences)")
         return copy
