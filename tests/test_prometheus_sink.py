@@ -83,6 +83,59 @@ def test_exposition_is_golden(name, render):
     assert text == golden.read_text()
 
 
+
+def strip_cpu(text: str) -> str:
+    # Every CPU counter may move between two renders (the resolver thread runs meanwhile).
+    return "\n".join(x for x in text.splitlines()
+                     if not x.startswith("specobs_exporter_cpu_time_seconds_total")) + "\n"
+
+
+@pytest.mark.parametrize("accept", [
+    "", "text/plain;version=0.0.4", "text/plain; version=1.0.0; escaping=allow-utf-8",
+    "application/openmetrics-text", "application/openmetrics-text; version=1.0.0",
+])
+def test_the_endpoint_serves_prometheus_client_bytes_from_its_cache(accept):
+    """The endpoint encodes with cached prefixes (issue 15): the same bytes as
+    prometheus_client's encoders, for every format it negotiates, exemplars and odd label
+    values included, and the golden files through the endpoint's own path."""
+    from prometheus_client.exposition import choose_encoder
+
+    registry = CollectorRegistry()
+    obs, sink = fixed_observer(registry)
+    encoder, _ = choose_encoder(accept)
+    for _ in range(2):  # a cold and a warm cache
+        with obs.aggregation.lock:
+            obs.aggregation.generation += 1
+            obs.aggregation.cycles += 1
+        _, ctype, body, _ = sink._render(accept, "")
+        assert strip_cpu(body.decode()) == strip_cpu(encoder(registry).decode())
+    assert sink.renders == 2
+    obs.shutdown()
+    registry = CollectorRegistry()
+    obs, sink = fixed_observer(registry)
+    golden = "exposition.openmetrics.txt" if "openmetrics" in accept else "exposition.txt"
+    _, _, body, _ = sink._render(accept, "")
+    assert strip_scrape_cpu(body.decode()) == (GOLDEN / golden).read_text()
+    obs.shutdown()
+
+
+def test_the_cached_encoder_handles_label_values_that_need_escaping():
+    from prometheus_client.openmetrics.exposition import generate_latest as om
+
+    registry = CollectorRegistry()
+    sink = specobs.PrometheusSink(registry=registry)
+    obs = specobs.configure(sinks=[sink], clock="host",
+                            labels={"model": 'a "b" \\ c\nd', "engine": "é ü"})
+    with obs.cycle() as c:
+        c.mark("verify")
+        c.mark("bookkeeping")
+        c.accept([1, 0], draft_length=2)
+    obs.force_flush()
+    for accept, encoder in (("", generate_latest), ("application/openmetrics-text", om)):
+        _, _, body, _ = sink._render(accept, "")
+        assert strip_cpu(body.decode()) == strip_cpu(encoder(registry).decode())
+    obs.shutdown()
+
 def test_promtool_check_metrics_is_clean():
     registry = CollectorRegistry()
     obs, _ = fixed_observer(registry)

@@ -53,6 +53,7 @@ from prometheus_client.core import (  # noqa: E402
 from prometheus_client.exposition import choose_encoder, gzip_accepted  # noqa: E402
 from prometheus_client.samples import Exemplar as PromExemplar  # noqa: E402
 
+from specobs.sinks._exposition import CachedExposition  # noqa: E402
 from specobs.sinks._http import MetricsServer  # noqa: E402
 
 if TYPE_CHECKING:
@@ -259,6 +260,7 @@ class PrometheusSink(Sink):
         self.renders = 0
         self.cache_hits = 0
         self._cache: dict[tuple[str, bool], tuple[int, float, bytes]] = {}
+        self._exposition = CachedExposition()
         self._cache_lock = threading.Lock()
 
     def attach(self, observer: Observer) -> None:
@@ -318,7 +320,7 @@ class PrometheusSink(Sink):
             if collector is not None:
                 collector.outer.counting = True
             try:
-                body = encoder(self.registry)
+                body = self._encode(encoder, ctype, collector)
             finally:
                 if collector is not None:
                     collector.outer.counting = False
@@ -327,6 +329,18 @@ class PrometheusSink(Sink):
             self.renders += 1
             self._cache[key] = (generation, now, body)
         return 200, ctype, body, "gzip" if zipped else ""
+
+    def _encode(self, encoder: Any, ctype: str, collector: SnapshotCollector | None) -> bytes:
+        # The endpoint's registry holds only our collector unless someone registered more into
+        # it: then, or for a sample the cached encoder does not handle, prometheus_client
+        # encodes the registry itself.
+        names = getattr(self.registry, "_collector_to_names", None)
+        if collector is not None and names is not None and list(names) == [collector]:
+            try:
+                return self._exposition.encode(list(collector.collect()), encoder, ctype)
+            except ValueError as exc:
+                _log.debug("specobs: cached exposition not used: %s", exc)
+        return encoder(self.registry)  # type: ignore[no-any-return]
 
     @property
     def url(self) -> str | None:
