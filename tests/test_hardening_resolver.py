@@ -180,3 +180,48 @@ def test_a_resolver_bug_drops_its_chunk_counted_and_flush_still_works(monkeypatc
     assert obs.force_flush(5) is True
     assert obs.snapshot().cycles_total == 6
     obs.shutdown()
+
+
+class _CostlySink(specobs.MemorySink):
+    """Advances a fake thread clock by ``cost_ns`` per resolved cycle (the resolver's work)."""
+
+    def __init__(self, clock: list[int], cost_ns: int) -> None:
+        super().__init__(max_cycles=10)
+        self.clock = clock
+        self.cost_ns = cost_ns
+
+    def on_cycles(self, cycles):
+        self.clock[0] += self.cost_ns * len(cycles)
+        super().on_cycles(cycles)
+
+
+def test_resolver_holds_are_sized_by_time_not_by_count(monkeypatch):
+    """Issue 15: each GIL hold (a slice of records) is timed; slices over the target shrink in
+    proportion, full slices under half of it double, so expensive records mean short holds and
+    cheap ones few, long-enough holds. Driven with a fake thread clock, so nothing here depends
+    on the machine's speed."""
+    from specobs import _resolver
+
+    clock = [0]
+    monkeypatch.setattr(_resolver.time, "thread_time_ns", lambda: clock[0])
+    sink = _CostlySink(clock, cost_ns=10_000)  # 10 µs per record
+    obs = specobs.configure(sinks=[sink], clock="host", max_draft_length=K,
+                            poll_interval_seconds=3600)
+    r = obs._resolver
+    assert r.slice_ns == _resolver.SLICE_NS == 200_000
+    for _ in range(1000):
+        cycle(obs, GOOD, draft_length=K)
+    assert obs.force_flush(10)
+    assert obs.snapshot().cycles_total == 1000
+    # The first slice (CHUNK = 32 records, 320 µs) is over the target: the next ones hold 20.
+    assert r.chunk == 20
+    assert r.max_hold_ns == 32 * 10_000
+    assert r.slices >= 1000 // 20
+    sink.cost_ns = 1_000  # cheap records: full slices well under the target double
+    for _ in range(3000):
+        cycle(obs, GOOD, draft_length=K)
+    assert obs.force_flush(10)
+    assert obs.snapshot().cycles_total == 4000
+    assert 100 <= r.chunk <= 200  # 20 -> 40 -> 80 -> 160: each under half the target
+    assert r.max_hold_ns == 32 * 10_000  # nothing held longer since
+    obs.shutdown()
