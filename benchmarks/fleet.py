@@ -285,19 +285,22 @@ def _values(result: list[dict[str, Any]]) -> dict[tuple[str, float], float]:
 
 
 def compare(a: dict[tuple[str, float], float], b: dict[tuple[str, float], float],
-            split: float) -> tuple[float | None, float | None]:
-    """Largest relative difference between two results at the (series, time) points both have:
-    (before ``split``: the backfilled history, identical in both stores; after it: live data,
-    whose recording rules each store evaluated itself). None where no point is common."""
-    worst: list[float | None] = [None, None]
+            split: float) -> tuple[float | None, float | None, float | None]:
+    """Relative differences between two results at the (series, time) points both have: the
+    largest before ``split`` (the backfilled history, the same samples in both stores), and the
+    largest and the median after it (live data: each store's rules evaluated by its own ruler, at
+    its own times). None where no point is common."""
+    hist: list[float] = []
+    live: list[float] = []
     for k in set(a) & set(b):
         x, y = a[k], b[k]
         if math.isnan(x) and math.isnan(y):
             continue
         d = abs(x - y) / max(abs(x), abs(y), 1e-12)
-        i = 0 if k[1] < split else 1
-        worst[i] = max(worst[i] or 0.0, d)
-    return worst[0], worst[1]
+        (hist if k[1] < split else live).append(d)
+    live.sort()
+    return (max(hist) if hist else None, max(live) if live else None,
+            live[len(live) // 2] if live else None)
 
 
 # -- one run ---------------------------------------------------------------------------------------
@@ -521,9 +524,10 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                             row["total_samples"] = st.get("totalQueryableSamples")
                         row[f"{store}_values"] = _values(data["result"])
                     if "prometheus_values" in row and "vm_values" in row:
-                        hist, live = compare(row.pop("prometheus_values"),
-                                             row.pop("vm_values"), history_end)
+                        hist, live, live_median = compare(row.pop("prometheus_values"),
+                                                          row.pop("vm_values"), history_end)
                         row["vm_diff_history"], row["vm_diff_live"] = hist, live
+                        row["vm_diff_live_median"] = live_median
                     row.pop("prometheus_values", None)
                     row.pop("vm_values", None)
                     queries.append(row)
@@ -622,8 +626,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
                      f"{vma * 1000:.0f} ms | "
                      f"{p['remote_write_lag_max_seconds']:.0f} s |")
     lines += ["", "| servers | dashboard | range | slowest query, Prometheus | slowest, "
-              "VictoriaMetrics | peak samples (max, Prometheus) | VM vs Prometheus, history / "
-              "live (largest difference) |", "| ---: | --- | --- | ---: | ---: | ---: | --- |"]
+              "VictoriaMetrics | peak samples (max, Prometheus) | VM vs Prometheus: history max / "
+              "live median / live max |", "| ---: | --- | --- | ---: | ---: | ---: | --- |"]
     for r in results:
         for dash in ("fleet", "cycle-breakdown"):
             for rng in ("instant", *RANGES):
@@ -637,11 +641,14 @@ def markdown(results: list[dict[str, Any]]) -> str:
                             if q.get("vm_diff_history") is not None), default=None)
                 live = max((q["vm_diff_live"] for q in qs
                             if q.get("vm_diff_live") is not None), default=None)
+                live_med = max((q["vm_diff_live_median"] for q in qs
+                                if q.get("vm_diff_live_median") is not None), default=None)
                 errors = sum(1 for q in qs if "prometheus_error" in q or "vm_error" in q)
                 lines.append(
                     f"| {r['servers']:,} | {dash} ({len(qs)} queries) | {rng} | "
                     f"{slow['prometheus_seconds']:.3f} s ({slow['panel']}) | "
-                    f"{slow_vm['vm_seconds']:.3f} s | {peak:,} | {_pct(hist)} / {_pct(live)}"
+                    f"{slow_vm['vm_seconds']:.3f} s | {peak:,} | {_pct(hist)} / {_pct(live_med)}"
+                    f" / {_pct(live)}"
                     + (f" ({errors} errors)" if errors else "") + " |")
     lines += ["", "| servers | store | alert | precision | recall | seconds to fire |",
               "| ---: | --- | --- | ---: | ---: | --- |"]
