@@ -339,6 +339,9 @@ class Recorder:
                         "acceptance for this cycle is not counted")
             return None
         copy = clock.copy_to_host(tensor)
+        if getattr(clock, "buffers_low", False):
+            clock.buffers_low = False  # type: ignore[attr-defined]
+            self.wake()
         if copy is None:
             # Pinned buffers come back when the resolver reads them: ask it to run now (at
             # thousands of cycles a second, the 100 ms poll holds more copies than buffers).

@@ -696,3 +696,29 @@ def test_spans_are_anchored_to_wall_time():
     (c,) = mem.cycles
     assert before - 5_000_000 <= c.start_wall_ns <= c.end_wall_ns <= after + 5_000_000
     obs.shutdown()
+
+
+def test_a_clock_low_on_copy_buffers_wakes_the_resolver():
+    """Issue 15: pinned copy buffers come back only when the resolver reads them, so a clock
+    that runs low (or out) asks the recorder to wake the resolver now, not at its next poll."""
+
+    class LowClock(FakeEventClock):
+        def copy_to_host(self, tensor):
+            self.buffers_low = True
+            return super().copy_to_host(tensor)
+
+    gpu = FakeGpu()
+    clock = LowClock(gpu, pool_size=64)
+    obs = specobs.configure(clock=clock, poll_interval_seconds=3600, sample_every=1000)
+    woken = []
+    obs._recorder.wake = lambda: woken.append(1)
+    c = obs.begin()
+    c.mark("verify")
+    c.mark("bookkeeping")
+    c.accept(FakeDeviceArray([1, 2]), draft_length=2)
+    c.end()
+    assert woken == [1] and clock.buffers_low is False
+    gpu.complete()
+    assert obs.force_flush(5)
+    assert obs.snapshot().accepted_tokens_total == 3
+    obs.shutdown()

@@ -39,6 +39,10 @@ class EventPool:
     over when its own list runs short.
     """
 
+    #: Set by a clock whose pinned copy buffers run low (the recorder then wakes the resolver,
+    #: which hands them back) and cleared by the recorder.
+    buffers_low = False
+
     def __init__(self, events: list[Any]) -> None:
         self._free: list[Any] = list(events)
         self._returned: deque[Any] = deque()

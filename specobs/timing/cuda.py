@@ -96,6 +96,7 @@ class CudaEventClock(EventPool):
         self._capturing = torch.cuda.is_current_stream_capturing
         self._pinned: dict[Any, list[Any]] = {}
         self._pinned_capacity = pinned_capacity
+        self._pinned_low = max(1, pinned_buffers // 4)
         for dtype_name in _PINNED_DTYPES:
             dtype = getattr(torch, dtype_name)
             self._pinned[dtype] = [
@@ -128,6 +129,10 @@ class CudaEventClock(EventPool):
         except IndexError:
             self.release(events)
             return None
+        if len(pool) < self._pinned_low:
+            # A buffer comes back only once the resolver has read it: the recorder sees this
+            # and wakes the resolver now rather than at its next poll.
+            self.buffers_low = True
         buf[:n].copy_(tensor.reshape(-1), non_blocking=True)
         ev = events[0]
         self.record_fn(ev, self.stream)
