@@ -37,8 +37,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ResolvedCycle", "Resolver"]
 
-#: Records resolved in the first GIL hold of a new resolver; after that the chunk is sized by
-#: time (``SLICE_NS``), from the measured CPU per record.
+#: Records resolved in the first GIL hold of a new resolver; after that the count follows the
+#: measured length of each hold (see ``drain``): doubled after a full slice under half of
+#: ``SLICE_NS``, shrunk in proportion after one over it, within ``MIN_CHUNK``..``MAX_CHUNK``.
 CHUNK = 32
 #: Thread CPU one hold of the GIL aims at. The worker shares the GIL: a worker whose GPU sync
 #: returns while the resolver holds it waits for the rest of the hold, so holds are bounded by
