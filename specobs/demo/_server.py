@@ -417,6 +417,8 @@ class _Guard:
         cap = self.limits.max_body_bytes
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if declared is not None and declared.isdigit() and int(declared) > cap:
+            if int(declared) <= _DRAIN_BYTES:
+                await _drain(receive, _DRAIN_BYTES, _DRAIN_SECONDS)
             await self._too_large(send, int(declared))
             return None
         deadline = time.monotonic() + self.limits.read_timeout_seconds
@@ -435,6 +437,8 @@ class _Guard:
                 return None
             body += message.get("body", b"")
             if len(body) > cap:
+                if message.get("more_body", False):
+                    await _drain(receive, _DRAIN_BYTES, _DRAIN_SECONDS)
                 await self._too_large(send, None)
                 return None
             if not message.get("more_body", False):
@@ -456,6 +460,35 @@ class _Guard:
             f"{self.limits.max_body_bytes} bytes; a prompt this long could not fit the model "
             "anyway", code="request_too_large", close=True,
         )
+
+
+_DRAIN_BYTES = 16 * 1024 * 1024
+_DRAIN_SECONDS = 2.0
+
+
+async def _drain(receive: _Receive, max_bytes: int, max_seconds: float) -> None:
+    """Read and discard the rest of a refused body, bounded in bytes and time.
+
+    Closing a connection while the client is still sending makes the kernel answer with a reset,
+    which can reach the client before the 413 does: the client then sees "connection reset"
+    instead of the reason. A body of sane size is read to its end first (a lingering close, as
+    HTTP servers do); anything larger is cut off at once.
+    """
+    deadline = time.monotonic() + max_seconds
+    seen = 0
+    while seen <= max_bytes:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            message = await asyncio.wait_for(receive(), left)
+        except asyncio.TimeoutError:
+            return
+        if message["type"] != "http.request":
+            return
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 # -- the app ----------------------------------------------------------------------------------
