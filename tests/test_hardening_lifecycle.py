@@ -55,8 +55,11 @@ def test_slow_clients_are_bounded_and_cut_off_and_scrapes_still_answer():
     assert threading.active_count() <= threads_before
     assert server.connections() <= server.max_connections
     # Past the read deadline every slow connection is closed, and a scrape is answered.
-    deadline = time.monotonic() + 5
-    while server.connections() and time.monotonic() < deadline:
+    # (Connections still in the kernel's accept queue are not counted yet: wait for all 300.)
+    deadline = time.monotonic() + 15
+    while (server.connections() or server.refused + server.timed_out < 300) and (
+        time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     assert server.connections() == 0
     assert server.refused + server.timed_out >= 300
