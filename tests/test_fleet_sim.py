@@ -5,6 +5,7 @@ servers, and every fleet-dashboard query returns numbers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import threading
@@ -151,12 +152,44 @@ def test_fleet_of_50_alerts_exactly_the_faulted_servers(tmp_path: Path) -> None:
                   events_path=events, targets_path=targets)
     started = threading.Event()
     loop = asyncio.new_event_loop()
-    sim = threading.Thread(
-        target=lambda: loop.run_until_complete(
-            fleet.serve("127.0.0.1", 0, 170.0, lambda _f: started.set())),
-        name="fleet-sim", daemon=True)
+    sim = threading.Thread(target=loop.run_forever, name="fleet-sim", daemon=True)
     sim.start()
-    assert started.wait(10)
+    serving = asyncio.run_coroutine_threadsafe(
+        fleet.serve("127.0.0.1", 0, 170.0, lambda _f: started.set()), loop)
+    try:
+        assert started.wait(10)
+        matrix, t0 = _alerts_of_a_fleet(fleet, files, rules, targets, tmp_path)
+    finally:
+        # Stop the simulator and close its loop (an unclosed loop is a ResourceWarning later).
+        serving.cancel()
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(asyncio.sleep(0.2), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        sim.join(10)
+        loop.close()
+    fleet_events = load_events(events)
+    assert len(fleet_events) == len(FAULTS)
+    scores = score(firing_from_matrix(matrix), fleet_events)
+    table = {name: (s.precision, s.recall, [round(d) for d in s.delays_seconds], s.false)
+             for name, s in scores.items()}
+    print(table)
+    for name in EXPECTED_ALERTS:
+        assert scores[name].recall == 1.0, table
+    for s in scores.values():
+        assert s.precision in (None, 1.0), table
+    # Detection within the shortened windows: the rate window (30 s) plus `for` plus scrapes.
+    for name in EXPECTED_ALERTS:
+        assert max(scores[name].delays_seconds) < 75, table
+
+
+EXPECTED_ALERTS = {"SpecobsAcceptanceBelowCohort", "SpecobsPhaseLatencyAboveCohort",
+                   "SpecobsDecodingStalled", "SpecobsExporterDown", "SpecobsAcceptanceRateDrop"}
+
+
+def _alerts_of_a_fleet(
+    fleet: Any, files: dict[str, str], rules: Path, targets: Path, tmp_path: Path
+) -> tuple[Any, float]:
+    """Prometheus over the running fleet: numbers before the faults, then the firing alerts."""
     t0 = fleet.start_wall
     with _FileSdPrometheus(targets, rule_files=[rules], scrape_interval="3s",
                            evaluation_interval="3s", directory=tmp_path / "prom") as prom:
@@ -181,29 +214,14 @@ def test_fleet_of_50_alerts_exactly_the_faulted_servers(tmp_path: Path) -> None:
             assert all(math.isfinite(v) for v in values), f"{title}: {values}"
         assert prom.query('ALERTS{alertstate="firing"}') == []
 
-        expected = {"SpecobsAcceptanceBelowCohort", "SpecobsPhaseLatencyAboveCohort",
-                    "SpecobsDecodingStalled", "SpecobsExporterDown", "SpecobsAcceptanceRateDrop"}
         deadline = t0 + FAULT_AT + 75
         while time.time() < deadline:
-            if expected <= {a["labels"]["alertname"] for a in prom.alerts()
-                            if a["state"] == "firing"}:
+            if EXPECTED_ALERTS <= {a["labels"]["alertname"] for a in prom.alerts()
+                                   if a["state"] == "firing"}:
                 break
             time.sleep(2)
         time.sleep(12)  # a little longer, for false positives to show
-        matrix = prom.query_range('ALERTS{alertstate="firing"}', t0, time.time(), 3)
-    fleet_events = load_events(events)
-    assert len(fleet_events) == len(FAULTS)
-    scores = score(firing_from_matrix(matrix), fleet_events)
-    table = {name: (s.precision, s.recall, [round(d) for d in s.delays_seconds], s.false)
-             for name, s in scores.items()}
-    print(table)
-    for name in expected:
-        assert scores[name].recall == 1.0, table
-    for s in scores.values():
-        assert s.precision in (None, 1.0), table
-    # Detection within the shortened windows: the rate window (30 s) plus `for` plus scrapes.
-    for name in expected:
-        assert max(scores[name].delays_seconds) < 75, table
+        return prom.query_range('ALERTS{alertstate="firing"}', t0, time.time(), 3), t0
 
 
 # -- the shipped scale-out configs -----------------------------------------------------------------
