@@ -95,15 +95,16 @@ for module, names in classes.items():
             "reported unsupported on first step" if name in s.UNSUPPORTED_WORKERS else "-")
         print(f"  {module}.{name}: {step}; wrapped methods: {hooked}")
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from specobs.instrument._base import hook_of
 print(f"  SpeculativeAlgorithm.create_worker wrapped: {hasattr(SpeculativeAlgorithm.create_worker, '__wrapped__')}")
 for name in s.UNSUPPORTED_WORKERS:
     if name in loaded:
         s.SGLangInstrumentor()._report_on_first_step(loaded[name])
         print(f"  {name}: unsupported reporter installed: "
-              f"{getattr(loaded[name].forward_batch_generation, '__specobs_reporting__', False)}")
+              f"{hook_of(loaded[name].forward_batch_generation) is s._around_first_step_reporting}")
 s.SGLangInstrumentor().uninstrument()
 left = [n for n, c in loaded.items() if s.is_hooked(c)
-        or getattr(getattr(c, "forward_batch_generation", None), "__specobs_reporting__", False)]
+        or hook_of(getattr(c, "forward_batch_generation", None)) is not None]
 print(f"  after uninstrument(): classes still wrapped: {left}; create_worker wrapped: "
       f"{hasattr(SpeculativeAlgorithm.create_worker, '__wrapped__')}")
 PY

@@ -25,7 +25,7 @@ import pytest
 
 import specobs
 from specobs.instrument import sglang as sg_inst
-from specobs.instrument._base import Topology
+from specobs.instrument._base import Topology, wrap_around
 from specobs.instrument._package_sglang import PACKAGE as SGLANG_RANGE
 from tests.test_instrument_contracts import (
     SGLANG_PINS,
@@ -712,8 +712,8 @@ def test_subclass_step_calling_super_counts_one_cycle(
             return super().forward_batch_generation(batch, *args, **kwargs)
 
     # Its step is hooked too (as if SGLang shipped it), around a super() call into a hooked step.
-    Wrapped.forward_batch_generation = sg_inst._wrap_around(
-        sg_inst.around_decode_step, None, Wrapped.forward_batch_generation
+    Wrapped.forward_batch_generation = wrap_around(
+        sg_inst.around_decode_step, Wrapped.forward_batch_generation
     )
     Wrapped(accept=[2]).forward_batch_generation(_Batch("decode", 1))
     snap = _snapshot(observer)

@@ -16,11 +16,13 @@ contract follows OpenTelemetry's instrumentors:
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import logging
 import re
+import sys
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -148,6 +150,8 @@ class BaseInstrumentor:
                 instance._warned = False
                 instance._observer = None
                 instance._unsupported_reported = False
+                instance._watching = False
+                instance._patched_modules = set()
                 BaseInstrumentor._instances[cls] = instance
             return instance
 
@@ -157,6 +161,8 @@ class BaseInstrumentor:
     _warned: bool
     _observer: Observer | None
     _unsupported_reported: bool
+    _watching: bool  # post-import patching is on (from _watch until uninstrument)
+    _patched_modules: set[str]  # modules _patch_module ran for since _watch
 
     # -- what OpenTelemetry's loader reads ------------------------------------------------------
 
@@ -188,6 +194,7 @@ class BaseInstrumentor:
                 self._instrument()
             except Exception:
                 # A half-applied patch set is worse than none: put everything back.
+                self._stop_watching()
                 self._restore_all()
                 self._observer = None
                 logger.exception(
@@ -204,6 +211,7 @@ class BaseInstrumentor:
             if not self._instrumented:
                 return
             self._uninstrument()
+            self._stop_watching()
             self._restore_all()
             self._instrumented = False
             self._observer = None
@@ -233,6 +241,48 @@ class BaseInstrumentor:
 
     def _uninstrument(self) -> None:
         """Extra teardown before the patches are restored (optional)."""
+
+    def _patch_module(self, module: Any) -> None:
+        """Patch what this instrumentor hooks in ``module``, just imported (see :meth:`_watch`)."""
+        raise NotImplementedError
+
+    def _watch(self, modules: Iterable[str]) -> None:
+        """Run :meth:`_patch_module` once for each of ``modules``: now for those already
+        imported, else from a post-import hook when the engine imports them.
+
+        wrapt fires a post-import hook once and cannot remove one early, so each module gets at
+        most one pending hook per instrumentor class, which asks the singleton what to do: after
+        ``uninstrument()`` it does nothing, after a new ``instrument()`` it patches.
+        """
+        self._watching = True
+        for name in modules:
+            key = (type(self), name)
+            with _pending_lock:
+                wait = name not in sys.modules and key not in _pending
+                if wait:
+                    _pending.add(key)
+            if wait:
+                when_imported(name, functools.partial(_on_import, type(self)))
+            module = sys.modules.get(name)
+            if module is not None:
+                self._patch_module_once(module)
+
+    def _patch_module_once(self, module: Any) -> None:
+        name = getattr(module, "__name__", "")
+        with self._lock:
+            if not self._watching or name in self._patched_modules:
+                return
+            self._patched_modules.add(name)
+            try:
+                self._patch_module(module)
+            except Exception:
+                logger.exception(
+                    "specobs could not patch %s; what it defines runs unobserved.", name
+                )
+
+    def _stop_watching(self) -> None:
+        self._watching = False
+        self._patched_modules.clear()
 
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
         """Replace ``owner.name`` with ``make(original)``, remembering how to undo it."""
@@ -347,6 +397,34 @@ class BaseInstrumentor:
                 recorder.misuse("unsupported_engine", f"unsupported: {what}")
         except Exception:
             logger.debug("specobs: could not export the unsupported-engine state", exc_info=True)
+
+
+_pending: set[tuple[type, str]] = set()
+"""(instrumentor class, module) pairs with a post-import hook registered and not yet fired."""
+_pending_lock = threading.Lock()
+
+
+def _on_import(cls: type[BaseInstrumentor], module: Any) -> None:
+    with _pending_lock:
+        _pending.discard((cls, getattr(module, "__name__", "")))
+    cls()._patch_module_once(module)
+
+
+def wrap_around(hook: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` wrapped so that a call runs ``hook(original, *args, **kwargs)`` (the AROUND
+    signature engines' hook registries use); ``__specobs_hook__`` names the hook."""
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return hook(original, *args, **kwargs)
+
+    wrapper.__specobs_hook__ = hook  # type: ignore[attr-defined]
+    return wrapper
+
+
+def hook_of(function: Any) -> Any:
+    """The specobs hook ``function`` runs (see :func:`wrap_around`), else ``None``."""
+    return getattr(function, "__specobs_hook__", None)
 
 
 def when_imported(module: str, hook: Callable[[Any], None]) -> None:

@@ -48,7 +48,8 @@ from specobs.instrument._base import (
     LogOnce,
     PhaseTracker,
     Topology,
-    when_imported,
+    hook_of,
+    wrap_around,
 )
 from specobs.instrument._package_sglang import PACKAGE
 
@@ -487,13 +488,10 @@ def _report_unsupported(cls: type, worker: Any) -> None:
     instrumentor.report_unsupported(what, _WAY_OUT, topology=topology_of(worker))
 
 
-_HOOK_MARK = "__specobs_sglang_hook__"
-
-
 def is_hooked(worker_class: type) -> bool:
     """Whether ``worker_class``'s decode step resolves to a specobs cycle hook."""
     step = getattr(worker_class, "forward_batch_generation", None)
-    return bool(getattr(step, _HOOK_MARK, False))
+    return _is_cycle(hook_of(step))
 
 
 def _create_worker_hook(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -515,16 +513,6 @@ def watched_modules() -> tuple[str, ...]:
     names = dict.fromkeys(target.module for target in HOOK_TARGETS)
     names.update(dict.fromkeys(module for module, _ in WORKER_FACTORIES))
     return tuple(names)
-
-
-_pending: set[str] = set()
-_pending_lock = threading.Lock()
-
-
-def _on_import(module: Any) -> None:
-    with _pending_lock:
-        _pending.discard(getattr(module, "__name__", ""))
-    SGLangInstrumentor()._patch_module(module)
 
 
 def sglang_plugin() -> None:
@@ -553,53 +541,22 @@ class SGLangInstrumentor(BaseInstrumentor):
         return self._instrument_checked(observer, skip_dep_check)
 
     def _instrument(self) -> None:
-        import sys
-
-        self.__dict__["_in_instrument"] = True
-        try:
-            # wrapt fires a post-import hook once (then drops it) and cannot remove one early, so
-            # a module gets one pending hook at a time, which asks the instrumentor what to do.
-            with _pending_lock:
-                for name in watched_modules():
-                    if name not in sys.modules and name not in _pending:
-                        _pending.add(name)
-                        when_imported(name, _on_import)
-            for name in watched_modules():
-                module = sys.modules.get(name)
-                if module is not None:
-                    self._patch_module(module)
-        finally:
-            self.__dict__["_in_instrument"] = False
+        self._watch(watched_modules())
 
     def _uninstrument(self) -> None:
-        self._patched_modules().clear()
         _reported.clear()
 
-    def _patched_modules(self) -> set[str]:
-        patched: set[str] = self.__dict__.setdefault("_patched_module_names", set())
-        return patched
-
     def _patch_module(self, module: Any) -> None:
-        """Wrap this module's hook targets (from a post-import hook, or at instrument time)."""
-        name = getattr(module, "__name__", "")
-        with self._lock:
-            if not (self._instrumented or self.__dict__.get("_in_instrument", False)):
-                return  # uninstrumented: the post-import hook outlives it and does nothing
-            patched = self._patched_modules()
-            if name in patched:
-                return
-            patched.add(name)
-            try:
-                for factory_module, factory in WORKER_FACTORIES:
-                    owner = getattr(module, factory, None) if factory_module == name else None
-                    if owner is not None and "create_worker" in vars(owner):
-                        self._patch(owner, "create_worker", _wrapping(_create_worker_hook))
-                for target in HOOK_TARGETS:
-                    owner = getattr(module, target.owner, None) if target.module == name else None
-                    if owner is not None and target.method in vars(owner):
-                        self._patch(owner, target.method, _wrapping(target.hook))
-            except Exception:
-                _log.exception("specobs could not patch %s; its workers run unobserved.", name)
+        """Wrap this module's worker factories and hook targets."""
+        name = module.__name__
+        for factory_module, factory in WORKER_FACTORIES:
+            owner = getattr(module, factory, None) if factory_module == name else None
+            if owner is not None and "create_worker" in vars(owner):
+                self._patch(owner, "create_worker", _wrapping(_create_worker_hook))
+        for target in HOOK_TARGETS:
+            owner = getattr(module, target.owner, None) if target.module == name else None
+            if owner is not None and target.method in vars(owner):
+                self._patch(owner, target.method, _wrapping(target.hook))
 
     def _report_on_first_step(self, worker_class: type) -> None:
         """Wrap an unhooked worker class's step so its first call reports it (restorably)."""
@@ -609,32 +566,16 @@ class SGLangInstrumentor(BaseInstrumentor):
             step = getattr(worker_class, "forward_batch_generation", None)
             if step is None:
                 return
-            if getattr(step, "__specobs_reporting__", False):
+            if hook_of(step) is _around_first_step_reporting:
                 return
             self._patch(
-                worker_class, "forward_batch_generation", _reporting(_around_first_step_reporting)
+                worker_class, "forward_batch_generation", _wrapping(_around_first_step_reporting)
             )
 
 
 def _wrapping(hook: Callable[..., Any]) -> Callable[[Any], Any]:
-    return functools.partial(_wrap_around, hook, _HOOK_MARK if _is_cycle(hook) else None)
-
-
-def _reporting(hook: Callable[..., Any]) -> Callable[[Any], Any]:
-    return functools.partial(_wrap_around, hook, "__specobs_reporting__")
+    return functools.partial(wrap_around, hook)
 
 
 def _is_cycle(hook: Callable[..., Any]) -> bool:
     return hook in (around_decode_step, around_plain_step, around_ngram_step)
-
-
-def _wrap_around(
-    hook: Callable[..., Any], mark: str | None, original: Callable[..., Any]
-) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return hook(original, *args, **kwargs)
-
-    if mark is not None:
-        setattr(wrapper, mark, True)
-    return wrapper

@@ -52,7 +52,8 @@ from specobs.instrument._base import (
     LogOnce,
     PhaseTracker,
     Topology,
-    when_imported,
+    hook_of,
+    wrap_around,
 )
 from specobs.instrument._package_vllm import PACKAGE
 
@@ -380,10 +381,6 @@ class VllmInstrumentor(BaseInstrumentor):
     package = PACKAGE
     integration = "vllm"  # observers built on a step say which runner: vllm_v1 or vllm_v2
 
-    _armed = False
-    _patched_modules: set[str]
-    _runner_classes: dict[type, str]
-
     def instrument(self, *, observer: Observer | None = None, skip_dep_check: bool = False) -> bool:
         """Patch the runners (now if vLLM imported them, else when it does).
 
@@ -395,52 +392,33 @@ class VllmInstrumentor(BaseInstrumentor):
         return self._instrument_checked(observer, skip_dep_check)
 
     def _instrument(self) -> None:
-        self._armed = True
-        self._patched_modules = set()
-        self._runner_classes = {}
-        for module in (*RUNNERS, WORKER_MODULE):
-            when_imported(module, self._on_import)
+        self._watch((*RUNNERS, WORKER_MODULE))
 
-    def _on_import(self, module: Any) -> None:
-        name = getattr(module, "__name__", "")
-        with self._lock:
-            if not self._armed or name in self._patched_modules:
-                return
-            try:
-                if name in RUNNERS:
-                    runner = getattr(module, RUNNER_CLASS)
-                    for method, hook in RUNNERS[name].items():
-                        if method == "sample_tokens" and not hasattr(runner, method):
-                            continue  # releases that sample inside execute_model
-                        self._patch(runner, method, functools.partial(_wrap_around, hook))
-                    self._runner_classes[runner] = name
-                elif name == WORKER_MODULE:
-                    worker = getattr(module, WORKER_CLASS)
-                    check = functools.partial(_wrap_around, _check_runner)
-                    self._patch(worker, "load_model", check)
-            except Exception:
-                _log.exception(
-                    "specobs could not patch %s; vLLM runs unchanged and this runner is not timed.",
-                    name,
-                )
-                return
-            self._patched_modules.add(name)
+    def _patch_module(self, module: Any) -> None:
+        name = module.__name__
+        if name in RUNNERS:
+            runner = getattr(module, RUNNER_CLASS)
+            for method, hook in RUNNERS[name].items():
+                if method == "sample_tokens" and not hasattr(runner, method):
+                    continue  # releases that sample inside execute_model
+                self._patch(runner, method, functools.partial(wrap_around, hook))
+        elif name == WORKER_MODULE:
+            worker = getattr(module, WORKER_CLASS)
+            self._patch(worker, "load_model", functools.partial(wrap_around, _check_runner))
 
     def _uninstrument(self) -> None:
-        self._armed = False
-        self._patched_modules = set()
-        self._runner_classes = {}
         _local.__dict__.pop("step", None)
 
     def runner_integration(self, runner: Any) -> str | None:
         """``vllm_v1`` / ``vllm_v2`` when ``runner`` is one specobs times, else ``None``."""
         for cls in type(runner).__mro__:
-            module = self._runner_classes.get(cls) if self._armed else None
-            if module is not None:
+            module = cls.__module__
+            patched = module in RUNNERS and module in self._patched_modules
+            if patched and cls.__name__ == RUNNER_CLASS:
                 # A subclass that overrides a seam without calling it would run unobserved.
                 for method, hook in RUNNERS[module].items():
                     bound = getattr(type(runner), method, None)
-                    if bound is not None and getattr(bound, "__specobs_hook__", None) is not hook:
+                    if bound is not None and hook_of(bound) is not hook:
                         return None
                 return INTEGRATIONS[module]
         return None
@@ -470,13 +448,3 @@ def _check_runner(original: Callable[..., Any], *args: Any, **kwargs: Any) -> An
     except Exception:
         _failed("the model runner check (Worker.load_model)")
     return result
-
-
-def _wrap_around(hook: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return hook(original, *args, **kwargs)
-
-    wrapper.__specobs_hook__ = hook  # type: ignore[attr-defined]
-    return wrapper
-
