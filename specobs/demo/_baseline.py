@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from specobs import catalog
+from specobs.demo._engine import capture_cuda_graph
 
 __all__ = ["DEMO_MEASURED", "BaselineCollector", "BaselineProbe", "BaselineReading"]
 
@@ -179,16 +180,7 @@ class _PlainStepGraph:
                                attend_len=max_len)  # fmt: skip
             return logits[:, -1].argmax(-1)
 
-        side = torch.cuda.Stream(device=dev)  # type: ignore[no-untyped-call]
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side), torch.inference_mode():
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream(dev).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), torch.inference_mode():
-            self.out = run()
-        torch.cuda.current_stream(dev).synchronize()
+        self.graph, self.out = capture_cuda_graph(run, dev)
 
     def replay(self, tokens: torch.Tensor, positions: Sequence[int]) -> list[int]:
         b = len(positions)

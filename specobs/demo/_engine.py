@@ -763,6 +763,24 @@ class SpecDecodeEngine:
             r._fail(exc)
 
 
+def capture_cuda_graph(run: Callable[[], Any], device: Any) -> tuple[Any, Any]:
+    """``run`` warmed up on a side stream, then captured: ``(graph, outputs)``.
+
+    Replaying the graph recomputes ``outputs`` in place from the tensors ``run`` read.
+    """
+    side = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side), torch.inference_mode():
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.inference_mode():
+        out = run()
+    torch.cuda.current_stream(device).synchronize()
+    return graph, out
+
+
 class _Graph:
     """One captured draft chain or verify forward for a fixed batch bucket, with static inputs.
     Padding rows use the scratch slot, so their KV writes touch no live sequence."""
@@ -802,16 +820,7 @@ class _Graph:
                 tlen=self.start,
             )
 
-        side = torch.cuda.Stream(device=dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side), torch.inference_mode():
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream(dev).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), torch.inference_mode():
-            self.out = run()
-        torch.cuda.current_stream(dev).synchronize()
+        self.graph, self.out = capture_cuda_graph(run, dev)
 
     def load(
         self, slots_h: torch.Tensor, start_h: torch.Tensor, drafts: torch.Tensor | None = None
