@@ -173,10 +173,12 @@ class _PlainStepGraph:
         max_len = target.config.max_seq_len
         self.tokens = torch.zeros(bucket, 1, dtype=torch.long, device=dev)
         self.positions = torch.zeros(bucket, 1, dtype=torch.long, device=dev)
-        slots = torch.arange(bucket, device=dev)
+        # Kept on the instance: the graph reads these addresses on every replay, and a tensor
+        # left to a local would be freed and its memory reused (index out of bounds on the GPU).
+        self.slots = torch.arange(bucket, device=dev)
 
         def run() -> torch.Tensor:
-            logits, _ = target(self.tokens, self.positions, cache=cache, slots=slots,
+            logits, _ = target(self.tokens, self.positions, cache=cache, slots=self.slots,
                                attend_len=max_len)  # fmt: skip
             return logits[:, -1].argmax(-1)
 
