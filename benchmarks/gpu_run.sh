@@ -50,7 +50,8 @@ for part in $parts; do
       python3 benchmarks/transformers_overhead.py --device cuda --rounds 9 2>&1 | tee "$OUT/transformers_overhead.log" | tail -n 6 ;;
     demotests)  # the demo engine's CUDA-graph test (trains its own models into a fresh cache)
       SPECOBS_CACHE_DIR=$(mktemp -d) python3 -m pytest -q --noconftest -p no:cacheprovider \
-        tests/test_demo_engine.py -k cuda 2>&1 | tee "$OUT/demo_gpu_tests.log" | tail -n 5 ;;
+        tests/test_demo_engine.py tests/test_demo_baseline.py -k "cuda" 2>&1 \
+        | tee "$OUT/demo_gpu_tests.log" | tail -n 5 ;;
     recipes)
       python3 benchmarks/demo_recipes.py --jobs 8 --threads 2 --seeds 0 1 2 3 4 5 6 7 \
         --recipe shipped '{}' 2>&1 | tee "$OUT/demo_recipes.jsonl" ;;

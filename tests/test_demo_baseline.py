@@ -70,3 +70,35 @@ def test_the_engine_probes_every_nth_cycle_without_changing_the_output(engine) -
     # The probe writes into its own KV cache: the served sequences are plain greedy decoding.
     for p, h in zip(prompts, handles, strict=True):
         assert h.wait(5) == greedy_generate(engine.target, p, 24, eos_id=engine.eos_id)
+
+
+@pytest.mark.gpu
+def test_the_cuda_graph_plain_step_replays_the_eager_step() -> None:
+    """Each bucket's captured plain step gives the eager step's tokens, also after the memory
+    freed around the capture has been handed out again (a graph reads fixed addresses)."""
+    from specobs.demo._baseline import _PlainStepGraph
+    from specobs.demo._model import TargetConfig, TargetModel
+
+    torch.manual_seed(0)
+    target = TargetModel(TargetConfig()).to("cuda").eval()
+    probe = BaselineProbe(target, 4, min_samples=1, device="cuda", cuda_graph_buckets=(2, 4))
+    # Take back whatever the capture left to the allocator, and scribble over it.
+    scribble = [torch.full((4096,), 10**6, dtype=torch.long, device="cuda") for _ in range(64)]
+    tokens = torch.tensor([5, 17, 99], device="cuda")
+    positions = [3, 8, 40]
+    graph = probe._graphs[4]
+    assert isinstance(graph, _PlainStepGraph)
+    # The eager reference runs on a copy of the probe's cache as the replay will find it.
+    cache = target.new_cache(4, device="cuda")
+    cache.k.copy_(probe._cache.k)
+    cache.v.copy_(probe._cache.v)
+    got = graph.replay(tokens, positions)
+    with torch.inference_mode():
+        logits, _ = target(tokens.reshape(3, 1), torch.tensor(positions, device="cuda")
+                           .unsqueeze(1), cache=cache, slots=torch.arange(3, device="cuda"),
+                           attend_len=target.config.max_seq_len)
+        want = logits[:, -1].argmax(-1).tolist()
+    assert got == want
+    assert probe.measure(tokens, positions) > 0.0
+    torch.cuda.synchronize()  # a device-side assert would surface here
+    del scribble
