@@ -32,6 +32,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from export_overhead import populated_observer  # the same worst-case observer
+
 import specobs
 
 #: Stand-in for the engine's work: hashing 16 KiB releases the GIL for ~8 us (as a worker
@@ -158,27 +160,8 @@ def scrape_ms(repeats: int = 100) -> tuple[float, float, float, int]:
     label populated; each render follows a change to the aggregation (no cache hit)."""
     import urllib.request
 
-    prom = specobs.PrometheusSink(port=0)
-    obs = specobs.configure(sinks=[prom], clock="host", max_draft_length=8,
-                            phases=["draft", "verify", "bookkeeping", "extend"],
-                            labels={"model": "bench", "engine": "x"}, baseline_tokens_per_second=1)
-    obs.set_requests(running=1, waiting=1)
-    for i in range(2000):
-        c = obs.begin(1 + i % 1024)
-        c.mark("verify")
-        c.mark("bookkeeping")
-        c.mark("extend")
-        c.accept([i % 9], draft_length=8)
-        c.end()
-    obs.force_flush()
+    prom, obs = populated_observer()
     agg = obs.aggregation
-    with agg.lock:
-        for h in (*agg.phase_host, *agg.phase_gpu, agg.cycle_gpu, agg.cycle_host):
-            h.counts[:] = [i + 1 for i in range(len(h.counts))]
-        for r in agg.dropped:
-            agg.dropped[r] += 1
-        for k in agg.errors:
-            agg.errors[k] += 1
     render = []
     http = []
     cpu0 = obs.snapshot().cpu_seconds.get("prometheus", 0.0)
