@@ -258,6 +258,9 @@ class _Mode:
     def is_idle(self) -> bool:
         return self.kind == "idle"
 
+    def is_decode(self) -> bool:
+        return self.kind == "decode"
+
 
 class _Batch:
     def __init__(self, kind: str, size: int) -> None:
@@ -265,6 +268,7 @@ class _Batch:
         self.forward_mode = _Mode(kind)
         self.is_extend_in_batch = False
         self.seq_lens = torch.full((size,), 7)
+        self.spec_info = None
 
 
 class _Result:

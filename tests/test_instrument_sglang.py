@@ -29,13 +29,17 @@ from specobs.instrument._base import Topology, wrap_around
 from specobs.instrument._package_sglang import PACKAGE as SGLANG_RANGE
 from tests.test_instrument_contracts import (
     SGLANG_PINS,
+    _Batch,
     _class,
     _fields,
     _Installed,
     _load_from_wheel,
     _method,
+    _Mode,
     _package,
     _params,
+    _Result,
+    _snapshot,
     _tree,
 )
 
@@ -267,35 +271,6 @@ def test_latest_release_topology_sources() -> None:
 # -- stand-ins mirroring 0.5.23's call order -------------------------------------------------------
 
 
-class _Mode:
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-
-    def is_extend(self) -> bool:
-        return self.kind == "extend"
-
-    def is_idle(self) -> bool:
-        return self.kind == "idle"
-
-    def is_decode(self) -> bool:
-        return self.kind == "decode"
-
-
-class _Batch:
-    def __init__(self, kind: str, size: int) -> None:
-        torch = pytest.importorskip("torch")
-        self.forward_mode = _Mode(kind)
-        self.is_extend_in_batch = False
-        self.seq_lens = torch.full((size,), 7)
-        self.spec_info = None
-
-
-class _Result:
-    def __init__(self, **fields: Any) -> None:
-        self.accept_lens = None
-        self.__dict__.update(fields)
-
-
 def _accept(values: list[int]) -> _Result:
     torch = pytest.importorskip("torch")
     return _Result(accept_lens=torch.tensor(values, dtype=torch.int32))  # bonus token included
@@ -523,11 +498,6 @@ def fresh_instrumentors() -> Any:
     inst._observer = None
     if observer is not None:
         observer.shutdown(timeout_seconds=5.0)
-
-
-def _snapshot(observer: Any) -> Any:
-    observer.force_flush(timeout_seconds=5.0)
-    return observer.snapshot()
 
 
 def _memory_observer(**kwargs: Any) -> Any:
