@@ -36,6 +36,8 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
 from specobs import cli  # noqa: E402
+from specobs.tools import _breakdown as bd  # noqa: E402
+from specobs.tools import _promapi as pa  # noqa: E402
 from specobs.tools import _report_stats as stats  # noqa: E402
 from specobs.tools import _scrape as scr  # noqa: E402
 from tests._prometheus_server import PrometheusServer, free_port  # noqa: E402
@@ -421,7 +423,7 @@ def test_summary_equals_top_for_the_same_prometheus_window(
         f"{end - 12:.3f}", "--end", f"{end:.3f}", "--step", "3s", "-o", str(out))
     assert status == 0, stderr
     # `specobs top` over the same 12 s ending at the same instant (top reads "now").
-    monkeypatch.setattr(scr.time, "time", lambda: end)
+    monkeypatch.setattr(pa.time, "time", lambda: end)
     got = io.StringIO()
     monkeypatch.setattr(sys, "stdout", got)
     assert cli.main(["top", "--prometheus", reports.prometheus.url, "--selector", selector,
@@ -507,7 +509,7 @@ def _bd(acceptance: float, cycle: float) -> Any:
     series.add("specobs_cycles_total", {}, 100)
     series.add("specobs_cycle_duration_seconds_sum", {"clock": "host"}, 100 * cycle)
     series.add("specobs_cycle_duration_seconds_count", {"clock": "host"}, 100)
-    return scr.breakdown(scr.Delta(series, scr.Series(), 1.0))
+    return bd.breakdown(scr.Delta(series, scr.Series(), 1.0))
 
 
 def test_significance_needs_both_the_noise_test_and_the_minimum_change() -> None:

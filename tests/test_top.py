@@ -28,7 +28,9 @@ import pytest
 import specobs
 from specobs import catalog
 from specobs.timing import FakeEventClock, FakeGpu
+from specobs.tools import _breakdown as bd
 from specobs.tools import _http, _top
+from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
 from tests import _hostile_server as _hostile
 from tests._hostile_server import hostile_server
@@ -314,7 +316,7 @@ def test_breakdown_is_computed_from_deltas_not_lifetime_totals(engines: Callable
         second = scr.scrape(client, eng.url)
     delta = scr.difference(first, second)
     assert isinstance(delta, scr.Delta)
-    b = scr.breakdown(delta)
+    b = bd.breakdown(delta)
     assert b.phases == ("draft", "verify", "bookkeeping")
     assert b.cycles == 5
     assert b.cycle_counts == {"gpu": 5, "host": 5}
@@ -350,7 +352,7 @@ def test_zero_deltas_give_dashes_not_division_by_zero(engines: Callable[..., Eng
         second = scr.scrape(client, eng.url)
     delta = scr.difference(first, second)
     assert isinstance(delta, scr.Delta)
-    b = scr.breakdown(delta)
+    b = bd.breakdown(delta)
     assert b.cycles == 0
     assert b.acceptance_rate is None and b.mean_accept_length is None
     assert b.stats[("draft", "gpu")].mean_seconds is None
@@ -373,12 +375,12 @@ def test_zero_deltas_give_dashes_not_division_by_zero(engines: Callable[..., Eng
 def test_histogram_quantile_matches_prometheus_rules():
     inf = float("inf")
     cum = {0.1: 0.0, 0.25: 10.0, 0.5: 10.0, inf: 10.0}
-    assert scr.histogram_quantile(0.5, cum) == pytest.approx(0.175)
-    assert scr.histogram_quantile(0.99, {1.0: 1.0, 2.0: 2.0, inf: 4.0}) == 2.0  # +Inf bucket
-    assert scr.histogram_quantile(0.5, {1.0: 2.0, inf: 2.0}) == pytest.approx(0.5)  # from 0
-    assert scr.histogram_quantile(0.5, {1.0: 0.0, inf: 0.0}) is None
-    assert scr.histogram_quantile(0.5, {}) is None
-    assert scr.histogram_quantile(0.5, {1.0: 3.0}) is None  # no +Inf: not a histogram
+    assert bd.histogram_quantile(0.5, cum) == pytest.approx(0.175)
+    assert bd.histogram_quantile(0.99, {1.0: 1.0, 2.0: 2.0, inf: 4.0}) == 2.0  # +Inf bucket
+    assert bd.histogram_quantile(0.5, {1.0: 2.0, inf: 2.0}) == pytest.approx(0.5)  # from 0
+    assert bd.histogram_quantile(0.5, {1.0: 0.0, inf: 0.0}) is None
+    assert bd.histogram_quantile(0.5, {}) is None
+    assert bd.histogram_quantile(0.5, {1.0: 3.0}) is None  # no +Inf: not a histogram
 
 
 def test_counter_reset_is_detected_when_the_observer_restarts_on_the_same_port(
@@ -400,7 +402,8 @@ def test_counter_reset_is_detected_when_the_observer_restarts_on_the_same_port(
 
 def test_tools_import_no_heavy_modules():
     code = (
-        "import sys, specobs.tools._top, specobs.tools._doctor, specobs.tools._scrape\n"
+        "import sys, specobs.tools._top, specobs.tools._doctor, specobs.tools._scrape,"
+        " specobs.tools._breakdown, specobs.tools._promapi\n"
         "heavy = [m for m in ('httpx', 'rich', 'prometheus_client', 'torch') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
@@ -450,7 +453,7 @@ def test_drops_are_shown_by_reason(engines: Callable[..., Engine]):
         assert eng.obs.force_flush(5)
         delta = scr.difference(first, scr.scrape(client, eng.url))
     assert isinstance(delta, scr.Delta)
-    b = scr.breakdown(delta)
+    b = bd.breakdown(delta)
     assert b.drops == {"event_pool_exhausted": 4}
     line = _top.plain_line(_top._data_frame(b))
     assert "drops=4(event_pool_exhausted:4)" in line
@@ -677,9 +680,9 @@ def test_prometheus_mode_against_a_real_prometheus(
 
     # Our bucket interpolation agrees with Prometheus's own histogram_quantile.
     with httpx.Client(timeout=5) as client:
-        delta = scr.prometheus_delta(client, server.url, f'job="specobs",instance="{target}"',
+        delta = pa.prometheus_delta(client, server.url, f'job="specobs",instance="{target}"',
                                      5.0)
-    b = scr.breakdown(delta)
+    b = bd.breakdown(delta)
     hist = catalog.PHASE_DURATION.name
     for q, ours in ((0.5, b.stats[("verify", "gpu")].p50_seconds),
                     (0.99, b.stats[("verify", "gpu")].p99_seconds)):

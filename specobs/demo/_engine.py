@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from specobs.tools._breakdown import ratio
+
 from ._draft import DraftHead
 from ._model import TargetModel, WordTokenizer, validate_max_tokens, validate_prompt
 
@@ -165,11 +167,12 @@ class EngineStats:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+        # 0.0 before anything was drafted: /health's JSON has always carried a number here.
+        return ratio(self.accepted_tokens, self.draft_tokens) or 0.0
 
     @property
     def mean_accept_length(self) -> float:
-        return self.accepted_tokens / self.sequence_cycles if self.sequence_cycles else 0.0
+        return ratio(self.accepted_tokens, self.sequence_cycles) or 0.0
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -4,27 +4,31 @@
 engine's request counts) into a :class:`DemoView`: mean milliseconds per cycle and share of the
 cycle for each phase on the GPU and host clocks, acceptance rate, mean accept length, acceptance
 by draft position, tokens/s, cycles/s, mean batch size, per-sequence speed and the realized
-speedup against the non-speculative baseline. :func:`render_rich` draws it with rich (used inside
-``rich.live.Live``); :func:`plain_line` is the one-line form for logs and pipes;
+speedup against the non-speculative baseline. Every number is
+:func:`specobs.tools._breakdown.breakdown`'s, the definition ``specobs top`` shows and the
+recording rules compute; this module only renders it. :func:`render_rich` draws it with rich
+(used inside ``rich.live.Live``); :func:`plain_line` is the one-line form for logs and pipes;
 :func:`final_lines` the summary printed at exit.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from specobs.tools._breakdown import CLOCKS, Breakdown, breakdown, snapshot_delta, speedups
+
+if TYPE_CHECKING:
+    from specobs import Snapshot
 
 __all__ = [
     "DemoView",
-    "PhaseTime",
     "compute_view",
     "final_lines",
     "plain_line",
     "render_rich",
     "where_lines",
 ]
-
-CLOCKS = ("gpu", "host")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,108 +41,88 @@ class PhaseTime:
 
 @dataclasses.dataclass(frozen=True)
 class DemoView:
+    """One window of the demo: the :class:`Breakdown` (the numbers ``specobs top`` and the
+    recording rules compute) and the run's lifetime totals shown next to it."""
+
+    breakdown: Breakdown
     window_seconds: float
-    cycles: int
     cycles_total: int
     emitted_total: int
-    cycles_per_second: float
-    tokens_per_second: float
-    acceptance_rate: float | None
-    mean_accept_length: float | None
-    per_position: tuple[float, ...]
-    batch_size_mean: float | None
-    phases: dict[str, dict[str, PhaseTime | None]]
-    cycle_ms: dict[str, float | None]
-    sequence_tokens_per_second: float | None
-    baseline_tokens_per_second: float | None
     dropped_total: int
-    gpu_sampling_interval: int
+
+    @property
+    def cycles_per_second(self) -> float:
+        return self.breakdown.cycles_per_second or 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.breakdown.emitted_tokens_per_second or 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.breakdown.acceptance_rate
+
+    @property
+    def mean_accept_length(self) -> float | None:
+        return self.breakdown.mean_accept_length
+
+    @property
+    def per_position(self) -> tuple[float | None, ...]:
+        """Accepted / drafted tokens at draft positions 1..k."""
+        return tuple(v for _, v in self.breakdown.position_acceptance)
+
+    @property
+    def batch_size_mean(self) -> float | None:
+        return self.breakdown.mean_batch_size
+
+    @property
+    def sequence_tokens_per_second(self) -> float | None:
+        return self.breakdown.sequence_tokens_per_second
+
+    @property
+    def baseline_tokens_per_second(self) -> float | None:
+        return self.breakdown.baseline_tokens_per_second
+
+    @property
+    def gpu_sampling_interval(self) -> int:
+        return int(self.breakdown.sampling_interval or 1)
 
     @property
     def speedup(self) -> float | None:
-        if self.sequence_tokens_per_second is None or not self.baseline_tokens_per_second:
-            return None
-        return self.sequence_tokens_per_second / self.baseline_tokens_per_second
+        return speedups(self.breakdown)[0]
 
+    @property
+    def phases(self) -> dict[str, dict[str, PhaseTime | None]]:
+        """Mean milliseconds per cycle and share, by phase and clock (``None``: no sample)."""
+        out: dict[str, dict[str, PhaseTime | None]] = {}
+        for phase in self.breakdown.phases:
+            out[phase] = {}
+            for clock in CLOCKS:
+                st = self.breakdown.stats.get((phase, clock))
+                out[phase][clock] = (
+                    None if st is None or st.mean_seconds is None
+                    else PhaseTime(st.mean_seconds * 1000.0, st.share or 0.0)
+                )
+        return out
 
-def _hist_delta(new: Any, old: Any) -> tuple[int, float, tuple[int, ...]]:
-    if old is None:
-        return new.count, new.sum, tuple(new.counts)
-    counts = tuple(a - b for a, b in zip(new.counts, old.counts, strict=True))
-    return new.count - old.count, new.sum - old.sum, counts
+    @property
+    def cycle_ms(self) -> dict[str, float | None]:
+        means = self.breakdown.cycle_mean_seconds
+        return {c: None if (m := means.get(c)) is None else m * 1000.0 for c in CLOCKS}
 
 
 def compute_view(
-    new: Any, old: Any | None, window_seconds: float, baseline: float | None = None
+    new: Snapshot, old: Snapshot | None, window_seconds: float, baseline: float | None = None
 ) -> DemoView:
     """The view of what happened between snapshots ``old`` and ``new`` (``old=None``: since the
     start). ``window_seconds`` is the wall time between them. ``baseline``: the non-speculative
     tokens/s per sequence when the demo measures it (else the observer's configured one)."""
-    window = max(window_seconds, 1e-9)
-
-    def d(attr: str) -> int:
-        return int(getattr(new, attr) - (getattr(old, attr) if old is not None else 0))
-
-    cycles = d("cycles_total")
-    drafted = d("draft_tokens_total")
-    accepted = d("accepted_tokens_total")
-    emitted = d("emitted_tokens_total")
-    seq_count, seq_sum, seq_counts = _hist_delta(
-        new.accept_length, old.accept_length if old is not None else None
-    )
-    k = int(new.max_draft_length)
-    per_position = tuple(
-        (sum(seq_counts[i + 1 : k + 1]) / seq_count) if seq_count else 0.0 for i in range(k)
-    )
-    b_count, b_sum, _ = _hist_delta(new.batch_size, old.batch_size if old is not None else None)
-    phases: dict[str, dict[str, PhaseTime | None]] = {}
-    means: dict[str, dict[str, float]] = {clock: {} for clock in CLOCKS}
-    for clock in CLOCKS:
-        for phase in new.phases:
-            n, s, _ = _hist_delta(
-                new.phase(phase, clock), old.phase(phase, clock) if old is not None else None
-            )
-            if n > 0:
-                means[clock][phase] = s / n
-    for phase in new.phases:
-        phases[phase] = {}
-        for clock in CLOCKS:
-            total = sum(means[clock].values())
-            m = means[clock].get(phase)
-            phases[phase][clock] = (
-                None if m is None else PhaseTime(m * 1000.0, m / total if total > 0 else 0.0)
-            )
-    cycle_ms: dict[str, float | None] = {}
-    for clock in CLOCKS:
-        n, s, _ = _hist_delta(
-            new.cycle_histograms[clock],
-            old.cycle_histograms[clock] if old is not None else None,
-        )
-        cycle_ms[clock] = s / n * 1000.0 if n else None
-    sequence_speed = None
-    host_ms = cycle_ms.get("host")
-    if seq_count and host_ms:
-        # Tokens one sequence gains per cycle over the wall time of a cycle (prefill excluded).
-        sequence_speed = (emitted / seq_count) / (host_ms / 1000.0)
     return DemoView(
+        breakdown=breakdown(snapshot_delta(new, old, window_seconds, baseline)),
         window_seconds=window_seconds,
-        cycles=cycles,
-        cycles_total=int(new.cycles_total),
-        emitted_total=int(new.emitted_tokens_total),
-        cycles_per_second=cycles / window,
-        tokens_per_second=emitted / window,
-        acceptance_rate=accepted / drafted if drafted else None,
-        mean_accept_length=seq_sum / seq_count if seq_count else None,
-        per_position=per_position,
-        batch_size_mean=b_sum / b_count if b_count else None,
-        phases=phases,
-        cycle_ms=cycle_ms,
-        sequence_tokens_per_second=sequence_speed,
-        baseline_tokens_per_second=(
-            baseline if baseline is not None else new.baseline_tokens_per_second
-        ),
-        dropped_total=int(new.dropped_total()),
-        gpu_sampling_interval=int(new.sampling_interval),
+        cycles_total=new.cycles_total,
+        emitted_total=new.emitted_tokens_total,
+        dropped_total=new.dropped_total(),
     )
 
 
@@ -239,7 +223,7 @@ def render_rich(
         ("tokens/s", f"{view.tokens_per_second:.1f}  (total {view.emitted_total})"),
         ("acceptance rate", _f(view.acceptance_rate, ".1%")),
         ("mean accept length", f"{_f(view.mean_accept_length, '.2f')} of {len(view.per_position)}"),
-        ("by draft position", "  ".join(f"{i + 1}: {p:.0%}" for i, p in
+        ("by draft position", "  ".join(f"{i + 1}: {_f(p, '.0%')}" for i, p in
                                         enumerate(view.per_position))),
         ("batch size", _f(view.batch_size_mean, ".1f")),
         ("per-sequence tokens/s", f"{speed}  vs baseline {base} ({baseline_note}): "
@@ -275,7 +259,7 @@ def final_lines(
         f"tokens ({view.cycles_per_second:.1f} cycles/s, {view.tokens_per_second:.1f} tokens/s)",
         f"  acceptance rate {_f(view.acceptance_rate, '.1%')}, mean accept length "
         f"{_f(view.mean_accept_length, '.2f')} of {len(view.per_position)}, by position "
-        + ", ".join(f"{p:.0%}" for p in view.per_position),
+        + ", ".join(_f(p, ".0%") for p in view.per_position),
         f"  mean batch size {_f(view.batch_size_mean, '.1f')}; per-sequence "
         f"{_f(view.sequence_tokens_per_second, '.1f')} tokens/s vs baseline "
         f"{_f(view.baseline_tokens_per_second, '.1f')} ({baseline_note}): speedup "

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specobs import catalog
+from specobs.tools import _breakdown as bd
 from specobs.tools import _http
 from specobs.tools import _scrape as scr
 
@@ -187,11 +188,11 @@ def diagnose(
         checks.append(Check("cycles advancing", "FAIL", f"second scrape failed: {exc}"))
         return _skip_rest(checks, "needs two scrapes")
     delta = scr.difference(first, second)
-    b: scr.Breakdown | None = None
+    b: bd.Breakdown | None = None
     if isinstance(delta, scr.CounterReset):
         checks.append(Check("cycles advancing", "WARN", f"{delta} between the two scrapes"))
     else:
-        b = scr.breakdown(delta)
+        b = bd.breakdown(delta)
         elapsed = delta.elapsed_seconds
         if b.cycles > 0:
             checks.append(Check(
@@ -255,7 +256,7 @@ def _drops(s: scr.Series, cycles_total: float) -> Check:
     data = {"by_reason": by_reason, "cycles": cycles_total}
     if total <= 0:
         return Check("dropped records", "OK", "none dropped", data)
-    fraction = scr.ratio(total, cycles_total)
+    fraction = bd.ratio(total, cycles_total)
     parts = ", ".join(f"{k} {_fmt_count(v)}" for k, v in sorted(by_reason.items()))
     frac_text = (
         f"{scr.format_percent(fraction, 2)} of {_fmt_count(cycles_total)} cycles"
@@ -295,7 +296,7 @@ def _overhead(s: scr.Series, info: dict[str, str]) -> Check:
     return Check("overhead", "WARN", f"{text}, over budget{hint}", data)
 
 
-def _cpu(b: scr.Breakdown | None) -> Check:
+def _cpu(b: bd.Breakdown | None) -> Check:
     if b is None or b.exporter_cpu_seconds_per_cycle is None:
         return Check("exporter cpu", "SKIP", "no cycles between the two scrapes")
     per = b.exporter_cpu_seconds_per_cycle
@@ -325,7 +326,7 @@ def _exemplars(second: scr.Scrape) -> Check:
                  "SPECOBS_TRACE_HEAD_RATE=0) or no cycle was traced yet", {"exemplars": 0})
 
 
-def _baseline(b: scr.Breakdown | None, s: scr.Series) -> Check:
+def _baseline(b: bd.Breakdown | None, s: scr.Series) -> Check:
     baseline = s.total(catalog.BASELINE_SEQUENCE_TOKENS.name)
     if baseline is None:
         return Check("baseline", "SKIP",
@@ -340,7 +341,7 @@ def _baseline(b: scr.Breakdown | None, s: scr.Series) -> Check:
                      f"(baseline {scr.format_rate(baseline)} tok/s, {source})",
                      {"baseline": baseline, "source": source})
     realized = b.sequence_tokens_per_second
-    speedup, _ = scr.speedups(b)
+    speedup, _ = bd.speedups(b)
     batch = b.mean_batch_size
     data = {"realized": realized, "baseline": baseline, "speedup": speedup, "source": source,
             "mean_batch_size": batch}

@@ -9,8 +9,8 @@
 
 The file opens with no network: plotly.js is inlined once and every chart is a plotly figure.
 At the top, a one-screen summary table of the whole run with the definitions of ``specobs top``
-and the recording rules (the numbers come from :func:`specobs.tools._scrape.breakdown` and
-:func:`specobs.tools._scrape.speedups`, nothing is recomputed here). Below: the cycle breakdown
+and the recording rules (the numbers come from :func:`specobs.tools._breakdown.breakdown` and
+:func:`specobs.tools._breakdown.speedups`, nothing is recomputed here). Below: the cycle breakdown
 over time on the GPU and host clocks (stacked per phase), phase shares and p50/p99, acceptance
 over time and per draft position, the accept-length distribution, tokens/s per server and per
 sequence, realized and predicted speedup, drops and exporter health.
@@ -38,7 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from specobs import catalog
+from specobs.tools import _breakdown as bd
 from specobs.tools import _http
+from specobs.tools import _promapi as pa
 from specobs.tools import _report_data as data
 from specobs.tools import _report_stats as stats
 from specobs.tools import _scrape as scr
@@ -185,7 +187,7 @@ def _time_range(args: argparse.Namespace, spec: str | None, now: float) -> tuple
         if args.last:
             raise _Usage("give --start or --last, not both")
         return data.parse_time(args.start, now), end
-    return end - scr.parse_window(args.last or "15m"), end
+    return end - pa.parse_window(args.last or "15m"), end
 
 
 def _prometheus_source(
@@ -200,9 +202,9 @@ def _prometheus_source(
         else:
             range_text = spec
     try:
-        selector = scr.normalize_selector(selector_text)
+        selector = pa.normalize_selector(selector_text)
         start, end = _time_range(args, range_text, time.time())
-        step = scr.parse_window(args.step) if args.step else max(15.0, (end - start) / 60)
+        step = pa.parse_window(args.step) if args.step else max(15.0, (end - start) / 60)
     except ValueError as exc:
         raise _Usage(str(exc)) from None
     return data.prometheus_run(client, base, selector, start, end, step,
@@ -306,9 +308,9 @@ def _cell(key: str, text: str, cls: str = "") -> str:
     return f'<td data-key="{html.escape(key)}"{c}>{html.escape(text)}</td>'
 
 
-def summary_rows(b: scr.Breakdown) -> list[tuple[str, str, str]]:
+def summary_rows(b: bd.Breakdown) -> list[tuple[str, str, str]]:
     """``(key, label, text)`` for every number of the summary table (what ``top`` shows)."""
-    realized, predicted = scr.speedups(b)
+    realized, predicted = bd.speedups(b)
     rows = [
         ("window", "window", f"{b.elapsed_seconds:.1f} s"),
         ("cycles", "cycles", scr.format_rate(b.cycles, 0)),
@@ -340,11 +342,11 @@ def summary_rows(b: scr.Breakdown) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _phase_table(b: scr.Breakdown, prefix: str = "") -> str:
+def _phase_table(b: bd.Breakdown, prefix: str = "") -> str:
     head = ("<tr><th>clock</th><th>phase</th><th>per cycle</th><th>share</th><th>p50</th>"
             "<th>p99</th></tr>")
     body = []
-    for clock in scr.PHASE_CLOCKS:
+    for clock in bd.CLOCKS:
         n = b.cycle_counts.get(clock, 0.0)
         for phase in b.phases:
             st = b.stats[(phase, clock)]
@@ -368,7 +370,7 @@ def _phase_table(b: scr.Breakdown, prefix: str = "") -> str:
     return f'<table class="phases">{head}{"".join(body)}</table>'
 
 
-def _summary(b: scr.Breakdown, prefix: str = "") -> str:
+def _summary(b: bd.Breakdown, prefix: str = "") -> str:
     rows = summary_rows(b)
     half = (len(rows) + 1) // 2
     cells = []
@@ -423,11 +425,11 @@ def _phase_share_figure(runs: Sequence[data.Run]) -> Any:
     fig = go.Figure()
     phases = runs[0].total.phases
     ys = [f"{r.name} · {clock}" if len(runs) > 1 else clock for r in runs
-          for clock in scr.PHASE_CLOCKS]
+          for clock in bd.CLOCKS]
     for i, phase in enumerate(phases):
         xs = []
         for r in runs:
-            for clock in scr.PHASE_CLOCKS:
+            for clock in bd.CLOCKS:
                 st = r.total.stats.get((phase, clock))
                 xs.append(None if st is None or st.share is None else st.share * 100)
         fig.add_trace(go.Bar(y=ys, x=xs, name=phase, orientation="h",
@@ -443,7 +445,7 @@ def _quantile_figure(runs: Sequence[data.Run]) -> Any:
 
     fig = go.Figure()
     for ri, r in enumerate(runs):
-        for clock in scr.PHASE_CLOCKS:
+        for clock in bd.CLOCKS:
             if not r.total.cycle_counts.get(clock, 0) > 0:
                 continue
             xs = [*r.total.phases, "cycle"]
@@ -544,7 +546,7 @@ def _speedup_figure(runs: Sequence[data.Run]) -> Any:
     fig = go.Figure()
     for ri, r in enumerate(runs):
         tag = f"{r.name} · " if len(runs) > 1 else ""
-        sp = [scr.speedups(w.breakdown) for w in r.windows]
+        sp = [bd.speedups(w.breakdown) for w in r.windows]
         fig.add_trace(go.Scatter(x=_xs(r), y=[s[0] for s in sp], name=f"{tag}realized",
                                  mode="lines+markers", line={"color": _RUN_COLORS[ri % 2]}))
         for clock, dash in (("gpu", "dash"), ("host", "dot")):
@@ -596,7 +598,7 @@ def _figures(runs: Sequence[data.Run]) -> list[tuple[str, str, Any]]:
     """``(id, section, figure)`` in page order."""
     figs: list[tuple[str, str, Any]] = []
     for ri, r in enumerate(runs):
-        for clock in scr.PHASE_CLOCKS:
+        for clock in bd.CLOCKS:
             tag = f" — {r.name}" if len(runs) > 1 else ""
             figs.append((f"breakdown-{clock}-{ri}", "Cycle breakdown",
                          _breakdown_figure(r, clock, f"Cycle breakdown, {clock} clock{tag}")))

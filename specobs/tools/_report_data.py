@@ -12,8 +12,8 @@ Three sources, one shape:
   ``specobs top --prometheus --window STEP`` read), and the total is ``increase()`` over the
   whole range evaluated at its end (``top --prometheus --window RANGE`` at that moment).
 
-Every window and the total become :class:`specobs.tools._scrape.Breakdown` through
-:func:`specobs.tools._scrape.breakdown`, so the report has no formula of its own.
+Every window and the total become :class:`specobs.tools._breakdown.Breakdown` through
+:func:`specobs.tools._breakdown.breakdown`, so the report has no formula of its own.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from specobs import catalog
+from specobs.tools import _breakdown as bd
 from specobs.tools import _http
+from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
 
 __all__ = [
@@ -67,7 +69,7 @@ class Window:
 
     end_seconds: float
     delta: scr.Delta
-    breakdown: scr.Breakdown
+    breakdown: bd.Breakdown
 
 
 @dataclass
@@ -79,7 +81,7 @@ class Run:
     start_unix: float
     end_unix: float
     windows: list[Window]
-    total: scr.Breakdown
+    total: bd.Breakdown
     total_delta: scr.Delta
     #: Seconds at which a sample failed (a scrape error, a counter reset), and why.
     failures: list[tuple[float, str]] = field(default_factory=list)
@@ -104,11 +106,11 @@ def only(series: scr.Series, label: str, value: str) -> scr.Series:
     return scr.Series({k: v for k, v in series.samples.items() if dict(k[1]).get(label) == value})
 
 
-def per_server(delta: scr.Delta, instance: str) -> scr.Breakdown:
+def per_server(delta: scr.Delta, instance: str) -> bd.Breakdown:
     """The breakdown of one server (``instance`` label) of a multi-server delta."""
     if not instance:
-        return scr.breakdown(delta)
-    return scr.breakdown(scr.Delta(
+        return bd.breakdown(delta)
+    return bd.breakdown(scr.Delta(
         only(delta.counters, "instance", instance), only(delta.gauges, "instance", instance),
         delta.elapsed_seconds,
     ))
@@ -153,7 +155,7 @@ def run_from_scrapes(name: str, source: str, snapshots: list[Snapshot]) -> Run:
             windows = []
             base = cur
         else:
-            windows.append(Window(cur.unix - t0, delta, scr.breakdown(delta)))
+            windows.append(Window(cur.unix - t0, delta, bd.breakdown(delta)))
         prev = cur
     total = scr.difference(
         scr.Scrape(base.series or scr.Series(), base.unix),
@@ -161,7 +163,7 @@ def run_from_scrapes(name: str, source: str, snapshots: list[Snapshot]) -> Run:
     )
     if isinstance(total, scr.CounterReset) or not windows:
         raise RunError(f"{source}: no two consecutive samples without a counter reset")
-    return Run(name, source, base.unix, good[-1].unix, windows, scr.breakdown(total), total,
+    return Run(name, source, base.unix, good[-1].unix, windows, bd.breakdown(total), total,
                failures, scrape_seconds)
 
 
@@ -370,7 +372,7 @@ def prometheus_run(
     if not end > start:
         raise RunError(f"the time range is empty: end {end:.0f} is not after start {start:.0f}")
     step = min(step, end - start)
-    window = scr._window_text(step)
+    window = pa.window_text(step)
     first = start + step
     counters: dict[float, scr.Series] = {}
     for metric in sorted(scr.COUNTER_SERIES):
@@ -393,9 +395,9 @@ def prometheus_run(
     windows: list[Window] = []
     for t in sorted(counters):
         delta = scr.Delta(counters[t], gauges.get(t, scr.Series()), step)
-        windows.append(Window(t - start, delta, scr.breakdown(delta)))
+        windows.append(Window(t - start, delta, bd.breakdown(delta)))
     try:
-        total_delta = scr.prometheus_delta(client, base_url, selector, end - start,
+        total_delta = pa.prometheus_delta(client, base_url, selector, end - start,
                                            limits=limits, at=end)
     except scr.ScrapeError as exc:
         raise RunError(str(exc)) from None
@@ -403,7 +405,7 @@ def prometheus_run(
     for item in up_matrix:
         instance = str((item.get("metric") or {}).get("instance", ""))
         up[instance] = [(float(p[0]) - start, float(p[1])) for p in item.get("values") or []]
-    return Run(name or source, source, start, end, windows, scr.breakdown(total_delta),
+    return Run(name or source, source, start, end, windows, bd.breakdown(total_delta),
                total_delta, up=up)
 
 
@@ -417,7 +419,7 @@ def parse_time(text: str, now: float) -> float:
     if raw == "now":
         return now
     if raw.startswith("-"):
-        return now - scr.parse_window(raw[1:])
+        return now - pa.parse_window(raw[1:])
     try:
         return float(raw)
     except ValueError:

@@ -1,6 +1,6 @@
 """The metrics a report compares, and how ``--compare`` decides a change is beyond the noise.
 
-Each :class:`MetricDef` reads one number out of a :class:`specobs.tools._scrape.Breakdown` (the
+Each :class:`MetricDef` reads one number out of a :class:`specobs.tools._breakdown.Breakdown` (the
 same numbers ``specobs top`` shows), for the whole run and for every window of it.
 
 **Significance.** A run's windows (one per sampling interval, or per ``--step`` from
@@ -37,7 +37,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from specobs.tools import _scrape as scr
+from specobs.tools import _breakdown as bd
 
 __all__ = [
     "MIN_WINDOWS",
@@ -106,41 +106,41 @@ class MetricDef:
     label: str
     group: str  # acceptance | timing | load | throughput | health
     kind: str  # seconds | percent | rate | ratio | count
-    get: Callable[[scr.Breakdown], float | None]
+    get: Callable[[bd.Breakdown], float | None]
     #: For throughput: the groups whose roots explain it.
     explained_by: tuple[str, ...] = ()
 
 
-def _phase_mean(phase: str, clock: str) -> Callable[[scr.Breakdown], float | None]:
-    def get(b: scr.Breakdown) -> float | None:
+def _phase_mean(phase: str, clock: str) -> Callable[[bd.Breakdown], float | None]:
+    def get(b: bd.Breakdown) -> float | None:
         st = b.stats.get((phase, clock))
         return st.mean_seconds if st is not None else None
     return get
 
 
-def _cycle_mean(clock: str) -> Callable[[scr.Breakdown], float | None]:
+def _cycle_mean(clock: str) -> Callable[[bd.Breakdown], float | None]:
     return lambda b: b.cycle_mean_seconds.get(clock)
 
 
-def _position(position: str) -> Callable[[scr.Breakdown], float | None]:
-    def get(b: scr.Breakdown) -> float | None:
+def _position(position: str) -> Callable[[bd.Breakdown], float | None]:
+    def get(b: bd.Breakdown) -> float | None:
         return dict(b.position_acceptance).get(position)
     return get
 
 
-def _drop_ratio(b: scr.Breakdown) -> float | None:
-    return scr.ratio(b.dropped_total, b.cycles)
+def _drop_ratio(b: bd.Breakdown) -> float | None:
+    return bd.ratio(b.dropped_total, b.cycles)
 
 
-def _per_sequence_cycle(b: scr.Breakdown) -> float | None:
+def _per_sequence_cycle(b: bd.Breakdown) -> float | None:
     host = b.cycle_mean_seconds.get("host")
     if b.sequence_tokens_per_second is None or host is None:
         return None
     return b.sequence_tokens_per_second * host
 
 
-def _predicted(clock: str) -> Callable[[scr.Breakdown], float | None]:
-    return lambda b: scr.speedups(b)[1].get(clock)
+def _predicted(clock: str) -> Callable[[bd.Breakdown], float | None]:
+    return lambda b: bd.speedups(b)[1].get(clock)
 
 
 def metric_defs(phases: Sequence[str], positions: Sequence[str]) -> list[MetricDef]:
@@ -155,7 +155,7 @@ def metric_defs(phases: Sequence[str], positions: Sequence[str]) -> list[MetricD
         MetricDef("tokens_per_sequence_cycle", "tokens per sequence per cycle", "acceptance",
                   "ratio", _per_sequence_cycle),
     ]
-    for clock in scr.PHASE_CLOCKS:
+    for clock in bd.CLOCKS:
         out.append(MetricDef(f"cycle_{clock}", f"cycle time ({clock} clock)", "timing",
                              "seconds", _cycle_mean(clock)))
         for phase in phases:
@@ -171,10 +171,10 @@ def metric_defs(phases: Sequence[str], positions: Sequence[str]) -> list[MetricD
         MetricDef("sequence_tokens_per_second", "tokens/s per sequence", "throughput", "rate",
                   lambda b: b.sequence_tokens_per_second, ("acceptance", "timing")),
         MetricDef("speedup_realized", "realized speedup", "throughput", "ratio",
-                  lambda b: scr.speedups(b)[0], ("acceptance", "timing")),
+                  lambda b: bd.speedups(b)[0], ("acceptance", "timing")),
         *(MetricDef(f"speedup_predicted_{clock}", f"predicted speedup ({clock} clock)",
                     "throughput", "ratio", _predicted(clock), ("acceptance", "timing"))
-          for clock in scr.PHASE_CLOCKS),
+          for clock in bd.CLOCKS),
         MetricDef("drop_ratio", "dropped records per cycle", "health", "percent", _drop_ratio),
         MetricDef("overhead", "exporter overhead (GPU sampling)", "health", "percent",
                   lambda b: b.overhead_ratio),
@@ -211,7 +211,7 @@ class Change:
 
     @property
     def relative(self) -> float | None:
-        return None if self.difference is None else scr.ratio(self.difference, abs(self.a or 0))
+        return None if self.difference is None else bd.ratio(self.difference, abs(self.a or 0))
 
 
 def _large_enough(m: MetricDef, a: float, b: float, min_change: float) -> bool:
@@ -224,10 +224,10 @@ def _large_enough(m: MetricDef, a: float, b: float, min_change: float) -> bool:
 
 def compare(
     defs: Sequence[MetricDef],
-    total_a: scr.Breakdown,
-    total_b: scr.Breakdown,
-    windows_a: Sequence[scr.Breakdown],
-    windows_b: Sequence[scr.Breakdown],
+    total_a: bd.Breakdown,
+    total_b: bd.Breakdown,
+    windows_a: Sequence[bd.Breakdown],
+    windows_b: Sequence[bd.Breakdown],
     *,
     alpha: float = 0.01,
     min_change: float = 0.10,

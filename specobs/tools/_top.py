@@ -40,7 +40,9 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from specobs import catalog
+from specobs.tools import _breakdown as bd
 from specobs.tools import _http
+from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
 
 __all__ = ["add_arguments", "run"]
@@ -83,7 +85,7 @@ class Frame:
 
     kind: str
     message: str = ""
-    breakdown: scr.Breakdown | None = None
+    breakdown: bd.Breakdown | None = None
 
 
 class EndpointSource:
@@ -108,7 +110,7 @@ class EndpointSource:
         delta = scr.difference(prev, cur)
         if isinstance(delta, scr.CounterReset):
             return Frame("reset", str(delta))
-        return _data_frame(scr.breakdown(delta))
+        return _data_frame(bd.breakdown(delta))
 
 
 class PrometheusSource:
@@ -127,7 +129,7 @@ class PrometheusSource:
 
     def poll(self) -> Frame:
         try:
-            delta = scr.prometheus_delta(
+            delta = pa.prometheus_delta(
                 self.client, self.base_url, self.selector, self.window_seconds,
                 limits=self.limits,
             )
@@ -139,10 +141,10 @@ class PrometheusSource:
                 f"waiting for Prometheus to hold two samples of {catalog.CYCLES.name} in "
                 f"the last {scr.format_rate(self.window_seconds, 0)} s",
             )
-        return _data_frame(scr.breakdown(delta))
+        return _data_frame(bd.breakdown(delta))
 
 
-def _data_frame(b: scr.Breakdown) -> Frame:
+def _data_frame(b: bd.Breakdown) -> Frame:
     if not b.cycles > 0:
         return Frame("data", f"no cycles in the last {b.elapsed_seconds:.1f} s (idle?)", b)
     return Frame("data", "", b)
@@ -151,7 +153,7 @@ def _data_frame(b: scr.Breakdown) -> Frame:
 # -- plain output ---------------------------------------------------------------------------------
 
 
-def _plain_clock(b: scr.Breakdown) -> str:
+def _plain_clock(b: bd.Breakdown) -> str:
     return "gpu" if b.cycle_counts.get("gpu", 0) > 0 else "host"
 
 
@@ -287,7 +289,7 @@ class LiveView:
             parts += self._body(b)
         return Group(*parts)
 
-    def _body(self, b: scr.Breakdown) -> list[Any]:
+    def _body(self, b: bd.Breakdown) -> list[Any]:
         from rich import box
         from rich.table import Table
         from rich.text import Text
@@ -295,7 +297,7 @@ class LiveView:
         means = [v for v in b.cycle_mean_seconds.values() if v is not None]
         scale = max(means) if means else None
         out: list[Any] = []
-        for clock in scr.PHASE_CLOCKS:
+        for clock in bd.CLOCKS:
             n = b.cycle_counts.get(clock, 0.0)
             title = (
                 f"GPU clock: {n:.0f} sampled cycles" if clock == "gpu"
@@ -361,7 +363,7 @@ class LiveView:
             drops = ", ".join(f"{k} {v:.0f}" for k, v in sorted(b.drops.items()))
             out.append(Text(
                 f"drops {b.dropped_total:.0f} ({drops}), "
-                f"{scr.format_percent(scr.ratio(b.dropped_total, b.cycles))} of cycles",
+                f"{scr.format_percent(bd.ratio(b.dropped_total, b.cycles))} of cycles",
                 style="yellow",
             ))
         else:
@@ -451,8 +453,8 @@ def run(args: argparse.Namespace) -> int:
             target = scr.normalize_url(args.prometheus, default_path="")
         else:
             target = scr.normalize_url(args.url)
-        selector = scr.normalize_selector(args.selector)
-        window = scr.parse_window(args.window)
+        selector = pa.normalize_selector(args.selector)
+        window = pa.parse_window(args.window)
     except ValueError as exc:
         return _usage(str(exc))
     if not (0 < args.interval < math.inf) or not (0 < args.timeout < math.inf):

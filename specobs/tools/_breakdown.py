@@ -1,0 +1,366 @@
+"""The cycle breakdown of one interval: one definition for ``specobs top``, ``doctor``, ``report``
+and the ``specobs demo`` summary, the same quantities the recording rules compute.
+
+:func:`breakdown` turns a :class:`~specobs.tools._scrape.Delta` (counter deltas over an interval,
+the current gauges and the interval's seconds) into a :class:`Breakdown`. A Delta comes from two
+scrapes of an endpoint (:func:`specobs.tools._scrape.difference`), from a Prometheus server's
+``increase()`` (:func:`specobs.tools._promapi.prometheus_delta`) or from two in-process
+:class:`specobs.Snapshot` reads (:func:`snapshot_delta`, the demo's live summary). Numbers are
+never computed from lifetime totals, and every ratio with a zero denominator is ``None`` (shown
+as a dash), never a division by zero.
+
+Each field, and the recording rule in ``specobs/mixin/_rules.py`` that computes the same thing
+from the same counters (names for the default ``rate_window`` of 5m):
+
+* ``stats[phase, clock].mean_seconds``: phase sum / phase count on that clock (the GPU clock has
+  its own count, only sampled cycles carry it): ``instance:specobs_phase_duration_seconds:
+  mean_rate5m``. ``.share``: that mean over the sum of the phases' means on the clock:
+  ``...:share_rate5m``. ``.p50_seconds`` / ``.p99_seconds``: ``histogram_quantile`` over the
+  bucket deltas.
+* ``cycle_mean_seconds[clock]``: ``instance:specobs_cycle_duration_seconds:mean_rate5m``;
+  ``cycle_quantiles[clock]``: p50 and ``...:p99_rate5m``.
+* ``cycles_per_second``: ``instance:specobs_cycles:rate5m``; ``emitted_tokens_per_second``:
+  ``instance:specobs_emitted_tokens:rate5m``.
+* ``acceptance_rate``: accepted / drafted tokens, ``instance:specobs_acceptance:ratio_rate5m``.
+* ``mean_accept_length``: accept-length sum / count, bonus token excluded,
+  ``instance:specobs_accept_length_excl_bonus:mean_rate5m``.
+* ``position_acceptance``: accepted / drafted tokens at each draft position (a sequence that
+  drafted fewer than k tokens counts only at the positions it drafted), the cycle-breakdown
+  dashboard's per-position panel.
+* ``mean_batch_size``: sequences (the batch-size sum) / cycles,
+  ``instance:specobs_batch_size:mean_rate5m``.
+* ``sequence_tokens_per_second``: emitted tokens per sequence (over the batch-size sum) / the
+  host clock's mean cycle, ``instance:specobs_sequence_tokens_per_second:rate5m``.
+* ``baseline_tokens_per_second``: the gauge,
+  ``instance:specobs_baseline_sequence_tokens_per_second:max``; :func:`speedups` gives
+  ``instance:specobs_speedup:realized_rate5m`` and ``...:predicted_rate5m``.
+* ``drops``: ``instance:specobs_exporter_dropped_records:rate5m`` by reason.
+
+tests/test_report.py checks this module against a real Prometheus window (``top`` and the
+report agree); tests/test_breakdown.py checks that the demo summary and ``top`` agree number for
+number on the same snapshots, and the definitions on a stream where they used to differ.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from specobs import catalog
+from specobs.tools._scrape import CounterReset, Delta, Scrape, Series, difference
+
+if TYPE_CHECKING:
+    from specobs import HistogramData, Snapshot
+
+__all__ = [
+    "CLOCKS",
+    "Breakdown",
+    "PhaseStats",
+    "breakdown",
+    "histogram_quantile",
+    "ratio",
+    "snapshot_delta",
+    "snapshot_series",
+    "speedups",
+]
+
+#: The clocks every duration is measured on, in exposition order. TODO(issue 14): the lead adds
+#: ``specobs._model.CLOCKS``; import it from there once it is committed.
+CLOCKS: tuple[str, str] = ("gpu", "host")
+
+
+# -- the breakdown --------------------------------------------------------------------------------
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """``num / den``, or ``None`` when either is missing or the denominator is not positive."""
+    if num is None or den is None or not den > 0 or math.isnan(num):
+        return None
+    return num / den
+
+
+def histogram_quantile(q: float, cumulative: Mapping[float, float]) -> float | None:
+    """Prometheus's ``histogram_quantile`` over cumulative bucket counts keyed by ``le``.
+
+    Linear interpolation inside the bucket holding rank ``q * total``; the lowest bucket
+    starts at 0; a rank in the +Inf bucket returns the highest finite bound. ``None`` when there
+    are no observations.
+    """
+    if not cumulative or not 0.0 <= q <= 1.0:
+        return None
+    bounds = sorted(cumulative)
+    if bounds[-1] != math.inf:
+        return None
+    counts = [cumulative[b] for b in bounds]
+    # Deltas of cumulative counts can come out non-monotonic only through float noise.
+    for i in range(1, len(counts)):
+        counts[i] = max(counts[i], counts[i - 1])
+    total = counts[-1]
+    if not total > 0:
+        return None
+    rank = q * total
+    i = next(i for i, c in enumerate(counts) if c >= rank)
+    if bounds[i] == math.inf:
+        return bounds[-2] if len(bounds) > 1 else None
+    lower = 0.0 if i == 0 else bounds[i - 1]
+    below = 0.0 if i == 0 else counts[i - 1]
+    if i == 0 and bounds[0] <= 0:
+        return bounds[0]
+    in_bucket = counts[i] - below
+    if in_bucket <= 0:
+        return bounds[i]
+    return lower + (bounds[i] - lower) * (rank - below) / in_bucket
+
+
+@dataclass(frozen=True)
+class PhaseStats:
+    """One phase on one clock over the interval; times in seconds, ``None`` when unknown."""
+
+    phase: str
+    clock: str
+    count: float
+    mean_seconds: float | None
+    share: float | None
+    p50_seconds: float | None
+    p99_seconds: float | None
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Everything ``specobs top`` shows for one interval (all from counter deltas)."""
+
+    elapsed_seconds: float
+    phases: tuple[str, ...]
+    stats: dict[tuple[str, str], PhaseStats]
+    cycle_mean_seconds: dict[str, float | None]
+    cycle_counts: dict[str, float]
+    cycle_quantiles: dict[str, tuple[float | None, float | None]]
+    cycles: float
+    cycles_per_second: float | None
+    sampled_cycles: float | None
+    acceptance_rate: float | None
+    mean_accept_length: float | None
+    position_acceptance: tuple[tuple[str, float | None], ...]
+    emitted_tokens_per_second: float | None
+    mean_batch_size: float | None
+    sequence_tokens_per_second: float | None
+    baseline_tokens_per_second: float | None
+    drops: dict[str, float]
+    dropped_total: float
+    sampling_interval: float | None
+    overhead_ratio: float | None
+    exporter_cpu_seconds_per_cycle: float | None
+    info: dict[str, str] = field(default_factory=dict)
+
+
+def _phases(delta: Series, gauges: Series) -> tuple[str, ...]:
+    info = gauges.labels(catalog.INFO.name)
+    declared = [p for p in (info[0].get("phases", "") if info else "").split(",") if p]
+    seen = list(delta.by(catalog.PHASE_DURATION.name + "_count", "phase"))
+    extra = [p for p in seen if p not in declared]
+    return (*declared, *extra)
+
+
+def _buckets(series: Series, name: str, **match: str) -> dict[float, float]:
+    out: dict[float, float] = {}
+    for le, value in series.by(name + "_bucket", "le", **match).items():
+        try:
+            out[float(le)] = value
+        except ValueError:
+            continue
+    return out
+
+
+def breakdown(delta: Delta) -> Breakdown:
+    """The cycle breakdown of one interval; see the module docstring."""
+    d, g, elapsed = delta.counters, delta.gauges, delta.elapsed_seconds
+    phase_m, cycle_m = catalog.PHASE_DURATION.name, catalog.CYCLE_DURATION.name
+    phases = _phases(d, g)
+
+    stats: dict[tuple[str, str], PhaseStats] = {}
+    cycle_mean: dict[str, float | None] = {}
+    cycle_counts: dict[str, float] = {}
+    cycle_quantiles: dict[str, tuple[float | None, float | None]] = {}
+    for clock in CLOCKS:
+        means: dict[str, float | None] = {}
+        counts: dict[str, float] = {}
+        for phase in phases:
+            n = d.total(phase_m + "_count", phase=phase, clock=clock) or 0.0
+            counts[phase] = n
+            means[phase] = ratio(d.total(phase_m + "_sum", phase=phase, clock=clock), n)
+        known = [m for m in means.values() if m is not None]
+        whole = math.fsum(known) if known else None
+        for phase in phases:
+            buckets = _buckets(d, phase_m, phase=phase, clock=clock)
+            stats[(phase, clock)] = PhaseStats(
+                phase, clock, counts[phase], means[phase], ratio(means[phase], whole),
+                histogram_quantile(0.5, buckets), histogram_quantile(0.99, buckets),
+            )
+        n = d.total(cycle_m + "_count", clock=clock) or 0.0
+        cycle_counts[clock] = n
+        cycle_mean[clock] = ratio(d.total(cycle_m + "_sum", clock=clock), n)
+        buckets = _buckets(d, cycle_m, clock=clock)
+        cycle_quantiles[clock] = (
+            histogram_quantile(0.5, buckets), histogram_quantile(0.99, buckets)
+        )
+
+    cycles = d.total(catalog.CYCLES.name) or 0.0
+    drafted = d.total(catalog.DRAFT_TOKENS.name)
+    accepted = d.total(catalog.ACCEPTED_TOKENS.name)
+    emitted = d.total(catalog.EMITTED_TOKENS.name)
+    al = catalog.ACCEPT_LENGTH.name
+    bs = catalog.BATCH_SIZE.name
+
+    acc_pos = d.by(catalog.ACCEPTED_BY_POSITION.name, "position")
+    draft_pos = d.by(catalog.DRAFTED_BY_POSITION.name, "position")
+    positions = sorted(set(acc_pos) | set(draft_pos), key=lambda p: (len(p), p))
+    per_position = tuple((p, ratio(acc_pos.get(p), draft_pos.get(p))) for p in positions)
+
+    drops = {k: v for k, v in d.by(catalog.DROPPED_RECORDS.name, "reason").items() if v > 0}
+    # Sequences per cycle, as the rule divides them: cycles that reported no batch count too.
+    mean_batch = ratio(d.total(bs + "_sum"), cycles)
+    host_cycle = cycle_mean.get("host")
+    seq_tps = ratio(ratio(emitted, d.total(bs + "_sum")), host_cycle)
+    cpu = d.total(catalog.EXPORTER_CPU.name)
+    info_labels = g.labels(catalog.INFO.name)
+
+    return Breakdown(
+        elapsed_seconds=elapsed,
+        phases=phases,
+        stats=stats,
+        cycle_mean_seconds=cycle_mean,
+        cycle_counts=cycle_counts,
+        cycle_quantiles=cycle_quantiles,
+        cycles=cycles,
+        cycles_per_second=ratio(cycles, elapsed),
+        sampled_cycles=d.total(catalog.SAMPLED_CYCLES.name),
+        acceptance_rate=ratio(accepted, drafted),
+        mean_accept_length=ratio(d.total(al + "_sum"), d.total(al + "_count")),
+        position_acceptance=per_position,
+        emitted_tokens_per_second=ratio(emitted, elapsed),
+        mean_batch_size=mean_batch,
+        sequence_tokens_per_second=seq_tps,
+        baseline_tokens_per_second=g.total(catalog.BASELINE_SEQUENCE_TOKENS.name),
+        drops=drops,
+        dropped_total=math.fsum(drops.values()),
+        sampling_interval=g.total(catalog.SAMPLING_INTERVAL.name),
+        overhead_ratio=_max(g, catalog.OVERHEAD_RATIO.name),
+        exporter_cpu_seconds_per_cycle=ratio(cpu, cycles),
+        info=info_labels[0] if info_labels else {},
+    )
+
+
+def _max(series: Series, name: str) -> float | None:
+    values = [v for (n, _), v in series.samples.items() if n == name]
+    return max(values) if values else None
+
+
+
+def speedups(
+    b: Breakdown, draft_phase: str = "draft", verify_phase: str = "verify"
+) -> tuple[float | None, dict[str, float | None]]:
+    """Realized and predicted (per clock) speedup of one interval, as the recording rules define
+    them (``instance:specobs_speedup:realized_rate*`` and ``...:predicted_rate*``).
+
+    Realized: tokens/s per sequence over the non-speculative baseline gauge, whatever its
+    ``source`` (configured, or measured by the engine at the batch size it serves, as
+    ``specobs demo`` does). Predicted: tokens per sequence-cycle times verify / (draft + verify)
+    on each clock. ``specobs top``, ``report`` and ``doctor`` all use this one definition.
+    """
+    realized = ratio(b.sequence_tokens_per_second, b.baseline_tokens_per_second)
+    host_cycle = b.cycle_mean_seconds.get("host")
+    per_sequence_cycle = (
+        b.sequence_tokens_per_second * host_cycle
+        if b.sequence_tokens_per_second is not None and host_cycle is not None else None
+    )
+    predicted: dict[str, float | None] = {}
+    for clock in CLOCKS:
+        draft, verify = b.stats.get((draft_phase, clock)), b.stats.get((verify_phase, clock))
+        if draft is None or verify is None or per_sequence_cycle is None \
+                or draft.mean_seconds is None or verify.mean_seconds is None:
+            predicted[clock] = None
+            continue
+        cost = ratio(verify.mean_seconds, draft.mean_seconds + verify.mean_seconds)
+        predicted[clock] = None if cost is None else per_sequence_cycle * cost
+    return realized, predicted
+
+
+# -- in-process snapshots as the source -----------------------------------------------------------
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == math.inf else repr(float(bound))
+
+
+def _add_histogram(
+    series: Series, name: str, h: HistogramData, labels: Mapping[str, str]
+) -> None:
+    acc = 0
+    for bound, n in zip((*h.bounds, math.inf), h.counts, strict=True):
+        acc += n
+        series.add(f"{name}_bucket", {**labels, "le": _le(bound)}, float(acc))
+    series.add(f"{name}_sum", labels, float(h.sum))
+    series.add(f"{name}_count", labels, float(h.count))
+
+
+def snapshot_series(snapshot: Snapshot, baseline: float | None = None) -> Series:
+    """The series a scrape of ``snapshot`` would parse into, as far as :func:`breakdown` reads
+    them (same names, labels and values as the Prometheus exposition; tests/test_breakdown.py
+    checks it against a real one). ``baseline`` replaces the baseline gauge when given.
+
+    TODO(issue 14): render from the lead's catalog-driven series walk once it exists, so this
+    is not a walk of its own.
+    """
+    s, const = Series(), dict(snapshot.labels)
+    for (phase, clock), h in snapshot.phase_histograms.items():
+        _add_histogram(s, catalog.PHASE_DURATION.name, h, {"phase": phase, "clock": clock,
+                                                           **const})
+    for clock, h in snapshot.cycle_histograms.items():
+        _add_histogram(s, catalog.CYCLE_DURATION.name, h, {"clock": clock, **const})
+    _add_histogram(s, catalog.ACCEPT_LENGTH.name, snapshot.accept_length, const)
+    _add_histogram(s, catalog.BATCH_SIZE.name, snapshot.batch_size, const)
+    for metric, value in (
+        (catalog.CYCLES, snapshot.cycles_total),
+        (catalog.DRAFT_TOKENS, snapshot.draft_tokens_total),
+        (catalog.ACCEPTED_TOKENS, snapshot.accepted_tokens_total),
+        (catalog.EMITTED_TOKENS, snapshot.emitted_tokens_total),
+        (catalog.SAMPLED_CYCLES, snapshot.sampled_cycles_total),
+    ):
+        s.add(metric.name, const, float(value))
+    for metric, label, values in (
+        (catalog.ACCEPTED_BY_POSITION, "position", dict(enumerate(snapshot.accepted_by_position))),
+        (catalog.DRAFTED_BY_POSITION, "position", dict(enumerate(snapshot.drafted_by_position))),
+        (catalog.DROPPED_RECORDS, "reason", dict(snapshot.dropped)),
+        (catalog.EXPORTER_CPU, "component", dict(snapshot.cpu_seconds)),
+        (catalog.ERRORS, "kind", dict(snapshot.errors)),
+    ):
+        for key, v in values.items():
+            s.add(metric.name, {label: str(key), **const}, float(v))
+    s.add(catalog.INFO.name, {**const, **snapshot.info}, 1.0)
+    if baseline is None:
+        baseline = snapshot.baseline_tokens_per_second
+    for metric, current in (
+        (catalog.BASELINE_SEQUENCE_TOKENS, baseline),
+        (catalog.SAMPLING_INTERVAL, snapshot.sampling_interval),
+        (catalog.OVERHEAD_RATIO, snapshot.overhead_ratio),
+    ):
+        if current is not None:
+            s.add(metric.name, const, float(current))
+    return s
+
+
+def snapshot_delta(
+    new: Snapshot, old: Snapshot | None, elapsed_seconds: float, baseline: float | None = None
+) -> Delta:
+    """The :class:`Delta` between two reads of one observer (``old=None``: since it started),
+    ``elapsed_seconds`` apart; ``baseline`` replaces the baseline gauge (a measured one)."""
+    cur = Scrape(snapshot_series(new, baseline), elapsed_seconds)
+    prev = Scrape(Series() if old is None else snapshot_series(old), 0.0)
+    delta = difference(prev, cur)
+    if isinstance(delta, CounterReset):
+        # Another observer behind the same reader (a restart): count from its start.
+        delta = difference(Scrape(Series(), 0.0), cur)
+        assert isinstance(delta, Delta)
+    return delta
