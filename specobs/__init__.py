@@ -20,22 +20,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from specobs._aggregation import HistogramData, Snapshot
 from specobs._errors import (
     ConfigurationError,
     MissingDependencyError,
     ObserverClosedError,
     SpecobsError,
 )
+from specobs._model import CycleHandle, Exemplar, HistogramData, ResolvedCycle, Snapshot
 from specobs._observer import Observer, configure
 from specobs._recorder import Cycle
-from specobs._resolver import ResolvedCycle
 from specobs._version import __version__
 from specobs.sinks import MemorySink, Sink
 
 __all__ = [
     "ConfigurationError",
     "Cycle",
+    "CycleHandle",
+    "Exemplar",
     "HistogramData",
     "MemorySink",
     "MissingDependencyError",

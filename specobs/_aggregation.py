@@ -1,6 +1,9 @@
 """The one aggregation every sink reads: fixed-bucket histograms, counters and gauges.
 
-Only the resolver thread writes it, in batches, under ``lock``. Sinks read a consistent copy with
+Only this class writes its state, under its own lock, through its methods: the resolver applies a
+validated chunk (:meth:`Aggregation.apply`) and the sampling figures; sinks count their CPU and
+their losses (:meth:`add_cpu`, :meth:`count_dropped`); the observer sets the request gauges. It is
+the :class:`~specobs.sinks.MetricSource` sinks are given. Readers take a consistent copy with
 :meth:`Aggregation.snapshot`, so a Prometheus scrape and an OTLP export taken at the same moment
 report the same numbers. Bucket boundaries and names come from :mod:`specobs.catalog`.
 """
@@ -11,23 +14,15 @@ import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from specobs import catalog
+from specobs._model import BatchAcceptance, Exemplar, HistogramData, Snapshot
 
-__all__ = ["Aggregation", "Exemplar", "HistogramData", "Snapshot"]
+if TYPE_CHECKING:
+    from specobs._model import ResolvedCycle
 
-CLOCKS: tuple[str, ...] = ("gpu", "host")
-
-
-@dataclass(frozen=True)
-class Exemplar:
-    """A traced observation attached to one histogram bucket (OpenMetrics exemplar)."""
-
-    value: float
-    trace_id: str
-    span_id: str
-    timestamp_seconds: float
+__all__ = ["Aggregation"]
 
 
 class _Histogram:
@@ -66,98 +61,9 @@ class _Histogram:
         )
 
 
-@dataclass(frozen=True)
-class HistogramData:
-    """A histogram read back: per-bucket (non-cumulative) counts, the +Inf bucket last."""
-
-    bounds: tuple[float, ...]
-    counts: tuple[int, ...]
-    sum: float
-    count: int
-    exemplars: tuple[Exemplar | None, ...] = ()
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        """``(le, cumulative count)`` pairs as Prometheus exposes them, ``+Inf`` last."""
-        out: list[tuple[float, int]] = []
-        acc = 0
-        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            acc += n
-            out.append((bound, acc))
-        return out
-
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A consistent read of the aggregation. Tests and sinks read values from here."""
-
-    phases: tuple[str, ...]
-    max_draft_length: int
-    labels: dict[str, str]
-    info: dict[str, str]
-    cycles_total: int
-    draft_tokens_total: int
-    accepted_tokens_total: int
-    emitted_tokens_total: int
-    sampled_cycles_total: int
-    phase_histograms: dict[tuple[str, str], HistogramData]
-    cycle_histograms: dict[str, HistogramData]
-    accept_length: HistogramData
-    drafted_by_position: tuple[int, ...]
-    batch_size: HistogramData
-    last_cycle_timestamp_seconds: float | None
-    baseline_tokens_per_second: float | None
-    requests_running: float | None
-    requests_waiting: float | None
-    dropped: dict[str, int]
-    errors: dict[str, int]
-    cpu_seconds: dict[str, float]
-    sampling_interval: int
-    overhead_ratio: float
-    created_unix_seconds: float = 0.0
-    extra: dict[str, float] = field(default_factory=dict)
-
-    def phase(self, phase: str, clock: str) -> HistogramData:
-        """The ``specobs_phase_duration_seconds{phase, clock}`` histogram."""
-        return self.phase_histograms[(phase, clock)]
-
-    def phase_count(self, phase: str, clock: str) -> int:
-        return self.phase_histograms[(phase, clock)].count
-
-    def phase_seconds_sum(self, phase: str, clock: str) -> float:
-        return self.phase_histograms[(phase, clock)].sum
-
-    def cycle_count(self, clock: str) -> int:
-        return self.cycle_histograms[clock].count
-
-    def cycle_seconds_sum(self, clock: str) -> float:
-        return self.cycle_histograms[clock].sum
-
-    @property
-    def accepted_by_position(self) -> tuple[int, ...]:
-        """Accepted draft tokens at each draft position: sequences whose accept length > i.
-
-        Derived exactly from the accept-length histogram, whose buckets are the integers 0..k+1.
-        """
-        counts = self.accept_length.counts
-        out = []
-        for i in range(self.max_draft_length):
-            out.append(sum(counts[i + 1 : self.max_draft_length + 1]))
-        return tuple(out)
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """Accepted / drafted tokens, or ``None`` before anything was drafted."""
-        if self.draft_tokens_total == 0:
-            return None
-        return self.accepted_tokens_total / self.draft_tokens_total
-
-    def dropped_total(self) -> int:
-        return sum(self.dropped.values())
-
-
 class Aggregation:
-    """Histograms and counters for one observer; written by its resolver only."""
+    """Histograms and counters for one observer. Every write goes through a method, under
+    ``_lock``; nothing outside this class touches its state."""
 
     def __init__(
         self,
@@ -166,23 +72,30 @@ class Aggregation:
         labels: dict[str, str] | None = None,
         info: dict[str, str] | None = None,
         baseline_tokens_per_second: float | None = None,
+        created_unix_nano: int | None = None,
     ) -> None:
-        self.lock = threading.Lock()
+        self._lock = threading.Lock()
         self.phases = tuple(phases)
         self.max_draft_length = max_draft_length
         self.labels = dict(labels or {})
         self.info = dict(info or {})
         self.baseline_tokens_per_second = baseline_tokens_per_second
+        self._zero(time.time_ns() if created_unix_nano is None else created_unix_nano)
+        #: Bumped by every change applied: a sink may cache what it rendered from a snapshot
+        #: until this moves (the Prometheus endpoint does).
+        self.generation = 0
+
+    def _zero(self, created_unix_nano: int) -> None:
         buckets = catalog.DURATION_BUCKETS_SECONDS
-        # Indexed [clock][phase index] so the resolver's inner loop does no dict lookups.
+        # Indexed [phase index] so the resolver's chunk is applied without dict lookups.
         self.phase_gpu = [_Histogram(buckets) for _ in self.phases]
         self.phase_host = [_Histogram(buckets) for _ in self.phases]
         self.cycle_gpu = _Histogram(buckets)
         self.cycle_host = _Histogram(buckets)
-        self.accept_length = _Histogram(catalog.accept_length_buckets(max_draft_length))
+        self.accept_length = _Histogram(catalog.accept_length_buckets(self.max_draft_length))
         self.batch_size = _Histogram(catalog.BATCH_SIZE_BUCKETS)
         # Sequences by draft length k (0..max): drafted-by-position is derived from it.
-        self.drafted_by_k = [0] * (max_draft_length + 1)
+        self.drafted_by_k = [0] * (self.max_draft_length + 1)
         self.cycles = 0
         self.draft_tokens = 0
         self.accepted_tokens = 0
@@ -193,36 +106,143 @@ class Aggregation:
         self.requests_waiting: float | None = None
         self.dropped: dict[str, int] = dict.fromkeys(catalog.DROP_REASONS, 0)
         self.errors: dict[str, int] = dict.fromkeys(catalog.ERROR_KINDS, 0)
-        self.cpu_seconds: dict[str, float] = {"hot_path": 0.0, "resolver": 0.0}
+        components = getattr(self, "cpu_seconds", None) or ("hot_path", "resolver")
+        self.cpu_seconds: dict[str, float] = dict.fromkeys(components, 0.0)
         self.sampling_interval = 1
         self.overhead_ratio = 0.0
-        self.created_unix_seconds = time.time()
-        #: Bumped under ``lock`` by every change the resolver applies: a sink may cache what it
-        #: rendered from a snapshot until this moves (the Prometheus endpoint does).
-        self.generation = 0
+        self.created_unix_nano = created_unix_nano
 
-    def reset(self) -> None:
-        """Start every total from zero with a new creation time (a forked child's own series:
-        OpenMetrics ``_created`` and OTLP start times move, so consumers see a new series,
-        not a counter going down). Labels, info, phases and the baseline stay."""
-        fresh = Aggregation(self.phases, self.max_draft_length, self.labels, self.info,
-                            self.baseline_tokens_per_second)
-        generation = self.generation
-        components = set(self.cpu_seconds)
-        keep = {"lock", "labels", "info", "phases", "max_draft_length"}
-        for name, value in vars(fresh).items():
-            if name not in keep:
-                setattr(self, name, value)
-        self.cpu_seconds = dict.fromkeys(components, 0.0)
-        self.generation = generation + 1
+    # -- writes (any thread; each one under the lock) ---------------------------------------------
+    def after_fork_in_child(self) -> None:
+        """In a forked child: a new lock (the parent's may have been held at the fork), and every
+        total from zero with a new creation time (OpenMetrics ``_created`` and OTLP start times
+        move, so consumers see a new series, not a counter going down). Labels, info, phases,
+        the baseline and the CPU components stay."""
+        self._lock = threading.Lock()
+        with self._lock:
+            self._zero(time.time_ns())
+            self.generation += 1
 
     def add_cpu(self, component: str, seconds: float) -> None:
-        with self.lock:
+        """Count ``seconds`` of thread CPU ``component`` spent (``specobs_exporter_cpu_time``)."""
+        with self._lock:
             self.cpu_seconds[component] = self.cpu_seconds.get(component, 0.0) + seconds
 
+    def count_dropped(self, reason: str, n: int) -> None:
+        """Count ``n`` records, spans or exports lost for ``reason`` (a catalog drop reason)."""
+        if n <= 0:
+            return
+        with self._lock:
+            self.dropped[reason] = self.dropped.get(reason, 0) + n
+            self.generation += 1
+
+    def count(self, dropped: dict[str, int], errors: dict[str, int]) -> None:
+        """Add counts of drops and errors by reason and kind (the recorder's, folded in)."""
+        if not dropped and not errors:
+            return
+        with self._lock:
+            self._count(dropped, errors)
+            self.generation += 1
+
+    def _count(self, dropped: dict[str, int], errors: dict[str, int]) -> None:
+        for reason, n in dropped.items():
+            self.dropped[reason] = self.dropped.get(reason, 0) + n
+        for kind, n in errors.items():
+            self.errors[kind] = self.errors.get(kind, 0) + n
+
+    def set_requests(self, running: float | None, waiting: float | None) -> None:
+        """Set the request gauges (validated numbers; ``None`` leaves a gauge as it is)."""
+        with self._lock:
+            if running is not None:
+                self.requests_running = running
+            if waiting is not None:
+                self.requests_waiting = waiting
+            self.generation += 1
+
+    def set_sampling(self, interval: int, overhead_ratio: float | None,
+                     hot_path_seconds: float) -> None:
+        """The adaptive sampler's state after a chunk, and the event records' measured cost."""
+        with self._lock:
+            if hot_path_seconds:
+                self.cpu_seconds["hot_path"] = self.cpu_seconds.get("hot_path", 0.0) + (
+                    hot_path_seconds
+                )
+            self.sampling_interval = interval
+            if overhead_ratio is not None:
+                self.overhead_ratio = overhead_ratio
+
+    def apply(
+        self,
+        *,
+        dropped: dict[str, int],
+        errors: dict[str, int],
+        cycles: int,
+        host_phase_seconds: list[list[float]],
+        host_cycle_seconds: list[float],
+        gpu_phase_seconds: list[list[float]],
+        gpu_cycle_seconds: list[float],
+        acceptance: BatchAcceptance | None,
+        accept_length_counts: list[int],
+        batch_sizes: list[int],
+        last_cycle_timestamp: float | None,
+        traced: list[ResolvedCycle],
+    ) -> None:
+        """Add one resolved chunk: validated numbers only, so nothing here can raise on input
+        and a chunk is applied whole. Columns are per phase (seconds); ``accept_length_counts``
+        counts sequences by accepted length (0..k)."""
+        with self._lock:
+            self._count(dropped, errors)
+            self.cycles += cycles
+            for i, column in enumerate(host_phase_seconds):
+                self.phase_host[i].observe_many(column)
+            self.cycle_host.observe_many(host_cycle_seconds)
+            if gpu_cycle_seconds:
+                self.sampled_cycles += len(gpu_cycle_seconds)
+                for i, column in enumerate(gpu_phase_seconds):
+                    self.phase_gpu[i].observe_many(column)
+                self.cycle_gpu.observe_many(gpu_cycle_seconds)
+            if acceptance is not None:
+                self.draft_tokens += acceptance.drafted
+                self.accepted_tokens += acceptance.accepted
+                self.emitted_tokens += acceptance.emitted
+                al = self.accept_length
+                counts = al.counts
+                for value, n in enumerate(accept_length_counts):
+                    if n:
+                        counts[value] += n
+                al.sum += acceptance.accepted
+                dbk = self.drafted_by_k
+                for k, n in acceptance.sequences_by_draft_length.items():
+                    dbk[k] += n
+            if batch_sizes:
+                self.batch_size.observe_many(batch_sizes)
+            if last_cycle_timestamp is not None:
+                self.last_cycle_timestamp = last_cycle_timestamp
+            for r in traced:
+                self._exemplars(r)
+            self.generation += 1
+
+    def _exemplars(self, r: ResolvedCycle) -> None:
+        # GPU-timed cycles put exemplars on the GPU-clock histograms, host-only ones on the host's.
+        if r.trace_id is None or r.span_id is None:
+            return
+        if r.gpu_ns is not None:
+            durations, phases, cycle = r.gpu_ns, self.phase_gpu, self.cycle_gpu
+        else:
+            durations, phases, cycle = r.host_ns, self.phase_host, self.cycle_host
+        when = r.end_wall_ns
+        span_ids = r.phase_span_ids or []
+        for i, ns in enumerate(durations):
+            h = phases[i]
+            v = ns * 1e-9  # the same float the histogram counted
+            h.exemplars[h.bucket(v)] = Exemplar(v, r.trace_id, span_ids[i], when)
+        v = sum(durations) * 1e-9
+        cycle.exemplars[cycle.bucket(v)] = Exemplar(v, r.trace_id, r.span_id, when)
+
+    # -- reads ---------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         """Copy everything under the lock: O(buckets), a few microseconds."""
-        with self.lock:
+        with self._lock:
             phase_h: dict[tuple[str, str], HistogramData] = {}
             for i, p in enumerate(self.phases):
                 phase_h[(p, "gpu")] = self.phase_gpu[i].freeze()
@@ -253,6 +273,5 @@ class Aggregation:
                 cpu_seconds=dict(self.cpu_seconds),
                 sampling_interval=self.sampling_interval,
                 overhead_ratio=self.overhead_ratio,
-                created_unix_seconds=self.created_unix_seconds,
+                created_unix_nano=self.created_unix_nano,
             )
-

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specobs._aggregation import Aggregation, Snapshot
+from specobs._aggregation import Aggregation
 from specobs._config import (
     Settings,
     exit_timeout_seconds,
@@ -26,7 +26,8 @@ from specobs._config import (
     resolve_settings,
 )
 from specobs._errors import ConfigurationError, ObserverClosedError
-from specobs._recorder import Cycle, Recorder, _NullCycle
+from specobs._model import CycleHandle, Snapshot
+from specobs._recorder import Cycle, Recorder
 from specobs._resolver import Resolver
 from specobs._version import __version__ as _version
 from specobs.sinks._base import Sink
@@ -138,6 +139,8 @@ class Observer:
                 "integration": settings.integration,
             },
             baseline_tokens_per_second=settings.baseline_tokens_per_second,
+            # Cumulative series start when the observer was created (OTLP start time, _created).
+            created_unix_nano=self.anchor.wall_ns,
         )
         self._recorder = Recorder(
             settings.phases,
@@ -161,8 +164,6 @@ class Observer:
             want_traces=any(s.wants_traces for s in self.sinks),
             want_cycles=any(s.wants_cycles for s in self.sinks),
         )
-        # Cumulative series start when the observer was created (OTLP start_time_unix_nano).
-        self.aggregation.created_unix_seconds = self.anchor.wall_ns / 1e9
         self._recorder.wake = self._resolver.wake
         # The hot path skips one call layer: ``obs.begin`` *is* the recorder's bound method.
         # The methods below stay for documentation, and a subclass that overrides them keeps
@@ -174,7 +175,7 @@ class Observer:
         attached: list[Sink] = []
         try:
             for sink in self.sinks:
-                sink.attach(self)
+                sink.attach(self.aggregation)
                 attached.append(sink)
         except BaseException:
             # A later sink failed (a taken port, say): stop the ones already started, or their
@@ -191,11 +192,11 @@ class Observer:
             _install_fork_hook()
 
     # -- hot path ------------------------------------------------------------------------------
-    def begin(self, batch_size: int | None = None) -> Cycle | _NullCycle:
+    def begin(self, batch_size: int | None = None) -> CycleHandle:
         """Start a cycle (and its first phase). Returns the cycle; also kept as ``current``."""
         return self._recorder.begin(batch_size)
 
-    def cycle(self, batch_size: int | None = None) -> Cycle | _NullCycle:
+    def cycle(self, batch_size: int | None = None) -> CycleHandle:
         """``begin`` for use as a context manager: the cycle ends when the block exits."""
         return self._recorder.begin(batch_size)
 
@@ -248,7 +249,7 @@ class Observer:
         rec = self._recorder
         if not rec.enabled:
             return
-        agg = self.aggregation
+        valid: dict[str, float] = {}
         for name, value in (("running", running), ("waiting", waiting)):
             if value is None:
                 continue
@@ -261,10 +262,9 @@ class Observer:
                 rec.misuse("bad_request_counts", f"set_requests({name}=...) must be a count "
                            f">= 0, got {value!r:.80}; ignored")
                 continue
-            if name == "running":
-                agg.requests_running = v
-            else:
-                agg.requests_waiting = v
+            valid[name] = v
+        if valid:
+            self.aggregation.set_requests(valid.get("running"), valid.get("waiting"))
 
     def refresh_stream(self) -> None:
         """Look up the current CUDA stream again, after the engine switched streams."""

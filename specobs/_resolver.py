@@ -16,26 +16,25 @@ resolver never waits for the GPU.
 from __future__ import annotations
 
 import logging
-import operator
 import random
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Sequence
 from itertools import repeat, starmap
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from specobs import sampling
-from specobs._aggregation import Exemplar
+from specobs._acceptance import batch_acceptance, resolved_acceptance
+from specobs._model import ResolvedCycle
 
 if TYPE_CHECKING:
     from specobs._aggregation import Aggregation
     from specobs._recorder import Cycle, Recorder
-    from specobs.sinks import Sink
+    from specobs.sinks._base import Sink
     from specobs.timing import WallAnchor
 
-__all__ = ["ResolvedCycle", "Resolver"]
+__all__ = ["Resolver"]
 
 #: Records resolved in the first GIL hold of a new resolver; after that the count follows the
 #: measured length of each hold (see ``drain``): doubled after a full slice under half of
@@ -61,60 +60,6 @@ YIELD_SECONDS = 20e-6
 HOST_STAMP_NS = 300
 
 _log = logging.getLogger("specobs")
-
-
-class ResolvedCycle:
-    """A cycle after resolution: durations in nanoseconds, counts, and trace ids if traced."""
-
-    __slots__ = (
-        "accept_lengths",
-        "accepted",
-        "batch_size",
-        "drafted",
-        "drafted_shape",
-        "emitted",
-        "end_wall_ns",
-        "gpu_ns",
-        "host_ns",
-        "index",
-        "phase_span_ids",
-        "phases",
-        "span_id",
-        "start_wall_ns",
-        "trace_id",
-    )
-
-    def __init__(self) -> None:
-        self.index = 0
-        self.phases: tuple[str, ...] = ()
-        self.start_wall_ns = 0
-        self.end_wall_ns = 0
-        self.host_ns: list[int] = []
-        self.gpu_ns: list[int] | None = None
-        self.batch_size: int | None = None
-        self.drafted = 0
-        self.accepted = 0
-        self.emitted = 0
-        self.accept_lengths: list[int] | None = None
-        # Per-sequence draft lengths, or (k, sequences) when every sequence drafted k.
-        self.drafted_shape: list[int] | tuple[int, int] | None = None
-        self.trace_id: int | None = None
-        self.span_id: int | None = None
-        self.phase_span_ids: list[int] | None = None
-
-    @property
-    def host_cycle_ns(self) -> int:
-        return sum(self.host_ns)
-
-    @property
-    def gpu_cycle_ns(self) -> int | None:
-        return None if self.gpu_ns is None else sum(self.gpu_ns)
-
-    def __repr__(self) -> str:
-        return (
-            f"ResolvedCycle(index={self.index}, host_ns={self.host_ns}, gpu_ns={self.gpu_ns}, "
-            f"batch_size={self.batch_size}, drafted={self.drafted}, accepted={self.accepted})"
-        )
 
 
 class Resolver:
@@ -157,9 +102,6 @@ class Resolver:
         self._cost_ewma = 0.0
         self._cycle_ewma = 0.0
         self._folded: dict[str, int] = {}
-        #: bytes.translate deletion tables: deleting the bytes 0..k from a column of accepted
-        #: lengths leaves exactly the values above k (a whole column checked at C speed).
-        self._upto = [bytes(range(k + 1)) for k in range(aggregation.max_draft_length + 1)]
         #: Longest single hold of the GIL by this resolver's work (thread CPU nanoseconds of
         #: one slice, between two points where it releases the GIL), for benchmarks.
         self.max_hold_ns = 0
@@ -202,8 +144,7 @@ class Resolver:
         rec.queue.clear()
         self.consumed = rec.enqueued - rec.dropped_queue_full
         rec.dropped_records.clear()
-        self.agg.lock = threading.Lock()
-        self.agg.reset()
+        self.agg.after_fork_in_child()
         # What the recorder counted before the fork belongs to the parent: fold from here on.
         self._folded = {
             "event_pool_exhausted": rec.dropped_pool,
@@ -214,8 +155,7 @@ class Resolver:
         }
         self._cost_ewma = 0.0
         self._cycle_ewma = 0.0
-        with self.agg.lock:
-            self.agg.dropped["fork"] += lost
+        self.agg.count_dropped("fork", lost)
         rec.current = None
         if start:
             self.start()
@@ -285,8 +225,7 @@ class Resolver:
             lost = len(self.backlog) + len(self.rec.queue)
             self.backlog.clear()
             self.rec.queue.clear()
-            with self.agg.lock:
-                self.agg.dropped["shutdown"] += lost
+            self.agg.count_dropped("shutdown", lost)
         for sink in self.sinks:
             try:
                 sink.shutdown(max(0.0, deadline - time.monotonic()))
@@ -319,8 +258,7 @@ class Resolver:
                         self.max_hold_ns = cpu
                     if cpu > 100_000:
                         self.long_holds += 1
-                    with self.agg.lock:
-                        self.agg.cpu_seconds["resolver"] += cpu / 1e9
+                    self.agg.add_cpu("resolver", cpu / 1e9)
                     self.consumed += taken_box[0]
             self.slices += 1
             if n:
@@ -397,13 +335,9 @@ class Resolver:
             _log.exception("specobs: resolver error; %d records dropped: %r", len(ready), exc)
             for c in ready:
                 self._release(c)
-            with self.agg.lock:
-                self.agg.dropped["resolver_error"] = (
-                    self.agg.dropped.get("resolver_error", 0) + len(ready)
-                )
-                self.agg.dropped["queue_full"] += dropped_full
-                self.agg.errors["internal"] = self.agg.errors.get("internal", 0) + 1
-                self.agg.generation += 1
+            self.agg.count(
+                {"resolver_error": len(ready), "queue_full": dropped_full}, {"internal": 1}
+            )
             return 0
         if out:
             for sink in self.sinks:
@@ -450,16 +384,15 @@ class Resolver:
         head = self.head_rate
         slow = self.slow_ns
         rng = self._rng
-        anchor_wall = self.anchor.wall_ns - self.anchor.perf_ns
+        anchor_wall = self.anchor.offset_ns
         phases = rec.phases
         nph = len(phases)
         out: list[ResolvedCycle] = []
         if not ready:
-            with agg.lock:
-                self._fold(agg)
-                agg.dropped["queue_full"] += dropped_full
-                if dropped_full:
-                    agg.generation += 1
+            dropped, errors = self._fold()
+            if dropped_full:
+                dropped["queue_full"] = dropped.get("queue_full", 0) + dropped_full
+            agg.count(dropped, errors)
             return out
 
         # -- stage 1: compute and validate (nothing shared is written) -----------------------
@@ -501,13 +434,15 @@ class Resolver:
         gpu_phase_cols = [[g[i] * 1e-9 for g in gcols] for i in range(nph)] if gcols else []
         gpu_cycle = [v * 1e-9 for v in gpu_sums]
 
-        accs, batches = self._acceptance_batch(ready)
+        k_max = agg.max_draft_length
+        accs, batches = batch_acceptance(ready, k_max, rec.misuse)
         column = b""
         if accs is not None:
             # Validated ints in 0..max_draft_length (<= 64): as bytes, each count below is a
             # C-speed scan (10x faster than list.count on this column).
-            column = accs[0] if type(accs[0]) is bytes else bytes(accs[0])
-        counts_by_value = [column.count(v) for v in range(agg.max_draft_length + 1)]
+            lengths = accs.lengths
+            column = lengths if type(lengths) is bytes else bytes(lengths)
+        counts_by_value = [column.count(v) for v in range(k_max + 1)]
 
         traced: list[int] = []
         if trace:
@@ -533,7 +468,7 @@ class Resolver:
             r.host_ns = [ts[i + 1] - ts[i] for i in range(nph)]
             r.gpu_ns = gpu_of.get(j)
             r.batch_size = c._batch
-            a = self._resolved_acceptance(c) if accs is not None else None
+            a = resolved_acceptance(c, k_max) if accs is not None else None
             if a is not None:
                 r.accept_lengths, r.accepted, r.drafted, r.emitted, r.drafted_shape = a
                 if r.batch_size is None:
@@ -545,338 +480,29 @@ class Resolver:
             out.append(r)
         last_ts = (anchor_wall + tss[-1][-1]) / 1e9
 
-        # -- stage 2: apply (validated numbers only; nothing here can raise on input) --------
-        with agg.lock:
-            self._fold(agg)
-            agg.dropped["queue_full"] += dropped_full
-            agg.cycles += len(ready)
-            for i in range(nph):
-                agg.phase_host[i].observe_many(host_cols[i])
-            agg.cycle_host.observe_many(cycle_host)
-            if gcols:
-                agg.sampled_cycles += len(gcols)
-                for i in range(nph):
-                    agg.phase_gpu[i].observe_many(gpu_phase_cols[i])
-                agg.cycle_gpu.observe_many(gpu_cycle)
-            if accs is not None:
-                _, accepted, drafted, emitted, k_counts = accs
-                agg.draft_tokens += drafted
-                agg.accepted_tokens += accepted
-                agg.emitted_tokens += emitted
-                al = agg.accept_length
-                counts = al.counts
-                for value, n in enumerate(counts_by_value):
-                    if n:
-                        counts[value] += n
-                al.sum += accepted
-                dbk = agg.drafted_by_k
-                for kk, n in k_counts.items():
-                    dbk[kk] += n
-            if batches:
-                agg.batch_size.observe_many(batches)
-            agg.last_cycle_timestamp = last_ts
-            for r in out:
-                if r.trace_id is not None:
-                    self._exemplars(agg, r)
-            agg.generation += 1
+        # -- stage 2: apply (validated numbers only; nothing there can raise on input) -----
+        dropped, errors = self._fold()
+        if dropped_full:
+            dropped["queue_full"] = dropped.get("queue_full", 0) + dropped_full
+        agg.apply(
+            dropped=dropped,
+            errors=errors,
+            cycles=len(ready),
+            host_phase_seconds=host_cols,
+            host_cycle_seconds=cycle_host,
+            gpu_phase_seconds=gpu_phase_cols,
+            gpu_cycle_seconds=gpu_cycle,
+            acceptance=accs,
+            accept_length_counts=counts_by_value,
+            batch_sizes=batches,
+            last_cycle_timestamp=last_ts,
+            traced=[r for r in out if r.trace_id is not None],
+        )
         self._adapt(cost, len(gpu_of), sum(totals) / len(ready))
         return out
 
-    def _acceptance_batch(
-        self, ready: list[Cycle]
-    ) -> tuple[tuple[list[int] | bytes, int, int, int, dict[int, int]] | None, list[int]]:
-        """Acceptance of a whole batch (see ``_acceptance_each``), by columns when it can.
-
-        The common case -- every cycle gave a list, one integer draft length for all, the
-        default emitted count -- is read with C-level ``map``/``set``/``bytes`` over the whole
-        slice, with no Python work per cycle or per sequence: ``bytes()`` rejects a non-int or
-        a value outside 0..255 anywhere, and deleting the bytes 0..k (``translate``) leaves
-        exactly the values above the draft length. Anything else, or any bad value, goes to
-        the per-cycle path, which counts it against its own cycle only.
-        """
-        try:
-            fast = self._acceptance_columns(ready)
-        except (TypeError, ValueError, OverflowError, AttributeError):
-            fast = None
-        return fast if fast is not None else self._acceptance_each(ready)
-
-    def _acceptance_columns(
-        self, ready: list[Cycle]
-    ) -> tuple[tuple[bytes, int, int, int, dict[int, int]], list[int]] | None:
-        accs = list(map(_GET_ACC, ready))
-        if set(map(type, accs)) != _LIST_ONLY:
-            return None
-        if set(map(_GET_EMITTED, ready)) != _NONE_ONLY:  # a list there raises TypeError
-            return None
-        dls = set(map(_GET_DRAFT_LEN, ready))
-        if len(dls) != 1:
-            return None
-        k_max = self.agg.max_draft_length
-        (k,) = dls
-        if k is None:
-            k = k_max
-        elif type(k) is not int or not 0 <= k <= k_max:
-            return None
-        # One bytes() per cycle, joined: 35 % cheaper than bytes() over a chained iterator at
-        # batch 64 (it can presize from each list); either raises on a bad element.
-        column = b"".join(map(bytes, accs))
-        if column.translate(None, self._upto[k]):  # a value above the draft length
-            return None
-        lens = list(map(len, accs))
-        sequences = len(column)
-        given = list(map(_GET_BATCH, ready))
-        if given.count(None) == len(given):
-            batches = lens
-        else:
-            batches = [n if b is None else b for n, b in zip(lens, given, strict=True)]
-            if not _batches_ok(batches):
-                return None
-        accepted = 0
-        for v in range(1, k + 1):
-            accepted += v * column.count(v)
-        return (column, accepted, k * sequences, accepted + sequences, {k: sequences}), batches
-
-    def _acceptance_each(
-        self, ready: list[Cycle]
-    ) -> tuple[tuple[list[int] | bytes, int, int, int, dict[int, int]] | None, list[int]]:
-        """Acceptance of a whole batch: (concatenated lengths, accepted, drafted, emitted,
-        sequences by draft length) and the batch sizes, all validated.
-
-        The common case — a list of ints with one integer draft length and the default emitted
-        count — is validated once for the whole batch with C-level builtins over the
-        concatenation (``bytes()`` rejects any non-int or value outside 0..255 anywhere in it,
-        ``min``/``max`` bound it by the draft length); only if that fails, or for other inputs,
-        is each cycle validated on its own, so a bad value costs only its own cycle's
-        acceptance. Batch sizes get the same treatment: a column check, then per cycle.
-        """
-        k_max = self.agg.max_draft_length
-        fast_lengths: list[int] = []
-        fast: list[Cycle] = []
-        k_counts: dict[int, int] = {}
-        k_min = k_max
-        slow: list[Cycle] = []
-        batches: list[int] = []
-        for c in ready:
-            acc = c._acc
-            c._resolved_acc = None
-            if acc is None and c._acc_copy is None:
-                if c._batch is not None:
-                    batches.append(c._batch)
-                continue
-            dl = c._draft_len  # set by accept(), with _acc / _acc_copy
-            if dl is not None and type(dl) is not int:
-                dl = c._draft_len = _as_scalar_count(dl)  # numpy / torch scalars; else as was
-            if type(acc) is list and (dl is None or type(dl) is int) and c._emitted is None:
-                k = k_max if dl is None else dl
-                n = len(acc)
-                fast_lengths += acc
-                fast.append(c)
-                k_counts[k] = k_counts.get(k, 0) + n
-                if k < k_min:
-                    k_min = k
-                batches.append(n if c._batch is None else c._batch)
-            else:
-                slow.append(c)
-        all_lengths: list[int] | bytes = []
-        accepted = drafted = emitted = 0
-        if fast:
-            ok = k_min >= 0 and max(k_counts) <= k_max
-            column = b""
-            if ok and fast_lengths:
-                try:
-                    column = bytes(fast_lengths)  # TypeError / ValueError on any bad element
-                    # Deleting the bytes 0..k_min leaves the values above it.
-                    ok = not column.translate(None, self._upto[k_min])
-                except (TypeError, ValueError):
-                    ok = False
-            if ok:
-                all_lengths = column
-                accepted = sum(column)
-                drafted = sum(k * n for k, n in k_counts.items())
-                emitted = accepted + len(column)
-            else:  # someone sent bad values: find and count them one by one
-                k_counts = {}
-                slow = fast + slow
-        if slow:
-            merged = list(all_lengths)
-            for c in slow:
-                a = self._acceptance_of(c)
-                c._resolved_acc = a
-                if a is None:
-                    c._acc = None  # invalid and counted: not shown on the resolved cycle either
-                    continue
-                lengths, acc_n, dr, em, shape = a
-                merged += lengths
-                accepted += acc_n
-                drafted += dr
-                emitted += em
-                if isinstance(shape, tuple):
-                    k_counts[shape[0]] = k_counts.get(shape[0], 0) + shape[1]
-                else:
-                    for kk in shape:
-                        k_counts[kk] = k_counts.get(kk, 0) + 1
-            all_lengths = merged
-        if slow or not _batches_ok(batches):
-            batches = self._batches(ready)
-        if not all_lengths and not k_counts:
-            return None, batches
-        return (all_lengths, accepted, drafted, emitted, k_counts), batches
-
-    def _batches(self, ready: list[Cycle]) -> list[int]:
-        """Batch size of each cycle that has one (given, or the number of sequences whose
-        acceptance is valid), validated one by one; a bad given size is counted and dropped
-        (the cycle stays). Used only when the column check of the fast path failed."""
-        batches: list[int] = []
-        for c in ready:
-            b = c._batch
-            if b is not None:
-                v = _as_batch(b)
-                if v is None:
-                    self.rec.misuse(
-                        "bad_batch_size",
-                        f"batch_size must be an integer between 0 and {_MAX_BATCH}, got {b!r}; "
-                        f"the cycle is kept without a batch size",
-                    )
-                c._batch = v
-                if v is not None:
-                    batches.append(v)
-                continue
-            a = getattr(c, "_resolved_acc", None)  # set only by the per-cycle path
-            if a is not None:
-                batches.append(len(a[0]))
-            elif type(c._acc) is list:
-                batches.append(len(c._acc))
-        return batches
-
-    def _resolved_acceptance(
-        self, c: Cycle
-    ) -> tuple[list[int], int, int, int, list[int] | tuple[int, int]] | None:
-        """The per-cycle view of acceptance for a ResolvedCycle (after _acceptance_batch)."""
-        a: tuple[list[int], int, int, int, list[int] | tuple[int, int]] | None = getattr(
-            c, "_resolved_acc", None
-        )  # set only by the per-cycle path
-        if a is not None:
-            return a
-        acc = c._acc
-        if type(acc) is list:
-            dl = c._draft_len
-            k = self.agg.max_draft_length if dl is None else dl
-            n = sum(acc)
-            return acc, n, k * len(acc), n + len(acc), (k, len(acc))
-        return None
-
-    def _acceptance_of(
-        self, c: Cycle
-    ) -> tuple[list[int], int, int, int, list[int] | tuple[int, int]] | None:
-        """Validated acceptance of one cycle, or None (nothing given, or bad and counted).
-
-        Whatever the caller passed, this never raises: a value that cannot be read as counts
-        costs this cycle's acceptance and one ``errors{kind="bad_acceptance"}``.
-        """
-        try:
-            return self._acceptance_of_unchecked(c)
-        except Exception as exc:
-            self.rec.misuse("bad_acceptance", f"could not read the acceptance: {exc!r}")
-            return None
-
-    def _acceptance_of_unchecked(
-        self, c: Cycle
-    ) -> tuple[list[int], int, int, int, list[int] | tuple[int, int]] | None:
-        acc = c._acc
-        copy = c._acc_copy
-        if copy is not None:
-            c._acc_copy = None
-            try:
-                acc = copy.read()
-            except Exception as exc:
-                self.rec.misuse("bad_acceptance", f"could not read the copied acceptance: {exc!r}")
-                return None
-        if acc is None:
-            return None
-        k_max = self.agg.max_draft_length
-        if type(acc) is not list and not _is_sequence(acc):
-            self.rec.misuse(
-                "bad_acceptance",
-                f"accepted lengths must be a sequence of integers (list, tuple, array, tensor), "
-                f"got {type(acc).__name__}",
-            )
-            return None
-        try:
-            lengths = [_as_count(a) for a in acc]
-        except (TypeError, ValueError, OverflowError):
-            self.rec.misuse("bad_acceptance", f"accepted lengths must be integers >= 0, got "
-                            f"{_short(acc)}")
-            return None
-        lo = min(lengths, default=0)
-        hi = max(lengths, default=0)
-        dl = c._draft_len
-        if dl is None:
-            dl = k_max
-        per_seq_k: list[int] | None = None
-        if type(dl) is int:
-            k = dl
-            drafted = dl * len(lengths)
-            ok = 0 <= dl <= k_max
-        else:
-            try:
-                per_seq_k = [_as_count(x) for x in dl] if _is_sequence(dl) else []
-            except (TypeError, ValueError, OverflowError):
-                per_seq_k = []
-            k = max(per_seq_k, default=0)
-            drafted = sum(per_seq_k)
-            ok = len(per_seq_k) == len(lengths) and min(per_seq_k, default=0) >= 0 and k <= k_max
-        if not ok:
-            self.rec.misuse(
-                "bad_acceptance",
-                f"draft_length must be an int (or one per sequence) between 0 and "
-                f"max_draft_length={k_max}, got {_short(dl)} for {len(lengths)} sequences",
-            )
-            return None
-        if lo < 0 or hi > k:
-            self.rec.misuse(
-                "bad_acceptance",
-                f"accepted lengths must be between 0 and the draft length {k}, got "
-                f"min={lo} max={hi}",
-            )
-            return None
-        if per_seq_k is not None and any(a > b for a, b in zip(lengths, per_seq_k, strict=False)):
-            self.rec.misuse("bad_acceptance", "an accepted length exceeds its draft length")
-            return None
-        accepted = sum(lengths)
-        em = c._emitted
-        emitted = accepted + len(lengths)
-        if em is not None:
-            try:
-                got = sum(_as_count(x) for x in em) if _is_sequence(em) else _as_count(em)
-            except (TypeError, ValueError, OverflowError):
-                got = -1
-            if got < 0:
-                self.rec.misuse("bad_acceptance", f"emitted must be a count >= 0, got "
-                                f"{_short(em)}; the default (accepted + 1 per sequence) is used")
-            else:
-                emitted = got
-        shape: list[int] | tuple[int, int] = (
-            per_seq_k if per_seq_k is not None else (k, len(lengths))
-        )
-        return lengths, accepted, drafted, emitted, shape
-
-    def _exemplars(self, agg: Aggregation, r: ResolvedCycle) -> None:
-        # GPU-timed cycles put exemplars on the GPU-clock histograms, host-only ones on the host's.
-        if r.gpu_ns is not None:
-            durations, phases, cycle = r.gpu_ns, agg.phase_gpu, agg.cycle_gpu
-        else:
-            durations, phases, cycle = r.host_ns, agg.phase_host, agg.cycle_host
-        trace_id = f"{r.trace_id:032x}"
-        when = r.end_wall_ns / 1e9
-        span_ids = r.phase_span_ids or []
-        for i, ns in enumerate(durations):
-            h = phases[i]
-            v = ns * 1e-9  # the same float the histogram counted
-            h.exemplars[h.bucket(v)] = Exemplar(v, trace_id, f"{span_ids[i]:016x}", when)
-        v = sum(durations) * 1e-9
-        cycle.exemplars[cycle.bucket(v)] = Exemplar(v, trace_id, f"{r.span_id:016x}", when)
-
-    def _fold(self, agg: Aggregation) -> None:
+    def _fold(self) -> tuple[dict[str, int], dict[str, int]]:
+        """What the recorder counted since the last fold: drops by reason, errors by kind."""
         rec = self.rec
         cur = {
             "event_pool_exhausted": rec.dropped_pool,
@@ -884,17 +510,20 @@ class Resolver:
             "misuse": rec.discarded,
             "queue_full": rec.dropped_queue_full,
         }
+        dropped: dict[str, int] = {}
         for key, value in cur.items():
             prev = self._folded.get(key, 0)
             if value != prev:
-                agg.dropped[key] += value - prev
+                dropped[key] = value - prev
                 self._folded[key] = value
+        errors: dict[str, int] = {}
         for kind, value in list(rec.errors.items()):
             key = "err:" + kind
             prev = self._folded.get(key, 0)
             if value != prev:
-                agg.errors[kind] = agg.errors.get(kind, 0) + value - prev
+                errors[kind] = value - prev
                 self._folded[key] = value
+        return dropped, errors
 
     def _adapt(self, cost: int, n_sampled: int, mean_cycle: float) -> None:
         if self._n_acc:
@@ -909,102 +538,15 @@ class Resolver:
             rec.interval = sampling.adaptive_interval(
                 self._cost_ewma, self._cycle_ewma, self.budget
             )
-        with self.agg.lock:
-            if n_sampled:
-                self.agg.cpu_seconds["hot_path"] += cost / 1e9
-            self.agg.sampling_interval = rec.interval
-            if self._cycle_ewma > 0:
-                # What the worker loses per cycle: event records on sampled cycles (measured on
-                # the hot path), host stamps (an estimate per boundary), and the resolver's own
-                # CPU per record, which shares the GIL with the worker.
-                per_cycle = (
-                    self._cost_ewma / max(rec.interval, 1)
-                    + HOST_STAMP_NS * (rec.nphases + 1)
-                    + self._record_ns
-                )
-                self.agg.overhead_ratio = per_cycle / self._cycle_ewma
-
-
-_GET_ACC = attrgetter("_acc")
-_GET_EMITTED = attrgetter("_emitted")
-_GET_DRAFT_LEN = attrgetter("_draft_len")
-_GET_BATCH = attrgetter("_batch")
-_LIST_ONLY = {list}
-_NONE_ONLY = {None}
-
-#: Largest batch size counted; anything above is a caller's bug, not a batch.
-_MAX_BATCH = 1 << 31
-#: Most sequences one cycle's acceptance may hold (bounds the resolver's work per cycle).
-_MAX_SEQUENCES = 1 << 20
-
-
-def _is_sequence(x: Any) -> bool:
-    """A finite, ordered collection of per-sequence values: list, tuple, range, array, tensor.
-
-    Not a string, a mapping (``{1: 2}`` would count its keys), a set (unordered, deduplicated)
-    or an iterator (it could be endless, and the resolver must finish its chunk).
-    """
-    if isinstance(x, (str, bytes, bytearray, Mapping, Set)):
-        return False
-    try:
-        n = len(x)
-    except Exception:
-        return False
-    return isinstance(n, int) and n <= _MAX_SEQUENCES and hasattr(x, "__getitem__")
-
-
-def _as_count(a: Any) -> int:
-    """An integer count from an int, an integral float, or a numpy/torch integer scalar.
-
-    Raises ValueError for bools, NaN, infinities, fractions and anything else.
-    """
-    if type(a) is int:
-        return a
-    if isinstance(a, bool):
-        raise ValueError(f"not an integer count: {a!r}")
-    try:
-        return operator.index(a)  # numpy integers, 0-d integer tensors
-    except TypeError:
-        pass
-    if isinstance(a, float) and a.is_integer():  # also rejects NaN and infinities
-        return int(a)
-    raise ValueError(f"not an integer count: {a!r}")
-
-
-def _batches_ok(batches: list[Any]) -> bool:
-    """Whether every batch size is an int in 0.._MAX_BATCH, with C-level builtins only: a float
-    anywhere makes the sum a float, a string or None makes it raise."""
-    try:
-        return type(sum(batches)) is int and (
-            not batches or (min(batches) >= 0 and max(batches) <= _MAX_BATCH)
-        )
-    except (TypeError, ValueError):
-        return False
-
-
-def _as_scalar_count(dl: Any) -> Any:
-    """A numpy or torch integer scalar ``draft_length`` as an int; anything else unchanged
-    (a per-sequence sequence, or a bad value that per-cycle validation counts)."""
-    if isinstance(dl, bool) or _is_sequence(dl):
-        return dl
-    try:
-        return _as_count(dl)
-    except Exception:
-        return dl
-
-
-def _as_batch(b: Any) -> int | None:
-    try:
-        v = _as_count(b)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return v if 0 <= v <= _MAX_BATCH else None
-
-
-def _short(x: Any) -> str:
-    """A bounded repr for log messages (a caller's value may be huge)."""
-    try:
-        text = repr(x)
-    except Exception:
-        text = f"<{type(x).__name__}>"
-    return text if len(text) <= 80 else text[:77] + "..."
+        overhead: float | None = None
+        if self._cycle_ewma > 0:
+            # What the worker loses per cycle: event records on sampled cycles (measured on the
+            # hot path), host stamps (an estimate per boundary), and the resolver's own CPU per
+            # record, which shares the GIL with the worker.
+            per_cycle = (
+                self._cost_ewma / max(rec.interval, 1)
+                + HOST_STAMP_NS * (rec.nphases + 1)
+                + self._record_ns
+            )
+            overhead = per_cycle / self._cycle_ewma
+        self.agg.set_sampling(rec.interval, overhead, cost / 1e9 if n_sampled else 0.0)

@@ -13,7 +13,7 @@ exporter: ``specobs.phase.duration`` with unit ``s`` is ``specobs_phase_duration
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
@@ -107,6 +107,7 @@ class Metric:
     ``unit`` is a UCUM unit as OpenTelemetry writes it (``s``, ``1``, ``{token}``).
     ``buckets`` are the explicit histogram boundaries (upper bounds, +Inf implied); ``None`` for
     the accept-length histogram, whose boundaries depend on the configured draft length.
+    ``self_metric``: about specobs itself, not the engine.
     """
 
     otel_name: str
@@ -116,8 +117,9 @@ class Metric:
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] | None = None
     self_metric: bool = False
-    notes: str = ""
-    _extra: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    #: A gauge that has no value until something sets it (no cycle yet, no baseline configured,
+    #: the engine never reported its requests): left out of every export until then.
+    optional: bool = False
 
     @property
     def name(self) -> str:
@@ -245,25 +247,29 @@ INFO = Metric(
 LAST_CYCLE_TIMESTAMP = Metric(
     "specobs.last_cycle.timestamp", "gauge", "s",
     "Unix time at which the most recent cycle ended.",
+    optional=True,
 )  # fmt: skip
 BASELINE_SEQUENCE_TOKENS = Metric(
     "specobs.baseline.sequence_tokens", "gauge", "{token}/s",
     "Non-speculative decode rate of one sequence (tokens/s) at the batch size served, the "
     "baseline speculation must beat; label source says who measured it. Absent when there is none.",
-    notes="Configured (`SPECOBS_BASELINE_TOKENS_PER_SECOND`): no `source` label, which the "
-    "recording rules read as `source=\"configured\"`. Measured by the engine: `source` names how "
-    "(`specobs demo`: `demo_measured`, plain decode steps of the served batch between cycles).",
+    optional=True,
 )  # fmt: skip
+# Configured (``SPECOBS_BASELINE_TOKENS_PER_SECOND``): no ``source`` label, which the recording
+# rules read as ``source="configured"``. Measured by the engine: ``source`` names how (``specobs
+# demo``: ``demo_measured``, plain decode steps of the served batch between cycles).
 #: The ``source`` of a baseline gauge that has no ``source`` label: set by configuration
 #: (``SPECOBS_BASELINE_TOKENS_PER_SECOND``), not measured by the engine.
 BASELINE_SOURCE_CONFIGURED = "configured"
 REQUESTS_RUNNING = Metric(
     "specobs.requests.running", "gauge", "{request}",
     "Requests being decoded, as reported by the engine.",
+    optional=True,
 )  # fmt: skip
 REQUESTS_WAITING = Metric(
     "specobs.requests.waiting", "gauge", "{request}",
     "Requests waiting to be scheduled, as reported by the engine.",
+    optional=True,
 )  # fmt: skip
 DROPPED_RECORDS = Metric(
     "specobs.exporter.dropped_records", "counter", "{record}",

@@ -136,13 +136,11 @@ def test_self_reported_cpu_counts_encoding_and_http_not_only_collect():
         return iter(out)
 
     collector.collect = timed_collect
-    with agg.lock:
-        before = agg.cpu_seconds.get("prometheus", 0.0)
+    before = agg.snapshot().cpu_seconds.get("prometheus", 0.0)
     for _ in range(30):
         scrape(sink.url)
     time.sleep(0.1)  # the endpoint hands its CPU over after each turn of its loop
-    with agg.lock:
-        reported = agg.cpu_seconds["prometheus"] - before
+    reported = agg.snapshot().cpu_seconds["prometheus"] - before
     # The whole request (collect, encode, HTTP) is counted: more than collect() alone.
     assert collect_only > 0
     assert reported > collect_only * 1.2

@@ -157,17 +157,18 @@ def test_a_resolver_bug_drops_its_chunk_counted_and_flush_still_works(monkeypatc
     for _ in range(5):
         cycle(obs, GOOD, draft_length=K)
     assert obs.force_flush(5)
-    resolver = obs._resolver
-    real = resolver._acceptance_batch
+    from specobs import _resolver
+
+    real = _resolver.batch_acceptance
     calls = {"n": 0}
 
-    def broken(ready):
+    def broken(*args):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("boom")
-        return real(ready)
+        return real(*args)
 
-    monkeypatch.setattr(resolver, "_acceptance_batch", broken)
+    monkeypatch.setattr(_resolver, "batch_acceptance", broken)
     for _ in range(7):
         cycle(obs, GOOD, draft_length=K)
     t0 = time.monotonic()

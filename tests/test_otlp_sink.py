@@ -243,7 +243,7 @@ def test_metrics_are_the_snapshot_under_the_catalog_names(
     assert {r.transport for r in otlp_receiver.requests(signal="metrics")} == {
         transport_of(protocol)
     }
-    created_ns = int(snap.created_unix_seconds * 1e9)
+    created_ns = snap.created_unix_nano
 
     def hist_points(m: catalog.Metric) -> dict[frozenset[tuple[str, Any]], Any]:
         metric = received[m.otel_name]

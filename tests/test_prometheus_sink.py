@@ -20,45 +20,86 @@ from tests._prometheus_server import free_port, promtool
 GOLDEN = Path(__file__).parent / "golden"
 
 
-def fixed_observer(registry):
-    """An observer whose aggregation holds exactly known values (no clocks involved)."""
-    sink = specobs.PrometheusSink(registry=registry)
-    obs = specobs.configure(sinks=[sink], clock="host", max_draft_length=2,
-                            labels={"model": "m", "engine": "e"}, baseline_tokens_per_second=40.0)
-    agg = obs.aggregation
-    with agg.lock:
-        agg.info["version"] = "X"
-        agg.created_unix_seconds = 1699999990.0  # counters carry it as _created
-        agg.phase_host[0].counts[6] = 3  # draft, (0.0005, 0.001]
-        agg.phase_host[0].sum = 0.0024
-        agg.phase_gpu[1].counts[9] = 2  # verify, (0.005, 0.01]
-        agg.phase_gpu[1].sum = 0.016
-        agg.cycle_host.counts[10] = 3
-        agg.cycle_host.sum = 0.05
-        agg.cycles = 3
-        agg.draft_tokens = 12
-        agg.accepted_tokens = 7
-        agg.emitted_tokens = 13
-        agg.sampled_cycles = 2
-        agg.accept_length.counts[:] = [1, 1, 4, 0, 0]
-        agg.accept_length.sum = 9
-        agg.drafted_by_k[2] = 6
-        agg.batch_size.counts[1] = 3
-        agg.batch_size.sum = 6
-        agg.last_cycle_timestamp = 1700000000.5
-        agg.requests_waiting = 1.0
-        agg.requests_running = 2.0
-        agg.dropped["queue_full"] = 4
-        agg.errors["wrong_phase_order"] = 1
-        agg.cpu_seconds.clear()
-        agg.cpu_seconds.update({"hot_path": 0.25, "resolver": 0.5})
-        agg.sampling_interval = 4
-        agg.overhead_ratio = 0.002
-        from specobs._aggregation import Exemplar
+def _hist(bounds, counts_at, total):
+    counts = [0] * (len(bounds) + 1)
+    exemplars = [None] * (len(bounds) + 1)
+    for index, value in counts_at.items():
+        if isinstance(value, tuple):
+            value, exemplars[index] = value
+        counts[index] = value
+    return specobs.HistogramData(tuple(bounds), tuple(counts), total, sum(counts),
+                                 tuple(exemplars))
 
-        agg.phase_gpu[1].exemplars[9] = Exemplar(0.008, "0" * 31 + "1", "0" * 15 + "2",
-                                                 1700000000.25)
-    return obs, sink
+
+def fixed_snapshot() -> specobs.Snapshot:
+    """A snapshot of exactly known values, written as data (no observer, no clocks)."""
+    d = catalog.DURATION_BUCKETS_SECONDS
+    phases = ("draft", "verify", "bookkeeping")
+    empty = _hist(d, {}, 0.0)
+    phase = {(p, c): empty for p in phases for c in ("gpu", "host")}
+    phase[("draft", "host")] = _hist(d, {6: 3}, 0.0024)  # (0.0005, 0.001]
+    exemplar = specobs.Exemplar(0.008, 1, 2, 1_700_000_000_250_000_000)
+    phase[("verify", "gpu")] = _hist(d, {9: (2, exemplar)}, 0.016)  # (0.005, 0.01]
+    return specobs.Snapshot(
+        phases=phases, max_draft_length=2, labels={"model": "m", "engine": "e"},
+        info={"version": "X", "phases": ",".join(phases), "gpu_clock": "none",
+              "sampling": "adaptive_0.005", "integration": "manual"},
+        cycles_total=3, draft_tokens_total=12, accepted_tokens_total=7, emitted_tokens_total=13,
+        sampled_cycles_total=2, phase_histograms=phase,
+        cycle_histograms={"gpu": empty, "host": _hist(d, {10: 3}, 0.05)},
+        accept_length=_hist(catalog.accept_length_buckets(2), {0: 1, 1: 1, 2: 4}, 9.0),
+        drafted_by_position=(6, 6), batch_size=_hist(catalog.BATCH_SIZE_BUCKETS, {1: 3}, 6.0),
+        last_cycle_timestamp_seconds=1700000000.5, baseline_tokens_per_second=40.0,
+        requests_running=2.0, requests_waiting=1.0,
+        dropped={**dict.fromkeys(catalog.DROP_REASONS, 0), "queue_full": 4},
+        errors={**dict.fromkeys(catalog.ERROR_KINDS, 0), "wrong_phase_order": 1},
+        cpu_seconds={"hot_path": 0.25, "resolver": 0.5}, sampling_interval=4,
+        overhead_ratio=0.002, created_unix_nano=1_699_999_990_000_000_000,
+    )
+
+
+class FixedSource:
+    """A MetricSource serving one snapshot; counts what sinks write back."""
+
+    def __init__(self, snapshot: specobs.Snapshot) -> None:
+        self.snap = snapshot
+        self.generation = 0
+        self.cpu: dict[str, float] = {}
+        self.dropped: dict[str, int] = {}
+
+    def snapshot(self) -> specobs.Snapshot:
+        return self.snap
+
+    def add_cpu(self, component: str, seconds: float) -> None:
+        self.cpu[component] = self.cpu.get(component, 0.0) + seconds
+
+    def count_dropped(self, reason: str, n: int) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + n
+
+
+def fixed_observer(registry):
+    """A Prometheus sink over :func:`fixed_snapshot` (the observer-shaped return kept for the
+    tests below: ``obs.shutdown()`` stops the sink)."""
+    source = FixedSource(fixed_snapshot())
+    sink = specobs.PrometheusSink(registry=registry)
+    sink.attach(source)
+
+    class _Handle:
+        def shutdown(self) -> None:
+            sink.shutdown(1.0)
+
+    handle = _Handle()
+    handle.source = source  # type: ignore[attr-defined]
+    return handle, sink
+
+
+def test_the_sinks_source_is_a_protocol_the_aggregation_implements():
+    from specobs.sinks import MetricSource
+
+    obs = specobs.configure(sinks=[], clock="host")
+    assert isinstance(obs.aggregation, MetricSource)
+    assert isinstance(FixedSource(fixed_snapshot()), MetricSource)
+    obs.shutdown()
 
 
 def strip_scrape_cpu(text: str) -> str:
@@ -104,9 +145,7 @@ def test_the_endpoint_serves_prometheus_client_bytes_from_its_cache(accept):
     obs, sink = fixed_observer(registry)
     encoder, _ = choose_encoder(accept)
     for _ in range(2):  # a cold and a warm cache
-        with obs.aggregation.lock:
-            obs.aggregation.generation += 1
-            obs.aggregation.cycles += 1
+        obs.source.generation += 1
         _, ctype, body, _ = sink._render(accept, "")
         assert strip_cpu(body.decode()) == strip_cpu(encoder(registry).decode())
     assert sink.renders == 2

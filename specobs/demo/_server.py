@@ -507,7 +507,7 @@ def _metrics_registry(observer: Any) -> Any:
     from specobs.sinks.prometheus import SnapshotCollector
 
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(SnapshotCollector(observer))  # type: ignore[arg-type]
+    registry.register(SnapshotCollector(observer.aggregation))
     return registry
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from specobs.sinks._base import Sink
+from specobs.sinks._base import MetricSource, Sink
 from specobs.sinks.memory import MemorySink
 
-__all__ = ["MemorySink", "OtlpSink", "PrometheusSink", "Sink"]
+__all__ = ["MemorySink", "MetricSource", "OtlpSink", "PrometheusSink", "Sink"]
 
 
 def __getattr__(name: str) -> Any:

@@ -5,13 +5,9 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from specobs._model import ResolvedCycle, Snapshot
 from specobs.sinks._base import Sink
-
-if TYPE_CHECKING:
-    from specobs._aggregation import Snapshot
-    from specobs._resolver import ResolvedCycle
 
 __all__ = ["MemorySink"]
 
@@ -54,7 +50,7 @@ class MemorySink(Sink):
 
     def snapshot(self) -> Snapshot:
         """The attached observer's aggregation (call ``observer.force_flush()`` first)."""
-        return self.observer.snapshot()
+        return self.source.snapshot()
 
     def shutdown(self, timeout_seconds: float) -> None:
         self.shut_down = True

@@ -74,34 +74,21 @@ Configuration
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any
 
-from specobs import catalog
 from specobs._errors import ConfigurationError, require
-from specobs._version import __version__
-from specobs.sinks._base import Sink
+from specobs._model import ResolvedCycle, Snapshot
+from specobs.sinks._base import MetricSource, Sink
 
 require("opentelemetry.sdk", feature="OTLP export", extra="otlp")
 
-from opentelemetry.sdk.metrics import Exemplar as OtelExemplar  # noqa: E402
 from opentelemetry.sdk.metrics.export import (  # noqa: E402
-    AggregationTemporality,
-    Gauge,
-    Histogram,
-    HistogramDataPoint,
-    Metric,
     MetricExporter,
     MetricExportResult,
-    MetricsData,
-    NumberDataPoint,
-    ResourceMetrics,
-    ScopeMetrics,
-    Sum,
 )
 from opentelemetry.sdk.resources import Resource  # noqa: E402
 from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402
@@ -110,72 +97,26 @@ from opentelemetry.sdk.trace.export import (  # noqa: E402
     SpanExporter,
     SpanExportResult,
 )
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope  # noqa: E402
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags  # noqa: E402
 
-if TYPE_CHECKING:
-    from specobs._aggregation import Aggregation, HistogramData, Snapshot
-    from specobs._observer import Observer
-    from specobs._resolver import ResolvedCycle
+from specobs.sinks._otlp_config import (  # noqa: E402
+    OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
+    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+    make_metric_exporter,
+    make_span_exporter,
+    positive_seconds,
+    resolve_protocol,
+)
+from specobs.sinks._otlp_data import cycle_spans, metrics_data  # noqa: E402
 
 __all__ = ["OtlpSink"]
 
 _log = logging.getLogger("specobs")
-
-OtlpProtocol = Literal["grpc", "http/protobuf"]
-PROTOCOLS: tuple[str, ...] = ("grpc", "http/protobuf")
-
-OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
-"""OTLP transport for both signals: ``grpc`` (default, as the Python SDK) or ``http/protobuf``."""
-
-OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
-"""OTLP transport for spans; overrides ``OTEL_EXPORTER_OTLP_PROTOCOL``."""
-
-OTEL_EXPORTER_OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
-"""OTLP transport for metrics; overrides ``OTEL_EXPORTER_OTLP_PROTOCOL``."""
 
 DEFAULT_EXPORT_INTERVAL_SECONDS = 10.0
 DEFAULT_MAX_QUEUE_SIZE = 2048
 _MAX_EXPORT_BATCH_SIZE = 512
 # How often the span processor exports without being asked (it also wakes when a batch fills).
 _SPAN_SCHEDULE_DELAY_MILLIS = 1000.0
-
-_SCOPE = InstrumentationScope("specobs", __version__)
-# OTLP's histogram min/max are optional; the aggregation does not track them, so they are left
-# unset (the protobuf encoder treats None as "not present").
-_UNSET = cast(float, None)
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_CUMULATIVE = AggregationTemporality.CUMULATIVE
-
-
-def _protocol(name: str, value: str) -> OtlpProtocol:
-    v = value.strip().lower()
-    if v not in PROTOCOLS:
-        raise ConfigurationError(
-            f"{name} must be 'grpc' or 'http/protobuf', got {value!r}. "
-            f"(OTLP over http/json is not supported.)"
-        )
-    return cast(OtlpProtocol, v)
-
-
-def _resolve_protocol(arg: str | None, signal_var: str, env: Mapping[str, str]) -> OtlpProtocol:
-    if arg is not None:
-        return _protocol("protocol", arg)
-    for var in (signal_var, OTEL_EXPORTER_OTLP_PROTOCOL):
-        raw = env.get(var)
-        if raw is not None and raw.strip():
-            return _protocol(var, raw)
-    return "grpc"
-
-
-def _positive(name: str, value: object) -> float:
-    try:
-        v = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ConfigurationError(f"{name} must be a number of seconds > 0, got {value!r}") from None
-    if not (v > 0 and math.isfinite(v)):
-        raise ConfigurationError(f"{name} must be a number of seconds > 0, got {value!r}")
-    return v
 
 
 class _CountingSpanExporter(SpanExporter):
@@ -310,17 +251,20 @@ class OtlpSink(Sink):
                 f"endpoint must be a URL such as 'http://localhost:4317', got {endpoint!r}"
             )
         self.endpoint = None if endpoint is None else endpoint.strip()
-        self.traces_protocol = _resolve_protocol(
+        self.traces_protocol = resolve_protocol(
             protocol, OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, environ
         )
-        self.metrics_protocol = _resolve_protocol(
+        self.metrics_protocol = resolve_protocol(
             protocol, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, environ
         )
         self.headers = None if headers is None else dict(headers)
         self.timeout_seconds = (
-            None if timeout_seconds is None else _positive("timeout_seconds", timeout_seconds)
+            None if timeout_seconds is None
+            else positive_seconds("timeout_seconds", timeout_seconds)
         )
-        self.export_interval_seconds = _positive("export_interval_seconds", export_interval_seconds)
+        self.export_interval_seconds = positive_seconds(
+            "export_interval_seconds", export_interval_seconds
+        )
         self.max_queue_size = max_queue_size
         self.wants_traces = bool(traces)
         self.metrics = bool(metrics)
@@ -345,7 +289,6 @@ class OtlpSink(Sink):
         self._processor: BatchSpanProcessor | None = None
         self._metric_exporter: MetricExporter | None = None
         self._exporters_shut = False
-        self._start_ns = 0
         self._init_thread_state()
 
     def _init_thread_state(self) -> None:
@@ -358,23 +301,18 @@ class OtlpSink(Sink):
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def attach(self, observer: Observer) -> None:
+    def attach(self, source: MetricSource) -> None:
         if self._attached:
             raise ConfigurationError(
                 "this OtlpSink is already attached to an observer; create one sink per observer"
             )
-        super().attach(observer)
+        super().attach(source)
         self._attached = True
-        agg = observer.aggregation
-        with agg.lock:
-            agg.cpu_seconds.setdefault("otlp", 0.0)
-        snap_created = observer.snapshot().created_unix_seconds
-        self._start_ns = (
-            int(snap_created * 1e9) if snap_created > 0 else int(observer.anchor.wall_ns)
-        )
+        source.add_cpu("otlp", 0.0)  # the component is exported from the start, at zero
         try:
             if self.wants_traces:
-                inner = self._make_span_exporter()
+                inner = make_span_exporter(
+                    self.traces_protocol, self.endpoint, self.headers, self.timeout_seconds)
                 self._span_exporter = _CountingSpanExporter(inner, self)
                 self._processor = BatchSpanProcessor(
                     self._span_exporter,
@@ -383,7 +321,8 @@ class OtlpSink(Sink):
                     max_export_batch_size=min(_MAX_EXPORT_BATCH_SIZE, self.max_queue_size),
                 )
             if self.metrics:
-                self._metric_exporter = self._make_metric_exporter()
+                self._metric_exporter = make_metric_exporter(
+                    self.metrics_protocol, self.endpoint, self.headers, self.timeout_seconds)
         except ConfigurationError:
             raise
         except Exception as exc:
@@ -392,49 +331,6 @@ class OtlpSink(Sink):
                 f"and arguments: {exc}"
             ) from exc
         self._start_thread()
-
-    def _signal_endpoint(self, protocol: OtlpProtocol, path: str) -> str | None:
-        if self.endpoint is None:
-            return None  # the exporter reads the per-signal and the general variable itself
-        if protocol == "grpc":
-            return self.endpoint
-        return f"{self.endpoint.rstrip('/')}/{path}"
-
-    def _make_span_exporter(self) -> SpanExporter:
-        endpoint = self._signal_endpoint(self.traces_protocol, "v1/traces")
-        if self.traces_protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-                OTLPSpanExporter as GrpcSpanExporter,
-            )
-
-            return GrpcSpanExporter(
-                endpoint=endpoint, headers=self.headers, timeout=self.timeout_seconds
-            )
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-            OTLPSpanExporter as HttpSpanExporter,
-        )
-
-        return HttpSpanExporter(
-            endpoint=endpoint, headers=self.headers, timeout=self.timeout_seconds
-        )
-
-    def _make_metric_exporter(self) -> MetricExporter:
-        endpoint = self._signal_endpoint(self.metrics_protocol, "v1/metrics")
-        if self.metrics_protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-                OTLPMetricExporter as GrpcMetricExporter,
-            )
-
-            return GrpcMetricExporter(
-                endpoint=endpoint, headers=self.headers, timeout=self.timeout_seconds
-            )
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-            OTLPMetricExporter as HttpMetricExporter,
-        )
-
-        return HttpMetricExporter(
-            endpoint=endpoint, headers=self.headers, timeout=self.timeout_seconds
-        )
 
     def _start_thread(self) -> None:
         t = threading.Thread(target=self._run, name="specobs-otlp", daemon=True)
@@ -454,9 +350,11 @@ class OtlpSink(Sink):
             return
         try:
             if self._span_exporter is not None:
-                self._span_exporter.reset_in_child(self._make_span_exporter())
+                self._span_exporter.reset_in_child(make_span_exporter(
+                    self.traces_protocol, self.endpoint, self.headers, self.timeout_seconds))
             if self._metric_exporter is not None:
-                self._metric_exporter = self._make_metric_exporter()
+                self._metric_exporter = make_metric_exporter(
+                    self.metrics_protocol, self.endpoint, self.headers, self.timeout_seconds)
         except Exception as exc:
             _log.warning("specobs: forked child (pid %d) cannot export by OTLP: %r",
                          os.getpid(), exc)
@@ -465,7 +363,6 @@ class OtlpSink(Sink):
         self._submitted = 0
         self._failed_span_batches = 0
         self._exporters_shut = False
-        self._start_ns = int(self.observer.snapshot().created_unix_seconds * 1e9)
         self._init_thread_state()
         self._start_thread()
 
@@ -539,7 +436,7 @@ class OtlpSink(Sink):
                 refused += need
                 continue
             room -= need
-            spans.extend(self._cycle_spans(r))
+            spans.extend(cycle_spans(r, self.resource))
         if spans:
             with self._lock:
                 # shutdown() may have counted the in-flight spans meanwhile: count these here.
@@ -553,82 +450,14 @@ class OtlpSink(Sink):
         if refused:
             self._count_dropped("span_export", refused)
 
-    def _cycle_spans(self, r: ResolvedCycle) -> list[ReadableSpan]:
-        trace_id = r.trace_id
-        assert trace_id is not None and r.span_id is not None
-        host = r.host_ns
-        durations = r.gpu_ns if r.gpu_ns is not None and len(r.gpu_ns) == len(host) else None
-        clock = "gpu" if durations is not None else "host"
-        if durations is None:
-            durations = host
-        parent_ctx = SpanContext(trace_id, r.span_id, is_remote=False, trace_flags=_SAMPLED)
-        start = r.start_wall_ns
-        attrs: dict[str, Any] = {
-            "specobs.cycle.index": r.index,
-            "specobs.clock": clock,
-            "specobs.host_duration_ns": sum(host),
-        }
-        if r.batch_size is not None:
-            attrs["specobs.batch_size"] = r.batch_size
-        if r.accept_lengths is not None:
-            attrs["specobs.draft_tokens"] = r.drafted
-            attrs["specobs.accepted_tokens"] = r.accepted
-            attrs["specobs.emitted_tokens"] = r.emitted
-        resource = self.resource
-        out: list[ReadableSpan] = []
-        ids = r.phase_span_ids
-        t = start
-        for i, phase in enumerate(r.phases[: len(durations)]):
-            end = t + durations[i]
-            child_id = ids[i] if ids is not None and i < len(ids) else (r.span_id ^ (i + 1)) or 1
-            out.append(
-                ReadableSpan(
-                    name=phase,
-                    context=SpanContext(trace_id, child_id, is_remote=False, trace_flags=_SAMPLED),
-                    parent=parent_ctx,
-                    resource=resource,
-                    attributes={
-                        "specobs.clock": clock,
-                        "specobs.cycle.index": r.index,
-                        "specobs.host_duration_ns": host[i],
-                    },
-                    kind=SpanKind.INTERNAL,
-                    start_time=t,
-                    end_time=end,
-                    instrumentation_scope=_SCOPE,
-                )
-            )
-            t = end
-        parent = ReadableSpan(
-            name="specobs.cycle",
-            context=parent_ctx,
-            parent=None,
-            resource=resource,
-            attributes=attrs,
-            kind=SpanKind.INTERNAL,
-            start_time=start,
-            end_time=t,
-            instrumentation_scope=_SCOPE,
-        )
-        return [parent, *out]
-
     # -- accounting (any thread) -----------------------------------------------------------------
-    def _aggregation(self) -> Aggregation:
-        return self.observer.aggregation
-
     def _count_dropped(self, reason: str, n: int) -> None:
-        if n <= 0:
-            return
-        agg = self._aggregation()
-        with agg.lock:
-            agg.dropped[reason] = agg.dropped.get(reason, 0) + n
+        self.source.count_dropped(reason, n)
 
     def _exported_spans(self, n: int, ok: bool, cpu_ns: int) -> None:
-        agg = self._aggregation()
-        with agg.lock:
-            if not ok:
-                agg.dropped["span_export"] = agg.dropped.get("span_export", 0) + n
-            agg.cpu_seconds["otlp"] = agg.cpu_seconds.get("otlp", 0.0) + cpu_ns / 1e9
+        if not ok:
+            self.source.count_dropped("span_export", n)
+        self.source.add_cpu("otlp", cpu_ns / 1e9)
         if not ok:
             with self._lock:
                 self._failed_span_batches += 1
@@ -691,7 +520,7 @@ class OtlpSink(Sink):
             with self._lock:
                 self._metrics_exporting = True
             try:
-                data = self.metrics_data(self.observer.snapshot())
+                data = self.metrics_data(self.source.snapshot())
                 # The exporter bounds the call itself (its timeout covers the retries).
                 result = exporter.export(data)
                 metrics_ok = result is MetricExportResult.SUCCESS
@@ -701,12 +530,9 @@ class OtlpSink(Sink):
             with self._lock:
                 self._metrics_exporting = False
                 counted = self._metrics_abandoned  # shutdown() counted it when it gave up
-            cpu = time.thread_time_ns() - t0
-            agg = self._aggregation()
-            with agg.lock:
-                agg.cpu_seconds["otlp"] = agg.cpu_seconds.get("otlp", 0.0) + cpu / 1e9
-                if not metrics_ok and not counted:
-                    agg.dropped["metric_export"] = agg.dropped.get("metric_export", 0) + 1
+            self.source.add_cpu("otlp", (time.thread_time_ns() - t0) / 1e9)
+            if not metrics_ok and not counted:
+                self.source.count_dropped("metric_export", 1)
             ok = ok and metrics_ok
         return ok
 
@@ -723,101 +549,9 @@ class OtlpSink(Sink):
             except Exception as exc:
                 _log.warning("specobs: OTLP metric exporter shutdown failed: %r", exc)
 
-    # -- metrics ---------------------------------------------------------------------------------
-    def metrics_data(self, s: Snapshot, now_ns: int | None = None) -> MetricsData:
-        """The snapshot as OTLP metrics data (every catalog entry; see the module docstring)."""
-        now = time.time_ns() if now_ns is None else now_ns
-        start = self._start_ns or now
-        const = dict(s.labels)
-        out: list[Metric] = []
-
-        def attrs(**extra: str) -> dict[str, str]:
-            return {**const, **extra} if extra else const
-
-        def hist(m: catalog.Metric, points: list[tuple[dict[str, str], HistogramData]]) -> None:
-            out.append(
-                Metric(
-                    m.otel_name,
-                    m.help,
-                    m.unit,
-                    Histogram(
-                        [_hist_point(h, a, start, now) for a, h in points],
-                        _CUMULATIVE,
-                    ),
-                )
-            )
-
-        def counter(m: catalog.Metric, points: list[tuple[dict[str, str], int | float]]) -> None:
-            out.append(
-                Metric(
-                    m.otel_name,
-                    m.help,
-                    m.unit,
-                    Sum(
-                        [NumberDataPoint(a, start, now, v) for a, v in points],
-                        _CUMULATIVE,
-                        True,
-                    ),
-                )
-            )
-
-        def gauge(m: catalog.Metric, value: int | float | None, a: dict[str, str]) -> None:
-            if value is not None:
-                out.append(
-                    Metric(
-                        m.otel_name,
-                        m.help,
-                        m.unit,
-                        Gauge(
-                            [NumberDataPoint(a, start, now, value)],
-                        ),
-                    )
-                )
-
-        hist(
-            catalog.PHASE_DURATION,
-            [
-                (attrs(phase=p, clock=c), s.phase_histograms[(p, c)])
-                for p in s.phases
-                for c in ("gpu", "host")
-            ],
-        )
-        hist(
-            catalog.CYCLE_DURATION,
-            [(attrs(clock=c), s.cycle_histograms[c]) for c in ("gpu", "host")],
-        )
-        counter(catalog.CYCLES, [(attrs(), s.cycles_total)])
-        counter(catalog.DRAFT_TOKENS, [(attrs(), s.draft_tokens_total)])
-        counter(catalog.ACCEPTED_TOKENS, [(attrs(), s.accepted_tokens_total)])
-        counter(catalog.EMITTED_TOKENS, [(attrs(), s.emitted_tokens_total)])
-        hist(catalog.ACCEPT_LENGTH, [(attrs(), s.accept_length)])
-        counter(
-            catalog.ACCEPTED_BY_POSITION,
-            [(attrs(position=str(i)), v) for i, v in enumerate(s.accepted_by_position)],
-        )
-        counter(
-            catalog.DRAFTED_BY_POSITION,
-            [(attrs(position=str(i)), v) for i, v in enumerate(s.drafted_by_position)],
-        )
-        hist(catalog.BATCH_SIZE, [(attrs(), s.batch_size)])
-        gauge(catalog.INFO, 1, {**const, **s.info})
-        gauge(catalog.LAST_CYCLE_TIMESTAMP, s.last_cycle_timestamp_seconds, attrs())
-        gauge(catalog.BASELINE_SEQUENCE_TOKENS, s.baseline_tokens_per_second, attrs())
-        gauge(catalog.REQUESTS_RUNNING, s.requests_running, attrs())
-        gauge(catalog.REQUESTS_WAITING, s.requests_waiting, attrs())
-        counter(
-            catalog.DROPPED_RECORDS,
-            [(attrs(reason=r), s.dropped.get(r, 0)) for r in catalog.DROP_REASONS],
-        )
-        counter(catalog.SAMPLED_CYCLES, [(attrs(), s.sampled_cycles_total)])
-        gauge(catalog.SAMPLING_INTERVAL, s.sampling_interval, attrs())
-        gauge(catalog.OVERHEAD_RATIO, float(s.overhead_ratio), attrs())
-        counter(
-            catalog.EXPORTER_CPU,
-            [(attrs(component=c), float(v)) for c, v in sorted(s.cpu_seconds.items())],
-        )
-        counter(catalog.ERRORS, [(attrs(kind=k), s.errors.get(k, 0)) for k in catalog.ERROR_KINDS])
-        return MetricsData([ResourceMetrics(self.resource, [ScopeMetrics(_SCOPE, out, "")], "")])
+    def metrics_data(self, s: Snapshot, now_ns: int | None = None) -> Any:
+        """The snapshot as OTLP ``MetricsData`` (:func:`specobs.sinks._otlp_data.metrics_data`)."""
+        return metrics_data(s, self.resource, time.time_ns() if now_ns is None else now_ns)
 
     def __repr__(self) -> str:
         signals = "+".join(
@@ -828,31 +562,3 @@ class OtlpSink(Sink):
             f"<specobs.OtlpSink {signals} traces={self.traces_protocol} "
             f"metrics={self.metrics_protocol} endpoint={where}>"
         )
-
-
-def _hist_point(
-    h: HistogramData, attrs: dict[str, str], start: int, now: int
-) -> HistogramDataPoint:
-    exemplars = [
-        OtelExemplar(
-            None,
-            e.value,
-            int(e.timestamp_seconds * 1e9),
-            span_id=int(e.span_id, 16),
-            trace_id=int(e.trace_id, 16),
-        )
-        for e in h.exemplars
-        if e is not None
-    ]
-    return HistogramDataPoint(
-        attributes=attrs,
-        start_time_unix_nano=start,
-        time_unix_nano=now,
-        count=h.count,
-        sum=h.sum,
-        bucket_counts=list(h.counts),
-        explicit_bounds=list(h.bounds),
-        min=_UNSET,
-        max=_UNSET,
-        exemplars=exemplars,
-    )

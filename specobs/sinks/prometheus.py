@@ -32,13 +32,14 @@ import gzip
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import Any
 
-from specobs import catalog
+from specobs import _series
 from specobs._config import prometheus_addr, prometheus_port
 from specobs._errors import ConfigurationError, require
-from specobs.sinks._base import Sink
+from specobs._model import HistogramData, Snapshot
+from specobs.sinks._base import MetricSource, Sink
 
 require("prometheus_client", feature="The Prometheus sink", extra="prometheus")
 
@@ -56,10 +57,6 @@ from prometheus_client.samples import Exemplar as PromExemplar  # noqa: E402
 from specobs.sinks._exposition import CachedExposition  # noqa: E402
 from specobs.sinks._http import MetricsServer  # noqa: E402
 
-if TYPE_CHECKING:
-    from specobs._aggregation import HistogramData, Snapshot
-    from specobs._observer import Observer
-
 __all__ = ["PrometheusSink", "SnapshotCollector"]
 
 _log = logging.getLogger("specobs")
@@ -73,17 +70,14 @@ def _le(bound: float) -> str:
 
 def _buckets(h: HistogramData, with_exemplars: bool) -> list[Any]:
     out: list[Any] = []
-    acc = 0
-    bounds = (*h.bounds, float("inf"))
-    exemplars = h.exemplars if with_exemplars and h.exemplars else ()
-    for i, (bound, n) in enumerate(zip(bounds, h.counts, strict=True)):
-        acc += n
+    exemplars = h.exemplars if with_exemplars else ()
+    for i, (bound, acc) in enumerate(h.cumulative()):
         ex = exemplars[i] if i < len(exemplars) else None
         if ex is not None:
             out.append((
                 _le(bound), acc,
                 PromExemplar(
-                    {"trace_id": ex.trace_id, "span_id": ex.span_id}, ex.value,
+                    {"trace_id": ex.trace_id_hex, "span_id": ex.span_id_hex}, ex.value,
                     ex.timestamp_seconds,
                 ),
             ))
@@ -93,10 +87,12 @@ def _buckets(h: HistogramData, with_exemplars: bool) -> list[Any]:
 
 
 class SnapshotCollector:
-    """A ``prometheus_client`` collector over one observer's aggregation."""
+    """A ``prometheus_client`` collector over one :class:`MetricSource` (an observer's
+    aggregation): each ``collect()`` renders one snapshot through :func:`specobs._series.families`.
+    """
 
-    def __init__(self, observer: Observer, *, exemplars: bool = True) -> None:
-        self._observer = observer
+    def __init__(self, source: MetricSource, *, exemplars: bool = True) -> None:
+        self._source = source
         self._exemplars = exemplars
         # Set on a thread whose whole CPU time is already being counted (the endpoint thread,
         # the WSGI app): collect() then does not count its part a second time.
@@ -109,116 +105,42 @@ class SnapshotCollector:
 
     def collect(self) -> Iterator[Metric]:
         t0 = time.thread_time_ns()
-        snap = self._observer.snapshot()
-        families = list(self._families(snap))
+        families = list(self._families(self._source.snapshot()))
         if not getattr(self.outer, "counting", False):
-            _add_cpu(self._observer, (time.thread_time_ns() - t0) / 1e9)
+            self._source.add_cpu("prometheus", (time.thread_time_ns() - t0) / 1e9)
         yield from families
 
     def _families(self, s: Snapshot) -> Iterator[Metric]:
         const_keys = list(s.labels)
-        const_vals = [s.labels[k] for k in const_keys]
-        ex = self._exemplars
-
-        def hist(m: catalog.Metric, labels: Sequence[str]) -> HistogramMetricFamily:
-            return HistogramMetricFamily(
-                m.name, m.help, labels=[*labels, *const_keys], unit=""
-            )
-
+        const_vals = list(s.labels.values())
+        # Every counter carries the observer's start (OpenMetrics ``_created``), so a reset -- a
+        # restart, or a forked child starting from zero -- is visible as such.
         created = s.created_unix_seconds or None
-
-        class _Counter(CounterMetricFamily):
-            # Every counter carries the observer's start (OpenMetrics ``_created``), so a reset
-            # -- a restart, or a forked child starting from zero -- is visible as such.
-            def add_metric(self, labels: Sequence[str], value: float, *args: Any,
-                           **kwargs: Any) -> None:
-                kwargs.setdefault("created", created)
-                super().add_metric(labels, value, *args, **kwargs)
-
-        def counter(m: catalog.Metric, labels: Sequence[str] = ()) -> CounterMetricFamily:
-            return _Counter(m.base_name, m.help, labels=[*labels, *const_keys])
-
-        def gauge(m: catalog.Metric, labels: Sequence[str] = ()) -> GaugeMetricFamily:
-            return GaugeMetricFamily(m.name, m.help, labels=[*labels, *const_keys])
-
-        f = hist(catalog.PHASE_DURATION, ("phase", "clock"))
-        for phase in s.phases:
-            for clock in ("gpu", "host"):
-                h = s.phase_histograms[(phase, clock)]
-                f.add_metric([phase, clock, *const_vals], _buckets(h, ex), h.sum)
-        yield f
-
-        f = hist(catalog.CYCLE_DURATION, ("clock",))
-        for clock in ("gpu", "host"):
-            h = s.cycle_histograms[clock]
-            f.add_metric([clock, *const_vals], _buckets(h, ex), h.sum)
-        yield f
-
-        for m, value in (
-            (catalog.CYCLES, s.cycles_total),
-            (catalog.DRAFT_TOKENS, s.draft_tokens_total),
-            (catalog.ACCEPTED_TOKENS, s.accepted_tokens_total),
-            (catalog.EMITTED_TOKENS, s.emitted_tokens_total),
-        ):
-            c = counter(m)
-            c.add_metric(const_vals, value)
-            yield c
-
-        f = hist(catalog.ACCEPT_LENGTH, ())
-        f.add_metric(const_vals, _buckets(s.accept_length, False), s.accept_length.sum)
-        yield f
-
-        c = counter(catalog.ACCEPTED_BY_POSITION, ("position",))
-        for i, v in enumerate(s.accepted_by_position):
-            c.add_metric([str(i), *const_vals], v)
-        yield c
-        c = counter(catalog.DRAFTED_BY_POSITION, ("position",))
-        for i, v in enumerate(s.drafted_by_position):
-            c.add_metric([str(i), *const_vals], v)
-        yield c
-
-        f = hist(catalog.BATCH_SIZE, ())
-        f.add_metric(const_vals, _buckets(s.batch_size, False), s.batch_size.sum)
-        yield f
-
-        info = InfoMetricFamily("specobs", catalog.INFO.help, labels=const_keys)
-        info.add_metric(const_vals, dict(s.info))
-        yield info
-
-        # Gauges with no value yet (no cycle, no baseline, no request counts) are left out.
-        optional: tuple[tuple[catalog.Metric, float | None], ...] = (
-            (catalog.LAST_CYCLE_TIMESTAMP, s.last_cycle_timestamp_seconds),
-            (catalog.BASELINE_SEQUENCE_TOKENS, s.baseline_tokens_per_second),
-            (catalog.REQUESTS_RUNNING, s.requests_running),
-            (catalog.REQUESTS_WAITING, s.requests_waiting),
-        )
-        for metric, current in optional:
-            if current is not None:
-                g = gauge(metric)
-                g.add_metric(const_vals, current)
-                yield g
-
-        c = counter(catalog.DROPPED_RECORDS, ("reason",))
-        for reason in catalog.DROP_REASONS:
-            c.add_metric([reason, *const_vals], s.dropped.get(reason, 0))
-        yield c
-        c = counter(catalog.SAMPLED_CYCLES)
-        c.add_metric(const_vals, s.sampled_cycles_total)
-        yield c
-        g = gauge(catalog.SAMPLING_INTERVAL)
-        g.add_metric(const_vals, s.sampling_interval)
-        yield g
-        g = gauge(catalog.OVERHEAD_RATIO)
-        g.add_metric(const_vals, s.overhead_ratio)
-        yield g
-        c = counter(catalog.EXPORTER_CPU, ("component",))
-        for comp in sorted(s.cpu_seconds):
-            c.add_metric([comp, *const_vals], s.cpu_seconds[comp])
-        yield c
-        c = counter(catalog.ERRORS, ("kind",))
-        for kind in catalog.ERROR_KINDS:
-            c.add_metric([kind, *const_vals], s.errors.get(kind, 0))
-        yield c
+        ex = self._exemplars
+        for fam in _series.families(s):
+            m = fam.metric
+            names = [*fam.labels, *const_keys]
+            if m.kind == "histogram":
+                hf = HistogramMetricFamily(m.name, m.help, labels=names, unit="")
+                for values, h in fam.points:
+                    assert isinstance(h, HistogramData)
+                    hf.add_metric([*values, *const_vals], _buckets(h, ex), h.sum)
+                yield hf
+            elif m.kind == "counter":
+                cf = CounterMetricFamily(m.base_name, m.help, labels=names)
+                for values, v in fam.points:
+                    cf.add_metric([*values, *const_vals], v, created=created)  # type: ignore[arg-type]
+                yield cf
+            elif m.kind == "gauge":
+                gf = GaugeMetricFamily(m.name, m.help, labels=names)
+                for values, v in fam.points:
+                    gf.add_metric([*values, *const_vals], v)  # type: ignore[arg-type]
+                yield gf
+            else:  # info: the info labels follow the constant labels
+                inf = InfoMetricFamily("specobs", m.help, labels=const_keys)
+                for values, _ in fam.points:
+                    inf.add_metric(const_vals, dict(zip(fam.labels, values, strict=True)))
+                yield inf
 
 
 class PrometheusSink(Sink):
@@ -263,15 +185,15 @@ class PrometheusSink(Sink):
         self._exposition = CachedExposition()
         self._cache_lock = threading.Lock()
 
-    def attach(self, observer: Observer) -> None:
+    def attach(self, source: MetricSource) -> None:
         if self._attached:
             raise ConfigurationError(
                 "this PrometheusSink is already attached to an observer; create one sink per "
                 "observer (a second attach would orphan the first endpoint)"
             )
-        super().attach(observer)
+        super().attach(source)
         self._attached = True
-        self.collector = SnapshotCollector(observer, exemplars=self._exemplars)
+        self.collector = SnapshotCollector(source, exemplars=self._exemplars)
         self.registry.register(self.collector)  # type: ignore[arg-type]
         if self._serve:
             port = prometheus_port() if self._port_arg is None else self._port_arg
@@ -300,14 +222,14 @@ class PrometheusSink(Sink):
 
     # -- the endpoint's work ---------------------------------------------------------------------
     def _count_cpu(self, seconds: float) -> None:
-        _add_cpu(self.observer, seconds)
+        self.source.add_cpu("prometheus", seconds)
 
     def _render(self, accept: str, accept_encoding: str) -> tuple[int, str, bytes, str]:
         """The exposition for this scrape, from the cache while the aggregation is unchanged."""
         encoder, ctype = choose_encoder(accept)
         zipped = gzip_accepted(accept_encoding)
         key = (ctype, zipped)
-        generation = self.observer.aggregation.generation
+        generation = self.source.generation
         now = time.monotonic()
         with self._cache_lock:
             hit = self._cache.get(key)
@@ -367,7 +289,7 @@ class PrometheusSink(Sink):
             finally:
                 if collector is not None:
                     collector.outer.counting = False
-                    _add_cpu(self.observer, time.thread_time() - t0)
+                    self.source.add_cpu("prometheus", time.thread_time() - t0)
 
         return app
 
@@ -418,9 +340,3 @@ class PrometheusSink(Sink):
             except KeyError:
                 pass
             self.collector = None
-
-
-def _add_cpu(observer: Observer, seconds: float) -> None:
-    agg = observer.aggregation
-    with agg.lock:
-        agg.cpu_seconds["prometheus"] = agg.cpu_seconds.get("prometheus", 0.0) + seconds

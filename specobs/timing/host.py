@@ -25,5 +25,7 @@ class WallAnchor:
         self.perf_ns = (p0 + p1) // 2
         self.wall_ns = w
 
-    def to_wall_ns(self, perf_ns: int) -> int:
-        return self.wall_ns + (perf_ns - self.perf_ns)
+    @property
+    def offset_ns(self) -> int:
+        """Add to a ``perf_counter_ns`` reading to get Unix-epoch nanoseconds."""
+        return self.wall_ns - self.perf_ns

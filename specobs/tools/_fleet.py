@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from specobs import catalog
 from specobs.tools._fleet_schedule import Fault, ScheduleError, load_schedule
@@ -215,9 +215,9 @@ class SimServer:
         from specobs.sinks.prometheus import SnapshotCollector
 
         self.registry = CollectorRegistry(auto_describe=False)
-        # SnapshotCollector reads observer.snapshot() and observer.aggregation: this server
-        # stands in for the observer with a snapshot built from the simulation.
-        self.registry.register(SnapshotCollector(cast(Any, self), exemplars=False))
+        # The collector reads a MetricSource: this server is one, with a snapshot built from
+        # the simulation.
+        self.registry.register(SnapshotCollector(self, exemplars=False))
 
     def _shape(self) -> None:
         sig = 0.18
@@ -273,10 +273,13 @@ class SimServer:
         self.hists["batch"].add(n)
         self.last_cycle_timestamp = now_wall
 
-    # -- what SnapshotCollector reads --------------------------------------------------------------
-    @property
-    def aggregation(self) -> _Aggregationish:
-        return self.agg
+    # -- the MetricSource SnapshotCollector reads (``generation`` is the rollout's, above) -------
+    def add_cpu(self, component: str, seconds: float) -> None:
+        with self.agg.lock:
+            self.agg.cpu_seconds[component] = self.agg.cpu_seconds.get(component, 0.0) + seconds
+
+    def count_dropped(self, reason: str, n: int) -> None:
+        pass  # a simulated server loses nothing of its own
 
     def snapshot(self) -> Any:
         from specobs import Snapshot
@@ -320,7 +323,7 @@ class SimServer:
             cpu_seconds=cpu,
             sampling_interval=GPU_SAMPLE_EVERY,
             overhead_ratio=0.002,
-            created_unix_seconds=self.created,
+            created_unix_nano=int(self.created * 1e9),
         )
 
     def render(self, accept: str) -> tuple[str, bytes]:

@@ -1,0 +1,397 @@
+"""Validation of what callers pass to ``accept()`` and ``begin(batch_size)``: pure functions.
+
+The hot path stores whatever it is given, untouched; the resolver calls these functions on each
+chunk of records before anything is applied to the aggregation. Bad values cost only themselves:
+a value that cannot be read as counts is reported through ``report(kind, message)`` (the
+recorder counts it in ``errors{kind}`` and logs it at a limited rate) and that cycle's value is
+left out, nothing else.
+
+The common case -- every cycle gave a list, one integer draft length, the default emitted count
+-- is checked for a whole chunk with C-level builtins and no Python work per cycle or per
+sequence (:func:`batch_acceptance`); anything else, or any bad value, goes through the per-cycle
+path (:func:`cycle_acceptance`).
+
+Records are the hot path's :class:`~specobs._recorder.Cycle` objects. These functions read their
+record fields, a contract between the recorder and the resolver documented on ``Cycle``:
+``_acc`` (the accepted lengths as given, or a list copy), ``_acc_copy`` (a pending CUDA copy),
+``_draft_len``, ``_emitted``, ``_batch``; and they write ``_resolved_acc`` (the validated
+acceptance of a cycle that took the per-cycle path) and normalise ``_draft_len`` / ``_batch``.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Mapping, Set
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+from specobs._model import Acceptance, BatchAcceptance
+
+if TYPE_CHECKING:
+    from specobs._recorder import Cycle
+
+__all__ = [
+    "MAX_BATCH",
+    "MAX_DRAFT_LENGTH",
+    "Report",
+    "as_count",
+    "batch_acceptance",
+    "batch_sizes",
+    "cycle_acceptance",
+    "resolved_acceptance",
+]
+
+#: ``report(kind, message)``: count one bad value of ``kind`` (an ``errors{kind}`` label value).
+Report = Callable[[str, str], None]
+
+#: Largest batch size counted; anything above is a caller's bug, not a batch.
+MAX_BATCH = 1 << 31
+#: Most sequences one cycle's acceptance may hold (bounds the resolver's work per cycle).
+MAX_SEQUENCES = 1 << 20
+#: The largest ``max_draft_length`` a configuration accepts (``specobs._config``).
+MAX_DRAFT_LENGTH = 64
+#: ``bytes.translate`` deletion tables: deleting the bytes 0..k from a column of accepted lengths
+#: leaves exactly the values above k (a whole column checked at C speed).
+_UPTO = tuple(bytes(range(k + 1)) for k in range(MAX_DRAFT_LENGTH + 1))
+
+_GET_ACC = attrgetter("_acc")
+_GET_EMITTED = attrgetter("_emitted")
+_GET_DRAFT_LEN = attrgetter("_draft_len")
+_GET_BATCH = attrgetter("_batch")
+_LIST_ONLY = {list}
+_NONE_ONLY = {None}
+
+
+def batch_acceptance(
+    cycles: list[Cycle], max_draft_length: int, report: Report
+) -> tuple[BatchAcceptance | None, list[int]]:
+    """The acceptance of a chunk (``None`` when no cycle gave any) and its batch sizes.
+
+    By columns when it can: ``bytes()`` rejects a non-int or a value outside 0..255 anywhere, and
+    deleting the bytes 0..k (``translate``) leaves exactly the values above the draft length.
+    Anything else goes to the per-cycle path, which counts a bad value against its own cycle.
+    """
+    try:
+        fast = _columns(cycles, max_draft_length)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        fast = None
+    return fast if fast is not None else _each(cycles, max_draft_length, report)
+
+
+def _columns(
+    cycles: list[Cycle], k_max: int
+) -> tuple[BatchAcceptance, list[int]] | None:
+    accs = list(map(_GET_ACC, cycles))
+    if set(map(type, accs)) != _LIST_ONLY:
+        return None
+    if set(map(_GET_EMITTED, cycles)) != _NONE_ONLY:  # a list there raises TypeError
+        return None
+    dls = set(map(_GET_DRAFT_LEN, cycles))
+    if len(dls) != 1:
+        return None
+    (k,) = dls
+    if k is None:
+        k = k_max
+    elif type(k) is not int or not 0 <= k <= k_max:
+        return None
+    # One bytes() per cycle, joined: 35 % cheaper than bytes() over a chained iterator at
+    # batch 64 (it can presize from each list); either raises on a bad element.
+    column = b"".join(map(bytes, accs))
+    if column.translate(None, _UPTO[k]):  # a value above the draft length
+        return None
+    lens = list(map(len, accs))
+    sequences = len(column)
+    given = list(map(_GET_BATCH, cycles))
+    if given.count(None) == len(given):
+        batches = lens
+    else:
+        batches = [n if b is None else b for n, b in zip(lens, given, strict=True)]
+        if not _batches_ok(batches):
+            return None
+    accepted = 0
+    for v in range(1, k + 1):
+        accepted += v * column.count(v)
+    return BatchAcceptance(column, accepted, k * sequences, accepted + sequences,
+                           {k: sequences}), batches
+
+
+def _each(
+    cycles: list[Cycle], k_max: int, report: Report
+) -> tuple[BatchAcceptance | None, list[int]]:
+    """The chunk in two groups: cycles that gave a list with an int draft length and the default
+    emitted count (validated together over their concatenation), and the rest, validated one by
+    one (as is the first group when its joint check fails). Batch sizes likewise: a column check,
+    then per cycle."""
+    fast_lengths: list[int] = []
+    fast: list[Cycle] = []
+    k_counts: dict[int, int] = {}
+    k_min = k_max
+    slow: list[Cycle] = []
+    batches: list[int] = []
+    for c in cycles:
+        acc = c._acc
+        c._resolved_acc = None
+        if acc is None and c._acc_copy is None:
+            if c._batch is not None:
+                batches.append(c._batch)
+            continue
+        dl = c._draft_len  # set by accept(), with _acc / _acc_copy
+        if dl is not None and type(dl) is not int:
+            dl = c._draft_len = _as_scalar_count(dl)  # numpy / torch scalars; else as was
+        if type(acc) is list and (dl is None or type(dl) is int) and c._emitted is None:
+            k = k_max if dl is None else dl
+            n = len(acc)
+            fast_lengths += acc
+            fast.append(c)
+            k_counts[k] = k_counts.get(k, 0) + n
+            if k < k_min:
+                k_min = k
+            batches.append(n if c._batch is None else c._batch)
+        else:
+            slow.append(c)
+    all_lengths: list[int] | bytes = []
+    accepted = drafted = emitted = 0
+    if fast:
+        ok = k_min >= 0 and max(k_counts) <= k_max
+        column = b""
+        if ok and fast_lengths:
+            try:
+                column = bytes(fast_lengths)  # TypeError / ValueError on any bad element
+                # Deleting the bytes 0..k_min leaves the values above it.
+                ok = not column.translate(None, _UPTO[k_min])
+            except (TypeError, ValueError):
+                ok = False
+        if ok:
+            all_lengths = column
+            accepted = sum(column)
+            drafted = sum(k * n for k, n in k_counts.items())
+            emitted = accepted + len(column)
+        else:  # someone sent bad values: find and count them one by one
+            k_counts = {}
+            slow = fast + slow
+    if slow:
+        merged = list(all_lengths)
+        for c in slow:
+            a = cycle_acceptance(c, k_max, report)
+            c._resolved_acc = a
+            if a is None:
+                c._acc = None  # invalid and counted: not shown on the resolved cycle either
+                continue
+            merged += a.lengths
+            accepted += a.accepted
+            drafted += a.drafted
+            emitted += a.emitted
+            shape = a.shape
+            if isinstance(shape, tuple):
+                k_counts[shape[0]] = k_counts.get(shape[0], 0) + shape[1]
+            else:
+                for kk in shape:
+                    k_counts[kk] = k_counts.get(kk, 0) + 1
+        all_lengths = merged
+    if slow or not _batches_ok(batches):
+        batches = batch_sizes(cycles, report)
+    if not all_lengths and not k_counts:
+        return None, batches
+    return BatchAcceptance(all_lengths, accepted, drafted, emitted, k_counts), batches
+
+
+def batch_sizes(cycles: Iterable[Cycle], report: Report) -> list[int]:
+    """Batch size of each cycle that has one (given, or the number of sequences whose acceptance
+    is valid), validated one by one; a bad given size is reported and dropped (the cycle stays).
+    Used only when the column check failed."""
+    batches: list[int] = []
+    for c in cycles:
+        b = c._batch
+        if b is not None:
+            v = _as_batch(b)
+            if v is None:
+                report(
+                    "bad_batch_size",
+                    f"batch_size must be an integer between 0 and {MAX_BATCH}, got {_short(b)}; "
+                    f"the cycle is kept without a batch size",
+                )
+            c._batch = v
+            if v is not None:
+                batches.append(v)
+            continue
+        a: Acceptance | None = getattr(c, "_resolved_acc", None)  # the per-cycle path's
+        if a is not None:
+            batches.append(len(a.lengths))
+        elif type(c._acc) is list:
+            batches.append(len(c._acc))
+    return batches
+
+
+def resolved_acceptance(c: Cycle, max_draft_length: int) -> Acceptance | None:
+    """One cycle's acceptance for its :class:`ResolvedCycle`, after :func:`batch_acceptance`
+    validated the chunk it belongs to."""
+    a: Acceptance | None = getattr(c, "_resolved_acc", None)  # set by the per-cycle path
+    if a is not None:
+        return a
+    acc = c._acc
+    if type(acc) is list:
+        dl = c._draft_len
+        k = max_draft_length if dl is None else dl
+        n = sum(acc)
+        return Acceptance(acc, n, k * len(acc), n + len(acc), (k, len(acc)))
+    return None
+
+
+def cycle_acceptance(c: Cycle, max_draft_length: int, report: Report) -> Acceptance | None:
+    """Validated acceptance of one cycle, or ``None`` (nothing given, or bad and reported).
+
+    Whatever the caller passed, this never raises: a value that cannot be read as counts
+    costs this cycle's acceptance and one ``report("bad_acceptance", ...)``.
+    """
+    try:
+        return _cycle_acceptance(c, max_draft_length, report)
+    except Exception as exc:
+        report("bad_acceptance", f"could not read the acceptance: {exc!r}")
+        return None
+
+
+def _cycle_acceptance(c: Cycle, k_max: int, report: Report) -> Acceptance | None:
+    acc = c._acc
+    copy = c._acc_copy
+    if copy is not None:
+        c._acc_copy = None
+        try:
+            acc = copy.read()
+        except Exception as exc:
+            report("bad_acceptance", f"could not read the copied acceptance: {exc!r}")
+            return None
+    if acc is None:
+        return None
+    if type(acc) is not list and not _is_sequence(acc):
+        report(
+            "bad_acceptance",
+            f"accepted lengths must be a sequence of integers (list, tuple, array, tensor), "
+            f"got {type(acc).__name__}",
+        )
+        return None
+    try:
+        lengths = [as_count(a) for a in acc]
+    except (TypeError, ValueError, OverflowError):
+        report("bad_acceptance", f"accepted lengths must be integers >= 0, got {_short(acc)}")
+        return None
+    lo = min(lengths, default=0)
+    hi = max(lengths, default=0)
+    dl = c._draft_len
+    if dl is None:
+        dl = k_max
+    per_seq_k: list[int] | None = None
+    if type(dl) is int:
+        k = dl
+        drafted = dl * len(lengths)
+        ok = 0 <= dl <= k_max
+    else:
+        try:
+            per_seq_k = [as_count(x) for x in dl] if _is_sequence(dl) else []
+        except (TypeError, ValueError, OverflowError):
+            per_seq_k = []
+        k = max(per_seq_k, default=0)
+        drafted = sum(per_seq_k)
+        ok = len(per_seq_k) == len(lengths) and min(per_seq_k, default=0) >= 0 and k <= k_max
+    if not ok:
+        report(
+            "bad_acceptance",
+            f"draft_length must be an int (or one per sequence) between 0 and "
+            f"max_draft_length={k_max}, got {_short(dl)} for {len(lengths)} sequences",
+        )
+        return None
+    if lo < 0 or hi > k:
+        report(
+            "bad_acceptance",
+            f"accepted lengths must be between 0 and the draft length {k}, got min={lo} max={hi}",
+        )
+        return None
+    if per_seq_k is not None and any(a > b for a, b in zip(lengths, per_seq_k, strict=False)):
+        report("bad_acceptance", "an accepted length exceeds its draft length")
+        return None
+    accepted = sum(lengths)
+    em = c._emitted
+    emitted = accepted + len(lengths)
+    if em is not None:
+        try:
+            got = sum(as_count(x) for x in em) if _is_sequence(em) else as_count(em)
+        except (TypeError, ValueError, OverflowError):
+            got = -1
+        if got < 0:
+            report("bad_acceptance", f"emitted must be a count >= 0, got {_short(em)}; the "
+                   f"default (accepted + 1 per sequence) is used")
+        else:
+            emitted = got
+    shape: list[int] | tuple[int, int] = per_seq_k if per_seq_k is not None else (k, len(lengths))
+    return Acceptance(lengths, accepted, drafted, emitted, shape)
+
+
+def _is_sequence(x: Any) -> bool:
+    """A finite, ordered collection of per-sequence values: list, tuple, range, array, tensor.
+
+    Not a string, a mapping (``{1: 2}`` would count its keys), a set (unordered, deduplicated)
+    or an iterator (it could be endless, and the resolver must finish its chunk).
+    """
+    if isinstance(x, (str, bytes, bytearray, Mapping, Set)):
+        return False
+    try:
+        n = len(x)
+    except Exception:
+        return False
+    return isinstance(n, int) and n <= MAX_SEQUENCES and hasattr(x, "__getitem__")
+
+
+def as_count(a: Any) -> int:
+    """An integer count from an int, an integral float, or a numpy/torch integer scalar.
+
+    Raises ValueError for bools, NaN, infinities, fractions and anything else.
+    """
+    if type(a) is int:
+        return a
+    if isinstance(a, bool):
+        raise ValueError(f"not an integer count: {a!r}")
+    try:
+        return operator.index(a)  # numpy integers, 0-d integer tensors
+    except TypeError:
+        pass
+    if isinstance(a, float) and a.is_integer():  # also rejects NaN and infinities
+        return int(a)
+    raise ValueError(f"not an integer count: {a!r}")
+
+
+def _batches_ok(batches: list[Any]) -> bool:
+    """Whether every batch size is an int in 0..MAX_BATCH, with C-level builtins only: a float
+    anywhere makes the sum a float, a string or None makes it raise."""
+    try:
+        return type(sum(batches)) is int and (
+            not batches or (min(batches) >= 0 and max(batches) <= MAX_BATCH)
+        )
+    except (TypeError, ValueError):
+        return False
+
+
+def _as_scalar_count(dl: Any) -> Any:
+    """A numpy or torch integer scalar ``draft_length`` as an int; anything else unchanged
+    (a per-sequence sequence, or a bad value that per-cycle validation reports)."""
+    if isinstance(dl, bool) or _is_sequence(dl):
+        return dl
+    try:
+        return as_count(dl)
+    except Exception:
+        return dl
+
+
+def _as_batch(b: Any) -> int | None:
+    try:
+        v = as_count(b)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return v if 0 <= v <= MAX_BATCH else None
+
+
+def _short(x: Any) -> str:
+    """A bounded repr for log messages (a caller's value may be huge)."""
+    try:
+        text = repr(x)
+    except Exception:
+        text = f"<{type(x).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,260 @@
+"""The data that crosses a thread or a layer: plain, frozen where it is read by others, stdlib only.
+
+Every layer reads these types and none of them imports a layer, which is what keeps the import
+graph one-way: the resolver builds :class:`ResolvedCycle` and the aggregation builds
+:class:`Snapshot`; sinks, tools and the demo only read them (OpenTelemetry keeps its exported data
+types in one ``point`` module for the same reason). Identifiers are integers and times are
+integer nanoseconds from end to end; text and seconds are made only where a format needs them
+(the Prometheus exposition), so nothing is converted twice or loses precision on the way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+__all__ = [
+    "CLOCKS",
+    "Acceptance",
+    "BatchAcceptance",
+    "CycleHandle",
+    "Exemplar",
+    "HistogramData",
+    "ResolvedCycle",
+    "Snapshot",
+]
+
+#: The two clocks every duration is measured on: CUDA events (sampled cycles) and the host's
+#: ``perf_counter_ns`` (every cycle). The ``clock`` label's values, in exposition order.
+CLOCKS: tuple[str, str] = ("gpu", "host")
+
+
+class CycleHandle(Protocol):
+    """What :meth:`Observer.begin` returns: a cycle in flight (or a no-op when recording is off).
+
+    ``mark(phase)`` ends the running phase and starts the next, ``accept(...)`` records acceptance,
+    ``end()`` ends the last phase; also a context manager that ends the cycle on exit.
+    """
+
+    index: int
+
+    def mark(self, phase: str) -> None: ...
+
+    def accept(
+        self,
+        accepted: Any,
+        *,
+        draft_length: Any = None,
+        batch_size: int | None = None,
+        emitted: Any = None,
+    ) -> None: ...
+
+    def end(self) -> None: ...
+
+    def __enter__(self) -> CycleHandle: ...
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class Exemplar:
+    """A traced observation attached to one histogram bucket (an OpenMetrics / OTLP exemplar).
+
+    ``value`` is the observed duration in seconds (the same float the histogram counted); the
+    ids are the traced cycle's span ids as integers; ``time_unix_nano`` is when the cycle ended.
+    """
+
+    value: float
+    trace_id: int
+    span_id: int
+    time_unix_nano: int
+
+    @property
+    def trace_id_hex(self) -> str:
+        return f"{self.trace_id:032x}"
+
+    @property
+    def span_id_hex(self) -> str:
+        return f"{self.span_id:016x}"
+
+    @property
+    def timestamp_seconds(self) -> float:
+        """Unix seconds, the float nearest the integer time (whole seconds added exactly)."""
+        whole, nanos = divmod(self.time_unix_nano, 1_000_000_000)
+        return whole + nanos / 1e9
+
+
+@dataclass(frozen=True)
+class HistogramData:
+    """A histogram read back: per-bucket (non-cumulative) counts, the +Inf bucket last."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum: float
+    count: int
+    exemplars: tuple[Exemplar | None, ...] = ()
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """``(le, cumulative count)`` pairs as Prometheus exposes them, ``+Inf`` last."""
+        out: list[tuple[float, int]] = []
+        acc = 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            acc += n
+            out.append((bound, acc))
+        return out
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A consistent read of one observer's aggregation. Tests, tools and sinks read it."""
+
+    phases: tuple[str, ...]
+    max_draft_length: int
+    labels: dict[str, str]
+    info: dict[str, str]
+    cycles_total: int
+    draft_tokens_total: int
+    accepted_tokens_total: int
+    emitted_tokens_total: int
+    sampled_cycles_total: int
+    phase_histograms: dict[tuple[str, str], HistogramData]
+    cycle_histograms: dict[str, HistogramData]
+    accept_length: HistogramData
+    drafted_by_position: tuple[int, ...]
+    batch_size: HistogramData
+    last_cycle_timestamp_seconds: float | None
+    baseline_tokens_per_second: float | None
+    requests_running: float | None
+    requests_waiting: float | None
+    dropped: dict[str, int]
+    errors: dict[str, int]
+    cpu_seconds: dict[str, float]
+    sampling_interval: int
+    overhead_ratio: float
+    #: When the cumulative series started (the observer's creation, or a forked child's restart):
+    #: OpenMetrics ``_created`` and the OTLP start time.
+    created_unix_nano: int = 0
+
+    @property
+    def created_unix_seconds(self) -> float:
+        whole, nanos = divmod(self.created_unix_nano, 1_000_000_000)
+        return whole + nanos / 1e9
+
+    def phase(self, phase: str, clock: str) -> HistogramData:
+        """The ``specobs_phase_duration_seconds{phase, clock}`` histogram."""
+        return self.phase_histograms[(phase, clock)]
+
+    def phase_count(self, phase: str, clock: str) -> int:
+        return self.phase_histograms[(phase, clock)].count
+
+    def phase_seconds_sum(self, phase: str, clock: str) -> float:
+        return self.phase_histograms[(phase, clock)].sum
+
+    def cycle_count(self, clock: str) -> int:
+        return self.cycle_histograms[clock].count
+
+    def cycle_seconds_sum(self, clock: str) -> float:
+        return self.cycle_histograms[clock].sum
+
+    @property
+    def accepted_by_position(self) -> tuple[int, ...]:
+        """Accepted draft tokens at each draft position: sequences whose accept length > i.
+
+        Derived exactly from the accept-length histogram, whose buckets are the integers 0..k+1.
+        """
+        counts = self.accept_length.counts
+        k = self.max_draft_length
+        return tuple(sum(counts[i + 1 : k + 1]) for i in range(k))
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens, or ``None`` before anything was drafted."""
+        if self.draft_tokens_total == 0:
+            return None
+        return self.accepted_tokens_total / self.draft_tokens_total
+
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+
+class Acceptance(NamedTuple):
+    """One cycle's validated acceptance.
+
+    ``shape`` is the draft length of each sequence, or ``(k, sequences)`` when every sequence
+    drafted ``k`` tokens (the common case, kept compact).
+    """
+
+    lengths: list[int]
+    accepted: int
+    drafted: int
+    emitted: int
+    shape: list[int] | tuple[int, int]
+
+
+class BatchAcceptance(NamedTuple):
+    """A chunk's validated acceptance: what the aggregation adds.
+
+    ``lengths`` is every sequence's accepted length, concatenated (``bytes`` on the fast path,
+    whose values are at most 64); ``sequences_by_draft_length`` counts sequences per draft length
+    (drafted-by-position is derived from it).
+    """
+
+    lengths: list[int] | bytes
+    accepted: int
+    drafted: int
+    emitted: int
+    sequences_by_draft_length: dict[int, int]
+
+
+class ResolvedCycle:
+    """A cycle after resolution: durations in nanoseconds, counts, and trace ids if traced."""
+
+    __slots__ = (
+        "accept_lengths",
+        "accepted",
+        "batch_size",
+        "drafted",
+        "drafted_shape",
+        "emitted",
+        "end_wall_ns",
+        "gpu_ns",
+        "host_ns",
+        "index",
+        "phase_span_ids",
+        "phases",
+        "span_id",
+        "start_wall_ns",
+        "trace_id",
+    )
+
+    def __init__(self) -> None:
+        self.index = 0
+        self.phases: tuple[str, ...] = ()
+        self.start_wall_ns = 0
+        self.end_wall_ns = 0
+        self.host_ns: list[int] = []
+        self.gpu_ns: list[int] | None = None
+        self.batch_size: int | None = None
+        self.drafted = 0
+        self.accepted = 0
+        self.emitted = 0
+        self.accept_lengths: list[int] | None = None
+        # Per-sequence draft lengths, or (k, sequences) when every sequence drafted k.
+        self.drafted_shape: list[int] | tuple[int, int] | None = None
+        self.trace_id: int | None = None
+        self.span_id: int | None = None
+        self.phase_span_ids: list[int] | None = None
+
+    @property
+    def host_cycle_ns(self) -> int:
+        return sum(self.host_ns)
+
+    @property
+    def gpu_cycle_ns(self) -> int | None:
+        return None if self.gpu_ns is None else sum(self.gpu_ns)
+
+    def __repr__(self) -> str:
+        return (
+            f"ResolvedCycle(index={self.index}, host_ns={self.host_ns}, gpu_ns={self.gpu_ns}, "
+            f"batch_size={self.batch_size}, drafted={self.drafted}, accepted={self.accepted})"
+        )

@@ -1,0 +1,166 @@
+"""Snapshots and resolved cycles as the OpenTelemetry SDK's export data: pure functions.
+
+:func:`metrics_data` renders :func:`specobs._series.families` (the walk the Prometheus sink
+renders too) as ``MetricsData``: histograms with the catalog's explicit bounds and the
+aggregation's exemplars, counters as monotonic cumulative ``Sum`` points starting at the
+snapshot's creation time, gauges as ``Gauge`` points, the info metric as a gauge of 1 whose
+attributes are the info labels. Constant labels are point attributes, first.
+:func:`cycle_spans` builds one traced cycle's spans as SDK ``ReadableSpan`` objects directly (no
+tracer, no context; the SDK's per-span path measured 16-18 µs a span).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from specobs import _series
+from specobs._errors import require
+from specobs._model import HistogramData, ResolvedCycle, Snapshot
+from specobs._version import __version__
+
+require("opentelemetry.sdk", feature="OTLP export", extra="otlp")
+
+from opentelemetry.sdk.metrics import Exemplar as OtelExemplar  # noqa: E402
+from opentelemetry.sdk.metrics.export import (  # noqa: E402
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.resources import Resource  # noqa: E402
+from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope  # noqa: E402
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags  # noqa: E402
+
+__all__ = ["SCOPE", "cycle_spans", "metrics_data"]
+
+SCOPE = InstrumentationScope("specobs", __version__)
+# OTLP's histogram min/max are optional; the aggregation does not track them, so they are left
+# unset (the protobuf encoder treats None as "not present").
+_UNSET = cast(float, None)
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_CUMULATIVE = AggregationTemporality.CUMULATIVE
+
+
+def metrics_data(s: Snapshot, resource: Resource, now_ns: int) -> MetricsData:
+    """The snapshot as OTLP metrics data: every family :func:`specobs._series.families` yields."""
+    start = s.created_unix_nano or now_ns
+    const = dict(s.labels)
+    out: list[Metric] = []
+    for fam in _series.families(s):
+        m = fam.metric
+        attrs = [{**const, **dict(zip(fam.labels, values, strict=True))}
+                 for values, _ in fam.points]
+        data: Any
+        if m.kind == "histogram":
+            data = Histogram(
+                [_hist_point(cast(HistogramData, v), a, start, now_ns)
+                 for a, (_, v) in zip(attrs, fam.points, strict=True)],
+                _CUMULATIVE,
+            )
+        elif m.kind == "counter":
+            data = Sum(
+                [NumberDataPoint(a, start, now_ns, cast("int | float", v))
+                 for a, (_, v) in zip(attrs, fam.points, strict=True)],
+                _CUMULATIVE,
+                True,
+            )
+        else:  # gauges, and the info metric as a gauge of 1
+            data = Gauge(
+                [NumberDataPoint(a, start, now_ns, cast("int | float", v))
+                 for a, (_, v) in zip(attrs, fam.points, strict=True)],
+            )
+        out.append(Metric(m.otel_name, m.help, m.unit, data))
+    return MetricsData([ResourceMetrics(resource, [ScopeMetrics(SCOPE, out, "")], "")])
+
+
+def _hist_point(
+    h: HistogramData, attrs: dict[str, str], start: int, now: int
+) -> HistogramDataPoint:
+    exemplars = [
+        OtelExemplar(None, e.value, e.time_unix_nano, span_id=e.span_id, trace_id=e.trace_id)
+        for e in h.exemplars
+        if e is not None
+    ]
+    return HistogramDataPoint(
+        attributes=attrs,
+        start_time_unix_nano=start,
+        time_unix_nano=now,
+        count=h.count,
+        sum=h.sum,
+        bucket_counts=list(h.counts),
+        explicit_bounds=list(h.bounds),
+        min=_UNSET,
+        max=_UNSET,
+        exemplars=exemplars,
+    )
+
+
+def cycle_spans(r: ResolvedCycle, resource: Resource) -> list[ReadableSpan]:
+    """A traced cycle as one ``specobs.cycle`` span and a child span per phase.
+
+    The children follow back to back from the cycle's wall-clock start, each lasting its GPU
+    duration when the cycle was GPU-timed (``specobs.clock = "gpu"``), else its host duration.
+    """
+    trace_id = r.trace_id
+    assert trace_id is not None and r.span_id is not None
+    host = r.host_ns
+    durations = r.gpu_ns if r.gpu_ns is not None and len(r.gpu_ns) == len(host) else None
+    clock = "gpu" if durations is not None else "host"
+    if durations is None:
+        durations = host
+    parent_ctx = SpanContext(trace_id, r.span_id, is_remote=False, trace_flags=_SAMPLED)
+    start = r.start_wall_ns
+    attrs: dict[str, Any] = {
+        "specobs.cycle.index": r.index,
+        "specobs.clock": clock,
+        "specobs.host_duration_ns": sum(host),
+    }
+    if r.batch_size is not None:
+        attrs["specobs.batch_size"] = r.batch_size
+    if r.accept_lengths is not None:
+        attrs["specobs.draft_tokens"] = r.drafted
+        attrs["specobs.accepted_tokens"] = r.accepted
+        attrs["specobs.emitted_tokens"] = r.emitted
+    out: list[ReadableSpan] = []
+    ids = r.phase_span_ids
+    t = start
+    for i, phase in enumerate(r.phases[: len(durations)]):
+        end = t + durations[i]
+        child_id = ids[i] if ids is not None and i < len(ids) else (r.span_id ^ (i + 1)) or 1
+        out.append(
+            ReadableSpan(
+                name=phase,
+                context=SpanContext(trace_id, child_id, is_remote=False, trace_flags=_SAMPLED),
+                parent=parent_ctx,
+                resource=resource,
+                attributes={
+                    "specobs.clock": clock,
+                    "specobs.cycle.index": r.index,
+                    "specobs.host_duration_ns": host[i],
+                },
+                kind=SpanKind.INTERNAL,
+                start_time=t,
+                end_time=end,
+                instrumentation_scope=SCOPE,
+            )
+        )
+        t = end
+    parent = ReadableSpan(
+        name="specobs.cycle",
+        context=parent_ctx,
+        parent=None,
+        resource=resource,
+        attributes=attrs,
+        kind=SpanKind.INTERNAL,
+        start_time=start,
+        end_time=t,
+        instrumentation_scope=SCOPE,
+    )
+    return [parent, *out]
