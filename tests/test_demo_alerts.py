@@ -19,8 +19,8 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 yaml = pytest.importorskip("yaml")
 
-from specobs.demo._load import LoadSummary, run_load  # noqa: E402
 from specobs.mixin import MixinConfig, render_all  # noqa: E402
+from specobs.tools._load import LoadSummary, run_load  # noqa: E402
 from tests.test_demo_server import Served  # noqa: E402
 
 pytestmark = pytest.mark.slow

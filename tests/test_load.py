@@ -18,7 +18,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
 from specobs.cli import main  # noqa: E402
-from specobs.demo._load import (  # noqa: E402
+from specobs.tools._load import (  # noqa: E402
     LoadSummary,
     _count_tokens,
     completions_url,

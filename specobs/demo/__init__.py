@@ -62,8 +62,8 @@ __all__ = [
     "resolve_cache_dir",
 ]
 
-# Everything here needs torch, so nothing is imported until it is asked for: `specobs load`
-# and the server module live in this package and must start without paying for torch.
+# Everything here needs torch, so nothing is imported until it is asked for: the server module
+# lives in this package and must import without paying for torch (its tests give it stand-ins).
 _WHERE = {
     "FAULTS": "._engine", "EngineStats": "._engine", "RequestHandle": "._engine",
     "SpecDecodeEngine": "._engine", "DraftConfig": "._draft", "DraftHead": "._draft",

@@ -45,7 +45,7 @@ import threading
 import time
 from typing import Any
 
-from ._load import non_negative_int, positive_float, positive_int
+from specobs.tools._load import non_negative_int, positive_float, positive_int
 
 __all__ = ["add_arguments", "run"]
 
@@ -319,9 +319,9 @@ def run(args: argparse.Namespace) -> int:
 
         import specobs  # noqa: F401
         from specobs.demo import build_engine
+        from specobs.tools._load import LoadSummary, run_load
 
         from . import _summary
-        from ._load import LoadSummary, run_load
         from ._server import ServerThread, create_app
     except ImportError as exc:
         return _fail(f"{exc}. Install the demo's dependencies: pip install 'specobs[demo]'")

@@ -1,1 +1,25 @@
-"""Terminal tools that read a live specobs endpoint: ``specobs top`` and ``specobs doctor``."""
+"""The ``specobs`` commands that read a server from outside, one private module each.
+
+============  ==================================  =============================================
+command       module                              what it does
+============  ==================================  =============================================
+``top``       :mod:`specobs.tools._top`           live cycle breakdown of a /metrics endpoint or
+                                                  a Prometheus server
+``doctor``    :mod:`specobs.tools._doctor`        one-shot health check of an endpoint
+``report``    :mod:`specobs.tools._report`        self-contained HTML report of a run, or A/B
+``load``      :mod:`specobs.tools._load`          load generator for any OpenAI-style
+                                                  ``/v1/completions`` endpoint
+``generate``  :mod:`specobs.tools._generate`      dashboards, rules and docs from the catalog
+``fleet-sim`` :mod:`specobs.tools._fleet`         simulated servers with injected faults
+============  ==================================  =============================================
+
+Shared parts: :mod:`._http` (bounded GETs: one deadline, a body cap, the one httpx →
+``ScrapeError`` mapping), :mod:`._scrape` (scrape, parse, difference two scrapes),
+:mod:`._promapi` (the same deltas from Prometheus's ``increase()``), :mod:`._breakdown` (the one
+cycle-breakdown definition, shared with the ``specobs demo`` summary and matching the recording
+rules).
+
+Each command module has ``add_arguments(parser)`` and ``run(args) -> int``; :mod:`specobs.cli`
+imports one only when its command runs. Importing this package imports nothing: httpx, rich,
+prometheus_client and plotly are imported inside the functions that use them.
+"""
