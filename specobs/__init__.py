@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specobs._config import Settings
 from specobs._errors import (
     ConfigurationError,
     MissingDependencyError,
@@ -45,6 +46,7 @@ __all__ = [
     "OtlpSink",
     "PrometheusSink",
     "ResolvedCycle",
+    "Settings",
     "Sink",
     "Snapshot",
     "SpecobsError",

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Set
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+from specobs._config import MAX_DRAFT_LENGTH
 from specobs._model import Acceptance, BatchAcceptance
 
 if TYPE_CHECKING:
@@ -48,8 +49,6 @@ Report = Callable[[str, str], None]
 MAX_BATCH = 1 << 31
 #: Most sequences one cycle's acceptance may hold (bounds the resolver's work per cycle).
 MAX_SEQUENCES = 1 << 20
-#: The largest ``max_draft_length`` a configuration accepts (``specobs._config``).
-MAX_DRAFT_LENGTH = 64
 #: ``bytes.translate`` deletion tables: deleting the bytes 0..k from a column of accepted lengths
 #: leaves exactly the values above k (a whole column checked at C speed).
 _UPTO = tuple(bytes(range(k + 1)) for k in range(MAX_DRAFT_LENGTH + 1))

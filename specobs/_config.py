@@ -10,20 +10,24 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, cast
 
 from specobs._errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_PHASES",
     "DEFAULT_PROMETHEUS_PORT",
+    "SETTINGS",
+    "Setting",
     "Settings",
     "resolve_settings",
 ]
 
 DEFAULT_PHASES: tuple[str, ...] = ("draft", "verify", "bookkeeping")
+#: The largest draft length a configuration accepts (bounds the ``position`` label).
+MAX_DRAFT_LENGTH = 64
 DEFAULT_PROMETHEUS_PORT = 9477
 
 SPECOBS_ENABLED = "SPECOBS_ENABLED"
@@ -112,7 +116,6 @@ class Settings:
     poll_interval_seconds: float = 0.1
     trace_head_rate: float = 0.001
     trace_slow_cycle_seconds: float | None = None
-    keep_cycles: int = 1024
     rank: int = 0
     all_ranks: bool = False
     replica: int | None = None
@@ -227,180 +230,135 @@ def parse_labels(name: str, value: object) -> dict[str, str]:
 
 
 def _default_rank(env: Mapping[str, str]) -> int:
-    for var in (SPECOBS_RANK, "RANK", "LOCAL_RANK"):
+    for var in ("RANK", "LOCAL_RANK"):
         raw = _env(var, env)
         if raw is not None:
             return _parse_int(var, raw, minimum=0)
     return 0
 
 
-def resolve_settings(
-    *,
-    env: Mapping[str, str] | None = None,
-    enabled: bool | None = None,
-    phases: Sequence[str] | None = None,
-    sample_every: int | None = None,
-    overhead_budget: float | None = None,
-    clock: str | None = None,
-    queue_size: int | None = None,
-    event_pool_size: int | None = None,
-    max_draft_length: int | None = None,
-    labels: Mapping[str, str] | None = None,
-    baseline_tokens_per_second: float | None = None,
-    poll_interval_seconds: float | None = None,
-    trace_head_rate: float | None = None,
-    trace_slow_cycle_seconds: float | None = None,
-    keep_cycles: int | None = None,
-    rank: int | None = None,
-    all_ranks: bool | None = None,
-    replica: int | None = None,
-    replicas: int | None = None,
-    leader: bool | None = None,
-    integration: str | None = None,
-) -> Settings:
-    """Merge arguments over ``SPECOBS_*`` variables over defaults, validating each value."""
-    env = os.environ if env is None else env
-    d = Settings()
+# -- the settings table ------------------------------------------------------------------------
+#: ``parse(name, value, from_env)``: the validated value, or ConfigurationError naming ``name``
+#: (the argument or the variable), what was expected and what was got. ``from_env``: ``value``
+#: is the text of a variable rather than a Python value.
+Parser = Callable[[str, Any, bool], Any]
 
-    if enabled is None:
-        raw = _env(SPECOBS_ENABLED, env)
-        enabled = d.enabled if raw is None else _parse_bool(SPECOBS_ENABLED, raw)
 
-    if phases is None:
-        raw = _env(SPECOBS_PHASES, env)
-        phases_t = d.phases if raw is None else parse_phases(SPECOBS_PHASES, raw)
-    else:
-        phases_t = parse_phases("phases", phases)
+def _integer(minimum: int, maximum: int | None = None) -> Parser:
+    def parse(name: str, value: Any, from_env: bool) -> int:
+        if from_env:
+            return _parse_int(name, value, minimum=minimum, maximum=maximum)
+        return _check_int(name, value, minimum=minimum, maximum=maximum)
 
-    if sample_every is None:
-        raw = _env(SPECOBS_SAMPLE_EVERY, env)
-        if raw is not None:
-            sample_every = _parse_int(SPECOBS_SAMPLE_EVERY, raw, minimum=1)
-    else:
-        sample_every = _check_int("sample_every", sample_every, minimum=1)
+    return parse
 
-    if overhead_budget is None:
-        raw = _env(SPECOBS_OVERHEAD_BUDGET, env)
-        overhead_budget = d.overhead_budget if raw is None else _parse_float(
-            SPECOBS_OVERHEAD_BUDGET, raw, low=0.0, high=1.0, open_low=True
-        )
-    else:
-        overhead_budget = _parse_float(
-            "overhead_budget", overhead_budget, low=0.0, high=1.0, open_low=True
-        )
 
-    clock_name, clock_raw = ("clock", clock) if clock is not None else (
-        SPECOBS_CLOCK, _env(SPECOBS_CLOCK, env)
-    )
-    clock_mode: ClockMode = d.clock
-    if clock_raw is not None:
-        if clock_raw not in ("auto", "cuda", "host"):
-            raise ConfigurationError(
-                f"{clock_name} must be one of 'auto', 'cuda', 'host', got {clock_raw!r}"
-            )
-        clock_mode = clock_raw  # type: ignore[assignment]
+def _number(low: float, high: float, *, open_low: bool) -> Parser:
+    def parse(name: str, value: Any, from_env: bool) -> float:
+        return _parse_float(name, value, low=low, high=high, open_low=open_low)
 
-    def int_setting(arg: int | None, var: str, attr: str, lo: int, hi: int) -> int:
-        if arg is not None:
-            return _check_int(attr, arg, minimum=lo, maximum=hi)
-        raw = _env(var, env)
-        default: int = getattr(d, attr)
-        return default if raw is None else _parse_int(var, raw, minimum=lo, maximum=hi)
+    return parse
 
-    queue_size = int_setting(queue_size, SPECOBS_QUEUE_SIZE, "queue_size", 16, 10_000_000)
-    event_pool_size = int_setting(
-        event_pool_size, SPECOBS_EVENT_POOL_SIZE, "event_pool_size", 4, 1_000_000
-    )
-    max_draft_length = int_setting(
-        max_draft_length, SPECOBS_MAX_DRAFT_LENGTH, "max_draft_length", 1, 64
-    )
 
-    if labels is None:
-        raw = _env(SPECOBS_LABELS, env)
-        labels_d = {} if raw is None else parse_labels(SPECOBS_LABELS, raw)
-    else:
-        labels_d = parse_labels("labels", labels)
+def _boolean(name: str, value: Any, from_env: bool) -> bool:
+    return _parse_bool(name, value) if from_env else bool(value)
 
-    if baseline_tokens_per_second is None:
-        raw = _env(SPECOBS_BASELINE_TOKENS_PER_SECOND, env)
-        if raw is not None:
-            baseline_tokens_per_second = _parse_float(
-                SPECOBS_BASELINE_TOKENS_PER_SECOND, raw, low=0.0, high=1e9, open_low=True
-            )
-    else:
-        baseline_tokens_per_second = _parse_float(
-            "baseline_tokens_per_second", baseline_tokens_per_second,
-            low=0.0, high=1e9, open_low=True,
-        )
 
-    poll = d.poll_interval_seconds if poll_interval_seconds is None else _parse_float(
-        "poll_interval_seconds", poll_interval_seconds, low=0.0, high=86400.0, open_low=True
-    )
+def _optional_boolean(name: str, value: Any, from_env: bool) -> bool | None:
+    return None if value is None else _boolean(name, value, from_env)
 
-    if trace_head_rate is None:
-        raw = _env(SPECOBS_TRACE_HEAD_RATE, env)
-        trace_head_rate = d.trace_head_rate if raw is None else _parse_float(
-            SPECOBS_TRACE_HEAD_RATE, raw, low=0.0, high=1.0, open_low=False
-        )
-    else:
-        trace_head_rate = _parse_float(
-            "trace_head_rate", trace_head_rate, low=0.0, high=1.0, open_low=False
-        )
 
-    if trace_slow_cycle_seconds is None:
-        raw = _env(SPECOBS_TRACE_SLOW_CYCLE_SECONDS, env)
-        if raw is not None:
-            trace_slow_cycle_seconds = _parse_float(
-                SPECOBS_TRACE_SLOW_CYCLE_SECONDS, raw, low=0.0, high=3600.0, open_low=True
-            )
-    else:
-        trace_slow_cycle_seconds = _parse_float(
-            "trace_slow_cycle_seconds", trace_slow_cycle_seconds,
-            low=0.0, high=3600.0, open_low=True,
-        )
-
-    keep = d.keep_cycles if keep_cycles is None else _check_int(
-        "keep_cycles", keep_cycles, minimum=0, maximum=10_000_000
-    )
-
-    rank_v = _default_rank(env) if rank is None else _check_int("rank", rank, minimum=0)
-    if all_ranks is None:
-        raw = _env(SPECOBS_ALL_RANKS, env)
-        all_ranks = d.all_ranks if raw is None else _parse_bool(SPECOBS_ALL_RANKS, raw)
-    replicas_v = d.replicas if replicas is None else _check_int(
-        "replicas", replicas, minimum=1, maximum=65535
-    )
-    replica_v = None if replica is None else _check_int(
-        "replica", replica, minimum=0, maximum=replicas_v - 1
-    )
-    integration_v = d.integration if integration is None else str(integration)
-    if not re.fullmatch(r"[a-z0-9_.-]{1,64}", integration_v):
+def _clock(name: str, value: Any, from_env: bool) -> ClockMode:
+    if value not in ("auto", "cuda", "host"):
         raise ConfigurationError(
-            f"integration must be 1-64 characters of a-z, 0-9, '_', '.', '-', got {integration!r}"
+            f"{name} must be one of 'auto', 'cuda', 'host', got {value!r}"
         )
+    return cast(ClockMode, value)
 
-    return Settings(
-        enabled=bool(enabled),
-        phases=phases_t,
-        sample_every=sample_every,
-        overhead_budget=overhead_budget,
-        clock=clock_mode,
-        queue_size=queue_size,
-        event_pool_size=event_pool_size,
-        max_draft_length=max_draft_length,
-        labels=labels_d,
-        baseline_tokens_per_second=baseline_tokens_per_second,
-        poll_interval_seconds=poll,
-        trace_head_rate=trace_head_rate,
-        trace_slow_cycle_seconds=trace_slow_cycle_seconds,
-        keep_cycles=keep,
-        rank=rank_v,
-        all_ranks=bool(all_ranks),
-        replica=replica_v,
-        replicas=replicas_v,
-        leader=None if leader is None else bool(leader),
-        integration=integration_v,
-    )
+
+def _integration(name: str, value: Any, from_env: bool) -> str:
+    text = str(value)
+    if not re.fullmatch(r"[a-z0-9_.-]{1,64}", text):
+        raise ConfigurationError(
+            f"{name} must be 1-64 characters of a-z, 0-9, '_', '.', '-', got {value!r}"
+        )
+    return text
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the settings table: a :class:`Settings` field, the ``SPECOBS_*`` variable it
+    is read from when no argument is given (``None``: arguments only), and its parser, which
+    holds the bounds."""
+
+    field: str
+    variable: str | None
+    parse: Parser
+
+
+#: Every setting, once. ``configure()`` takes each field as a keyword argument; arguments win
+#: over the variables, which win over the :class:`Settings` defaults.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("enabled", SPECOBS_ENABLED, _boolean),
+    Setting("phases", SPECOBS_PHASES, lambda name, value, env: parse_phases(name, value)),
+    Setting("sample_every", SPECOBS_SAMPLE_EVERY, _integer(1)),
+    Setting("overhead_budget", SPECOBS_OVERHEAD_BUDGET, _number(0.0, 1.0, open_low=True)),
+    Setting("clock", SPECOBS_CLOCK, _clock),
+    Setting("queue_size", SPECOBS_QUEUE_SIZE, _integer(16, 10_000_000)),
+    Setting("event_pool_size", SPECOBS_EVENT_POOL_SIZE, _integer(4, 1_000_000)),
+    Setting("max_draft_length", SPECOBS_MAX_DRAFT_LENGTH, _integer(1, MAX_DRAFT_LENGTH)),
+    Setting("labels", SPECOBS_LABELS, lambda name, value, env: parse_labels(name, value)),
+    Setting("baseline_tokens_per_second", SPECOBS_BASELINE_TOKENS_PER_SECOND,
+            _number(0.0, 1e9, open_low=True)),
+    Setting("poll_interval_seconds", None, _number(0.0, 86400.0, open_low=True)),
+    Setting("trace_head_rate", SPECOBS_TRACE_HEAD_RATE, _number(0.0, 1.0, open_low=False)),
+    Setting("trace_slow_cycle_seconds", SPECOBS_TRACE_SLOW_CYCLE_SECONDS,
+            _number(0.0, 3600.0, open_low=True)),
+    Setting("rank", SPECOBS_RANK, _integer(0)),
+    Setting("all_ranks", SPECOBS_ALL_RANKS, _boolean),
+    Setting("replica", None, _integer(0, 65534)),
+    Setting("replicas", None, _integer(1, 65535)),
+    Setting("leader", None, _optional_boolean),
+    Setting("integration", None, _integration),
+)
+_BY_FIELD = {s.field: s for s in SETTINGS}
+
+
+def resolve_settings(
+    *, env: Mapping[str, str] | None = None, base: Settings | None = None, **arguments: Any
+) -> Settings:
+    """Arguments over ``SPECOBS_*`` variables over defaults (or over ``base``), each validated.
+
+    An argument that is ``None`` counts as not given. Unknown names raise ConfigurationError.
+    With ``base``, the variables are not read: ``base`` already holds what they would give.
+    """
+    unknown = sorted(set(arguments) - set(_BY_FIELD))
+    if unknown:
+        raise ConfigurationError(
+            f"unknown setting {unknown[0]!r}; expected one of {', '.join(sorted(_BY_FIELD))}"
+        )
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        value = arguments.get(setting.field)
+        if value is not None:
+            values[setting.field] = setting.parse(setting.field, value, False)
+            continue
+        if base is not None:
+            continue
+        if setting.variable is not None:
+            raw = _env(setting.variable, env)
+            if raw is not None:
+                values[setting.field] = setting.parse(setting.variable, raw, True)
+    if base is None and "rank" not in values:
+        values["rank"] = _default_rank(env)
+    settings = replace(base or Settings(), **values)
+    if settings.replica is not None and settings.replica >= settings.replicas:
+        raise ConfigurationError(
+            f"replica must be an integer between 0 and {settings.replicas - 1} "
+            f"(replicas={settings.replicas}), got {settings.replica}"
+        )
+    return settings
 
 
 def prometheus_port(env: Mapping[str, str] | None = None) -> int:

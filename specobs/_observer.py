@@ -376,36 +376,27 @@ def _port_offset(settings: Settings) -> int:
 
 
 def configure(
+    settings: Settings | None = None,
     *,
     sinks: Sequence[Sink] | None = None,
-    phases: Sequence[str] | None = None,
-    sample_every: int | None = None,
-    overhead_budget: float | None = None,
     clock: Any = None,
-    queue_size: int | None = None,
-    event_pool_size: int | None = None,
-    max_draft_length: int | None = None,
-    labels: Mapping[str, str] | None = None,
-    baseline_tokens_per_second: float | None = None,
-    poll_interval_seconds: float | None = None,
-    trace_head_rate: float | None = None,
-    trace_slow_cycle_seconds: float | None = None,
-    keep_cycles: int | None = None,
-    enabled: bool | None = None,
-    rank: int | None = None,
-    all_ranks: bool | None = None,
-    replica: int | None = None,
-    replicas: int | None = None,
-    leader: bool | None = None,
-    integration: str | None = None,
     env: Mapping[str, str] | None = None,
+    **overrides: Any,
 ) -> Observer:
     """Create an observer. Arguments win over ``SPECOBS_*`` variables, which win over defaults.
 
-    ``sinks``: where data goes; default from ``SPECOBS_EXPORTERS`` (``prometheus``, ``otlp``),
-    else none (read back with :meth:`Observer.snapshot`). ``clock``: ``"auto"`` (CUDA events once
-    the engine has initialised CUDA), ``"cuda"``, ``"host"``, or a clock object (tests).
-    ``sample_every``: GPU-time one cycle in N; default adaptive under ``overhead_budget``.
+    Every :class:`~specobs.Settings` field is a keyword argument (``phases``, ``sample_every``,
+    ``overhead_budget``, ``queue_size``, ``event_pool_size``, ``max_draft_length``, ``labels``,
+    ``baseline_tokens_per_second``, ``poll_interval_seconds``, ``trace_head_rate``,
+    ``trace_slow_cycle_seconds``, ``enabled``, ``rank``, ``all_ranks``, ``replica``,
+    ``replicas``, ``leader``, ``integration``); each is validated by its row of
+    ``specobs._config.SETTINGS``. Pass ``settings`` to start from a :class:`Settings` instead of
+    the variables and defaults. ``sinks``: where data goes; default from ``SPECOBS_EXPORTERS``
+    (``prometheus``, ``otlp``), else none (read back with :meth:`Observer.snapshot`).
+    ``clock``: ``"auto"`` (CUDA events once the engine has initialised CUDA), ``"cuda"``,
+    ``"host"``, or a clock object (tests). ``sample_every``: GPU-time one cycle in N; default
+    adaptive under ``overhead_budget``.
+
     Multi-process servers: only rank 0 records unless ``all_ranks`` (then each rank gets a
     ``rank`` label and, for the default Prometheus endpoint, port + rank). A server of
     ``replicas`` data-parallel replicas gives each its ``replica`` index: ``rank`` is then the
@@ -415,19 +406,15 @@ def configure(
     replica that records (default: ``rank == 0``); engines whose sampling runs on the last
     pipeline stage pass it. ``integration`` names who records (``specobs_info``).
 
-    Raises :class:`~specobs.ConfigurationError` on any invalid setting.
+    Raises :class:`~specobs.ConfigurationError` on any invalid or unknown setting.
     """
-    settings = resolve_settings(
-        env=env, enabled=enabled, phases=phases, sample_every=sample_every,
-        overhead_budget=overhead_budget, clock=clock if isinstance(clock, str) else None,
-        queue_size=queue_size, event_pool_size=event_pool_size,
-        max_draft_length=max_draft_length, labels=labels,
-        baseline_tokens_per_second=baseline_tokens_per_second,
-        poll_interval_seconds=poll_interval_seconds, trace_head_rate=trace_head_rate,
-        trace_slow_cycle_seconds=trace_slow_cycle_seconds, keep_cycles=keep_cycles,
-        rank=rank, all_ranks=all_ranks, replica=replica, replicas=replicas, leader=leader,
-        integration=integration,
-    )  # fmt: skip
+    if settings is not None and not isinstance(settings, Settings):
+        raise ConfigurationError(
+            f"settings must be a specobs.Settings, got {type(settings).__name__}"
+        )
+    if isinstance(clock, str):
+        overrides["clock"] = clock
+    settings = resolve_settings(env=env, base=settings, **overrides)
     if sinks is not None:
         for s in sinks:
             if not isinstance(s, Sink):

@@ -1,0 +1,150 @@
+"""Validation of what callers pass to accept() and begin(batch_size): specobs._acceptance.
+
+Pure functions over records; a record here is a stand-in with the recorder's record fields.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specobs import _acceptance as A
+
+
+class Rec:
+    """The record fields the recorder sets (the contract documented on specobs._recorder.Cycle)."""
+
+    def __init__(self, acc=None, draft_length=None, emitted=None, batch=None, copy=None):
+        self._acc = list(acc) if type(acc) in (list, tuple) else acc
+        self._draft_len = draft_length
+        self._emitted = emitted
+        self._batch = batch
+        self._acc_copy = copy
+        self._resolved_acc = None
+
+
+class Reports(list):
+    def __call__(self, kind: str, message: str) -> None:
+        self.append((kind, message))
+
+
+class Index:
+    """A numpy- or torch-like integer scalar: usable as a count through __index__."""
+
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    def __index__(self) -> int:
+        return self.v
+
+
+def test_one_draft_length_for_all_is_read_by_columns_exactly():
+    recs = [Rec([0, 3, 2], 3), Rec([1], 3), Rec([3, 3], 3, batch=4)]
+    report = Reports()
+    acc, batches = A.batch_acceptance(recs, 8, report)
+    assert report == []
+    assert acc is not None
+    assert type(acc.lengths) is bytes  # the column path
+    assert sorted(acc.lengths) == [0, 1, 2, 3, 3, 3]
+    assert (acc.accepted, acc.drafted, acc.emitted) == (12, 18, 18)
+    assert acc.sequences_by_draft_length == {3: 6}
+    assert batches == [3, 1, 4]  # a given batch size wins over the sequence count
+
+
+def test_mixed_draft_lengths_and_per_sequence_lengths_are_exact():
+    recs = [
+        Rec([1, 2], 2),
+        Rec([0, 4], 5),
+        Rec([2, 1, 0], [2, 1, 3]),  # one draft length per sequence
+        Rec([Index(2)], Index(4)),  # integer scalars of numpy/torch
+    ]
+    report = Reports()
+    acc, batches = A.batch_acceptance(recs, 8, report)
+    assert report == []
+    assert acc is not None
+    assert (acc.accepted, acc.drafted) == (3 + 4 + 3 + 2, 4 + 10 + 6 + 4)
+    assert acc.emitted == acc.accepted + 8
+    assert acc.sequences_by_draft_length == {2: 3, 5: 2, 1: 1, 3: 1, 4: 1}
+    assert batches == [2, 2, 3, 1]
+
+
+@pytest.mark.parametrize("bad", [
+    [1, 9],  # above the draft length
+    [1, -1],
+    [1, 2.5],
+    [1, math.nan],
+    [1, "2"],
+    [1, None],
+    {1: 2},
+    {1, 2},
+    iter([1, 2]),
+    None.__class__,
+])
+def test_a_bad_value_costs_only_its_own_cycle(bad):
+    recs = [Rec([1, 2], 4), Rec(bad, 4), Rec([3], 4)]
+    report = Reports()
+    acc, _ = A.batch_acceptance(recs, 8, report)
+    assert [kind for kind, _ in report] == ["bad_acceptance"]
+    assert acc is not None
+    assert (acc.accepted, acc.drafted) == (6, 12)  # the two good cycles, exactly
+    assert recs[1]._acc is None  # not shown on the resolved cycle either
+
+
+def test_a_draft_length_over_the_maximum_is_rejected_and_named():
+    report = Reports()
+    acc, _ = A.batch_acceptance([Rec([1], 9)], 8, report)
+    assert acc is None
+    assert report and "max_draft_length=8" in report[0][1]
+
+
+def test_emitted_overrides_the_default_and_a_bad_one_falls_back():
+    report = Reports()
+    acc, _ = A.batch_acceptance([Rec([1, 1], 2, emitted=7)], 8, report)
+    assert acc is not None and acc.emitted == 7 and report == []
+    acc, _ = A.batch_acceptance([Rec([1, 1], 2, emitted="x")], 8, report)
+    assert acc is not None and acc.emitted == 4  # accepted + one per sequence
+    assert [k for k, _ in report] == ["bad_acceptance"]
+
+
+def test_a_bad_batch_size_is_dropped_and_the_cycle_kept():
+    recs = [Rec([1], 2, batch="eight"), Rec([2], 2, batch=3), Rec(None, batch=-1)]
+    report = Reports()
+    acc, batches = A.batch_acceptance(recs, 8, report)
+    assert acc is not None and acc.accepted == 3
+    assert batches == [3]
+    assert [k for k, _ in report] == ["bad_batch_size", "bad_batch_size"]
+    assert recs[0]._batch is None
+
+
+def test_a_copy_that_cannot_be_read_is_counted():
+    class Broken:
+        def read(self):
+            raise RuntimeError("device gone")
+
+    report = Reports()
+    acc, _ = A.batch_acceptance([Rec(None, 2, copy=Broken())], 8, report)
+    assert acc is None
+    assert report[0][0] == "bad_acceptance" and "device gone" in report[0][1]
+
+
+def test_the_resolved_view_of_each_cycle_sums_to_the_chunk():
+    recs = [Rec([1, 2], 2), Rec([0, 4, 1], [5, 4, 1]), Rec([3], 3)]
+    acc, _ = A.batch_acceptance(recs, 8, Reports())
+    views = [A.resolved_acceptance(r, 8) for r in recs]
+    assert all(v is not None for v in views)
+    assert acc is not None
+    assert sum(v.accepted for v in views) == acc.accepted
+    assert sum(v.drafted for v in views) == acc.drafted
+    assert views[1].shape == [5, 4, 1] and views[0].shape == (2, 2)
+
+
+@pytest.mark.parametrize(("value", "count"), [(3, 3), (3.0, 3), (Index(5), 5)])
+def test_as_count_accepts_integral_values(value, count):
+    assert A.as_count(value) == count
+
+
+@pytest.mark.parametrize("value", [True, 1.5, math.nan, math.inf, "3", None, [1]])
+def test_as_count_rejects_the_rest(value):
+    with pytest.raises((ValueError, TypeError)):
+        A.as_count(value)
