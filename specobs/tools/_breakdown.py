@@ -46,13 +46,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from specobs import catalog
+from specobs._model import CLOCKS, HistogramData, Snapshot
+from specobs._series import families
 from specobs.tools._scrape import CounterReset, Delta, Scrape, Series, difference
-
-if TYPE_CHECKING:
-    from specobs import HistogramData, Snapshot
 
 __all__ = [
     "CLOCKS",
@@ -65,11 +63,6 @@ __all__ = [
     "snapshot_series",
     "speedups",
 ]
-
-#: The clocks every duration is measured on, in exposition order. TODO(issue 14): the lead adds
-#: ``specobs._model.CLOCKS``; import it from there once it is committed.
-CLOCKS: tuple[str, str] = ("gpu", "host")
-
 
 # -- the breakdown --------------------------------------------------------------------------------
 
@@ -294,61 +287,30 @@ def _le(bound: float) -> str:
     return "+Inf" if bound == math.inf else repr(float(bound))
 
 
-def _add_histogram(
-    series: Series, name: str, h: HistogramData, labels: Mapping[str, str]
-) -> None:
-    acc = 0
-    for bound, n in zip((*h.bounds, math.inf), h.counts, strict=True):
-        acc += n
-        series.add(f"{name}_bucket", {**labels, "le": _le(bound)}, float(acc))
-    series.add(f"{name}_sum", labels, float(h.sum))
-    series.add(f"{name}_count", labels, float(h.count))
-
-
 def snapshot_series(snapshot: Snapshot, baseline: float | None = None) -> Series:
-    """The series a scrape of ``snapshot`` would parse into, as far as :func:`breakdown` reads
-    them (same names, labels and values as the Prometheus exposition; tests/test_breakdown.py
-    checks it against a real one). ``baseline`` replaces the baseline gauge when given.
-
-    TODO(issue 14): render from the lead's catalog-driven series walk once it exists, so this
-    is not a walk of its own.
-    """
-    s, const = Series(), dict(snapshot.labels)
-    for (phase, clock), h in snapshot.phase_histograms.items():
-        _add_histogram(s, catalog.PHASE_DURATION.name, h, {"phase": phase, "clock": clock,
-                                                           **const})
-    for clock, h in snapshot.cycle_histograms.items():
-        _add_histogram(s, catalog.CYCLE_DURATION.name, h, {"clock": clock, **const})
-    _add_histogram(s, catalog.ACCEPT_LENGTH.name, snapshot.accept_length, const)
-    _add_histogram(s, catalog.BATCH_SIZE.name, snapshot.batch_size, const)
-    for metric, value in (
-        (catalog.CYCLES, snapshot.cycles_total),
-        (catalog.DRAFT_TOKENS, snapshot.draft_tokens_total),
-        (catalog.ACCEPTED_TOKENS, snapshot.accepted_tokens_total),
-        (catalog.EMITTED_TOKENS, snapshot.emitted_tokens_total),
-        (catalog.SAMPLED_CYCLES, snapshot.sampled_cycles_total),
-    ):
-        s.add(metric.name, const, float(value))
-    for metric, label, values in (
-        (catalog.ACCEPTED_BY_POSITION, "position", dict(enumerate(snapshot.accepted_by_position))),
-        (catalog.DRAFTED_BY_POSITION, "position", dict(enumerate(snapshot.drafted_by_position))),
-        (catalog.DROPPED_RECORDS, "reason", dict(snapshot.dropped)),
-        (catalog.EXPORTER_CPU, "component", dict(snapshot.cpu_seconds)),
-        (catalog.ERRORS, "kind", dict(snapshot.errors)),
-    ):
-        for key, v in values.items():
-            s.add(metric.name, {label: str(key), **const}, float(v))
-    s.add(catalog.INFO.name, {**const, **snapshot.info}, 1.0)
-    if baseline is None:
-        baseline = snapshot.baseline_tokens_per_second
-    for metric, current in (
-        (catalog.BASELINE_SEQUENCE_TOKENS, baseline),
-        (catalog.SAMPLING_INTERVAL, snapshot.sampling_interval),
-        (catalog.OVERHEAD_RATIO, snapshot.overhead_ratio),
-    ):
-        if current is not None:
-            s.add(metric.name, const, float(current))
-    return s
+    """The series a scrape of ``snapshot`` parses into: the exporters' own walk
+    (:func:`specobs._series.families`) with the Prometheus names, labels and values
+    (tests/test_breakdown.py checks it against a real exposition). ``baseline`` replaces the
+    baseline gauge when given."""
+    out, const = Series(), dict(snapshot.labels)
+    for family in families(snapshot):
+        m = family.metric
+        if m is catalog.BASELINE_SEQUENCE_TOKENS and baseline is not None:
+            continue
+        for values, value in family.points:
+            labels = {**dict(zip(family.labels, values, strict=True)), **const}
+            if isinstance(value, HistogramData):
+                acc = 0
+                for bound, n in zip((*value.bounds, math.inf), value.counts, strict=True):
+                    acc += n
+                    out.add(f"{m.name}_bucket", {**labels, "le": _le(bound)}, float(acc))
+                out.add(f"{m.name}_sum", labels, float(value.sum))
+                out.add(f"{m.name}_count", labels, float(value.count))
+            else:
+                out.add(m.name, labels, float(value))
+    if baseline is not None:
+        out.add(catalog.BASELINE_SEQUENCE_TOKENS.name, const, float(baseline))
+    return out
 
 
 def snapshot_delta(
