@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import itertools
 import json
@@ -49,15 +50,22 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from specobs import Observer
+
+    from ._engine import RequestHandle, SpecDecodeEngine
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -494,14 +502,14 @@ async def _drain(receive: _Receive, max_bytes: int, max_seconds: float) -> None:
 # -- the app ----------------------------------------------------------------------------------
 
 
-def _metrics_registry(observer: Any) -> Any:
+def _metrics_registry(observer: Observer | None) -> CollectorRegistry | None:
     """The registry of the observer's PrometheusSink, else a private one over its aggregation."""
     if observer is None:
         return None
-    for sink in getattr(observer, "sinks", ()):
+    for sink in observer.sinks:
         registry = getattr(sink, "registry", None)
         if registry is not None and getattr(sink, "collector", None) is not None:
-            return registry
+            return cast("CollectorRegistry", registry)
     from prometheus_client import CollectorRegistry
 
     from specobs.sinks.prometheus import SnapshotCollector
@@ -511,9 +519,26 @@ def _metrics_registry(observer: Any) -> Any:
     return registry
 
 
+@dataclass
+class _Served:
+    """What every handler reads, kept on ``app.state.served``."""
+
+    engine: SpecDecodeEngine
+    observer: Observer | None
+    model_name: str
+    max_prompt_chars: int
+    registry: CollectorRegistry | None
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    ids: Iterator[int] = dataclasses.field(default_factory=lambda: itertools.count(1))
+
+
+def _served(request: Request) -> _Served:
+    return cast(_Served, request.app.state.served)
+
+
 def create_app(
-    engine: Any,
-    observer: Any = None,
+    engine: SpecDecodeEngine,
+    observer: Observer | None = None,
     *,
     admin_token: str | None = None,
     model_name: str = DEFAULT_MODEL_NAME,
@@ -525,6 +550,11 @@ def create_app(
     engine's running/waiting requests to it. ``admin_token``: serve ``/admin/fault`` to callers
     that present it as ``Authorization: Bearer <token>`` (``None``: no admin endpoints; at least
     :data:`MIN_ADMIN_TOKEN_CHARS` characters). ``limits``: see :class:`ServerLimits`.
+
+    The routes come from three routers, one per concern: the OpenAI-style completions
+    (:data:`_completions`), the server's own endpoints (:data:`_server_info`: models, health,
+    metrics) and, with a token, :data:`_admin`. Their handlers read :class:`_Served` from
+    ``app.state``.
     """
     if admin_token is not None and len(admin_token) < MIN_ADMIN_TOKEN_CHARS:
         raise ValueError(
@@ -532,308 +562,364 @@ def create_app(
             f"{len(admin_token)}; make one with: python -c 'import secrets; "
             "print(secrets.token_hex(16))'"
         )
-    tokenizer = engine.tokenizer
-    vocab_size = int(engine.config.vocab_size)
-    max_prompt_chars = limits.max_prompt_chars or (
-        _PROMPT_CHARS_PER_TOKEN * int(engine.max_request_tokens())
-    )
-    ids = itertools.count(1)
-    created = int(time.time())
-    registry = _metrics_registry(observer)
-
-    async def report_requests() -> None:
-        # The stall alert needs "requests waiting" even when no cycle runs, so sample the
-        # engine's queue here rather than in its (possibly stalled) step loop.
-        while True:
-            with contextlib.suppress(Exception):
-                s = engine.stats()
-                observer.set_requests(running=s.active, waiting=s.waiting)
-            await asyncio.sleep(_REQUEST_GAUGE_INTERVAL_SECONDS)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task = None
-        if observer is not None and hasattr(observer, "set_requests"):
-            task = asyncio.create_task(report_requests())
-        try:
-            yield
-        finally:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
     app = FastAPI(
         title="specobs demo",
         description="OpenAI-style completions over a real speculative decoding engine",
-        lifespan=lifespan,
+        lifespan=_lifespan,
         docs_url=None,
         redoc_url=None,
     )
     app.state.engine = engine
     app.state.observer = observer
+    app.state.served = _Served(
+        engine=engine,
+        observer=observer,
+        model_name=model_name,
+        max_prompt_chars=limits.max_prompt_chars or (
+            _PROMPT_CHARS_PER_TOKEN * int(engine.max_request_tokens())
+        ),
+        registry=_metrics_registry(observer),
+    )
     app.add_middleware(_Guard, limits=limits, admin_token=admin_token)
-
-    @app.exception_handler(RequestValidationError)
-    async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return _error(400, message, param)
-
-    @app.exception_handler(_InvalidRequest)
-    async def _on_invalid(request: Request, exc: _InvalidRequest) -> JSONResponse:
-        return _error(exc.status, exc.message, exc.param)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 404:
-            message = f"no such endpoint: {request.method} {request.url.path}"
-        elif exc.status_code == 405:
-            message = f"method {request.method} is not allowed on {request.url.path}"
-        else:
-            message = str(exc.detail)
-        return _error(exc.status_code, message)
-
-    # -- completions ---------------------------------------------------------------------------
-
-    async def _prompt_ids(body: CompletionRequest) -> list[int]:
-        if isinstance(body.prompt, str):
-            if len(body.prompt) > max_prompt_chars:
-                # Refused before tokenizing: the tokenizer's time grows with the text.
-                raise _InvalidRequest(
-                    f"'prompt': expected at most {max_prompt_chars} characters of text (this "
-                    f"model's limit is {engine.max_request_tokens()} tokens), got "
-                    f"{len(body.prompt)} characters",
-                    "prompt",
-                )
-            # Off the event loop: other requests, /health and /metrics go on meanwhile.
-            prompt = await asyncio.to_thread(tokenizer.encode, body.prompt)
-            if not prompt:
-                raise _InvalidRequest(
-                    "'prompt': expected text with at least one token, got text that encodes to "
-                    "no tokens",
-                    "prompt",
-                )
-            return list(prompt)
-        for i, tok in enumerate(body.prompt):
-            if not 0 <= tok < vocab_size:
-                raise _InvalidRequest(
-                    f"'prompt': token id {tok} at index {i} is out of range: expected token ids "
-                    f"in [0, {vocab_size})",
-                    "prompt",
-                )
-        return list(body.prompt)
-
-    def _submit(body: CompletionRequest, prompt: list[int]) -> Any:
-        limit = int(engine.max_request_tokens())
-        if body.max_tokens > limit:
-            raise _InvalidRequest(
-                f"'max_tokens': expected at most {limit} (this model's context is "
-                f"{engine.config.max_seq_len} tokens, less room for speculation), got "
-                f"{body.max_tokens}",
-                "max_tokens",
-            )
-        if len(prompt) + body.max_tokens > limit:
-            raise _InvalidRequest(
-                f"the prompt ({len(prompt)} tokens) plus max_tokens ({body.max_tokens}) is "
-                f"longer than this model's limit of {limit} tokens: shorten the prompt or ask for "
-                f"max_tokens <= {max(limit - len(prompt), 0)}",
-                "prompt" if len(prompt) >= limit else "max_tokens",
-            )
-        try:
-            return engine.submit(prompt, body.max_tokens)
-        except ValueError as exc:
-            raise _InvalidRequest(str(exc), "prompt") from exc
-        except RuntimeError as exc:  # engine closed
-            raise _InvalidRequest(str(exc), None, status=503) from exc
-
-    def _choice(text: str, tokens: list[int], finish_reason: str | None) -> dict[str, Any]:
-        return {
-            "index": 0,
-            "text": text,
-            "token_ids": tokens,
-            "logprobs": None,
-            "finish_reason": finish_reason,
-        }
-
-    def _usage(prompt: list[int], n: int) -> dict[str, int]:
-        return {
-            "prompt_tokens": len(prompt),
-            "completion_tokens": n,
-            "total_tokens": len(prompt) + n,
-        }
-
-    async def _await_handle(handle: Any, request: Request) -> bool:
-        """Wait for the request to finish; False (and the request cancelled) if the client left."""
-        fut = asyncio.wrap_future(handle.future)
-        while True:
-            done, _ = await asyncio.wait({fut}, timeout=_DISCONNECT_POLL_SECONDS)
-            if done:
-                return True
-            if await request.is_disconnected():
-                handle.cancel()
-                engine.wake()
-                return False
-
-    @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        prompt = await _prompt_ids(body)
-        handle = _submit(body, prompt)
-        cid = f"cmpl-{next(ids)}"
-        now = int(time.time())
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(
-                _stream(handle, prompt, cid, now, include_usage, request),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
-        if not await _await_handle(handle, request):
-            return Response(status_code=499)
-        try:
-            tokens = handle.wait(0)
-        except Exception as exc:
-            _log.warning("request %s failed in the engine: %r", cid, exc)
-            return _error(500, f"the engine failed this request: {exc!r}", kind="server_error")
-        return JSONResponse(
-            {
-                "id": cid,
-                "object": "text_completion",
-                "created": now,
-                "model": model_name,
-                "choices": [
-                    _choice(tokenizer.decode(tokens), tokens, handle.finish_reason)
-                ],
-                "usage": _usage(prompt, len(tokens)),
-            }
-        )
-
-    async def _stream(
-        handle: Any,
-        prompt: list[int],
-        cid: str,
-        now: int,
-        include_usage: bool,
-        request: Request,
-    ) -> AsyncIterator[str]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[list[int], bool]] = asyncio.Queue()
-
-        def on_tokens(new: list[int], done: bool) -> None:  # engine thread
-            loop.call_soon_threadsafe(queue.put_nowait, (list(new), done))
-
-        def chunk(choice: dict[str, Any], usage: dict[str, int] | None = None) -> str:
-            payload: dict[str, Any] = {
-                "id": cid,
-                "object": "text_completion",
-                "created": now,
-                "model": model_name,
-                "choices": [choice] if choice else [],
-            }
-            if include_usage:
-                payload["usage"] = usage
-            return f"data: {json.dumps(payload)}\n\n"
-
-        handle.add_callback(on_tokens)
-        tokens: list[int] = []
-        sent = ""
-        finished = False
-        checked = time.monotonic()
-        try:
-            while not finished:
-                # uvicorn drops writes to a closed connection silently (ASGI 2.4), so ask about
-                # the client now and then, also while tokens flow or nothing comes (a stall).
-                if time.monotonic() - checked >= _DISCONNECT_POLL_SECONDS:
-                    checked = time.monotonic()
-                    if await request.is_disconnected():
-                        return
-                try:
-                    new, finished = await asyncio.wait_for(
-                        queue.get(), timeout=_DISCONNECT_POLL_SECONDS
-                    )
-                except asyncio.TimeoutError:
-                    continue
-                while not queue.empty():
-                    more, done = queue.get_nowait()
-                    new += more
-                    finished = finished or done
-                if not new and not finished:
-                    continue
-                tokens += new
-                text = tokenizer.decode(tokens)
-                # Text of a partial UTF-8 sequence may change once the rest arrives; hold it back.
-                stable = text if finished else text.rstrip("\ufffd")
-                delta = stable[len(sent) :] if stable.startswith(sent) else ""
-                sent = sent + delta if delta else sent
-                reason = None
-                if finished:
-                    if handle.finish_reason == "error":
-                        err = {"message": "the engine failed this request", "type": "server_error"}
-                        yield f"data: {json.dumps({'error': err})}\n\n"
-                        return
-                    reason = handle.finish_reason
-                yield chunk(_choice(delta, new, reason))
-            if include_usage:
-                yield chunk({}, _usage(prompt, len(tokens)))
-            yield "data: [DONE]\n\n"
-        finally:
-            if not handle.done:
-                # The client went away (or the server is shutting down): free the engine slot.
-                handle.cancel()
-                engine.wake()
-
-    # -- the rest ------------------------------------------------------------------------------
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": model_name,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "specobs",
-                    "max_model_len": int(engine.max_request_tokens()),
-                }
-            ],
-        }
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_name, "engine": engine.stats().as_dict()}
-
-    @app.get("/metrics", response_model=None)
-    async def metrics(request: Request) -> Response:
-        if registry is None:
-            return _error(404, "no specobs observer is attached to this engine", kind="not_found")
-        from prometheus_client.exposition import choose_encoder
-
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        # Rendering reads a snapshot under the aggregation lock: keep it off the event loop.
-        body = await asyncio.to_thread(encoder, registry)
-        return Response(body, media_type=None, headers={"Content-Type": content_type})
-
+    app.add_exception_handler(RequestValidationError, _on_validation)  # type: ignore[arg-type]
+    app.add_exception_handler(_InvalidRequest, _on_invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _on_http)  # type: ignore[arg-type]
+    app.include_router(_completions)
+    app.include_router(_server_info)
     if admin_token is not None:
-        from ._engine import FAULTS
-
-        @app.get("/admin/fault")
-        async def get_fault() -> dict[str, Any]:
-            return {"fault": engine.fault, "faults": list(FAULTS)}
-
-        @app.post("/admin/fault")
-        async def set_fault(body: FaultRequest) -> dict[str, Any]:
-            if body.fault not in FAULTS:
-                raise _InvalidRequest(
-                    f"'fault': expected one of {json.dumps(list(FAULTS))}, got "
-                    f"{json.dumps(body.fault)}",
-                    "fault",
-                )
-            previous = engine.fault
-            engine.fault = body.fault
-            _log.info("fault switched from %s to %s", previous, body.fault)
-            return {"fault": engine.fault, "previous": previous, "faults": list(FAULTS)}
-
+        app.include_router(_admin)
     return app
+
+
+async def _report_requests(engine: SpecDecodeEngine, observer: Observer) -> None:
+    # The stall alert needs "requests waiting" even when no cycle runs, so sample the engine's
+    # queue here rather than in its (possibly stalled) step loop.
+    while True:
+        with contextlib.suppress(Exception):
+            s = engine.stats()
+            observer.set_requests(running=s.active, waiting=s.waiting)
+        await asyncio.sleep(_REQUEST_GAUGE_INTERVAL_SECONDS)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    served: _Served = app.state.served
+    task = None
+    if served.observer is not None:
+        task = asyncio.create_task(_report_requests(served.engine, served.observer))
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    message, param = _validation_message(exc)
+    return _error(400, message, param)
+
+
+async def _on_invalid(request: Request, exc: _InvalidRequest) -> JSONResponse:
+    return _error(exc.status, exc.message, exc.param)
+
+
+async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 404:
+        message = f"no such endpoint: {request.method} {request.url.path}"
+    elif exc.status_code == 405:
+        message = f"method {request.method} is not allowed on {request.url.path}"
+    else:
+        message = str(exc.detail)
+    return _error(exc.status_code, message)
+
+
+# -- completions ----------------------------------------------------------------------------
+
+_completions = APIRouter()
+
+
+async def _prompt_ids(served: _Served, body: CompletionRequest) -> list[int]:
+    engine = served.engine
+    if isinstance(body.prompt, str):
+        if len(body.prompt) > served.max_prompt_chars:
+            # Refused before tokenizing: the tokenizer's time grows with the text.
+            raise _InvalidRequest(
+                f"'prompt': expected at most {served.max_prompt_chars} characters of text (this "
+                f"model's limit is {engine.max_request_tokens()} tokens), got "
+                f"{len(body.prompt)} characters",
+                "prompt",
+            )
+        # Off the event loop: other requests, /health and /metrics go on meanwhile.
+        prompt = await asyncio.to_thread(engine.tokenizer.encode, body.prompt)
+        if not prompt:
+            raise _InvalidRequest(
+                "'prompt': expected text with at least one token, got text that encodes to "
+                "no tokens",
+                "prompt",
+            )
+        return list(prompt)
+    vocab_size = int(engine.config.vocab_size)
+    for i, tok in enumerate(body.prompt):
+        if not 0 <= tok < vocab_size:
+            raise _InvalidRequest(
+                f"'prompt': token id {tok} at index {i} is out of range: expected token ids "
+                f"in [0, {vocab_size})",
+                "prompt",
+            )
+    return list(body.prompt)
+
+
+def _submit(engine: SpecDecodeEngine, body: CompletionRequest, prompt: list[int]) -> RequestHandle:
+    limit = int(engine.max_request_tokens())
+    if body.max_tokens > limit:
+        raise _InvalidRequest(
+            f"'max_tokens': expected at most {limit} (this model's context is "
+            f"{engine.config.max_seq_len} tokens, less room for speculation), got "
+            f"{body.max_tokens}",
+            "max_tokens",
+        )
+    if len(prompt) + body.max_tokens > limit:
+        raise _InvalidRequest(
+            f"the prompt ({len(prompt)} tokens) plus max_tokens ({body.max_tokens}) is "
+            f"longer than this model's limit of {limit} tokens: shorten the prompt or ask for "
+            f"max_tokens <= {max(limit - len(prompt), 0)}",
+            "prompt" if len(prompt) >= limit else "max_tokens",
+        )
+    try:
+        return engine.submit(prompt, body.max_tokens)
+    except ValueError as exc:
+        raise _InvalidRequest(str(exc), "prompt") from exc
+    except RuntimeError as exc:  # engine closed
+        raise _InvalidRequest(str(exc), None, status=503) from exc
+
+
+def _choice(text: str, tokens: list[int], finish_reason: str | None) -> dict[str, Any]:
+    return {
+        "index": 0,
+        "text": text,
+        "token_ids": tokens,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+    }
+
+
+def _usage(prompt: list[int], n: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": len(prompt),
+        "completion_tokens": n,
+        "total_tokens": len(prompt) + n,
+    }
+
+
+async def _await_handle(engine: SpecDecodeEngine, handle: RequestHandle,
+                        request: Request) -> bool:
+    """Wait for the request to finish; False (and the request cancelled) if the client left."""
+    fut = asyncio.wrap_future(handle.future)
+    while True:
+        done, _ = await asyncio.wait({fut}, timeout=_DISCONNECT_POLL_SECONDS)
+        if done:
+            return True
+        if await request.is_disconnected():
+            handle.cancel()
+            engine.wake()
+            return False
+
+
+@_completions.post("/v1/completions", response_model=None)
+async def _complete(body: CompletionRequest, request: Request) -> Response:
+    served = _served(request)
+    engine = served.engine
+    prompt = await _prompt_ids(served, body)
+    handle = _submit(engine, body, prompt)
+    cid = f"cmpl-{next(served.ids)}"
+    now = int(time.time())
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(
+            _stream(served, handle, prompt, _Chunk(cid, now, served.model_name, include_usage),
+                    request),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    if not await _await_handle(engine, handle, request):
+        return Response(status_code=499)
+    try:
+        tokens = handle.wait(0)
+    except Exception as exc:
+        _log.warning("request %s failed in the engine: %r", cid, exc)
+        return _error(500, f"the engine failed this request: {exc!r}", kind="server_error")
+    return JSONResponse(
+        {
+            "id": cid,
+            "object": "text_completion",
+            "created": now,
+            "model": served.model_name,
+            "choices": [
+                _choice(engine.tokenizer.decode(tokens), tokens, handle.finish_reason)
+            ],
+            "usage": _usage(prompt, len(tokens)),
+        }
+    )
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """One streamed completion's server-sent events."""
+
+    cid: str
+    created: int
+    model_name: str
+    include_usage: bool
+
+    def __call__(self, choice: dict[str, Any], usage: dict[str, int] | None = None) -> str:
+        payload: dict[str, Any] = {
+            "id": self.cid,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model_name,
+            "choices": [choice] if choice else [],
+        }
+        if self.include_usage:
+            payload["usage"] = usage
+        return f"data: {json.dumps(payload)}\n\n"
+
+
+async def _stream(
+    served: _Served,
+    handle: RequestHandle,
+    prompt: list[int],
+    chunk: _Chunk,
+    request: Request,
+) -> AsyncIterator[str]:
+    engine, tokenizer = served.engine, served.engine.tokenizer
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[list[int], bool]] = asyncio.Queue()
+
+    def on_tokens(new: list[int], done: bool) -> None:  # engine thread
+        loop.call_soon_threadsafe(queue.put_nowait, (list(new), done))
+
+    handle.add_callback(on_tokens)
+    tokens: list[int] = []
+    sent = ""
+    finished = False
+    checked = time.monotonic()
+    try:
+        while not finished:
+            # uvicorn drops writes to a closed connection silently (ASGI 2.4), so ask about the
+            # client now and then, also while tokens flow or nothing comes (a stall).
+            if time.monotonic() - checked >= _DISCONNECT_POLL_SECONDS:
+                checked = time.monotonic()
+                if await request.is_disconnected():
+                    return
+            try:
+                new, finished = await asyncio.wait_for(
+                    queue.get(), timeout=_DISCONNECT_POLL_SECONDS
+                )
+            except asyncio.TimeoutError:
+                continue
+            while not queue.empty():
+                more, done = queue.get_nowait()
+                new += more
+                finished = finished or done
+            if not new and not finished:
+                continue
+            tokens += new
+            text = tokenizer.decode(tokens)
+            # Text of a partial UTF-8 sequence may change once the rest arrives; hold it back.
+            stable = text if finished else text.rstrip("\ufffd")
+            delta = stable[len(sent) :] if stable.startswith(sent) else ""
+            sent = sent + delta if delta else sent
+            reason = None
+            if finished:
+                if handle.finish_reason == "error":
+                    err = {"message": "the engine failed this request", "type": "server_error"}
+                    yield f"data: {json.dumps({'error': err})}\n\n"
+                    return
+                reason = handle.finish_reason
+            yield chunk(_choice(delta, new, reason))
+        if chunk.include_usage:
+            yield chunk({}, _usage(prompt, len(tokens)))
+        yield "data: [DONE]\n\n"
+    finally:
+        if not handle.done:
+            # The client went away (or the server is shutting down): free the engine slot.
+            handle.cancel()
+            engine.wake()
+
+
+# -- models, health, metrics ----------------------------------------------------------------
+
+_server_info = APIRouter()
+
+
+@_server_info.get("/v1/models")
+async def _models(request: Request) -> dict[str, Any]:
+    served = _served(request)
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": served.model_name,
+                "object": "model",
+                "created": served.created,
+                "owned_by": "specobs",
+                "max_model_len": int(served.engine.max_request_tokens()),
+            }
+        ],
+    }
+
+
+@_server_info.get("/health")
+async def _health(request: Request) -> dict[str, Any]:
+    served = _served(request)
+    return {"status": "ok", "model": served.model_name, "engine": served.engine.stats().as_dict()}
+
+
+@_server_info.get("/metrics", response_model=None)
+async def _metrics(request: Request) -> Response:
+    registry = _served(request).registry
+    if registry is None:
+        return _error(404, "no specobs observer is attached to this engine", kind="not_found")
+    from prometheus_client.exposition import choose_encoder
+
+    encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+    # Rendering reads a snapshot under the aggregation lock: keep it off the event loop.
+    body = await asyncio.to_thread(encoder, registry)
+    return Response(body, media_type=None, headers={"Content-Type": content_type})
+
+
+# -- admin (only with a token; _Guard checks it) ---------------------------------------------
+
+_admin = APIRouter()
+
+
+@_admin.get("/admin/fault")
+async def _get_fault(request: Request) -> dict[str, Any]:
+    from ._engine import FAULTS
+
+    return {"fault": _served(request).engine.fault, "faults": list(FAULTS)}
+
+
+@_admin.post("/admin/fault")
+async def _set_fault(body: FaultRequest, request: Request) -> dict[str, Any]:
+    from ._engine import FAULTS
+
+    engine = _served(request).engine
+    if body.fault not in FAULTS:
+        raise _InvalidRequest(
+            f"'fault': expected one of {json.dumps(list(FAULTS))}, got "
+            f"{json.dumps(body.fault)}",
+            "fault",
+        )
+    previous = engine.fault
+    engine.fault = body.fault
+    _log.info("fault switched from %s to %s", previous, body.fault)
+    return {"fault": engine.fault, "previous": previous, "faults": list(FAULTS)}
 
 
 # -- running it -----------------------------------------------------------------------------
