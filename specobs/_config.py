@@ -391,6 +391,15 @@ def exporters(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     return tuple(n for n in names if n != "none")
 
 
+def env_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the switch variable ``name`` is on (``1``, ``true``, ``yes``, ``on``, any case).
+
+    For switches read where raising is not an option (an engine's plugin loader): anything else,
+    or unset, is off."""
+    raw = (os.environ if env is None else env).get(name, "")
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
 def exit_timeout_seconds(env: Mapping[str, str] | None = None) -> float:
     """``SPECOBS_EXIT_TIMEOUT_SECONDS`` (default 5). Read at exit, so a bad value cannot raise
     then: it is logged and the default is used."""

@@ -26,13 +26,15 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from specobs import _config
+
 if TYPE_CHECKING:
     from specobs import Observer
 
 logger = logging.getLogger("specobs.instrument")
 
-DEFAULT_PHASES = ("draft", "verify", "bookkeeping")
-"""The phase names every instrumentor reports; engines differ only in the order they run them."""
+#: The phase names every instrumentor reports; engines differ only in the order they run them.
+DEFAULT_PHASES = _config.DEFAULT_PHASES
 
 _RELEASE = re.compile(r"\d+(?:\.\d+)*")
 

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from specobs._config import env_flag
 from specobs.instrument._base import (
     DEFAULT_PHASES,
     BaseInstrumentor,
@@ -94,8 +95,7 @@ _local = threading.local()
 
 
 def _enabled(env: dict[str, str] | os._Environ[str] | None = None) -> bool:
-    raw = (os.environ if env is None else env).get(SPECOBS_SGLANG, "")
-    return raw.strip().lower() in ("1", "true", "yes", "on")
+    return env_flag(SPECOBS_SGLANG, env)
 
 
 # -- topology --------------------------------------------------------------------------------------

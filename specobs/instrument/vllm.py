@@ -42,11 +42,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from specobs._config import env_flag
 from specobs.instrument._base import (
     BaseInstrumentor,
     LogOnce,
@@ -85,7 +85,7 @@ _log = logging.getLogger("specobs.instrument")
 
 
 def _enabled() -> bool:
-    return os.environ.get(SPECOBS_VLLM, "").strip().lower() in ("1", "true", "yes", "on")
+    return env_flag(SPECOBS_VLLM)
 
 
 def v1_phase_order(spec_config: Any) -> tuple[str, ...]:

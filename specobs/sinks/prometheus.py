@@ -194,14 +194,14 @@ class PrometheusSink(Sink):
         super().attach(source)
         self._attached = True
         self.collector = SnapshotCollector(source, exemplars=self._exemplars)
-        self.registry.register(self.collector)  # type: ignore[arg-type]
+        self.registry.register(self.collector)
         if self._serve:
             port = prometheus_port() if self._port_arg is None else self._port_arg
             addr = prometheus_addr() if self._addr_arg is None else self._addr_arg
             try:
                 self._start_server(addr, port)
             except OSError as exc:
-                self.registry.unregister(self.collector)  # type: ignore[arg-type]
+                self.registry.unregister(self.collector)
                 self.collector = None
                 raise ConfigurationError(
                     f"cannot serve Prometheus metrics on {addr}:{port}: {exc.strerror or exc}. "
@@ -336,7 +336,7 @@ class PrometheusSink(Sink):
             server.shutdown(timeout_seconds)
         if self.collector is not None:
             try:
-                self.registry.unregister(self.collector)  # type: ignore[arg-type]
+                self.registry.unregister(self.collector)
             except KeyError:
                 pass
             self.collector = None
