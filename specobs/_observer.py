@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from specobs._aggregation import Aggregation
@@ -31,7 +31,11 @@ from specobs._recorder import Cycle, Recorder
 from specobs._resolver import Resolver
 from specobs._version import __version__ as _version
 from specobs.sinks._base import Sink
+from specobs.timing import EventClock
 from specobs.timing.host import WallAnchor
+
+#: Makes the CUDA clock once the engine has initialised CUDA (``None`` until then).
+ClockFactory = Callable[[], "EventClock | None"]
 
 __all__ = ["Observer", "configure"]
 
@@ -113,8 +117,8 @@ class Observer:
         settings: Settings,
         sinks: Sequence[Sink] = (),
         *,
-        clock: Any = None,
-        clock_factory: Any = None,
+        clock: EventClock | None = None,
+        clock_factory: ClockFactory | None = None,
         clock_name: str = "none",
     ) -> None:
         self.settings = settings
@@ -279,7 +283,7 @@ class Observer:
         return self._closed
 
     @property
-    def clock(self) -> Any:
+    def clock(self) -> EventClock | None:
         """The event clock in use, or ``None`` (host clock only, or CUDA not started yet)."""
         return self._recorder.clock
 
@@ -340,7 +344,9 @@ class Observer:
         return f"<specobs.Observer phases={','.join(self.phases)} {state}>"
 
 
-def _make_clock(settings: Settings, clock: Any) -> tuple[Any, Any, str]:
+def _make_clock(
+    settings: Settings, clock: Any
+) -> tuple[EventClock | None, ClockFactory | None, str]:
     """Returns (clock, lazy factory, name for specobs_info)."""
     if clock is not None and not isinstance(clock, str):
         return clock, None, getattr(clock, "name", "custom")
@@ -356,7 +362,7 @@ def _make_clock(settings: Settings, clock: Any) -> tuple[Any, Any, str]:
 
     pool = settings.event_pool_size
 
-    def factory() -> Any:
+    def factory() -> EventClock | None:
         if not cuda_timing.cuda_ready():
             return None
         try:
