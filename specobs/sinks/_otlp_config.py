@@ -7,6 +7,7 @@ program. specobs resolves only what those exporters do not: which protocol each 
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Mapping
 from typing import Literal, cast
@@ -83,23 +84,36 @@ def _signal_endpoint(endpoint: str | None, protocol: OtlpProtocol, path: str) ->
     return f"{endpoint.rstrip('/')}/{path}"
 
 
+#: The official exporter class of each (signal, protocol), imported only when made.
+_EXPORTERS: dict[tuple[str, str], tuple[str, str]] = {
+    ("traces", "grpc"): ("opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+                         "OTLPSpanExporter"),
+    ("traces", "http/protobuf"): ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                                  "OTLPSpanExporter"),
+    ("metrics", "grpc"): ("opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
+                          "OTLPMetricExporter"),
+    ("metrics", "http/protobuf"): ("opentelemetry.exporter.otlp.proto.http.metric_exporter",
+                                   "OTLPMetricExporter"),
+}
+
+
+def _make(signal: str, protocol: OtlpProtocol, endpoint: str | None,
+          headers: dict[str, str] | None, timeout_seconds: float | None) -> object:
+    module, name = _EXPORTERS[(signal, protocol)]
+    exporter_class = getattr(importlib.import_module(module), name)
+    return exporter_class(
+        endpoint=_signal_endpoint(endpoint, protocol, f"v1/{signal}"),
+        headers=headers,
+        timeout=timeout_seconds,
+    )
+
+
 def make_span_exporter(
     protocol: OtlpProtocol, endpoint: str | None, headers: dict[str, str] | None,
     timeout_seconds: float | None,
 ) -> SpanExporter:
     """The official OTLP span exporter for ``protocol``; ``endpoint`` is a base URL or None."""
-    url = _signal_endpoint(endpoint, protocol, "v1/traces")
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GrpcSpanExporter,
-        )
-
-        return GrpcSpanExporter(endpoint=url, headers=headers, timeout=timeout_seconds)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-        OTLPSpanExporter as HttpSpanExporter,
-    )
-
-    return HttpSpanExporter(endpoint=url, headers=headers, timeout=timeout_seconds)
+    return cast(SpanExporter, _make("traces", protocol, endpoint, headers, timeout_seconds))
 
 
 def make_metric_exporter(
@@ -107,15 +121,4 @@ def make_metric_exporter(
     timeout_seconds: float | None,
 ) -> MetricExporter:
     """The official OTLP metric exporter for ``protocol``; ``endpoint`` is a base URL or None."""
-    url = _signal_endpoint(endpoint, protocol, "v1/metrics")
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-            OTLPMetricExporter as GrpcMetricExporter,
-        )
-
-        return GrpcMetricExporter(endpoint=url, headers=headers, timeout=timeout_seconds)
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-        OTLPMetricExporter as HttpMetricExporter,
-    )
-
-    return HttpMetricExporter(endpoint=url, headers=headers, timeout=timeout_seconds)
+    return cast(MetricExporter, _make("metrics", protocol, endpoint, headers, timeout_seconds))
