@@ -155,14 +155,26 @@ def populated_observer() -> tuple[specobs.PrometheusSink, specobs.Observer]:
         c.accept([i % 9], draft_length=8)
         c.end()
     obs.force_flush()
+    # Worst case: every duration bucket of every phase and clock, every drop reason and error
+    # kind non-zero, applied the way the resolver applies a chunk.
+    from specobs import catalog
+
     agg = obs.aggregation
-    with agg._lock:  # worst case: every bucket, reason and kind non-zero (benchmark only)
-        for h in (*agg.phase_host, *agg.phase_gpu, agg.cycle_gpu, agg.cycle_host):
-            h.counts[:] = [i + 1 for i in range(len(h.counts))]
-        for r in agg.dropped:
-            agg.dropped[r] += 1
-        for k in agg.errors:
-            agg.errors[k] += 1
+    every_bucket = [b * 0.999 for b in catalog.DURATION_BUCKETS_SECONDS] + [10.0]
+    agg.apply(
+        dropped=dict.fromkeys(catalog.DROP_REASONS, 1),
+        errors=dict.fromkeys(catalog.ERROR_KINDS, 1),
+        cycles=0,
+        host_phase_seconds=[every_bucket] * len(agg.phases),
+        host_cycle_seconds=every_bucket,
+        gpu_phase_seconds=[every_bucket] * len(agg.phases),
+        gpu_cycle_seconds=every_bucket,
+        acceptance=None,
+        accept_length_counts=[],
+        batch_sizes=[],
+        last_cycle_timestamp=None,
+        traced=[],
+    )
     return prom, obs
 
 
