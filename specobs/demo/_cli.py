@@ -43,9 +43,16 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specobs.tools._load import non_negative_int, positive_float, positive_int
+
+if TYPE_CHECKING:
+    from specobs import Observer, PrometheusSink
+    from specobs.tools._load import LoadSummary
+
+    from ._baseline import BaselineProbe
+    from ._engine import SpecDecodeEngine
 
 __all__ = ["add_arguments", "run"]
 
@@ -56,7 +63,6 @@ SPECOBS_DEMO_ADMIN_TOKEN = "SPECOBS_DEMO_ADMIN_TOKEN"
 <token>``; at least 16 characters). Unset or empty: the endpoints are off. ``--admin-token``
 overrides it."""
 _FAULTS = ("none", "wrong-hidden-layers", "slow-verify", "stall")
-_DEFAULT_METRICS_PORT = 9477
 _PLAIN_INTERVAL_SECONDS = 5.0
 _LIVE_INTERVAL_SECONDS = 1.0
 _BASELINE_EVERY_CYCLES = 16
@@ -222,52 +228,46 @@ def _is_cached(cache_dir: str | None, seed: int, settings: Any) -> bool:
     return path.exists()
 
 
-def _configure_observer(
-    args: argparse.Namespace, baseline: float | None, probe: Any = None
-) -> tuple[Any, Any]:
-    """(observer, PrometheusSink or None). ``probe``: the engine's baseline probe, exported on
-    the Prometheus endpoint with ``source="demo_measured"`` (``baseline`` is then ``None``)."""
-    import specobs
-    from specobs._config import SPECOBS_LABELS, exporters, parse_labels
-
-    env_exporters = os.environ.get("SPECOBS_EXPORTERS")
-    wanted = set(exporters()) if env_exporters and env_exporters.strip() else {"prometheus"}
+def _observer_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment :func:`specobs.configure` reads for the demo: the user's, with the demo's
+    defaults where it says nothing. The Prometheus exporter is on unless ``SPECOBS_EXPORTERS``
+    says otherwise (``--metrics-port`` turns it on and sets its port), OTLP is added when an
+    ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is set, and :data:`DEMO_LABELS` come before the user's
+    ``SPECOBS_LABELS`` (which win on a clash)."""
+    env = dict(os.environ)
+    names = [n.strip() for n in env.get("SPECOBS_EXPORTERS", "").split(",") if n.strip()]
+    if not names:
+        names = ["prometheus"]
     if args.metrics_port is not None:
-        wanted.add("prometheus")
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
-    ):
-        wanted.add("otlp")
-    sinks: list[Any] = []
-    prom = None
-    if "prometheus" in wanted:
-        port = args.metrics_port
-        if port is None:
-            port = _env_metrics_port()
-        from prometheus_client import CollectorRegistry
+        names.append("prometheus")
+        env["SPECOBS_PROMETHEUS_PORT"] = str(args.metrics_port)
+    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        names.append("otlp")
+    env["SPECOBS_EXPORTERS"] = ",".join(dict.fromkeys(names))
+    labels = ",".join(f"{k}={v}" for k, v in DEMO_LABELS.items())
+    user = env.get("SPECOBS_LABELS", "").strip()
+    env["SPECOBS_LABELS"] = f"{labels},{user}" if user else labels
+    return env
 
-        # Our own registry, so the measured baseline can be served next to the observer's
-        # series (the sink serves the registry it is given when it also has a port).
-        registry = CollectorRegistry(auto_describe=True)
-        prom = specobs.PrometheusSink(
-            port=_DEFAULT_METRICS_PORT if port is None else port, registry=registry
-        )
-        sinks.append(prom)
-    if "otlp" in wanted:
-        sinks.append(specobs.OtlpSink())
-    labels = dict(DEMO_LABELS)
-    raw = os.environ.get(SPECOBS_LABELS)
-    if raw:
-        labels.update(parse_labels(SPECOBS_LABELS, raw))
+
+def _configure_observer(
+    args: argparse.Namespace, baseline: float | None, probe: BaselineProbe | None = None
+) -> tuple[Observer, PrometheusSink | None]:
+    """(observer, its PrometheusSink or None), made by :func:`specobs.configure` from
+    :func:`_observer_env`. ``probe``: the engine's baseline probe, exported on the Prometheus
+    endpoint with ``source="demo_measured"`` (``baseline`` is then ``None``)."""
+    import specobs
+
     kwargs: dict[str, Any] = {}
     if baseline is not None:
         kwargs["baseline_tokens_per_second"] = baseline
-    observer = specobs.configure(
-        sinks=sinks, labels=labels, max_draft_length=max(args.k, 1), **kwargs
-    )
+    observer = specobs.configure(env=_observer_env(args), max_draft_length=max(args.k, 1),
+                                 **kwargs)
+    prom = next((s for s in observer.sinks if isinstance(s, specobs.PrometheusSink)), None)
     if prom is not None and probe is not None:
         from ._baseline import BaselineCollector
 
+        # The sink serves its own registry: the measured baseline goes next to the series.
         prom.registry.register(BaselineCollector(probe, observer.snapshot().labels))
     return observer, prom
 
@@ -312,6 +312,63 @@ def _join_demo_threads(
             torch.cuda.synchronize()
 
 
+def _choose_baseline(
+    args: argparse.Namespace, engine: SpecDecodeEngine
+) -> tuple[float | None, str, BaselineProbe | None]:
+    """(configured baseline or None, how it was chosen, the probe measuring it or None)."""
+    if args.baseline_tokens_per_second is not None:
+        return args.baseline_tokens_per_second, "configured by flag", None
+    if os.environ.get("SPECOBS_BASELINE_TOKENS_PER_SECOND"):
+        return None, "configured by SPECOBS_BASELINE_TOKENS_PER_SECOND", None
+    from ._baseline import BaselineProbe
+
+    probe = BaselineProbe(
+        engine.target, engine.max_batch, every_cycles=_BASELINE_EVERY_CYCLES,
+        window_seconds=_BASELINE_WINDOW_SECONDS, device=engine.device,
+        cuda_graph_buckets=engine._buckets() if engine.cuda_graphs else (),
+    )  # fmt: skip
+    engine.baseline_probe = probe
+    _say("the non-speculative baseline is measured while serving: a plain decode step "
+         f"of the served batch every {_BASELINE_EVERY_CYCLES}th cycle (source="
+         f'"demo_measured", over the last {_BASELINE_WINDOW_SECONDS:g} s)')
+    return None, "measured while serving, same batch", probe
+
+
+def _start_load(
+    args: argparse.Namespace, engine: SpecDecodeEngine, url: str, summary: LoadSummary,
+    stop: threading.Event,
+) -> threading.Thread:
+    """The built-in closed-loop load on its own thread, with in-distribution prompts."""
+    from specobs.tools._load import run_load
+
+    language = engine.models.language
+    seed = args.seed
+
+    def prompt_source(rng: Any, n: int) -> list[int]:
+        # In-distribution text: the draft is trained on this language.
+        return list(language.stream(n + 8, seed=rng.randrange(1 << 30))[:n])
+
+    room = engine.max_request_tokens() - 32
+    max_tokens = max(1, min(args.max_tokens, room))
+
+    def load_main() -> None:
+        import asyncio
+
+        try:
+            asyncio.run(run_load(
+                url, concurrency=args.concurrency, seed=seed,
+                prompt_tokens=(4, 32), max_tokens=max_tokens,
+                prompt_source=prompt_source, stop_event=stop,
+                summary=summary, timeout_seconds=3600,
+            ))  # fmt: skip
+        except Exception as exc:  # the demo goes on without load
+            print(f"{_PROG}: built-in load stopped: {exc!r}", file=sys.stderr)
+
+    thread = threading.Thread(target=load_main, name="specobs-demo-load", daemon=True)
+    thread.start()
+    return thread
+
+
 def run(args: argparse.Namespace) -> int:
     """``specobs demo``."""
     try:
@@ -319,7 +376,7 @@ def run(args: argparse.Namespace) -> int:
 
         import specobs  # noqa: F401
         from specobs.demo import build_engine
-        from specobs.tools._load import LoadSummary, run_load
+        from specobs.tools._load import LoadSummary
 
         from . import _summary
         from ._server import ServerThread, create_app
@@ -363,10 +420,10 @@ def run(args: argparse.Namespace) -> int:
     final: Any = None
     first_at = final_at = started
     baseline_note = ""
-    probe: Any = None
-    load_thread = None
+    probe: BaselineProbe | None = None
+    load_thread: threading.Thread | None = None
     load_stop = threading.Event()
-    load_summary = None
+    load_summary: LoadSummary | None = None
     interrupted = False
     try:
         # -- models ---------------------------------------------------------------------------
@@ -396,25 +453,7 @@ def run(args: argparse.Namespace) -> int:
              f"device {args.device})")
 
         # -- baseline -------------------------------------------------------------------------
-        env_baseline = os.environ.get("SPECOBS_BASELINE_TOKENS_PER_SECOND")
-        baseline: float | None = None
-        if args.baseline_tokens_per_second is not None:
-            baseline, baseline_note = args.baseline_tokens_per_second, "configured by flag"
-        elif env_baseline:
-            baseline_note = "configured by SPECOBS_BASELINE_TOKENS_PER_SECOND"
-        else:
-            from ._baseline import BaselineProbe
-
-            probe = BaselineProbe(
-                engine.target, engine.max_batch, every_cycles=_BASELINE_EVERY_CYCLES,
-                window_seconds=_BASELINE_WINDOW_SECONDS, device=engine.device,
-                cuda_graph_buckets=engine._buckets() if engine.cuda_graphs else (),
-            )  # fmt: skip
-            engine.baseline_probe = probe
-            baseline_note = "measured while serving, same batch"
-            _say("the non-speculative baseline is measured while serving: a plain decode step "
-                 f"of the served batch every {_BASELINE_EVERY_CYCLES}th cycle (source="
-                 f'"demo_measured", over the last {_BASELINE_WINDOW_SECONDS:g} s)')
+        baseline, baseline_note, probe = _choose_baseline(args, engine)
 
         # -- specobs --------------------------------------------------------------------------
         try:
@@ -455,32 +494,7 @@ def run(args: argparse.Namespace) -> int:
         # -- load -----------------------------------------------------------------------------
         if not args.no_load:
             load_summary = LoadSummary(server.url)
-            language = engine.models.language
-            seed = args.seed
-
-            def prompt_source(rng: Any, n: int) -> list[int]:
-                # In-distribution text: the draft is trained on this language.
-                return language.stream(n + 8, seed=rng.randrange(1 << 30))[:n]
-
-            room = engine.max_request_tokens() - 32
-            max_tokens = max(1, min(args.max_tokens, room))
-
-            def load_main() -> None:
-                import asyncio
-
-                try:
-                    asyncio.run(run_load(
-                        server.url, concurrency=args.concurrency, seed=seed,
-                        prompt_tokens=(4, 32), max_tokens=max_tokens,
-                        prompt_source=prompt_source, stop_event=load_stop,
-                        summary=load_summary, timeout_seconds=3600,
-                    ))  # fmt: skip
-                except Exception as exc:  # the demo goes on without load
-                    print(f"{_PROG}: built-in load stopped: {exc!r}", file=sys.stderr)
-
-            load_thread = threading.Thread(target=load_main, name="specobs-demo-load",
-                                           daemon=True)
-            load_thread.start()
+            load_thread = _start_load(args, engine, server.url, load_summary, load_stop)
 
         # -- live summary ---------------------------------------------------------------------
         # --duration counts from here: serving and load, not start-up.

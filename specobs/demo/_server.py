@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from specobs import Observer
 
     from ._engine import RequestHandle, SpecDecodeEngine
+    from ._model import WordTokenizer
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -528,12 +529,22 @@ class _Served:
     model_name: str
     max_prompt_chars: int
     registry: CollectorRegistry | None
+    tokenizer: WordTokenizer | None
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     ids: Iterator[int] = dataclasses.field(default_factory=lambda: itertools.count(1))
 
 
 def _served(request: Request) -> _Served:
     return cast(_Served, request.app.state.served)
+
+
+def _tokenizer(served: _Served) -> WordTokenizer:
+    if served.tokenizer is None:
+        raise _InvalidRequest(
+            "this engine has no tokenizer: expected 'prompt' as a list of token ids, got text",
+            "prompt",
+        )
+    return served.tokenizer
 
 
 def create_app(
@@ -579,6 +590,7 @@ def create_app(
             _PROMPT_CHARS_PER_TOKEN * int(engine.max_request_tokens())
         ),
         registry=_metrics_registry(observer),
+        tokenizer=engine.tokenizer,
     )
     app.add_middleware(_Guard, limits=limits, admin_token=admin_token)
     app.add_exception_handler(RequestValidationError, _on_validation)  # type: ignore[arg-type]
@@ -655,7 +667,7 @@ async def _prompt_ids(served: _Served, body: CompletionRequest) -> list[int]:
                 "prompt",
             )
         # Off the event loop: other requests, /health and /metrics go on meanwhile.
-        prompt = await asyncio.to_thread(engine.tokenizer.encode, body.prompt)
+        prompt = await asyncio.to_thread(_tokenizer(served).encode, body.prompt)
         if not prompt:
             raise _InvalidRequest(
                 "'prompt': expected text with at least one token, got text that encodes to "
@@ -760,7 +772,7 @@ async def _complete(body: CompletionRequest, request: Request) -> Response:
             "created": now,
             "model": served.model_name,
             "choices": [
-                _choice(engine.tokenizer.decode(tokens), tokens, handle.finish_reason)
+                _choice(_tokenizer(served).decode(tokens), tokens, handle.finish_reason)
             ],
             "usage": _usage(prompt, len(tokens)),
         }
@@ -796,7 +808,7 @@ async def _stream(
     chunk: _Chunk,
     request: Request,
 ) -> AsyncIterator[str]:
-    engine, tokenizer = served.engine, served.engine.tokenizer
+    engine, tokenizer = served.engine, _tokenizer(served)
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[list[int], bool]] = asyncio.Queue()
 
@@ -936,7 +948,7 @@ def _protocol(header_timeout_seconds: float) -> type[Any]:
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class HeaderDeadlineH11Protocol(H11Protocol):  # type: ignore[misc]
+    class HeaderDeadlineH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:
