@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+import specobs
 from specobs.tools._breakdown import ratio
 
 from ._draft import DraftHead
@@ -190,17 +191,9 @@ class _Slot:
     emitted: int = 0
 
 
-class _NullCycle:
-    def mark(self, phase: str) -> None:
-        pass
-
-    def accept(self, accepted: object, draft_length: int | None = None) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def _null_cycle(batch_size: int) -> Iterator[_NullCycle]:
-    yield _NullCycle()
+#: What an engine without an observer records into: a disabled observer, whose cycles are
+#: the public no-op ``CycleHandle`` (no thread, no sink, nothing counted).
+_UNOBSERVED = specobs.configure(enabled=False, sinks=[], env={})
 
 
 class SpecDecodeEngine:
@@ -576,7 +569,7 @@ class SpecDecodeEngine:
         b = len(active)
         states = [self._slots[s] for s in active]
         observer = self.observer
-        cycle_cm = observer.cycle(batch_size=b) if observer is not None else _null_cycle(b)
+        cycle_cm = (observer if observer is not None else _UNOBSERVED).cycle(batch_size=b)
         with cycle_cm as cyc:
             # -- draft ---------------------------------------------------------------------
             slots_h = torch.tensor(active)
