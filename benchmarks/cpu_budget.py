@@ -16,6 +16,12 @@ and runs concurrently with the worker, as in a server). Per batch size it report
 
 Then the ``/metrics`` scrape with every label populated (collect + encode, and an HTTP round
 trip). The machine's other load moves absolute figures; every row is measured side by side.
+
+    PYTHONPATH=. python benchmarks/cpu_budget.py --gc-only --torch --cycles 100000 --repeats 3
+
+compares record recycling on and off (and the disabled observer) in alternating rounds of one
+process with torch imported (a server's heap): garbage collections per thread and generation,
+their time on the worker, the worker's progress gaps over 1 ms, process CPU per cycle.
 """
 
 from __future__ import annotations
@@ -64,6 +70,35 @@ def _loop(obs: specobs.Observer, n: int, acc: list[int]) -> tuple[float, int]:
     return time.process_time() - cpu0, gap
 
 
+def _loop_gaps(obs: specobs.Observer, n: int, acc: list[int]) -> tuple[float, float, int, int]:
+    """``_loop`` that also counts progress gaps: (process CPU seconds incl. the flush, wall
+    seconds, gaps over 1 ms, the longest gap in ns)."""
+    pc = time.perf_counter_ns
+    work = hashlib.sha256
+    buf = _WORK
+    cpu0 = time.process_time()
+    w0 = pc()
+    last = w0
+    gap = 0
+    over = 0
+    for _ in range(n):
+        c = obs.begin()
+        c.mark("verify")
+        work(buf)
+        c.mark("bookkeeping")
+        c.accept(acc, draft_length=4)
+        c.end()
+        t = pc()
+        d = t - last
+        if d > 1_000_000:
+            over += 1
+            if d > gap:
+                gap = d
+        last = t
+    obs.force_flush(timeout_seconds=60)
+    return time.process_time() - cpu0, (pc() - w0) / 1e9, over, gap
+
+
 class GcPauses:
     """Times every garbage collection and notes which thread ran it (the cyclic collector runs
     on whichever thread's allocation crossed the threshold, holding the GIL throughout)."""
@@ -71,6 +106,9 @@ class GcPauses:
     def __init__(self) -> None:
         self.start = 0
         self.longest: dict[str, float] = {}
+        self.total: dict[str, float] = {}
+        #: collections per (thread, generation)
+        self.runs: dict[tuple[str, int], int] = {}
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -80,6 +118,9 @@ class GcPauses:
         us = (time.perf_counter_ns() - self.start) / 1e3
         if us > self.longest.get(name, 0.0):
             self.longest[name] = us
+        self.total[name] = self.total.get(name, 0.0) + us
+        key = (name, info.get("generation", -1))
+        self.runs[key] = self.runs.get(key, 0) + 1
 
 
 def _time_holds(res: object) -> None:
@@ -155,6 +196,93 @@ def api_cpu(n: int, batch: int, repeats: int) -> dict[str, float]:
     }
 
 
+def gc_heap(n: int, batch: int, repeats: int) -> dict[str, dict[str, float]]:
+    """Record recycling on and off, alternating in one process (``Recorder.pool_limit = 0``
+    turns it off: every cycle allocates its record, its timestamp list and its acceptance copy,
+    as before issue 15's pooling), plus the disabled observer as the floor. Run it with
+    ``--torch`` for a server's heap: torch imported means ~170,000 objects the garbage
+    collector tracks, and a full collection then takes tens of milliseconds, on whichever
+    thread's allocation triggered it.
+    """
+    acc = [i % 5 for i in range(batch)]
+    rows: dict[str, dict[str, list[float]]] = {}
+    variants = ("recycled", "allocated", "disabled")
+    for _ in range(repeats):
+        for v in variants:
+            if v == "disabled":
+                obs = specobs.configure(enabled=False)
+            else:
+                obs = specobs.configure(clock="host", sinks=[specobs.MemorySink(max_cycles=0)])
+                if v == "allocated":
+                    obs._recorder.pool_limit = 0
+                _loop(obs, 5000, acc)  # warm: the free list fills
+            res = getattr(obs, "_resolver", None)
+            res0 = obs.snapshot().cpu_seconds.get("resolver", 0.0) if res else 0.0
+            if res is not None:
+                res.max_hold_ns = res.long_holds = 0
+            gcp = GcPauses()
+            gc.callbacks.append(gcp)
+            try:
+                cpu, wall, over, gap = _loop_gaps(obs, n, acc)
+            finally:
+                gc.callbacks.remove(gcp)
+            row = rows.setdefault(v, {})
+            w = "MainThread"
+            full = sum(k for (t, g), k in gcp.runs.items() if g == 2)
+            full_w = gcp.runs.get((w, 2), 0)
+            for key, value in (
+                ("cpu_us", cpu / n * 1e6),
+                ("cycles_per_s", n / wall),
+                ("gc_full", full),
+                ("gc_full_worker", full_w),
+                ("gc_young", sum(k for (t, g), k in gcp.runs.items() if g < 2)),
+                ("gc_worker_ms", gcp.total.get(w, 0.0) / 1e3),
+                ("gc_worker_max_ms", gcp.longest.get(w, 0.0) / 1e3),
+                ("gc_resolver_ms", gcp.total.get("specobs-resolver", 0.0) / 1e3),
+                ("gaps_1ms", over),
+                ("gap_max_ms", gap / 1e6),
+                ("resolver_us", (obs.snapshot().cpu_seconds.get("resolver", 0.0) - res0) / n
+                 * 1e6 if res else 0.0),
+                ("hold_us", (res.max_hold_ns / 1e3) if res else 0.0),
+                ("tracked", len(gc.get_objects())),
+            ):
+                row.setdefault(key, []).append(float(value))
+            obs.shutdown()
+            del obs
+            gc.collect()
+    out: dict[str, dict[str, float]] = {}
+    for v, row in rows.items():
+        out[v] = {k: statistics.median(vals) for k, vals in row.items()}
+        out[v]["gap_max_ms"] = max(row["gap_max_ms"])
+        out[v]["gc_worker_max_ms"] = max(row["gc_worker_max_ms"])
+        out[v]["hold_us"] = max(row["hold_us"])
+    return out
+
+
+def print_gc_heap(n: int, batch: int, repeats: int) -> None:
+    r = gc_heap(n, batch, repeats)
+    cols = ("recycled", "allocated", "disabled")
+    print(f"record recycling, batch {batch}, {n} cycles x {repeats} rounds alternating "
+          f"(median; longest of all rounds for maxima); {r['disabled']['tracked']:.0f} objects "
+          f"tracked by the GC")
+    print(f"{'measure':<52}" + "".join(f"{c:>12}" for c in cols))
+    for key, name in (
+        ("cpu_us", "process CPU per cycle (us, incl. the work)"),
+        ("cycles_per_s", "cycles per second"),
+        ("resolver_us", "resolver thread CPU per cycle (us)"),
+        ("gc_young", "young collections (gen 0/1), all threads"),
+        ("gc_full", "full collections (gen 2), all threads"),
+        ("gc_full_worker", "full collections on the worker"),
+        ("gc_worker_ms", "GC time on the worker (ms)"),
+        ("gc_worker_max_ms", "longest GC pause on the worker (ms)"),
+        ("gc_resolver_ms", "GC time on the resolver (ms)"),
+        ("gaps_1ms", "worker progress gaps over 1 ms"),
+        ("gap_max_ms", "longest worker progress gap (ms)"),
+        ("hold_us", "longest resolver GIL hold (us)"),
+    ):
+        print(f"{name:<52}" + "".join(f"{r[c][key]:12.2f}" for c in cols))
+
+
 def scrape_ms(repeats: int = 100) -> tuple[float, float, float, int]:
     """(render ms, HTTP round trip ms, self-reported CPU ms per render, series) with every
     label populated; each render follows a change to the aggregation (no cache hit)."""
@@ -188,7 +316,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cycles", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batches", default="8,64")
+    ap.add_argument("--torch", action="store_true",
+                    help="import torch first (a server's heap: ~170,000 GC-tracked objects)")
+    ap.add_argument("--gc-only", action="store_true",
+                    help="only the record-recycling comparison (recycled / allocated / disabled)")
     args = ap.parse_args(argv)
+    if args.torch:
+        import torch  # noqa: F401  (only for its heap)
+    if args.gc_only:
+        print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, load "
+              f"{os.getloadavg()[0]:.2f}")
+        for b in (int(x) for x in args.batches.split(",")):
+            print_gc_heap(args.cycles, b, args.repeats)
+        return 0
     print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, load "
           f"{os.getloadavg()[0]:.2f}; {args.cycles} cycles x {args.repeats} repeats (median)")
     print(f"{'measure':<60} {'value':>10}  target")

@@ -15,6 +15,7 @@ starts the named one, which must be the next in order; ``end`` ends the last pha
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,39 @@ _LOG_EVERY_NS = 60 * 1_000_000_000
 
 def _nothing() -> None:
     pass
+
+
+_getrefcount = getattr(sys, "getrefcount", None)
+
+
+def _refcounts(records: list[Any]) -> list[int]:
+    """``sys.getrefcount`` of each record as seen from this function (see :data:`SOLE_REFS`)."""
+    return list(map(_getrefcount, records))  # type: ignore[arg-type]
+
+
+def _sole_refs() -> int:
+    """What :func:`_refcounts` reads for an object that only the list passed to it holds, or 0
+    where references cannot be counted that way (so records are never recycled there).
+
+    Calibrated through the same function the resolver uses, so the interpreter's own temporary
+    references (the iterator's, the argument's) cancel out whatever the CPython version. On a
+    free-threaded build reference counts are split between threads and do not add up the same
+    way; on PyPy there is no reference count."""
+    if sys.implementation.name != "cpython" or _getrefcount is None:
+        return 0
+    gil = getattr(sys, "_is_gil_enabled", None)
+    if gil is not None and not gil():
+        return 0
+    n = _refcounts([object()])[0]
+    held = object()
+    if _refcounts([held])[0] != n + 1:  # one more holder must read as one more reference
+        return 0
+    return n
+
+
+#: The reference count :func:`_refcounts` reads for a record nobody but the resolver's list
+#: holds; 0 disables recycling.
+SOLE_REFS = _sole_refs()
 
 
 class RateLimitedLog:
@@ -57,14 +91,40 @@ class Cycle:
 
     Also a context manager: ``with observer.cycle() as c: ...`` ends the cycle on exit.
 
-    ``_ts`` holds the host timestamps; its length is the index of the phase to start next. Only
-    the fields every cycle needs are set at ``begin``: ``_draft_len`` and ``_emitted`` are set by
-    ``accept`` (read only when ``_acc`` or ``_acc_copy`` is set), ``_cost`` with the events.
+    The object is also the record the resolver reads, and it is **pooled**: once resolved, a
+    record that nobody else holds goes back to its recorder's free list and ``begin`` hands it
+    out again, so a steady loop allocates no garbage-collected object per cycle (records wait
+    up to a poll interval in the queue, long enough to survive young collections and drive
+    full ones). The record fields are a contract between this module (which writes them on
+    the worker thread, and resets them in :meth:`Recorder.recycle` on the resolver thread)
+    and ``_resolver.py`` / ``_acceptance.py`` (which read them once the cycle was enqueued):
+
+    ``_ts``
+        host timestamps (``perf_counter_ns``), one per boundary; its length is the index of the
+        phase to start next. Reused: emptied by ``recycle``.
+    ``_ev`` / ``_cost``
+        the CUDA events of a sampled cycle (``None`` otherwise) and the hot-path nanoseconds
+        their records cost; the resolver reads, releases and clears ``_ev``.
+    ``_acc`` / ``_acc_copy``
+        acceptance as given (a list held in ``_accbuf``, refilled each cycle, or whatever the
+        caller passed) / a pending CUDA copy; both ``None`` when ``accept`` was not called.
+        Anything kept from ``_acc`` past resolution must be copied: the list is reused.
+    ``_draft_len`` / ``_emitted``
+        set by ``accept`` (read only when ``_acc`` or ``_acc_copy`` is set).
+    ``_batch``
+        the batch size given to ``begin`` / ``accept``, untouched.
+    ``_resolved_acc``
+        written by the resolver's validation (the per-cycle path), reset by ``recycle``.
+
+    A handle kept past ``end()`` stays valid and closed (its calls are counted as misuse) and is
+    never recycled: ``recycle`` reuses only records whose reference count shows that the
+    resolver holds the sole reference (CPython with a GIL; elsewhere nothing is recycled).
     """
 
     __slots__ = (
         "_acc",
         "_acc_copy",
+        "_accbuf",
         "_batch",
         "_closed",
         "_cost",
@@ -93,6 +153,8 @@ class Cycle:
         self._batch = batch_size
         self._acc: Any = None
         self._acc_copy: Any = None
+        self._accbuf: list[Any] | None = None
+        self._resolved_acc = None
         self._closed = False
 
     # The three calls below are the hot path. Keep them short; failures go to _rec.
@@ -142,7 +204,14 @@ class Cycle:
             self._draft_len = draft_length
             self._emitted = emitted
             if type(accepted) is list or type(accepted) is tuple:
-                self._acc = list(accepted)
+                # Copied (the engine may reuse its list) into this record's own list: a slice
+                # assignment allocates no object the garbage collector tracks.
+                buf = self._accbuf
+                if buf is None:
+                    self._accbuf = self._acc = list(accepted)
+                    return
+                buf[:] = accepted
+                self._acc = buf
                 return
             if getattr(accepted, "is_cuda", False):
                 self._acc = None
@@ -152,7 +221,16 @@ class Cycle:
                 return
             tolist = getattr(accepted, "tolist", None)
             if tolist is not None:  # numpy array or CPU tensor: copy now, the caller may reuse it
-                self._acc = tolist()
+                values = tolist()
+                if type(values) is not list:  # a 0-d array gives a scalar: the resolver counts it
+                    self._acc = values
+                    return
+                buf = self._accbuf
+                if buf is None:
+                    self._accbuf = self._acc = values
+                    return
+                buf[:] = values  # the temporary list dies here: nothing tracked outlives it
+                self._acc = buf
                 return
             self._acc = accepted  # validated by the resolver; bad values are counted there
         except Exception as exc:
@@ -255,6 +333,11 @@ class Recorder:
         self.expect: tuple[Any, ...] = (*phases, None, None)
         self.queue: deque[Cycle] = deque()
         self.queue_size = queue_size
+        #: Resolved records nobody holds, for ``begin`` to reuse (see :class:`Cycle`): the
+        #: resolver appends, the worker pops (both atomic on a deque). At most ``pool_limit``
+        #: (0 where references cannot be counted: nothing is recycled).
+        self.free: deque[Cycle] = deque()
+        self.pool_limit = queue_size if SOLE_REFS else 0
         self.wake_at = max(16, min(1024, queue_size // 4))
         self.wake: Any = _nothing
         self.enabled = True
@@ -293,7 +376,15 @@ class Recorder:
                 self.discard(cur)
             idx = self.begun
             self.begun = idx + 1
-            c = Cycle(self, idx, t, batch_size)
+            free = self.free
+            if free:  # only the worker pops, so a non-empty free list stays non-empty here
+                c = free.pop()  # reset by recycle(): _ts empty, no events, no acceptance
+                c.index = idx
+                c._ts.append(t)
+                c._batch = batch_size
+                c._closed = False
+            else:
+                c = Cycle(self, idx, t, batch_size)
             self.current = c
             clock = self.clock
             if clock is None:
@@ -368,6 +459,37 @@ class Recorder:
         if len(q) >= self.wake_at:
             # The resolver polls slowly (cheap when idle); a filling queue calls it early.
             self.wake()
+
+    # -- resolver thread -----------------------------------------------------------------------
+    def recycle(self, records: list[Cycle]) -> int:
+        """Put resolved records that nobody else holds back on the free list; returns how many.
+
+        ``records`` must be the caller's only reference to them (a list it drops afterwards).
+        A record with any other holder -- a caller keeping its handle after ``end()``, an
+        instrumentor's tracker, ``Observer.current``, a traceback -- reads one reference more
+        and is left alone (the garbage collector frees it once that holder lets go). A record
+        with no other holder cannot gain one: a reference can only be copied from one that
+        exists. So a stale handle never sees its cycle reused.
+        """
+        free = self.free
+        room = self.pool_limit - len(free)
+        if room <= 0 or not records:
+            return 0
+        sole = SOLE_REFS
+        n = 0
+        for c, refs in zip(records, _refcounts(records)):
+            if refs != sole or c._ev is not None or c._acc_copy is not None:
+                continue
+            c._ts.clear()
+            c._acc = None
+            c._resolved_acc = None
+            c._draft_len = None
+            c._emitted = None
+            free.append(c)
+            n += 1
+            if n >= room:
+                break
+        return n
 
     def discard(self, c: Cycle) -> None:
         self.discarded += 1

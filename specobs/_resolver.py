@@ -60,6 +60,29 @@ YIELD_SECONDS = 20e-6
 HOST_STAMP_NS = 300
 
 _log = logging.getLogger("specobs")
+#: Consumes an iterator at C speed, keeping nothing.
+_discard = deque(maxlen=0).extend
+
+
+def _completed(backlog: deque[Cycle], chunk: int, query: Any) -> list[Cycle]:
+    """The head of ``backlog`` whose events have completed, at most ``chunk`` records.
+
+    Only GPU-sampled records and CUDA acceptance copies are queried; for the rest the walk is
+    two attribute reads. (A function of its own so that no loop variable of the resolver's
+    keeps a record alive: recycling counts references.)
+    """
+    ready: list[Cycle] = []
+    for c in backlog:
+        if len(ready) >= chunk:
+            break
+        ev = c._ev
+        if ev is not None and not query(ev[-1]):
+            break
+        copy = c._acc_copy
+        if copy is not None and not query(copy.event):
+            break
+        ready.append(c)
+    return ready
 
 
 class Resolver:
@@ -311,20 +334,10 @@ class Resolver:
         else:
             # Only GPU-sampled records and CUDA acceptance copies are queried; for the rest
             # the walk is two attribute reads.
-            ready = []
-            query = clock.query
-            for c in backlog:
-                if len(ready) >= chunk:
-                    break
-                ev = c._ev
-                if ev is not None and not query(ev[-1]):
-                    break
-                copy = c._acc_copy
-                if copy is not None and not query(copy.event):
-                    break
-                ready.append(c)
-            for _ in starmap(backlog.popleft, repeat((), len(ready))):
-                pass
+            ready = _completed(backlog, chunk, clock.query)
+            # Popped into a sink of length 0 (a loop variable would keep the last record
+            # alive, and recycling counts references).
+            _discard(starmap(backlog.popleft, repeat((), len(ready))))
         taken_box[0] = dropped_full + len(ready)
 
         try:
@@ -345,7 +358,11 @@ class Resolver:
                     sink.on_cycles(out)
                 except Exception as exc:
                     rec.log.warn("sink", f"sink {type(sink).__name__} failed on cycles: {exc!r}")
-        return len(ready)
+        n = len(ready)
+        # ``ready`` holds the only reference the resolver has left to these records: the
+        # recorder reuses those that nobody else holds (see Cycle).
+        rec.recycle(ready)
+        return n
 
     def _release(self, c: Cycle) -> None:
         clock = self.rec.clock
@@ -470,7 +487,9 @@ class Resolver:
             r.batch_size = c._batch
             a = resolved_acceptance(c, k_max) if accs is not None else None
             if a is not None:
-                r.accept_lengths, r.accepted, r.drafted, r.emitted, r.drafted_shape = a
+                seqs, r.accepted, r.drafted, r.emitted, r.drafted_shape = a
+                # A copy: the record's list is refilled once the record is reused.
+                r.accept_lengths = list(seqs)
                 if r.batch_size is None:
                     r.batch_size = len(r.accept_lengths)
             if j in want:

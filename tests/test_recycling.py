@@ -1,0 +1,298 @@
+"""Pooled cycle records: reused only when nobody else holds them, and exact whatever happens.
+
+The hot path's record is the ``Cycle`` handle itself; once resolved, the resolver hands a record
+back to its recorder's free list only if the reference count shows it holds the sole reference
+(``Recorder.recycle``). These tests pin down the danger -- a handle kept after ``end()`` must
+never see its cycle reused -- and that counts, times and resolved cycles stay exact through
+reuse.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+import specobs
+from specobs import _recorder
+from specobs.instrument._base import PhaseTracker
+from specobs.timing import FakeDeviceArray, FakeEventClock, FakeGpu
+
+pytestmark = pytest.mark.skipif(
+    not _recorder.SOLE_REFS, reason="records are recycled only where references can be counted"
+)
+
+
+def make(*, gpu=None, max_cycles=100_000, **kwargs):
+    gpu = gpu or FakeGpu()
+    mem = specobs.MemorySink(max_cycles=max_cycles)
+    kwargs.setdefault("sample_every", 1)
+    obs = specobs.configure(
+        sinks=[mem], clock=FakeEventClock(gpu, pool_size=4096), poll_interval_seconds=3600,
+        **kwargs,
+    )
+    return obs, mem, gpu
+
+
+def one(obs, gpu, i, accepted=None, **accept_kwargs):
+    """One cycle of GPU work 100 + i / 300 + i / 50 + i ns; returns nothing (holds nothing)."""
+    c = obs.begin()
+    gpu.run(100 + i)
+    c.mark("verify")
+    gpu.run(300 + i)
+    c.mark("bookkeeping")
+    gpu.run(50 + i)
+    if accepted is not None:
+        c.accept(accepted, **accept_kwargs)
+    c.end()
+
+
+def test_a_resolved_record_nobody_holds_is_handed_out_again():
+    obs, mem, gpu = make()
+    for i in range(10):
+        one(obs, gpu, i, [1, 2], draft_length=4)
+    gpu.complete()
+    assert obs.force_flush()
+    rec = obs._recorder
+    assert len(rec.free) == 10
+    pooled = rec.free[-1]
+    assert pooled._ts == [] and pooled._acc is None and pooled._ev is None
+    c = obs.begin()
+    assert c is pooled and c.index == 10 and len(c._ts) == 1
+    c.end()
+    obs.shutdown()
+
+
+def test_a_handle_kept_after_end_is_never_reused_and_stays_closed():
+    obs, mem, gpu = make()
+    with obs.cycle() as kept:  # the context-manager form leaves the handle bound afterwards
+        gpu.run(100)
+        kept.mark("verify")
+        gpu.run(300)
+        kept.mark("bookkeeping")
+        gpu.run(50)
+        kept.accept([3, 1], draft_length=4)
+    stamps = list(kept._ts)
+    gpu.complete()
+    assert obs.force_flush()
+    seen = set()
+    for round_ in range(20):
+        for i in range(50):
+            c = obs.begin()
+            assert c is not kept
+            seen.add(id(c))
+            c.mark("verify")
+            c.mark("bookkeeping")
+            c.accept([i % 5], draft_length=4)
+            c.end()
+            del c
+        gpu.complete()
+        assert obs.force_flush()
+    assert len(seen) < 200  # records were reused...
+    assert kept.index == 0 and kept._ts == stamps  # ...but never this one
+    assert kept not in obs._recorder.free
+    errors0 = dict(obs.snapshot().errors)
+    kept.mark("verify")
+    kept.accept([4], draft_length=4)
+    kept.end()
+    assert obs.force_flush()
+    s = obs.snapshot()
+    assert s.cycles_total == 1001
+    assert s.accepted_tokens_total == 4 + sum(i % 5 for i in range(50)) * 20
+    assert sum(s.errors.values()) == sum(errors0.values()) + 3  # all three stale calls counted
+    assert kept._ts == stamps
+    obs.shutdown()
+
+
+def test_a_handle_held_while_the_resolver_runs_is_not_recycled_later_either():
+    # The resolver sees the extra reference and lets the record go; once the holder drops it,
+    # the garbage collector frees it -- it never comes back from the free list.
+    obs, mem, gpu = make()
+    held = []
+    for i in range(100):
+        c = obs.begin()
+        c.mark("verify")
+        c.mark("bookkeeping")
+        c.end()
+        if i % 10 == 0:
+            held.append(c)
+        del c
+    gpu.complete()
+    assert obs.force_flush()
+    rec = obs._recorder
+    assert len(rec.free) == 90
+    assert not any(h is f for h in held for f in rec.free)
+    ids = {id(h) for h in held}
+    stamps = [list(h._ts) for h in held]
+    for _ in range(300):
+        c = obs.begin()
+        assert not any(c is h for h in held)
+        c.mark("verify")
+        c.mark("bookkeeping")
+        c.end()
+        del c
+    gpu.complete()
+    assert obs.force_flush()
+    assert [list(h._ts) for h in held] == stamps and {id(h) for h in held} == ids
+    assert obs.snapshot().cycles_total == 400
+    obs.shutdown()
+
+
+def test_an_instrumentor_tracker_never_writes_into_a_reused_record():
+    obs, mem, gpu = make()
+    tracker = PhaseTracker(obs)
+    for i in range(200):
+        tracker.start(batch_size=2)
+        gpu.run(100)
+        tracker.enter("verify")
+        gpu.run(300)
+        tracker.accept([i % 5, 1], 4)
+        tracker.enter("bookkeeping")
+        gpu.run(50)
+        if i % 50 == 49:
+            tracker.finish()
+            gpu.complete()
+            assert obs.force_flush()
+    tracker.finish()
+    gpu.complete()
+    assert obs.force_flush()
+    s = obs.snapshot()
+    assert s.cycles_total == 200
+    assert s.accepted_tokens_total == sum(i % 5 + 1 for i in range(200))
+    assert [c.gpu_ns for c in mem.cycles] == [[100, 300, 50]] * 200
+    assert sum(s.errors.values()) == 0
+    assert len(obs._recorder.free) > 0
+    obs.shutdown()
+
+
+def test_counts_times_and_resolved_cycles_stay_exact_through_reuse():
+    # Each flush resolves a chunk whose records are reused by the next chunk, through every
+    # acceptance path: lists, tuples, numpy arrays, CUDA copies, per-sequence draft lengths
+    # (the per-cycle validation, which writes _resolved_acc), bad values and no acceptance.
+    np = pytest.importorskip("numpy")
+    obs, mem, gpu = make()
+    expected_acc = []
+    expected_gpu = []
+    expected_errors = 0
+    for chunk in range(12):
+        for i in range(40):
+            kind = (chunk + i) % 6
+            n = chunk * 40 + i
+            if kind == 0:
+                acc, kw, want = [i % 5, 1], {"draft_length": 4}, [i % 5, 1]
+            elif kind == 1:
+                acc, kw, want = (2, i % 3), {"draft_length": 4}, [2, i % 3]
+            elif kind == 2:
+                acc, kw, want = np.array([i % 4]), {"draft_length": 4}, [i % 4]
+            elif kind == 3:
+                acc, kw, want = [1, 2, 0], {"draft_length": [1, 2, 3]}, [1, 2, 0]
+            elif kind == 4:
+                acc, kw, want = FakeDeviceArray([3, i % 2]), {"draft_length": 4}, [3, i % 2]
+            else:
+                acc, kw, want = ([9], {"draft_length": 4}, None) if i % 2 else (None, {}, None)
+                expected_errors += i % 2
+            one(obs, gpu, n, acc, **kw)
+            expected_acc.append(want)
+            expected_gpu.append([100 + n, 300 + n, 50 + n])
+        gpu.complete()
+        assert obs.force_flush()
+    s = obs.snapshot()
+    cycles = list(mem.cycles)
+    assert len(cycles) == 480 == s.cycles_total
+    assert [c.index for c in cycles] == list(range(480))
+    assert [c.gpu_ns for c in cycles] == expected_gpu
+    assert [c.accept_lengths for c in cycles] == expected_acc
+    assert s.accepted_tokens_total == sum(sum(a) for a in expected_acc if a)
+    assert s.errors.get("bad_acceptance", 0) == expected_errors
+    assert len(obs._recorder.free) > 0
+    obs.shutdown()
+
+
+def test_a_reused_record_carries_nothing_from_its_previous_cycle():
+    # The first chunk takes the per-cycle validation (per-sequence draft lengths), which leaves
+    # the validated acceptance on each record; the second takes the column path, which reads
+    # it if present. A reused record must not show its previous cycle's acceptance.
+    obs, mem, gpu = make()
+    for i in range(30):
+        one(obs, gpu, i, [1, 1], draft_length=[2, 2])
+    gpu.complete()
+    assert obs.force_flush()
+    for i in range(30):
+        one(obs, gpu, i, [i % 4], draft_length=4)
+    for i in range(30):
+        one(obs, gpu, i)  # no acceptance at all
+    gpu.complete()
+    assert obs.force_flush()
+    cycles = list(mem.cycles)
+    assert [c.accept_lengths for c in cycles[30:60]] == [[i % 4] for i in range(30)]
+    assert [c.drafted for c in cycles[30:60]] == [4] * 30
+    assert [c.accept_lengths for c in cycles[60:]] == [None] * 30
+    s = obs.snapshot()
+    assert s.accepted_tokens_total == 60 + sum(i % 4 for i in range(30))
+    assert s.draft_tokens_total == 120 + 120
+    obs.shutdown()
+
+
+def test_a_resolved_cycle_keeps_its_acceptance_after_its_record_is_reused():
+    obs, mem, gpu = make()
+    acc = [1, 2, 3]
+    one(obs, gpu, 0, acc, draft_length=4)
+    gpu.complete()
+    assert obs.force_flush()
+    first = mem.cycles[0]
+    for i in range(20):
+        one(obs, gpu, i, [0, 0, 0], draft_length=4)
+    acc[:] = [4, 4, 4]  # the caller reuses its own list too
+    gpu.complete()
+    assert obs.force_flush()
+    assert first.accept_lengths == [1, 2, 3]
+    obs.shutdown()
+
+
+def test_nothing_is_recycled_where_references_cannot_be_counted():
+    obs, mem, gpu = make()
+    obs._recorder.pool_limit = 0  # what a free-threaded build or PyPy gets
+    for i in range(30):
+        one(obs, gpu, i, [i % 5], draft_length=4)
+    gpu.complete()
+    assert obs.force_flush()
+    assert len(obs._recorder.free) == 0
+    assert obs.snapshot().accepted_tokens_total == sum(i % 5 for i in range(30))
+    obs.shutdown()
+
+
+def test_a_steady_loop_allocates_no_tracked_object_per_cycle():
+    # Records wait up to a poll interval; allocated per cycle, they survive young collections
+    # and drive full ones (tens of ms with a server's heap). Reused, the loop triggers none.
+    obs = specobs.configure(
+        clock="host", sinks=[specobs.MemorySink(max_cycles=0)], poll_interval_seconds=3600
+    )
+    acc = [1, 0, 2, 3, 0, 1, 4, 2]
+
+    def rounds(n):
+        for _ in range(n):
+            for _ in range(500):
+                c = obs.begin()
+                c.mark("verify")
+                c.mark("bookkeeping")
+                c.accept(acc, draft_length=4)
+                c.end()
+            del c
+            obs.force_flush()
+
+    rounds(2)  # warm: the free list fills
+    collections = []
+
+    def probe(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(probe)
+    try:
+        rounds(40)  # 20,000 cycles: 3 allocations each would be ~85 young collections
+    finally:
+        gc.callbacks.remove(probe)
+    assert obs.snapshot().cycles_total == 21_000
+    assert len(collections) <= 4, collections
+    obs.shutdown()
