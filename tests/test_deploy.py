@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from types import ModuleType
 from typing import Any
 
 import httpx
@@ -87,14 +86,6 @@ def load_yaml(path: Path) -> Any:
 def compose() -> dict[str, Any]:
     doc: dict[str, Any] = load_yaml(COMPOSE)
     return doc
-
-
-def sync_deploy() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sync_deploy", ROOT / "scripts/sync_deploy.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +258,7 @@ def test_grafana_links_exemplars_to_the_tempo_datasource() -> None:
     # The Prometheus sink's exemplar label (specobs/sinks/prometheus.py) is trace_id.
     assert destinations == [{"name": "trace_id", "datasourceUid": sources["tempo"]["uid"]}]
     assert (
-        'PromExemplar(\n                    {"trace_id"'
+        'PromExemplar(\n                    {"trace_id": ex.trace_id_hex'
         in (ROOT / "specobs/sinks/prometheus.py").read_text()
     )
     for path in DASHBOARDS:
@@ -582,7 +573,9 @@ def test_remote_write_overlay_pushes_and_scrapes_nothing_dead(
 
 
 def test_derived_k8s_files_are_in_sync_with_the_generated_files() -> None:
-    drifted = sync_deploy().check_deploy(ROOT)
+    from specobs.mixin import check_all
+
+    drifted = [p for p in check_all(ROOT) if p.startswith("deploy/k8s/")]
     assert not drifted, (
         "deploy/k8s/base is out of date with the generated files: "
         + ", ".join(drifted)
@@ -590,16 +583,17 @@ def test_derived_k8s_files_are_in_sync_with_the_generated_files() -> None:
     )
 
 
-def test_render_deploy_is_pure_and_says_what_it_needs(tmp_path: Path) -> None:
-    module = sync_deploy()
+def test_render_deploy_is_pure_and_says_what_it_needs() -> None:
+    from specobs.mixin._deploy import render_deploy
+
     generated = {
         "deploy/prometheus/rules/specobs-rules.yml": "# header\ngroups:\n- name: g\n  rules:\n"
         "  - record: a:b:c\n    expr: |-\n      sum(x)\n\n      / 2\n",
         "dashboards/one.json": '{"uid": "one"}\n',
         "docs/metrics.md": "ignored\n",
     }
-    files = module.render_deploy(generated)
-    assert files == module.render_deploy(dict(generated))
+    files = render_deploy(generated)
+    assert files == render_deploy(dict(generated))
     assert sorted(files) == [
         "deploy/k8s/base/dashboards/kustomization.yaml",
         "deploy/k8s/base/dashboards/one.json",
@@ -609,33 +603,33 @@ def test_render_deploy_is_pure_and_says_what_it_needs(tmp_path: Path) -> None:
     assert rule["spec"] == yaml.safe_load(generated["deploy/prometheus/rules/specobs-rules.yml"])
     assert files["deploy/k8s/base/dashboards/one.json"] == '{"uid": "one"}\n'
     with pytest.raises(KeyError, match=r"specobs-rules\.yml"):
-        module.render_deploy({"dashboards/one.json": "{}"})
+        render_deploy({"dashboards/one.json": "{}"})
     with pytest.raises(KeyError, match=r"dashboards/\*\.json"):
-        module.render_deploy({"deploy/prometheus/rules/specobs-rules.yml": "groups: []\n"})
+        render_deploy({"deploy/prometheus/rules/specobs-rules.yml": "groups: []\n"})
     with pytest.raises(ValueError, match="groups"):
-        module.render_deploy({**generated, "deploy/prometheus/rules/specobs-rules.yml": "x: 1\n"})
+        render_deploy({**generated, "deploy/prometheus/rules/specobs-rules.yml": "x: 1\n"})
 
-    # --check against a copy: in sync, then a stale copy and a changed source are both reported.
-    for path in [RULES, *DASHBOARDS]:
-        dest = tmp_path / path.relative_to(ROOT)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(path.read_text())
-    assert module.check_deploy(tmp_path) == sorted(
-        module.render_deploy(
-            {str(p.relative_to(ROOT)): p.read_text() for p in [RULES, *DASHBOARDS]}
-        )
-    )
-    assert module.main(["--root", str(tmp_path)]) == 0
-    assert module.check_deploy(tmp_path) == []
-    (tmp_path / "deploy/k8s/base/dashboards/old.json").write_text("{}")
-    (tmp_path / "dashboards" / DASHBOARDS[0].name).write_text("{}\n")
-    assert module.check_deploy(tmp_path) == [
-        f"deploy/k8s/base/dashboards/{DASHBOARDS[0].name}",
-        "deploy/k8s/base/dashboards/old.json",
-    ]
-    assert module.main(["--root", str(tmp_path), "--check"]) == 1
-    assert module.main(["--root", str(tmp_path)]) == 0
-    assert module.check_deploy(tmp_path) == []
+
+def test_generate_rewrites_the_derived_k8s_files_and_removes_stale_copies(tmp_path: Path) -> None:
+    from specobs.cli import main
+
+    assert main(["generate", "--root", str(tmp_path)]) == 0
+    assert main(["generate", "--root", str(tmp_path), "--check"]) == 0
+    for path in DASHBOARDS:
+        copy = tmp_path / "deploy/k8s/base/dashboards" / path.name
+        assert copy.read_text() == path.read_text()
+    assert (tmp_path / "deploy/k8s/base/prometheusrule.yaml").exists()
+    # A copy whose dashboard is gone (renamed) and a changed copy are both drift ...
+    stale = tmp_path / "deploy/k8s/base/dashboards/old.json"
+    stale.write_text("{}")
+    changed = tmp_path / "deploy/k8s/base/dashboards" / DASHBOARDS[0].name
+    changed.write_text("{}\n")
+    assert main(["generate", "--root", str(tmp_path), "--check"]) == 1
+    # ... and generate rewrites the one and removes the other.
+    assert main(["generate", "--root", str(tmp_path)]) == 0
+    assert not stale.exists()
+    assert changed.read_text() == DASHBOARDS[0].read_text()
+    assert main(["generate", "--root", str(tmp_path), "--check"]) == 0
 
 
 # -- yamllint --------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from specobs.mixin import render_all
-from specobs.mixin._dashboards import SCHEMA_VERSION
+from specobs.mixin._panels import SCHEMA_VERSION
 
 sdk = pytest.importorskip("grafana_foundation_sdk", reason="pip install 'specobs[test]'")
 from grafana_foundation_sdk.cog.plugins import register_default_plugins  # noqa: E402

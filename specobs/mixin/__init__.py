@@ -2,7 +2,9 @@
 all generated from the metric catalog by one pure function.
 
 ``render_all(config)`` maps repository-relative paths to file contents; ``write_all`` writes them
-and ``check_all`` lists the paths whose committed contents differ (``specobs generate [--check]``).
+(and removes derived dashboard copies in deploy/k8s/base/dashboards/ whose source is gone) and
+``check_all`` lists the paths whose committed contents differ or are stale (``specobs generate
+[--check]``).
 Needs the ``gen`` extra (grafanalib, pyyaml).
 """
 
@@ -64,18 +66,35 @@ def render_all(config: MixinConfig = MixinConfig()) -> dict[str, str]:  # noqa: 
     return dict(sorted(files.items()))
 
 
+def _stale(root: Path, rendered: dict[str, str]) -> list[str]:
+    """Derived dashboard copies under deploy/k8s/base/dashboards/ that nothing renders any more
+    (a dashboard was renamed or removed): kustomize would still ship them."""
+    from specobs.mixin._deploy import K8S_DIR
+
+    return sorted(
+        f"{K8S_DIR}/dashboards/{path.name}"
+        for path in (root / K8S_DIR / "dashboards").glob("*.json")
+        if f"{K8S_DIR}/dashboards/{path.name}" not in rendered
+    )
+
+
 def write_all(
     root: str | os.PathLike[str],
     config: MixinConfig = MixinConfig(),  # noqa: B008 - frozen
 ) -> list[str]:
-    """Write every generated file under ``root``; returns the paths whose contents changed."""
+    """Write every generated file under ``root`` and remove stale derived dashboard copies;
+    returns the paths changed or removed."""
+    rendered = render_all(config)
     changed = []
-    for relative, text in render_all(config).items():
+    for relative, text in rendered.items():
         path = Path(root) / relative
         if path.exists() and path.read_text(encoding="utf-8") == text:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+        changed.append(relative)
+    for relative in _stale(Path(root), rendered):
+        (Path(root) / relative).unlink()
         changed.append(relative)
     return changed
 
@@ -84,9 +103,11 @@ def check_all(
     root: str | os.PathLike[str],
     config: MixinConfig = MixinConfig(),  # noqa: B008 - frozen
 ) -> list[str]:
-    """Paths under ``root`` that are missing or differ from :func:`render_all` (empty: in sync)."""
+    """Paths under ``root`` that are missing, differ from :func:`render_all`, or are stale derived
+    dashboard copies (empty: in sync)."""
+    rendered = render_all(config)
     drifted = []
-    for relative, text in render_all(config).items():
+    for relative, text in rendered.items():
         path = Path(root) / relative
         try:
             current = path.read_text(encoding="utf-8")
@@ -95,4 +116,4 @@ def check_all(
             continue
         if current != text:
             drifted.append(relative)
-    return drifted
+    return sorted(drifted + _stale(Path(root), rendered))

@@ -1,4 +1,5 @@
-"""Grafana dashboards as code (grafanalib is imported here and nowhere else).
+"""What the two generated Grafana dashboards show (the panels' house style and grafanalib live in
+:mod:`specobs.mixin._panels`).
 
 Two dashboards, both with the variables ``datasource``, ``job``, ``instance`` (multi) and
 ``model``, fixed uids and grid positions:
@@ -12,411 +13,21 @@ Two dashboards, both with the variables ``datasource``, ``job``, ``instance`` (m
 
 from __future__ import annotations
 
-import json
-import urllib.parse
-from dataclasses import dataclass
-from typing import Any
-
-from grafanalib import core as g
-from grafanalib._gen import DashboardEncoder
-
 from specobs import catalog as c
 from specobs.mixin._config import MixinConfig
+from specobs.mixin._panels import (
+    NO_GPU_CLOCK,
+    NO_TRAFFIC,
+    RATE,
+    PanelBuilder,
+    dashboard_variables,
+)
 from specobs.mixin._rules import BASELINE_CONFIGURED, RuleNames
 
 __all__ = ["render_cycle_breakdown", "render_fleet"]
 
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-#: The dashboard schema Grafana 11 writes; Grafana migrates older files on every load.
-SCHEMA_VERSION = 39
-NO_TRAFFIC = "No traffic"
-#: What a GPU-clock-only panel shows on a busy server with no GPU-timed cycle (a CPU engine, or
-#: no sampled cycle in the window): not "No traffic", which would be wrong there.
-NO_GPU_CLOCK = "No GPU-timed cycles"
-#: A ratio of two zero rates (an idle server) reads "No traffic", not NaN.
-_NAN_MAPPING = [
-    {"type": "special", "options": {"match": "nan", "result": {"text": NO_TRAFFIC, "index": 0}}}
-]
-#: grafanalib output that is not in Grafana's dashboard schema (legacy rows, Angular heatmaps).
-_LEGACY_DASHBOARD_KEYS = frozenset(
-    {"__inputs", "rows", "sharedCrosshair", "hideControls", "gnetId", "style"}
-)
-_LEGACY_PANEL_KEYS = frozenset(
-    {
-        "editable",
-        "error",
-        "hideTimeOverride",
-        "transparent",
-        "span",
-        "minSpan",
-        "height",
-        "cards",
-        "color",
-        "heatmap",
-        "xAxis",
-        "yAxis",
-        "dataFormat",
-        "yBucketBound",
-        "hideZeroBuckets",
-        "highlightCards",
-        "legend",
-        "reverseYBuckets",
-        "tooltip",
-        "xBucketSize",
-        "xBucketNumber",
-        "yBucketSize",
-        "yBucketNumber",
-        "timeFrom",
-        "timeShift",
-        "maxPerRow",
-        "repeat",
-        "repeatDirection",
-        "cacheTimeout",
-        "maxDataPoints",
-        "interval",
-        "scopedVars",
-        "columns",
-        "fontSize",
-        "mappings",
-    }
-)
-_ROW_KEYS = frozenset({"collapsed", "gridPos", "id", "panels", "title", "type"})
-
-
-def _strip_nulls(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _strip_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_strip_nulls(v) for v in value]
-    return value
-
-
-def _clean_panel(panel: dict[str, Any]) -> dict[str, Any]:
-    if panel.get("type") == "row":
-        return {k: v for k, v in panel.items() if k in _ROW_KEYS}
-    panel = {k: v for k, v in panel.items() if k not in _LEGACY_PANEL_KEYS}
-    defaults = panel.get("fieldConfig", {}).get("defaults", {})
-    thresholds = defaults.get("thresholds")
-    if thresholds is not None and not (
-        isinstance(thresholds.get("steps"), list) and thresholds["steps"]
-    ):
-        thresholds["steps"] = [{"color": "green", "value": None}]
-    return panel
-
-
-def _clean(data: dict[str, Any]) -> dict[str, Any]:
-    """grafanalib's dashboard JSON made valid for Grafana's current schema: legacy keys gone,
-    nulls dropped (optional fields are absent, not null), thresholds a list of steps."""
-    data = {k: v for k, v in data.items() if k not in _LEGACY_DASHBOARD_KEYS}
-    data["panels"] = [_clean_panel(p) for p in data["panels"]]
-    for variable in data["templating"]["list"]:
-        for key in ("useTags", "tagsQuery", "tagValuesQuery"):
-            variable.pop(key, None)
-        if isinstance(variable.get("current"), dict):
-            variable["current"].pop("tags", None)
-    data["schemaVersion"] = SCHEMA_VERSION
-    data = _strip_nulls(data)
-    # The base threshold step has no value by the schema's own definition: -Infinity is null.
-    for panel in data["panels"]:
-        steps = panel.get("fieldConfig", {}).get("defaults", {}).get("thresholds", {}).get("steps")
-        if steps:
-            steps[0]["value"] = None
-    return data
-
-
-RATE = "$__rate_interval"
-WIDTH = 24
 GPU = 'clock="gpu"'
 HOST = 'clock="host"'
-
-
-def _target(
-    expr: str, legend: str, ref_id: str, *, exemplar: bool, instant: bool, fmt: str
-) -> dict[str, Any]:
-    """A Prometheus target bound to the ``$datasource`` variable."""
-    return {
-        "datasource": DATASOURCE,
-        "editorMode": "code",
-        "exemplar": exemplar,
-        "expr": expr,
-        "format": fmt,
-        "instant": instant,
-        "interval": "",
-        "legendFormat": legend,
-        "range": not instant,
-        "refId": ref_id,
-    }
-
-
-@dataclass
-class _Layout:
-    """Places panels left to right, wrapping at 24 columns; assigns ids in order."""
-
-    x: int = 0
-    y: int = 0
-    row_height: int = 0
-    next_id: int = 1
-
-    def place(self, w: int, h: int) -> tuple[int, g.GridPos]:
-        if self.x + w > WIDTH:
-            self.newline()
-        pos = g.GridPos(h=h, w=w, x=self.x, y=self.y)
-        self.x += w
-        self.row_height = max(self.row_height, h)
-        panel_id, self.next_id = self.next_id, self.next_id + 1
-        return panel_id, pos
-
-    def newline(self) -> None:
-        if self.x:
-            self.y += self.row_height
-        self.x, self.row_height = 0, 0
-
-
-class _Builder:
-    def __init__(self, config: MixinConfig) -> None:
-        self.config = config
-        self.layout = _Layout()
-        self.panels: list[g.Panel] = []
-
-    def row(self, title: str) -> None:
-        self.layout.newline()
-        panel_id, pos = self.layout.place(WIDTH, 1)
-        self.layout.newline()
-        self.panels.append(g.RowPanel(title=title, id=panel_id, gridPos=pos, collapsed=False))
-
-    def _links(self, exemplars: bool) -> list[dict[str, Any]]:
-        uid = self.config.trace_datasource_uid
-        if not exemplars or uid is None:
-            return []
-        left = json.dumps(
-            {
-                "datasource": uid,
-                "queries": [{"refId": "A", "query": "${__value.raw}"}],
-                "range": {"from": "${__from}", "to": "${__to}"},
-            },
-            sort_keys=True,
-        )
-        return [
-            {
-                "title": "Open the cycle's trace",
-                "url": "/explore?left=" + urllib.parse.quote(left, safe=""),
-                "targetBlank": True,
-            }
-        ]
-
-    def _targets(
-        self, queries: list[tuple[str, str]], exemplars: bool = False, instant: bool = False
-    ) -> list[dict[str, Any]]:
-        return [
-            _target(
-                expr,
-                legend,
-                chr(ord("A") + i),
-                exemplar=exemplars,
-                instant=instant,
-                fmt="table" if instant else "time_series",
-            )
-            for i, (expr, legend) in enumerate(queries)
-        ]
-
-    def timeseries(
-        self,
-        title: str,
-        description: str,
-        unit: str,
-        queries: list[tuple[str, str]],
-        *,
-        w: int = 8,
-        h: int = 8,
-        stack: bool = False,
-        exemplars: bool = False,
-        axis_label: str = "",
-        minimum: float | None = 0,
-        maximum: float | None = None,
-        overrides: list[dict[str, Any]] | None = None,
-        no_value: str = NO_TRAFFIC,
-    ) -> None:
-        panel_id, pos = self.layout.place(w, h)
-        links = self._links(exemplars)
-        defaults: dict[str, Any] = {"noValue": no_value, "mappings": _NAN_MAPPING}
-        if links:
-            defaults["links"] = links
-        if maximum is None and unit == "percentunit":
-            maximum = 1
-        self.panels.append(
-            g.TimeSeries(
-                id=panel_id,
-                gridPos=pos,
-                title=title,
-                description=description,
-                dataSource=DATASOURCE,
-                targets=self._targets(queries, exemplars),
-                unit=unit,
-                axisLabel=axis_label,
-                stacking={"mode": "normal", "group": "A"} if stack else {"mode": "none"},
-                fillOpacity=40 if stack else 10,
-                valueMin=minimum,
-                valueMax=maximum,
-                legendDisplayMode="table",
-                legendCalcs=["mean", "lastNotNull"],
-                tooltipMode="multi",
-                overrides=overrides or [],
-                extraJson={"fieldConfig": {"defaults": defaults}},
-            )
-        )
-
-    def heatmap(
-        self,
-        title: str,
-        description: str,
-        unit: str,
-        expr: str,
-        *,
-        w: int = 8,
-        h: int = 8,
-        exemplars: bool = False,
-    ) -> None:
-        panel_id, pos = self.layout.place(w, h)
-        links = self._links(exemplars)
-        targets = self._targets([(expr, "{{le}}")], exemplars)
-        targets[0]["format"] = "heatmap"
-        self.panels.append(
-            g.Heatmap(
-                id=panel_id,
-                gridPos=pos,
-                title=title,
-                description=description,
-                dataSource=DATASOURCE,
-                targets=targets,
-                dataFormat="tsbuckets",
-                yBucketBound="upper",
-                hideZeroBuckets=True,
-                extraJson={
-                    "fieldConfig": {"defaults": {"unit": unit, "links": links}},
-                    "options": {
-                        "calculate": False,
-                        "cellGap": 1,
-                        "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64},
-                        "exemplars": {"color": "rgba(255,0,255,0.7)"},
-                        "yAxis": {"axisPlacement": "left", "unit": unit},
-                        "rowsFrame": {"layout": "auto"},
-                        "tooltip": {"show": True, "yHistogram": True},
-                    },
-                },
-            )
-        )
-
-    def stat(
-        self, title: str, description: str, unit: str, expr: str, *, w: int = 4, h: int = 4
-    ) -> None:
-        panel_id, pos = self.layout.place(w, h)
-        self.panels.append(
-            g.Stat(
-                id=panel_id,
-                gridPos=pos,
-                title=title,
-                description=description,
-                dataSource=DATASOURCE,
-                targets=self._targets([(expr, title)]),
-                format=unit,
-                reduceCalc="lastNotNull",
-                graphMode="area",
-                decimals=None,
-                noValue=NO_TRAFFIC,
-                mappings=_NAN_MAPPING,
-                thresholds=[{"color": "green", "value": None}],
-            )
-        )
-
-    def table(
-        self,
-        title: str,
-        description: str,
-        columns: list[tuple[str, str, str]],
-        *,
-        w: int = WIDTH,
-        h: int = 12,
-        index: tuple[str, ...] = ("job", "instance"),
-        row_link: dict[str, Any] | None = None,
-    ) -> None:
-        """``columns``: (header, unit, instant expr aggregated ``by`` the ``index`` labels).
-        ``row_link``: a data link on the instance column (drill-down)."""
-        panel_id, pos = self.layout.place(w, h)
-        targets = self._targets([(expr, header) for header, _, expr in columns], instant=True)
-        renames = {
-            f"Value #{t['refId']}": header
-            for t, (header, _, _) in zip(targets, columns, strict=True)
-        }
-        overrides = [
-            {
-                "matcher": {"id": "byName", "options": header},
-                "properties": [{"id": "unit", "value": unit}],
-            }
-            for header, unit, _ in columns
-        ]
-        if row_link is not None:
-            overrides.append(
-                {
-                    "matcher": {"id": "byName", "options": "instance"},
-                    "properties": [{"id": "links", "value": [row_link]}],
-                }
-            )
-        self.panels.append(
-            g.Table(
-                id=panel_id,
-                gridPos=pos,
-                title=title,
-                description=description,
-                dataSource=DATASOURCE,
-                targets=targets,
-                unit="short",
-                overrides=overrides,
-                extraJson={
-                    "fieldConfig": {"defaults": {"noValue": NO_TRAFFIC, "mappings": _NAN_MAPPING}}
-                },
-                sortBy=[g.TableSortByField(displayName=columns[1][0], desc=True)],
-                transformations=[
-                    {"id": "merge", "options": {}},
-                    {
-                        "id": "organize",
-                        "options": {
-                            "excludeByName": {"Time": True},
-                            "indexByName": {label: i for i, label in enumerate(index)},
-                            "renameByName": renames,
-                        },
-                    },
-                ],
-            )
-        )
-
-    def dashboard(self, title: str, uid: str, description: str, variables: list[g.Template]) -> str:
-        config = self.config
-        dashboard = g.Dashboard(
-            title=f"{config.dashboard_prefix}{title}",
-            uid=f"{config.uid_prefix}{uid}",
-            description=description,
-            tags=list(config.dashboard_tags),
-            editable=False,
-            timezone="browser",
-            refresh="30s",
-            time=g.Time("now-1h", "now"),
-            graphTooltip=1,
-            templating=g.Templating(list=variables),
-            panels=self.panels,
-        )
-        data = _clean(json.loads(json.dumps(dashboard.to_json_data(), cls=DashboardEncoder)))
-        data["links"] = [
-            {
-                "title": "specobs dashboards",
-                "type": "dashboards",
-                "tags": list(config.dashboard_tags),
-                "asDropdown": False,
-                "includeVars": True,
-                "keepTime": True,
-                "targetBlank": False,
-            }
-        ]
-        return json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
 
 def _matchers(config: MixinConfig, *, instance: bool = True) -> str:
@@ -427,51 +38,6 @@ def _matchers(config: MixinConfig, *, instance: bool = True) -> str:
         parts.append('instance=~"$instance"')
     parts.append(f'{config.model_label}=~"$model"')
     return ", ".join(parts)
-
-
-def _variables(config: MixinConfig, source: str, *, single_instance: bool) -> list[g.Template]:
-    """``datasource``, the group labels (``cluster``, ``namespace``), ``job``, ``model`` and
-    ``instance``, each query filtered by the ones before it. ``single_instance``: the instance
-    variable selects one server (a per-server dashboard must not open on all of them)."""
-
-    def query(
-        name: str, label: str, matchers: list[str], all_value: str, *, multi: bool = True
-    ) -> g.Template:
-        selector = f"{source}{{{', '.join(matchers)}}}" if matchers else source
-        return g.Template(
-            name=name,
-            label=label,
-            query=f"label_values({selector}, {config.model_label if name == 'model' else name})",
-            dataSource=DATASOURCE,
-            type="query",
-            refresh=2,  # on time range change, so new servers appear
-            includeAll=multi,
-            multi=multi,
-            allValue=all_value if multi else None,
-            sort=1,
-            default="$__all" if multi else None,
-        )
-
-    variables = [
-        g.Template(
-            name="datasource",
-            label="Data source",
-            query="prometheus",
-            type="datasource",
-            default="default",
-        )
-    ]
-    chain: list[str] = []
-    # .* so that series without the label (a single cluster, no namespace) still match "All".
-    for group in config.group_labels:
-        variables.append(query(group, group.capitalize(), list(chain), ".*"))
-        chain.append(f'{group}=~"${group}"')
-    variables.append(query("job", "Job", list(chain), ".+"))
-    chain.append('job=~"$job"')
-    variables.append(query("model", "Model", list(chain), ".*"))
-    chain.append(f'{config.model_label}=~"$model"')
-    variables.append(query("instance", "Instance", list(chain), ".+", multi=not single_instance))
-    return variables
 
 
 def render_cycle_breakdown(config: MixinConfig) -> str:
@@ -488,7 +54,7 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
 
     phase = c.PHASE_DURATION.name
     cycle = c.CYCLE_DURATION.name
-    b = _Builder(config)
+    b = PanelBuilder(config)
     # The token counts mean the same everywhere; the phase cut follows each engine's code.
     per_engine = (
         " What each phase covers depends on the engine (label engine, and "
@@ -792,7 +358,7 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "Where each speculative decoding cycle's time goes (draft, verify, bookkeeping on the GPU "
         "and host clocks), acceptance, throughput and speedup, per server. Generated by "
         "`specobs generate`.",
-        _variables(config, c.INFO.name, single_instance=True),
+        dashboard_variables(config, c.INFO.name, single_instance=True),
     )
 
 
@@ -813,7 +379,7 @@ def render_fleet(config: MixinConfig) -> str:
     def s(name: str, extra: str = "", selector: str = sel) -> str:
         return f"{name}{{{selector}{', ' + extra if extra else ''}}}"
 
-    b = _Builder(config)
+    b = PanelBuilder(config)
     b.row("Fleet totals")
     b.stat(
         "Servers up",
@@ -960,5 +526,5 @@ def render_fleet(config: MixinConfig) -> str:
         "Health of every speculative decoding server: throughput, acceptance, cycle time, "
         "outliers, per-model and per-engine breakdowns. Reads recording rules only. Generated by "
         "`specobs generate`.",
-        _variables(config, n.cycles, single_instance=False),
+        dashboard_variables(config, n.cycles, single_instance=False),
     )
