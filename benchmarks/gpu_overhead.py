@@ -18,6 +18,11 @@ Modes, run side by side in rotating order so drifts in clocks and load hit every
 * ``slice200`` / ``slice50`` / ``slice20`` / ``every200`` / ``every50``  the resolver's GIL
                  holds sized for 200 / 50 / 20 µs of CPU (``every*``: every cycle GPU-timed);
                  200 µs is the default since issue 15
+* ``torchcalls`` / ``everytorch``  defaults / every cycle, but the resolver reads CUDA events
+                 through torch's ``Event.query`` / ``elapsed_time`` (as before issue 15's direct
+                 runtime reads)
+* ``nopool``     defaults, but cycle records not recycled (allocated per cycle, as before
+                 issue 15's pooling)
 
 Workloads: ``small|b32|large`` - ``eager|graph``, optionally ``-cudaacc`` (acceptance passed to
 specobs as the CUDA tensor; the scheduler's host sync is a read of one number instead).
@@ -46,7 +51,8 @@ import specobs
 
 PHASES = ("draft", "verify", "bookkeeping")
 SPECOBS_MODES = (
-    "specobs", "every", "chunk32", "slice200", "every200", "slice50", "every50", "slice20"
+    "specobs", "every", "chunk32", "slice200", "every200", "slice50", "every50", "slice20",
+    "torchcalls", "everytorch", "nopool",
 )
 #: The profiler's run is this many cycles at most: processing its trace afterwards takes far
 #: longer than the loop, and its slowdown shows in a short run as well as in a long one.
@@ -267,6 +273,7 @@ def run_mode(
                 "events": round(res._cost_ewma / max(s.sampling_interval, 1)
                                 / res._cycle_ewma * 100, 3),
                 "stamps": round(300 * 4 / res._cycle_ewma * 100, 3),
+                "copies": round(getattr(res, "_copy_ewma", 0.0) / res._cycle_ewma * 100, 3),
                 "resolver": round(res._record_ns / res._cycle_ewma * 100, 3),
             }
         info["slices"] = res.slices - slices0
@@ -295,8 +302,12 @@ def _gc_probe(phase: str, info: dict[str, int]) -> None:
 
 def make_observer(mode: str) -> specobs.Observer:
     """specobs as a user configures it: defaults, or GPU timing on every cycle."""
-    every = mode in ("every", "every200", "every50")
+    every = mode in ("every", "every200", "every50", "everytorch")
     obs = specobs.configure(clock="cuda", sinks=[], sample_every=1 if every else None)
+    if mode in ("torchcalls", "everytorch"):
+        obs.clock.bind_thread = lambda: False  # type: ignore[union-attr]
+    if mode == "nopool":
+        obs._recorder.pool_limit = 0
     if mode == "chunk32":
         obs._resolver.chunk = 32
         obs._resolver.poll = 0.05

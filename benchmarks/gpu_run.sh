@@ -8,6 +8,8 @@
 #   demotests the demo engine's CUDA-graph test (tests/test_demo_engine.py -k cuda)
 #   recipes   benchmarks/demo_recipes.py: the demo's shipped training recipe over 8 seeds on the
 #             host's CPU cores (how far wrong-hidden-layers drops acceptance, seed by seed)
+#   profile   benchmarks/diag/resolver_profile.py: where the resolver's time goes inside the GPU
+#             loop (each CUDA call timed, a cProfile of its thread, py-spy if it can attach)
 # Usage: OUT=dir benchmarks/gpu_run.sh [tests] [overhead] [host] [engines] [demotests]
 #        [recipes]   (default: all)
 # Wheels for packages the device image lacks travel in .whl/ (pytest, prometheus_client,
@@ -20,7 +22,7 @@ export PYTHONPATH=.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=.:/tmp/site
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=.:/tmp/site PATH=/tmp/site/bin:$PATH
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/device.txt"
 python3 -c 'import torch, sys, os; print("torch", torch.__version__, "python", sys.version.split()[0], "cpus", os.cpu_count())' | tee -a "$OUT/device.txt"
@@ -52,6 +54,9 @@ for part in $parts; do
       SPECOBS_CACHE_DIR=$(mktemp -d) python3 -m pytest -q --noconftest -p no:cacheprovider \
         tests/test_demo_engine.py tests/test_demo_baseline.py -k "cuda" 2>&1 \
         | tee "$OUT/demo_gpu_tests.log" | tail -n 5 ;;
+    profile)
+      python3 benchmarks/diag/resolver_profile.py --workloads ${PROFILE_WORKLOADS:-small-graph,small-graph-cudaacc} \
+        --cycles 3000 --pyspy 5 --out "$OUT" 2>&1 | tee "$OUT/resolver_profile.log" ;;
     recipes)
       python3 benchmarks/demo_recipes.py --jobs 8 --threads 2 --seeds 0 1 2 3 4 5 6 7 \
         --recipe shipped '{}' 2>&1 | tee "$OUT/demo_recipes.jsonl" ;;

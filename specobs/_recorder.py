@@ -215,7 +215,11 @@ class Cycle:
                 return
             if getattr(accepted, "is_cuda", False):
                 self._acc = None
-                self._acc_copy = self._rec.copy_to_host(accepted)
+                rec = self._rec
+                t = _perf()
+                self._acc_copy = rec.copy_to_host(accepted)
+                # What the copy costs the worker, for the self-reported overhead.
+                rec.copy_ns += _perf() - t
                 if self._acc_copy is None and self._batch is None:
                     self._batch = int(accepted.numel())
                 return
@@ -347,6 +351,7 @@ class Recorder:
         # Counters the worker increments and the resolver folds into the aggregation.
         self.begun = 0
         self.enqueued = 0
+        self.copy_ns = 0  # worker nanoseconds spent starting CUDA acceptance copies
         self.dropped_queue_full = 0
         self.dropped_pool = 0
         self.dropped_capture = 0
@@ -477,7 +482,7 @@ class Recorder:
             return 0
         sole = SOLE_REFS
         n = 0
-        for c, refs in zip(records, _refcounts(records)):
+        for c, refs in zip(records, _refcounts(records), strict=True):
             if refs != sole or c._ev is not None or c._acc_copy is not None:
                 continue
             c._ts.clear()

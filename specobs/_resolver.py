@@ -61,7 +61,7 @@ HOST_STAMP_NS = 300
 
 _log = logging.getLogger("specobs")
 #: Consumes an iterator at C speed, keeping nothing.
-_discard = deque(maxlen=0).extend
+_discard: Any = deque(maxlen=0).extend
 
 
 def _completed(backlog: deque[Cycle], chunk: int, query: Any) -> list[Cycle]:
@@ -124,6 +124,9 @@ class Resolver:
         # Adaptive sampling state (EWMA of the cost of a sampled cycle and of cycle time).
         self._cost_ewma = 0.0
         self._cycle_ewma = 0.0
+        self._copy_ewma = 0.0  # worker ns per cycle starting CUDA acceptance copies
+        self._copy_seen = 0
+        self._enqueued_seen = 0
         self._folded: dict[str, int] = {}
         #: Longest single hold of the GIL by this resolver's work (thread CPU nanoseconds of
         #: one slice, between two points where it releases the GIL), for benchmarks.
@@ -178,6 +181,9 @@ class Resolver:
         }
         self._cost_ewma = 0.0
         self._cycle_ewma = 0.0
+        self._copy_ewma = 0.0
+        self._copy_seen = rec.copy_ns
+        self._enqueued_seen = rec.enqueued
         self.agg.count_dropped("fork", lost)
         rec.current = None
         if start:
@@ -187,11 +193,23 @@ class Resolver:
         self._wake.set()
 
     def _run(self) -> None:
+        bound = None
         while not self._stop.is_set():
             self._wake.wait(self.poll)
             self._wake.clear()
             if self._stop.is_set():
                 break
+            clock = self.rec.clock
+            if clock is not bound and clock is not None:
+                # A CUDA clock reads its events through the runtime directly on this thread
+                # (one call per phase instead of torch's five, with the GIL released).
+                bound = clock
+                bind = getattr(clock, "bind_thread", None)
+                if bind is not None:
+                    try:
+                        bind()
+                    except Exception as exc:
+                        _log.info("specobs: could not bind the resolver to the clock: %r", exc)
             try:
                 self.drain()
             except Exception as exc:  # keep the thread alive whatever a sink does
@@ -550,9 +568,17 @@ class Resolver:
             self._record_ns = sampling.smoothed(self._record_ns, per)
             self._cpu_acc = self._n_acc = 0
         self._cycle_ewma = sampling.smoothed(self._cycle_ewma, mean_cycle)
+        rec = self.rec
+        cycles = rec.enqueued - self._enqueued_seen
+        if cycles > 0:
+            copy_ns = rec.copy_ns
+            per_copy = (copy_ns - self._copy_seen) / cycles
+            self._copy_ewma = sampling.smoothed(self._copy_ewma, per_copy) if per_copy else (
+                self._copy_ewma * 0.8)
+            self._copy_seen = copy_ns
+            self._enqueued_seen = rec.enqueued
         if n_sampled:
             self._cost_ewma = sampling.smoothed(self._cost_ewma, cost / n_sampled)
-        rec = self.rec
         if rec.sample_every is None and self._cost_ewma > 0:
             rec.interval = sampling.adaptive_interval(
                 self._cost_ewma, self._cycle_ewma, self.budget
@@ -560,11 +586,13 @@ class Resolver:
         overhead: float | None = None
         if self._cycle_ewma > 0:
             # What the worker loses per cycle: event records on sampled cycles (measured on the
-            # hot path), host stamps (an estimate per boundary), and the resolver's own CPU per
-            # record, which shares the GIL with the worker.
+            # hot path), host stamps (an estimate per boundary), CUDA acceptance copies
+            # (measured on the hot path), and the resolver's own CPU per record, which shares
+            # the GIL with the worker.
             per_cycle = (
                 self._cost_ewma / max(rec.interval, 1)
                 + HOST_STAMP_NS * (rec.nphases + 1)
+                + self._copy_ewma
                 + self._record_ns
             )
             overhead = per_cycle / self._cycle_ewma

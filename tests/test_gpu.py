@@ -184,3 +184,86 @@ def test_auto_clock_starts_cuda_lazily_once_the_engine_did():
     assert obs.force_flush(timeout_seconds=10)
     assert obs.snapshot().sampled_cycles_total == 1
     obs.shutdown()
+
+
+def test_the_resolver_reads_events_directly_and_pending_events_stay_pending(cuda_obs):
+    # The resolver binds itself to the clock's device and reads events through the CUDA runtime
+    # (one call per phase, the GIL released) once a first reading agreed with torch's.
+    obs, mem = cuda_obs
+    clock = obs.clock
+    x = torch.randn(256, 256, device="cuda")
+    for _ in range(3):
+        with obs.cycle() as c:
+            x @ x
+            c.mark("verify")
+            x @ x
+            c.mark("bookkeeping")
+    assert obs.force_flush(timeout_seconds=10)
+    assert clock._direct_checked
+    assert clock._direct_thread == obs._resolver._thread.ident
+    torch.cuda.synchronize()
+    with obs.cycle() as c:
+        torch.cuda._sleep(SLEEP_CYCLES)
+        c.mark("verify")
+        torch.cuda._sleep(SLEEP_CYCLES // 2)
+        c.mark("bookkeeping")
+    assert obs.force_flush(timeout_seconds=0.01) is False
+    assert obs.snapshot().cycles_total == 3
+    assert obs.force_flush(timeout_seconds=30)
+    assert obs.snapshot().cycles_total == 4
+    draft, verify, _ = mem.cycles[-1].gpu_ns
+    assert draft > 20_000_000 and draft / verify == pytest.approx(2.0, rel=0.15)
+    assert obs.snapshot().errors == dict.fromkeys(obs.snapshot().errors, 0)
+
+
+def test_direct_readings_equal_torchs_and_other_threads_keep_torchs():
+    import threading
+
+    from specobs.timing.cuda import CudaEventClock
+
+    torch.cuda.init()
+    clock = CudaEventClock(pool_size=8, pinned_buffers=2)
+    evs = clock.acquire(4)
+    for ev in evs:
+        torch.cuda._sleep(100_000)
+        clock.record_fn(ev, clock.stream)
+    torch.cuda.synchronize()
+    want = [round(evs[i].elapsed_time(evs[i + 1]) * 1e6) for i in range(3)]
+    out = {}
+
+    def resolver():
+        out["bound"] = clock.bind_thread()
+        out["checked"] = [clock.elapsed_ns(evs[i], evs[i + 1]) for i in range(3)]
+        out["direct"] = [clock.elapsed_ns(evs[i], evs[i + 1]) for i in range(3)]
+        out["query"] = clock.query(evs[-1])
+
+    t = threading.Thread(target=resolver)
+    t.start()
+    t.join()
+    assert out["bound"] and clock._direct_checked
+    assert out["checked"] == want == out["direct"] and out["query"] is True
+    # This thread never bound itself: torch's calls, same numbers.
+    assert [clock.elapsed_ns(evs[i], evs[i + 1]) for i in range(3)] == want
+
+
+def test_cuda_acceptance_of_any_shape_and_integer_dtype_is_copied_exactly(cuda_obs):
+    obs, mem = cuda_obs
+    tensors = [
+        torch.tensor([1, 2, 3], device="cuda"),
+        torch.tensor([[4], [0]], device="cuda", dtype=torch.int32),
+        (torch.arange(10, device="cuda") % 5)[::2],  # not contiguous
+        torch.tensor(3, device="cuda"),  # 0-d
+    ] * 40  # the pinned slots are reused many times over
+    for t in tensors:
+        with obs.cycle() as c:
+            c.mark("verify")
+            c.mark("bookkeeping")
+            c.accept(t, draft_length=4)
+    assert obs.force_flush(timeout_seconds=30)
+    got = [r.accept_lengths for r in mem.cycles]
+    assert got == [t.reshape(-1).tolist() for t in tensors]
+    s = obs.snapshot()
+    assert s.accepted_tokens_total == sum(int(t.sum()) for t in tensors)
+    assert s.errors == dict.fromkeys(s.errors, 0)
+    # The worker's cost of starting the copies counts in the self-reported overhead.
+    assert obs._resolver._copy_ewma > 0

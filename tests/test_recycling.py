@@ -76,7 +76,7 @@ def test_a_handle_kept_after_end_is_never_reused_and_stays_closed():
     gpu.complete()
     assert obs.force_flush()
     seen = set()
-    for round_ in range(20):
+    for _round in range(20):
         for i in range(50):
             c = obs.begin()
             assert c is not kept
