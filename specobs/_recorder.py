@@ -108,7 +108,9 @@ class Cycle:
     ``_acc`` / ``_acc_copy``
         acceptance as given (a list held in ``_accbuf``, refilled each cycle, or whatever the
         caller passed) / a pending CUDA copy; both ``None`` when ``accept`` was not called.
-        Anything kept from ``_acc`` past resolution must be copied: the list is reused.
+        The resolver reads a completed copy into ``_acc`` (and clears ``_acc_copy``) before
+        validating. Anything kept from ``_acc`` past resolution must be copied: the list is
+        reused.
     ``_draft_len`` / ``_emitted``
         set by ``accept`` (read only when ``_acc`` or ``_acc_copy`` is set).
     ``_batch``

@@ -189,6 +189,7 @@ class CudaEventClock(EventPool):
         self._pinned_low = max(1, pinned_buffers // 4)
         # The direct runtime path (see the module docstring): the thread bound to it, the
         # library, and each event's handle (``cudaEvent_t`` as an int), looked up once.
+        self.stream_switched = False
         self._direct_thread: int | None = None
         self._direct_checked = False
         self._lib: Any = None
@@ -233,7 +234,12 @@ class CudaEventClock(EventPool):
         return slot
 
     def refresh_stream(self) -> None:
-        self.stream = self._torch.cuda.current_stream(self.device)
+        stream = self._torch.cuda.current_stream(self.device)
+        if stream != self.stream:
+            # Events on two streams need not complete in the order they were recorded: the
+            # resolver then queries every record instead of searching for the completed prefix.
+            self.stream_switched = True
+        self.stream = stream
 
     # Resolver thread -----------------------------------------------------------------------
     def bind_thread(self) -> bool:
