@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from specobs import catalog
+from specobs._model import CLOCKS
 from specobs.tools._fleet_schedule import Fault, ScheduleError, load_schedule
 
 __all__ = ["CLUSTERS", "ENGINES", "MODELS", "Fleet", "ModelProfile", "SimServer",
@@ -196,7 +197,7 @@ class SimServer:
     def restart(self, now_wall: float, now_mono: float) -> None:
         """Counters from zero, a new ``_created`` (a process restart)."""
         dur = catalog.DURATION_BUCKETS_SECONDS
-        self.hists = {f"{p}/{c}": _Hist(dur) for p in PHASES for c in ("gpu", "host")}
+        self.hists = {f"{p}/{c}": _Hist(dur) for p in PHASES for c in CLOCKS}
         self.hists["cycle/gpu"] = _Hist(dur)
         self.hists["cycle/host"] = _Hist(dur)
         self.hists["accept"] = _Hist(catalog.accept_length_buckets(self.model.draft_length))
@@ -308,8 +309,8 @@ class SimServer:
             emitted_tokens_total=accepted + seqs,
             sampled_cycles_total=cycles // GPU_SAMPLE_EVERY,
             phase_histograms={(p, c): self.hists[f"{p}/{c}"].data() for p in PHASES
-                              for c in ("gpu", "host")},
-            cycle_histograms={c: self.hists[f"cycle/{c}"].data() for c in ("gpu", "host")},
+                              for c in CLOCKS},
+            cycle_histograms={c: self.hists[f"cycle/{c}"].data() for c in CLOCKS},
             accept_length=accept,
             drafted_by_position=(seqs,) * k,
             batch_size=batch,
