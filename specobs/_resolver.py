@@ -619,13 +619,15 @@ class Resolver:
         overhead: float | None = None
         if self._cycle_ewma > 0:
             # What the worker loses per cycle: event records on sampled cycles (measured on the
-            # hot path), host stamps (an estimate per boundary), CUDA acceptance copies
-            # (measured on the hot path), and the resolver's own CPU per record, which shares
-            # the GIL with the worker.
+            # hot path), host stamps (an estimate per boundary), and the resolver's own CPU per
+            # record, which shares the GIL with the worker. Not the CUDA acceptance copies'
+            # measured time (``_copy_ewma``): it is wall time on the worker, mostly waiting to
+            # get the GIL back from the resolver after the copy released it, which the
+            # resolver's term already counts -- added, the gauge read 2-4x the measured loss on
+            # the H200 (benchmarks/RESULTS.md, issue 15).
             per_cycle = (
                 self._cost_ewma / max(rec.interval, 1)
                 + HOST_STAMP_NS * (rec.nphases + 1)
-                + self._copy_ewma
                 + self._record_ns
             )
             overhead = per_cycle / self._cycle_ewma

@@ -95,10 +95,14 @@ def test_gpu_phase_times_match_a_synchronized_reference(cuda_obs):
         for _ in range(12):
             a @ a
 
-    for _ in range(5):
+    # Warm for about a second: on a machine just started, the first run's clocks were still
+    # settling and the reference and the measured loop ran at different speeds (draft +6 %
+    # in the first run of both H200 calls of 2026-11-30, within 3 % in the next two).
+    end = time.perf_counter() + 1.0
+    while time.perf_counter() < end:
         draft()
         verify()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
     # Reference: each phase alone between synchronisations, timed with events.
     ref = {"draft": [], "verify": []}
     for _ in range(20):
@@ -265,5 +269,5 @@ def test_cuda_acceptance_of_any_shape_and_integer_dtype_is_copied_exactly(cuda_o
     s = obs.snapshot()
     assert s.accepted_tokens_total == sum(int(t.sum()) for t in tensors)
     assert s.errors == dict.fromkeys(s.errors, 0)
-    # The worker's cost of starting the copies counts in the self-reported overhead.
+    # The worker's time starting the copies is measured (for benchmarks; not in the gauge).
     assert obs._resolver._copy_ewma > 0
