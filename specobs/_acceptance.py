@@ -13,9 +13,12 @@ path (:func:`cycle_acceptance`).
 
 Records are the hot path's :class:`~specobs._recorder.Cycle` objects. These functions read their
 record fields, a contract between the recorder and the resolver documented on ``Cycle``:
-``_acc`` (the accepted lengths as given, or a list copy), ``_acc_copy`` (a pending CUDA copy),
-``_draft_len``, ``_emitted``, ``_batch``; and they write ``_resolved_acc`` (the validated
-acceptance of a cycle that took the per-cycle path) and normalise ``_draft_len`` / ``_batch``.
+``_acc`` (the accepted lengths as given, or the record's own reused list they were copied
+into), ``_acc_copy`` (a CUDA copy; the resolver normally reads it into ``_acc`` before calling
+these, so copies take the column path too), ``_draft_len``, ``_emitted``, ``_batch``; and they
+write ``_resolved_acc`` (the validated acceptance of a cycle that took the per-cycle path) and
+normalise ``_draft_len`` / ``_batch``. Records are pooled: a list read from a record may be
+refilled by a later cycle once the record is recycled, so whoever keeps one copies it.
 """
 
 from __future__ import annotations
@@ -223,7 +226,8 @@ def batch_sizes(cycles: Iterable[Cycle], report: Report) -> list[int]:
 
 def resolved_acceptance(c: Cycle, max_draft_length: int) -> Acceptance | None:
     """One cycle's acceptance for its :class:`ResolvedCycle`, after :func:`batch_acceptance`
-    validated the chunk it belongs to."""
+    validated the chunk it belongs to. ``lengths`` may be the record's own reused list: copy it
+    to keep it."""
     a: Acceptance | None = getattr(c, "_resolved_acc", None)  # set by the per-cycle path
     if a is not None:
         return a
