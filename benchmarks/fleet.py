@@ -33,6 +33,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -69,7 +70,9 @@ MEDIUM_WINDOWS: dict[str, str] = {
 }
 FAULT_AT = 120.0
 ALERT_PHASE_END = FAULT_AT + 150.0
-SIZING_SECONDS = 200.0
+SIZING_SECONDS = 260.0
+#: Seconds after the shipped rules are loaded that the dashboard queries start.
+QUERY_AFTER = 150.0
 RANGES = {"1h": 3600, "6h": 6 * 3600, "24h": 24 * 3600}
 
 
@@ -285,14 +288,19 @@ def _values(result: list[dict[str, Any]]) -> dict[tuple[str, float], float]:
 
 
 def compare(a: dict[tuple[str, float], float], b: dict[tuple[str, float], float],
-            split: float) -> tuple[float | None, float | None, float | None]:
+            split: float, live_from: float
+            ) -> tuple[float | None, float | None, float | None]:
     """Relative differences between two results at the (series, time) points both have: the
     largest before ``split`` (the backfilled history, the same samples in both stores), and the
-    largest and the median after it (live data: each store's rules evaluated by its own ruler, at
-    its own times). None where no point is common."""
+    largest and the median from ``live_from`` on (live data whose whole window both stores hold
+    and, for recording rules, both rulers have evaluated with the shipped rules). Points between
+    the two (the seam: gaps, the backfill's 5-minute samples inside a rate window, the rulers
+    switching rule files) are not compared. None where no point is common."""
     hist: list[float] = []
     live: list[float] = []
     for k in set(a) & set(b):
+        if split <= k[1] < live_from:
+            continue
         x, y = a[k], b[k]
         if math.isnan(x) and math.isnan(y):
             continue
@@ -301,6 +309,23 @@ def compare(a: dict[tuple[str, float], float], b: dict[tuple[str, float], float]
     live.sort()
     return (max(hist) if hist else None, max(live) if live else None,
             live[len(live) // 2] if live else None)
+
+
+_RULE_SERIES = re.compile(r"\b(instance|cohort|host):[a-z_]+:")
+
+#: Like-for-like probes, instant queries at one timestamp on both stores: the same raw samples
+#: (should agree exactly), the two rate() implementations over them, and each store's own ruler.
+VM_PROBES: dict[str, str] = {
+    "raw counter": 'sum(specobs_cycles_total{job="specobs"})',
+    "raw gauge": 'sum(specobs_last_cycle_timestamp_seconds{job="specobs"})',
+    "rate() over raw, 5m": 'sum(rate(specobs_cycles_total{job="specobs"}[5m]))',
+    "rate() over raw, 1m": 'sum(rate(specobs_cycles_total{job="specobs"}[1m]))',
+    "per-server rate() over raw, 5m (median of servers)":
+        'quantile(0.5, rate(specobs_cycles_total{job="specobs"}[5m]))',
+    "recording rule, each store's ruler": 'sum(instance:specobs_cycles:rate5m{job="specobs"})',
+    "recording rule ratio, each store's ruler":
+        'avg(instance:specobs_acceptance:ratio_rate5m{job="specobs"})',
+}
 
 
 # -- one run ---------------------------------------------------------------------------------------
@@ -478,7 +503,9 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
         s0 = fleet_params.servers[0]
         opened_on = {"cluster": s0.cluster, "namespace": NAMESPACE, "job": "specobs",
                      "model": s0.model.name, "instance": s0.instance}
-        while time.time() < sizing_start + 75:
+        # Long enough that both rulers have evaluated the shipped rules for a minute before the
+        # query timestamp below, so live recording-rule points compare like for like.
+        while time.time() < sizing_start + QUERY_AFTER:
             sample()
             time.sleep(5)
         # queries while rules keep running (and keep sampling between them)
@@ -500,7 +527,13 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                     step = max(SCRAPE_SECONDS, round(seconds / 1500 / 15) * 15)
                     rate_iv = f"{max(4 * SCRAPE_SECONDS, step + SCRAPE_SECONDS)}s"
                     q = fill_variables(expr, rate_iv, values)
-                    row: dict[str, Any] = {"dashboard": dname, "panel": title, "range": rname}
+                    kind = "rules" if _RULE_SERIES.search(q) else "raw"
+                    row: dict[str, Any] = {"dashboard": dname, "panel": title, "range": rname,
+                                           "kind": kind}
+                    # Live points whose whole rate window is live data, and (rules) that both
+                    # rulers evaluated with the shipped rules for a few evaluations.
+                    live_from = (sizing_start + 3 * SCRAPE_SECONDS if kind == "rules"
+                                 else t0 + int(rate_iv.rstrip("s")) + 2 * SCRAPE_SECONDS)
                     for store, base in (("prometheus", prom), ("vm", vm)):
                         if instant:
                             params: dict[str, Any] = {"query": q, "time": qt}
@@ -525,7 +558,8 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                         row[f"{store}_values"] = _values(data["result"])
                     if "prometheus_values" in row and "vm_values" in row:
                         hist, live, live_median = compare(row.pop("prometheus_values"),
-                                                          row.pop("vm_values"), history_end)
+                                                          row.pop("vm_values"), history_end,
+                                                          live_from)
                         row["vm_diff_history"], row["vm_diff_live"] = hist, live
                         row["vm_diff_live_median"] = live_median
                     row.pop("prometheus_values", None)
@@ -534,6 +568,19 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                     if time.monotonic() - last_sample > 5:
                         sample()
                         last_sample = time.monotonic()
+        probes = {}
+        pt = math.floor((time.time() - 30) / 15) * 15
+        for name, expr in VM_PROBES.items():
+            got = {}
+            for store, base in (("prometheus", prom), ("vm", vm)):
+                _, body = api(base, "/api/v1/query", {"query": expr, "time": pt})
+                res = body.get("data", {}).get("result", [])
+                got[store] = float(res[0]["value"][1]) if res else None
+            x, y = got["prometheus"], got["vm"]
+            diff = (abs(x - y) / max(abs(x), abs(y), 1e-12)
+                    if x is not None and y is not None else None)
+            probes[name] = {"query": expr, **got, "diff": diff}
+        result["vm_probes"] = probes
         while time.time() < sizing_start + SIZING_SECONDS:
             sample()
             time.sleep(5)
@@ -599,6 +646,9 @@ def report(r: dict[str, Any]) -> None:
               f"{_pct(q.get('vm_diff_live'))}"
               + (f" PROM ERR {q['prometheus_error']}" if "prometheus_error" in q else "")
               + (f" VM ERR {q['vm_error']}" if "vm_error" in q else ""))
+    for name, pr in r.get("vm_probes", {}).items():
+        print(f"  probe {name}: prometheus {pr['prometheus']} vm {pr['vm']} diff "
+              f"{_pct(pr['diff'])}")
     for store, scores in r["alerts"].items():
         print(f"alerts ({store}):")
         for name, s in scores.items():
@@ -626,8 +676,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
                      f"{vma * 1000:.0f} ms | "
                      f"{p['remote_write_lag_max_seconds']:.0f} s |")
     lines += ["", "| servers | dashboard | range | slowest query, Prometheus | slowest, "
-              "VictoriaMetrics | peak samples (max, Prometheus) | VM vs Prometheus: history max / "
-              "live median / live max |", "| ---: | --- | --- | ---: | ---: | ---: | --- |"]
+              "VictoriaMetrics | peak samples (max, Prometheus) | VM vs Prometheus: history "
+              "(max) | live, raw-series queries: median of the worst query (max) | live, "
+              "recording-rule queries: the same |",
+              "| ---: | --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in results:
         for dash in ("fleet", "cycle-breakdown"):
             for rng in ("instant", *RANGES):
@@ -639,17 +691,29 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 peak = max((q.get("peak_samples") or 0) for q in qs)
                 hist = max((q["vm_diff_history"] for q in qs
                             if q.get("vm_diff_history") is not None), default=None)
-                live = max((q["vm_diff_live"] for q in qs
-                            if q.get("vm_diff_live") is not None), default=None)
-                live_med = max((q["vm_diff_live_median"] for q in qs
-                                if q.get("vm_diff_live_median") is not None), default=None)
+                live = {}
+                for kind in ("raw", "rules"):
+                    ks = [q for q in qs if q.get("kind", "rules") == kind]
+                    worst = max((q["vm_diff_live"] for q in ks
+                                 if q.get("vm_diff_live") is not None), default=None)
+                    med = max((q["vm_diff_live_median"] for q in ks
+                               if q.get("vm_diff_live_median") is not None), default=None)
+                    live[kind] = f"{_pct(med)} ({_pct(worst)})" if ks else "n/a"
                 errors = sum(1 for q in qs if "prometheus_error" in q or "vm_error" in q)
                 lines.append(
                     f"| {r['servers']:,} | {dash} ({len(qs)} queries) | {rng} | "
                     f"{slow['prometheus_seconds']:.3f} s ({slow['panel']}) | "
-                    f"{slow_vm['vm_seconds']:.3f} s | {peak:,} | {_pct(hist)} / {_pct(live_med)}"
-                    f" / {_pct(live)}"
+                    f"{slow_vm['vm_seconds']:.3f} s | {peak:,} | {_pct(hist)} | "
+                    f"{live['raw']} | {live['rules']}"
                     + (f" ({errors} errors)" if errors else "") + " |")
+    if any("vm_probes" in r for r in results):
+        lines += ["", "| servers | like-for-like probe (instant, same timestamp) | Prometheus | "
+                  "VictoriaMetrics | difference |", "| ---: | --- | ---: | ---: | ---: |"]
+        for r in results:
+            for name, pr in r.get("vm_probes", {}).items():
+                lines.append(f"| {r['servers']:,} | {name}: `{pr['query']}` | "
+                             f"{_num(pr['prometheus'])} | {_num(pr['vm'])} | "
+                             f"{_pct(pr['diff'])} |")
     lines += ["", "| servers | store | alert | precision | recall | seconds to fire |",
               "| ---: | --- | --- | ---: | ---: | --- |"]
     for r in results:
@@ -667,6 +731,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.2%}"
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.6g}"
 
 
 def main() -> int:

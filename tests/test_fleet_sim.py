@@ -197,9 +197,10 @@ def _alerts_of_a_fleet(
                            >= N_SERVERS - 2, timeout_seconds=30)
         assert float(up[0]["value"][1]) >= N_SERVERS - 2
         groups = prom.rules()
-        assert [g["name"] for g in groups] == ["specobs"]
-        assert all(r["health"] == "ok" for r in groups[0]["rules"]), [
-            (r["name"], r.get("lastError")) for r in groups[0]["rules"] if r["health"] != "ok"]
+        assert [g["name"] for g in groups] == ["specobs", "specobs-dashboards"]
+        rules_loaded = [r for g in groups for r in g["rules"]]
+        assert all(r["health"] == "ok" for r in rules_loaded), [
+            (r["name"], r.get("lastError")) for r in rules_loaded if r["health"] != "ok"]
 
         # Before the faults: every fleet-dashboard query answers with numbers, nothing fires.
         prom.wait_for("instance:specobs_speedup:realized_rate30s", timeout_seconds=40)

@@ -504,19 +504,23 @@ def render_fleet(config: MixinConfig) -> str:
         )
 
     b.row("Distributions across instances")
+    # Per cohort, not per server: the instance selection does not narrow these two.
+    cohort = _matchers(config, instance=False)
     b.heatmap(
         "Cycle time across the fleet (host clock)",
-        "Distribution of cycle durations over all selected servers, from the per-server bucket "
-        "rates of the recording rules.",
+        "Distribution of cycle durations over all servers of the selected clusters, jobs and "
+        "models (the instance selection does not apply), from the per-cohort bucket rates of the "
+        "recording rules.",
         "s",
-        f"sum by (le) ({s(n.cycle_bucket, HOST)})",
+        f"sum by (le) ({s(n.cohort_cycle_bucket, HOST, selector=cohort)})",
         w=12,
     )
     b.heatmap(
         "Accept length across the fleet",
-        "Distribution of accepted draft tokens per sequence per cycle over all selected servers.",
+        "Distribution of accepted draft tokens per sequence per cycle over all servers of the "
+        "selected clusters, jobs and models (the instance selection does not apply).",
         "short",
-        f"sum by (le) ({s(n.accept_length_bucket)})",
+        f"sum by (le) ({s(n.cohort_accept_length_bucket, selector=cohort)})",
         w=12,
     )
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from specobs import catalog as c
 from specobs.mixin._config import MixinConfig
-from specobs.mixin._rules import ENGINE_REQUEST_GAUGES, RuleNames, recording_rules
+from specobs.mixin._rules import (
+    ENGINE_REQUEST_GAUGES,
+    RuleNames,
+    alert_inputs,
+    recording_rules,
+)
 
 __all__ = ["render"]
 
@@ -123,14 +128,21 @@ def render(config: MixinConfig) -> str:
         f"Generated into `deploy/prometheus/rules/specobs-rules.yml`; named "
         f"`level:metric:operations`, window {config.rate_window}. The `instance` level keeps "
         f"`{config.by}`; the `cohort` level `{config.cohort_by}` (the servers of one model and "
-        f"engine, whatever their instance); the `host` level `{config.host_by}`.",
+        f"engine, whatever their instance); the `host` level `{config.host_by}`. Two groups, "
+        "which Prometheus evaluates concurrently: `specobs` holds the rules some alert reads and "
+        "then the alerts (so each alert reads the rules of its own evaluation); "
+        "`specobs-dashboards` the rules only dashboards read (marked *dashboards* below). Cycle-"
+        "time bucket rates and the p99 are recorded for the host clock only; the fleet heatmaps "
+        "read bucket rates summed per cohort.",
         "",
         "| Rule | Expression |",
         "| --- | --- |",
     ]
+    inputs = alert_inputs(config)
     for rule in recording_rules(config):
         expr = " ".join(rule.expr.split()).replace("|", "\\|")
-        lines.append(f"| `{rule.record}` | `{expr}` |")
+        group = "" if rule.record in inputs else " (*dashboards*)"
+        lines.append(f"| `{rule.record}`{group} | `{expr}` |")
     lines += [
         "",
         f"The fleet dashboard reads only these rules (for example `{n.sequence_speed}`), so it "
