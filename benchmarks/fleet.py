@@ -154,24 +154,13 @@ def backfill(fleet: Fleet, config: MixinConfig, end: float, hours: float, step: 
             series(n.alerts_firing, lab, 0)
             for clock, means in (("gpu", gpu_mean), ("host", host_mean)):
                 total = sum(means.values())
-                series(n.cycle_p99, {**lab, "clock": clock}, total * 1.5)
                 for p in PHASES:
                     series(n.phase_mean, {**lab, "phase": p, "clock": clock}, means[p])
                     series(n.phase_share, {**lab, "phase": p, "clock": clock}, means[p] / total)
-                h = s.hists[f"cycle/{clock}"]
-                acc = 0.0
-                rate = cps / (GPU_SAMPLE_EVERY if clock == "gpu" else 1)
-                for le, f in zip((*h.bounds, math.inf), h.fractions, strict=True):
-                    acc += f
-                    series(n.cycle_bucket, {**lab, "clock": clock,
-                                            "le": "+Inf" if le == math.inf else repr(le)},
-                           acc * rate)
-            h = s.hists["accept"]
-            acc = 0.0
-            for le, f in zip((*h.bounds, math.inf), h.fractions, strict=True):
-                acc += f
-                series(n.accept_length_bucket,
-                       {**lab, "le": "+Inf" if le == math.inf else repr(le)}, acc * seqs)
+            # Bucket rates and p99: the host clock only, as the rules record them.
+            series(n.cycle_p99, {**lab, "clock": "host"}, sum(host_mean.values()) * 1.5)
+            for le, rate in _bucket_rates(s.hists["cycle/host"], cps):
+                series(n.cycle_bucket, {**lab, "clock": "host", "le": le}, rate)
         for (cluster, model, engine), members in cohorts.items():
             lab = {"cluster": cluster, "namespace": NAMESPACE, "job": "specobs",
                    "model_name": model, "serving_engine": engine}
@@ -186,6 +175,18 @@ def backfill(fleet: Fleet, config: MixinConfig, end: float, hours: float, step: 
                 for clock in ("gpu", "host"):
                     series(n.cohort_phase_median, {**lab, "phase": p, "clock": clock},
                            s.phase_gpu_seconds[p])
+            cycle_rates: dict[str, float] = {}
+            accept_rates: dict[str, float] = {}
+            for m in members:
+                cps = 1.0 / m.cycle_seconds
+                for le, rate in _bucket_rates(m.hists["cycle/host"], cps):
+                    cycle_rates[le] = cycle_rates.get(le, 0.0) + rate
+                for le, rate in _bucket_rates(m.hists["accept"], cps * m.batch):
+                    accept_rates[le] = accept_rates.get(le, 0.0) + rate
+            for le, rate in cycle_rates.items():
+                series(n.cohort_cycle_bucket, {**lab, "clock": "host", "le": le}, rate)
+            for le, rate in accept_rates.items():
+                series(n.cohort_accept_length_bucket, {**lab, "le": le}, rate)
         # The raw series of the server the cycle-breakdown dashboard opens on, as scraped.
         s0 = fleet.servers[0]
         lab0 = {"cluster": s0.cluster, "namespace": NAMESPACE, "job": "specobs",
@@ -210,6 +211,15 @@ def backfill(fleet: Fleet, config: MixinConfig, end: float, hours: float, step: 
     # OpenMetrics wants each series' samples contiguous; the raw block above is time-major,
     # which promtool accepts as long as timestamps per series increase.
     return samples
+
+
+def _bucket_rates(h: Any, per_second: float) -> list[tuple[str, float]]:
+    """(le, cumulative rate) of a simulated server's histogram at ``per_second`` observations."""
+    out, acc = [], 0.0
+    for le, f in zip((*h.bounds, math.inf), h.fractions, strict=True):
+        acc += f
+        out.append(("+Inf" if le == math.inf else repr(le), acc * per_second))
+    return out
 
 
 # -- processes -------------------------------------------------------------------------------------
