@@ -303,3 +303,20 @@ def test_metrics_doc_lists_every_metric_and_rule(rendered: dict[str, str]) -> No
         assert f"`{rule.record}`" in doc
     assert "E x t_verify / (t_draft + t_verify)" in doc
     assert "vllm:num_requests_running" in doc and "sglang:num_queue_reqs" in doc
+
+
+def test_alerts_read_only_rules_of_their_own_group() -> None:
+    """The alerts' group holds every recording rule an alert reads (directly or through another
+    rule), so no alert reads a value one evaluation old; the dashboards' group holds the rest."""
+    from specobs.mixin._rules import alert_inputs, rule_groups
+
+    config = MixinConfig()
+    alerting, dashboards = rule_groups(config)["groups"]
+    assert (alerting["name"], dashboards["name"]) == ("specobs", "specobs-dashboards")
+    recorded_first = {r["record"] for r in alerting["rules"] if "record" in r}
+    assert recorded_first == alert_inputs(config)
+    assert all("record" in r for r in dashboards["rules"])
+    later = {r["record"] for r in dashboards["rules"]}
+    for rule in alerting["rules"]:
+        name = rule.get("alert", rule.get("record"))
+        assert not any(dashboard_rule in rule["expr"] for dashboard_rule in later), name

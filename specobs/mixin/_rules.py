@@ -252,8 +252,8 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         RecordingRule(
             n.cohort_phase_median, f"quantile by ({cby}, phase, clock) (0.5, {n.phase_mean})"
         ),
-        # The fleet heatmaps: bucket rates summed per cohort (80 series for a fleet of 16
-        # cohorts, not 20 per server), the cycle time on the host clock only.
+        # The fleet heatmaps: bucket rates summed per cohort (16 cohorts x 19 buckets, where
+        # the per-server series of 1,000 servers are 19,000), the cycle time on the host clock.
         RecordingRule(n.cohort_cycle_bucket, f"sum by ({cby}, clock, le) ({n.cycle_bucket})"),
         RecordingRule(
             n.cohort_accept_length_bucket,
