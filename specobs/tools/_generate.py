@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
         print("generated files are up to date")
         return 0
     changed = write_all(args.root, config)
-    for path in changed:
-        print(f"wrote {path}")
+    for path in changed:  # a stale derived copy is removed, everything else written
+        print(f"{'wrote' if (args.root / path).exists() else 'removed'} {path}")
     if not changed:
         print("generated files were already up to date")
     return 0
