@@ -849,6 +849,7 @@ def test_stack_local_runs_prometheus_and_alertmanager_against_a_specobs_endpoint
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(420)  # above its own 360 s wait for a demo that may train first
 def test_stack_local_starts_the_demo_itself(tmp_path: Path) -> None:
     if importlib.util.find_spec("specobs.demo._cli") is None or shutil.which("specobs") is None:
         pytest.skip(
