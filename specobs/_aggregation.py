@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from specobs import catalog
@@ -80,12 +80,13 @@ class Aggregation:
         self.labels = dict(labels or {})
         self.info = dict(info or {})
         self.baseline_tokens_per_second = baseline_tokens_per_second
-        self._zero(time.time_ns() if created_unix_nano is None else created_unix_nano)
+        self._zero(time.time_ns() if created_unix_nano is None else created_unix_nano,
+                   ("hot_path", "resolver"))
         #: Bumped by every change applied: a sink may cache what it rendered from a snapshot
         #: until this moves (the Prometheus endpoint does).
         self.generation = 0
 
-    def _zero(self, created_unix_nano: int) -> None:
+    def _zero(self, created_unix_nano: int, cpu_components: Iterable[str]) -> None:
         buckets = catalog.DURATION_BUCKETS_SECONDS
         # Indexed [phase index] so the resolver's chunk is applied without dict lookups.
         self.phase_gpu = [_Histogram(buckets) for _ in self.phases]
@@ -106,8 +107,7 @@ class Aggregation:
         self.requests_waiting: float | None = None
         self.dropped: dict[str, int] = dict.fromkeys(catalog.DROP_REASONS, 0)
         self.errors: dict[str, int] = dict.fromkeys(catalog.ERROR_KINDS, 0)
-        components = getattr(self, "cpu_seconds", None) or ("hot_path", "resolver")
-        self.cpu_seconds: dict[str, float] = dict.fromkeys(components, 0.0)
+        self.cpu_seconds: dict[str, float] = dict.fromkeys(cpu_components, 0.0)
         self.sampling_interval = 1
         self.overhead_ratio = 0.0
         self.created_unix_nano = created_unix_nano
@@ -120,7 +120,7 @@ class Aggregation:
         the baseline and the CPU components stay."""
         self._lock = threading.Lock()
         with self._lock:
-            self._zero(time.time_ns())
+            self._zero(time.time_ns(), list(self.cpu_seconds))
             self.generation += 1
 
     def add_cpu(self, component: str, seconds: float) -> None:

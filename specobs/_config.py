@@ -264,10 +264,6 @@ def _boolean(name: str, value: Any, from_env: bool) -> bool:
     return _parse_bool(name, value) if from_env else bool(value)
 
 
-def _optional_boolean(name: str, value: Any, from_env: bool) -> bool | None:
-    return None if value is None else _boolean(name, value, from_env)
-
-
 def _clock(name: str, value: Any, from_env: bool) -> ClockMode:
     if value not in ("auto", "cuda", "host"):
         raise ConfigurationError(
@@ -318,7 +314,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("all_ranks", SPECOBS_ALL_RANKS, _boolean),
     Setting("replica", None, _integer(0, 65534)),
     Setting("replicas", None, _integer(1, 65535)),
-    Setting("leader", None, _optional_boolean),
+    Setting("leader", None, _boolean),  # None (not given) is never parsed: rank 0 leads
     Setting("integration", None, _integration),
 )
 _BY_FIELD = {s.field: s for s in SETTINGS}

@@ -719,6 +719,21 @@ def recorder() -> Iterator[_Recorder]:
         rec.stop()
 
 
+def _start_script(argv: list[str], log: Path, env: dict[str, str] | None = None) -> Any:
+    """Start ``argv`` from the repository root, its output in ``log``, in a session of its own
+    so that a failing test can still end everything it started."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+
+
 def _wait(predicate: Any, what: str, timeout: float, log: Path) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -762,17 +777,7 @@ def test_stack_local_runs_prometheus_and_alertmanager_against_a_specobs_endpoint
             "--dir",
             str(state),
         ]
-        with open(log, "wb") as out:
-            # Its own session, so that a failing test can still end everything it started.
-            script = subprocess.Popen(
-                argv,
-                cwd=ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
+        script = _start_script(argv, log, env)
         _wait(
             lambda p=script: p.poll() is not None or "stack is up" in log.read_text(),
             "the script neither reported the stack up nor exited",
@@ -880,15 +885,7 @@ def test_stack_local_starts_the_demo_itself(tmp_path: Path) -> None:
         "--device",
         "cpu",
     ]
-    with open(log, "wb") as out:
-        script = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    script = _start_script(argv, log)
     api = httpx.Client(base_url=f"http://127.0.0.1:{prometheus_port}", timeout=5)
     try:
 

@@ -77,20 +77,12 @@ class FixedSource:
         self.dropped[reason] = self.dropped.get(reason, 0) + n
 
 
-def fixed_observer(registry):
-    """A Prometheus sink over :func:`fixed_snapshot` (the observer-shaped return kept for the
-    tests below: ``obs.shutdown()`` stops the sink)."""
+def fixed_sink(registry):
+    """A Prometheus sink attached to a :class:`FixedSource` of :func:`fixed_snapshot`."""
     source = FixedSource(fixed_snapshot())
     sink = specobs.PrometheusSink(registry=registry)
     sink.attach(source)
-
-    class _Handle:
-        def shutdown(self) -> None:
-            sink.shutdown(1.0)
-
-    handle = _Handle()
-    handle.source = source  # type: ignore[attr-defined]
-    return handle, sink
+    return source, sink
 
 
 def test_the_sinks_source_is_a_protocol_the_aggregation_implements():
@@ -113,9 +105,9 @@ def strip_scrape_cpu(text: str) -> str:
 ])
 def test_exposition_is_golden(name, render):
     registry = CollectorRegistry()
-    obs, _ = fixed_observer(registry)
+    _, sink = fixed_sink(registry)
     text = strip_scrape_cpu(render(registry).decode())
-    obs.shutdown()
+    sink.shutdown(1.0)
     golden = GOLDEN / name
     if not golden.exists():  # pragma: no cover - bootstrapping a new golden file
         golden.parent.mkdir(exist_ok=True)
@@ -142,20 +134,20 @@ def test_the_endpoint_serves_prometheus_client_bytes_from_its_cache(accept):
     from prometheus_client.exposition import choose_encoder
 
     registry = CollectorRegistry()
-    obs, sink = fixed_observer(registry)
+    source, sink = fixed_sink(registry)
     encoder, _ = choose_encoder(accept)
     for _ in range(2):  # a cold and a warm cache
-        obs.source.generation += 1
+        source.generation += 1
         _, ctype, body, _ = sink._render(accept, "")
         assert strip_cpu(body.decode()) == strip_cpu(encoder(registry).decode())
     assert sink.renders == 2
-    obs.shutdown()
+    sink.shutdown(1.0)
     registry = CollectorRegistry()
-    obs, sink = fixed_observer(registry)
+    _, sink = fixed_sink(registry)
     golden = "exposition.openmetrics.txt" if "openmetrics" in accept else "exposition.txt"
     _, _, body, _ = sink._render(accept, "")
     assert strip_scrape_cpu(body.decode()) == (GOLDEN / golden).read_text()
-    obs.shutdown()
+    sink.shutdown(1.0)
 
 
 def test_the_cached_encoder_handles_label_values_that_need_escaping():
@@ -177,9 +169,9 @@ def test_the_cached_encoder_handles_label_values_that_need_escaping():
 
 def test_promtool_check_metrics_is_clean():
     registry = CollectorRegistry()
-    obs, _ = fixed_observer(registry)
+    _, sink = fixed_sink(registry)
     text = generate_latest(registry).decode()
-    obs.shutdown()
+    sink.shutdown(1.0)
     res = promtool("check", "metrics", input=text)
     assert res.returncode == 0, res.stdout + res.stderr
     assert (res.stdout + res.stderr).strip() == ""
@@ -187,9 +179,9 @@ def test_promtool_check_metrics_is_clean():
 
 def test_every_catalog_metric_is_exposed_with_constant_labels():
     registry = CollectorRegistry()
-    obs, _ = fixed_observer(registry)
+    _, sink = fixed_sink(registry)
     samples = {s.name: s for m in registry.collect() for s in m.samples}
-    obs.shutdown()
+    sink.shutdown(1.0)
     for m in catalog.CATALOG:
         for series in m.series():
             assert series in samples, series

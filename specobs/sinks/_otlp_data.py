@@ -55,26 +55,23 @@ def metrics_data(s: Snapshot, resource: Resource, now_ns: int) -> MetricsData:
     out: list[Metric] = []
     for fam in _series.families(s):
         m = fam.metric
-        attrs = [{**const, **dict(zip(fam.labels, values, strict=True))}
-                 for values, _ in fam.points]
+        points = [({**const, **dict(zip(fam.labels, values, strict=True))}, v)
+                  for values, v in fam.points]
         data: Any
         if m.kind == "histogram":
             data = Histogram(
-                [_hist_point(cast(HistogramData, v), a, start, now_ns)
-                 for a, (_, v) in zip(attrs, fam.points, strict=True)],
+                [_hist_point(cast(HistogramData, v), a, start, now_ns) for a, v in points],
                 _CUMULATIVE,
             )
         elif m.kind == "counter":
             data = Sum(
-                [NumberDataPoint(a, start, now_ns, cast("int | float", v))
-                 for a, (_, v) in zip(attrs, fam.points, strict=True)],
+                [NumberDataPoint(a, start, now_ns, cast("int | float", v)) for a, v in points],
                 _CUMULATIVE,
                 True,
             )
         else:  # gauges, and the info metric as a gauge of 1
             data = Gauge(
-                [NumberDataPoint(a, start, now_ns, cast("int | float", v))
-                 for a, (_, v) in zip(attrs, fam.points, strict=True)],
+                [NumberDataPoint(a, start, now_ns, cast("int | float", v)) for a, v in points],
             )
         out.append(Metric(m.otel_name, m.help, m.unit, data))
     return MetricsData([ResourceMetrics(resource, [ScopeMetrics(SCOPE, out, "")], "")])
