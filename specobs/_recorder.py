@@ -220,7 +220,8 @@ class Cycle:
                 rec = self._rec
                 t = _perf()
                 self._acc_copy = rec.copy_to_host(accepted)
-                # What the copy costs the worker, for the self-reported overhead.
+                # What starting the copy costs the worker: a diagnostic the GPU benchmark
+                # breaks the overhead down by (not in the gauge: see Resolver._adapt).
                 rec.copy_ns += _perf() - t
                 if self._acc_copy is None and self._batch is None:
                     self._batch = int(accepted.numel())
