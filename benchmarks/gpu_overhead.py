@@ -52,8 +52,13 @@ import specobs
 PHASES = ("draft", "verify", "bookkeeping")
 SPECOBS_MODES = (
     "specobs", "every", "chunk32", "slice200", "every200", "slice50", "every50", "slice20",
-    "torchcalls", "everytorch", "nopool", "readonly", "noresolve",
+    "torchcalls", "everytorch", "nopool", "readonly", "noresolve", "releasegil", "everyrelease",
+    "hostclock",
 )
+#: ``releasegil`` / ``everyrelease``: the clock as it was before the hot path and the resolver
+#: called the CUDA runtime with the GIL held (torch's record and copy on the worker, reads
+#: through ``ctypes.CDLL`` releasing the GIL around each call), at default sampling / every cycle.
+RELEASE_GIL_MODES = ("releasegil", "everyrelease")
 #: What moving the aggregation out of the worker's process could buy at best (issue 15's last
 #: direction): ``readonly`` keeps in the worker only what cannot leave it -- taking records and
 #: reading the sampled cycles' CUDA events (events cannot be timed across processes: an
@@ -271,6 +276,8 @@ def run_mode(
         info["sampled"] = s.sampled_cycles_total
         info["cycles"] = s.cycles_total
         info["interval"] = s.sampling_interval
+        info["direct_hot_path"] = getattr(obs.clock, "direct_hot_path", None)
+        info["direct_errors"] = getattr(obs.clock, "direct_errors", None)
         info["overhead_ratio"] = s.overhead_ratio
         info["resolver_us_per_cycle"] = s.cpu_seconds["resolver"] / max(s.cycles_total, 1) * 1e6
         # Where the resolver's holds went: slices of work, the longest, and garbage
@@ -311,8 +318,13 @@ def _gc_probe(phase: str, info: dict[str, int]) -> None:
 
 def make_observer(mode: str) -> specobs.Observer:
     """specobs as a user configures it: defaults, or GPU timing on every cycle."""
-    every = mode in ("every", "every200", "every50", "everytorch")
-    obs = specobs.configure(clock="cuda", sinks=[], sample_every=1 if every else None)
+    every = mode in ("every", "every200", "every50", "everytorch", "everyrelease")
+    clock: Any = "host" if mode == "hostclock" else "cuda"
+    if mode in RELEASE_GIL_MODES:
+        from specobs.timing.cuda import CudaEventClock
+
+        clock = CudaEventClock(release_gil=True)
+    obs = specobs.configure(clock=clock, sinks=[], sample_every=1 if every else None)
     if mode in ("torchcalls", "everytorch"):
         obs.clock.bind_thread = lambda: False  # type: ignore[union-attr]
     if mode == "nopool":

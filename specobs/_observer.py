@@ -275,7 +275,7 @@ class Observer:
         clock = self._recorder.clock
         if clock is not None:
             clock.refresh_stream()
-            self._recorder.stream = clock.stream
+            self._recorder.stream = getattr(clock, "record_stream", clock.stream)
 
     # -- read back & lifecycle -------------------------------------------------------------------
     @property

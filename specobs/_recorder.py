@@ -67,6 +67,11 @@ def _sole_refs() -> int:
 SOLE_REFS = _sole_refs()
 
 
+def _record_stream(clock: EventClock) -> Any:
+    """What the clock's ``record_fn`` takes as its stream (a clock may leave it to ``stream``)."""
+    return getattr(clock, "record_stream", clock.stream)
+
+
 class RateLimitedLog:
     """Log each kind of problem once, then at most once a minute, with a suppressed count."""
 
@@ -368,7 +373,7 @@ class Recorder:
         self._clock_factory = clock_factory
         self._next_clock_try = 0
         self.record_fn: Any = clock.record_fn if clock is not None else None
-        self.stream: Any = clock.stream if clock is not None else None
+        self.stream: Any = _record_stream(clock) if clock is not None else None
 
     # -- worker thread -------------------------------------------------------------------------
     def begin(self, batch_size: int | None = None) -> Cycle | _NullCycle:
@@ -428,7 +433,7 @@ class Recorder:
         if clock is not None:
             self.clock = clock
             self.record_fn = clock.record_fn
-            self.stream = clock.stream
+            self.stream = _record_stream(clock)
             self._clock_factory = None
 
     def copy_to_host(self, tensor: Any) -> Any:

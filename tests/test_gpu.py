@@ -243,7 +243,7 @@ def test_direct_readings_equal_torchs_and_other_threads_keep_torchs():
     evs = clock.acquire(4)
     for ev in evs:
         torch.cuda._sleep(100_000)
-        clock.record_fn(ev, clock.stream)
+        clock.record_fn(ev, clock.record_stream)
     torch.cuda.synchronize()
     want = [round(evs[i].elapsed_time(evs[i + 1]) * 1e6) for i in range(3)]
     out = {}
@@ -282,5 +282,63 @@ def test_cuda_acceptance_of_any_shape_and_integer_dtype_is_copied_exactly(cuda_o
     s = obs.snapshot()
     assert s.accepted_tokens_total == sum(int(t.sum()) for t in tensors)
     assert s.errors == dict.fromkeys(s.errors, 0)
+    # The contiguous ones went through the runtime directly, and none was refused.
+    assert obs.clock.direct_hot_path and obs.clock.direct_errors == 0
     # The worker's time starting the copies is measured (for benchmarks; not in the gauge).
     assert obs._resolver._copy_ewma > 0
+
+
+def test_the_hot_path_calls_the_runtime_with_the_gil_held_and_falls_back_when_refused():
+    import ctypes
+
+    from specobs.timing.cuda import CudaEventClock
+
+    torch.cuda.init()
+    clock = CudaEventClock(pool_size=8, pinned_buffers=2)
+    # PyDLL keeps the GIL through the call; the hot path records through it.
+    assert clock.direct_hot_path and isinstance(clock._lib, ctypes.PyDLL)
+    assert isinstance(clock.record_stream, int)
+    old = CudaEventClock(pool_size=8, pinned_buffers=2, release_gil=True)
+    assert not old.direct_hot_path and not isinstance(old._lib, ctypes.PyDLL)
+    assert old.record_stream is old.stream
+
+    def timed(c):
+        evs = c.acquire(3)
+        for ev in evs:
+            torch.cuda._sleep(200_000)
+            c.record_fn(ev, c.record_stream)
+        torch.cuda.synchronize()
+        return [evs[i].elapsed_time(evs[i + 1]) for i in range(2)]
+
+    direct = timed(clock)
+    assert all(ms > 0.02 for ms in direct)
+    assert timed(old) == pytest.approx(direct, rel=0.3)
+
+    class Refusing:
+        """The runtime refusing every enqueue (as with an invalid handle)."""
+
+        def __init__(self, lib):
+            self.lib, self.cleared = lib, 0
+
+        def cudaEventRecord(self, event, stream):
+            return 400
+
+        def cudaMemcpyAsync(self, *args):
+            return 1
+
+        def cudaGetLastError(self):
+            self.cleared += 1
+            return self.lib.cudaGetLastError()
+
+    refusing = clock._lib = Refusing(clock._lib)
+    clock.record_fn = clock._direct_record_fn()
+    # Redone through torch: the events still time the work, the error is cleared each time.
+    assert timed(clock) == pytest.approx(direct, rel=0.3)
+    assert clock.direct_errors == 3 and refusing.cleared == 3
+    src = torch.arange(6, device="cuda")
+    copy = clock.copy_to_host(src)
+    copy.event.synchronize()
+    assert copy.read() == [0, 1, 2, 3, 4, 5]
+    assert clock.direct_errors == 4 and refusing.cleared == 4
+    # Nothing was left for torch's own launch checks to raise on.
+    assert (src + 1).sum().item() == 21

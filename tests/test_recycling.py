@@ -296,3 +296,34 @@ def test_a_steady_loop_allocates_no_tracked_object_per_cycle():
     assert obs.snapshot().cycles_total == 21_000
     assert len(collections) <= 4, collections
     obs.shutdown()
+
+
+def test_only_released_records_nobody_holds_are_recycled_wherever_they_sit_in_a_chunk():
+    obs, mem, gpu = make()
+    rec = obs._recorder
+    records = []
+    for i in range(6):
+        c = obs.begin()
+        c.mark("verify")
+        c.mark("bookkeeping")
+        c.end()
+        records.append(c)
+    rec.queue.clear()
+    for r in records:  # taken off the queue by hand: released as the resolver would
+        obs.clock.release(r._ev)
+        r._ev = None
+    # Records 1 and 4 still hold an event / a copy (never released); 2 is held by a caller.
+    records[1]._ev = ["event"]
+    records[4]._acc_copy = object()
+    kept = records[2]
+    chunk = list(records)
+    del records, c, r
+    before = len(rec.free)
+    assert rec.recycle(chunk) == 3
+    got = list(rec.free)[before:]
+    assert got == [chunk[0], chunk[3], chunk[5]]
+    assert all(r._ts == [] and r._acc is None and r._resolved_acc is None for r in got)
+    assert kept not in got and chunk[1]._ev == ["event"]
+    chunk[1]._ev = None
+    chunk[4]._acc_copy = None
+    obs.shutdown()

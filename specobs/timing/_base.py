@@ -76,6 +76,8 @@ class EventClock(Protocol):
     record_fn: Callable[[Any, Any], None]
     #: The stream events are recorded on (cached: looking it up costs microseconds).
     stream: Any
+    #: What ``record_fn`` takes as its stream argument (optional; ``stream`` if absent).
+    record_stream: Any
 
     def acquire(self, n: int) -> list[Any] | None:
         """Take ``n`` events from the pool, or ``None`` when it is dry. Worker thread."""

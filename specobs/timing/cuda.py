@@ -3,21 +3,34 @@
 Costs measured on an H200 VM (torch 2.11): ``Event.record(stream)`` with the stream object cached
 2.05 µs, without it 7.4 µs (``torch.cuda.current_stream()`` alone is 4.7 µs); constructing an
 Event 0.9 µs, and the driver event itself is created lazily on first record. So the pool is built
-and every event recorded once up front, the stream object is cached, and the hot path calls the
-base-class ``record`` directly with that stream.
+and every event recorded once up front, the stream object is cached, and the hot path records
+with that stream.
 
-Nothing here calls ``synchronize()``: the resolver thread asks ``query()`` (0.38 µs) and only calls
-``elapsed_time`` on completed events.
+Nothing here calls ``synchronize()``: the resolver thread asks ``query()`` and only reads the
+elapsed time of completed events.
 
-The resolver's reads go to the CUDA runtime directly (``cudaEventQuery``,
-``cudaEventElapsedTime`` through ``ctypes``, on the runtime library torch itself loaded) once
-the resolver thread has bound itself to the clock's device (:meth:`CudaEventClock.bind_thread`).
-torch's ``Event.elapsed_time`` queries both events again and sets the device around the
-call: five runtime calls for every phase of a sampled cycle, each under the GIL, and inside a
-busy GPU loop each runtime call costs microseconds (benchmarks/RESULTS.md, issue 15). The
-direct path makes one call per phase with the GIL released. It is checked once against torch's
-own reading before it is used, and any other thread, or a process where the runtime library
-cannot be found, keeps torch's calls.
+**The CUDA runtime, called directly and with the GIL held.** Every call this clock makes on
+the hot path and on the resolver is one the runtime answers at once: ``cudaEventRecord`` and
+``cudaMemcpyAsync`` enqueue work, ``cudaEventQuery`` and ``cudaEventElapsedTime`` read an
+event's state (0.4 µs each when the process is idle). torch's wrappers release the GIL around
+each of them, and inside a busy GPU loop that release is what costs: a resolver thread waiting
+for the GIL takes it at every release, and the thread that released it then waits for a handoff
+(an OS wake-up, microseconds to tens of microseconds) to get it back; a worker loses it at each
+sampled cycle's event records, the resolver at each read (benchmarks/RESULTS.md, issue 15).
+So the calls go to the runtime library torch itself loaded (found in ``/proc/self/maps``, so
+the events belong to the runtime that made them) through ``ctypes.PyDLL``, which keeps the GIL
+for the call: one runtime call per record, per copy and per phase read, no wrapper, no handoff.
+torch's calls remain where that library cannot be found, where a test record fails, or when
+``release_gil=True`` (a benchmark's comparison). A direct call that fails is cleared from the
+runtime's "last error" (torch checks it after its own launches and would raise in the
+engine), counted, and redone through torch. The first reading on the resolver's thread is
+compared with torch's own before the direct reads are trusted.
+
+Holding the GIL through an enqueue is safe as long as the enqueue does not wait for the GPU: it
+waits only when the stream's launch queue is full (the host thousands of launches ahead), and
+then only for the GPU to make progress, which nothing here blocks unless the engine enqueued a
+host function that itself needs the GIL (``cudaLaunchHostFunc`` with a Python callback; torch
+does not). An engine that does both can pass ``release_gil=True`` to the clock.
 """
 
 from __future__ import annotations
@@ -37,11 +50,12 @@ _NOT_READY = 600  # cudaErrorNotReady
 _log = logging.getLogger("specobs")
 
 
-def _runtime_library() -> Any:
+def _runtime_library(*, hold_gil: bool = True) -> Any:
     """The CUDA runtime library this process has loaded (torch's), through ``ctypes``, or None.
 
     Found in ``/proc/self/maps`` so that no second copy is loaded: the events belong to the
-    runtime that made them. Each call through ``ctypes.CDLL`` releases the GIL.
+    runtime that made them. ``hold_gil``: call through ``ctypes.PyDLL`` (the GIL kept for the
+    call) rather than ``ctypes.CDLL`` (released and taken back around each call).
     """
     import ctypes
 
@@ -57,7 +71,12 @@ def _runtime_library() -> Any:
     if path is None:
         return None
     try:
-        lib = ctypes.CDLL(path)
+        lib = (ctypes.PyDLL if hold_gil else ctypes.CDLL)(path)
+        vp = ctypes.c_void_p
+        lib.cudaEventRecord.argtypes = [vp, vp]
+        lib.cudaEventRecord.restype = ctypes.c_int
+        lib.cudaMemcpyAsync.argtypes = [vp, vp, ctypes.c_size_t, ctypes.c_int, vp]
+        lib.cudaMemcpyAsync.restype = ctypes.c_int
         lib.cudaEventQuery.argtypes = [ctypes.c_void_p]
         lib.cudaEventQuery.restype = ctypes.c_int
         lib.cudaEventElapsedTime.argtypes = [
@@ -79,12 +98,15 @@ class _PinnedSlot(PendingCopy):
     ``buffer[:n]`` are cached per length (a slice of a tensor costs about a microsecond).
     """
 
-    __slots__ = ("_free", "_views")
+    __slots__ = ("_free", "_views", "itemsize", "ptr")
 
     def __init__(self, buffer: Any, event: Any, free: list[_PinnedSlot]) -> None:
         super().__init__(buffer, 0, event, self._give_back)
         self._free = free
         self._views: dict[int, Any] = {}
+        #: For the direct copy: the host address and the bytes per element.
+        self.ptr: int = buffer.data_ptr()
+        self.itemsize: int = buffer.element_size()
 
     def view(self, n: int) -> Any:
         v = self._views.get(n)
@@ -121,7 +143,11 @@ def cuda_ready() -> bool:
 
 
 class CudaEventClock(EventPool):
-    """An :class:`~specobs.timing.EventClock` backed by ``torch.cuda.Event``."""
+    """An :class:`~specobs.timing.EventClock` backed by ``torch.cuda.Event``.
+
+    ``release_gil=True`` keeps torch's calls on the hot path and reads events through the
+    runtime with the GIL released around each call (see the module docstring).
+    """
 
     name = "cuda"
 
@@ -133,6 +159,7 @@ class CudaEventClock(EventPool):
         stream: Any = None,
         pinned_buffers: int = 64,
         pinned_capacity: int = 4096,
+        release_gil: bool = False,
     ) -> None:
         require("torch", feature="CUDA event timing", extra="torch")
         import torch
@@ -152,11 +179,13 @@ class CudaEventClock(EventPool):
         base_record = getattr(base, "record", None)
         # The base-class record takes the stream positionally and skips the Python wrapper that
         # would look the current stream up when none is given.
-        self.record_fn: Callable[[Any, Any], None] = (
+        self._torch_record: Callable[[Any, Any], None] = (
             base_record if callable(base_record) else torch.cuda.Event.record
         )
-        # The resolver's calls too skip the Python wrappers (one call layer each, per sampled
-        # cycle: a query and one elapsed_time per phase).
+        self.record_fn: Callable[[Any, Any], None] = self._torch_record
+        #: What ``record_fn`` takes as its stream: the stream object, or on the direct path
+        #: the raw ``cudaStream_t``.
+        self.record_stream: Any = self.stream
         base_query = getattr(base, "query", None)
         base_elapsed = getattr(base, "elapsed_time", None)
         self._query: Callable[[Any], bool] = (
@@ -187,27 +216,70 @@ class CudaEventClock(EventPool):
         self._capturing = torch.cuda.is_current_stream_capturing
         self._pinned_capacity = pinned_capacity
         self._pinned_low = max(1, pinned_buffers // 4)
-        # The direct runtime path (see the module docstring): the thread bound to it, the
-        # library, and each event's handle (``cudaEvent_t`` as an int), looked up once.
         self.stream_switched = False
+        #: Direct calls the runtime refused (each redone through torch).
+        self.direct_errors = 0
+        # The direct runtime path (see the module docstring): the library, each event's handle
+        # (``cudaEvent_t`` as an int), the resolver thread bound to it.
+        self.release_gil = release_gil
         self._direct_thread: int | None = None
         self._direct_checked = False
-        self._lib: Any = None
         self._ms: Any = None
         self._ms_ref: Any = None
         self._handles: dict[int, int] = {}
+        self._lib: Any = None
+        self._raw_stream: Callable[[int], int] | None = None
+        #: Whether the hot path records (and copies) through the runtime directly.
+        self.direct_hot_path = False
         try:
             every = events + [slot.event for slots in self._pinned.values() for slot in slots]
             self._handles = {id(ev): int(ev.cuda_event) for ev in every}
+            self._lib = _runtime_library(hold_gil=not release_gil)
         except Exception:  # a torch without Event.cuda_event: torch's calls only
             self._handles = {}
+        if self._lib is not None and self._handles and not release_gil:
+            self._use_direct_hot_path(events[0])
+
+    def _use_direct_hot_path(self, probe: Any) -> None:
+        """Record (and copy) through the runtime directly if a test record on the stream works."""
+        lib = self._lib
+        try:
+            stream = int(self.stream.cuda_stream)
+            if lib.cudaEventRecord(self._handles[id(probe)], stream) != 0:
+                lib.cudaGetLastError()
+                return
+        except Exception as exc:
+            _log.info("specobs: CUDA events recorded through torch (%r)", exc)
+            return
+        raw = getattr(self._torch._C, "_cuda_getCurrentRawStream", None)
+        self._raw_stream = raw if callable(raw) else None
+        self._device_index: int = self.device.index if self.device.index is not None else 0
+        self.record_stream = stream
+        self.record_fn = self._direct_record_fn()
+        self.direct_hot_path = True
+
+    def _direct_record_fn(self) -> Callable[[Any, Any], None]:
+        handles = self._handles
+        record = self._lib.cudaEventRecord
+        fallback = self._record_through_torch
+
+        def record_fn(event: Any, stream: int) -> None:
+            if record(handles[id(event)], stream):
+                fallback(event)
+
+        return record_fn
+
+    def _record_through_torch(self, event: Any) -> None:
+        self._lib.cudaGetLastError()  # never left for the engine's next launch check to raise
+        self.direct_errors += 1
+        self._torch_record(event, self.stream)
 
     # Worker thread -------------------------------------------------------------------------
     def capturing(self) -> bool:
         return bool(self._capturing())
 
     def copy_to_host(self, tensor: Any) -> PendingCopy | None:
-        """Copy a CUDA tensor into a pinned host buffer on the cached stream, asynchronously.
+        """Copy a CUDA tensor into a pinned host buffer on the stream it is current on, async.
 
         Ordered after the kernels that produced ``tensor`` on the same stream; the caching
         allocator will not hand the source memory to a later kernel before the copy ran, because
@@ -227,10 +299,21 @@ class CudaEventClock(EventPool):
             # A buffer comes back only once the resolver has read it: the recorder sees this
             # and wakes the resolver now rather than at its next poll.
             self.buffers_low = True
+        slot.length = n
+        raw = self._raw_stream
+        if raw is not None and tensor.is_contiguous() and tensor.get_device() == self._device_index:
+            # One enqueue on the current stream, with the GIL held: no dispatcher, no handoff.
+            lib = self._lib
+            stream = raw(self._device_index)
+            if not lib.cudaMemcpyAsync(slot.ptr, tensor.data_ptr(), n * slot.itemsize, 2, stream):
+                if lib.cudaEventRecord(self._handles[id(slot.event)], stream):
+                    self._record_through_torch(slot.event)
+                return slot
+            lib.cudaGetLastError()
+            self.direct_errors += 1
         slot.view(n).copy_(tensor if tensor.dim() == 1 else tensor.reshape(-1),
                            non_blocking=True)
-        self.record_fn(slot.event, self.stream)
-        slot.length = n
+        self._torch_record(slot.event, self.stream)
         return slot
 
     def refresh_stream(self) -> None:
@@ -240,30 +323,26 @@ class CudaEventClock(EventPool):
             # resolver then queries every record instead of searching for the completed prefix.
             self.stream_switched = True
         self.stream = stream
+        self.record_stream = int(stream.cuda_stream) if self.direct_hot_path else stream
 
     # Resolver thread -----------------------------------------------------------------------
     def bind_thread(self) -> bool:
         """Make the calling thread read events through the runtime directly; True if it does.
 
         Called by the resolver on its own thread: it sets that thread's current device to the
-        clock's (so the runtime makes no context on another device) and finds the runtime
-        library. The first reading on this thread is compared with torch's before the direct
-        path is trusted.
+        clock's (so the runtime makes no context on another device). The first reading on this
+        thread is compared with torch's before the direct path is trusted.
         """
         if self._direct_thread == threading.get_ident():
             return True
-        if not self._handles:
+        if not self._handles or self._lib is None:
             return False
         try:
-            lib = _runtime_library()
-            if lib is None:
-                return False
             import ctypes
 
             self._torch.cuda.set_device(self.device)
             self._ms = ctypes.c_float()
             self._ms_ref = ctypes.byref(self._ms)
-            self._lib = lib
         except Exception as exc:
             _log.info("specobs: CUDA events read through torch (%r)", exc)
             return False
@@ -278,6 +357,7 @@ class CudaEventClock(EventPool):
             if rc == _NOT_READY:
                 self._lib.cudaGetLastError()  # not sticky, but the runtime keeps it as "last"
                 return False
+            self._lib.cudaGetLastError()
             raise RuntimeError(f"cudaEventQuery failed with CUDA error {rc}")
         return bool(self._query(event))
 
@@ -311,6 +391,7 @@ class CudaEventClock(EventPool):
         if ok:
             self._direct_checked = True
         else:
+            self._lib.cudaGetLastError()
             _log.info("specobs: the CUDA runtime read directly disagreed with torch; CUDA "
                       "events are read through torch")
             self._direct_thread = None

@@ -78,6 +78,7 @@ class FakeEventClock(EventPool):
         self.pool_size = pool_size
         super().__init__([FakeEvent() for _ in range(pool_size)])
         self.stream = object()
+        self.record_stream = self.stream
         gpu_ = self.gpu
 
         def record_fn(event: Any, stream: Any) -> None:
