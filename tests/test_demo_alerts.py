@@ -30,6 +30,7 @@ CONFIG = MixinConfig(
     rate_window="4s",
     history_window="12s",
     history_offset="4s",
+    history_step="2s",
     acceptance_drop_for="2s",
     stall_after="3s",
     stall_for="2s",

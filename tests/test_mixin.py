@@ -14,7 +14,12 @@ import yaml
 
 from specobs import catalog
 from specobs.mixin import OUTPUT_PATHS, MixinConfig, check_all, render_all, write_all
-from specobs.mixin._rules import ENGINE_REQUEST_GAUGES, alert_rules, recording_rules
+from specobs.mixin._rules import (
+    ENGINE_REQUEST_GAUGES,
+    alert_rules,
+    history_rules,
+    recording_rules,
+)
 from specobs.mixin._runbook import entries as runbook_entries
 from tests._prometheus_server import promtool
 from tests.test_mixin_promql import label_values_query, metric_names
@@ -151,6 +156,32 @@ def test_promtool_test_rules_passes(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("phase_seconds", [0, 90, 180, 270])
+def test_promtool_test_rules_pass_with_the_history_group_evaluated_every_5m(
+    rendered: dict[str, str], tmp_path: Path, phase_seconds: int
+) -> None:
+    """promtool 2.42 evaluates every group at the tests' 30 s, whatever the group's interval;
+    Prometheus evaluates ``specobs-history`` every 5 minutes, at a phase of its own. Thinned to
+    one evaluation in ten at each phase, the history averages are what Prometheus records, and
+    every case must still pass."""
+    from specobs.mixin._rules import _seconds
+
+    rules = yaml.safe_load(rendered[RULES])
+    thinned = [g for g in rules["groups"] if "interval" in g]
+    assert [g["name"] for g in thinned] == ["specobs-history"]
+    for group in thinned:
+        step = _seconds(group.pop("interval"))
+        assert step == 300
+        for rule in group["rules"]:
+            rule["expr"] = (
+                f"({rule['expr']})\nand on () (vector(time()) % {step:g} == {phase_seconds})"
+            )
+    (tmp_path / Path(RULES).name).write_text(yaml.safe_dump(rules))
+    (tmp_path / Path(RULE_TESTS).name).write_text(rendered[RULE_TESTS])
+    result = promtool("test", "rules", tmp_path / Path(RULE_TESTS).name)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_every_alert_has_a_firing_and_a_silent_case(rendered: dict[str, str]) -> None:
     tests = yaml.safe_load(rendered[RULE_TESTS])["tests"]
     fires: set[str] = set()
@@ -169,7 +200,10 @@ def test_promtool_test_rules_bites_a_naive_tokens_per_second_alert(tmp_path: Pat
     """The load-drop case really is a load drop: an alert on raw tokens/s would fire on it."""
     rules = yaml.safe_load((ROOT / RULES).read_text())
     alert = next(
-        r for r in rules["groups"][0]["rules"] if r.get("alert") == "SpecobsDecodeThroughputDrop"
+        r
+        for g in rules["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "SpecobsDecodeThroughputDrop"
     )
     alert["expr"] = (
         "instance:specobs_emitted_tokens:rate5m\n"
@@ -210,7 +244,7 @@ def test_every_series_queried_is_in_the_catalog_or_a_recording_rule(
     rendered: dict[str, str],
 ) -> None:
     known = set(catalog.by_prometheus_name())
-    recorded = {r.record for r in recording_rules(MixinConfig())}
+    recorded = {r.record for r in [*recording_rules(MixinConfig()), *history_rules(MixinConfig())]}
     problems = []
     for source, exprs in all_exprs(rendered).items():
         assert exprs, source
@@ -242,7 +276,7 @@ def test_every_catalog_metric_is_shown_somewhere(rendered: dict[str, str]) -> No
 
 
 def test_recording_rules_are_named_level_metric_operations() -> None:
-    rules = recording_rules(MixinConfig())
+    rules = [*recording_rules(MixinConfig()), *history_rules(MixinConfig())]
     names = [r.record for r in rules]
     assert len(names) == len(set(names))
     for name in names:
@@ -258,7 +292,9 @@ def test_recording_rules_are_named_level_metric_operations() -> None:
 def test_alerts_follow_the_conventions(rendered: dict[str, str]) -> None:
     runbook = rendered["docs/runbook.md"]
     anchors = {heading.lower() for heading in re.findall(r"^## (\S+)$", runbook, flags=re.M)}
-    rules = [r for r in yaml.safe_load(rendered[RULES])["groups"][0]["rules"] if "alert" in r]
+    rules = [
+        r for g in yaml.safe_load(rendered[RULES])["groups"] for r in g["rules"] if "alert" in r
+    ]
     assert len(rules) == len(runbook_entries())
     for rule in rules:
         name = rule["alert"]
@@ -299,24 +335,64 @@ def test_metrics_doc_lists_every_metric_and_rule(rendered: dict[str, str]) -> No
     doc = rendered["docs/metrics.md"]
     for metric in catalog.CATALOG:
         assert f"`{metric.name}`" in doc and f"`{metric.otel_name}`" in doc
-    for rule in recording_rules(MixinConfig()):
+    for rule in [*recording_rules(MixinConfig()), *history_rules(MixinConfig())]:
         assert f"`{rule.record}`" in doc
     assert "E x t_verify / (t_draft + t_verify)" in doc
     assert "vllm:num_requests_running" in doc and "sglang:num_queue_reqs" in doc
 
 
 def test_alerts_read_only_rules_of_their_own_group() -> None:
-    """The alerts' group holds every recording rule an alert reads (directly or through another
-    rule), so no alert reads a value one evaluation old; the dashboards' group holds the rest."""
-    from specobs.mixin._rules import alert_inputs, rule_groups
+    """Every alert group holds every recording rule its alerts read (directly or through another
+    rule), so no alert reads a value one evaluation old; no two groups record the same rule. The
+    one read across groups is deliberate: a history alert reads the ``specobs-history``
+    averages, and only ``history_offset`` (10m) or more in the past. The dashboards' groups hold
+    the rest."""
+    from specobs.mixin._rules import _reads, alert_inputs, alert_reads, rule_groups
 
     config = MixinConfig()
-    alerting, dashboards = rule_groups(config)["groups"]
-    assert (alerting["name"], dashboards["name"]) == ("specobs", "specobs-dashboards")
-    recorded_first = {r["record"] for r in alerting["rules"] if "record" in r}
-    assert recorded_first == alert_inputs(config)
-    assert all("record" in r for r in dashboards["rules"])
-    later = {r["record"] for r in dashboards["rules"]}
-    for rule in alerting["rules"]:
-        name = rule.get("alert", rule.get("record"))
-        assert not any(dashboard_rule in rule["expr"] for dashboard_rule in later), name
+    groups = rule_groups(config)["groups"]
+    by_name = {g["name"]: g for g in groups}
+    assert len(by_name) == len(groups)
+    history = {r.record for r in history_rules(config)}
+    assert by_name["specobs-history"]["interval"] == config.history_step
+    assert {r["record"] for r in by_name["specobs-history"]["rules"]} == history
+    reads = alert_reads(config)
+    recorded_where: dict[str, str] = {}
+    alerting = [g for g in groups if any("alert" in r for r in g["rules"])]
+    assert alerting[0]["name"] == "specobs"
+    for group in groups:
+        for rule in group["rules"]:
+            if "record" in rule:
+                assert rule["record"] not in recorded_where, rule["record"]
+                recorded_where[rule["record"]] = group["name"]
+    for group in alerting:
+        own = {r["record"] for r in group["rules"] if "record" in r}
+        alerts = [r for r in group["rules"] if "alert" in r]
+        # Recording rules first, then the alerts, and exactly the rules the alerts need.
+        assert all("record" in r for r in group["rules"][: len(own)])
+        assert own == set().union(*(reads[a["alert"]] for a in alerts)), group["name"]
+        for rule in group["rules"]:
+            for name in _reads(rule["expr"]):
+                if name in history:
+                    window = f"{name}[{config.history_window}] offset {config.history_offset}"
+                    assert "alert" in rule and window in rule["expr"], (group["name"], name)
+                else:
+                    assert recorded_where[name] == group["name"], (group["name"], name)
+    dashboards = {
+        r["record"] for g in groups if g["name"].startswith("specobs-dashboards")
+        for r in g["rules"]
+    }  # fmt: skip
+    assert set(recorded_where) - history - alert_inputs(config) == dashboards
+    # The split is real: the phase means, the dropped records and the bucket rates (the
+    # costliest raw reads at 1,000 servers) are in three different groups.
+    assert len({
+        recorded_where["instance:specobs_phase_duration_seconds:mean_rate5m"],
+        recorded_where["instance:specobs_exporter_dropped_records:rate5m"],
+        recorded_where["instance:specobs_cycle_duration_seconds_bucket:rate5m"],
+    }) == 3  # fmt: skip
+
+
+def test_history_step_must_fit_the_history_window() -> None:
+    with pytest.raises(ValueError, match="history_step must not exceed history_window"):
+        MixinConfig(history_window="12s", history_offset="4s")
+    assert MixinConfig(history_window="12s", history_offset="4s", history_step="2s")

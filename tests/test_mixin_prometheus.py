@@ -154,6 +154,7 @@ def test_acceptance_and_stall_alerts_fire_end_to_end(
         rate_window="4s",
         history_window="12s",
         history_offset="4s",
+        history_step="2s",
         acceptance_drop_for="2s",
         stall_after="3s",
         stall_for="2s",

@@ -19,6 +19,13 @@ _DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
+def _duration_seconds(duration: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    return sum(
+        float(value) * units[unit] for value, unit in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", duration)
+    )
+
+
 @dataclass(frozen=True)
 class MixinConfig:
     """Selectors, windows, thresholds and names for the generated mixin.
@@ -51,6 +58,11 @@ class MixinConfig:
     history_window: str = "1h"
     #: The recent past ends this long ago, so a regression does not dilute its own reference.
     history_offset: str = "10m"
+    #: The history alerts read one recorded average per ``history_step`` (a rule group of its
+    #: own evaluated every ``history_step``), not every evaluation of the last hour: 12 samples
+    #: per series per hour at 5m instead of 240 at 15 s. Their reference window moves in steps
+    #: of this size. At most ``history_window``.
+    history_step: str = "5m"
     #: Phase names of the draft and verify phases (engines may name their own).
     draft_phase: str = "draft"
     verify_phase: str = "verify"
@@ -104,9 +116,8 @@ class MixinConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name.endswith(("_window", "_offset", "_for", "_after")) and not _DURATION.match(
-                value
-            ):
+            durations = ("_window", "_offset", "_step", "_for", "_after")
+            if f.name.endswith(durations) and not _DURATION.match(value):
                 raise ValueError(
                     f"MixinConfig.{f.name} must be a Prometheus duration such as '5m'; "
                     f"got {value!r}."
@@ -119,6 +130,12 @@ class MixinConfig:
                     raise ValueError(
                         f"MixinConfig.{f.name} must be a tuple of label names; got {value!r}."
                     )
+        if _duration_seconds(self.history_step) > _duration_seconds(self.history_window):
+            raise ValueError(
+                "MixinConfig.history_step must not exceed history_window (the history alerts "
+                f"average the {self.history_step} averages inside the window); got history_step="
+                f"{self.history_step!r}, history_window={self.history_window!r}."
+            )
         reserved = {"job", "instance", self.model_label, self.engine_label}
         clash = reserved & set(self.group_labels + self.server_labels)
         if clash:

@@ -8,6 +8,7 @@ from specobs.mixin._rules import (
     ENGINE_REQUEST_GAUGES,
     RuleNames,
     alert_inputs,
+    history_rules,
     recording_rules,
 )
 
@@ -128,20 +129,30 @@ def render(config: MixinConfig) -> str:
         f"Generated into `deploy/prometheus/rules/specobs-rules.yml`; named "
         f"`level:metric:operations`, window {config.rate_window}. The `instance` level keeps "
         f"`{config.by}`; the `cohort` level `{config.cohort_by}` (the servers of one model and "
-        f"engine, whatever their instance); the `host` level `{config.host_by}`. Two groups, "
-        "which Prometheus evaluates concurrently: `specobs` holds the rules some alert reads and "
-        "then the alerts (so each alert reads the rules of its own evaluation); "
-        "`specobs-dashboards` the rules only dashboards read (marked *dashboards* below). Cycle-"
-        "time bucket rates and the p99 are recorded for the host clock only; the fleet heatmaps "
+        f"engine, whatever their instance); the `host` level `{config.host_by}`. The groups, "
+        "which Prometheus evaluates concurrently, are derived from the expressions: the alerts "
+        "split into components that share no recording rule, each group holding its alerts "
+        "and every rule they read (`specobs` the first; so each alert reads the rules of its "
+        "own evaluation); `specobs-history`, evaluated every "
+        f"{config.history_step}, the {config.history_step} averages the history alerts read "
+        f"{config.history_offset} and more in the past (marked *history* below); "
+        "`specobs-dashboards` (and more, split by cost) the rules only dashboards read (marked "
+        "*dashboards* below). Cycle-time bucket rates and the p99 are recorded for the host "
+        "clock only; the fleet heatmaps "
         "read bucket rates summed per cohort.",
         "",
         "| Rule | Expression |",
         "| --- | --- |",
     ]
     inputs = alert_inputs(config)
-    for rule in recording_rules(config):
+    history = {r.record for r in history_rules(config)}
+    for rule in [*recording_rules(config), *history_rules(config)]:
         expr = " ".join(rule.expr.split()).replace("|", "\\|")
-        group = "" if rule.record in inputs else " (*dashboards*)"
+        group = (
+            "" if rule.record in inputs
+            else " (*history*)" if rule.record in history
+            else " (*dashboards*)"
+        )  # fmt: skip
         lines.append(f"| `{rule.record}`{group} | `{expr}` |")
     lines += [
         "",

@@ -25,11 +25,18 @@ __all__ = [
     "AlertRule",
     "RecordingRule",
     "RuleNames",
+    "alert_chain_links",
     "alert_inputs",
+    "alert_reads",
     "alert_rules",
     "baseline_expr",
+    "detection_seconds",
+    "history_name",
+    "history_rules",
     "recording_rules",
     "render",
+    "rule_cost",
+    "rule_groups",
 ]
 
 ALERT_PREFIX = "Specobs"
@@ -283,8 +290,21 @@ def baseline_expr(config: MixinConfig, by: str | None = None) -> str:
     )
 
 
-def _past(expr: str, config: MixinConfig) -> str:
-    return f"avg_over_time({expr}[{config.history_window}] offset {config.history_offset})"
+def history_name(record: str, config: MixinConfig) -> str:
+    """The recorded ``history_step`` average of a recording rule: ``level:metric:avg5m_ops``
+    (operations newest first, as in ``ratio_rate5m``)."""
+    level, metric, ops = record.split(":")
+    return f"{level}:{metric}:avg{config.history_step}_{ops}"
+
+
+def _past(record: str, config: MixinConfig) -> str:
+    """The recent past of a recording rule: the average of its recorded ``history_step``
+    averages over ``history_window``, ending ``history_offset`` ago (12 samples per series for
+    the default hour, where the rule itself would give 240 at a 15 s evaluation interval)."""
+    return (
+        f"avg_over_time({history_name(record, config)}[{config.history_window}] "
+        f"offset {config.history_offset})"
+    )
 
 
 def alert_rules(config: MixinConfig) -> list[AlertRule]:
@@ -442,7 +462,8 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
         ),
         AlertRule(
             f"{ALERT_PREFIX}ExporterDroppingRecords",
-            f"({n.dropped} > 0)\n/ on ({by}) group_left ()\n({n.cycles} > 0)\n"
+            f"({n.dropped} > 0)\n/ on ({by}) group_left ()\n"
+            f"({_rate(c.CYCLES.name, config, by)} > 0)\n"
             f"> {config.dropped_records_ratio:g}",
             config.dropped_records_for,
             "warning",
@@ -479,62 +500,221 @@ def dump_yaml(data: Any) -> str:
     return str(yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True))
 
 
-def alert_inputs(config: MixinConfig) -> frozenset[str]:
-    """The recording rules some alert reads, directly or through another recording rule."""
-    rules = {r.record: r.expr for r in recording_rules(config)}
-    names = re.compile(r"\b(?:instance|cohort|host):[A-Za-z0-9_]+:[A-Za-z0-9_]+")
-    wanted = {m for a in alert_rules(config) for m in names.findall(a.expr)}
+_RULE_NAME = re.compile(r"\b(?:instance|cohort|host):[A-Za-z0-9_]+:[A-Za-z0-9_]+")
+
+
+def _reads(expr: str) -> set[str]:
+    """The recording rules an expression reads (every ``level:metric:operations`` name)."""
+    return set(_RULE_NAME.findall(expr))
+
+
+def history_rules(config: MixinConfig) -> list[RecordingRule]:
+    """The recorded ``history_step`` averages the history alerts read (``_past``), in the order
+    of :func:`recording_rules`; their own group is evaluated every ``history_step``."""
+    read = {m for a in alert_rules(config) for m in _reads(a.expr)}
+    return [
+        RecordingRule(history_name(r.record, config),
+                      f"avg_over_time({r.record}[{config.history_step}])")
+        for r in recording_rules(config)
+        if history_name(r.record, config) in read
+    ]  # fmt: skip
+
+
+def _closure(names: set[str], rules: dict[str, str]) -> frozenset[str]:
+    wanted = {n for n in names if n in rules}
     while True:
-        more = {m for name in wanted for m in names.findall(rules.get(name, ""))} - wanted
+        more = {m for name in wanted for m in _reads(rules[name]) if m in rules} - wanted
         if not more:
             return frozenset(wanted)
         wanted |= more
 
 
-def rule_groups(config: MixinConfig) -> dict[str, Any]:
-    """Two groups, which Prometheus (and vmalert) evaluate concurrently, each in rule order.
+def alert_reads(config: MixinConfig) -> dict[str, frozenset[str]]:
+    """Alert -> the recording rules it reads at its own evaluation, directly or through another
+    recording rule. Not included, by design: a history alert's ``history_step`` averages
+    (:func:`history_rules`), which it reads only ``history_offset`` in the past, so they may come
+    from a group of their own, evaluated every ``history_step``."""
+    rules = {r.record: r.expr for r in recording_rules(config)}
+    return {a.alert: _closure(_reads(a.expr), rules) for a in alert_rules(config)}
 
-    ``specobs``: the recording rules some alert reads, then the alerts. Rules of a group run in
-    order at the same timestamp, so every alert reads the recording rules of its own evaluation
-    (across groups it might read values one interval old, and detection times would wobble).
-    ``specobs-dashboards``: the recording rules only dashboards read (bucket rates and p99,
-    shares, accept lengths, counts), which may read the first group's series one interval old.
-    Split, the 1,000-server group's work runs on two cores instead of one.
-    """
-    inputs = alert_inputs(config)
-    recording = recording_rules(config)
+
+def alert_inputs(config: MixinConfig) -> frozenset[str]:
+    """The recording rules some alert reads at its own evaluation (see :func:`alert_reads`)."""
+    return frozenset().union(*alert_reads(config).values())
+
+
+def alert_chain_links(config: MixinConfig) -> dict[str, int]:
+    """Alert -> the recording rules on its longest chain from the raw series (0: it reads only
+    raw series). A ruler that sees its own results only after writing them to the store
+    (vmalert on VictoriaMetrics) sees each link one evaluation late."""
+    rules = {r.record: r.expr for r in recording_rules(config)}
+    depth: dict[str, int] = {}
+    for record, expr in rules.items():  # evaluation order: inputs come first
+        depth[record] = 1 + max((depth[m] for m in _reads(expr) if m in rules), default=0)
     return {
-        "groups": [
-            {
-                "name": "specobs",
-                "rules": [
-                    {"record": r.record, "expr": r.expr} for r in recording if r.record in inputs
-                ]
-                + [
-                    {
-                        "alert": a.alert,
-                        "expr": a.expr,
-                        "for": a.for_,
-                        "labels": {"severity": a.severity},
-                        "annotations": {
-                            "summary": a.summary,
-                            "description": a.description,
-                            "runbook_url": f"{config.runbook_base_url}#{a.anchor}",
-                        },
-                    }
-                    for a in alert_rules(config)
-                ],
-            },
-            {
-                "name": "specobs-dashboards",
-                "rules": [
-                    {"record": r.record, "expr": r.expr}
-                    for r in recording
-                    if r.record not in inputs
-                ],
-            },
-        ]
+        a.alert: max((depth[m] for m in _reads(a.expr) if m in rules), default=0)
+        for a in alert_rules(config)
     }
+
+
+def detection_seconds(
+    config: MixinConfig,
+    scrape_interval_seconds: float,
+    evaluation_interval_seconds: float,
+    *,
+    link_seconds: float = 0.0,
+) -> dict[str, float]:
+    """Alert -> the latest it fires after a fault large enough to cross its threshold once the
+    fault fills its window: one scrape until the fault is in a sample, the alert's window (the
+    rate window when it reads a rate; ``stall_after`` for the stall alert; none for ``up``),
+    one evaluation, then ``for``. ``link_seconds``: what each link of the chain to the raw
+    series adds (:func:`alert_chain_links` plus one, the raw series' own way into the store);
+    0 for Prometheus, whose rules read the rules of their own evaluation; for vmalert, its
+    evaluation interval plus VictoriaMetrics' ``-search.latencyOffset``."""
+    rules = {r.record: r.expr for r in recording_rules(config)}
+    reads = alert_reads(config)
+    links = alert_chain_links(config)
+    out = {}
+    for a in alert_rules(config):
+        exprs = [a.expr, *(rules[m] for m in reads[a.alert])]
+        window = _seconds(config.rate_window) if any("rate(" in e for e in exprs) else 0.0
+        stall = re.search(r"time\(\) - \S+ <= ([0-9.]+)", a.expr)
+        if stall:
+            window = max(window, float(stall.group(1)))
+        out[a.alert] = (
+            scrape_interval_seconds + window + evaluation_interval_seconds + _seconds(a.for_)
+            + (links[a.alert] + 1) * link_seconds
+        )  # fmt: skip
+    return out
+
+
+#: Label values per server, for :func:`rule_cost` (the default phases; ``le`` comes from the
+#: metric's buckets, an accept-length histogram has k + 2 of them, about 8).
+_LABEL_VALUES = {"phase": 3, "clock": 2, "reason": len(c.DROP_REASONS), "position": 6}
+_RAW_SELECTOR = re.compile(r"(?<![\w:])([a-z_][a-z0-9_]*)\{([^}]*)\}(\[[^\]]+\])?")
+
+
+def _series_per_server(name: str, matchers: str) -> int:
+    metric = None
+    for suffix in ("_bucket", "_sum", "_count", ""):
+        base = name.removesuffix(suffix) if suffix else name
+        metric = next((m for m in c.CATALOG if m.name in (base, name)), None)
+        if metric is not None:
+            break
+    if metric is None:
+        return 1
+    fixed = set(re.findall(r'([a-z_]+)="', matchers))
+    n = 1
+    for label in metric.labels:
+        if label not in fixed:
+            n *= _LABEL_VALUES.get(label, 1)
+    if name.endswith("_bucket"):
+        n *= len(metric.buckets) + 1 if metric.buckets else 8
+    return n
+
+
+def rule_cost(expr: str) -> int:
+    """A rough cost of one evaluation, per server: series read through a range (``rate``) count
+    20 (samples in 5 minutes at a 15 s scrape), series read at one instant and recording rules
+    read count 1. It orders and packs the dashboards' rules; what a rule really costs is
+    measured by benchmarks/fleet.py."""
+    cost = 0
+    for name, matchers, window in _RAW_SELECTOR.findall(expr):
+        if name in ("by", "without", "on", "ignoring", "group_left", "group_right"):
+            continue
+        cost += _series_per_server(name, matchers) * (20 if window else 1)
+    return cost + len(_reads(expr))
+
+
+def _alert_components(config: MixinConfig) -> list[tuple[list[AlertRule], frozenset[str]]]:
+    """Alerts joined into components: two alerts that read a common recording rule share one."""
+    reads = alert_reads(config)
+    components: list[tuple[list[AlertRule], frozenset[str]]] = []
+    for alert in alert_rules(config):
+        members, needs = [alert], reads[alert.alert]
+        for other in [comp for comp in components if comp[1] & needs]:
+            components.remove(other)
+            members, needs = other[0] + members, other[1] | needs
+        components.append((members, needs))
+    order = {a.alert: i for i, a in enumerate(alert_rules(config))}
+    return sorted(components, key=lambda comp: min(order[a.alert] for a in comp[0]))
+
+
+def _kebab(alert: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", alert.removeprefix(ALERT_PREFIX)).lower()
+
+
+def rule_groups(config: MixinConfig) -> dict[str, Any]:
+    """The rule groups, which Prometheus (and vmalert) evaluate concurrently, each in rule order.
+
+    *Alert groups*: the alerts split into components that share no recording rule, each group
+    holding its alerts and, first, every recording rule they read. Rules of a group run in order
+    at the same timestamp, so every alert reads the recording rules of its own evaluation
+    (across groups it might read values one interval old, and detection times would wobble).
+    The first is ``specobs``; the others are named after their first alert.
+    ``specobs-history``, every ``history_step``: the averages the history alerts read
+    ``history_offset`` in the past, deliberately from another group.
+    ``specobs-dashboards`` (and ``-2``, ...): the recording rules only dashboards read, which may
+    read the alert groups' series one interval old, packed by :func:`rule_cost` into as many
+    groups as it takes for none to cost more than the costliest alert group.
+    Split, the work of one evaluation runs on every core instead of one.
+    """
+    recording = recording_rules(config)
+    groups: list[dict[str, Any]] = []
+    alert_costs = []
+    for i, (alerts, needs) in enumerate(_alert_components(config)):
+        rules = [r for r in recording if r.record in needs]
+        alert_costs.append(sum(rule_cost(r.expr) for r in rules)
+                           + sum(rule_cost(a.expr) for a in alerts))  # fmt: skip
+        groups.append({
+            "name": "specobs" if i == 0 else f"specobs-{_kebab(alerts[0].alert)}",
+            "rules": [{"record": r.record, "expr": r.expr} for r in rules]
+            + [
+                {
+                    "alert": a.alert,
+                    "expr": a.expr,
+                    "for": a.for_,
+                    "labels": {"severity": a.severity},
+                    "annotations": {
+                        "summary": a.summary,
+                        "description": a.description,
+                        "runbook_url": f"{config.runbook_base_url}#{a.anchor}",
+                    },
+                }
+                for a in alerts
+            ],
+        })  # fmt: skip
+    history = history_rules(config)
+    if history:
+        groups.append({
+            "name": "specobs-history",
+            "interval": config.history_step,
+            "rules": [{"record": r.record, "expr": r.expr} for r in history],
+        })  # fmt: skip
+    inputs = alert_inputs(config)
+    rest = [r for r in recording if r.record not in inputs]
+    # Components of the dashboards' rules (a rule with the rules it reads), packed costliest
+    # first into the group that costs least so far.
+    exprs = {r.record: r.expr for r in rest}
+    parts: list[set[str]] = []
+    for r in rest:
+        part = set(_closure({r.record}, exprs))
+        for other in [p for p in parts if p & part]:
+            parts.remove(other)
+            part |= other
+        parts.append(part)
+    cost = {r.record: rule_cost(r.expr) for r in rest}
+    budget = max(alert_costs, default=1)
+    total = sum(cost.values())
+    bins: list[set[str]] = [set() for _ in range(max(1, -(-total // budget)))]
+    for part in sorted(parts, key=lambda p: (-sum(cost[n] for n in p), sorted(p))):
+        min(bins, key=lambda b: sum(cost[n] for n in b)).update(part)
+    for i, names in enumerate(b for b in bins if b):
+        groups.append({
+            "name": "specobs-dashboards" + (f"-{i + 1}" if i else ""),
+            "rules": [{"record": r.record, "expr": r.expr} for r in rest if r.record in names],
+        })  # fmt: skip
+    return {"groups": groups}
 
 
 def render(config: MixinConfig) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specobs.mixin import _rule_tests
 from specobs.mixin._config import MixinConfig
-from specobs.mixin._rules import ALERT_PREFIX, RuleNames, alert_rules
+from specobs.mixin._rules import ALERT_PREFIX, RuleNames, _seconds, alert_rules, history_name
 
 __all__ = ["render"]
 
@@ -240,7 +240,18 @@ def render(config: MixinConfig) -> str:
         "",
         "Alerts that compare a server with *its own recent past* use the average of a recording "
         f"rule over the {config.history_window} ending {config.history_offset} ago, so a "
-        "regression does not hide in its own reference. Thresholds and windows come from "
+        "regression does not hide in its own reference. They read it from the rule's "
+        f"{config.history_step} averages (`{history_name(names.phase_mean, config)}` and the "
+        f"like, the group `specobs-history`, evaluated every {config.history_step}): "
+        f"{_count(config)} samples per series per evaluation instead of one per evaluation "
+        f"of the whole {config.history_window}. The reference window therefore moves in "
+        f"{config.history_step} steps: it holds the data from up to "
+        f"{_plus(_plus(config.history_window, config.history_offset), config.history_step)} "
+        f"ago up to between {config.history_offset} and "
+        f"{_plus(config.history_offset, config.history_step)} ago, so a fault enters the "
+        f"reference up to {config.history_step} later than it would at every evaluation (never "
+        "sooner), and detection is never later. "
+        "Thresholds and windows come from "
         "`specobs.mixin.MixinConfig`; regenerate with your own values.",
         "",
         "A **cohort** is the servers of one model and engine (labels "
@@ -310,6 +321,21 @@ def render(config: MixinConfig) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _count(config: MixinConfig) -> int:
+    """Samples per series in one history window: one per ``history_step``."""
+    return round(_seconds(config.history_window) / _seconds(config.history_step))
+
+
+def _plus(a: str, b: str) -> str:
+    """The sum of two Prometheus durations, written as one (``10m`` + ``5m`` = ``15m``)."""
+    total = _seconds(a) + _seconds(b)
+    if total % 60:
+        return f"{total:g}s"
+    if total % 3600 or total < 3600:
+        return f"{total // 3600:g}h{total % 3600 / 60:g}m" if total > 3600 else f"{total / 60:g}m"
+    return f"{total / 3600:g}h"
 
 
 def _duration(minutes: float) -> str:

@@ -46,11 +46,13 @@ ALERT_MAP: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 }
 
 #: MixinConfig overrides for runs of minutes: rate windows of 30 s (10 scrapes at 3 s), a 2 min
-#: history ending 20 s ago, ``for`` of 15-30 s. Scrape and evaluate every 3 s with these.
+#: history ending 20 s ago (read from 15 s averages), ``for`` of 15-30 s. Scrape and evaluate
+#: every 3 s with these.
 SHORT_WINDOWS: dict[str, str] = {
     "rate_window": "30s",
     "history_window": "2m",
     "history_offset": "20s",
+    "history_step": "15s",
     "throughput_drop_for": "20s",
     "cohort_for": "15s",
     "acceptance_drop_for": "15s",
