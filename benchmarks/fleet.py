@@ -4,17 +4,22 @@ For each fleet size N (default 100, 300, 1000) one run of about nine minutes:
 
 1. History: ``--backfill-hours`` (default 24) of every series the fleet dashboard and the alerts'
    history windows read (the ``instance:``/``cohort:`` recording series of every server, and
-   ``specobs_info``) plus the raw series of the server the cycle-breakdown dashboard opens on,
-   one sample per ``--backfill-step`` (default 300 s: a 24 h history of 1,000 servers at 60 s
-   would be 110 M samples, ~25 GB of text, too slow to load within a 10-minute run), written
-   as OpenMetrics and loaded with
+   ``specobs_info``, the history alerts' 5-minute averages) one sample per ``--backfill-step``
+   (default 300 s: a 24 h history of 1,000 servers at 60 s
+   would be 110 M samples, ~25 GB of text, too slow to load within a 10-minute run), and every
+   series of the server the cycle-breakdown dashboard opens on (its raw series and its
+   ``instance:`` rules) at the scrape interval, so none of its series mixes 5-minute and
+   15-second samples; written as OpenMetrics and loaded with
    ``promtool tsdb create-blocks-from openmetrics`` into Prometheus and with
    ``/api/v1/import/prometheus`` into VictoriaMetrics.
 2. ``specobs fleet-sim --servers N`` with faults; Debian ``prometheus`` scraping it every 15 s
    (file_sd), remote-writing the raw series to ``victoria-metrics`` (single node); ``vmalert``
    evaluating the same generated rules on VictoriaMetrics and writing the results back there.
 3. Alerts (rule windows scaled for 15 s scrapes, :data:`MEDIUM_WINDOWS`): faults at 120 s;
-   ``ALERTS`` of Prometheus and of vmalert scored against the simulator's events.
+   ``ALERTS`` of Prometheus and of vmalert scored against the simulator's events, each store
+   against its own documented detection time (:func:`detection_bounds`; vmalert's is later by
+   one evaluation and latency offset per link of the rule chain), the window kept open until the
+   latest of them.
 4. Sizing (the generated rules, default windows, reloaded): Prometheus RSS and CPU, head series,
    each rule group's evaluation time, remote-write lag; every fleet- and cycle-breakdown-dashboard
    query at 1 h, 6 h and 24 h on both stores (latency, Prometheus's peak samples, and whether
@@ -48,9 +53,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specobs.mixin import MixinConfig, render_all
-from specobs.mixin._rules import RuleNames
+from specobs.mixin._rules import RuleNames, _seconds, detection_seconds, history_rules
 from specobs.tools._fleet import GPU_SAMPLE_EVERY, MODELS, NAMESPACE, PHASES, Fleet
 from specobs.tools._fleet_score import (
+    ALERT_MAP,
     dashboard_queries,
     fill_variables,
     firing_from_matrix,
@@ -62,14 +68,37 @@ RULES_PATH = "deploy/prometheus/rules/specobs-rules.yml"
 SCRAPE_SECONDS = 15
 #: MixinConfig overrides for 15 s scrapes and runs of minutes.
 MEDIUM_WINDOWS: dict[str, str] = {
-    "rate_window": "1m", "history_window": "5m", "history_offset": "1m",
+    "rate_window": "1m", "history_window": "5m", "history_offset": "1m", "history_step": "30s",
     "cohort_for": "1m", "acceptance_drop_for": "1m", "throughput_drop_for": "2m",
     "slower_than_baseline_for": "2m", "phase_regression_for": "2m", "stall_after": "45s",
     "stall_for": "30s", "exporter_down_for": "1m", "target_missing_for": "5m",
     "dropped_records_for": "2m",
 }
 FAULT_AT = 120.0
-ALERT_PHASE_END = FAULT_AT + 150.0
+#: VictoriaMetrics' ``-search.latencyOffset`` here: points younger than this are not returned.
+VM_LATENCY_OFFSET = 5.0
+
+
+def detection_bounds(config: MixinConfig) -> dict[str, dict[str, float]]:
+    """Store -> alert -> the latest it may fire after a fault and still count as detected in
+    time (docs/deploy.md, "Detection time"): Prometheus evaluates a chain of recording rules
+    and the alert at one timestamp; vmalert sees each link's result one evaluation later, once
+    written back to VictoriaMetrics and past its latency offset."""
+    return {
+        "prometheus": detection_seconds(config, SCRAPE_SECONDS, SCRAPE_SECONDS),
+        "vmalert": detection_seconds(config, SCRAPE_SECONDS, SCRAPE_SECONDS,
+                                     link_seconds=SCRAPE_SECONDS + VM_LATENCY_OFFSET),
+    }
+
+
+def alert_phase_seconds(config: MixinConfig) -> float:
+    """Scoring window after the fault: the latest documented detection of any alert a fault
+    expects, on either store, plus one evaluation."""
+    expected = {name for must, _ in ALERT_MAP.values() for name in must}
+    bounds = detection_bounds(config)
+    return max(b[name] for b in bounds.values() for name in expected) + SCRAPE_SECONDS
+
+
 SIZING_SECONDS = 260.0
 #: Seconds after the shipped rules are loaded that the dashboard queries start.
 QUERY_AFTER = 150.0
@@ -107,17 +136,33 @@ def backfill(fleet: Fleet, config: MixinConfig, end: float, hours: float, step: 
     """Write the history files; returns the number of samples."""
     n = RuleNames(config)
     rng = random.Random(1)
-    times = [int(end - hours * 3600) + i * step for i in range(int(hours * 3600 // step))]
+    start = int(end - hours * 3600)
+    times = [start + i * step for i in range(int(hours * 3600 // step))]
+    # The opened server: every series at the scrape interval, as Prometheus would have them.
+    scrape_times = [start + i * SCRAPE_SECONDS for i in range(int(hours * 3600 // SCRAPE_SECONDS))]
+    # The history alerts' averages, recorded every history_step by their own group.
+    averaged = {r.expr.partition("(")[2].partition("[")[0]: r.record
+                for r in history_rules(config)}
+    every = int(_seconds(config.history_step))
+    history_times = [start + i * every for i in range(int(hours * 3600 // every))]
     samples = 0
+    opened = fleet.servers[0].instance
     with open(om_path, "w") as om, open(vm_path, "w") as vm:
         def series(name: str, labels: dict[str, str], value: float) -> None:
             nonlocal samples
+            at = scrape_times if labels.get("instance") == opened else times
+            write(name, labels, value, at)
+            if name in averaged:
+                write(averaged[name], labels, value, history_times)
+
+        def write(name: str, labels: dict[str, str], value: float, at: list[int]) -> None:
+            nonlocal samples
             head = f"{name}{{{_labels(labels)}}} "
             # The same +-1 % noise in both stores' copies.
-            values = [f"{value * (1 + 0.02 * (rng.random() - 0.5)):.6g}" for _ in times]
-            om.writelines(f"{head}{v} {t}\n" for v, t in zip(values, times, strict=True))
-            vm.writelines(f"{head}{v} {t * 1000}\n" for v, t in zip(values, times, strict=True))
-            samples += len(times)
+            values = [f"{value * (1 + 0.02 * (rng.random() - 0.5)):.6g}" for _ in at]
+            om.writelines(f"{head}{v} {t}\n" for v, t in zip(values, at, strict=True))
+            vm.writelines(f"{head}{v} {t * 1000}\n" for v, t in zip(values, at, strict=True))
+            samples += len(at)
 
         cohorts: dict[tuple[str, ...], list[Any]] = {}
         for s in fleet.servers:
@@ -193,8 +238,8 @@ def backfill(fleet: Fleet, config: MixinConfig, end: float, hours: float, step: 
                 "instance": s0.instance, "pod": s0.pod}
         t_mono = 0.0
         s0.last_advance = 0.0
-        for t in times:
-            t_mono += step
+        for t in scrape_times:
+            t_mono += SCRAPE_SECONDS
             s0.advance(float(t), t_mono)
             _, text = s0.render("")
             for line in text.decode().splitlines():
@@ -441,7 +486,8 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
         vmalert = f"http://127.0.0.1:{vmalert_port}"
 
         # 3. alerts
-        while time.time() < t0 + ALERT_PHASE_END:
+        bounds = detection_bounds(medium)
+        while time.time() < t0 + FAULT_AT + alert_phase_seconds(medium):
             time.sleep(5)
         end = time.time()
         fault_events = load_events(events)
@@ -456,6 +502,9 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 name: {"precision": s.precision, "recall": s.recall,
                        "tp": s.true_positives, "fp": s.false_positives,
                        "expected": s.expected, "detected": s.detected,
+                       "bound_seconds": bounds[store].get(name),
+                       "detected_in_time": sum(1 for d in s.delays_seconds
+                                               if d <= bounds[store].get(name, math.inf)),
                        "seconds_to_fire": [round(d) for d in s.delays_seconds],
                        "false": s.false[:5]}
                 for name, s in sorted(scores.items())}
@@ -530,7 +579,9 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
         result["slowest_rules_idle_ms"] = sorted(
             ((r["name"], round(r["evaluationTime"] * 1000, 1))
              for g in rules_body["data"]["groups"] for r in g["rules"]),
-            key=lambda x: -x[1])[:8]
+            key=lambda x: -x[1])[:12]
+        result["rule_groups_last_ms"] = {
+            g["name"]: round(g["evaluationTime"] * 1000, 1) for g in rules_body["data"]["groups"]}
         querying = True
         # On a 60 s grid, so both stores put their range points at the same timestamps.
         qt = math.floor((time.time() - 30) / 60) * 60
@@ -691,6 +742,24 @@ def markdown(results: list[dict[str, Any]]) -> str:
                      f"{group * 1000:.0f} ms | "
                      f"{vma * 1000:.0f} ms | "
                      f"{p['remote_write_lag_max_seconds']:.0f} s |")
+    lines += ["", "| servers | rule group | Prometheus: median / max idle / max under dashboard "
+              "queries | vmalert (p99, max) |", "| ---: | --- | ---: | ---: |"]
+    for r in results:
+        p = r["prometheus"]
+        medians = p.get("rule_group_last_duration_median_seconds", {})
+        for key, top in p["rule_group_last_duration_max_seconds"].items():
+            name = _group_name(key)
+            idle = p.get("rule_group_last_duration_idle_max_seconds", {}).get(key, 0)
+            vma = next((v for k, v in r["vmalert_iteration_p99_max_seconds"].items()
+                        if f'group="{name}"' in k), None)
+            lines.append(f"| {r['servers']:,} | `{name}` | {medians.get(key, 0) * 1000:.0f} / "
+                         f"{idle * 1000:.0f} / {top * 1000:.0f} ms | "
+                         f"{'-' if vma is None else f'{vma * 1000:.0f} ms'} |")
+        slow = r.get("slowest_rules_idle_ms", [])
+        if slow:
+            lines.append(f"| {r['servers']:,} | slowest rules (last evaluation before the "
+                         "queries) | " + ", ".join(f"`{n}` {ms:g} ms" for n, ms in slow[:6])
+                         + " | |")
     lines += ["", "| servers | dashboard | range | slowest query, Prometheus | slowest, "
               "VictoriaMetrics | peak samples (max, Prometheus) | VM vs Prometheus: history "
               "(max) | live, raw-series queries: median of the worst query (max) | live, "
@@ -730,8 +799,9 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 lines.append(f"| {r['servers']:,} | {name}: `{pr['query']}` | "
                              f"{_num(pr['prometheus'])} | {_num(pr['vm'])} | "
                              f"{_pct(pr['diff'])} |")
-    lines += ["", "| servers | store | alert | precision | recall | seconds to fire |",
-              "| ---: | --- | --- | ---: | ---: | --- |"]
+    lines += ["", "| servers | store | alert | precision | recall | seconds to fire | "
+              "documented detection time | recall within it |",
+              "| ---: | --- | --- | ---: | ---: | --- | ---: | ---: |"]
     for r in results:
         for store, scores in r["alerts"].items():
             for name, sc in scores.items():
@@ -740,9 +810,19 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 delays = sc["seconds_to_fire"]
                 fire = (f"{min(delays)}-{max(delays)} ({len(delays)} of {sc['expected']})"
                         if delays else "-")
+                bound = sc.get("bound_seconds")
+                in_time = ("-" if not sc["expected"] or "detected_in_time" not in sc
+                           else f"{sc['detected_in_time'] / sc['expected']:.2f}")
                 lines.append(f"| {r['servers']:,} | {store} | {name} | {prec} ({sc['tp']} tp, "
-                             f"{sc['fp']} fp) | {rec} | {fire} |")
+                             f"{sc['fp']} fp) | {rec} | {fire} | "
+                             f"{'-' if bound is None else f'{bound:g} s'} | {in_time} |")
     return "\n".join(lines) + "\n"
+
+
+def _group_name(key: str) -> str:
+    """The group of a ``prometheus_rule_group_*{rule_group="<file>;<name>"}`` series."""
+    match = re.search(r'rule_group="[^"]*;([^"]+)"', key)
+    return match.group(1) if match else key
 
 
 def _pct(x: float | None) -> str:
