@@ -158,20 +158,22 @@ def populated_observer() -> tuple[specobs.PrometheusSink, specobs.Observer]:
     # Worst case: every duration bucket of every phase and clock, every drop reason and error
     # kind non-zero, applied the way the resolver applies a chunk.
     from specobs import catalog
+    from specobs._bucketing import bucket_py
 
     agg = obs.aggregation
-    every_bucket = [b * 0.999 for b in catalog.DURATION_BUCKETS_SECONDS] + [10.0]
+    every_bucket = [round(b * 0.999e9) for b in catalog.DURATION_BUCKETS_SECONDS] + [10**10]
+    one_each = bucket_py(every_bucket, catalog.DURATION_BUCKETS_SECONDS, 1e-9)
     agg.apply(
         dropped=dict.fromkeys(catalog.DROP_REASONS, 1),
         errors=dict.fromkeys(catalog.ERROR_KINDS, 1),
         cycles=0,
-        host_phase_seconds=[every_bucket] * len(agg.phases),
-        host_cycle_seconds=every_bucket,
-        gpu_phase_seconds=[every_bucket] * len(agg.phases),
-        gpu_cycle_seconds=every_bucket,
+        host_phases=[one_each] * len(agg.phases),
+        host_cycle=one_each,
+        gpu_phases=[one_each] * len(agg.phases),
+        gpu_cycle=one_each,
         acceptance=None,
         accept_length_counts=[],
-        batch_sizes=[],
+        batch_sizes=None,
         last_cycle_timestamp=None,
         traced=[],
     )

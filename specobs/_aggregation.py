@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import threading
 import time
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from operator import add
 from typing import TYPE_CHECKING
 
 from specobs import catalog
+from specobs._bucketing import Bucketed
 from specobs._model import BatchAcceptance, Exemplar, HistogramData, Snapshot
 
 if TYPE_CHECKING:
@@ -38,21 +40,12 @@ class _Histogram:
         """Index of the bucket ``value`` falls in: the first bound >= value (Prometheus "le")."""
         return bisect_left(self.bounds, value)
 
-    def observe_many(self, values: Sequence[float]) -> None:
-        """Add a batch of values: sort once, then one bisect per bound instead of per value."""
-        if not values:
-            return
-        vs = sorted(values)
-        counts = self.counts
-        prev = 0
-        for i, bound in enumerate(self.bounds):
-            n = bisect_right(vs, bound, prev)  # values <= bound, the same rule as bucket()
-            counts[i] += n - prev
-            prev = n
-            if prev == len(vs):
-                break
-        counts[-1] += len(vs) - prev
-        self.sum += sum(vs)
+    def add(self, bucketed: Bucketed, scale: float) -> None:
+        """Add a chunk bucketed by :mod:`specobs._bucketing`: counts per bucket (the same
+        bounds) and the raw sum, scaled here."""
+        counts, total = bucketed
+        self.counts = list(map(add, self.counts, counts))
+        self.sum += total * scale
 
     def freeze(self) -> HistogramData:
         # Only counts and sum are kept; the total count is derived here.
@@ -88,6 +81,8 @@ class Aggregation:
 
     def _zero(self, created_unix_nano: int, cpu_components: Iterable[str]) -> None:
         buckets = catalog.DURATION_BUCKETS_SECONDS
+        #: What the resolver buckets durations by (every duration histogram shares them).
+        self.duration_bounds: tuple[float, ...] = tuple(buckets)
         # Indexed [phase index] so the resolver's chunk is applied without dict lookups.
         self.phase_gpu = [_Histogram(buckets) for _ in self.phases]
         self.phase_host = [_Histogram(buckets) for _ in self.phases]
@@ -177,30 +172,31 @@ class Aggregation:
         dropped: dict[str, int],
         errors: dict[str, int],
         cycles: int,
-        host_phase_seconds: list[list[float]],
-        host_cycle_seconds: list[float],
-        gpu_phase_seconds: list[list[float]],
-        gpu_cycle_seconds: list[float],
+        host_phases: list[Bucketed],
+        host_cycle: Bucketed,
+        gpu_phases: list[Bucketed],
+        gpu_cycle: Bucketed | None,
         acceptance: BatchAcceptance | None,
         accept_length_counts: list[int],
-        batch_sizes: list[int],
+        batch_sizes: Bucketed | None,
         last_cycle_timestamp: float | None,
         traced: list[ResolvedCycle],
     ) -> None:
         """Add one resolved chunk: validated numbers only, so nothing here can raise on input
-        and a chunk is applied whole. Columns are per phase (seconds); ``accept_length_counts``
-        counts sequences by accepted length (0..k)."""
+        and a chunk is applied whole. Durations come bucketed (:mod:`specobs._bucketing`) with
+        nanosecond sums, per phase; ``accept_length_counts`` counts sequences by accepted
+        length (0..k)."""
         with self._lock:
             self._count(dropped, errors)
             self.cycles += cycles
-            for i, column in enumerate(host_phase_seconds):
-                self.phase_host[i].observe_many(column)
-            self.cycle_host.observe_many(host_cycle_seconds)
-            if gpu_cycle_seconds:
-                self.sampled_cycles += len(gpu_cycle_seconds)
-                for i, column in enumerate(gpu_phase_seconds):
-                    self.phase_gpu[i].observe_many(column)
-                self.cycle_gpu.observe_many(gpu_cycle_seconds)
+            for i, b in enumerate(host_phases):
+                self.phase_host[i].add(b, 1e-9)
+            self.cycle_host.add(host_cycle, 1e-9)
+            if gpu_cycle is not None:
+                self.sampled_cycles += sum(gpu_cycle[0])
+                for i, b in enumerate(gpu_phases):
+                    self.phase_gpu[i].add(b, 1e-9)
+                self.cycle_gpu.add(gpu_cycle, 1e-9)
             if acceptance is not None:
                 self.draft_tokens += acceptance.drafted
                 self.accepted_tokens += acceptance.accepted
@@ -214,8 +210,8 @@ class Aggregation:
                 dbk = self.drafted_by_k
                 for k, n in acceptance.sequences_by_draft_length.items():
                     dbk[k] += n
-            if batch_sizes:
-                self.batch_size.observe_many(batch_sizes)
+            if batch_sizes is not None:
+                self.batch_size.add(batch_sizes, 1.0)
             if last_cycle_timestamp is not None:
                 self.last_cycle_timestamp = last_cycle_timestamp
             for r in traced:

@@ -194,12 +194,12 @@ class Acceptance(NamedTuple):
 class BatchAcceptance(NamedTuple):
     """A chunk's validated acceptance: what the aggregation adds.
 
-    ``lengths`` is every sequence's accepted length, concatenated (``bytes`` on the fast path,
-    whose values are at most 64); ``sequences_by_draft_length`` counts sequences per draft length
-    (drafted-by-position is derived from it).
+    ``length_counts[v]`` is how many sequences accepted ``v`` tokens (0..max_draft_length);
+    ``sequences_by_draft_length`` counts sequences per draft length (drafted-by-position is
+    derived from it).
     """
 
-    lengths: list[int] | bytes
+    length_counts: list[int]
     accepted: int
     drafted: int
     emitted: int

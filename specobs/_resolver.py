@@ -24,8 +24,9 @@ from collections.abc import Sequence
 from itertools import islice, repeat, starmap
 from typing import TYPE_CHECKING, Any
 
-from specobs import sampling
+from specobs import _bucketing, catalog, sampling
 from specobs._acceptance import batch_acceptance, resolved_acceptance
+from specobs._bucketing import Bucketed
 from specobs._model import ResolvedCycle
 
 if TYPE_CHECKING:
@@ -60,6 +61,15 @@ YIELD_SECONDS = 20e-6
 HOST_STAMP_NS = 300
 
 _log = logging.getLogger("specobs")
+_perf = time.perf_counter_ns
+
+
+def _bucket(values: list[int], bounds: Sequence[float], scale: float = 1e-9) -> Bucketed:
+    """:func:`specobs._bucketing.bucket`, falling back to the reference if it refuses."""
+    try:
+        return _bucketing.bucket(values, bounds, scale)
+    except Exception:
+        return _bucketing.bucket_py(values, bounds, scale)
 #: Consumes an iterator at C speed, keeping nothing.
 _discard: Any = deque(maxlen=0).extend
 
@@ -145,6 +155,7 @@ class Resolver:
         self._cost_ewma = 0.0
         self._cycle_ewma = 0.0
         self._copy_ewma = 0.0  # worker ns per cycle starting CUDA acceptance copies
+        self._read_ewma = 0.0  # resolver ns reading one sampled cycle's events
         self._copy_seen = 0
         self._enqueued_seen = 0
         self._folded: dict[str, int] = {}
@@ -202,6 +213,7 @@ class Resolver:
         self._cost_ewma = 0.0
         self._cycle_ewma = 0.0
         self._copy_ewma = 0.0
+        self._read_ewma = 0.0
         self._copy_seen = rec.copy_ns
         self._enqueued_seen = rec.enqueued
         self.agg.count_dropped("fork", lost)
@@ -453,16 +465,20 @@ class Resolver:
             return out
 
         # -- stage 1: compute and validate (nothing shared is written) -----------------------
-        # Host clock, column-wise (nanoseconds).
+        # Host clock: bucketed per phase and per cycle in one call (compiled where built).
         tss = [c._ts for c in ready]
-        host_cols = [[(t[i + 1] - t[i]) * 1e-9 for t in tss] for i in range(nph)]
-        totals = [t[-1] - t[0] for t in tss]
-        cycle_host = [v * 1e-9 for v in totals]
+        bounds = agg.duration_bounds
+        try:
+            host, total_ns = _bucketing.host_chunk(tss, nph, bounds)
+        except Exception:  # the compiled version refused something: the reference decides
+            host, total_ns = _bucketing.host_chunk_py(tss, nph, bounds)
 
         # GPU clock: sampled cycles only; every event of these cycles has completed.
         gpu_of: dict[int, list[int]] = {}
         cost = 0
+        read_ns = 0
         if clock is not None:
+            t_read = _perf()
             el = clock.elapsed_ns
             for j, c in enumerate(ready):
                 ev = c._ev
@@ -475,6 +491,7 @@ class Resolver:
                     rec.log.warn("elapsed", f"could not read GPU event times: {exc!r}")
                 clock.release(ev)
                 cost += c._cost
+            read_ns = _perf() - t_read
         gcols = list(gpu_of.values())
         try:
             gpu_sums = [sum(g) for g in gcols]
@@ -488,8 +505,11 @@ class Resolver:
                       if all(type(x) is int and x >= 0 for x in g)}
             gcols = list(gpu_of.values())
             gpu_sums = [sum(g) for g in gcols]
-        gpu_phase_cols = [[g[i] * 1e-9 for g in gcols] for i in range(nph)] if gcols else []
-        gpu_cycle = [v * 1e-9 for v in gpu_sums]
+        gpu_phases: list[Bucketed] = []
+        gpu_cycle: Bucketed | None = None
+        if gcols:
+            gpu_phases = [_bucket([g[i] for g in gcols], bounds) for i in range(nph)]
+            gpu_cycle = _bucket(gpu_sums, bounds)
 
         # CUDA acceptance copies (completed: see _completed) are read here, so that they are
         # validated and counted by columns like lists, not one value at a time.
@@ -504,13 +524,7 @@ class Resolver:
 
         k_max = agg.max_draft_length
         accs, batches = batch_acceptance(ready, k_max, rec.misuse)
-        column = b""
-        if accs is not None:
-            # Validated ints in 0..max_draft_length (<= 64): as bytes, each count below is a
-            # C-speed scan (10x faster than list.count on this column).
-            lengths = accs.lengths
-            column = lengths if type(lengths) is bytes else bytes(lengths)
-        counts_by_value = [column.count(v) for v in range(k_max + 1)]
+        counts_by_value = accs.length_counts if accs is not None else [0] * (k_max + 1)
 
         traced: list[int] = []
         if trace:
@@ -518,6 +532,7 @@ class Resolver:
             traced = [j for j in range(len(ready)) if rand() < head]
             if slow is not None:
                 picked = set(traced)
+                totals = [t[-1] - t[0] for t in tss]
                 for j, tot in enumerate(totals):
                     gj = gpu_of.get(j)
                     if (sum(gj) if gj is not None else tot) >= slow and j not in picked:
@@ -558,17 +573,17 @@ class Resolver:
             dropped=dropped,
             errors=errors,
             cycles=len(ready),
-            host_phase_seconds=host_cols,
-            host_cycle_seconds=cycle_host,
-            gpu_phase_seconds=gpu_phase_cols,
-            gpu_cycle_seconds=gpu_cycle,
+            host_phases=host[:nph],
+            host_cycle=host[nph],
+            gpu_phases=gpu_phases,
+            gpu_cycle=gpu_cycle,
             acceptance=accs,
             accept_length_counts=counts_by_value,
-            batch_sizes=batches,
+            batch_sizes=_bucket(batches, catalog.BATCH_SIZE_BUCKETS, 1.0) if batches else None,
             last_cycle_timestamp=last_ts,
             traced=[r for r in out if r.trace_id is not None],
         )
-        self._adapt(cost, len(gpu_of), sum(totals) / len(ready))
+        self._adapt(cost, len(gpu_of), total_ns / len(ready), read_ns)
         return out
 
     def _fold(self) -> tuple[dict[str, int], dict[str, int]]:
@@ -595,7 +610,15 @@ class Resolver:
                 self._folded[key] = value
         return dropped, errors
 
-    def _adapt(self, cost: int, n_sampled: int, mean_cycle: float) -> None:
+    def _adapt(self, cost: int, n_sampled: int, mean_cycle: float, read_ns: int = 0) -> None:
+        """Update the sampling interval and the self-reported overhead from one chunk.
+
+        A sampled cycle costs the worker its event records (``cost``, measured on the hot
+        path) and the resolver's reads of its events (``read_ns``): the resolver shares the
+        GIL with the worker, and inside a GPU loop each CUDA runtime call costs it several
+        microseconds (benchmarks/RESULTS.md, issue 15), a sampled cycle 20-30 µs in all, more
+        than its records. Both count against the budget.
+        """
         if self._n_acc:
             per = self._cpu_acc / self._n_acc
             self._record_ns = sampling.smoothed(self._record_ns, per)
@@ -612,9 +635,10 @@ class Resolver:
             self._enqueued_seen = rec.enqueued
         if n_sampled:
             self._cost_ewma = sampling.smoothed(self._cost_ewma, cost / n_sampled)
+            self._read_ewma = sampling.smoothed(self._read_ewma, read_ns / n_sampled)
         if rec.sample_every is None and self._cost_ewma > 0:
             rec.interval = sampling.adaptive_interval(
-                self._cost_ewma, self._cycle_ewma, self.budget
+                self._cost_ewma + self._read_ewma, self._cycle_ewma, self.budget
             )
         overhead: float | None = None
         if self._cycle_ewma > 0:

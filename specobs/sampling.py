@@ -4,9 +4,10 @@ Every cycle is counted and host-timed. Only sampled cycles record CUDA events. T
 pure function so it can be tested without a clock:
 
 * fixed: ``should_sample(index, interval)`` with ``interval = sample_every``;
-* adaptive: the resolver feeds ``adaptive_interval`` the hot-path cost of a sampled cycle and the
-  mean cycle time, both measured by the recorder itself, and the recorder samples one cycle in
-  ``interval`` so that the cost stays under the overhead budget (default 0.5% of cycle time).
+* adaptive: the resolver feeds ``adaptive_interval`` the cost of a sampled cycle (its event
+  records on the worker plus the resolver's reads of those events, both measured) and the mean
+  cycle time, and the recorder samples one cycle in ``interval`` so that the cost stays under
+  the overhead budget (default 0.5% of cycle time).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def adaptive_interval(
 ) -> int:
     """Smallest interval N such that ``sample_cost_ns / N <= budget * cycle_ns``.
 
-    ``sample_cost_ns`` is the extra host time a sampled cycle costs (recording its events);
+    ``sample_cost_ns`` is the extra host time a sampled cycle costs (recording its events, and
+    reading them on the resolver, which shares the GIL with the worker);
     ``cycle_ns`` is the mean host time of a cycle. Unknown or zero inputs give 1 (sample every
     cycle) for cost 0, and ``max_interval`` for an unknown cycle time.
     """

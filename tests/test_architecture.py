@@ -20,7 +20,7 @@ PACKAGE = Path(specobs.__file__).parent
 #: from a layer below. The first matching prefix decides a module's layer.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("specobs._errors", "specobs._version", "specobs._model", "specobs.catalog",
-     "specobs.sampling", "specobs.timing"),
+     "specobs.sampling", "specobs.timing", "specobs._speedups", "specobs._bucketing"),
     ("specobs._config",),
     ("specobs._recorder", "specobs._aggregation", "specobs._series", "specobs._acceptance",
      "specobs.sinks"),
@@ -36,7 +36,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 def _modules() -> dict[str, Path]:
     mods = {}
-    for path in PACKAGE.rglob("*.py"):
+    # A compiled module is known by its stub (specobs/_speedups.pyi).
+    for path in [*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.pyi")]:
         parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -162,8 +163,13 @@ def test_public_surface_is_exactly_all():
 
 def test_the_package_ships_its_types():
     assert (PACKAGE / "py.typed").exists()
-    pyproject = (PACKAGE.parent / "pyproject.toml").read_text()
-    assert 'specobs = ["py.typed"]' in pyproject
+    import tomllib
+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    shipped = pyproject["tool"]["setuptools"]["package-data"]["specobs"]
+    # The marker, and the stub of the compiled module (its only type information).
+    assert "py.typed" in shipped and "*.pyi" in shipped
+    assert (PACKAGE / "_speedups.pyi").exists()
 
 
 def test_the_settings_table_has_one_row_per_settings_field():

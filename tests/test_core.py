@@ -680,6 +680,45 @@ def test_adaptive_sampling_converges_under_the_budget():
     obs.shutdown()
 
 
+def test_the_resolvers_reads_of_a_sampled_cycle_count_against_the_budget():
+    """Issue 15: inside a GPU loop reading a sampled cycle's events costs the resolver (which
+    shares the GIL with the worker) more than recording them costs the worker; the adaptive
+    interval counts both."""
+
+    class SlowReads(FakeEventClock):
+        def elapsed_ns(self, start, end):
+            t = time.perf_counter_ns()
+            while time.perf_counter_ns() - t < 100_000:  # 0.1 ms a read, 0.3 ms a cycle
+                pass
+            return super().elapsed_ns(start, end)
+
+    def settle(clock):
+        gpu = clock.gpu
+        obs = specobs.configure(clock=clock, overhead_budget=0.005, poll_interval_seconds=3600)
+        for _ in range(12):
+            for _ in range(8):
+                c = obs.begin()
+                time.sleep(0.002)  # a 2 ms cycle: one read costs 5 % of it
+                c.mark("verify")
+                c.mark("bookkeeping")
+                gpu.run(1000)
+                c.end()
+            gpu.complete()
+            obs.force_flush()
+        r = obs._resolver
+        out = obs.snapshot().sampling_interval, r._read_ewma, r._cost_ewma, r._cycle_ewma
+        obs.shutdown()
+        return out
+
+    fast_n, fast_read, _, _ = settle(FakeEventClock(FakeGpu(), pool_size=4096))
+    slow_n, slow_read, cost, cycle = settle(SlowReads(FakeGpu(), pool_size=4096))
+    assert slow_read >= 300_000 > fast_read
+    # 0.3 ms of reads against a budget of 0.5 % of ~2 ms: one cycle in 30 or fewer, where
+    # the records alone (a few microseconds) would allow sampling nearly every cycle.
+    assert slow_n >= 25 and fast_n <= 3
+    assert slow_n == sampling.adaptive_interval(cost + slow_read, cycle, 0.005)
+
+
 def test_spans_are_anchored_to_wall_time():
     obs, mem, gpu = make()
     before = time.time_ns()

@@ -302,7 +302,7 @@ def test_only_released_records_nobody_holds_are_recycled_wherever_they_sit_in_a_
     obs, mem, gpu = make()
     rec = obs._recorder
     records = []
-    for i in range(6):
+    for _ in range(6):
         c = obs.begin()
         c.mark("verify")
         c.mark("bookkeeping")

@@ -6,6 +6,9 @@ speed there with nothing else running, and with ``--spinners N`` with N processe
 other cores (as a worker spinning in a CUDA synchronisation does).
 
     PYTHONPATH=. python benchmarks/diag/resolver_drain.py --batch 8 64 --spinners 0 1
+
+``--paths`` compares the compiled bucketing (``specobs/_speedups.c``) with the pure-Python
+reference in the same process.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import multiprocessing
 import time
 
 import specobs
+from specobs import _bucketing
 
 
 def _spin() -> None:
@@ -54,16 +58,27 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--spinners", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--rounds", type=int, default=400)
+    ap.add_argument("--paths", nargs="+", default=["compiled", "reference"],
+                    help="bucketing: the compiled speedups and/or the pure-Python reference")
     args = ap.parse_args()
+    compiled = _bucketing.bucket, _bucketing.host_chunk, _bucketing.count_lengths
     for spinners in args.spinners:
         procs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(spinners)]
         for p in procs:
             p.start()
         try:
             for b in args.batch:
-                runs = sorted(drain_us(b, args.rounds) for _ in range(3))
-                print(f"spinners {spinners} batch {b}: resolver {runs[1]:.2f} us/cycle "
-                      f"(min {runs[0]:.2f}, max {runs[2]:.2f})", flush=True)
+                for path in args.paths:
+                    if path == "compiled" and not _bucketing.COMPILED:
+                        continue
+                    _bucketing.bucket, _bucketing.host_chunk, _bucketing.count_lengths = (
+                        compiled if path == "compiled"
+                        else (_bucketing.bucket_py, _bucketing.host_chunk_py,
+                              _bucketing.count_lengths_py)
+                    )
+                    runs = sorted(drain_us(b, args.rounds) for _ in range(3))
+                    print(f"spinners {spinners} batch {b} {path}: resolver {runs[1]:.2f} "
+                          f"us/cycle (min {runs[0]:.2f}, max {runs[2]:.2f})", flush=True)
         finally:
             for p in procs:
                 p.terminate()
