@@ -23,6 +23,12 @@ Modes, run side by side in rotating order so drifts in clocks and load hit every
                  runtime reads)
 * ``nopool``     defaults, but cycle records not recycled (allocated per cycle, as before
                  issue 15's pooling)
+* ``releasegil`` / ``everyrelease``  defaults / every cycle, with the CUDA runtime called as
+                 before the GIL-held direct calls: torch's record and copy on the worker, reads
+                 releasing the GIL around each call
+* ``hostclock``  specobs with the host clock only (no CUDA events at all)
+* ``reference``  defaults, with the resolver's bucketing in pure Python instead of compiled
+* ``readonly`` / ``noresolve``  upper bounds for aggregating in another process (below)
 
 Workloads: ``small|b32|large`` - ``eager|graph``, optionally ``-cudaacc`` (acceptance passed to
 specobs as the CUDA tensor; the scheduler's host sync is a read of one number instead).
@@ -48,13 +54,22 @@ from typing import Any
 import torch
 
 import specobs
+from specobs import _bucketing
 
 PHASES = ("draft", "verify", "bookkeeping")
 SPECOBS_MODES = (
     "specobs", "every", "chunk32", "slice200", "every200", "slice50", "every50", "slice20",
     "torchcalls", "everytorch", "nopool", "readonly", "noresolve", "releasegil", "everyrelease",
-    "hostclock",
+    "hostclock", "reference",
 )
+#: ``reference``: the default observer with the resolver's bucketing in pure Python (the
+#: reference in specobs/_bucketing.py) instead of the compiled speedups.
+_COMPILED = (_bucketing.bucket, _bucketing.host_chunk, _bucketing.count_lengths)
+_REFERENCE = (_bucketing.bucket_py, _bucketing.host_chunk_py, _bucketing.count_lengths_py)
+
+
+def _use_bucketing(functions: tuple[Any, Any, Any]) -> None:
+    _bucketing.bucket, _bucketing.host_chunk, _bucketing.count_lengths = functions
 #: ``releasegil`` / ``everyrelease``: the clock as it was before the hot path and the resolver
 #: called the CUDA runtime with the GIL held (torch's record and copy on the worker, reads
 #: through ``ctypes.CDLL`` releasing the GIL around each call), at default sampling / every cycle.
@@ -248,6 +263,7 @@ def run_mode(
             obs = make_observer(mode)
         k = w.k
         res = obs._resolver
+        _use_bucketing(_REFERENCE if mode == "reference" else _COMPILED)
         slices0, gc0 = res.slices, dict(GC_IN_THREAD)
         res.max_hold_ns = res.long_holds = 0
         t0 = time.perf_counter()
@@ -262,7 +278,9 @@ def run_mode(
         torch.cuda.synchronize()
         el = time.perf_counter() - t0
         obs.force_flush(timeout_seconds=30)
+        _use_bucketing(_COMPILED)
         s = obs.snapshot()
+        info["compiled"] = _bucketing.COMPILED and mode != "reference"
         info["phase_ms"] = {
             p: (s.phase_seconds_sum(p, "gpu") / s.phase_count(p, "gpu") * 1e3)
             if s.phase_count(p, "gpu") else float("nan")

@@ -304,6 +304,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "specobs._speedups",
     "Compiled bucketing for the resolver (see specobs/_bucketing.py).", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC

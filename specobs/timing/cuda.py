@@ -98,7 +98,7 @@ class _PinnedSlot(PendingCopy):
     ``buffer[:n]`` are cached per length (a slice of a tensor costs about a microsecond).
     """
 
-    __slots__ = ("_free", "_views", "itemsize", "ptr")
+    __slots__ = ("_free", "_host", "_views", "itemsize", "ptr")
 
     def __init__(self, buffer: Any, event: Any, free: list[_PinnedSlot]) -> None:
         super().__init__(buffer, 0, event, self._give_back)
@@ -107,6 +107,14 @@ class _PinnedSlot(PendingCopy):
         #: For the direct copy: the host address and the bytes per element.
         self.ptr: int = buffer.data_ptr()
         self.itemsize: int = buffer.element_size()
+        # The same pinned memory as a ctypes array: slicing it reads the values as a list of
+        # ints at C speed, without a tensor view and torch's tolist (microseconds a read).
+        import ctypes
+
+        ctype = {8: ctypes.c_int64, 4: ctypes.c_int32}.get(self.itemsize)
+        self._host: Any = (
+            (ctype * buffer.numel()).from_address(self.ptr) if ctype is not None else None
+        )
 
     def view(self, n: int) -> Any:
         v = self._views.get(n)
@@ -116,7 +124,10 @@ class _PinnedSlot(PendingCopy):
 
     def read(self) -> list[int]:
         try:
-            values: list[int] = self.view(self.length).tolist()
+            host = self._host
+            values: list[int] = (
+                host[: self.length] if host is not None else self.view(self.length).tolist()
+            )
         finally:
             self.release()
         return values
