@@ -493,22 +493,30 @@ def main(argv: list[str] | None = None) -> int:
         for o in observers.values():
             o.shutdown(timeout_seconds=5)
         ratios = {}
+        spread: dict[str, tuple[float, float]] = {}
+        rounds: dict[str, list[float]] = {}
         for m in modes:
-            # Ratio per round against the same round's uninstrumented run, then the median.
+            # Ratio per round against the same round's uninstrumented run, then the median;
+            # the quartiles of the per-round ratios say how far one run can be trusted.
             per_round = [times["none"][i] / times[m][i] for i in range(args.rounds)]
             ratios[m] = statistics.median(per_round)
+            rounds[m] = per_round
+            q = statistics.quantiles(per_round, n=4) if len(per_round) > 1 else per_round * 3
+            spread[m] = (q[0], q[2])
         results["workloads"][wl] = {
             "cycle_ms": base_ms, "cycles_per_mode_round": cycles, "reference_ms": ref,
             "reference_busy_ms": ref_busy,
-            "ratios": ratios, "infos": infos,
+            "ratios": ratios, "ratio_quartiles": spread, "ratio_rounds": rounds,
+            "infos": infos,
             "cycles_per_s": {m: 1 / statistics.median(times[m]) for m in modes},
         }
         print(f"\n== {wl}: uninstrumented cycle {base_ms:.3f} ms, {cycles} cycles x "
               f"{args.rounds} rounds")
-        print(f"{'mode':<10} {'cyc/s':>9} {'ratio':>7}   " + "  ".join(
+        print(f"{'mode':<10} {'cyc/s':>9} {'ratio':>7} {'quartiles':>13}   " + "  ".join(
             f"{p:>12}" for p in PHASES) + "   (ms per phase; ref = sync-isolated events)")
-        print(f"{'ref':<10} {'':>9} {'':>7}   " + "  ".join(f"{ref[p]:12.4f}" for p in PHASES))
-        print(f"{'ref-busy':<10} {'':>9} {'':>7}   " + "  ".join(
+        print(f"{'ref':<10} {'':>9} {'':>7} {'':>13}   " + "  ".join(
+            f"{ref[p]:12.4f}" for p in PHASES))
+        print(f"{'ref-busy':<10} {'':>9} {'':>7} {'':>13}   " + "  ".join(
             f"{ref_busy[p]:12.4f}" for p in PHASES) + "   (pure execution, no launch gaps)")
         for m in modes:
             ph = infos[m].get("phase_ms", {})
@@ -526,8 +534,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"longest {infos[m]['max_hold_us']:.0f} us, " \
                         f"{infos[m]['long_holds']} over 100 us; GC ms {infos[m]['gc_ms']}; " \
                         f"parts % {infos[m].get('overhead_parts_pct')}"
-            print(f"{m:<10} {1 / statistics.median(times[m]):9.0f} {ratios[m]:7.4f}   "
-                  f"{cols}{extra}")
+            q1, q3 = spread[m]
+            print(f"{m:<10} {1 / statistics.median(times[m]):9.0f} {ratios[m]:7.4f} "
+                  f"{q1:6.3f}-{q3:6.3f}   {cols}{extra}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2, default=str)
