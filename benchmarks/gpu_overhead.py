@@ -15,8 +15,8 @@ Modes, run side by side in rotating order so drifts in clocks and load hit every
 * ``every``      specobs timing every cycle on the GPU (sample_every=1)
 * ``chunk32``    specobs defaults, but the resolver starting at 32 records per GIL hold and
                  polling every 50 ms instead of 100 ms
-* ``slice200`` / ``slice50`` / ``slice20`` / ``every200`` / ``every50``  the resolver's GIL
-                 holds sized for 200 / 50 / 20 µs of CPU (``every*``: every cycle GPU-timed);
+* ``slice200`` / ``slice80`` / ``slice50`` / ``slice20`` / ``every200`` / ``every50``  the
+                 resolver's GIL holds sized for 200 / 80 / 50 / 20 µs of CPU (``every*``: every cycle GPU-timed);
                  200 µs is the default since issue 15
 * ``torchcalls`` / ``everytorch``  defaults / every cycle, but the resolver reads CUDA events
                  through torch's ``Event.query`` / ``elapsed_time`` (as before issue 15's direct
@@ -58,7 +58,8 @@ from specobs import _bucketing
 
 PHASES = ("draft", "verify", "bookkeeping")
 SPECOBS_MODES = (
-    "specobs", "every", "chunk32", "slice200", "every200", "slice50", "every50", "slice20",
+    "specobs", "every", "chunk32", "slice200", "every200", "slice80", "slice50", "every50",
+    "slice20",
     "torchcalls", "everytorch", "nopool", "readonly", "noresolve", "releasegil", "everyrelease",
     "hostclock", "reference",
 )
@@ -352,6 +353,8 @@ def make_observer(mode: str) -> specobs.Observer:
         obs._resolver.poll = 0.05
     if mode in ("slice200", "every200"):
         obs._resolver.slice_ns = 200_000
+    if mode == "slice80":
+        obs._resolver.slice_ns = 80_000
     if mode in ("slice50", "every50"):
         obs._resolver.slice_ns = 50_000
     if mode == "slice20":
