@@ -16,8 +16,8 @@ Modes, run side by side in rotating order so drifts in clocks and load hit every
 * ``chunk32``    specobs defaults, but the resolver starting at 32 records per GIL hold and
                  polling every 50 ms instead of 100 ms
 * ``slice200`` / ``slice80`` / ``slice50`` / ``slice20`` / ``every200`` / ``every50``  the
-                 resolver's GIL holds sized for 200 / 80 / 50 / 20 µs of CPU (``every*``: every cycle GPU-timed);
-                 200 µs is the default since issue 15
+                 resolver's GIL holds sized for 200 / 80 / 50 / 20 µs of CPU (``every*``: every
+                 cycle GPU-timed); 200 µs is the default since issue 15
 * ``torchcalls`` / ``everytorch``  defaults / every cycle, but the resolver reads CUDA events
                  through torch's ``Event.query`` / ``elapsed_time`` (as before issue 15's direct
                  runtime reads)
