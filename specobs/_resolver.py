@@ -43,13 +43,13 @@ __all__ = ["Resolver"]
 CHUNK = 32
 #: Thread CPU one hold of the GIL aims at. The worker shares the GIL: a worker whose GPU sync
 #: returns while the resolver holds it waits for the rest of the hold, so holds are bounded by
-#: time, not by a count of records (a record costs 0.3-50 µs). Shorter holds were measured
-#: side by side (benchmarks/RESULTS.md, issue 15): on the CPU VM, with the compiled bucketing,
-#: 80 µs slices kept 98 % of the holds under 100 µs (200 µs ones: most of them over) for
-#: 0.3-0.4 µs more process CPU per cycle; on the H200 they cost throughput on every
-#: sub-millisecond workload (0.3-1.3 points with the host clock, up to 4 with CUDA
-#: acceptance), as 50 µs slices had before. Throughput decides: 200 µs.
-SLICE_NS = 200_000
+#: time, not by a count of records (a record costs 0.3-50 µs). Measured side by side
+#: (benchmarks/RESULTS.md, issue 15): on the CPU VM, with the compiled bucketing, 80 µs
+#: slices keep 98 % of the holds under 100 µs (with 200 µs slices most are over) for 0.3 µs
+#: more process CPU per cycle; on the H200, 80 and 200 µs slices gave the same throughput on
+#: every workload in one run (0.973 / 0.972 on 0.22 ms graph cycles); across fresh machines
+#: the figures move by more than that.
+SLICE_NS = 80_000
 MIN_CHUNK = 16
 MAX_CHUNK = 2048
 #: Pause between two slices of one drain. ``time.sleep(0)`` releases the GIL but does not hand
