@@ -97,14 +97,14 @@ add_i64(long long *acc, long long x)
     return 0;
 }
 
-/* (counts list, sum int) from a row of counts and a sum. */
+/* A list of the ints in counts[0..n). */
 static PyObject *
-bucketed(const Py_ssize_t *counts, Py_ssize_t nb, long long sum)
+count_list(const Py_ssize_t *counts, Py_ssize_t n)
 {
-    PyObject *lst = PyList_New(nb);
+    PyObject *lst = PyList_New(n);
     if (lst == NULL)
         return NULL;
-    for (Py_ssize_t i = 0; i < nb; i++) {
+    for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *c = PyLong_FromSsize_t(counts[i]);
         if (c == NULL) {
             Py_DECREF(lst);
@@ -112,6 +112,16 @@ bucketed(const Py_ssize_t *counts, Py_ssize_t nb, long long sum)
         }
         PyList_SET_ITEM(lst, i, c);
     }
+    return lst;
+}
+
+/* (counts list, sum int) from a row of counts and a sum. */
+static PyObject *
+bucketed(const Py_ssize_t *counts, Py_ssize_t nb, long long sum)
+{
+    PyObject *lst = count_list(counts, nb);
+    if (lst == NULL)
+        return NULL;
     PyObject *s = PyLong_FromLongLong(sum);
     if (s == NULL) {
         Py_DECREF(lst);
@@ -278,17 +288,7 @@ count_lengths(PyObject *self, PyObject *args)
             counts[v]++;
         }
     }
-    result = PyList_New(width);
-    if (result == NULL)
-        goto done;
-    for (Py_ssize_t v = 0; v < width; v++) {
-        PyObject *c = PyLong_FromSsize_t(counts[v]);
-        if (c == NULL) {
-            Py_CLEAR(result);
-            goto done;
-        }
-        PyList_SET_ITEM(result, v, c);
-    }
+    result = count_list(counts, width);
 done:
     PyMem_Free(counts);
     return result;
