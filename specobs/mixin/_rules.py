@@ -595,13 +595,9 @@ _RAW_SELECTOR = re.compile(r"(?<![\w:])([a-z_][a-z0-9_]*)\{([^}]*)\}(\[[^\]]+\])
 
 
 def _series_per_server(name: str, matchers: str) -> int:
-    metric = None
-    for suffix in ("_bucket", "_sum", "_count", ""):
-        base = name.removesuffix(suffix) if suffix else name
-        metric = next((m for m in c.CATALOG if m.name in (base, name)), None)
-        if metric is not None:
-            break
-    if metric is None:
+    """How many series of one server a selector matches, from the catalog's labels."""
+    metric = c.by_prometheus_name().get(name)
+    if metric is None:  # up, the engines' own gauges
         return 1
     fixed = set(re.findall(r'([a-z_]+)="', matchers))
     n = 1
