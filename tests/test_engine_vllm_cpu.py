@@ -167,10 +167,13 @@ def _install_specobs(python: Path, scratch: Path) -> None:
     checkout; non-editable because the venv outlives the checkout (CI clones afresh each run).
     """
     source = scratch / "specobs-src"
+    # Sources only: the optional C extension is built from specobs/_speedups.c by setup.py, as
+    # a user's install builds it (a compiler is there in CI: scripts/install).
     shutil.copytree(
-        REPO / "specobs", source / "specobs", ignore=shutil.ignore_patterns("__pycache__")
+        REPO / "specobs", source / "specobs",
+        ignore=shutil.ignore_patterns("__pycache__", "*.so"),
     )
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(REPO / name, source / name)
     _pip(python, "install", "--quiet", "--no-deps", "--no-build-isolation", "--force-reinstall",
          str(source))  # fmt: skip
