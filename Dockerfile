@@ -26,9 +26,16 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH
 
 WORKDIR /opt/specobs
 # README.md* : the package metadata reads it when it is there, the build does not need it.
-COPY pyproject.toml README.md* ./
+# setup.py builds the optional C extension (specobs/_speedups.c): gcc is there only for the
+# build, and removed in the same layer.
+COPY pyproject.toml setup.py README.md* ./
 COPY specobs ./specobs
-RUN pip install ".[demo,otlp]"
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install ".[demo,otlp]" \
+    && python -c "import specobs._bucketing as b; assert b.COMPILED, 'speedups not built'" \
+    && apt-get purge -y --auto-remove gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 
 RUN useradd --create-home --uid 10001 --user-group specobs
 USER specobs
