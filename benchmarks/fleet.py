@@ -25,10 +25,19 @@ For each fleet size N (default 100, 300, 1000) one run of about nine minutes:
    query at 1 h, 6 h and 24 h on both stores (latency, Prometheus's peak samples, and whether
    VictoriaMetrics gives the same numbers).
 
+``--stores prometheus``: what one Prometheus alone holds (the sizing question): the simulator
+and Prometheus with the generated rules only; no remote write, no VictoriaMetrics, no vmalert.
+The history goes into Prometheus only, the alerts are scored on Prometheus, the dashboard
+queries run on Prometheus; the same sizing figures (each rule group's
+``prometheus_rule_group_last_duration_seconds`` sampled every 5 s, median and max, idle and
+under the dashboard queries; RSS, CPU, head series) without the other processes' load on the
+cores.
+
 Prints a table per N and writes JSON (``--json``). Loopback only; everything lives under
 ``--workdir`` (default /tmp/specobs-fleet-bench) and is deleted afterwards unless ``--keep``.
 
     python3 benchmarks/fleet.py --servers 100 300 1000
+    python3 benchmarks/fleet.py --stores prometheus --servers 1000
 """
 
 from __future__ import annotations
@@ -132,8 +141,9 @@ def _labels(d: dict[str, str]) -> str:
 
 
 def backfill(fleet: Fleet, config: MixinConfig, end: float, hours: float, step: int,
-             om_path: Path, vm_path: Path) -> int:
-    """Write the history files; returns the number of samples."""
+             om_path: Path, vm_path: Path | None) -> int:
+    """Write the history files (VictoriaMetrics' only where ``vm_path``); returns the number of
+    samples."""
     n = RuleNames(config)
     rng = random.Random(1)
     start = int(end - hours * 3600)
@@ -147,7 +157,8 @@ def backfill(fleet: Fleet, config: MixinConfig, end: float, hours: float, step: 
     history_times = [start + i * every for i in range(int(hours * 3600 // every))]
     samples = 0
     opened = fleet.servers[0].instance
-    with open(om_path, "w") as om, open(vm_path, "w") as vm:
+    to_vm = vm_path is not None
+    with open(om_path, "w") as om, open(vm_path or os.devnull, "w") as vm:
         def series(name: str, labels: dict[str, str], value: float) -> None:
             nonlocal samples
             at = scrape_times if labels.get("instance") == opened else times
@@ -161,7 +172,8 @@ def backfill(fleet: Fleet, config: MixinConfig, end: float, hours: float, step: 
             # The same +-1 % noise in both stores' copies.
             values = [f"{value * (1 + 0.02 * (rng.random() - 0.5)):.6g}" for _ in at]
             om.writelines(f"{head}{v} {t}\n" for v, t in zip(values, at, strict=True))
-            vm.writelines(f"{head}{v} {t * 1000}\n" for v, t in zip(values, at, strict=True))
+            if to_vm:
+                vm.writelines(f"{head}{v} {t * 1000}\n" for v, t in zip(values, at, strict=True))
             samples += len(at)
 
         cohorts: dict[tuple[str, ...], list[Any]] = {}
@@ -250,7 +262,8 @@ def backfill(fleet: Fleet, config: MixinConfig, end: float, hours: float, step: 
                 rest = rest.rstrip("}")
                 labels = _labels(lab0) + ("," + rest if rest else "")
                 om.write(f"{name}{{{labels}}} {value} {t}\n")
-                vm.write(f"{name}{{{labels}}} {value} {t * 1000}\n")
+                if to_vm:
+                    vm.write(f"{name}{{{labels}}} {value} {t * 1000}\n")
                 samples += 1
         om.write("# EOF\n")
     # OpenMetrics wants each series' samples contiguous; the raw block above is time-major,
@@ -396,7 +409,8 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
     shutil.rmtree(wd, ignore_errors=True)
     wd.mkdir(parents=True)
     procs = Procs()
-    result: dict[str, Any] = {"servers": n}
+    alone = args.stores == "prometheus"  # one Prometheus, nothing else
+    result: dict[str, Any] = {"servers": n, "stores": args.stores}
     default = MixinConfig()
     medium = MixinConfig(**MEDIUM_WINDOWS)  # type: ignore[arg-type]
     default_files = render_all(default)
@@ -409,7 +423,8 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
         now = time.time()
         history_end = now - 600
         samples = backfill(fleet_params, default, history_end, args.backfill_hours,
-                           args.backfill_step, wd / "history.om", wd / "history.vm")
+                           args.backfill_step, wd / "history.om",
+                           None if alone else wd / "history.vm")
         result["backfill_samples"] = samples
         gen_s = time.perf_counter() - t
         t = time.perf_counter()
@@ -424,20 +439,20 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
         promtool_s = time.perf_counter() - t
         vm_port, prom_port, vmalert_port, sim_port = (free_port() for _ in range(4))
         vm = f"http://127.0.0.1:{vm_port}"
-        procs.start(["victoria-metrics", f"-storageDataPath={wd / 'vm'}",
-                     f"-httpListenAddr=127.0.0.1:{vm_port}", "-retentionPeriod=2",
-                     "-search.latencyOffset=5s"], wd / "vm.log")
-        wait_http(vm + "/health")
-        t = time.perf_counter()
-        with open(wd / "history.vm", "rb") as f:
-            r = httpx.post(vm + "/api/v1/import/prometheus", content=f, timeout=600)
-            r.raise_for_status()
-        httpx.get(vm + "/internal/force_flush", timeout=60)
-        (wd / "history.vm").unlink()
-        vm_import_s = time.perf_counter() - t
         result["backfill_seconds"] = {"generate": round(gen_s, 1),
-                                      "promtool": round(promtool_s, 1),
-                                      "vm_import": round(vm_import_s, 1)}
+                                      "promtool": round(promtool_s, 1)}
+        if not alone:
+            procs.start(["victoria-metrics", f"-storageDataPath={wd / 'vm'}",
+                         f"-httpListenAddr=127.0.0.1:{vm_port}", "-retentionPeriod=2",
+                         "-search.latencyOffset=5s"], wd / "vm.log")
+            wait_http(vm + "/health")
+            t = time.perf_counter()
+            with open(wd / "history.vm", "rb") as f:
+                r = httpx.post(vm + "/api/v1/import/prometheus", content=f, timeout=600)
+                r.raise_for_status()
+            httpx.get(vm + "/internal/force_flush", timeout=60)
+            (wd / "history.vm").unlink()
+            result["backfill_seconds"]["vm_import"] = round(time.perf_counter() - t, 1)
         print(f"[n={n}] backfill: {samples / 1e6:.1f} M samples; {result['backfill_seconds']}",
               flush=True)
 
@@ -465,12 +480,13 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "scrape_configs": [{"job_name": "specobs",
                                 "file_sd_configs": [{"files": [str(targets)],
                                                      "refresh_interval": "10s"}]}],
-            # Raw series only: the store evaluates the rules itself (vmalert).
-            "remote_write": [{"url": vm + "/api/v1/write",
-                              "write_relabel_configs": [{"source_labels": ["__name__"],
-                                                         "regex": drop_rules,
-                                                         "action": "drop"}]}],
         }
+        if not alone:
+            # Raw series only: the store evaluates the rules itself (vmalert).
+            prom_config["remote_write"] = [{"url": vm + "/api/v1/write",
+                                            "write_relabel_configs": [
+                                                {"source_labels": ["__name__"],
+                                                 "regex": drop_rules, "action": "drop"}]}]
         (wd / "prometheus.yml").write_text(json.dumps(prom_config, indent=1))
         prom_proc = procs.start(["prometheus", f"--config.file={wd / 'prometheus.yml'}",
                                  f"--storage.tsdb.path={wd / 'data'}",
@@ -479,11 +495,15 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                                 wd / "prometheus.log")
         prom = f"http://127.0.0.1:{prom_port}"
         wait_http(prom + "/-/ready")
-        procs.start(["vmalert", f"-rule={rules}", f"-datasource.url={vm}",
-                     f"-remoteWrite.url={vm}", f"-remoteRead.url={vm}",
-                     "-notifier.url=http://127.0.0.1:1", f"-evaluationInterval={SCRAPE_SECONDS}s",
-                     f"-httpListenAddr=127.0.0.1:{vmalert_port}"], wd / "vmalert.log")
         vmalert = f"http://127.0.0.1:{vmalert_port}"
+        if not alone:
+            procs.start(["vmalert", f"-rule={rules}", f"-datasource.url={vm}",
+                         f"-remoteWrite.url={vm}", f"-remoteRead.url={vm}",
+                         "-notifier.url=http://127.0.0.1:1",
+                         f"-evaluationInterval={SCRAPE_SECONDS}s",
+                         f"-httpListenAddr=127.0.0.1:{vmalert_port}"], wd / "vmalert.log")
+        # The stores whose rulers and queries are measured.
+        stores = {"prometheus": prom} if alone else {"prometheus": prom, "vmalert": vm}
 
         # 3. alerts
         bounds = detection_bounds(medium)
@@ -492,7 +512,7 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
         end = time.time()
         fault_events = load_events(events)
         alerts: dict[str, Any] = {}
-        for store, base in (("prometheus", prom), ("vmalert", vm)):
+        for store, base in stores.items():
             _, body = api(base, "/api/v1/query_range",
                           {"query": 'ALERTS{alertstate="firing"}', "start": t0, "end": end,
                            "step": SCRAPE_SECONDS})
@@ -513,10 +533,11 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
         # 4. sizing: the generated rules as shipped
         rules.write_text(default_files[RULES_PATH])
         httpx.post(prom + "/-/reload", timeout=30).raise_for_status()
-        try:
-            httpx.post(vmalert + "/-/reload", timeout=30)
-        except httpx.HTTPError:
-            pass
+        if not alone:
+            try:
+                httpx.post(vmalert + "/-/reload", timeout=30)
+            except httpx.HTTPError:
+                pass
         sizing_start = time.time()
         samples_taken: list[dict[str, float]] = []
         pid_stat = Path(f"/proc/{prom_proc.pid}/stat")
@@ -533,12 +554,24 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
         querying = False
         vmalert_max: dict[str, float] = {}
         rss_max = head_max = lag_max = 0.0
+        # Rule -> {lastEvaluation: evaluationTime}: every evaluation of every rule while idle
+        # (--stores prometheus only).
+        rule_times: dict[str, dict[str, float]] = {}
+
+        def sample_rules() -> None:
+            _, body = api(prom, "/api/v1/rules", {})
+            for g in body.get("data", {}).get("groups", []):
+                for r in g["rules"]:
+                    rule_times.setdefault(f"{g['name']}/{r['name']}", {})[
+                        r.get("lastEvaluation", "")] = r.get("evaluationTime", 0.0)
 
         def sample() -> None:
             nonlocal rss_max, head_max, lag_max
             m = self_metrics(prom + "/metrics")
             samples_taken.append(m)
             rss_max = max(rss_max, m.get("process_resident_memory_bytes", 0))
+            if alone and not querying and time.time() - sizing_start > 2 * SCRAPE_SECONDS + 5:
+                sample_rules()
             head_max = max(head_max, m.get("prometheus_tsdb_head_series", 0))
             highest = sent = None
             for k, v in m.items():
@@ -554,6 +587,8 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                     sent = v
             if highest is not None and sent is not None:
                 lag_max = max(lag_max, highest - sent)
+            if alone:
+                return
             try:
                 vm_m = self_metrics(vmalert + "/metrics")
             except httpx.HTTPError:
@@ -601,7 +636,8 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                     # rulers evaluated with the shipped rules for a few evaluations.
                     live_from = (sizing_start + 3 * SCRAPE_SECONDS if kind == "rules"
                                  else t0 + int(rate_iv.rstrip("s")) + 2 * SCRAPE_SECONDS)
-                    for store, base in (("prometheus", prom), ("vm", vm)):
+                    for store, base in ((("prometheus", prom),) if alone
+                                        else (("prometheus", prom), ("vm", vm))):
                         if instant:
                             params: dict[str, Any] = {"query": q, "time": qt}
                             path = "/api/v1/query"
@@ -637,7 +673,7 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                         last_sample = time.monotonic()
         probes = {}
         pt = math.floor((time.time() - 30) / 15) * 15
-        for name, expr in VM_PROBES.items():
+        for name, expr in ({} if alone else VM_PROBES).items():
             got = {}
             for store, base in (("prometheus", prom), ("vm", vm)):
                 _, body = api(base, "/api/v1/query", {"query": expr, "time": pt})
@@ -647,7 +683,8 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
             diff = (abs(x - y) / max(abs(x), abs(y), 1e-12)
                     if x is not None and y is not None else None)
             probes[name] = {"query": expr, **got, "diff": diff}
-        result["vm_probes"] = probes
+        if probes:
+            result["vm_probes"] = probes
         while time.time() < sizing_start + SIZING_SECONDS:
             sample()
             time.sleep(5)
@@ -661,8 +698,12 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 k: round(max(v), 4) for k, v in group_idle.items()},
             "rule_group_last_duration_median_seconds": {
                 k: round(sorted(v)[len(v) // 2], 4) for k, v in group_all.items()},
-            "remote_write_lag_max_seconds": round(lag_max, 1),
+            "remote_write_lag_max_seconds": None if alone else round(lag_max, 1),
         }
+        result["rule_eval_ms_idle"] = {
+            name: {"median": round(sorted(v)[len(v) // 2] * 1000, 1),
+                   "max": round(max(v) * 1000, 1), "evaluations": len(v)}
+            for name, by_time in rule_times.items() if (v := list(by_time.values()))}
         result["vmalert_iteration_p99_max_seconds"] = {k: round(v, 4)
                                                        for k, v in vmalert_max.items()}
         result["queries"] = queries
@@ -697,11 +738,17 @@ def report(r: dict[str, Any]) -> None:
     n = r["servers"]
     p = r["prometheus"]
     print(f"\n== {n} servers ==")
-    print(f"prometheus: RSS max {p['rss_max_mib']} MiB, CPU {p['cpu_cores_mean']} cores, head "
-          f"series {p['head_series_max']}, remote-write lag max {p['remote_write_lag_max_seconds']}"
-          " s")
+    print(f"prometheus ({r.get('stores', 'all')}): RSS max {p['rss_max_mib']} MiB, CPU "
+          f"{p['cpu_cores_mean']} cores, head series {p['head_series_max']}, remote-write lag "
+          f"max {p['remote_write_lag_max_seconds']} s")
+    medians = p.get("rule_group_last_duration_median_seconds", {})
     for k, v in p["rule_group_last_duration_max_seconds"].items():
-        print(f"  rule group {k}: max last duration {v * 1000:.1f} ms")
+        print(f"  rule group {_group_name(k)}: median {medians.get(k, 0) * 1000:.1f} ms, max "
+              f"last duration {v * 1000:.1f} ms")
+    for name, t in sorted(r.get("rule_eval_ms_idle", {}).items(),
+                          key=lambda x: -x[1]["median"])[:12]:
+        print(f"  rule {name}: median {t['median']} ms, max {t['max']} ms "
+              f"({t['evaluations']} evaluations, idle)")
     for k, v in r["vmalert_iteration_p99_max_seconds"].items():
         print(f"  vmalert {k}: p99 iteration {v * 1000:.1f} ms")
     print("queries (dashboard, panel, range: prometheus s / peak samples | vm s | VM vs "
@@ -734,14 +781,15 @@ def markdown(results: list[dict[str, Any]]) -> str:
     for r in results:
         p = r["prometheus"]
         group = max(p["rule_group_last_duration_max_seconds"].values(), default=0)
-        vma = max(r["vmalert_iteration_p99_max_seconds"].values(), default=0)
+        vma = max(r["vmalert_iteration_p99_max_seconds"].values(), default=None)
+        lag = p["remote_write_lag_max_seconds"]
         med = max(p.get("rule_group_last_duration_median_seconds", {}).values(), default=0)
         idle = max(p.get("rule_group_last_duration_idle_max_seconds", {}).values(), default=0)
         lines.append(f"| {r['servers']:,} | {p['head_series_max']:,} | {p['rss_max_mib']:,} MiB | "
                      f"{p['cpu_cores_mean']:.2f} | {idle * 1000:.0f} / {med * 1000:.0f} / "
                      f"{group * 1000:.0f} ms | "
-                     f"{vma * 1000:.0f} ms | "
-                     f"{p['remote_write_lag_max_seconds']:.0f} s |")
+                     f"{'-' if vma is None else f'{vma * 1000:.0f} ms'} | "
+                     f"{'-' if lag is None else f'{lag:.0f} s'} |")
     lines += ["", "| servers | rule group | Prometheus: median / max idle / max under dashboard "
               "queries | vmalert (p99, max) |", "| ---: | --- | ---: | ---: |"]
     for r in results:
@@ -772,7 +820,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 if not qs:
                     continue
                 slow = max(qs, key=lambda q: q.get("prometheus_seconds") or 0)
-                slow_vm = max(qs, key=lambda q: q.get("vm_seconds") or 0)
+                slow_vm = max(qs, key=lambda q: q.get("vm_seconds") or 0).get("vm_seconds")
                 peak = max((q.get("peak_samples") or 0) for q in qs)
                 hist = max((q["vm_diff_history"] for q in qs
                             if q.get("vm_diff_history") is not None), default=None)
@@ -788,7 +836,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 lines.append(
                     f"| {r['servers']:,} | {dash} ({len(qs)} queries) | {rng} | "
                     f"{slow['prometheus_seconds']:.3f} s ({slow['panel']}) | "
-                    f"{slow_vm['vm_seconds']:.3f} s | {peak:,} | {_pct(hist)} | "
+                    f"{'-' if slow_vm is None else f'{slow_vm:.3f} s'} | {peak:,} | {_pct(hist)} | "
                     f"{live['raw']} | {live['rules']}"
                     + (f" ({errors} errors)" if errors else "") + " |")
     if any("vm_probes" in r for r in results):
@@ -840,6 +888,10 @@ def main() -> int:
     parser.add_argument("--backfill-step", type=int, default=300)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/specobs-fleet-bench"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stores", choices=("all", "prometheus"), default="all",
+                        help="all: Prometheus remote-writing to VictoriaMetrics with vmalert "
+                        "(default); prometheus: one Prometheus alone (no remote write, no "
+                        "VictoriaMetrics, no vmalert)")
     parser.add_argument("--json", type=Path, default=None, help="write all results here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--markdown", type=Path, nargs="+", default=None, metavar="JSON",
