@@ -17,8 +17,9 @@ from the same counters (names for the default ``rate_window`` of 5m):
   mean_rate5m``. ``.share``: that mean over the sum of the phases' means on the clock:
   ``...:share_rate5m``. ``.p50_seconds`` / ``.p99_seconds``: ``histogram_quantile`` over the
   bucket deltas.
-* ``cycle_mean_seconds[clock]``: ``instance:specobs_cycle_duration_seconds:mean_rate5m``;
-  ``cycle_quantiles[clock]``: p50 and ``...:p99_rate5m``.
+* ``cycle_mean_seconds[clock]``: ``instance:specobs_cycle_duration_seconds:mean_rate5m``
+  (recorded for the host clock only, as ``...:p99_rate5m``); ``cycle_quantiles[clock]``: p50
+  and ``...:p99_rate5m``.
 * ``cycles_per_second``: ``instance:specobs_cycles:rate5m``; ``emitted_tokens_per_second``:
   ``instance:specobs_emitted_tokens:rate5m``.
 * ``acceptance_rate``: accepted / drafted tokens, ``instance:specobs_acceptance:ratio_rate5m``.
