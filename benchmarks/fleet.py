@@ -109,6 +109,11 @@ def alert_phase_seconds(config: MixinConfig) -> float:
 
 
 SIZING_SECONDS = 260.0
+#: Prometheus's own counters kept at every sizing sample (``timeline`` in the JSON).
+TIMELINE_KEYS = ("process_cpu_seconds_total", "go_gc_duration_seconds_sum",
+                 "go_gc_duration_seconds_count", "go_memstats_heap_alloc_bytes",
+                 "prometheus_tsdb_compactions_total", "prometheus_tsdb_head_truncations_total",
+                 "prometheus_tsdb_checkpoint_creations_total")
 #: Seconds after the shipped rules are loaded that the dashboard queries start.
 QUERY_AFTER = 150.0
 RANGES = {"1h": 3600, "6h": 6 * 3600, "24h": 24 * 3600}
@@ -540,6 +545,7 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 pass
         sizing_start = time.time()
         samples_taken: list[dict[str, float]] = []
+        timeline: list[dict[str, Any]] = []
         pid_stat = Path(f"/proc/{prom_proc.pid}/stat")
         tick = os.sysconf("SC_CLK_TCK")
 
@@ -569,6 +575,12 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
             nonlocal rss_max, head_max, lag_max
             m = self_metrics(prom + "/metrics")
             samples_taken.append(m)
+            # What a slow evaluation coincides with: Go GC, head compaction, CPU.
+            timeline.append({
+                "t": round(time.time() - sizing_start, 1), "querying": querying,
+                "groups_ms": {_group_name(k): round(v * 1000, 1) for k, v in m.items()
+                              if k.startswith("prometheus_rule_group_last_duration_seconds{")},
+                **{key: m.get(key) for key in TIMELINE_KEYS}})
             rss_max = max(rss_max, m.get("process_resident_memory_bytes", 0))
             if alone and not querying and time.time() - sizing_start > 2 * SCRAPE_SECONDS + 5:
                 sample_rules()
@@ -707,6 +719,7 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
         result["vmalert_iteration_p99_max_seconds"] = {k: round(v, 4)
                                                        for k, v in vmalert_max.items()}
         result["queries"] = queries
+        result["timeline"] = timeline
         sim_log = (wd / "sim.log").read_text()
         result["sim_log_tail"] = sim_log[-400:]
     finally:
