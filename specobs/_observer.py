@@ -32,6 +32,7 @@ from specobs._resolver import Resolver
 from specobs._version import __version__ as _version
 from specobs.sinks._base import Sink
 from specobs.timing import EventClock
+from specobs.timing._base import record_stream_of
 from specobs.timing.host import WallAnchor
 
 #: Makes the CUDA clock once the engine has initialised CUDA (``None`` until then).
@@ -275,7 +276,7 @@ class Observer:
         clock = self._recorder.clock
         if clock is not None:
             clock.refresh_stream()
-            self._recorder.stream = getattr(clock, "record_stream", clock.stream)
+            self._recorder.stream = record_stream_of(clock)
 
     # -- read back & lifecycle -------------------------------------------------------------------
     @property

@@ -20,6 +20,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from specobs.timing._base import record_stream_of
+
 if TYPE_CHECKING:
     from specobs.timing import EventClock
 
@@ -65,11 +67,6 @@ def _sole_refs() -> int:
 #: The reference count :func:`_refcounts` reads for a record nobody but the resolver's list
 #: holds; 0 disables recycling.
 SOLE_REFS = _sole_refs()
-
-
-def _record_stream(clock: EventClock) -> Any:
-    """What the clock's ``record_fn`` takes as its stream (a clock may leave it to ``stream``)."""
-    return getattr(clock, "record_stream", clock.stream)
 
 
 class RateLimitedLog:
@@ -373,7 +370,7 @@ class Recorder:
         self._clock_factory = clock_factory
         self._next_clock_try = 0
         self.record_fn: Any = clock.record_fn if clock is not None else None
-        self.stream: Any = _record_stream(clock) if clock is not None else None
+        self.stream: Any = record_stream_of(clock) if clock is not None else None
 
     # -- worker thread -------------------------------------------------------------------------
     def begin(self, batch_size: int | None = None) -> Cycle | _NullCycle:
@@ -433,7 +430,7 @@ class Recorder:
         if clock is not None:
             self.clock = clock
             self.record_fn = clock.record_fn
-            self.stream = _record_stream(clock)
+            self.stream = record_stream_of(clock)
             self._clock_factory = None
 
     def copy_to_host(self, tensor: Any) -> Any:

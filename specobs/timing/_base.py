@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["EventClock", "EventPool", "PendingCopy"]
+__all__ = ["EventClock", "EventPool", "PendingCopy", "record_stream_of"]
 
 
 class PendingCopy:
@@ -66,6 +66,12 @@ class EventPool:
 
     def free_events(self) -> int:
         return len(self._free) + len(self._returned)
+
+
+def record_stream_of(clock: Any) -> Any:
+    """What ``clock.record_fn`` takes as its stream: ``record_stream``, which a clock may leave
+    out when it is the same as ``stream``."""
+    return getattr(clock, "record_stream", clock.stream)
 
 
 class EventClock(Protocol):
