@@ -20,9 +20,9 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice, repeat, starmap
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from specobs import _bucketing, catalog, sampling
 from specobs._acceptance import batch_acceptance, resolved_acceptance
@@ -63,14 +63,21 @@ HOST_STAMP_NS = 300
 
 _log = logging.getLogger("specobs")
 _perf = time.perf_counter_ns
+T = TypeVar("T")
+
+
+def _or_reference(compiled: Callable[..., T], reference: Callable[..., T], *args: Any) -> T:
+    """``compiled(*args)``, or the pure-Python reference's answer if the compiled version
+    refused something (:mod:`specobs._bucketing`); looked up per call, so a benchmark can swap
+    the module's functions."""
+    try:
+        return compiled(*args)
+    except Exception:
+        return reference(*args)
 
 
 def _bucket(values: list[int], bounds: Sequence[float], scale: float = 1e-9) -> Bucketed:
-    """:func:`specobs._bucketing.bucket`, falling back to the reference if it refuses."""
-    try:
-        return _bucketing.bucket(values, bounds, scale)
-    except Exception:
-        return _bucketing.bucket_py(values, bounds, scale)
+    return _or_reference(_bucketing.bucket, _bucketing.bucket_py, values, bounds, scale)
 #: Consumes an iterator at C speed, keeping nothing.
 _discard: Any = deque(maxlen=0).extend
 
@@ -469,10 +476,9 @@ class Resolver:
         # Host clock: bucketed per phase and per cycle in one call (compiled where built).
         tss = [c._ts for c in ready]
         bounds = agg.duration_bounds
-        try:
-            host, total_ns = _bucketing.host_chunk(tss, nph, bounds)
-        except Exception:  # the compiled version refused something: the reference decides
-            host, total_ns = _bucketing.host_chunk_py(tss, nph, bounds)
+        host, total_ns = _or_reference(
+            _bucketing.host_chunk, _bucketing.host_chunk_py, tss, nph, bounds
+        )
 
         # GPU clock: sampled cycles only; every event of these cycles has completed.
         gpu_of: dict[int, list[int]] = {}
