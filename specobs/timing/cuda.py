@@ -111,10 +111,8 @@ class _PinnedSlot(PendingCopy):
         # ints at C speed, without a tensor view and torch's tolist (microseconds a read).
         import ctypes
 
-        ctype = {8: ctypes.c_int64, 4: ctypes.c_int32}.get(self.itemsize)
-        self._host: Any = (
-            (ctype * buffer.numel()).from_address(self.ptr) if ctype is not None else None
-        )
+        ctype = {8: ctypes.c_int64, 4: ctypes.c_int32}[self.itemsize]  # _PINNED_DTYPES
+        self._host: Any = (ctype * buffer.numel()).from_address(self.ptr)
 
     def view(self, n: int) -> Any:
         v = self._views.get(n)
@@ -124,10 +122,7 @@ class _PinnedSlot(PendingCopy):
 
     def read(self) -> list[int]:
         try:
-            host = self._host
-            values: list[int] = (
-                host[: self.length] if host is not None else self.view(self.length).tolist()
-            )
+            values: list[int] = self._host[: self.length]
         finally:
             self.release()
         return values
