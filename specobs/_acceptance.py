@@ -53,9 +53,6 @@ Report = Callable[[str, str], None]
 MAX_BATCH = 1 << 31
 #: Most sequences one cycle's acceptance may hold (bounds the resolver's work per cycle).
 MAX_SEQUENCES = 1 << 20
-#: ``bytes.translate`` deletion tables: deleting the bytes 0..k from a column of accepted lengths
-#: leaves exactly the values above k (a whole column checked at C speed).
-_UPTO = tuple(bytes(range(k + 1)) for k in range(MAX_DRAFT_LENGTH + 1))
 
 _GET_ACC = attrgetter("_acc")
 _GET_EMITTED = attrgetter("_emitted")
@@ -150,35 +147,32 @@ def _each(
             batches.append(n if c._batch is None else c._batch)
         else:
             slow.append(c)
-    all_lengths: list[int] | bytes = []
+    width = k_max + 1
+    counts = [0] * width  # sequences per accepted length
     accepted = drafted = emitted = 0
     if fast:
         ok = k_min >= 0 and max(k_counts) <= k_max
-        column = b""
         if ok and fast_lengths:
-            try:
-                column = bytes(fast_lengths)  # TypeError / ValueError on any bad element
-                # Deleting the bytes 0..k_min leaves the values above it.
-                ok = not column.translate(None, _UPTO[k_min])
-            except (TypeError, ValueError):
+            try:  # raises on any element that is not an int in 0..k_min
+                counts = _bucketing.count_lengths([fast_lengths], k_min, width)
+            except (TypeError, ValueError, OverflowError):
                 ok = False
         if ok:
-            all_lengths = column
-            accepted = sum(column)
+            accepted = sum(v * n for v, n in enumerate(counts))
             drafted = sum(k * n for k, n in k_counts.items())
-            emitted = accepted + len(column)
+            emitted = accepted + len(fast_lengths)
         else:  # someone sent bad values: find and count them one by one
             k_counts = {}
             slow = fast + slow
     if slow:
-        merged = list(all_lengths)
+        valid: list[list[int]] = []
         for c in slow:
             a = cycle_acceptance(c, k_max, report)
             c._resolved_acc = a
             if a is None:
                 c._acc = None  # invalid and counted: not shown on the resolved cycle either
                 continue
-            merged += a.lengths
+            valid.append(a.lengths)
             accepted += a.accepted
             drafted += a.drafted
             emitted += a.emitted
@@ -188,13 +182,12 @@ def _each(
             else:
                 for kk in shape:
                     k_counts[kk] = k_counts.get(kk, 0) + 1
-        all_lengths = merged
+        if valid:  # validated per cycle: ints in 0..max_draft_length
+            counts = list(map(operator.add, counts, _bucketing.count_lengths(valid, k_max, width)))
     if slow or not _batches_ok(batches):
         batches = batch_sizes(cycles, report)
-    if not all_lengths and not k_counts:
+    if not any(counts) and not k_counts:
         return None, batches
-    column = all_lengths if type(all_lengths) is bytes else bytes(all_lengths)  # <= 64 each
-    counts = [column.count(v) for v in range(k_max + 1)]
     return BatchAcceptance(counts, accepted, drafted, emitted, k_counts), batches
 
 
