@@ -223,6 +223,18 @@ class PanelBuilder:
             for i, (expr, legend) in enumerate(queries)
         ]
 
+    def _add(
+        self, panel: Any, w: int, h: int, title: str, description: str,
+        targets: list[dict[str, Any]], **options: Any,
+    ) -> None:
+        """Place a panel of ``w`` x ``h`` in the layout and append it with what every panel
+        here shares (id, position, title, description, the datasource, the targets)."""
+        panel_id, pos = self.layout.place(w, h)
+        self.panels.append(panel(
+            id=panel_id, gridPos=pos, title=title, description=description,
+            dataSource=DATASOURCE, targets=targets, **options,
+        ))
+
     def timeseries(
         self,
         title: str,
@@ -240,33 +252,25 @@ class PanelBuilder:
         overrides: list[dict[str, Any]] | None = None,
         no_value: str = NO_TRAFFIC,
     ) -> None:
-        panel_id, pos = self.layout.place(w, h)
         links = self._links(exemplars)
         defaults: dict[str, Any] = {"noValue": no_value, "mappings": _NAN_MAPPING}
         if links:
             defaults["links"] = links
         if maximum is None and unit == "percentunit":
             maximum = 1
-        self.panels.append(
-            g.TimeSeries(
-                id=panel_id,
-                gridPos=pos,
-                title=title,
-                description=description,
-                dataSource=DATASOURCE,
-                targets=self._targets(queries, exemplars),
-                unit=unit,
-                axisLabel=axis_label,
-                stacking={"mode": "normal", "group": "A"} if stack else {"mode": "none"},
-                fillOpacity=40 if stack else 10,
-                valueMin=minimum,
-                valueMax=maximum,
-                legendDisplayMode="table",
-                legendCalcs=["mean", "lastNotNull"],
-                tooltipMode="multi",
-                overrides=overrides or [],
-                extraJson={"fieldConfig": {"defaults": defaults}},
-            )
+        self._add(
+            g.TimeSeries, w, h, title, description, self._targets(queries, exemplars),
+            unit=unit,
+            axisLabel=axis_label,
+            stacking={"mode": "normal", "group": "A"} if stack else {"mode": "none"},
+            fillOpacity=40 if stack else 10,
+            valueMin=minimum,
+            valueMax=maximum,
+            legendDisplayMode="table",
+            legendCalcs=["mean", "lastNotNull"],
+            tooltipMode="multi",
+            overrides=overrides or [],
+            extraJson={"fieldConfig": {"defaults": defaults}},
         )
 
     def heatmap(
@@ -280,56 +284,40 @@ class PanelBuilder:
         h: int = 8,
         exemplars: bool = False,
     ) -> None:
-        panel_id, pos = self.layout.place(w, h)
         links = self._links(exemplars)
         targets = self._targets([(expr, "{{le}}")], exemplars)
         targets[0]["format"] = "heatmap"
-        self.panels.append(
-            g.Heatmap(
-                id=panel_id,
-                gridPos=pos,
-                title=title,
-                description=description,
-                dataSource=DATASOURCE,
-                targets=targets,
-                dataFormat="tsbuckets",
-                yBucketBound="upper",
-                hideZeroBuckets=True,
-                extraJson={
-                    "fieldConfig": {"defaults": {"unit": unit, "links": links}},
-                    "options": {
-                        "calculate": False,
-                        "cellGap": 1,
-                        "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64},
-                        "exemplars": {"color": "rgba(255,0,255,0.7)"},
-                        "yAxis": {"axisPlacement": "left", "unit": unit},
-                        "rowsFrame": {"layout": "auto"},
-                        "tooltip": {"show": True, "yHistogram": True},
-                    },
+        self._add(
+            g.Heatmap, w, h, title, description, targets,
+            dataFormat="tsbuckets",
+            yBucketBound="upper",
+            hideZeroBuckets=True,
+            extraJson={
+                "fieldConfig": {"defaults": {"unit": unit, "links": links}},
+                "options": {
+                    "calculate": False,
+                    "cellGap": 1,
+                    "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64},
+                    "exemplars": {"color": "rgba(255,0,255,0.7)"},
+                    "yAxis": {"axisPlacement": "left", "unit": unit},
+                    "rowsFrame": {"layout": "auto"},
+                    "tooltip": {"show": True, "yHistogram": True},
                 },
-            )
+            },
         )
 
     def stat(
         self, title: str, description: str, unit: str, expr: str, *, w: int = 4, h: int = 4
     ) -> None:
-        panel_id, pos = self.layout.place(w, h)
-        self.panels.append(
-            g.Stat(
-                id=panel_id,
-                gridPos=pos,
-                title=title,
-                description=description,
-                dataSource=DATASOURCE,
-                targets=self._targets([(expr, title)]),
-                format=unit,
-                reduceCalc="lastNotNull",
-                graphMode="area",
-                decimals=None,
-                noValue=NO_TRAFFIC,
-                mappings=_NAN_MAPPING,
-                thresholds=[{"color": "green", "value": None}],
-            )
+        self._add(
+            g.Stat, w, h, title, description, self._targets([(expr, title)]),
+            format=unit,
+            reduceCalc="lastNotNull",
+            graphMode="area",
+            decimals=None,
+            noValue=NO_TRAFFIC,
+            mappings=_NAN_MAPPING,
+            thresholds=[{"color": "green", "value": None}],
         )
 
     def table(
@@ -345,7 +333,6 @@ class PanelBuilder:
     ) -> None:
         """``columns``: (header, unit, instant expr aggregated ``by`` the ``index`` labels).
         ``row_link``: a data link on the instance column (drill-down)."""
-        panel_id, pos = self.layout.place(w, h)
         targets = self._targets([(expr, header) for header, _, expr in columns], instant=True)
         renames = {
             f"Value #{t['refId']}": header
@@ -365,32 +352,25 @@ class PanelBuilder:
                     "properties": [{"id": "links", "value": [row_link]}],
                 }
             )
-        self.panels.append(
-            g.Table(
-                id=panel_id,
-                gridPos=pos,
-                title=title,
-                description=description,
-                dataSource=DATASOURCE,
-                targets=targets,
-                unit="short",
-                overrides=overrides,
-                extraJson={
-                    "fieldConfig": {"defaults": {"noValue": NO_TRAFFIC, "mappings": _NAN_MAPPING}}
-                },
-                sortBy=[g.TableSortByField(displayName=columns[1][0], desc=True)],
-                transformations=[
-                    {"id": "merge", "options": {}},
-                    {
-                        "id": "organize",
-                        "options": {
-                            "excludeByName": {"Time": True},
-                            "indexByName": {label: i for i, label in enumerate(index)},
-                            "renameByName": renames,
-                        },
+        self._add(
+            g.Table, w, h, title, description, targets,
+            unit="short",
+            overrides=overrides,
+            extraJson={
+                "fieldConfig": {"defaults": {"noValue": NO_TRAFFIC, "mappings": _NAN_MAPPING}}
+            },
+            sortBy=[g.TableSortByField(displayName=columns[1][0], desc=True)],
+            transformations=[
+                {"id": "merge", "options": {}},
+                {
+                    "id": "organize",
+                    "options": {
+                        "excludeByName": {"Time": True},
+                        "indexByName": {label: i for i, label in enumerate(index)},
+                        "renameByName": renames,
                     },
-                ],
-            )
+                },
+            ],
         )
 
     def dashboard(self, title: str, uid: str, description: str, variables: list[g.Template]) -> str:
