@@ -31,6 +31,11 @@ WRONG_SETS = {
     "bottom": (0, 0, 0),
     "low": (2, 1, 0),
     "first3": (0, 1, 2),
+    "last3": (5, 5, 5),
+    "last-first": (5, 5, 0),
+    "first-last": (0, 5, 5),
+    "top-top-mid": (5, 5, 4),
+    "last-bottom": (5, 0, 0),
 }
 
 
@@ -114,6 +119,7 @@ def job(name: str, recipe: dict[str, Any], seed: int, threads: int) -> dict[str,
         engine.wrong_layer_ids = layer_ids
         engine.fault = "wrong-hidden-layers"
         out[f"wrong_{label}"] = round(_acceptance(engine, prompts[4:24]), 3)
+        out[f"wrong_{label}_test"] = round(_acceptance(engine, prompts[4:12]), 3)
         engine.fault = None
     return out
 

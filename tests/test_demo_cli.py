@@ -29,7 +29,7 @@ DURATION_SECONDS = 20
 
 @pytest.fixture(scope="module")
 def weights() -> Path:
-    """Train (or find) the quick weights before the command runs, so the subprocess loads them."""
+    """The demo's default models (shipped with specobs), as the command loads them."""
     quick_engine()
     assert QUICK_TRAINING is None  # the demo's default training, as the command uses
     return WEIGHTS_DIR
@@ -80,7 +80,8 @@ def test_demo_runs_serves_and_is_scraped_by_prometheus(
             proc.wait()
     text = log.read_text()
     assert code == 0, text
-    assert "loading the demo target and draft head from the weight cache" in text
+    assert "loading the demo target and draft head shipped with specobs" in text
+    assert "first run" not in text
     assert "baseline is measured while serving" in text
     assert "(measured while serving, same batch): speedup" in text
     assert f"http://127.0.0.1:{port}/v1/completions" in text
@@ -188,6 +189,17 @@ def test_first_run_serves_while_the_draft_head_trains(
 # -- the admin endpoints and the server's limits ----------------------------------------------
 
 ADMIN_TOKEN = "cli-admin-token-0f1e2d3c4b5a6978"
+
+
+def test_default_seed_is_the_shipped_models_seed() -> None:
+    import argparse
+
+    from specobs.demo import _cli as demo_cli
+    from specobs.demo._train import DEFAULT_SEED
+
+    parser = argparse.ArgumentParser()
+    demo_cli.add_arguments(parser)
+    assert parser.parse_args([]).seed == DEFAULT_SEED
 
 
 @pytest.mark.parametrize(

@@ -26,11 +26,22 @@ torch = pytest.importorskip("torch")
 from specobs.demo import (  # noqa: E402
     SpecDecodeEngine,
     TrainSettings,
+    _train,
     build_engine,
     greedy_generate,
 )
+from specobs.demo._train import DEFAULT_SEED, cache_key  # noqa: E402
 
-ACCEPTANCE_FLOOR = 0.4
+# The shipped models (specobs/demo/weights/): 0.78 healthy and 0.17 with wrong-hidden-layers on
+# these prompts, on the H200 host's CPU and on 2 vCPUs alike (the same weights everywhere; only
+# rare argmax ties can differ between CPUs). Freshly trained drafts vary far more: over 16 seeds
+# 0.40-0.77 healthy, the fault keeping 0.16-0.75 of it (benchmarks/RESULTS.md).
+ACCEPTANCE_FLOOR = 0.6
+
+
+def cache_key_of(engine: SpecDecodeEngine) -> str:
+    m = engine.models
+    return cache_key(m.target.config, m.draft.config, m.info["seed"], TrainSettings())
 
 # Training is ~77 s on two idle cores, but several times that on a busy shared machine.
 pytestmark = pytest.mark.timeout(900)
@@ -49,7 +60,7 @@ def cache_dir() -> Any:
 @pytest.fixture(scope="session")
 def built(cache_dir: Any) -> tuple[SpecDecodeEngine, float]:
     t0 = time.perf_counter()
-    engine = build_engine(cache_dir=cache_dir, seed=0, train_settings=TRAINING)
+    engine = build_engine(cache_dir=cache_dir, train_settings=TRAINING)
     return engine, time.perf_counter() - t0
 
 
@@ -187,7 +198,9 @@ def test_acceptance_healthy_vs_wrong_hidden_layers(
     engine.fault = None
     print(f"acceptance rate k=4: healthy {healthy:.3f}, wrong-hidden-layers {wrong:.3f}")
     assert healthy >= ACCEPTANCE_FLOOR
-    assert wrong <= healthy / 2
+    # The shipped draft's collapse is 0.78 -> 0.17 (0.22 of healthy); a third leaves room for
+    # CPU-to-CPU argmax ties and still fails a fault that does not collapse acceptance.
+    assert wrong <= healthy / 3
     # The fault changes what is drafted, never what is emitted.
     engine.fault = "wrong-hidden-layers"
     handle = engine.submit(prompts[7], 40)
@@ -221,18 +234,25 @@ def test_slow_verify_adds_real_verify_time(
     obs = RecordingObserver()
     eng = SpecDecodeEngine(engine.target, engine.draft, engine.tokenizer, observer=obs)
 
-    def verify_seconds() -> float:
+    def verify_seconds() -> list[float]:
         obs.cycles.clear()
         for p in prompts[8:12]:
             eng.submit(p, 40)
         drain(eng)
-        times = sorted(c.seconds("verify") for c in obs.cycles)
-        return times[len(times) // 2]
+        return [c.seconds("verify") for c in obs.cycles]
 
-    healthy = verify_seconds()
-    eng.fault = "slow-verify"
-    slow = verify_seconds()
-    assert slow > 2 * healthy, (healthy, slow)
+    # Rounds alternate, and each side keeps its fastest verify: load from other processes only
+    # ever adds time, so the minimum over many cycles is the work itself (the slow side repeats
+    # the verify forward 3 more times), whatever the machine is doing meanwhile.
+    healthy: list[float] = []
+    slow: list[float] = []
+    for _ in range(3):
+        eng.fault = None
+        healthy += verify_seconds()
+        eng.fault = "slow-verify"
+        slow += verify_seconds()
+    eng.fault = None
+    assert min(slow) > 2 * min(healthy), (min(healthy), min(slow))
 
 
 def test_stall_produces_no_cycles_while_requests_wait(
@@ -270,14 +290,16 @@ def test_cancel_frees_the_slot(engine: SpecDecodeEngine, prompts: list[list[int]
 def test_weights_cache_is_reused(
     built: tuple[SpecDecodeEngine, float], cache_dir: Any, prompts: list[list[int]]
 ) -> None:
-    # The suite shares one weight cache, so `built` may itself have come from it; the time the
-    # training took is recorded in the cached file either way.
+    # The default models ship with specobs: loaded, never trained or written to the cache; the
+    # time their training took is recorded in the file.
     first, first_seconds = built
+    assert first.models.from_cache and first.models.info["source"] == "shipped"
+    assert first.models.info["seed"] == DEFAULT_SEED
+    assert not list(cache_dir.glob(f"demo-{cache_key_of(first)}.pt"))
     trained_seconds = first.models.info["train_seconds"]
     assert trained_seconds > 0
-    assert list(cache_dir.glob("demo-*.pt"))
     t0 = time.perf_counter()
-    second = build_engine(cache_dir=cache_dir, seed=0, train_settings=TRAINING)
+    second = build_engine(cache_dir=cache_dir, train_settings=TRAINING)
     second_seconds = time.perf_counter() - t0
     assert second.models.from_cache is True
     assert second_seconds < trained_seconds / 3
@@ -286,6 +308,69 @@ def test_weights_cache_is_reused(
     handle = second.submit(prompts[10], 30)
     drain(second)
     assert handle.tokens == greedy_generate(first.target, prompts[10], 30)
+
+
+def _tiny_shipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[TrainSettings, Path]:
+    """Tiny models trained into a scratch cache, then moved into a scratch shipped directory
+    with their checksum registered, as scripts/build_demo_weights.py ships the default ones."""
+    import hashlib
+    import shutil
+
+    tiny = TrainSettings(target_steps=8, distill_sequences=8, draft_steps=8)
+    trained = build_engine(cache_dir=tmp_path / "train", seed=5, train_settings=tiny)
+    key = cache_key_of_settings(trained, tiny)
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    path = shipped / f"demo-{key}.pt"
+    shutil.move(tmp_path / "train" / f"demo-{key}.pt", path)
+    monkeypatch.setattr(_train, "SHIPPED_DIR", shipped)
+    monkeypatch.setattr(
+        _train, "SHIPPED_WEIGHTS", {key: hashlib.sha256(path.read_bytes()).hexdigest()}
+    )
+    return tiny, path
+
+
+def cache_key_of_settings(engine: SpecDecodeEngine, settings: TrainSettings) -> str:
+    m = engine.models
+    return cache_key(m.target.config, m.draft.config, m.info["seed"], settings)
+
+
+def test_shipped_weights_load_without_training_and_are_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    tiny, path = _tiny_shipped(tmp_path, monkeypatch)
+    loaded = build_engine(cache_dir=tmp_path / "empty", seed=5, train_settings=tiny)
+    assert loaded.models.from_cache and loaded.models.info["source"] == "shipped"
+    assert not (tmp_path / "empty").exists()  # the shipped file is read, never copied
+    # A user's own cache comes first.
+    own = build_engine(cache_dir=tmp_path / "own", seed=6, train_settings=tiny)
+    assert own.models.info.get("source") != "shipped"
+    # A shipped file that does not match its checksum is never loaded: the models train.
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with caplog.at_level("WARNING", logger="specobs.demo"):
+        retrained = build_engine(cache_dir=tmp_path / "empty2", seed=5, train_settings=tiny)
+    assert not retrained.models.from_cache
+    assert "do not match their checksum" in caplog.text
+
+
+def test_the_shipped_default_models_are_the_default_recipe() -> None:
+    """The one shipped file is the default configs, settings and seed, and matches its
+    checksum: a change to the recipe without rebuilding the weights fails here."""
+    from specobs.demo._draft import DraftConfig
+    from specobs.demo._model import TargetConfig
+
+    target = TargetConfig()
+    key = cache_key(target, DraftConfig.for_target(target), DEFAULT_SEED, TrainSettings())
+    assert set(_train.SHIPPED_WEIGHTS) == {key}, (
+        "the default recipe changed: rebuild the shipped weights with "
+        "scripts/build_demo_weights.py"
+    )
+    assert _train._shipped(key) is not None
+    assert sorted(p.name for p in _train.SHIPPED_DIR.glob("*.pt")) == [f"demo-{key}.pt"]
 
 
 @pytest.mark.parametrize(
@@ -329,7 +414,8 @@ def test_tokenizer_round_trips_text(engine: SpecDecodeEngine) -> None:
     lang = engine.models.language
     text = tok.decode(lang.stream(200, seed=5))
     assert tok.decode(tok.encode(text)) == text
-    mixed = "hello world, " + text[:40] + " ünïcode!"
+    # Words are split on whitespace, so text round-trips when it is single-spaced.
+    mixed = "hello world, " + text[:40].strip() + " ünïcode!"
     ids = tok.encode(mixed)
     assert all(0 <= i < engine.config.vocab_size for i in ids)
     assert tok.decode(ids) == mixed
@@ -365,7 +451,7 @@ def test_real_specobs_observer(engine: SpecDecodeEngine, prompts: list[list[int]
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_graphs_match_plain_greedy(cache_dir: Any, prompts: list[list[int]]) -> None:
-    eng = build_engine(device="cuda", cache_dir=cache_dir, seed=0, train_settings=TRAINING)
+    eng = build_engine(device="cuda", cache_dir=cache_dir, train_settings=TRAINING)
     assert eng.cuda_graphs and eng.models.from_cache
     rng = random.Random(11)
     max_tokens = [rng.randint(1, 90) for _ in prompts]

@@ -35,9 +35,9 @@ import specobs  # noqa: E402
 from specobs.demo import SpecDecodeEngine, TrainSettings, build_engine, greedy_generate  # noqa: E402
 from specobs.demo._server import ServerLimits, ServerThread, create_app  # noqa: E402
 
-# The demo's default training, cached across test modules and runs in the suite's one weight
-# cache (tests/conftest.py; keyed by a hash of the configs and written atomically), so every demo
-# test shares one training.
+# The demo's default models: the weights that ship with specobs (specobs/demo/weights/), the same
+# on every machine, so no demo test depends on how training went on this one. The suite's one
+# weight cache (tests/conftest.py) holds what other settings train.
 QUICK_TRAINING: TrainSettings | None = None
 WEIGHTS_DIR = Path(os.environ["SPECOBS_CACHE_DIR"])
 LABELS = {"model_name": "specobs-demo", "serving_engine": "specobs-demo"}
@@ -48,11 +48,10 @@ ADMIN_TOKEN = "test-admin-token-5f2b9c0e4d7a1386"
 def quick_engine(
     observer: Any = None, train_settings: TrainSettings | None = QUICK_TRAINING, **kwargs: Any
 ) -> SpecDecodeEngine:
-    """The demo engine on CPU with quickly trained (and cached) weights; ``train_settings=None``
-    trains like ``specobs demo`` does by default (longer; its wrong-hidden-layers fault
-    collapses acceptance, which the quick weights' does not always)."""
+    """The demo engine on CPU; ``train_settings=None`` (the default) loads the models that
+    ship with specobs, as ``specobs demo`` does."""
     return build_engine(
-        cache_dir=WEIGHTS_DIR, seed=0, train_settings=train_settings, observer=observer, **kwargs
+        cache_dir=WEIGHTS_DIR, train_settings=train_settings, observer=observer, **kwargs
     )
 
 

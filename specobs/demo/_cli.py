@@ -165,8 +165,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", default=None, metavar="DIR",
                         help="where trained weights are cached (default $SPECOBS_CACHE_DIR, "
                              "$XDG_CACHE_HOME/specobs or ~/.cache/specobs)")
-    parser.add_argument("--seed", type=non_negative_int, default=0,
-                        help="seed of training and load (default 0)")
+    # _train.DEFAULT_SEED (not imported here: it needs torch); tests/test_demo_cli.py checks.
+    parser.add_argument("--seed", type=non_negative_int, default=7,
+                        help="seed of training and load (default 7, the models that ship with "
+                             "specobs; another seed trains on the first run)")
     parser.add_argument("--quick-train", action="store_true",
                         help="train with fewer steps on the first run (faster, somewhat lower "
                              "acceptance; cached separately)")
@@ -217,15 +219,14 @@ def _train_settings(quick: bool) -> Any:
     return TrainSettings(target_steps=220, draft_steps=150, distill_sequences=128)
 
 
-def _is_cached(cache_dir: str | None, seed: int, settings: Any) -> bool:
-    from specobs.demo import DraftConfig, TargetConfig, TrainSettings
-    from specobs.demo._train import cache_path, resolve_cache_dir
+def _weights_found(cache_dir: str | None, seed: int, settings: Any) -> Any:
+    """The file the models load from without training (the cache's or the shipped one), or
+    ``None`` when they train."""
+    from specobs.demo import DraftConfig, TargetConfig
+    from specobs.demo._train import find_weights
 
     target = TargetConfig()
-    draft = DraftConfig.for_target(target)
-    settings = settings or TrainSettings()
-    path = cache_path(resolve_cache_dir(cache_dir), target, draft, seed, settings)
-    return path.exists()
+    return find_weights(cache_dir, target, DraftConfig.for_target(target), seed, settings)
 
 
 def _observer_env(args: argparse.Namespace) -> dict[str, str]:
@@ -428,8 +429,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         # -- models ---------------------------------------------------------------------------
         settings = _train_settings(args.quick_train)
-        if _is_cached(args.cache_dir, args.seed, settings):
-            _say("loading the demo target and draft head from the weight cache")
+        found = _weights_found(args.cache_dir, args.seed, settings)
+        if found is not None:
+            from ._train import SHIPPED_DIR
+
+            _say("loading the demo target and draft head shipped with specobs"
+                 if found.parent == SHIPPED_DIR
+                 else "loading the demo target and draft head from the weight cache")
         else:
             # Measured on 2 idle vCPUs: target 40-48 s, draft head 33 s (benchmarks/RESULTS.md).
             _say("first run: training the demo target (about 45 s on 2 idle CPU cores, 10 s on "

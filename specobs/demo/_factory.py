@@ -9,7 +9,7 @@ from typing import Any
 from ._draft import DraftConfig
 from ._engine import SpecDecodeEngine
 from ._model import TargetConfig
-from ._train import TrainedModels, TrainSettings, load_or_train
+from ._train import DEFAULT_SEED, TrainedModels, TrainSettings, load_or_train
 
 __all__ = ["build_engine", "load_models"]
 
@@ -18,7 +18,7 @@ _TARGET_FIELDS = {f.name for f in dataclasses.fields(TargetConfig)}
 
 def load_models(
     *,
-    seed: int = 0,
+    seed: int = DEFAULT_SEED,
     cache_dir: str | os.PathLike[str] | None = None,
     layer_ids: tuple[int, int, int] | None = None,
     draft_d_ff: int | None = None,
@@ -56,7 +56,7 @@ def build_engine(
     *,
     device: str = "cpu",
     k: int = 4,
-    seed: int = 0,
+    seed: int = DEFAULT_SEED,
     cache_dir: str | os.PathLike[str] | None = None,
     observer: Any = None,
     max_batch: int = 8,
