@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
@@ -225,8 +226,29 @@ def parse_labels(name: str, value: object) -> dict[str, str]:
             raise ConfigurationError(
                 f"{name}: label {key!r} is used by specobs series; choose another name"
             )
-        out[key] = str(val)
+        if not isinstance(val, (str, int, float)):
+            raise ConfigurationError(
+                f"{name}: the value of label {key!r} must be a str (or a number), got "
+                f"{type(val).__name__} {_short(val)}"
+            )
+        text = str(val)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            # A lone surrogate: what os.environ makes of bytes that are not UTF-8. Accepted,
+            # it would fail every scrape and export for the life of the process.
+            raise ConfigurationError(
+                f"{name}: the value of label {key!r} is not valid UTF-8 text (got {text!r}, "
+                f"{exc.reason} at character {exc.start}); label values must be UTF-8"
+            ) from None
+        out[key] = text
     return out
+
+
+def _short(value: object, limit: int = 60) -> str:
+    """A bounded repr for messages."""
+    text = reprlib.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _default_rank(env: Mapping[str, str]) -> int:
@@ -378,7 +400,8 @@ def exporters(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     raw = _env(SPECOBS_EXPORTERS, env)
     if raw is None:
         return ()
-    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    # Each sink once, in the order given: a name listed twice would start two endpoints.
+    names = tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
     for n in names:
         if n not in ("prometheus", "otlp", "none"):
             raise ConfigurationError(

@@ -12,7 +12,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,12 +40,16 @@ ClockFactory = Callable[[], "EventClock | None"]
 __all__ = ["Observer", "configure"]
 
 _log = logging.getLogger("specobs")
-_live: weakref.WeakSet[Observer] = weakref.WeakSet()
+#: Every observer not yet shut down, held strongly: an observer the user keeps only in a local
+#: variable (``def main(): obs = configure(...)``) still has its threads and endpoint running
+#: after that variable is gone, so the exit hook must still find it, flush it and stop them.
+#: ``shutdown()`` removes it. Insertion-ordered, so the exit hook shuts down in creation order.
+_live: dict[int, Observer] = {}
 _fork_hook_installed = False
 
 
 def _after_fork_in_child() -> None:
-    for obs in list(_live):
+    for obs in list(_live.values()):
         try:
             obs._after_fork_in_child()
         except Exception as exc:  # pragma: no cover - never break the child
@@ -72,10 +75,31 @@ def _at_exit() -> None:
     counted before the final export so a collector that is up still receives the counts) and
     named in one log line.
     """
-    observers = [o for o in list(_live) if not o.closed]
+    observers = [o for o in list(_live.values()) if not o.closed]
     if not observers:
         return
-    deadline = time.monotonic() + exit_timeout_seconds()
+    timeout = exit_timeout_seconds()
+    # On a daemon thread, joined for the timeout: each observer's shutdown is bounded, but a
+    # custom sink that ignores its timeout must not keep the interpreter from exiting.
+    done = threading.Thread(
+        target=_shutdown_all, args=(observers, time.monotonic() + timeout),
+        name="specobs-exit", daemon=True,
+    )  # fmt: skip
+    done.start()
+    done.join(timeout + _EXIT_GRACE_SECONDS)
+    if done.is_alive():
+        _log.warning(
+            "specobs: at exit, the shutdown of %d observer(s) did not finish within %.3g s (a "
+            "sink that does not return?); exiting without it", len(observers), timeout,
+        )
+
+
+#: How long past ``SPECOBS_EXIT_TIMEOUT_SECONDS`` the exit hook waits for the shutdowns (their
+#: own bounds are the timeout; this covers the thread's start and the final log line).
+_EXIT_GRACE_SECONDS = 0.5
+
+
+def _shutdown_all(observers: list[Observer], deadline: float) -> None:
     for i, obs in enumerate(observers):
         share = max(0.0, deadline - time.monotonic()) / (len(observers) - i)
         try:
@@ -193,7 +217,7 @@ class Observer:
             raise
         if settings.enabled:
             self._resolver.start()
-            _live.add(self)
+            _live[id(self)] = self
             _install_fork_hook()
 
     # -- hot path ------------------------------------------------------------------------------
@@ -314,7 +338,7 @@ class Observer:
         self._recorder.enabled = False
         if self.settings.enabled:
             self._resolver.shutdown(timeout_seconds)
-        _live.discard(self)
+        _live.pop(id(self), None)
 
     def _after_fork_in_child(self) -> None:
         if self._closed or not self.settings.enabled:

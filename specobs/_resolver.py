@@ -283,15 +283,7 @@ class Resolver:
                 return False
             with self._cond:
                 self._cond.wait(min(remaining, 0.002))
-        ok = True
-        for sink in self.sinks:
-            remaining = max(0.0, deadline - time.monotonic())
-            try:
-                ok = sink.force_flush(remaining) and ok
-            except Exception as exc:
-                _log.warning("specobs: sink %r force_flush failed: %r", sink, exc)
-                ok = False
-        return ok
+        return all(bool(r) for r in _call_sinks(self.sinks, "force_flush", deadline))
 
     def shutdown(self, timeout_seconds: float) -> None:
         deadline = time.monotonic() + max(0.0, timeout_seconds)
@@ -301,17 +293,27 @@ class Resolver:
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(max(0.0, min(1.0, deadline - time.monotonic())))
-        # Whatever is still pending (GPU never completed in time) is dropped and counted.
-        with self._drain_lock:
+        # Whatever is still pending (GPU never completed in time) is dropped and counted. The
+        # resolver holds the lock while it hands a chunk to the sinks, so a sink that never
+        # returns from on_cycles would hold it forever: wait only for what is left of the time.
+        locked = self._drain_lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+        try:
             lost = len(self.backlog) + len(self.rec.queue)
-            self.backlog.clear()
+            if locked:
+                self.backlog.clear()
+            else:
+                # The backlog is the wedged resolver's; the worker's queue is no one's now
+                # (recording stopped before this), and both are counted as lost.
+                _log.warning(
+                    "specobs: the resolver is still inside a sink's on_cycles; shutting down "
+                    "without it (%d records counted as dropped)", lost,
+                )
             self.rec.queue.clear()
             self.agg.count_dropped("shutdown", lost)
-        for sink in self.sinks:
-            try:
-                sink.shutdown(max(0.0, deadline - time.monotonic()))
-            except Exception as exc:
-                _log.warning("specobs: sink %r shutdown failed: %r", sink, exc)
+        finally:
+            if locked:
+                self._drain_lock.release()
+        _call_sinks(self.sinks, "shutdown", deadline)
 
     # -- the work --------------------------------------------------------------------------------
     def drain(self) -> int:
@@ -663,3 +665,45 @@ class Resolver:
             )
             overhead = per_cycle / self._cycle_ewma
         self.agg.set_sampling(rec.interval, overhead, cost / 1e9 if n_sampled else 0.0)
+
+
+#: A sink call out of time still gets this long to return (closing a socket, say) before it is
+#: left behind: the bound of ``force_flush`` / ``shutdown`` is their timeout plus this.
+SINK_CALL_FLOOR_SECONDS = 0.05
+
+
+def _call_sinks(sinks: Sequence[Sink], method: str, deadline: float) -> list[object]:
+    """``sink.<method>(remaining seconds)`` for every sink, each on a daemon thread, all at once,
+    joined until ``deadline`` (at least :data:`SINK_CALL_FLOOR_SECONDS`).
+
+    A sink's ``force_flush`` and ``shutdown`` must return within their timeout (``Sink``'s
+    contract), but a custom sink that blocks would otherwise hang ``shutdown()`` and the
+    interpreter's exit with it, and one slow sink would take the time of those after it.
+    Returns, per sink, what the call returned, ``False`` when it raised, and ``None`` when it
+    had not returned in time (logged; its thread is left behind, a daemon).
+    """
+    results: list[list[object]] = [[] for _ in sinks]
+
+    def call(sink: Sink, out: list[object]) -> None:
+        try:
+            out.append(getattr(sink, method)(max(0.0, deadline - time.monotonic())))
+        except Exception as exc:
+            _log.warning("specobs: sink %r %s failed: %r", sink, method, exc)
+            out.append(False)
+
+    threads = [
+        threading.Thread(target=call, args=(sink, out), name=f"specobs-sink-{method}", daemon=True)
+        for sink, out in zip(sinks, results, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    floor = time.monotonic() + SINK_CALL_FLOOR_SECONDS
+    for t in threads:
+        t.join(max(0.0, max(deadline, floor) - time.monotonic()))
+    for sink, out in zip(sinks, results, strict=True):
+        if not out:
+            _log.warning(
+                "specobs: sink %r did not return from %s within its timeout; going on without it",
+                sink, method,
+            )
+    return [out[0] if out else None for out in results]

@@ -1,0 +1,269 @@
+"""The observer's lifetime against what a host application does: keep it only in a local
+variable, wedge a custom sink, exit without shutdown(); and the configuration it refuses (labels
+that cannot be encoded, a sink listed twice). Exit cases run in subprocesses."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import specobs
+from specobs import _observer
+from specobs.sinks._base import Sink
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def _run_cycles(obs: specobs.Observer, n: int) -> None:
+    for _ in range(n):
+        with obs.cycle(batch_size=2) as c:
+            c.mark("verify")
+            c.mark("bookkeeping")
+            c.accept([1, 2], draft_length=2)
+
+
+# -- an observer nobody references any more ---------------------------------------------------
+
+LOCAL_OBSERVER = textwrap.dedent("""
+    import gc, sys, specobs
+    def main():
+        obs = specobs.configure(sinks=[specobs.OtlpSink(endpoint=sys.argv[1],
+                                                        export_interval_seconds=3600)],
+                                clock="host", trace_head_rate=1.0, poll_interval_seconds=3600)
+        for _ in range(500):
+            with obs.cycle() as c:
+                c.mark("verify"); c.mark("bookkeeping"); c.accept([1, 2], draft_length=2)
+    main()
+    gc.collect()
+    # no shutdown(), and no reference left: the exit hook must still find it
+""")
+
+
+def _last_value(metrics: list[Any], name: str) -> int | None:
+    values = [p.as_int for _, m in metrics if m.name == name for p in m.sum.data_points]
+    return values[-1] if values else None
+
+
+def test_exit_flushes_an_observer_held_only_in_a_local_variable(otlp_receiver: Any) -> None:
+    out = subprocess.run([sys.executable, "-c", LOCAL_OBSERVER, otlp_receiver.grpc_endpoint],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": ROOT})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert _last_value(otlp_receiver.metrics(), "specobs.cycles") == 500
+    assert len(otlp_receiver.spans()) == 500 * 4  # a cycle span and one per phase
+
+
+def test_an_unreferenced_observer_stays_registered_until_shutdown() -> None:
+    def make() -> int:
+        obs = specobs.configure(sinks=[specobs.MemorySink()], clock="host",
+                                poll_interval_seconds=3600)  # fmt: skip
+        _run_cycles(obs, 10)
+        return id(obs)
+
+    key = make()
+    gc.collect()
+    obs = _observer._live.get(key)
+    assert obs is not None and not obs.closed  # its resolver thread still runs: so must it
+    assert obs.force_flush(10)
+    assert obs.snapshot().cycles_total == 10
+    obs.shutdown(5)
+    assert key not in _observer._live
+
+
+# -- custom sinks that never return -----------------------------------------------------------
+
+
+class WedgedSink(Sink):
+    """Blocks in one method until released (the test releases it when it is done)."""
+
+    wants_cycles = True
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def _block(self) -> None:
+        self.entered.set()
+        self.release.wait(120)
+
+    def on_cycles(self, cycles: Any) -> None:
+        if self.where == "on_cycles":
+            self._block()
+
+    def force_flush(self, timeout_seconds: float) -> bool:
+        if self.where == "force_flush":
+            self._block()
+        return True
+
+    def shutdown(self, timeout_seconds: float) -> None:
+        if self.where == "shutdown":
+            self._block()
+
+
+def test_shutdown_returns_in_time_while_a_sink_blocks_in_on_cycles() -> None:
+    sink = WedgedSink("on_cycles")
+    obs = specobs.configure(sinks=[sink], clock="host", poll_interval_seconds=0.01)
+    try:
+        _run_cycles(obs, 5)
+        assert sink.entered.wait(60), "the resolver never handed cycles to the sink"
+        _run_cycles(obs, 20)  # queued behind the wedged resolver
+        t0 = time.monotonic()
+        flushed = obs.force_flush(0.5)
+        assert flushed is False and time.monotonic() - t0 < 3
+        t0 = time.monotonic()
+        obs.shutdown(1.0)
+        took = time.monotonic() - t0
+        assert took < 3, took  # never returned before
+        snap = obs.snapshot()
+        # What was aggregated before the sink wedged is kept; the rest is counted, not lost.
+        lost = snap.dropped.get("shutdown", 0)
+        assert snap.cycles_total + lost == 25, (snap.cycles_total, snap.dropped)
+        assert lost >= 20
+    finally:
+        sink.release.set()
+
+
+@pytest.mark.parametrize("where", ["force_flush", "shutdown"])
+def test_flush_and_shutdown_are_bounded_when_a_sink_ignores_its_timeout(where: str) -> None:
+    sink = WedgedSink(where)
+    healthy = specobs.MemorySink()
+    obs = specobs.configure(sinks=[sink, healthy], clock="host", poll_interval_seconds=3600)
+    try:
+        _run_cycles(obs, 7)
+        t0 = time.monotonic()
+        ok = obs.force_flush(0.5)
+        assert time.monotonic() - t0 < 3
+        assert ok is (where != "force_flush")
+        assert sum(c.batch_size or 0 for c in healthy.cycles) == 14  # the other sink got all
+        t0 = time.monotonic()
+        obs.shutdown(0.5)
+        assert time.monotonic() - t0 < 3
+        assert obs.closed
+    finally:
+        sink.release.set()
+
+
+WEDGED_AT_EXIT = textwrap.dedent("""
+    import logging, sys, threading, specobs
+    from specobs.sinks._base import Sink
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    WHERE = sys.argv[1]
+    forever = threading.Event()
+    class Wedged(Sink):
+        wants_cycles = True
+        def on_cycles(self, cycles):
+            if WHERE == "on_cycles": forever.wait()
+        def force_flush(self, timeout_seconds):
+            if WHERE == "force_flush": forever.wait()
+            return True
+        def shutdown(self, timeout_seconds):
+            if WHERE == "shutdown": forever.wait()
+    obs = specobs.configure(sinks=[Wedged()], clock="host", poll_interval_seconds=0.01)
+    for _ in range(100):
+        with obs.cycle() as c:
+            c.mark("verify"); c.mark("bookkeeping")
+    print("cycles done", flush=True)
+""")
+
+
+@pytest.mark.parametrize("where", ["on_cycles", "force_flush", "shutdown"])
+def test_the_process_exits_within_the_exit_timeout_when_a_sink_blocks(where: str) -> None:
+    env = {**os.environ, "PYTHONPATH": ROOT, "SPECOBS_EXIT_TIMEOUT_SECONDS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", WEDGED_AT_EXIT, where], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        # The interpreter's start and imports take what they take on a loaded machine; the
+        # exit is timed from the line the script prints when its work is done.
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "cycles done"
+        t0 = time.monotonic()
+        rc = proc.wait(60)  # before: never (killed after 40 s)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, stderr = proc.communicate()
+    assert rc == 0, stderr
+    assert took < 1 + 5, took  # the timeout, and the interpreter's own finalisation
+    assert "Traceback" not in stderr, stderr
+    # One line says which sink call was left behind.
+    expected = {
+        "on_cycles": "still inside a sink's on_cycles",
+        "force_flush": "did not return from force_flush within its timeout",
+        "shutdown": "did not return from shutdown within its timeout",
+    }[where]
+    assert expected in stderr, stderr
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("gpt\udcff", "not valid UTF-8 text"),
+        (None, "must be a str (or a number), got NoneType"),
+        (b"\xff", "must be a str (or a number), got bytes"),
+        (["a"], "must be a str (or a number), got list"),
+    ],
+)
+def test_label_values_that_cannot_be_exported_are_refused_at_configure(
+    value: Any, needle: str
+) -> None:
+    with pytest.raises(specobs.ConfigurationError, match="label 'model'") as exc:
+        specobs.configure(sinks=[specobs.MemorySink()], labels={"model": value})
+    assert needle in str(exc.value)
+
+
+def test_a_non_utf8_label_from_the_environment_is_refused_with_one_line() -> None:
+    code = textwrap.dedent("""
+        import specobs
+        try:
+            specobs.configure(sinks=[specobs.MemorySink()])
+        except specobs.ConfigurationError as exc:
+            print("refused:", ascii(str(exc)))
+        else:
+            print("accepted")
+    """)
+    env = {k.encode(): v.encode() for k, v in os.environ.items()}
+    env[b"PYTHONPATH"] = ROOT.encode()
+    env[b"SPECOBS_LABELS"] = b"model=\xff\xfe"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=60)  # type: ignore[arg-type]  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("refused:"), out.stdout + out.stderr
+    assert "SPECOBS_LABELS" in out.stdout and "not valid UTF-8" in out.stdout
+
+
+def test_utf8_label_values_scrape() -> None:
+    sink = specobs.PrometheusSink(port=0, addr="127.0.0.1")
+    obs = specobs.configure(sinks=[sink], labels={"model": "qwen-ünï-模型"}, clock="host")
+    try:
+        _run_cycles(obs, 3)
+        assert obs.force_flush(10)
+        with urllib.request.urlopen(f"http://127.0.0.1:{sink.port}/metrics", timeout=10) as r:
+            assert r.status == 200
+            text = r.read().decode("utf-8")
+        assert 'model="qwen-ünï-模型"' in text
+    finally:
+        obs.shutdown(5)
+
+
+def test_a_sink_listed_twice_in_specobs_exporters_starts_once() -> None:
+    obs = specobs.configure(env={"SPECOBS_EXPORTERS": "prometheus, prometheus",
+                                 "SPECOBS_PROMETHEUS_PORT": "0"})  # fmt: skip
+    try:
+        assert [type(s).__name__ for s in obs.sinks] == ["PrometheusSink"]
+    finally:
+        obs.shutdown(5)
