@@ -24,7 +24,8 @@ baseline           realized speedup: per-sequence tokens/s over the non-speculat
 =================  ===========================================================================
 
 The exit status is 1 when any check FAILs, else 0 (2 for a bad command line). ``--json`` prints
-the same as one JSON object.
+the same as one JSON object. Credentials in the URL (``http://user:password@host/``) are sent
+as HTTP Basic authentication and never printed.
 
 Each request has one deadline, ``--timeout`` seconds for connecting, the headers and the whole
 body, and reads at most ``--max-bytes`` of body after decompression (default 16 MiB): an endpoint
@@ -146,7 +147,7 @@ def diagnose(
     try:
         series = scr.parse_exposition(text)
     except scr.ScrapeError as exc:
-        checks.append(Check("specobs endpoint", "FAIL", f"{url}: {exc}"))
+        checks.append(Check("specobs endpoint", "FAIL", f"{_http.display_url(url)}: {exc}"))
         return _skip_rest(checks, "needs a specobs endpoint")
     first = scr.Scrape(series, t0, text)
     if not first.is_specobs:
@@ -382,6 +383,8 @@ def run(args: argparse.Namespace) -> int:
     with _http.http_client(args) as client:
         checks = diagnose(client, url, args.wait, _http.limits_from(args))
     failed = any(c.verdict == "FAIL" for c in checks)
+    # Credentials in the URL went to the server (HTTP Basic), never to the output.
+    url = _http.display_url(url)
     if args.json:
         print(json.dumps(
             {"url": url, "ok": not failed, "checks": [asdict(c) for c in checks]},

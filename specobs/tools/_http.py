@@ -17,6 +17,10 @@ a body that trickles a byte every few seconds never ends. :func:`get` removes th
 
 Every failure is a :class:`ScrapeError` whose ``str()`` is one line for the user. httpx is
 imported inside :func:`get`: importing this module costs nothing.
+
+A URL may carry credentials (``http://user:password@host:9477/metrics``): httpx sends them as HTTP
+Basic authentication, and :func:`display_url` strips them from the URL everywhere the tools show
+or keep one (messages, report titles, snapshot files).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ __all__ = [
     "Limits",
     "ScrapeError",
     "add_limit_arguments",
+    "display_url",
     "format_bytes",
     "get",
     "http_client",
@@ -85,6 +90,23 @@ class Fetched:
     headers: Mapping[str, str]
     body: bytes
     url: str
+
+
+#: ``scheme://`` and the userinfo of the authority: everything up to its last ``@``. The
+#: authority ends at the first ``/``, ``?`` or ``#``, as ``urllib.parse.urlsplit`` and httpx
+#: (RFC 3986) read it.
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://)[^/?#]*@")
+
+
+def display_url(url: str) -> str:
+    """``url`` without its userinfo: ``http://alice:pw@host:9477/metrics`` →
+    ``http://host:9477/metrics``; a URL without credentials is returned as it is.
+
+    Every URL the tools print, save or put in a title goes through this: a report or a snapshot
+    file is meant to be shared, and a password in it would go along. The request keeps the
+    credentials (httpx sends them as HTTP Basic authentication).
+    """
+    return _USERINFO.sub(r"\1", url, count=1)
 
 
 def format_bytes(n: int) -> str:
@@ -279,17 +301,19 @@ def get(
     total, reading at most ``limits.max_bytes`` of decoded body; raises :class:`ScrapeError`.
 
     Redirects are followed (at most :data:`MAX_REDIRECTS`). A non-2xx answer is returned with
-    only the first few KiB of its body.
+    only the first few KiB of its body. Credentials in ``url`` are sent as HTTP Basic
+    authentication and never appear in an error message (see :func:`display_url`).
     """
     import httpx
 
     timeout_seconds, max_bytes = limits.timeout_seconds, limits.max_bytes
+    shown = display_url(url)
     sent = dict(headers or {})
     # Only encodings inflated here with a bound (httpx would add br/zstd when installed).
     sent["Accept-Encoding"] = "gzip"
     with _Deadline(timeout_seconds) as deadline:
         too_late = (
-            f"{url} did not finish answering within {timeout_seconds:g} s (the deadline of one "
+            f"{shown} did not finish answering within {timeout_seconds:g} s (the deadline of one "
             "request; raise it with --timeout)"
         )
         try:
@@ -308,27 +332,27 @@ def get(
                         request = response.next_request
                         continue
                     ok = 200 <= response.status_code < 300
-                    body = _read_body(response, url, max_bytes if ok else _ERROR_BODY_BYTES,
+                    body = _read_body(response, shown, max_bytes if ok else _ERROR_BODY_BYTES,
                                       deadline, too_late, truncate=not ok)
                     return Fetched(
                         response.status_code, response.reason_phrase, response.headers, body,
-                        str(response.url),
+                        display_url(str(response.url)),
                     )
                 finally:
                     response.close()
-            raise ScrapeError(f"{url} redirected more than {MAX_REDIRECTS} times")
+            raise ScrapeError(f"{shown} redirected more than {MAX_REDIRECTS} times")
         except ScrapeError:
             raise
         except httpx.TimeoutException:
             if deadline.passed():
                 raise ScrapeError(too_late) from None
-            raise ScrapeError(f"{url} did not answer within {timeout_seconds:g} s") from None
+            raise ScrapeError(f"{shown} did not answer within {timeout_seconds:g} s") from None
         except httpx.ConnectError as exc:
-            raise ScrapeError(f"cannot connect to {url}: {_reason(exc)}") from None
+            raise ScrapeError(f"cannot connect to {shown}: {_reason(exc)}") from None
         except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
             if deadline.passed():
                 raise ScrapeError(too_late) from None
-            raise ScrapeError(f"request to {url} failed: {_reason(exc)}") from None
+            raise ScrapeError(f"request to {shown} failed: {_reason(exc)}") from None
 
 
 def _read_body(

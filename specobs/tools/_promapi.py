@@ -63,6 +63,7 @@ def _prom_query(
     limits: Limits = _http.DEFAULT_LIMITS,
 ) -> list[dict[str, Any]]:
     url = base_url.rstrip("/") + "/api/v1/query"
+    shown = _http.display_url(base_url)
     params: dict[str, Any] = {"query": promql}
     if at is not None:
         params["time"] = f"{at:.3f}"
@@ -70,25 +71,25 @@ def _prom_query(
         response = _http.get(client, url, params=params, limits=limits,
                              headers={"Accept": "application/json"})
     except ScrapeError as exc:
-        raise ScrapeError(f"cannot query Prometheus at {base_url}: {exc}") from None
+        raise ScrapeError(f"cannot query Prometheus at {shown}: {exc}") from None
     try:
         payload = json.loads(response.body)
     except ValueError:
         raise ScrapeError(
-            f"{base_url} is not a Prometheus server: /api/v1/query answered HTTP "
+            f"{shown} is not a Prometheus server: /api/v1/query answered HTTP "
             f"{response.status_code} with a non-JSON body"
         ) from None
     if not isinstance(payload, dict) or payload.get("status") != "success":
         error = payload.get("error") if isinstance(payload, dict) else None
         raise ScrapeError(
-            f"Prometheus at {base_url} rejected {promql!r} (HTTP {response.status_code}): "
+            f"Prometheus at {shown} rejected {promql!r} (HTTP {response.status_code}): "
             f"{error or 'no error text'}"
         )
     data = payload.get("data") or {}
     result = data.get("result") if isinstance(data, dict) else None
     if not isinstance(data, dict) or data.get("resultType") != "vector" \
             or not isinstance(result, list):
-        raise ScrapeError(f"Prometheus at {base_url} answered {promql!r} with no vector")
+        raise ScrapeError(f"Prometheus at {shown} answered {promql!r} with no vector")
     return result
 
 
@@ -128,7 +129,8 @@ def prometheus_delta(
         _add_result(gauges, m.name, _prom_query(client, base_url, promql, at, limits))
     if not gauges.has(catalog.INFO.name):
         raise ScrapeError(
-            f"Prometheus at {base_url} has no {catalog.INFO.name}{{{selector}}}: check the "
-            "selector and that Prometheus scrapes the specobs endpoint"
+            f"Prometheus at {_http.display_url(base_url)} has no "
+            f"{catalog.INFO.name}{{{selector}}}: check the selector and that Prometheus scrapes "
+            "the specobs endpoint"
         )
     return Delta(counters, gauges, window_seconds)

@@ -20,7 +20,9 @@ how a change is judged beyond the run-to-run noise is in :mod:`specobs.tools._re
 and docs/report.md.
 
 Sources are read by :mod:`specobs.tools._report_data`. Errors (an unreachable endpoint, an empty
-range, a bad file) are one line on stderr and exit status 1; bad flags exit 2.
+range, a bad file) are one line on stderr and exit status 1; bad flags exit 2. Credentials in a
+URL are sent as HTTP Basic authentication; the report, the ``--save`` file and every message
+show the URL without them.
 """
 
 from __future__ import annotations
@@ -119,7 +121,8 @@ def _usage(message: str) -> int:
 
 
 def _is_url(text: str) -> bool:
-    return "://" in text or re.match(r"^[\w.\-\[\]:]+:\d+(/.*)?$", text) is not None
+    # host:port[/path], or user:password@host:port[/path] (normalize_url adds http://).
+    return "://" in text or re.match(r"^([^/@]*@)?[\w.\-\[\]:]+:\d+(/.*)?$", text) is not None
 
 
 def _save_path(base: str, suffix: str) -> str:
@@ -171,9 +174,11 @@ def _load_source(
         client, url, args.duration, args.interval, limits=_http.limits_from(args),
         progress=progress.reporter(save_suffix or "run"),
     )
+    # The report and the snapshot file are shared: credentials stay out of both.
+    shown = _http.display_url(url)
     if args.save:
-        data.save_snapshots(_save_path(args.save, save_suffix), url, snapshots)
-    return data.run_from_scrapes(name or url, url, snapshots)
+        data.save_snapshots(_save_path(args.save, save_suffix), shown, snapshots)
+    return data.run_from_scrapes(name or shown, shown, snapshots)
 
 
 def _time_range(args: argparse.Namespace, spec: str | None, now: float) -> tuple[float, float]:

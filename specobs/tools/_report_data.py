@@ -210,6 +210,7 @@ def sample_endpoint(
     """Scrape ``url`` every ``interval_seconds`` for ``duration_seconds`` (one more scrape at the
     end). The first scrape must succeed: an unreachable or non-specobs endpoint raises
     :class:`RunError` at once; later failures are recorded and sampling goes on."""
+    shown = _http.display_url(url)
     snapshots: list[Snapshot] = []
     started = time.monotonic()
     n = max(1, math.ceil(duration_seconds / interval_seconds))
@@ -233,7 +234,7 @@ def sample_endpoint(
             elapsed = min(duration_seconds, time.monotonic() - started)
             bar = "#" * round(20 * i / n)
             progress(
-                f"sampling {url} [{bar:<20}] {elapsed:4.0f}/{duration_seconds:g} s, "
+                f"sampling {shown} [{bar:<20}] {elapsed:4.0f}/{duration_seconds:g} s, "
                 f"{len(snapshots) - failed} samples" + (f", {failed} failed" if failed else "")
             )
         if stop is not None and stop():
@@ -242,12 +243,14 @@ def sample_endpoint(
 
 
 def save_snapshots(path: str, source: str, snapshots: Iterable[Snapshot]) -> None:
-    """Write snapshots as JSON Lines (gzip when ``path`` ends in ``.gz``), atomically."""
+    """Write snapshots as JSON Lines (gzip when ``path`` ends in ``.gz``), atomically.
+
+    The file is meant to be shared: credentials in a ``source`` URL are left out."""
     tmp = f"{path}.tmp-{os.getpid()}"
     opener: Any = gzip.open if path.endswith(".gz") else open
     with opener(tmp, "wt", encoding="utf-8") as f:
         f.write(json.dumps({"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION,
-                            "source": source}) + "\n")
+                            "source": _http.display_url(source)}) + "\n")
         for s in snapshots:
             row: dict[str, Any] = {"t": round(s.unix, 6), "fetch_seconds": round(
                 s.fetch_seconds, 6)}
@@ -288,7 +291,8 @@ def load_snapshots(path: str) -> tuple[str, list[Snapshot]]:
         raise RunError(f"{path}: no such file") from None
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise RunError(f"{path}: cannot read it ({exc})") from None
-    return str(header.get("source") or path), snapshots
+    # A file written before sources were saved without credentials may still carry them.
+    return _http.display_url(str(header.get("source") or path)), snapshots
 
 
 def _snapshot_from_json(path: str, lineno: int, line: str) -> Snapshot:
@@ -319,25 +323,26 @@ def _prom_range(
     limits: _http.Limits,
 ) -> list[dict[str, Any]]:
     url = base_url.rstrip("/") + "/api/v1/query_range"
+    shown = _http.display_url(base_url)
     params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
     try:
         response = _http.get(client, url, params=params, limits=limits,
                              headers={"Accept": "application/json"})
     except scr.ScrapeError as exc:
-        raise RunError(f"cannot query Prometheus at {base_url}: {exc}") from None
+        raise RunError(f"cannot query Prometheus at {shown}: {exc}") from None
     try:
         payload = json.loads(response.body)
     except ValueError:
-        raise RunError(f"{base_url} is not a Prometheus server: /api/v1/query_range answered "
+        raise RunError(f"{shown} is not a Prometheus server: /api/v1/query_range answered "
                        f"HTTP {response.status_code} with a non-JSON body") from None
     if not isinstance(payload, dict) or payload.get("status") != "success":
         error = payload.get("error") if isinstance(payload, dict) else None
-        raise RunError(f"Prometheus at {base_url} rejected {promql!r} "
+        raise RunError(f"Prometheus at {shown} rejected {promql!r} "
                        f"(HTTP {response.status_code}): {error or 'no error text'}")
     data = payload.get("data") or {}
     result = data.get("result") if isinstance(data, dict) else None
     if not isinstance(result, list):
-        raise RunError(f"Prometheus at {base_url} answered {promql!r} with no matrix")
+        raise RunError(f"Prometheus at {shown} answered {promql!r} with no matrix")
     return result
 
 
@@ -384,12 +389,13 @@ def prometheus_run(
         _add_matrix(gauges, metric, _prom_range(
             client, base_url, f"{metric}{{{selector}}}", first, end, step, limits))
     up_matrix = _prom_range(client, base_url, f"up{{{selector}}}", start, end, step, limits)
-    source = f"{base_url} {{{selector}}}"
+    source = f"{_http.display_url(base_url)} {{{selector}}}"
     if not any(s.has(catalog.CYCLES.name) for s in counters.values()):
         seen = "" if gauges else (" and no specobs series at all: check the selector and that "
                                   "Prometheus scrapes the specobs endpoint")
         raise RunError(
-            f"Prometheus at {base_url} has no {catalog.CYCLES.name}{{{selector}}} samples between "
+            f"Prometheus at {_http.display_url(base_url)} has no "
+            f"{catalog.CYCLES.name}{{{selector}}} samples between "
             f"{_iso(start)} and {_iso(end)}{seen}"
         )
     windows: list[Window] = []

@@ -75,26 +75,29 @@ def normalize_url(raw: str, default_path: str = "/metrics") -> str:
     """``host:port`` → ``http://host:port/metrics``; raises ``ValueError`` on a bad scheme/host.
 
     A URL with a path is kept as given (the exporter may be mounted anywhere); one without gets
-    ``default_path``.
+    ``default_path``. Credentials (``http://user:password@host/``) are kept for the request and
+    left out of the messages (see :func:`specobs.tools._http.display_url`).
     """
     text = raw.strip()
     if not text:
         raise ValueError("empty URL; expected e.g. http://127.0.0.1:9477/metrics")
     if "://" not in text:
         text = f"http://{text}"
+    # What the messages quote: the URL as given, less any credentials.
+    shown = repr(raw if _http.display_url(text) == text else _http.display_url(text))
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https"):
         raise ValueError(
-            f"unsupported URL scheme {parts.scheme!r} in {raw!r}; expected http:// or https://, "
+            f"unsupported URL scheme {parts.scheme!r} in {shown}; expected http:// or https://, "
             f"e.g. http://127.0.0.1:9477/metrics"
         )
     if not parts.hostname:
-        raise ValueError(f"no host in {raw!r}; expected e.g. http://127.0.0.1:9477/metrics")
+        raise ValueError(f"no host in {shown}; expected e.g. http://127.0.0.1:9477/metrics")
     try:
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
         raise ValueError(
-            f"bad port in {raw!r}; expected e.g. http://127.0.0.1:9477/metrics"
+            f"bad port in {shown}; expected e.g. http://127.0.0.1:9477/metrics"
         ) from None
     if parts.path == "" and default_path:
         text = parts._replace(path=default_path).geturl()
@@ -200,16 +203,19 @@ def fetch_text(
     :class:`ScrapeError` (see :func:`specobs.tools._http.get`)."""
     headers = {"Accept": OPENMETRICS_ACCEPT} if openmetrics else {"Accept": "text/plain"}
     response = _http.get(client, url, headers=headers, limits=limits)
+    shown = _http.display_url(url)
     if response.status_code != 200:
         body = response.body.decode("utf-8", "replace").strip().splitlines()
         detail = f": {body[0][:80]}" if body else ""
         raise ScrapeError(
-            f"{url} answered HTTP {response.status_code} {response.reason_phrase}{detail}"
+            f"{shown} answered HTTP {response.status_code} {response.reason_phrase}{detail}"
         )
     try:
         text = response.body.decode("utf-8")
     except UnicodeDecodeError:
-        raise ScrapeError(f"{url} sent a body that is not UTF-8 text (binary garbage?)") from None
+        raise ScrapeError(
+            f"{shown} sent a body that is not UTF-8 text (binary garbage?)"
+        ) from None
     return text, response.headers.get("content-type", "")
 
 
@@ -250,6 +256,7 @@ def scrape(
 
 
 def not_specobs_message(url: str, series: Series) -> str:
+    url = _http.display_url(url)
     if not len(series):
         return f"{url} is not a specobs endpoint: the body has no metrics at all"
     others = sorted(series.names())

@@ -17,6 +17,7 @@ Ctrl-C). When stdout is not a terminal (or with ``--plain``) it prints one line 
 
 A poll that fails (refused connection, HTTP error, a page that is not specobs metrics, a counter
 that went down because the server restarted) shows a one-line message and polling goes on.
+Credentials in a URL are sent as HTTP Basic authentication and never shown.
 Each poll fetches the endpoint once (or runs one query per series against Prometheus); every
 request has one deadline, ``--timeout`` seconds from connecting to the last byte, and reads at
 most ``--max-bytes`` of body after decompression (default 16 MiB), so an endpoint that never
@@ -96,7 +97,7 @@ class EndpointSource:
         self.client = client
         self.url = url
         self.limits = limits
-        self.description = url
+        self.description = _http.display_url(url)
         self._prev: scr.Scrape | None = None
 
     def poll(self) -> Frame:
@@ -124,7 +125,8 @@ class PrometheusSource:
         self.selector = selector
         self.window_seconds = window_seconds
         self.description = (
-            f"{base_url} {{{selector}}} over {scr.format_rate(window_seconds, 0)}s"
+            f"{_http.display_url(base_url)} {{{selector}}} over "
+            f"{scr.format_rate(window_seconds, 0)}s"
         )
 
     def poll(self) -> Frame:

@@ -1,0 +1,299 @@
+"""The command-line tools against what an operator may hand them.
+
+* **Credentials in a URL** (``http://alice:PASSWORD@host/metrics``): ``doctor``, ``top`` and
+  ``report`` send them to the server as HTTP Basic authentication (a real server on loopback that
+  answers 401 without them proves it) and write them nowhere: not in stdout or stderr, not in the
+  shareable HTML report, not in the ``--save`` snapshot file, not in a report rebuilt from it, not
+  in an error message.
+
+The endpoints are real observers behind a real ``PrometheusSink(port=0)`` (tests/test_top.py's
+:class:`Engine`), reached through :class:`Gate`, a small real HTTP server in front of them.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import re
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from specobs.tools import _http
+from specobs.tools import _scrape as scr
+from tests import test_top
+from tests.test_top import Engine, cli_here, closed_port_url
+
+engines = test_top.engines
+__all__ = ["engines"]
+
+WAIT = "0.3"
+
+
+# -- a real HTTP server in front of a real endpoint -----------------------------------------------
+
+
+class Gate:
+    """A stdlib HTTP server that forwards every GET (path and query) to ``upstream`` and serves
+    what came back. With ``user``/``password`` it first asks for HTTP Basic authentication (401
+    and ``WWW-Authenticate`` without the right pair). Under ``/dup`` it serves the upstream's body
+    twice: ``/dup/metrics`` is ``/metrics`` with every sample repeated.
+
+    ``allowed`` / ``refused`` count requests let through and turned away."""
+
+    def __init__(self, upstream: str, user: str | None = None, password: str | None = None
+                 ) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.expected = None if user is None else "Basic " + base64.b64encode(
+            f"{user}:{password}".encode()).decode()
+        self.allowed = 0
+        self.refused = 0
+        self._lock = threading.Lock()
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                owner._serve(self)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, name="test-gate",
+                                       daemon=True)
+        self.thread.start()
+
+    def _serve(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        if self.expected is not None and h.headers.get("Authorization") != self.expected:
+            with self._lock:
+                self.refused += 1
+            body = b"authentication required\n"
+            h.send_response(401)
+            h.send_header("WWW-Authenticate", 'Basic realm="metrics"')
+            h.send_header("Content-Type", "text/plain")
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            h.wfile.write(body)
+            return
+        with self._lock:
+            self.allowed += 1
+        path, twice = h.path, h.path.startswith("/dup/")
+        if twice:
+            path = path.removeprefix("/dup")
+        headers = {"Accept": h.headers.get("Accept", "*/*")}
+        with httpx.Client(timeout=10) as client:
+            got = client.get(self.upstream + path, headers=headers)
+        body = got.content * (2 if twice else 1)
+        h.send_response(got.status_code)
+        h.send_header("Content-Type", got.headers.get("content-type", "text/plain"))
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def url(self, path: str, userinfo: str = "") -> str:
+        return f"http://{userinfo + '@' if userinfo else ''}127.0.0.1:{self.port}{path}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def gates() -> Iterator[Callable[..., Gate]]:
+    made: list[Gate] = []
+
+    def make(*args: Any, **kwargs: Any) -> Gate:
+        gate = Gate(*args, **kwargs)
+        made.append(gate)
+        return gate
+
+    try:
+        yield make
+    finally:
+        for gate in made:
+            gate.close()
+
+
+def _secret() -> str:
+    """A password that appears nowhere unless something leaks it."""
+    return f"pw{uuid.uuid4().hex}"
+
+
+def _leaks(secret: str, user: str, *texts: str) -> list[str]:
+    """Every form of the credentials found in ``texts``: the password, ``user:password`` and the
+    Basic authorization value (base64)."""
+    forms = (secret, f"{user}:{secret}", base64.b64encode(f"{user}:{secret}".encode()).decode())
+    return [form for form in forms for text in texts if form in text]
+
+
+# -- N48: credentials in a URL --------------------------------------------------------------------
+
+
+def test_display_url_drops_only_the_userinfo() -> None:
+    d = _http.display_url
+    assert d("http://alice:pw@127.0.0.1:9477/metrics") == "http://127.0.0.1:9477/metrics"
+    assert d("https://alice@[::1]:443/m?q=a@b#x@y") == "https://[::1]:443/m?q=a@b#x@y"
+    # Up to the authority's last @, as urlsplit and httpx read it.
+    assert d("http://a:b@c@host:1/") == "http://host:1/"
+    for plain in ("http://host:1/p@x", "http://[::1]:9/", "127.0.0.1:9477", "runs/a@b.jsonl"):
+        assert d(plain) == plain
+    # What the request is made with keeps them: httpx turns them into Basic authentication.
+    assert scr.normalize_url("alice:pw@127.0.0.1:9") == "http://alice:pw@127.0.0.1:9/metrics"
+
+
+def test_credentials_reach_the_server_and_nothing_the_tools_write(
+    engines: Callable[..., Engine], gates: Callable[..., Gate], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    secret, user = _secret(), "alice"
+    eng = engines(baseline=50.0).start()
+    gate = gates(eng.url.removesuffix("/metrics"), user, secret)
+    url = gate.url("/metrics", f"{user}:{secret}")
+    clean = gate.url("/metrics")
+
+    # Without the credentials the server turns the tools away: what follows is authenticated.
+    rc, out, _ = cli_here(capsys, "doctor", clean, "--wait", WAIT)
+    assert rc == 1 and "answered HTTP 401" in out, out
+    assert gate.refused == 1 and gate.allowed == 0
+
+    rc, out, err = cli_here(capsys, "doctor", url, "--wait", WAIT)
+    assert rc == 0, out + err
+    assert out.splitlines()[0] == f"specobs doctor {clean}"
+    assert re.search(r"^OK +cycles advancing +\d+ cycles in", out, re.M), out
+    written = [out, err]
+    rc, out, err = cli_here(capsys, "doctor", url, "--wait", WAIT, "--json")
+    assert rc == 0 and json.loads(out)["url"] == clean, out + err
+    written += [out, err]
+
+    rc, out, err = cli_here(capsys, "top", url, "--once", "--plain", "--interval", "0.2")
+    assert rc == 0, out + err
+    rate = re.search(r"cycles/s=([\d.]+)", out)
+    assert rate and float(rate.group(1)) > 0, out
+    written += [out, err]
+
+    page, saved = tmp_path / "run.html", tmp_path / "run.jsonl"
+    rc, out, err = cli_here(capsys, "report", "--from", url, "--duration", "1", "--interval",
+                            "0.5", "-o", str(page), "--save", str(saved))
+    assert rc == 0, out + err
+    assert f"sampled {clean} for" in err, err
+    html_text, saved_text = page.read_text(), saved.read_text()
+    assert f"<title>specobs report — {clean}</title>" in html_text
+    assert json.loads(saved_text.splitlines()[0])["source"] == clean
+    written += [out, err, html_text, saved_text]
+
+    rebuilt = tmp_path / "again.html"
+    rc, out, err = cli_here(capsys, "report", "--from", str(saved), "-o", str(rebuilt))
+    assert rc == 0, out + err
+    rebuilt_text = rebuilt.read_text()
+    assert clean in rebuilt_text
+    written += [out, err, rebuilt_text]
+
+    assert _leaks(secret, user, *written) == []
+    # doctor 2 + 2, top 2, report 3 scrapes: every one authenticated, none turned away.
+    assert gate.allowed >= 9 and gate.refused == 1
+
+
+def test_an_older_snapshot_file_with_credentials_does_not_carry_them_into_a_report(
+    engines: Callable[..., Engine], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    secret = _secret()
+    eng = engines().start()
+    page, saved = tmp_path / "run.html", tmp_path / "run.jsonl"
+    rc, out, err = cli_here(capsys, "report", "--from", eng.url, "--duration", "1",
+                            "--interval", "0.5", "-o", str(page), "--save", str(saved))
+    assert rc == 0, out + err
+    # What a version that saved the URL as given wrote.
+    lines = saved.read_text().splitlines()
+    header = json.loads(lines[0])
+    with_credentials = eng.url.replace("http://", f"http://alice:{secret}@")
+    header["source"] = with_credentials
+    saved.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    rc, out, err = cli_here(capsys, "report", "--from", str(saved), "-o", str(page))
+    assert rc == 0, out + err
+    text = page.read_text()
+    assert eng.url in text
+    assert _leaks(secret, "alice", out, err, text) == []
+
+
+@pytest.mark.parametrize("tool", [
+    ["doctor", "{url}", "--wait", "0"],
+    ["doctor", "{url}", "--wait", "0", "--json"],
+    ["top", "{url}", "--once", "--plain", "--interval", "0.05"],
+    ["report", "--from", "{url}", "--duration", "1", "--interval", "0.5"],
+    ["top", "--prometheus", "{base}", "--once", "--plain", "--interval", "0.05"],
+    ["report", "--prometheus", "{base}", "--last", "1m"],
+], ids=["doctor", "doctor-json", "top", "report", "top-prometheus", "report-prometheus"])
+def test_error_messages_leave_the_credentials_out(
+    tool: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret, user = _secret(), "bob"
+    dead = closed_port_url()
+    base = dead.removesuffix("/metrics")
+    args = [a.format(url=dead.replace("http://", f"http://{user}:{secret}@"),
+                     base=base.replace("http://", f"http://{user}:{secret}@")) for a in tool]
+    if args[0] == "report":
+        args += ["-o", str(tmp_path / "x.html")]
+    rc, out, err = cli_here(capsys, *args)
+    assert rc == 1, out + err
+    shown = base if "--prometheus" in args else dead
+    assert f"cannot connect to {shown}" in out + err, out + err
+    assert _leaks(secret, user, out, err) == []
+
+
+@pytest.mark.parametrize("url", [
+    "http://alice:{pw}@127.0.0.1:99999/metrics",
+    "ftp://alice:{pw}@127.0.0.1:21/metrics",
+    "alice:{pw}@127.0.0.1:99999",
+])
+@pytest.mark.parametrize("tool", ["doctor", "top", "report"])
+def test_usage_errors_leave_the_credentials_out(
+    tool: str, url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = _secret()
+    given = url.format(pw=secret)
+    rc, out, err = cli_here(capsys, *((tool, given) if tool != "report" else
+                                      (tool, "--from", given)))
+    assert rc == 2, out + err
+    assert err.startswith(f"specobs {tool}: ") and "127.0.0.1" in err, err
+    assert _leaks(secret, "alice", out, err) == []
+
+
+@pytest.mark.slow
+def test_top_and_report_authenticate_to_prometheus_and_leave_it_out(
+    prometheus_server: Callable[..., Any], engines: Callable[..., Engine],
+    gates: Callable[..., Gate], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    secret, user = _secret(), "bob"
+    eng = engines(baseline=50.0).start()
+    target = f"127.0.0.1:{eng.port}"
+    server = prometheus_server([target])
+    server.wait_for_target_up(timeout_seconds=20)
+    selector = f'{{job="specobs",instance="{target}"}}'
+    server.wait_for(f"increase(specobs_cycles_total{selector}[5s])",
+                    lambda r: bool(r) and float(r[0]["value"][1]) > 0, timeout_seconds=20)
+    gate = gates(server.url, user, secret)
+    base = gate.url("", f"{user}:{secret}")
+
+    rc, out, err = cli_here(capsys, "top", "--prometheus", base, "--selector", selector,
+                            "--window", "5s", "--once", "--plain")
+    assert rc == 0, out + err
+    assert "clock=gpu" in out and "accept=50.0%" in out, out
+    written = [out, err]
+    page = tmp_path / "prom.html"
+    rc, out, err = cli_here(capsys, "report", "--prometheus", base, "--selector", selector,
+                            "--last", "10s", "--step", "5s", "-o", str(page))
+    assert rc == 0, out + err
+    text = page.read_text()
+    assert gate.url("") in text
+    written += [out, err, text]
+    assert _leaks(secret, user, *written) == []
+    assert gate.allowed > 0 and gate.refused == 0
