@@ -5,6 +5,9 @@
   answers 401 without them proves it) and write them nowhere: not in stdout or stderr, not in the
   shareable HTML report, not in the ``--save`` snapshot file, not in a report rebuilt from it, not
   in an error message.
+* **Duplicated samples** (an endpoint serving every family twice): the scrape is refused as
+  Prometheus refuses it; ``doctor`` fails, ``top`` and ``report`` say so, and no summed (doubled)
+  number is shown.
 
 The endpoints are real observers behind a real ``PrometheusSink(port=0)`` (tests/test_top.py's
 :class:`Engine`), reached through :class:`Gate`, a small real HTTP server in front of them.
@@ -297,3 +300,71 @@ def test_top_and_report_authenticate_to_prometheus_and_leave_it_out(
     written += [out, err, text]
     assert _leaks(secret, user, *written) == []
     assert gate.allowed > 0 and gate.refused == 0
+
+
+# -- N44: duplicated samples ----------------------------------------------------------------------
+
+
+def test_a_real_exposition_has_no_duplicates_and_twice_over_is_refused(
+    engines: Callable[..., Engine],
+) -> None:
+    eng = engines(traces=True)
+    eng.run(20)
+    with httpx.Client(timeout=5) as client:
+        text = client.get(eng.url).text
+        openmetrics = client.get(eng.url, headers={"Accept": scr.OPENMETRICS_ACCEPT}).text
+    assert scr.parse_exposition(text).total("specobs_cycles_total") == 20
+    assert scr.parse_exposition(openmetrics).total("specobs_cycles_total") == 20
+    samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    with pytest.raises(scr.ScrapeError) as err:
+        scr.parse_exposition(text + text)
+    message = str(err.value)
+    assert f"the body has {samples} duplicate samples" in message
+    assert "duplicate sample for timestamp" in message
+    # NaN samples are skipped, but a repeated one is a duplicate all the same.
+    with pytest.raises(scr.ScrapeError, match="has 1 duplicate sample "):
+        scr.parse_exposition("specobs_x NaN\nspecobs_x NaN\n")
+    # Only the name is quoted: label values are the server's text.
+    with pytest.raises(scr.ScrapeError) as err:
+        scr.parse_exposition('a{l="\x1b[2J"} 1\na{l="\x1b[2J"} 1\n')
+    assert "\x1b" not in str(err.value) and "first: a)" in str(err.value)
+
+
+def test_doctor_top_and_report_refuse_an_endpoint_serving_every_sample_twice(
+    engines: Callable[..., Engine], gates: Callable[..., Gate], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    eng = engines(baseline=50.0).start()
+    gate = gates(eng.url.removesuffix("/metrics"))
+
+    # The same endpoint once over: all good (the gate changes nothing).
+    rc, out, err = cli_here(capsys, "doctor", gate.url("/metrics"), "--wait", WAIT, "--json")
+    assert rc == 0, out + err
+
+    dup = gate.url("/dup/metrics")
+    rc, out, err = cli_here(capsys, "doctor", dup, "--wait", WAIT, "--json")
+    assert rc == 1 and err == "", err
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert checks["reachable"]["verdict"] == "OK"
+    assert checks["specobs endpoint"]["verdict"] == "FAIL"
+    reason = checks["specobs endpoint"]["reason"]
+    assert reason.startswith(f"{dup}: the body has ") and "duplicate samples" in reason, reason
+    # No number from the doubled body: every later check is skipped.
+    assert {c["verdict"] for n, c in checks.items()
+            if n not in ("reachable", "specobs endpoint")} == {"SKIP"}
+
+    rc, out, err = cli_here(capsys, "doctor", dup, "--wait", WAIT)
+    assert rc == 1
+    assert re.search(r"^FAIL +specobs endpoint +.*duplicate samples", out, re.M), out
+
+    rc, out, err = cli_here(capsys, "top", dup, "--once", "--plain", "--interval", "0.05")
+    assert rc == 1, out + err
+    lines = out.splitlines()
+    assert len(lines) == 2 and all("error: the body has " in ln and "duplicate samples" in ln
+                                   for ln in lines), out
+    assert "cycles/s=" not in out
+
+    rc, out, err = cli_here(capsys, "report", "--from", dup, "--duration", "1", "--interval",
+                            "0.5", "-o", str(tmp_path / "x.html"))
+    assert rc == 1 and err.count("\n") == 1 and "duplicate samples" in err, err
+    assert not (tmp_path / "x.html").exists()

@@ -24,8 +24,10 @@ baseline           realized speedup: per-sequence tokens/s over the non-speculat
 =================  ===========================================================================
 
 The exit status is 1 when any check FAILs, else 0 (2 for a bad command line). ``--json`` prints
-the same as one JSON object. Credentials in the URL (``http://user:password@host/``) are sent
-as HTTP Basic authentication and never printed.
+the same as one JSON object. An endpoint that serves a sample twice (the same name and labels)
+fails ``specobs endpoint``: Prometheus rejects such a scrape, and its sums would be wrong.
+Credentials in the URL (``http://user:password@host/``) are sent as HTTP Basic authentication
+and never printed.
 
 Each request has one deadline, ``--timeout`` seconds for connecting, the headers and the whole
 body, and reads at most ``--max-bytes`` of body after decompression (default 16 MiB): an endpoint

@@ -20,6 +20,7 @@ inside the functions that use them: importing this module costs nothing.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -111,7 +112,8 @@ class Series:
     """Samples keyed by ``(name, sorted label pairs)`` with small summing helpers.
 
     Labels not asked about (job, instance, constant labels such as ``model``) are summed over, so
-    an endpoint serving several observers reads as their total.
+    an endpoint serving several observers (each with its own constant labels) reads as their
+    total. One key twice in a scrape is refused by :func:`parse_exposition`, never summed.
     """
 
     __slots__ = ("samples",)
@@ -159,7 +161,13 @@ class Series:
 
 
 def parse_exposition(text: str) -> Series:
-    """Parse Prometheus text (or OpenMetrics) exposition; raises :class:`ScrapeError`."""
+    """Parse Prometheus text (or OpenMetrics) exposition; raises :class:`ScrapeError`.
+
+    A sample whose name and labels came earlier in the same body is refused with the rest of
+    the scrape, as Prometheus refuses it ("duplicate sample for timestamp"): summed, the numbers
+    would be wrong (doubled for an endpoint serving everything twice), and which copy is right
+    cannot be told.
+    """
     from prometheus_client.parser import text_string_to_metric_families
 
     stripped = text.lstrip()
@@ -177,13 +185,22 @@ def parse_exposition(text: str) -> Series:
     else:
         families = text_string_to_metric_families(text)
     series = Series()
+    samples = series.samples
+    nan_keys: set[tuple[str, LabelKey]] = set()
+    duplicates = 0
+    first_duplicate = ""
     try:
         for family in families:
             for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
                 value = float(sample.value)
-                if math.isnan(value):
-                    continue
-                series.add(sample.name, sample.labels, value)
+                if key in samples or key in nan_keys:
+                    duplicates += 1
+                    first_duplicate = first_duplicate or sample.name
+                elif math.isnan(value):
+                    nan_keys.add(key)
+                else:
+                    samples[key] = value
     except Exception as exc:  # the parsers raise ValueError, IndexError, KeyError, ...
         # Both parts are cut short: the parser quotes the offending text, which may be huge.
         first = next((line for line in text[:4096].splitlines() if line.strip()), "")
@@ -193,7 +210,20 @@ def parse_exposition(text: str) -> Series:
             f"the body is not Prometheus text exposition ({reason}); it starts with "
             f"{first[:60]!r}"
         ) from None
+    if duplicates:
+        # Only the sample name is quoted: label values are the server's text (terminal escapes).
+        name = _NOT_NAME.sub("?", first_duplicate)[:80]
+        plural = "s" if duplicates != 1 else ""
+        raise ScrapeError(
+            f"the body has {duplicates} duplicate sample{plural} (the name and labels of an "
+            f"earlier one; first: {name}): Prometheus rejects such a scrape (\"duplicate sample "
+            "for timestamp\") and summing them would count twice; are two observers served "
+            "with the same labels? Give each its own constant labels"
+        )
     return series
+
+
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_:]")
 
 
 def fetch_text(

@@ -16,8 +16,9 @@ Ctrl-C). When stdout is not a terminal (or with ``--plain``) it prints one line 
 ``--once`` / ``--count N`` stop after that many computed frames, for scripts.
 
 A poll that fails (refused connection, HTTP error, a page that is not specobs metrics, a counter
-that went down because the server restarted) shows a one-line message and polling goes on.
-Credentials in a URL are sent as HTTP Basic authentication and never shown.
+that went down because the server restarted, a body serving a sample twice) shows a one-line
+message and polling goes on. Credentials in a URL are sent as HTTP Basic authentication and never
+shown.
 Each poll fetches the endpoint once (or runs one query per series against Prometheus); every
 request has one deadline, ``--timeout`` seconds from connecting to the last byte, and reads at
 most ``--max-bytes`` of body after decompression (default 16 MiB), so an endpoint that never
