@@ -1,4 +1,4 @@
-"""The command-line tools against what an operator may hand them.
+"""The command-line tools and the demo against what an operator may hand them.
 
 * **Credentials in a URL** (``http://alice:PASSWORD@host/metrics``): ``doctor``, ``top`` and
   ``report`` send them to the server as HTTP Basic authentication (a real server on loopback that
@@ -8,6 +8,8 @@
 * **Duplicated samples** (an endpoint serving every family twice): the scrape is refused as
   Prometheus refuses it; ``doctor`` fails, ``top`` and ``report`` say so, and no summed (doubled)
   number is shown.
+* **An admin token that is not UTF-8** (what ``os.environ`` and ``sys.argv`` make of such bytes):
+  ``specobs demo`` exits 2 with one line naming where the token came from, no traceback.
 
 The endpoints are real observers behind a real ``PrometheusSink(port=0)`` (tests/test_top.py's
 :class:`Engine`), reached through :class:`Gate`, a small real HTTP server in front of them.
@@ -16,14 +18,18 @@ The endpoints are real observers behind a real ``PrometheusSink(port=0)`` (tests
 from __future__ import annotations
 
 import base64
+import binascii
 import http.server
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -31,7 +37,7 @@ import pytest
 from specobs.tools import _http
 from specobs.tools import _scrape as scr
 from tests import test_top
-from tests.test_top import Engine, cli_here, closed_port_url
+from tests.test_top import ROOT, Engine, cli_env, cli_here, closed_port_url
 
 engines = test_top.engines
 __all__ = ["engines"]
@@ -368,3 +374,50 @@ def test_doctor_top_and_report_refuse_an_endpoint_serving_every_sample_twice(
                             "0.5", "-o", str(tmp_path / "x.html"))
     assert rc == 1 and err.count("\n") == 1 and "duplicate samples" in err, err
     assert not (tmp_path / "x.html").exists()
+
+
+# -- N59: an admin token that is not UTF-8 --------------------------------------------------------
+
+
+def _demo(argv: list[bytes], token: bytes | None) -> subprocess.CompletedProcess[bytes]:
+    env = {k.encode(): v.encode() for k, v in cli_env().items()}
+    if token is not None:
+        env[b"SPECOBS_DEMO_ADMIN_TOKEN"] = token
+    return subprocess.run(
+        [sys.executable.encode(), b"-m", b"specobs.cli", b"demo", b"--port", b"1",
+         b"--cache-dir", b"/nonexistent", *argv],
+        capture_output=True, env=env, cwd=ROOT, timeout=120, check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+NOT_UTF8 = b"\xff\xfe" + binascii.hexlify(os.urandom(16))
+
+
+@pytest.mark.parametrize("where", ["env", "flag"])
+def test_an_admin_token_that_is_not_utf8_is_one_line_and_exit_2(where: str) -> None:
+    result = (_demo([], NOT_UTF8) if where == "env"
+              else _demo([b"--admin-token", NOT_UTF8], None))
+    err = result.stderr.decode("utf-8", "replace")
+    assert result.returncode == 2, err
+    name = "SPECOBS_DEMO_ADMIN_TOKEN" if where == "env" else "--admin-token"
+    assert err.splitlines() == [
+        f"specobs demo: {name} is not UTF-8 text (it holds bytes that do not decode as UTF-8); "
+        "make one with: python -c 'import secrets; print(secrets.token_hex(16))'"
+    ], err
+    assert b"Traceback" not in result.stdout + result.stderr
+    # The secret part of the token is not printed.
+    assert NOT_UTF8[2:] not in result.stdout + result.stderr
+
+
+def test_create_app_refuses_a_token_that_is_not_utf8() -> None:
+    pytest.importorskip("fastapi")
+    from specobs.demo._server import admin_token_problem, create_app
+
+    token = NOT_UTF8.decode("utf-8", "surrogateescape")
+    assert admin_token_problem(token) is not None
+    assert admin_token_problem("short") is not None
+    assert admin_token_problem("é" * 16) is None
+    # Checked before the engine is touched: no engine needed to see the refusal.
+    with pytest.raises(ValueError, match=r"^the admin token is not UTF-8 text"):
+        create_app(cast(Any, None), admin_token=token)

@@ -384,14 +384,13 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _fail(f"{exc}. Install the demo's dependencies: pip install 'specobs[demo]'")
 
-    from ._server import MIN_ADMIN_TOKEN_CHARS, ServerLimits
+    from ._server import ServerLimits, admin_token_problem
 
     admin_token = _admin_token(args)
-    if admin_token is not None and len(admin_token) < MIN_ADMIN_TOKEN_CHARS:
+    problem = None if admin_token is None else admin_token_problem(admin_token)
+    if problem is not None:
         source = "--admin-token" if args.admin_token is not None else SPECOBS_DEMO_ADMIN_TOKEN
-        return _fail(f"{source} must have at least {MIN_ADMIN_TOKEN_CHARS} characters, got "
-                     f"{len(admin_token)}; make one with: python -c 'import secrets; "
-                     "print(secrets.token_hex(16))'", code=2)
+        return _fail(f"{source} {problem}", code=2)
     limits = ServerLimits(max_body_bytes=args.max_request_bytes, max_requests=args.max_requests,
                           read_timeout_seconds=args.read_timeout)
     if args.device == "cuda" and not torch.cuda.is_available():

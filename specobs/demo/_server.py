@@ -74,6 +74,7 @@ __all__ = [
     "MIN_ADMIN_TOKEN_CHARS",
     "ServerLimits",
     "ServerThread",
+    "admin_token_problem",
     "create_app",
 ]
 
@@ -84,6 +85,28 @@ _REQUEST_GAUGE_INTERVAL_SECONDS = 0.25
 _DISCONNECT_POLL_SECONDS = 0.25
 #: An admin token shorter than this is refused: it would be guessable.
 MIN_ADMIN_TOKEN_CHARS = 16
+_MAKE_TOKEN = "make one with: python -c 'import secrets; print(secrets.token_hex(16))'"
+
+
+def admin_token_problem(token: str) -> str | None:
+    """Why ``token`` cannot be the admin token, as the end of a sentence that names where it came
+    from (``f"--admin-token {problem}"``); ``None`` when it can.
+
+    It must be long enough not to be guessed, and UTF-8 text: the server compares it with the
+    bytes of the ``Authorization`` header. ``os.environ`` and ``sys.argv`` turn bytes that are not
+    UTF-8 into lone surrogates (``surrogateescape``), which no encoder accepts.
+    """
+    if len(token) < MIN_ADMIN_TOKEN_CHARS:
+        return (f"must have at least {MIN_ADMIN_TOKEN_CHARS} characters, got {len(token)}; "
+                f"{_MAKE_TOKEN}")
+    try:
+        token.encode("utf-8")
+    except UnicodeEncodeError:
+        # The token is a secret: neither it nor where it goes wrong is quoted.
+        return f"is not UTF-8 text (it holds bytes that do not decode as UTF-8); {_MAKE_TOKEN}"
+    return None
+
+
 #: Characters of text prompt allowed per token of the engine's limit before tokenizing. The demo's
 #: tokens are words of at most 9 letters plus a space, so 16 leaves room for extra whitespace.
 _PROMPT_CHARS_PER_TOKEN = 16
@@ -560,19 +583,17 @@ def create_app(
     ``observer``: the engine's specobs observer; ``/metrics`` serves it and the app reports the
     engine's running/waiting requests to it. ``admin_token``: serve ``/admin/fault`` to callers
     that present it as ``Authorization: Bearer <token>`` (``None``: no admin endpoints; at least
-    :data:`MIN_ADMIN_TOKEN_CHARS` characters). ``limits``: see :class:`ServerLimits`.
+    :data:`MIN_ADMIN_TOKEN_CHARS` characters of UTF-8 text, see :func:`admin_token_problem`).
+    ``limits``: see :class:`ServerLimits`.
 
     The routes come from three routers, one per concern: the OpenAI-style completions
     (:data:`_completions`), the server's own endpoints (:data:`_server_info`: models, health,
     metrics) and, with a token, :data:`_admin`. Their handlers read :class:`_Served` from
     ``app.state``.
     """
-    if admin_token is not None and len(admin_token) < MIN_ADMIN_TOKEN_CHARS:
-        raise ValueError(
-            f"the admin token must have at least {MIN_ADMIN_TOKEN_CHARS} characters, got "
-            f"{len(admin_token)}; make one with: python -c 'import secrets; "
-            "print(secrets.token_hex(16))'"
-        )
+    problem = None if admin_token is None else admin_token_problem(admin_token)
+    if problem is not None:
+        raise ValueError(f"the admin token {problem}")
     app = FastAPI(
         title="specobs demo",
         description="OpenAI-style completions over a real speculative decoding engine",
