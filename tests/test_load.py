@@ -111,6 +111,16 @@ def test_tokens_fall_back_to_counting_words_without_usage() -> None:
         _count_tokens({"id": "x"})
 
 
+def test_credentials_in_the_url_are_left_out_of_the_summary_and_errors() -> None:
+    summary = LoadSummary(url="http://alice:S3CRET@127.0.0.1:8000/v1/completions", requests_ok=1)
+    text = "\n".join(summary.lines()) + repr(summary.as_dict())
+    assert "S3CRET" not in text and "alice" not in text
+    assert "http://127.0.0.1:8000/v1/completions" in text
+    with pytest.raises(ValueError) as exc:
+        completions_url("ftp://alice:S3CRET@h:1")
+    assert "S3CRET" not in str(exc.value) and "ftp://h:1" in str(exc.value)
+
+
 def test_completions_url() -> None:
     assert completions_url("http://h:1") == "http://h:1/v1/completions"
     assert completions_url("https://h/api/v1/") == "https://h/api/v1/completions"

@@ -29,6 +29,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from specobs.tools._http import display_url
+
 __all__ = ["LoadProgress", "LoadSummary", "add_arguments", "completions_url", "run", "run_load"]
 
 PromptSource = Callable[[random.Random, int], "str | list[int]"]
@@ -109,7 +111,7 @@ class LoadSummary:
             return "-" if v is None else f"{v * 1000:.0f} ms"
 
         out = [
-            f"load against {self.url}: {self.elapsed_seconds:.1f} s",
+            f"load against {display_url(self.url)}: {self.elapsed_seconds:.1f} s",
             f"  requests   {self.requests_ok} ok, {self.requests_failed} failed "
             f"({self.requests_per_second:.2f} ok/s)",
             f"  tokens     {self.completion_tokens} generated ({self.tokens_per_second:.1f} "
@@ -131,7 +133,7 @@ class LoadSummary:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "url": self.url,
+            "url": display_url(self.url),
             "requests_ok": self.requests_ok,
             "requests_failed": self.requests_failed,
             "completion_tokens": self.completion_tokens,
@@ -149,7 +151,8 @@ def completions_url(url: str) -> str:
     parts = urllib.parse.urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(
-            f"expected an http:// or https:// URL such as http://127.0.0.1:8000, got {url!r}"
+            "expected an http:// or https:// URL such as http://127.0.0.1:8000, got "
+            f"{display_url(url)!r}"
         )
     path = parts.path.rstrip("/")
     if not path.endswith("/completions"):
