@@ -1,0 +1,197 @@
+"""The OTLP sink against collectors that misbehave.
+
+- A raw-socket collector (:mod:`tests._hostile_collector`) that answers 200 with an endless
+  body, announces a 1 GiB one, trickles its body, or trickles its headers: every export ends
+  within the exporter's timeout and is counted as failed, and the worker never reads more than
+  :data:`~specobs.sinks._otlp_config.MAX_RESPONSE_BYTES` of it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import specobs
+from specobs.sinks._otlp_config import MAX_RESPONSE_BYTES
+from specobs.sinks.otlp import OtlpSink
+from tests._hostile_collector import HostileCollector
+
+pytestmark = pytest.mark.slow
+
+NEVER = 3600.0  # export interval: no timer export fires during a test
+
+
+@pytest.fixture
+def observers() -> Iterator[Callable[..., specobs.Observer]]:
+    """``specobs.configure`` that shuts every observer down after the test."""
+    made: list[specobs.Observer] = []
+
+    def make(**kwargs: Any) -> specobs.Observer:
+        obs = specobs.configure(**kwargs)
+        made.append(obs)
+        return obs
+
+    yield make
+    for obs in made:
+        obs.shutdown(2.0)
+
+
+@pytest.fixture
+def collector() -> Iterator[HostileCollector]:
+    c = HostileCollector(drip_seconds=0.3, max_seconds=60.0)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def run_cycles(obs: specobs.Observer, n: int) -> None:
+    for _ in range(n):
+        with obs.cycle(batch_size=1) as c:
+            c.mark("verify")
+            c.mark("bookkeeping")
+            c.accept([1], draft_length=2)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_seconds: float) -> bool:
+    deadline = time.monotonic() + timeout_seconds
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+# -- N6: a collector answering 200 with an endless or huge body --------------------------------
+
+
+@pytest.mark.parametrize("mode", ["endless", "biglength"])
+def test_huge_response_is_capped_and_the_export_counted_as_failed(
+    collector: HostileCollector, mode: str, observers: Callable[..., specobs.Observer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    collector.mode = mode
+    timeout = 5.0
+    sink = OtlpSink(endpoint=collector.endpoint, protocol="http/protobuf",
+                    timeout_seconds=timeout, export_interval_seconds=NEVER)  # fmt: skip
+    obs = observers(sinks=[sink], clock="host", trace_head_rate=1.0)
+    run_cycles(obs, 10)
+
+    t0 = time.monotonic()
+    assert not obs.force_flush(20.0)
+    elapsed = time.monotonic() - t0
+    # The cap ends each request at once: well before one export's timeout, let alone two.
+    assert elapsed < timeout, elapsed
+    assert collector.requests == 2  # one span batch, one metric export; neither retried
+    # What the collector got into the socket: the capped read plus the kernel's buffers, not
+    # the gigabytes it was sending.
+    assert max(collector.bytes_sent) < 32 * 1024 * 1024, collector.bytes_sent
+    snap = obs.snapshot()
+    assert snap.dropped["metric_export"] == 1
+    assert snap.dropped["span_export"] == 4 * 10
+    reason = "exceeded" if mode == "endless" else "announced a 1073741824-byte response"
+    assert any(reason in r.getMessage() for r in caplog.records), caplog.text
+    assert str(MAX_RESPONSE_BYTES) in caplog.text
+
+
+def test_a_credential_provider_session_is_bounded_too(
+    collector: HostileCollector, observers: Callable[..., specobs.Observer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER names an entry point returning the
+    # session to use; specobs loads it as the exporter would and mounts its adapter on it.
+    import importlib.metadata
+
+    import requests
+
+    class Provider:
+        def load(self) -> Callable[[], requests.Session]:
+            def make() -> requests.Session:
+                session = requests.Session()
+                session.headers["x-from-provider"] = "1"
+                return session
+            return make
+
+    def entry_points(*, group: str, name: str) -> list[Provider]:
+        assert group == "opentelemetry_otlp_credential_provider"
+        return [Provider()] if name == "test-provider" else []
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    monkeypatch.setenv("OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER", "test-provider")
+    collector.mode = "endless"
+    sink = OtlpSink(endpoint=collector.endpoint, protocol="http/protobuf", timeout_seconds=5.0,
+                    export_interval_seconds=NEVER, traces=False)  # fmt: skip
+    obs = observers(sinks=[sink], clock="host")
+    t0 = time.monotonic()
+    assert not obs.force_flush(20.0)
+    assert time.monotonic() - t0 < 5.0
+    assert max(collector.bytes_sent) < 32 * 1024 * 1024
+    assert obs.snapshot().dropped["metric_export"] == 1
+
+    monkeypatch.setenv("OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER", "missing")
+    with pytest.raises(specobs.ConfigurationError, match=r"'missing'.*not an installed"):
+        specobs.configure(sinks=[OtlpSink(endpoint=collector.endpoint,
+                                          protocol="http/protobuf")], clock="host")
+
+
+# -- N7: a collector that trickles its answer --------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["drip", "slowhead"])
+def test_trickling_collector_costs_each_export_its_timeout_and_no_more(
+    collector: HostileCollector, mode: str, observers: Callable[..., specobs.Observer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    # One byte every 0.3 s: every socket read succeeds well within the 1 s timeout, so only a
+    # deadline over the whole request can end it (the collector would go on for 60 s).
+    collector.mode = mode
+    timeout = 1.0
+    sink = OtlpSink(endpoint=collector.endpoint, protocol="http/protobuf",
+                    timeout_seconds=timeout, export_interval_seconds=NEVER)  # fmt: skip
+    obs = observers(sinks=[sink], clock="host", trace_head_rate=1.0)
+    run_cycles(obs, 10)
+
+    t0 = time.monotonic()
+    assert not obs.force_flush(30.0)
+    elapsed = time.monotonic() - t0
+    assert 2 * timeout * 0.9 <= elapsed < 2 * timeout + 3.0, elapsed  # spans, then metrics
+    snap = obs.snapshot()
+    assert snap.dropped["metric_export"] == 1
+    assert snap.dropped["span_export"] == 4 * 10
+    assert "within the export's timeout" in caplog.text
+
+    t0 = time.monotonic()
+    obs.shutdown(5.0)  # its final metric export is bounded the same way
+    assert time.monotonic() - t0 < timeout + 2.0
+
+
+def test_trickling_collector_periodic_exports_are_counted_as_they_fail(
+    collector: HostileCollector, observers: Callable[..., specobs.Observer],
+) -> None:
+    collector.mode = "drip"
+    sink = OtlpSink(endpoint=collector.endpoint, protocol="http/protobuf", timeout_seconds=0.5,
+                    export_interval_seconds=0.1, traces=False)  # fmt: skip
+    obs = observers(sinks=[sink], clock="host")
+    # Each periodic export fails at its deadline and is counted then, not when the collector
+    # gives up (it would drip for 60 s).
+    assert wait_until(lambda: obs.snapshot().dropped["metric_export"] >= 3, 20.0)
+    assert collector.requests >= 3
+
+
+def test_bounded_session_keeps_a_healthy_collector_working(
+    collector: HostileCollector, observers: Callable[..., specobs.Observer],
+) -> None:
+    # Keep-alive connections go back to the pool after a capped read, and the deadline timer
+    # of an export that ended never cuts a connection reused by the next one.
+    sink = OtlpSink(endpoint=collector.endpoint, protocol="http/protobuf", timeout_seconds=0.3,
+                    export_interval_seconds=NEVER)  # fmt: skip
+    obs = observers(sinks=[sink], clock="host", trace_head_rate=1.0)
+    for _ in range(5):
+        run_cycles(obs, 3)
+        assert obs.force_flush(5.0)
+        time.sleep(0.35)  # past the previous request's deadline, on the same connection
+    assert collector.requests == 10
+    assert obs.snapshot().dropped["metric_export"] == 0
