@@ -1,9 +1,10 @@
-"""The OTLP sink against collectors that misbehave.
+"""The OTLP sink against collectors that misbehave, and against clock steps.
 
 - A raw-socket collector (:mod:`tests._hostile_collector`) that answers 200 with an endless
   body, announces a 1 GiB one, trickles its body, or trickles its headers: every export ends
   within the exporter's timeout and is counted as failed, and the worker never reads more than
   :data:`~specobs.sinks._otlp_config.MAX_RESPONSE_BYTES` of it.
+- A wall clock stepped back (a fake one, injected) never gives a point a time before its start.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from typing import Any
 import pytest
 
 import specobs
+from specobs.sinks import otlp
 from specobs.sinks._otlp_config import MAX_RESPONSE_BYTES
+from specobs.sinks._otlp_data import metrics_data
 from specobs.sinks.otlp import OtlpSink
 from tests._hostile_collector import HostileCollector
+from tests._otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.slow
 
@@ -195,3 +199,60 @@ def test_bounded_session_keeps_a_healthy_collector_working(
         time.sleep(0.35)  # past the previous request's deadline, on the same connection
     assert collector.requests == 10
     assert obs.snapshot().dropped["metric_export"] == 0
+
+
+# -- N28: the wall clock stepped back ----------------------------------------------------------
+
+
+def test_points_never_precede_their_start_when_the_wall_clock_steps_back(
+    otlp_receiver: OtlpReceiver, observers: Callable[..., specobs.Observer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    step = {"ns": 0}
+    real = time.time_ns
+    monkeypatch.setattr(otlp, "_wall_clock_ns", lambda: real() + step["ns"])
+    sink = OtlpSink(endpoint=otlp_receiver.grpc_endpoint, export_interval_seconds=NEVER,
+                    traces=False)  # fmt: skip
+    obs = observers(sinks=[sink], clock="host")
+    run_cycles(obs, 2)
+    assert obs.force_flush(5.0)
+    step["ns"] = -3600 * 10**9  # NTP steps the clock back an hour
+    run_cycles(obs, 2)
+    assert obs.force_flush(5.0)
+
+    start = obs.snapshot().created_unix_nano
+    times: list[list[int]] = []
+    for request in otlp_receiver.requests(signal="metrics"):
+        stamps = []
+        for rm in request.request.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    data = getattr(m, str(m.WhichOneof("data")))
+                    for p in data.data_points:
+                        assert p.time_unix_nano >= p.start_time_unix_nano, m.name
+                        if m.WhichOneof("data") != "gauge":
+                            assert p.start_time_unix_nano == start
+                        stamps.append(p.time_unix_nano)
+        times.append(stamps)
+    assert len(times) == 2
+    # The second export's points still move forward, on the sink's anchored timeline.
+    assert min(times[1]) > max(times[0])
+    assert min(times[1]) - real() > 3000 * 10**9 - 3600 * 10**9  # not an hour back
+
+
+def test_metrics_data_clamps_a_time_before_the_start() -> None:
+    obs = specobs.configure(sinks=[], clock="host")
+    try:
+        snap = obs.snapshot()
+        sink = OtlpSink(export_interval_seconds=NEVER)
+        data = metrics_data(snap, sink.resource, snap.created_unix_nano - 3600 * 10**9)
+        points = [
+            p
+            for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+            for p in m.data.data_points
+        ]  # fmt: skip
+        assert points
+        assert all(p.time_unix_nano == p.start_time_unix_nano == snap.created_unix_nano
+                   for p in points)
+    finally:
+        obs.shutdown(1.0)

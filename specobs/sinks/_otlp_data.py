@@ -49,8 +49,14 @@ _CUMULATIVE = AggregationTemporality.CUMULATIVE
 
 
 def metrics_data(s: Snapshot, resource: Resource, now_ns: int) -> MetricsData:
-    """The snapshot as OTLP metrics data: every family :func:`specobs._series.families` yields."""
+    """The snapshot as OTLP metrics data: every family :func:`specobs._series.families` yields.
+
+    Every point's time is at least its start time: a ``now_ns`` before the start (the wall
+    clock stepped back past the observer's creation) is clamped to the start, so receivers
+    never see ``time_unix_nano < start_time_unix_nano``.
+    """
     start = s.created_unix_nano or now_ns
+    now_ns = max(now_ns, start)
     const = dict(s.labels)
     out: list[Metric] = []
     for fam in _series.families(s):

@@ -50,6 +50,11 @@ Bounded memory, counted drops (``specobs_exporter_dropped_records_total{reason="
     ``dropped["metric_export"]`` counts metric exports that failed (one per export; the next one
     resends the cumulative values).
 
+Timestamps
+    Metric points are stamped with the wall clock, but never before the sink's anchor plus the
+    monotonic time elapsed since (:meth:`OtlpSink.now_ns`), and never before their start: after
+    the clock is stepped back, points keep moving forward on the timeline the spans use.
+
 CPU
     ``time.thread_time_ns`` around building and exporting metrics (on ``specobs-otlp``) and
     around each span export (on the processor's thread) goes into ``cpu_seconds["otlp"]``. Building
@@ -117,6 +122,10 @@ DEFAULT_MAX_QUEUE_SIZE = 2048
 _MAX_EXPORT_BATCH_SIZE = 512
 # How often the span processor exports without being asked (it also wakes when a batch fills).
 _SPAN_SCHEDULE_DELAY_MILLIS = 1000.0
+# The clocks metric points are stamped from (OtlpSink.now_ns); module attributes so that a test
+# can step the wall clock without touching the real one.
+_wall_clock_ns = time.time_ns
+_monotonic_ns = time.perf_counter_ns
 
 
 class _CountingSpanExporter(SpanExporter):
@@ -280,6 +289,8 @@ class OtlpSink(Sink):
                 f"OTEL_SERVICE_NAME / resource_attributes: {exc}"
             ) from exc
 
+        self._anchor_monotonic_ns = _monotonic_ns()
+        self._anchor_wall_ns = _wall_clock_ns()
         self._lock = threading.Lock()
         self._closed = False
         self._attached = False
@@ -550,8 +561,18 @@ class OtlpSink(Sink):
                 _log.warning("specobs: OTLP metric exporter shutdown failed: %r", exc)
 
     def metrics_data(self, s: Snapshot, now_ns: int | None = None) -> Any:
-        """The snapshot as OTLP ``MetricsData`` (:func:`specobs.sinks._otlp_data.metrics_data`)."""
-        return metrics_data(s, self.resource, time.time_ns() if now_ns is None else now_ns)
+        """The snapshot as OTLP ``MetricsData`` (:func:`specobs.sinks._otlp_data.metrics_data`),
+        its points stamped :meth:`now_ns` unless ``now_ns`` is given."""
+        return metrics_data(s, self.resource, self.now_ns() if now_ns is None else now_ns)
+
+    def now_ns(self) -> int:
+        """The time metric points are stamped with: the wall clock, but never behind the
+        sink's anchor (wall and monotonic clock read together when the sink was made) plus the
+        monotonic time since. After the wall clock is stepped back, points keep moving forward
+        on the anchored timeline — the one spans are placed on — instead of going back before
+        the series' start (``metrics_data`` clamps to the start as well)."""
+        anchored = self._anchor_wall_ns + (_monotonic_ns() - self._anchor_monotonic_ns)
+        return max(_wall_clock_ns(), anchored)
 
     def __repr__(self) -> str:
         signals = "+".join(
