@@ -1,14 +1,19 @@
-"""The OTLP sink against collectors that misbehave, and against clock steps.
+"""The OTLP sink against collectors that misbehave, credentials and clock steps.
 
 - A raw-socket collector (:mod:`tests._hostile_collector`) that answers 200 with an endless
   body, announces a 1 GiB one, trickles its body, or trickles its headers: every export ends
   within the exporter's timeout and is counted as failed, and the worker never reads more than
   :data:`~specobs.sinks._otlp_config.MAX_RESPONSE_BYTES` of it.
+- Credentials in the endpoint URL never reach a ``repr``, a log record or gRPC's own log, and
+  are sent as an HTTP Basic ``authorization`` header by both protocols.
 - A wall clock stepped back (a fake one, injected) never gives a point a time before its start.
 """
 
 from __future__ import annotations
 
+import base64
+import logging
+import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,7 +22,7 @@ import pytest
 
 import specobs
 from specobs.sinks import otlp
-from specobs.sinks._otlp_config import MAX_RESPONSE_BYTES
+from specobs.sinks._otlp_config import MAX_RESPONSE_BYTES, redact_url, split_userinfo
 from specobs.sinks._otlp_data import metrics_data
 from specobs.sinks.otlp import OtlpSink
 from tests._hostile_collector import HostileCollector
@@ -67,6 +72,12 @@ def wait_until(predicate: Callable[[], bool], timeout_seconds: float) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 # -- N6: a collector answering 200 with an endless or huge body --------------------------------
@@ -199,6 +210,102 @@ def test_bounded_session_keeps_a_healthy_collector_working(
         time.sleep(0.35)  # past the previous request's deadline, on the same connection
     assert collector.requests == 10
     assert obs.snapshot().dropped["metric_export"] == 0
+
+
+# -- N52: credentials in the endpoint URL ------------------------------------------------------
+
+SECRET = "URLSECRET"
+BASIC = "Basic " + base64.b64encode(f"alice:{SECRET}".encode()).decode()
+
+
+def with_userinfo(url: str) -> str:
+    return url.replace("http://", f"http://alice:{SECRET}@")
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+@pytest.mark.parametrize("where", ["argument", "environment"])
+def test_endpoint_credentials_are_sent_as_basic_auth_and_never_printed(
+    otlp_receiver: OtlpReceiver, protocol: str, where: str,
+    observers: Callable[..., specobs.Observer], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    caplog.set_level(logging.DEBUG)  # every logger: specobs, the exporters, urllib3, grpc
+    base = otlp_receiver.grpc_endpoint if protocol == "grpc" else otlp_receiver.http_endpoint
+    if where == "argument":
+        sink = OtlpSink(endpoint=with_userinfo(base), protocol=protocol, timeout_seconds=5,
+                        headers={"x-tenant": "t1"}, export_interval_seconds=NEVER)  # fmt: skip
+    else:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", with_userinfo(base))
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=t1")
+        sink = OtlpSink(protocol=protocol, timeout_seconds=5, export_interval_seconds=NEVER)
+    obs = observers(sinks=[sink], clock="host", trace_head_rate=1.0)
+    logging.getLogger("specobs").debug("attached %r", sink)
+    run_cycles(obs, 3)
+    assert obs.force_flush(10.0)  # the gRPC target is host:port again, so it connects
+
+    requests = otlp_receiver.requests()
+    assert {r.signal for r in requests} == {"traces", "metrics"}
+    for r in requests:
+        assert r.headers["authorization"] == BASIC
+        assert r.headers["x-tenant"] == "t1"  # the other headers are kept
+    assert SECRET not in repr(sink) and SECRET not in str(sink.endpoint)
+    obs.shutdown(2.0)
+    printed = caplog.text + "".join(capfd.readouterr())
+    assert "attached <specobs.OtlpSink" in printed
+    assert SECRET not in printed
+    assert BASIC.split()[1] not in printed
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_endpoint_credentials_stay_out_of_failure_logs(
+    protocol: str, observers: Callable[..., specobs.Observer],
+    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    caplog.set_level(logging.DEBUG)
+    port = closed_port()
+    sink = OtlpSink(endpoint=f"http://alice:{SECRET}@127.0.0.1:{port}", protocol=protocol,
+                    timeout_seconds=0.5, export_interval_seconds=NEVER)  # fmt: skip
+    obs = observers(sinks=[sink], clock="host", trace_head_rate=1.0)
+    run_cycles(obs, 3)
+    assert not obs.force_flush(5.0)
+    obs.shutdown(1.0)
+    printed = caplog.text + "".join(capfd.readouterr())
+    assert f"127.0.0.1:{port}" in printed  # the failures were logged, with where they went
+    assert SECRET not in printed
+
+
+def test_endpoint_credentials_and_an_authorization_header_are_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sink = OtlpSink(endpoint=f"http://alice:{SECRET}@127.0.0.1:4317",
+                    headers={"Authorization": "Bearer x"}, export_interval_seconds=NEVER)
+    with pytest.raises(specobs.ConfigurationError, match="expected one set of credentials") as e:
+        specobs.configure(sinks=[sink], clock="host")
+    assert SECRET not in str(e.value) and "127.0.0.1:4317" in str(e.value)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://bob:{SECRET}@127.0.0.1:4318")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20x")
+    with pytest.raises(specobs.ConfigurationError, match="OTEL_EXPORTER_OTLP_"):
+        specobs.configure(sinks=[OtlpSink(protocol="http/protobuf")], clock="host")
+
+
+@pytest.mark.parametrize(
+    ("url", "stripped", "credentials"),
+    [
+        ("http://alice:pw@h:4318/v1/traces", "http://h:4318/v1/traces", "alice:pw"),
+        ("https://a%40b:p%3Aw@h:4318", "https://h:4318", "a@b:p:w"),  # percent-decoded
+        ("alice:pw@h:4317", "h:4317", "alice:pw"),  # a scheme-less gRPC target
+        ("http://alice@h:4318", "http://h:4318", "alice:"),
+        ("http://h:4318/p@th?q=a@b", "http://h:4318/p@th?q=a@b", None),  # '@' after the host
+        ("http://[::1]:4317", "http://[::1]:4317", None),
+    ],
+)
+def test_split_userinfo(url: str, stripped: str, credentials: str | None) -> None:
+    got, authorization = split_userinfo(url)
+    assert got == stripped == redact_url(url)
+    if credentials is None:
+        assert authorization is None
+    else:
+        assert authorization == "Basic " + base64.b64encode(credentials.encode()).decode()
 
 
 # -- N28: the wall clock stepped back ----------------------------------------------------------

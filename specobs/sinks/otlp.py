@@ -73,7 +73,10 @@ Configuration
     specification recommends ``http/protobuf``; set ``OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf``
     for that). Constructor arguments override the variables: ``endpoint`` is a base URL like
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` (for ``http/protobuf`` the sink appends ``/v1/traces`` and
-    ``/v1/metrics``) and wins over the per-signal endpoint variables too.
+    ``/v1/metrics``) and wins over the per-signal endpoint variables too. A user and password
+    in the endpoint URL (argument or variable) are sent as an HTTP Basic ``authorization``
+    header by both protocols and never printed: :attr:`OtlpSink.endpoint` and ``repr`` show the
+    URL without them (an ``authorization`` header as well is a ``ConfigurationError``).
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ from specobs.sinks._otlp_config import (  # noqa: E402
     make_metric_exporter,
     make_span_exporter,
     positive_seconds,
+    redact_url,
     resolve_protocol,
 )
 from specobs.sinks._otlp_data import cycle_spans, metrics_data  # noqa: E402
@@ -222,7 +226,8 @@ class OtlpSink(Sink):
     ``timeout_seconds`` (per export, retries included), ``service_name``,
     ``resource_attributes`` (merged over ``OTEL_RESOURCE_ATTRIBUTES``). ``traces`` /
     ``metrics`` turn either signal off; ``export_interval_seconds`` is the metric push period;
-    ``max_queue_size`` bounds the spans in flight.
+    ``max_queue_size`` bounds the spans in flight. :attr:`endpoint` is the URL without any
+    user and password it carried (those are sent as a Basic ``authorization`` header).
 
     Raises :class:`~specobs.ConfigurationError` on an invalid argument or variable.
     """
@@ -259,7 +264,9 @@ class OtlpSink(Sink):
             raise ConfigurationError(
                 f"endpoint must be a URL such as 'http://localhost:4317', got {endpoint!r}"
             )
-        self.endpoint = None if endpoint is None else endpoint.strip()
+        # The URL as given (it may carry credentials), and as it may be shown.
+        self._endpoint = None if endpoint is None else endpoint.strip()
+        self.endpoint = None if self._endpoint is None else redact_url(self._endpoint)
         self.traces_protocol = resolve_protocol(
             protocol, OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, environ
         )
@@ -323,7 +330,7 @@ class OtlpSink(Sink):
         try:
             if self.wants_traces:
                 inner = make_span_exporter(
-                    self.traces_protocol, self.endpoint, self.headers, self.timeout_seconds)
+                    self.traces_protocol, self._endpoint, self.headers, self.timeout_seconds)
                 self._span_exporter = _CountingSpanExporter(inner, self)
                 self._processor = BatchSpanProcessor(
                     self._span_exporter,
@@ -333,7 +340,7 @@ class OtlpSink(Sink):
                 )
             if self.metrics:
                 self._metric_exporter = make_metric_exporter(
-                    self.metrics_protocol, self.endpoint, self.headers, self.timeout_seconds)
+                    self.metrics_protocol, self._endpoint, self.headers, self.timeout_seconds)
         except ConfigurationError:
             raise
         except Exception as exc:
@@ -362,10 +369,10 @@ class OtlpSink(Sink):
         try:
             if self._span_exporter is not None:
                 self._span_exporter.reset_in_child(make_span_exporter(
-                    self.traces_protocol, self.endpoint, self.headers, self.timeout_seconds))
+                    self.traces_protocol, self._endpoint, self.headers, self.timeout_seconds))
             if self._metric_exporter is not None:
                 self._metric_exporter = make_metric_exporter(
-                    self.metrics_protocol, self.endpoint, self.headers, self.timeout_seconds)
+                    self.metrics_protocol, self._endpoint, self.headers, self.timeout_seconds)
         except Exception as exc:
             _log.warning("specobs: forked child (pid %d) cannot export by OTLP: %r",
                          os.getpid(), exc)
