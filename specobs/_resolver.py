@@ -667,14 +667,16 @@ class Resolver:
         self.agg.set_sampling(rec.interval, overhead, cost / 1e9 if n_sampled else 0.0)
 
 
-#: A sink call out of time still gets this long to return (closing a socket, say) before it is
-#: left behind: the bound of ``force_flush`` / ``shutdown`` is their timeout plus this.
-SINK_CALL_FLOOR_SECONDS = 0.05
+#: How long past its deadline a sink call may take before it is left behind: a sink that honours
+#: its timeout returns at about the deadline (finishing an export it cut short, closing a
+#: socket), and must not be mistaken for one that hangs. The bound of ``force_flush`` /
+#: ``shutdown`` is their timeout plus this, per call.
+SINK_CALL_GRACE_SECONDS = 0.2
 
 
 def _call_sinks(sinks: Sequence[Sink], method: str, deadline: float) -> list[object]:
     """``sink.<method>(remaining seconds)`` for every sink, each on a daemon thread, all at once,
-    joined until ``deadline`` (at least :data:`SINK_CALL_FLOOR_SECONDS`).
+    joined until ``deadline`` plus :data:`SINK_CALL_GRACE_SECONDS`.
 
     A sink's ``force_flush`` and ``shutdown`` must return within their timeout (``Sink``'s
     contract), but a custom sink that blocks would otherwise hang ``shutdown()`` and the
@@ -697,9 +699,9 @@ def _call_sinks(sinks: Sequence[Sink], method: str, deadline: float) -> list[obj
     ]
     for t in threads:
         t.start()
-    floor = time.monotonic() + SINK_CALL_FLOOR_SECONDS
+    until = max(deadline, time.monotonic()) + SINK_CALL_GRACE_SECONDS
     for t in threads:
-        t.join(max(0.0, max(deadline, floor) - time.monotonic()))
+        t.join(max(0.0, until - time.monotonic()))
     for sink, out in zip(sinks, results, strict=True):
         if not out:
             _log.warning(
