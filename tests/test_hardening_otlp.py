@@ -1,9 +1,12 @@
-"""The OTLP sink against collectors that misbehave, credentials and clock steps.
+"""The OTLP sink against collectors that misbehave, forked children, credentials and clock steps.
 
 - A raw-socket collector (:mod:`tests._hostile_collector`) that answers 200 with an endless
   body, announces a 1 GiB one, trickles its body, or trickles its headers: every export ends
   within the exporter's timeout and is counted as failed, and the worker never reads more than
   :data:`~specobs.sinks._otlp_config.MAX_RESPONSE_BYTES` of it.
+- Real ``os.fork()`` children of a process exporting by OTLP/gRPC to the real receiver
+  (:mod:`tests._otlp_receiver`): none dies of a signal, each one's own totals arrive; a child
+  forked while an export was in flight stays silent and says so once.
 - Credentials in the endpoint URL never reach a ``repr``, a log record or gRPC's own log, and
   are sent as an HTTP Basic ``authorization`` header by both protocols.
 - A wall clock stepped back (a fake one, injected) never gives a point a time before its start.
@@ -12,8 +15,13 @@
 from __future__ import annotations
 
 import base64
+import json
 import logging
+import os
 import socket
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,7 +29,8 @@ from typing import Any
 import pytest
 
 import specobs
-from specobs.sinks import otlp
+from specobs import catalog
+from specobs.sinks import _otlp_config, otlp
 from specobs.sinks._otlp_config import MAX_RESPONSE_BYTES, redact_url, split_userinfo
 from specobs.sinks._otlp_data import metrics_data
 from specobs.sinks.otlp import OtlpSink
@@ -31,6 +40,7 @@ from tests._otlp_receiver import OtlpReceiver
 pytestmark = pytest.mark.slow
 
 NEVER = 3600.0  # export interval: no timer export fires during a test
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -212,6 +222,136 @@ def test_bounded_session_keeps_a_healthy_collector_working(
     assert obs.snapshot().dropped["metric_export"] == 0
 
 
+# -- N39: fork() under a parent exporting by gRPC ----------------------------------------------
+
+_FORK_SCRIPT = textwrap.dedent('''
+    import json, os, sys, threading, time, traceback
+    import specobs
+
+    endpoint, n_children, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    if mode == "busy-late":
+        # The observer's fork hook is registered before the sink's module is imported: the
+        # sink must not depend on the order the hooks run in.
+        specobs.configure(sinks=[], clock="host").shutdown(1)
+    from specobs.sinks import otlp
+    # Generous on a loaded machine: how long fork() may wait for an export in progress.
+    otlp._FORK_WAIT_SECONDS = 5.0 if mode == "healthy" else 0.2
+    sink = otlp.OtlpSink(endpoint=endpoint, protocol="grpc", timeout_seconds=10,
+                         export_interval_seconds=0.05 if mode == "healthy" else 3600,
+                         traces=mode == "healthy")
+    obs = specobs.configure(sinks=[sink], clock="host", trace_head_rate=1.0)
+    stop = threading.Event()
+
+    def load():
+        while not stop.is_set():
+            for _ in range(20):
+                with obs.cycle() as c:
+                    c.mark("verify")
+                    c.mark("bookkeeping")
+            time.sleep(0.001)
+
+    def child(i):
+        try:
+            for _ in range(1000 + i):
+                with obs.cycle() as c:
+                    c.mark("verify")
+                    c.mark("bookkeeping")
+            ok = obs.force_flush(15)
+            t0 = time.monotonic()
+            obs.shutdown(5)
+            took = time.monotonic() - t0
+            if mode == "healthy":
+                return 0 if ok else 3
+            return 0 if (not ok and took < 1.0) else 5
+        except BaseException:
+            traceback.print_exc()
+            return 4
+
+    threading.Thread(target=load, daemon=True).start()
+    if mode == "healthy":
+        assert obs.force_flush(15)  # the channel is up and exporting before the first fork
+    else:
+        threading.Thread(target=obs.force_flush, args=(30,), daemon=True).start()
+        deadline = time.monotonic() + 15
+        while not sink._metrics_exporting and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert sink._metrics_exporting
+    pids = {}
+    for i in range(n_children):
+        pid = os.fork()
+        if pid == 0:
+            code = child(i)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if i % 2:
+                sys.exit(code)  # a normal interpreter exit: atexit hooks, finalizers
+            os._exit(code)
+        pids[pid] = i
+        time.sleep(0.02)
+    status = {}
+    deadline = time.monotonic() + 90
+    while pids and time.monotonic() < deadline:
+        for pid in list(pids):
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status[pids.pop(pid)] = os.waitstatus_to_exitcode(st)
+        time.sleep(0.01)
+    for pid, i in pids.items():
+        os.kill(pid, 9)
+        status[i] = "hung"
+    stop.set()
+    parent_ok = obs.force_flush(15) if mode == "healthy" else None
+    obs.shutdown(5)
+    print(json.dumps({"status": status, "start": obs.snapshot().created_unix_nano,
+                      "parent_ok": parent_ok}))
+''')
+
+
+def run_fork_script(endpoint: str, n_children: int, mode: str) -> tuple[dict[str, Any], str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORK_SCRIPT, endpoint, str(n_children), mode],
+        cwd=REPO, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_forked_children_of_a_grpc_exporting_parent_export_their_own_totals(
+    otlp_receiver: OtlpReceiver,
+) -> None:
+    n = 16
+    result, stderr = run_fork_script(otlp_receiver.grpc_endpoint, n, "healthy")
+    # No child died of a signal (SIGABRT in gRPC core) or hung; each one's flush delivered.
+    assert result["status"] == {str(i): 0 for i in range(n)}, (result, stderr[-4000:])
+    assert result["parent_ok"] is True
+    assert "Check failed" not in stderr
+    assert "skipping fork() handlers" not in stderr
+    # Each child's cumulative series start at its own fork and end at exactly its own cycles.
+    final: dict[int, float] = {}
+    for _, metric in otlp_receiver.metrics(transport="grpc"):
+        if metric.name == catalog.CYCLES.otel_name:
+            for p in metric.sum.data_points:
+                if p.start_time_unix_nano != result["start"]:
+                    final[p.start_time_unix_nano] = max(
+                        final.get(p.start_time_unix_nano, 0), p.as_int or p.as_double)
+    assert sorted(final.values()) == [1000 + i for i in range(n)], final
+
+
+@pytest.mark.parametrize("mode", ["busy", "busy-late"])
+def test_child_forked_during_a_grpc_export_stays_silent_and_exits_cleanly(
+    otlp_receiver: OtlpReceiver, mode: str,
+) -> None:
+    otlp_receiver.delay_seconds = 3.0  # the parent's export is in flight at every fork
+    n = 4
+    result, stderr = run_fork_script(otlp_receiver.grpc_endpoint, n, mode)
+    assert result["status"] == {str(i): 0 for i in range(n)}, (result, stderr[-4000:])
+    assert "Check failed" not in stderr
+    lines = [ln for ln in stderr.splitlines() if "does not export by OTLP/gRPC" in ln]
+    assert len(lines) == n, stderr[-4000:]  # once per child
+    assert len({ln.split("pid ")[1].split(")")[0] for ln in lines}) == n
+    assert "http/protobuf" in lines[0]
+
+
 # -- N52: credentials in the endpoint URL ------------------------------------------------------
 
 SECRET = "URLSECRET"
@@ -363,3 +503,8 @@ def test_metrics_data_clamps_a_time_before_the_start() -> None:
                    for p in points)
     finally:
         obs.shutdown(1.0)
+
+
+def test_module_constants() -> None:
+    assert _otlp_config.MAX_RESPONSE_BYTES == 1024 * 1024
+    assert 0 < otlp._FORK_WAIT_SECONDS <= 1.0

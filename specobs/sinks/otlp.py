@@ -50,6 +50,23 @@ Bounded memory, counted drops (``specobs_exporter_dropped_records_total{reason="
     ``dropped["metric_export"]`` counts metric exports that failed (one per export; the next one
     resends the cumulative values).
 
+Collectors that misbehave
+    Every export ends within the exporter's timeout (``timeout_seconds``, else
+    ``OTEL_EXPORTER_OTLP_TIMEOUT``, else 10 s), retries included, whatever the collector sends:
+    gRPC enforces its deadline itself (and caps a received message at 4 MiB); for
+    http/protobuf, specobs gives the exporter a ``requests`` session whose requests end at that
+    deadline even when the collector trickles its answer a byte at a time, and which reads at
+    most 1 MiB of a response (:mod:`specobs.sinks._otlp_config`). An export cut short is a
+    failed export, counted as above when it ends.
+
+fork()
+    A forked child rebuilds the sink (:meth:`OtlpSink.after_fork_in_child`) and exports its own
+    series. With gRPC, ``fork()`` waits (at most 0.5 s) for an export of this module in
+    progress, so that gRPC's fork handlers can run; a child forked while one was still running
+    cannot use gRPC safely (gRPC core aborts or hangs such children), so its sink stays off and
+    says so in one warning. ``GRPC_ENABLE_FORK_SUPPORT`` is left alone: with exports in flight
+    it made parents and children hang.
+
 Timestamps
     Metric points are stamped with the wall clock, but never before the sink's anchor plus the
     monotonic time elapsed since (:meth:`OtlpSink.now_ns`), and never before their start: after
@@ -86,6 +103,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from specobs._errors import ConfigurationError, require
@@ -126,10 +144,80 @@ DEFAULT_MAX_QUEUE_SIZE = 2048
 _MAX_EXPORT_BATCH_SIZE = 512
 # How often the span processor exports without being asked (it also wakes when a batch fills).
 _SPAN_SCHEDULE_DELAY_MILLIS = 1000.0
+#: How long ``fork()`` waits for specobs's own gRPC export in progress to end (see _GrpcForkGate).
+_FORK_WAIT_SECONDS = 0.5
+
+
+class _GrpcForkGate:
+    """Keeps ``fork()`` out of specobs's own gRPC calls.
+
+    gRPC core's fork handlers reset its poller in the child only when no thread is inside gRPC
+    at the moment of the fork; otherwise they are skipped ("Other threads are currently calling
+    into gRPC, skipping fork() handlers") and the child inherits a poller owned by a thread that
+    does not exist: its first gRPC call may abort the process (``ev_epoll1_linux.cc Check
+    failed``) or hang. (``GRPC_ENABLE_FORK_SUPPORT=1`` does not help here: with exports in
+    flight, children and the parent hung.) So every gRPC export and shutdown of this module
+    passes through this gate; before a fork the gate waits up to :data:`_FORK_WAIT_SECONDS` for
+    the calls in progress to end and holds new ones back until the fork is done. A child forked
+    while a call was still in progress is told so (:meth:`unsafe_here`) and does not touch
+    gRPC at all.
+    """
+
+    def __init__(self) -> None:
+        self._reinit()
+        self.child_unsafe = False
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(before=self._before_fork, after_in_parent=self._after_in_parent,
+                                after_in_child=self._after_in_child)
+
+    def _reinit(self) -> None:
+        self._pid = os.getpid()
+        self._cond = threading.Condition(threading.Lock())
+        self._active = 0
+        self._busy_at_fork = False
+
+    def __enter__(self) -> None:
+        with self._cond:
+            self._active += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._active -= 1
+            if self._active == 0:
+                self._cond.notify_all()
+
+    def _before_fork(self) -> None:
+        self._cond.acquire()  # held through fork(): no call starts meanwhile
+        if self._active:
+            self._busy_at_fork = not self._cond.wait_for(
+                lambda: self._active == 0, _FORK_WAIT_SECONDS)
+
+    def _after_in_parent(self) -> None:
+        self._busy_at_fork = False
+        self._cond.release()
+
+    def _after_in_child(self) -> None:
+        # Also called from OtlpSink.after_fork_in_child: the observer's fork hook may have been
+        # registered before this one, and so run first. Once per process.
+        if self._pid == os.getpid():
+            return
+        self.child_unsafe = self.child_unsafe or self._busy_at_fork
+        self._reinit()
+
+    def unsafe_here(self) -> bool:
+        """Whether this process descends from a fork that landed inside a gRPC call."""
+        self._after_in_child()
+        return self.child_unsafe
+
+
+_GRPC_FORK_GATE = _GrpcForkGate()
 # The clocks metric points are stamped from (OtlpSink.now_ns); module attributes so that a test
 # can step the wall clock without touching the real one.
 _wall_clock_ns = time.time_ns
 _monotonic_ns = time.perf_counter_ns
+# Exporters a forked child inherited: kept referenced and never closed there (see
+# OtlpSink.after_fork_in_child).
+_PARENT_EXPORTERS: list[object] = []
 
 
 class _CountingSpanExporter(SpanExporter):
@@ -140,9 +228,11 @@ class _CountingSpanExporter(SpanExporter):
     FAILURE at once and are not counted again: the sink already counted them as lost.
     """
 
-    def __init__(self, inner: SpanExporter, sink: OtlpSink) -> None:
+    def __init__(self, inner: SpanExporter, sink: OtlpSink, gate: AbstractContextManager[Any]
+                 ) -> None:
         self._inner = inner
         self._sink = sink
+        self._gate = gate
         self.received = 0
         self.exporting = 0  # spans of the export in progress
         self._abandoned = False
@@ -159,7 +249,8 @@ class _CountingSpanExporter(SpanExporter):
             self.exporting = n
         t0 = time.thread_time_ns()
         try:
-            result = self._inner.export(spans)
+            with self._gate:
+                result = self._inner.export(spans)
         except Exception as exc:  # the processor would only log it; we count it too
             _log.warning("specobs: OTLP span export raised: %r", exc)
             result = SpanExportResult.FAILURE
@@ -185,6 +276,10 @@ class _CountingSpanExporter(SpanExporter):
         with self._lock:
             self._closed = True
 
+    @property
+    def inner(self) -> SpanExporter:
+        return self._inner
+
     def reset_in_child(self, inner: SpanExporter) -> None:
         self._lock = threading.Lock()
         self._inner = inner
@@ -199,7 +294,8 @@ class _CountingSpanExporter(SpanExporter):
                 return
             self._shut = True
         try:
-            self._inner.shutdown()
+            with self._gate:
+                self._inner.shutdown()
         except Exception as exc:
             _log.warning("specobs: OTLP span exporter shutdown failed: %r", exc)
 
@@ -331,7 +427,8 @@ class OtlpSink(Sink):
             if self.wants_traces:
                 inner = make_span_exporter(
                     self.traces_protocol, self._endpoint, self.headers, self.timeout_seconds)
-                self._span_exporter = _CountingSpanExporter(inner, self)
+                self._span_exporter = _CountingSpanExporter(
+                    inner, self, self._gate(self.traces_protocol))
                 self._processor = BatchSpanProcessor(
                     self._span_exporter,
                     max_queue_size=self.max_queue_size,
@@ -350,6 +447,14 @@ class OtlpSink(Sink):
             ) from exc
         self._start_thread()
 
+    @staticmethod
+    def _gate(protocol: str) -> AbstractContextManager[Any]:
+        return _GRPC_FORK_GATE if protocol == "grpc" else nullcontext()
+
+    def _uses_grpc(self) -> bool:
+        return ((self.wants_traces and self.traces_protocol == "grpc")
+                or (self.metrics and self.metrics_protocol == "grpc"))
+
     def _start_thread(self) -> None:
         t = threading.Thread(target=self._run, name="specobs-otlp", daemon=True)
         self._thread = t
@@ -361,10 +466,29 @@ class OtlpSink(Sink):
         Threads do not survive fork(); the span processor restarts its own with an empty queue
         (the parent exports what it had queued). The exporters are made anew (a gRPC channel or
         an HTTP session is not shared across processes), nothing is counted as in flight, and
-        the child's cumulative series start at its own new start time.
+        the child's cumulative series start at its own new start time. The parent's exporters
+        are kept, untouched: closing a gRPC channel of the parent in the child is itself a gRPC
+        call.
+
+        With gRPC, a child forked while one of specobs's exports was still in progress (past
+        :data:`_FORK_WAIT_SECONDS`) cannot use gRPC safely (see :class:`_GrpcForkGate`): the
+        sink stays off in that child, says so in one warning, and counts the spans it refuses
+        as ``span_export`` drops. The process itself is never put at risk.
         """
         self._lock = threading.Lock()
         if self._closed or not self._attached:
+            return
+        _PARENT_EXPORTERS.extend(
+            e for e in (self._span_exporter and self._span_exporter.inner, self._metric_exporter)
+            if e is not None)
+        if self._uses_grpc() and _GRPC_FORK_GATE.unsafe_here():
+            _log.warning(
+                "specobs: forked child (pid %d) does not export by OTLP/gRPC: fork() ran while "
+                "an export to the collector was in progress, after which gRPC cannot be used "
+                "safely in the child. The parent keeps exporting; for children that export, "
+                "fork before configure() or use OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf.",
+                os.getpid())
+            self._closed = True
             return
         try:
             if self._span_exporter is not None:
@@ -540,7 +664,8 @@ class OtlpSink(Sink):
             try:
                 data = self.metrics_data(self.source.snapshot())
                 # The exporter bounds the call itself (its timeout covers the retries).
-                result = exporter.export(data)
+                with self._gate(self.metrics_protocol):
+                    result = exporter.export(data)
                 metrics_ok = result is MetricExportResult.SUCCESS
             except Exception as exc:
                 _log.warning("specobs: OTLP metric export raised: %r", exc)
@@ -563,7 +688,8 @@ class OtlpSink(Sink):
             self._span_exporter.shutdown()
         if self._metric_exporter is not None:
             try:
-                self._metric_exporter.shutdown()
+                with self._gate(self.metrics_protocol):
+                    self._metric_exporter.shutdown()
             except Exception as exc:
                 _log.warning("specobs: OTLP metric exporter shutdown failed: %r", exc)
 
