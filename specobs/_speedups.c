@@ -139,7 +139,7 @@ PyDoc_STRVAR(bucket_doc,
 "the last count is +Inf) and the exact sum of the values.");
 
 static PyObject *
-bucket(PyObject *self, PyObject *args)
+bucket(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyObject *values, *bounds_obj;
     double scale;
@@ -177,7 +177,7 @@ PyDoc_STRVAR(host_chunk_doc,
 "compared in seconds (ns * 1e-9); ``total``: the sum of the cycle times in ns.");
 
 static PyObject *
-host_chunk(PyObject *self, PyObject *args)
+host_chunk(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyObject *stamps, *bounds_obj;
     Py_ssize_t nph;
@@ -255,7 +255,7 @@ PyDoc_STRVAR(count_lengths_doc,
 "one is an int in 0..k.");
 
 static PyObject *
-count_lengths(PyObject *self, PyObject *args)
+count_lengths(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyObject *lists;
     Py_ssize_t k, width;
