@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from specobs import _bucketing
 from specobs._config import MAX_DRAFT_LENGTH
 from specobs._model import Acceptance, BatchAcceptance
+from specobs._recorder import short_repr
 
 if TYPE_CHECKING:
     from specobs._recorder import Cycle
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 #: ``report(kind, message)``: count one bad value of ``kind`` (an ``errors{kind}`` label value).
+#: A caller's value appears in ``message`` only through ``short_repr`` (bounded text and work).
 Report = Callable[[str, str], None]
 
 #: Largest batch size counted; anything above is a caller's bug, not a batch.
@@ -203,8 +205,8 @@ def batch_sizes(cycles: Iterable[Cycle], report: Report) -> list[int]:
             if v is None:
                 report(
                     "bad_batch_size",
-                    f"batch_size must be an integer between 0 and {MAX_BATCH}, got {_short(b)}; "
-                    f"the cycle is kept without a batch size",
+                    f"batch_size must be an integer between 0 and {MAX_BATCH}, got "
+                    f"{short_repr(b)}; the cycle is kept without a batch size",
                 )
             c._batch = v
             if v is not None:
@@ -243,7 +245,7 @@ def cycle_acceptance(c: Cycle, max_draft_length: int, report: Report) -> Accepta
     try:
         return _cycle_acceptance(c, max_draft_length, report)
     except Exception as exc:
-        report("bad_acceptance", f"could not read the acceptance: {exc!r}")
+        report("bad_acceptance", f"could not read the acceptance: {short_repr(exc, 200)}")
         return None
 
 
@@ -255,7 +257,8 @@ def _cycle_acceptance(c: Cycle, k_max: int, report: Report) -> Acceptance | None
         try:
             acc = copy.read()
         except Exception as exc:
-            report("bad_acceptance", f"could not read the copied acceptance: {exc!r}")
+            report("bad_acceptance",
+                   f"could not read the copied acceptance: {short_repr(exc, 200)}")
             return None
     if acc is None:
         return None
@@ -269,7 +272,8 @@ def _cycle_acceptance(c: Cycle, k_max: int, report: Report) -> Acceptance | None
     try:
         lengths = [as_count(a) for a in acc]
     except (TypeError, ValueError, OverflowError):
-        report("bad_acceptance", f"accepted lengths must be integers >= 0, got {_short(acc)}")
+        report("bad_acceptance", f"accepted lengths must be integers >= 0, got "
+               f"{short_repr(acc)}")
         return None
     lo = min(lengths, default=0)
     hi = max(lengths, default=0)
@@ -293,7 +297,7 @@ def _cycle_acceptance(c: Cycle, k_max: int, report: Report) -> Acceptance | None
         report(
             "bad_acceptance",
             f"draft_length must be an int (or one per sequence) between 0 and "
-            f"max_draft_length={k_max}, got {_short(dl)} for {len(lengths)} sequences",
+            f"max_draft_length={k_max}, got {short_repr(dl)} for {len(lengths)} sequences",
         )
         return None
     if lo < 0 or hi > k:
@@ -314,7 +318,7 @@ def _cycle_acceptance(c: Cycle, k_max: int, report: Report) -> Acceptance | None
         except (TypeError, ValueError, OverflowError):
             got = -1
         if got < 0:
-            report("bad_acceptance", f"emitted must be a count >= 0, got {_short(em)}; the "
+            report("bad_acceptance", f"emitted must be a count >= 0, got {short_repr(em)}; the "
                    f"default (accepted + 1 per sequence) is used")
         else:
             emitted = got
@@ -383,12 +387,3 @@ def _as_batch(b: Any) -> int | None:
     except (TypeError, ValueError, OverflowError):
         return None
     return v if 0 <= v <= MAX_BATCH else None
-
-
-def _short(x: Any) -> str:
-    """A bounded repr for log messages (a caller's value may be huge)."""
-    try:
-        text = repr(x)
-    except Exception:
-        text = f"<{type(x).__name__}>"
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -239,7 +239,8 @@ class Observer:
         c = self._recorder.current
         if c is None:
             if self._recorder.enabled:
-                self._recorder.misuse("mark_without_begin", f"mark({phase!r}) with no open cycle")
+                self._recorder.misuse_value("mark_without_begin", "mark(", phase,
+                                            ") with no open cycle")
             return
         c.mark(phase)
 
@@ -288,8 +289,8 @@ class Observer:
             except Exception:
                 ok = False
             if not ok:
-                rec.misuse("bad_request_counts", f"set_requests({name}=...) must be a count "
-                           f">= 0, got {value!r:.80}; ignored")
+                rec.misuse_value("bad_request_counts", f"set_requests({name}=...) must be a "
+                                 "count >= 0, got ", value, "; ignored")
                 continue
             valid[name] = v
         if valid:

@@ -15,9 +15,12 @@ starts the named one, which must be the next in order; ``end`` ends the last pha
 from __future__ import annotations
 
 import logging
+import reprlib
 import sys
 import time
-from collections import deque
+from collections import defaultdict, deque
+from collections.abc import Callable
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from specobs.timing._base import record_stream_of
@@ -25,7 +28,7 @@ from specobs.timing._base import record_stream_of
 if TYPE_CHECKING:
     from specobs.timing import EventClock
 
-__all__ = ["Cycle", "Recorder"]
+__all__ = ["Cycle", "Message", "Recorder", "short_repr"]
 
 _log = logging.getLogger("specobs")
 _perf = time.perf_counter_ns
@@ -69,22 +72,135 @@ def _sole_refs() -> int:
 SOLE_REFS = _sole_refs()
 
 
+#: A log message, or what builds it: a callable is called only when the line is emitted.
+Message = str | Callable[[], str]
+
+
+class _BoundedRepr(reprlib.Repr):
+    """``reprlib`` limits applied to subclasses of the builtin containers too, and never more
+    work than the text shown: no sort of a whole set or dict, no ``repr`` of a whole huge int."""
+
+    _BUILTINS = (
+        (str, "str"), (bytes, "bytes"), (bytearray, "bytes"), (int, "int"), (list, "list"),
+        (tuple, "tuple"), (dict, "dict"), (set, "set"), (frozenset, "frozenset"),
+        (deque, "deque"),
+    )
+
+    def repr1(self, x: Any, level: int) -> str:
+        for base, name in self._BUILTINS:
+            if isinstance(x, base):
+                return getattr(self, "repr_" + name)(x, level)  # type: ignore[no-any-return]
+        return self.repr_instance(x, level)
+
+    def repr_instance(self, x: Any, level: int) -> str:
+        try:
+            text = repr(x)
+        except Exception:
+            return f"<{type(x).__name__}>"
+        n = self.maxother
+        return text if len(text) <= n else text[: n - 3] + "..."
+
+    def repr_str(self, x: Any, level: int) -> str:
+        n = self.maxstring
+        head = str.__getitem__(x, slice(0, n))
+        return repr(head) + ("..." if len(x) > n else "")
+
+    def repr_bytes(self, x: Any, level: int) -> str:
+        n = self.maxstring
+        head = bytes(memoryview(x)[:n])
+        return repr(head) + ("..." if len(x) > n else "")
+
+    def repr_int(self, x: Any, level: int) -> str:
+        if x.bit_length() > 128:  # repr is quadratic in the digits (and refused past 4300)
+            return f"<int of {x.bit_length()} bits>"
+        return int.__repr__(x) if type(x) is int else self.repr_instance(x, level)  # bool, enum
+
+    def repr_dict(self, x: Any, level: int) -> str:
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        pieces = [
+            f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
+            for k, v in islice(dict.items(x), self.maxdict)
+        ]
+        return "{" + ", ".join(pieces) + (", ..." if len(x) > self.maxdict else "") + "}"
+
+    def repr_set(self, x: Any, level: int) -> str:
+        return self._items(x, level, "{", "}", self.maxset) if x else "set()"
+
+    def repr_frozenset(self, x: Any, level: int) -> str:
+        return self._items(x, level, "frozenset({", "})", self.maxfrozenset) if x else "frozenset()"
+
+    def repr_list(self, x: Any, level: int) -> str:
+        return self._items(x, level, "[", "]", self.maxlist)
+
+    def repr_tuple(self, x: Any, level: int) -> str:
+        return self._items(x, level, "(", ",)" if len(x) == 1 else ")", self.maxtuple)
+
+    def repr_deque(self, x: Any, level: int) -> str:
+        return self._items(x, level, "deque([", "])", self.maxdeque)
+
+    def _items(self, x: Any, level: int, left: str, right: str, most: int) -> str:
+        """The first ``most`` items (in iteration order: a set is not sorted first)."""
+        if level <= 0 and len(x):
+            return left + "..." + right
+        pieces = [self.repr1(v, level - 1) for v in islice(x, most)]
+        if len(x) > most:
+            pieces.append("...")
+        return left + ", ".join(pieces) + right
+
+
+_REPR = _BoundedRepr()
+_REPR.maxstring = 60
+_REPR.maxother = 60
+_REPR.maxlevel = 3
+
+
+def short_repr(x: Any, limit: int = 80) -> str:
+    """A repr of a caller's value for a log message: at most ``limit`` characters, and no more
+    work than that text takes for strings, bytes, ints and the builtin containers (a few items
+    shown, the rest elided), whatever their size. Other objects' own ``repr`` is called once and
+    cut. Never raises (a ``repr`` that raises gives ``<TypeName>``).
+
+    Only call it where a message is about to be emitted: an object's ``repr`` may be slow."""
+    try:
+        text = _REPR.repr(x)
+    except Exception:
+        try:
+            text = f"<{type(x).__name__}>"
+        except Exception:
+            text = "<?>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class RateLimitedLog:
-    """Log each kind of problem once, then at most once a minute, with a suppressed count."""
+    """Log each kind of problem once, then at most once a minute, with a suppressed count.
+
+    ``message`` may be a callable that builds the text: it is called only when the line is
+    emitted, so a suppressed line costs a clock read and a counter, whatever the bad value was.
+    """
 
     def __init__(self) -> None:
         self._last: dict[str, int] = {}
-        self._suppressed: dict[str, int] = {}
+        # defaultdict: ``+= 1`` calls no Python code between the read and the write, so an
+        # increment from another thread is not lost under the GIL (``.get() + 1`` can be).
+        self._suppressed: defaultdict[str, int] = defaultdict(int)
 
-    def warn(self, kind: str, message: str) -> None:
+    def warn(self, kind: str, message: Message) -> None:
         now = _perf()
         last = self._last.get(kind)
         if last is not None and now - last < _LOG_EVERY_NS:
-            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            self._suppressed[kind] += 1
             return
         self._last[kind] = now
         n = self._suppressed.pop(kind, 0)
         extra = f" ({n} similar messages suppressed)" if n else ""
+        if not isinstance(message, str):
+            try:
+                message = message()
+            except Exception as exc:  # a message must never cost the worker more than itself
+                message = f"{kind} (the message could not be built: {type(exc).__name__})"
         _log.warning("specobs: %s%s", message, extra)
 
 
@@ -259,12 +375,8 @@ class Cycle:
                 return
             ts = self._ts
             if len(ts) != rec.nphases:
-                rec.misuse(
-                    "wrong_phase_order",
-                    f"end() after phase {rec.phases[len(ts) - 1]!r}; expected the cycle to reach "
-                    f"{rec.phases[-1]!r} first (phases: {', '.join(rec.phases)}); cycle discarded",
-                )
                 rec.discard(self)
+                rec.misuse_end(len(ts))
                 return
             ts.append(t)
             ev = self._ev
@@ -361,7 +473,10 @@ class Recorder:
         self.dropped_pool = 0
         self.dropped_capture = 0
         self.discarded = 0
-        self.errors: dict[str, int] = {}
+        # defaultdict: ``errors[kind] += 1`` runs no Python code between the read and the
+        # write, so under the GIL an increment is never lost to the resolver thread's (which
+        # counts bad values here too) or to another thread's.
+        self.errors: defaultdict[str, int] = defaultdict(int)
         # Released by the resolver when the worker dropped a record holding events.
         self.dropped_records: deque[Cycle] = deque()
         self.sample_every = sample_every
@@ -506,26 +621,45 @@ class Recorder:
         if c._ev is not None or c._acc_copy is not None:
             self.dropped_records.append(c)
 
-    def misuse(self, kind: str, message: str) -> None:
-        self.errors[kind] = self.errors.get(kind, 0) + 1
+    def misuse(self, kind: str, message: Message) -> None:
+        """Count one ``errors{kind}`` and log it, rate-limited. Called on the worker's thread
+        (the hot path) and the resolver's (bad values): pass the message as a callable when
+        building it costs anything (a caller's value: always through :func:`short_repr`), so
+        a suppressed line never builds it."""
+        self.errors[kind] += 1
         self.log.warn(kind, message)
 
-    def misuse_mark(self, c: Cycle, phase: str) -> None:
+    def misuse_value(self, kind: str, before: str, value: Any, after: str = "") -> None:
+        """:meth:`misuse` with a message showing a caller's ``value`` between ``before`` and
+        ``after``, through :func:`short_repr`, built only if the line is emitted."""
+        self.misuse(kind, lambda: before + short_repr(value) + after)
+
+    def misuse_mark(self, c: Cycle, phase: Any) -> None:
+        phases = self.phases
         if c._closed:
-            self.misuse("mark_without_begin", f"mark({phase!r}) with no open cycle")
+            self.misuse_value("mark_without_begin", "mark(", phase, ") with no open cycle")
             return
-        if phase not in self.phases:
-            self.misuse("unknown_phase", f"mark({phase!r}): unknown phase; expected one of "
-                        f"{', '.join(self.phases)}")
+        if phase not in phases:
+            self.misuse("unknown_phase", lambda: f"mark({short_repr(phase)}): unknown phase; "
+                        f"expected one of {', '.join(phases)}")
             return
         i = len(c._ts) - 1
-        expected = self.phases[i + 1] if i + 1 < self.nphases else "end()"
-        self.misuse("wrong_phase_order", f"mark({phase!r}) during {self.phases[i]!r}; "
-                    f"expected {expected!r} next")
+        expected = phases[i + 1] if i + 1 < self.nphases else "end()"
+        self.misuse("wrong_phase_order", lambda: f"mark({short_repr(phase)}) during "
+                    f"{phases[i]!r}; expected {expected!r} next")
+
+    def misuse_end(self, reached: int) -> None:
+        # Not in Cycle.end: a lambda there would make its variables cells, created on every
+        # call of the hot path, not only on this one.
+        phases = self.phases
+        self.misuse("wrong_phase_order", lambda: f"end() after phase {phases[reached - 1]!r}; "
+                    f"expected the cycle to reach {phases[-1]!r} first (phases: "
+                    f"{', '.join(phases)}); cycle discarded")
 
     def internal_error(self, exc: BaseException) -> None:
         try:
-            self.errors["internal"] = self.errors.get("internal", 0) + 1
-            self.log.warn("internal", f"internal error on the hot path, ignored: {exc!r}")
+            self.errors["internal"] += 1
+            self.log.warn("internal", lambda: "internal error on the hot path, ignored: "
+                          + short_repr(exc, 200))
         except Exception:
             pass
