@@ -4,7 +4,9 @@ The hot path stores whatever it is given, untouched; the resolver calls these fu
 chunk of records before anything is applied to the aggregation. Bad values cost only themselves:
 a value that cannot be read as counts is reported through ``report(kind, message)`` (the
 recorder counts it in ``errors{kind}`` and logs it at a limited rate) and that cycle's value is
-left out, nothing else.
+left out, nothing else. Counts are ints, integral floats and numpy / torch integer scalars;
+bools are not (``[True, False]`` is a mask, not two lengths), on either path and whatever else
+is in the chunk.
 
 The common case -- every cycle gave a list, one integer draft length, the default emitted count
 -- is checked for a whole chunk with C-level builtins and no Python work per cycle or per
@@ -272,7 +274,7 @@ def _cycle_acceptance(c: Cycle, k_max: int, report: Report) -> Acceptance | None
     try:
         lengths = [as_count(a) for a in acc]
     except (TypeError, ValueError, OverflowError):
-        report("bad_acceptance", f"accepted lengths must be integers >= 0, got "
+        report("bad_acceptance", f"accepted lengths must be integers >= 0 (not bools), got "
                f"{short_repr(acc)}")
         return None
     lo = min(lengths, default=0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Sequence
+from itertools import chain
 
 __all__ = [
     "COMPILED", "Bucketed", "bucket", "bucket_py", "count_lengths", "count_lengths_py",
@@ -64,7 +65,8 @@ _UPTO = [bytes(range(k + 1)) for k in range(256)]
 def count_lengths_py(lists: list[list[int]], k: int, width: int) -> list[int]:
     """How many of the ints in ``lists`` equal each of 0..width-1 (accepted lengths, say).
 
-    Raises ``TypeError`` / ``ValueError`` unless every value is an int in 0..k."""
+    Raises ``TypeError`` / ``ValueError`` unless every value is an int in 0..k. A bool is not
+    an int here: ``[True, False]`` is a mask, not two accepted lengths."""
     if not 0 <= k < width <= 4096:
         raise ValueError(f"need 0 <= k < width <= 4096, got k={k}, width={width}")
     # One bytes() per list, joined (bytes() rejects a non-int or a value outside 0..255);
@@ -72,6 +74,8 @@ def count_lengths_py(lists: list[list[int]], k: int, width: int) -> list[int]:
     column = b"".join(map(bytes, lists))
     if column.translate(None, _UPTO[k]):
         raise ValueError(f"a value is outside 0..{k}")
+    if bool in set(map(type, chain.from_iterable(lists))):  # bytes() took them as 0 / 1
+        raise TypeError("a bool is not a count")
     return [column.count(v) for v in range(width)]
 
 

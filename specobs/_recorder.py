@@ -309,8 +309,10 @@ class Cycle:
         """Record acceptance for this cycle.
 
         ``accepted``: accepted draft tokens per sequence (0..k) as a list, tuple, numpy array,
-        CPU tensor or CUDA tensor. A CUDA tensor is copied asynchronously into pinned memory and
-        read by the resolver once the copy completed — no synchronisation here.
+        CPU tensor or CUDA tensor, of integers: bools are not counts (a bool mask is refused,
+        wherever it is resolved, and counted as ``errors{kind="bad_acceptance"}``). A CUDA
+        tensor is copied asynchronously into pinned memory and read by the resolver once the
+        copy completed — no synchronisation here.
         ``draft_length``: tokens drafted per sequence, an int (default: ``max_draft_length``) or
         one per sequence. ``emitted``: tokens emitted per cycle, if not ``accepted + 1`` per
         sequence (the bonus token). ``batch_size`` defaults to ``len(accepted)``.

@@ -252,7 +252,7 @@ done:
 PyDoc_STRVAR(count_lengths_doc,
 "count_lengths(lists, k, width) -> counts\n\n"
 "How many of the ints in the lists ``lists`` equal each of 0..width-1; raises unless every\n"
-"one is an int in 0..k.");
+"one is an int in 0..k (a bool is not: it is refused, as the reference refuses it).");
 
 static PyObject *
 count_lengths(PyObject *Py_UNUSED(self), PyObject *args)
@@ -278,8 +278,13 @@ count_lengths(PyObject *Py_UNUSED(self), PyObject *args)
         }
         Py_ssize_t m = PyList_GET_SIZE(lst);
         for (Py_ssize_t i = 0; i < m; i++) {
+            PyObject *o = PyList_GET_ITEM(lst, i);
             long long v;
-            if (as_i64(PyList_GET_ITEM(lst, i), &v) < 0)
+            if (!PyLong_CheckExact(o) && PyBool_Check(o)) {
+                PyErr_SetString(PyExc_TypeError, "a bool is not a count");
+                goto done;
+            }
+            if (as_i64(o, &v) < 0)
                 goto done;
             if (v < 0 || v > k) {
                 PyErr_Format(PyExc_ValueError, "%lld is outside 0..%zd", v, k);

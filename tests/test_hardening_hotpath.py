@@ -2,6 +2,8 @@
 
 * A misuse message shows the caller's value through a bounded ``short_repr``, and is built only
   when the rate-limited log emits it: a suppressed line never calls the value's ``repr``.
+* A bool is not an accepted length, whatever else shares the resolver's chunk, on the compiled
+  and on the pure-Python bucketing.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import pytest
 
 import specobs
+from specobs import _bucketing
 from specobs._recorder import short_repr
 
 
@@ -123,3 +126,112 @@ def test_short_repr_is_bounded_and_never_raises():
     for value in ("x" * 1000, list(range(1000)), {"k": ["v" * 500] * 50}, 2**5000, Raises()):
         assert len(short_repr(value)) <= 80
         assert len(short_repr(value, 30)) <= 30
+
+
+# -- acceptance: bools are not counts, whatever shares the chunk -----------------------------
+
+
+def _bool_values():
+    values = [("list", [True, True]), ("tuple", (True, False))]
+    try:
+        import numpy as np
+
+        values.append(("numpy", np.array([True, True])))
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        values.append(("torch", torch.tensor([True, True])))
+    except ImportError:
+        pass
+    return values
+
+
+BOOLS = _bool_values()
+
+
+def _neighbours():
+    """(name, acceptance, draft_length, accepted if valid else None)."""
+    out = [
+        ("alone", None, None, None),
+        ("ints", [1, 2], None, 3),
+        ("floats", [1.0, 2.0], None, 3),
+        ("ints-other-draft-length", [1, 2], 3, 3),
+        ("bad-cycle", ["x"], None, None),
+        ("bool-list", [True, False], None, None),
+    ]
+    try:
+        import numpy as np
+
+        out.append(("numpy-ints", np.array([2, 1]), None, 3))
+        out.append(("numpy-bools", np.array([True, True]), None, None))
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        out.append(("torch-ints", torch.tensor([2, 1]), None, 3))
+        out.append(("torch-bools", torch.tensor([False, True]), None, None))
+    except ImportError:
+        pass
+    return out
+
+
+NEIGHBOURS = _neighbours()
+
+
+def _resolve(cycles):
+    """Each (acceptance, draft_length) as one cycle, all resolved in one chunk."""
+    obs = _observer()
+    for acc, k in cycles:
+        c = obs.begin()
+        c.mark("verify")
+        c.mark("bookkeeping")
+        if acc is not None:
+            c.accept(acc, draft_length=k)
+        c.end()
+    assert obs.force_flush()
+    s = obs.snapshot()
+    obs.shutdown()
+    return s
+
+
+@pytest.fixture(params=["compiled", "reference"])
+def bucketing(request, monkeypatch):
+    if request.param == "compiled":
+        if not _bucketing.COMPILED:
+            pytest.skip("specobs._speedups not built")
+    else:
+        monkeypatch.setattr(_bucketing, "count_lengths", _bucketing.count_lengths_py)
+    return request.param
+
+
+@pytest.mark.parametrize("bools", [v for _, v in BOOLS], ids=[n for n, _ in BOOLS])
+@pytest.mark.parametrize(
+    ("acc", "k", "accepted"), [n[1:] for n in NEIGHBOURS], ids=[n[0] for n in NEIGHBOURS]
+)
+@pytest.mark.parametrize("first", [True, False], ids=["bools-first", "bools-last"])
+def test_bool_acceptance_is_refused_whatever_shares_the_chunk(bucketing, bools, acc, k,
+                                                             accepted, first):
+    cycles = [(bools, None)]
+    neighbour_bad = 0
+    if acc is not None:
+        cycles.insert(len(cycles) if first else 0, (acc, k))
+        neighbour_bad = 1 if accepted is None else 0
+    s = _resolve(cycles)
+    assert s.cycles_total == len(cycles)  # a bad acceptance costs only the acceptance
+    assert s.errors["bad_acceptance"] == 1 + neighbour_bad
+    assert s.accepted_tokens_total == (accepted or 0)
+    assert sum(s.accept_length.counts) == (2 if accepted is not None else 0)
+
+
+def test_count_lengths_refuses_bools_on_both_implementations():
+    implementations = [_bucketing.count_lengths_py]
+    if _bucketing.COMPILED:
+        implementations.append(_bucketing.count_lengths)
+    for f in implementations:
+        assert f([[0, 1, 1]], 4, 5) == [1, 2, 0, 0, 0]
+        for lists in ([[True]], [[0, 1], [False]], [[1], [2, 3, True]]):
+            with pytest.raises(TypeError):
+                f(lists, 4, 5)
