@@ -135,6 +135,10 @@ class Observer:
 
     or, when the boundaries live in different functions, ``obs.begin()``, ``obs.mark(phase)``,
     ``obs.accept(...)`` and ``obs.end()``, which act on the observer's current cycle.
+
+    An observer belongs to one engine thread: configure one per thread. Shared, it still counts
+    each begun cycle once, but a ``begin()`` discards the cycle another thread has open
+    (``errors{kind="begin_while_open"}``, ``dropped_records_total{reason="misuse"}``).
     """
 
     def __init__(

@@ -371,7 +371,7 @@ class Cycle:
             if self._closed:
                 rec.misuse("end_without_begin", "end() on a cycle that already ended")
                 return
-            self._closed = True
+            self._closed = True  # checked and set with no call between: see Recorder.begin
             rec.current = None  # an open cycle is always the current one (begin closes the old)
             if self.index < 0:  # begun during CUDA graph capture: counted there, not a cycle
                 return
@@ -497,10 +497,16 @@ class Recorder:
                 return NULL_CYCLE
             cur = self.current
             if cur is not None and not cur._closed:
-                self.misuse("begin_while_open", "begin() while the previous cycle was open; "
-                            "the open cycle was discarded")
+                # Closed before any call. Under the GIL no other thread runs between the check
+                # and the write (no call, no loop between them), and end() checks and sets
+                # ``_closed`` the same way: whoever closes a cycle first is the only one, so a
+                # cycle discarded here is never enqueued, even if another thread (misuse: an
+                # observer is one thread's) is ending it right now.
                 cur._closed = True
                 self.discard(cur)
+                self.misuse("begin_while_open", "begin() while the previous cycle was open; "
+                            "the open cycle was discarded (an observer belongs to one engine "
+                            "thread: configure one per thread)")
             idx = self.begun
             self.begun = idx + 1
             free = self.free

@@ -4,16 +4,21 @@
   when the rate-limited log emits it: a suppressed line never calls the value's ``repr``.
 * A bool is not an accepted length, whatever else shares the resolver's chunk, on the compiled
   and on the pure-Python bucketing.
+* An observer is one thread's. Shared by several threads, it still counts every begun cycle
+  exactly once: resolved, or discarded as misuse when another thread's ``begin()`` closed it.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import threading
+import time
 
 import pytest
 
 import specobs
-from specobs import _bucketing
+from specobs import _bucketing, _recorder
 from specobs._recorder import short_repr
 
 
@@ -235,3 +240,107 @@ def test_count_lengths_refuses_bools_on_both_implementations():
         for lists in ([[True]], [[0, 1], [False]], [[1], [2, 3, True]]):
             with pytest.raises(TypeError):
                 f(lists, 4, 5)
+
+
+# -- threads: an observer is one thread's; shared, it counts each begun cycle once -----------
+
+
+def test_a_begin_from_another_thread_discards_that_cycle_once():
+    """The documented behaviour when one observer is shared: a begin() closes the open cycle,
+    whichever thread has it; that thread's end() then counts as misuse and enqueues nothing."""
+    obs = _observer()
+    marked = threading.Event()
+    may_end = threading.Event()
+
+    def owner():
+        c = obs.begin()
+        c.mark("verify")
+        c.mark("bookkeeping")
+        marked.set()
+        may_end.wait()
+        c.end()
+
+    t = threading.Thread(target=owner)
+    t.start()
+    try:
+        assert marked.wait(60)
+        other = obs.begin()  # this thread, while the owner's cycle is open
+        other.mark("verify")
+        other.mark("bookkeeping")
+        other.end()
+    finally:
+        may_end.set()
+        t.join(60)
+    assert obs.force_flush()
+    s = obs.snapshot()
+    obs.shutdown()
+    assert s.errors["begin_while_open"] == 1
+    assert s.errors["end_without_begin"] == 1  # the owner's end(), after its cycle was closed
+    assert s.dropped.get("misuse", 0) == 1
+    assert s.cycles_total == 1
+
+
+THREADS = 8
+CYCLES = 4000
+
+
+class YieldingHandler(logging.Handler):
+    """A log handler doing I/O: it releases the GIL in the middle of every misuse call."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        time.sleep(0)
+
+
+@pytest.mark.parametrize("every_line", [False, True], ids=["rate-limited", "every-line-logged"])
+def test_threads_sharing_one_observer_count_every_begun_cycle_exactly_once(
+    fast_switching, monkeypatch, every_line
+):
+    assert sys.getswitchinterval() < 1e-5  # threads switch mid-cycle, constantly
+    if every_line:
+        # Widen the window: each begin_while_open line goes through a handler that lets the
+        # other threads run, as if it wrote to a file, while the begin is under way.
+        monkeypatch.setattr(_recorder, "_LOG_EVERY_NS", 0)
+        handler = YieldingHandler()
+        logging.getLogger("specobs").addHandler(handler)
+    obs = _observer(queue_size=THREADS * CYCLES)  # nothing dropped for a full queue
+    barrier = threading.Barrier(THREADS)
+    failures: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        try:
+            barrier.wait(60)
+            for i in range(CYCLES):
+                c = obs.begin(4)
+                c.mark("verify")
+                if (i + seed) % 5 == 0:
+                    c.end()  # before bookkeeping: misuse, discarded
+                    continue
+                c.mark("bookkeeping")
+                c.accept([1, 2, 0, 3], draft_length=4)
+                c.end()
+        except BaseException as exc:  # the hot path never raises; a failure here is a bug
+            failures.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(THREADS)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        if every_line:
+            logging.getLogger("specobs").removeHandler(handler)
+    assert not any(t.is_alive() for t in threads)
+    assert obs.force_flush(60)
+    s = obs.snapshot()
+    obs.shutdown()
+    assert failures == []
+
+    begun = THREADS * CYCLES
+    assert s.dropped.get("queue_full", 0) == 0
+    assert s.errors["internal"] == 0
+    # Each begun cycle is counted once: resolved, or discarded as misuse -- never both.
+    assert s.cycles_total + s.dropped.get("misuse", 0) == begun
+    assert s.dropped.get("misuse", 0) >= begun // 5  # the early ends, at least
+    # Only whole cycles were enqueued (an early end or a cycle another begin closed never is).
+    assert s.accepted_tokens_total == 6 * s.cycles_total
