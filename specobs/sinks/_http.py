@@ -104,6 +104,7 @@ class MetricsServer:
         self.addr = addr
         self._render = render
         self._on_cpu = on_cpu
+        self._cpu0 = 0.0  # thread CPU already handed to on_cpu (set when the thread starts)
         self.max_connections = max_connections
         self.read_timeout_seconds = read_timeout_seconds
         self.write_timeout_seconds = write_timeout_seconds
@@ -187,8 +188,15 @@ class MetricsServer:
             pass
 
     # -- the loop --------------------------------------------------------------------------------
+    def _flush_cpu(self) -> None:
+        """Hand the thread's CPU since the last call to ``on_cpu``."""
+        cpu1 = time.thread_time()
+        if cpu1 > self._cpu0:
+            self._on_cpu(cpu1 - self._cpu0)
+            self._cpu0 = cpu1
+
     def _run(self) -> None:
-        cpu0 = time.thread_time()
+        self._cpu0 = time.thread_time()
         try:
             while not self._stop:
                 now = time.monotonic()
@@ -224,10 +232,7 @@ class MetricsServer:
                 for c in [c for c in self._conns.values() if c.deadline <= now]:
                     self.timed_out += 1
                     self._close(c)
-                cpu1 = time.thread_time()
-                if cpu1 > cpu0:
-                    self._on_cpu(cpu1 - cpu0)
-                    cpu0 = cpu1
+                self._flush_cpu()
         except Exception as exc:  # never a traceback from a daemon thread in the engine
             _log.warning("specobs: the metrics endpoint stopped: %r", exc)
 
@@ -268,7 +273,11 @@ class MetricsServer:
             sock.close()
             return
         self._conns[id(c)] = c
-        self._read(c)  # the head is often there already: no turn of the loop for it
+        # The head is often there already: no turn of the loop for it. The CPU spent so far in
+        # this turn is counted first, so the response reports it (as it did when every request
+        # waited for the next turn).
+        self._flush_cpu()
+        self._read(c)
 
     def _evict(self) -> bool:
         """Close the connection quiet the longest, still-reading ones first; False if none."""
