@@ -12,8 +12,9 @@ every :class:`PrometheusError` carries its tail.
 
 The query helpers return the API's ``data`` payload (``data.result`` for queries) and raise
 :class:`PrometheusError` with Prometheus's own ``errorType``/``error`` text on failure. The waiting
-helpers (``wait_for``, ``wait_for_target_up``) poll with a deadline and raise ``TimeoutError`` that
-shows the last value seen, so a failing test says what Prometheus actually had.
+helpers (``wait_for``, ``wait_for_target_up``, ``wait_for_rule_evaluations``) poll with a deadline
+and raise ``TimeoutError`` that shows the last value seen, so a failing test says what Prometheus
+actually had.
 
 Pytest: the fixture factory :func:`prometheus_server` returns ``start(targets, rule_files=(),
 **kwargs) -> PrometheusServer`` and stops every server it started at teardown; it skips the test
@@ -25,12 +26,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +107,18 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _unix_seconds(rfc3339: str) -> float:
+    """``"2026-01-02T03:04:05.123456789Z"`` (Prometheus's API times, nanoseconds or none, ``Z`` or
+    an offset) -> Unix seconds; ``0001-01-01T00:00:00Z`` (never) is far in the past."""
+    m = re.fullmatch(r"(.+?T\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", rfc3339)
+    if m is None:
+        raise ValueError(f"not an RFC 3339 time: {rfc3339!r}")
+    whole, fraction, zone = m.groups()
+    zone = "+00:00" if zone == "Z" else zone
+    seconds = datetime.fromisoformat(whole + zone).timestamp()
+    return seconds + (float(f"0.{fraction}") if fraction else 0.0)
 
 
 class PrometheusServer:
@@ -405,6 +420,36 @@ class PrometheusServer:
                 ] or ["no active targets"]
                 raise TimeoutError(
                     f"targets not all up after {timeout_seconds}s: " + "; ".join(summary)
+                )
+            time.sleep(_POLL_INTERVAL_SECONDS)
+
+    def wait_for_rule_evaluations(
+        self,
+        after: float,
+        max_interval_seconds: float = 60.0,
+        timeout_seconds: float = 60.0,
+    ) -> list[dict[str, Any]]:
+        """Wait until every rule group has been evaluated after Unix time ``after``; returns the
+        groups (``data.groups`` of ``/api/v1/rules``).
+
+        A recording rule read right after its inputs appeared can still be empty: each group runs
+        on its own schedule, and a group that reads another group's rules sees them only at its
+        own next evaluation. So a test that saw one rule get a value at ``after`` and then reads
+        rules of other groups waits here first. Groups evaluated less often than every
+        ``max_interval_seconds`` (a long history step) are not waited for. Raises
+        ``TimeoutError`` naming the groups still behind and their last evaluation.
+        """
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            groups = [g for g in self.rules() if float(g["interval"]) <= max_interval_seconds]
+            behind = [g for g in groups if _unix_seconds(g["lastEvaluation"]) <= after]
+            if groups and not behind:
+                return groups
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"rule groups not evaluated after {after:.3f} within {timeout_seconds}s: "
+                    + ", ".join(f"{g['name']} (last {g['lastEvaluation']})" for g in behind)
+                    + ("" if groups else "no rule groups loaded")
                 )
             time.sleep(_POLL_INTERVAL_SECONDS)
 
