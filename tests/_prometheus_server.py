@@ -12,9 +12,9 @@ every :class:`PrometheusError` carries its tail.
 
 The query helpers return the API's ``data`` payload (``data.result`` for queries) and raise
 :class:`PrometheusError` with Prometheus's own ``errorType``/``error`` text on failure. The waiting
-helpers (``wait_for``, ``wait_for_target_up``, ``wait_for_rule_evaluations``) poll with a deadline
-and raise ``TimeoutError`` that shows the last value seen, so a failing test says what Prometheus
-actually had.
+helpers (``wait_for``, ``wait_for_target_up``, ``wait_for_rule_evaluations``, ``wait_for_history``)
+poll with a deadline and raise ``TimeoutError`` that shows the last value seen, so a failing test
+says what Prometheus actually had.
 
 Pytest: the fixture factory :func:`prometheus_server` returns ``start(targets, rule_files=(),
 **kwargs) -> PrometheusServer`` and stops every server it started at teardown; it skips the test
@@ -452,6 +452,23 @@ class PrometheusServer:
                     + ("" if groups else "no rule groups loaded")
                 )
             time.sleep(_POLL_INTERVAL_SECONDS)
+
+    def wait_for_history(
+        self, series: str, seconds: float, step_seconds: float, timeout_seconds: float = 60.0
+    ) -> None:
+        """Wait until ``series`` (a metric or recording-rule selector) reaches ``seconds`` back:
+        it has a sample in the oldest ``step_seconds`` of that span.
+
+        For alerts that compare now with a past window (``... offset 4s`` over ``[12s]``): the
+        past exists once the series is that old, which on a busy machine is later than that many
+        seconds after the series first appeared.
+        """
+        older = max(0.0, seconds - step_seconds)
+        self.wait_for(
+            f"count_over_time({series}[{round(step_seconds * 1000)}ms] "
+            f"offset {round(older * 1000)}ms)",
+            timeout_seconds=timeout_seconds,
+        )
 
     def wait_for(
         self,

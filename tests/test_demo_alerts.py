@@ -90,11 +90,13 @@ def test_acceptance_and_stall_alerts_fire_on_the_real_engine(
     server.wait_for_target_up(timeout_seconds=20)
     client = loaded.served.client
 
-    # A healthy past: the history window plus its offset.
+    # A healthy past: the history rule the drop alert averages reaches back over the history
+    # window plus its offset (12 s + 4 s, in 2 s steps).
     healthy = server.wait_for(
         "instance:specobs_acceptance:ratio_rate4s", lambda r: bool(r), timeout_seconds=30
     )
-    time.sleep(15)
+    server.wait_for_history("cohort:specobs_acceptance:avg2s_ratio_rate4s", seconds=16,
+                            step_seconds=2, timeout_seconds=60)
     assert server.firing("SpecobsAcceptanceRateDrop") == []
     assert server.firing("SpecobsDecodingStalled") == []
     healthy = server.query("instance:specobs_acceptance:ratio_rate4s")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -164,9 +163,11 @@ def test_acceptance_and_stall_alerts_fire_end_to_end(
     assert yaml.safe_load(rules_path.read_text())["groups"]
     server = prometheus_server([engine.target], rule_files=[rules_path])
     server.wait_for_target_up(timeout_seconds=20)
-    # Build up a healthy past (history window plus offset).
+    # Build up a healthy past: the history rule the drop alert averages reaches back over the
+    # history window plus its offset (12 s + 4 s, in 2 s steps).
     server.wait_for("instance:specobs_acceptance:ratio_rate4s", timeout_seconds=30)
-    time.sleep(14)
+    server.wait_for_history("cohort:specobs_acceptance:avg2s_ratio_rate4s", seconds=16,
+                            step_seconds=2, timeout_seconds=60)
     assert server.firing("SpecobsAcceptanceRateDrop") == []
     assert server.firing("SpecobsDecodingStalled") == []
 
