@@ -262,7 +262,6 @@ class Reports:
                 capture_output=True, text=True, env=_env(), timeout=120,
             )
             assert self.sampled.returncode == 0, self.sampled.stderr
-            self.end = time.time() - 1.0
         except BaseException:
             self.close()
             raise
@@ -407,6 +406,44 @@ def test_compare_flags_the_acceptance_drop_and_nothing_else(
     assert sum(t.startswith("Cycle breakdown") for t in titles) == 4
 
 
+#: The Prometheus window the report's summary and ``specobs top`` are compared over, and the
+#: report's step (one chart point per step).
+WINDOW_SECONDS = 12
+STEP_SECONDS = 3
+
+
+def _complete_window_end(
+    prometheus: PrometheusServer, target: str, timeout_seconds: float = 60.0
+) -> float:
+    """A recent moment ``end`` such that Prometheus holds every scrape of ``target`` up to
+    ``end`` (a later one has landed, and a target's samples land in order) and at least two in
+    each step of the window before it.
+
+    The report and ``specobs top`` query Prometheus one after the other: a scrape from before
+    ``end`` still landing in between would give them different numbers. And a step with fewer
+    than two scrapes (late or skipped on a busy machine) has no ``increase()``, so its chart
+    point is missing. If a step is short, the window moves on to a later ``end``.
+    """
+    series = f'specobs_cycles_total{{instance="{target}"}}'
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        end = time.time() - 1.0
+        prometheus.wait_for(f"timestamp({series}) > {end:.3f}",
+                            timeout_seconds=max(1.0, deadline - time.monotonic()))
+        counts = []
+        for k in range(WINDOW_SECONDS // STEP_SECONDS):
+            result = prometheus.query(f"count_over_time({series}[{STEP_SECONDS}s])",
+                                      time=f"{end - k * STEP_SECONDS:.3f}")
+            counts.append(float(result[0]["value"][1]) if result else 0.0)
+        if min(counts) >= 2:
+            return end
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no {WINDOW_SECONDS} s window with two scrapes of {target} in "
+                               f"every {STEP_SECONDS} s step within {timeout_seconds} s; last "
+                               f"window ending {end:.3f}: {counts[::-1]}")
+        time.sleep(STEP_SECONDS / 3)
+
+
 def _top_fields(line: str) -> dict[str, str]:
     return dict(re.findall(r"(\S+?)=(\[[^\]]*\]|\S+)", line))
 
@@ -415,19 +452,20 @@ def test_summary_equals_top_for_the_same_prometheus_window(
     reports: Reports, browser: Chromium, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert reports.prometheus is not None
-    end = reports.end
+    end = _complete_window_end(reports.prometheus, reports.healthy.target)
     selector = f'{{instance="{reports.healthy.target}"}}'
     out = reports.dir / "prometheus.html"
     status, stdout, stderr = report(
         "--prometheus", reports.prometheus.url, "--selector", selector, "--start",
-        f"{end - 12:.3f}", "--end", f"{end:.3f}", "--step", "3s", "-o", str(out))
+        f"{end - WINDOW_SECONDS:.3f}", "--end", f"{end:.3f}", "--step", f"{STEP_SECONDS}s",
+        "-o", str(out))
     assert status == 0, stderr
-    # `specobs top` over the same 12 s ending at the same instant (top reads "now").
+    # `specobs top` over the same window ending at the same instant (top reads "now").
     monkeypatch.setattr(pa.time, "time", lambda: end)
     got = io.StringIO()
     monkeypatch.setattr(sys, "stdout", got)
     assert cli.main(["top", "--prometheus", reports.prometheus.url, "--selector", selector,
-                     "--window", "12s", "--once", "--plain"]) == 0
+                     "--window", f"{WINDOW_SECONDS}s", "--once", "--plain"]) == 0
     monkeypatch.undo()
     top = _top_fields(got.getvalue().strip().splitlines()[-1])
     c = cells(out.read_text())
