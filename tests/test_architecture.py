@@ -20,7 +20,8 @@ PACKAGE = Path(specobs.__file__).parent
 #: from a layer below. The first matching prefix decides a module's layer.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("specobs._errors", "specobs._version", "specobs._model", "specobs.catalog",
-     "specobs.sampling", "specobs.timing", "specobs._speedups", "specobs._bucketing"),
+     "specobs.sampling", "specobs.timing", "specobs._speedups", "specobs._bucketing",
+     "specobs._deadline"),
     ("specobs._config",),
     ("specobs._recorder", "specobs._aggregation", "specobs._series", "specobs._acceptance",
      "specobs.sinks"),

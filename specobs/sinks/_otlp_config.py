@@ -38,13 +38,12 @@ import io
 import logging
 import math
 import os
-import socket
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any, Literal, cast
 from urllib.parse import unquote
 
+from specobs._deadline import SocketDeadline
 from specobs._errors import ConfigurationError, require
 
 require("opentelemetry.sdk", feature="OTLP export", extra="otlp")
@@ -254,70 +253,15 @@ class CollectorResponseError(Exception):
     """
 
 
-class _Deadline:
-    """One request's deadline: a timer shuts its socket down, which wakes a blocked ``recv``.
-
-    ``shutdown()`` (not ``close()``) is what interrupts a read in progress in the exporting
-    thread; urllib3 then sees the peer gone and the adapter reports the deadline instead.
-    """
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.at = time.monotonic() + seconds
-        self.expired = False
-        self._done = False
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-        self._timer.name = "specobs-otlp-deadline"
-        self._timer.start()
-
-    def watch(self, sock: object) -> None:
-        if not isinstance(sock, socket.socket):
-            return
-        with self._lock:
-            self._sockets.append(sock)
-            expired = self.expired
-        if expired:
-            _shutdown(sock)
-
-    def passed(self) -> bool:
-        return self.expired or time.monotonic() >= self.at
-
-    def finish(self) -> None:
-        self._timer.cancel()
-        with self._lock:
-            self._done = True
-            self._sockets.clear()
-
-    def _expire(self) -> None:
-        with self._lock:
-            if self._done:
-                return  # the request ended meanwhile: its socket may be back in the pool
-            self.expired = True
-            sockets = list(self._sockets)
-        for sock in sockets:
-            _shutdown(sock)
-
-
-def _shutdown(sock: socket.socket) -> None:
-    try:
-        # socket.socket's own method also for an SSLSocket: it only cuts the connection.
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-    except OSError:
-        pass
-
-
 # The deadline of the request the current thread is sending: requests and urllib3 run a request
 # on the caller's thread, so the connection finds it here when it starts reading the response.
 _current = threading.local()
 
 
 def _watch_current(sock: object) -> None:
-    deadline: _Deadline | None = getattr(_current, "deadline", None)
+    deadline: SocketDeadline | None = getattr(_current, "deadline", None)
     if deadline is not None:
-        deadline.watch(sock)
+        deadline.watch_socket(sock)
 
 
 def _seconds_of(timeout: object) -> float | None:
@@ -371,7 +315,10 @@ def _bounded_adapter_class() -> type[Any]:
         def send(self, request: Any, stream: bool = False, timeout: Any = None,
                  verify: Any = True, cert: Any = None, proxies: Any = None) -> Any:
             seconds = _seconds_of(timeout)
-            deadline = _Deadline(seconds) if seconds is not None else None
+            deadline = (
+                SocketDeadline(seconds, name="specobs-otlp-deadline")
+                if seconds is not None else None
+            )
             _current.deadline = deadline
             try:
                 response = super().send(request, stream=True, timeout=timeout, verify=verify,
@@ -394,14 +341,14 @@ def _bounded_adapter_class() -> type[Any]:
     return BoundedAdapter
 
 
-def _late(deadline: _Deadline) -> CollectorResponseError:
+def _late(deadline: SocketDeadline) -> CollectorResponseError:
     return CollectorResponseError(
         f"the OTLP collector did not complete its answer within the export's timeout "
         f"({deadline.seconds:.3g} s were left of it for this request); the export failed"
     )
 
 
-def _read_capped(response: Any, deadline: _Deadline | None) -> bytes:
+def _read_capped(response: Any, deadline: SocketDeadline | None) -> bytes:
     """The decoded body, at most :data:`MAX_RESPONSE_BYTES`; the connection goes back to the
     pool when it was read to its end, and is closed otherwise."""
     declared = response.headers.get("content-length", "")

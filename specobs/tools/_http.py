@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import socket
-import threading
-import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from specobs._deadline import SocketDeadline
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -138,35 +137,12 @@ def parse_byte_size(text: str) -> int:
     return value
 
 
-class _Deadline:
-    """The sockets of one request, shut down by a timer at the deadline.
-
-    ``shutdown()`` (not ``close()``) is what wakes a ``recv`` blocked in another thread; httpx
-    then sees the peer gone, and :func:`get` reports the deadline instead.
-    """
+class _Deadline(SocketDeadline):
+    """:class:`~specobs._deadline.SocketDeadline` fed from httpx: the sockets of a request's
+    httpcore streams, new or reused connections alike."""
 
     def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.at = time.monotonic() + seconds
-        self.expired = False
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-        self._timer.name = "specobs-http-deadline"
-
-    def __enter__(self) -> _Deadline:
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._timer.cancel()
-
-    def left(self) -> float:
-        return self.at - time.monotonic()
-
-    def passed(self) -> bool:
-        return self.expired or self.left() <= 0
+        super().__init__(seconds, name="specobs-http-deadline")
 
     def watch(self, stream: Any) -> None:
         """Remember the socket of an httpcore network stream (a new or a reused connection)."""
@@ -174,13 +150,7 @@ class _Deadline:
             sock = stream.get_extra_info("socket")
         except Exception:  # a transport without sockets (tests' MockTransport)
             return
-        if not isinstance(sock, socket.socket):
-            return
-        with self._lock:
-            self._sockets.append(sock)
-            expired = self.expired
-        if expired:
-            _shutdown(sock)
+        self.watch_socket(sock)
 
     def trace(self, event: str, info: Mapping[str, Any]) -> None:
         # httpx's "trace" extension: called for every connection step of the request.
@@ -188,21 +158,6 @@ class _Deadline:
             stream = info.get("return_value")
             if stream is not None:
                 self.watch(stream)
-
-    def _expire(self) -> None:
-        with self._lock:
-            self.expired = True
-            sockets = list(self._sockets)
-        for sock in sockets:
-            _shutdown(sock)
-
-
-def _shutdown(sock: socket.socket) -> None:
-    try:
-        # socket.socket's own method also for an SSLSocket: it only cuts the connection.
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-    except OSError:
-        pass
 
 
 class _Inflater:
