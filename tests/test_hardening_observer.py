@@ -20,6 +20,7 @@ import pytest
 import specobs
 from specobs import _observer
 from specobs.sinks._base import Sink
+from tests.test_hardening_lifecycle import _last_value
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -47,11 +48,6 @@ LOCAL_OBSERVER = textwrap.dedent("""
     gc.collect()
     # no shutdown(), and no reference left: the exit hook must still find it
 """)
-
-
-def _last_value(metrics: list[Any], name: str) -> int | None:
-    values = [p.as_int for _, m in metrics if m.name == name for p in m.sum.data_points]
-    return values[-1] if values else None
 
 
 def test_exit_flushes_an_observer_held_only_in_a_local_variable(otlp_receiver: Any) -> None:
