@@ -1,0 +1,460 @@
+"""The diagnosis classifiers (:mod:`specobs.tools._diagnosis`) on constructed intervals, each on
+both sides of its thresholds, and on intervals recorded from a real observer.
+
+An interval is built as the counters a scrape difference holds (:class:`Delta`), so every
+number goes through the same :func:`specobs.tools._breakdown.breakdown` the tools use."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+import specobs
+from specobs import catalog
+from specobs.timing import FakeEventClock, FakeGpu
+from specobs.tools import _breakdown as bd
+from specobs.tools import _diagnosis as dg
+from specobs.tools._scrape import Delta, Series
+
+PHASES = ("draft", "verify", "bookkeeping")
+
+
+def delta(
+    *,
+    cycles: float = 1000.0,
+    batch: float = 4.0,
+    host: Mapping[str, float] | None = None,
+    gpu: Mapping[str, float] | None = None,
+    gpu_cycles: float = 0.0,
+    positions: Sequence[float] = (0.85, 0.83, 0.80, 0.78),
+    k: int = 4,
+    baseline: float | None = None,
+    elapsed: float = 10.0,
+    running: float | None = None,
+    waiting: float | None = None,
+    gpu_clock: str = "auto",
+) -> Delta:
+    """The Delta of an interval: ``cycles`` cycles of ``batch`` sequences drafting ``k`` tokens,
+    with the unconditional acceptance ``positions[i]`` at each position and the mean phase times
+    (seconds) per clock."""
+    host = dict(host if host is not None else {"draft": 2e-3, "verify": 3e-3, "bookkeeping": 2e-4})
+    c, g = Series(), Series()
+    g.add(catalog.INFO.name, {"phases": ",".join(PHASES), "gpu_clock": gpu_clock}, 1.0)
+    seq = cycles * batch
+    for clock, means, n in (("host", host, cycles), ("gpu", gpu or {}, gpu_cycles)):
+        if not means or not n:
+            continue
+        for p, m in means.items():
+            c.add(catalog.PHASE_DURATION.name + "_sum", {"phase": p, "clock": clock}, m * n)
+            c.add(catalog.PHASE_DURATION.name + "_count", {"phase": p, "clock": clock}, n)
+        c.add(catalog.CYCLE_DURATION.name + "_sum", {"clock": clock}, sum(means.values()) * n)
+        c.add(catalog.CYCLE_DURATION.name + "_count", {"clock": clock}, n)
+    c.add(catalog.CYCLES.name, {}, cycles)
+    accepted = 0.0
+    for i in range(k):
+        rate = positions[i] if i < len(positions) else 0.0
+        c.add(catalog.DRAFTED_BY_POSITION.name, {"position": str(i)}, seq)
+        c.add(catalog.ACCEPTED_BY_POSITION.name, {"position": str(i)}, rate * seq)
+        accepted += rate * seq
+    c.add(catalog.DRAFT_TOKENS.name, {}, seq * k)
+    c.add(catalog.ACCEPTED_TOKENS.name, {}, accepted)
+    c.add(catalog.EMITTED_TOKENS.name, {}, accepted + seq)
+    c.add(catalog.ACCEPT_LENGTH.name + "_sum", {}, accepted)
+    c.add(catalog.ACCEPT_LENGTH.name + "_count", {}, seq)
+    c.add(catalog.BATCH_SIZE.name + "_sum", {}, seq)
+    c.add(catalog.BATCH_SIZE.name + "_count", {}, cycles)
+    if baseline is not None:
+        g.add(catalog.BASELINE_SEQUENCE_TOKENS.name, {"source": "configured"}, baseline)
+    if running is not None:
+        g.add(catalog.REQUESTS_RUNNING.name, {}, running)
+    if waiting is not None:
+        g.add(catalog.REQUESTS_WAITING.name, {}, waiting)
+    return Delta(c, g, elapsed)
+
+
+def win(**kw: object) -> dg.Window:
+    return dg.window(delta(**kw))  # type: ignore[arg-type]
+
+
+def brk(**kw: object) -> bd.Breakdown:
+    return win(**kw).breakdown
+
+
+def codes(findings: Sequence[dg.Finding]) -> list[str]:
+    return [f.code for f in findings]
+
+
+# -- acceptance profile ---------------------------------------------------------------------------
+
+
+def test_conditional_acceptance_is_the_ratio_of_the_unconditional_rates() -> None:
+    cond = dg.conditional_acceptance(brk(positions=(0.8, 0.4, 0.2, 0.0)))
+    assert [p for p, _ in cond] == [0, 1, 2, 3]
+    assert [a for _, a in cond] == pytest.approx([0.8, 0.5, 0.5, 0.0])
+
+
+def test_conditional_acceptance_stops_where_nothing_was_accepted() -> None:
+    # Position 1 accepted nothing: position 2's conditional rate is undefined, not 0 / 0.
+    cond = dg.conditional_acceptance(brk(positions=(0.5, 0.0, 0.0, 0.0)))
+    assert cond == [(0, 0.5), (1, 0.0)]
+
+
+def test_healthy_decay() -> None:
+    w = win()
+    f = dg.acceptance_profile(w.breakdown, w.drafted_first)
+    assert (f.code, f.severity) == ("SPEC-ACCEPT-HEALTHY", "ok")
+    assert "0:85%, 1:98%, 2:96%, 3:98%" in f.sentence
+    assert f.evidence["conditional_0"] == pytest.approx(0.85)
+
+
+def test_collapse_from_the_first_position_names_the_causes() -> None:
+    # wrong-hidden-layers on the demo: 18% at the first position, ~100% after it.
+    w = win(positions=(0.18, 0.175, 0.175, 0.175))
+    f = dg.acceptance_profile(w.breakdown, w.drafted_first)
+    assert (f.code, f.severity) == ("SPEC-ACCEPT-COLLAPSE", "fail")
+    assert f.sentence.startswith("the draft disagrees with the target from its first token: "
+                                 "18% of first drafted tokens are accepted")
+    for cause in ("hidden layers", "checkpoint", "tokenizer", "temperature"):
+        assert cause in f.advice
+
+
+def test_flat_low_profile() -> None:
+    w = win(positions=(0.4, 0.16, 0.064, 0.0256))
+    f = dg.acceptance_profile(w.breakdown, w.drafted_first)
+    assert (f.code, f.severity) == ("SPEC-ACCEPT-FLAT-LOW", "warn")
+    assert "low at every position (0:40%, 1:40%, 2:40%, 3:40%)" in f.sentence
+
+
+@pytest.mark.parametrize(("first", "code"), [
+    (dg.FIRST_POSITION_MIN, "SPEC-ACCEPT-HEALTHY"),
+    (dg.FIRST_POSITION_MIN - 0.01, "SPEC-ACCEPT-COLLAPSE"),
+])
+def test_first_position_boundary(first: float, code: str) -> None:
+    w = win(positions=(first, first * 0.95, first * 0.9, first * 0.85))
+    assert dg.acceptance_profile(w.breakdown, w.drafted_first).code == code
+
+
+@pytest.mark.parametrize(("later", "code"), [
+    (0.5 + dg.COLLAPSE_RECOVERY, "SPEC-ACCEPT-COLLAPSE"),
+    (0.5 + dg.COLLAPSE_RECOVERY - 0.01, "SPEC-ACCEPT-FLAT-LOW"),
+])
+def test_collapse_against_flat_boundary(later: float, code: str) -> None:
+    w = win(positions=(0.5, 0.5 * later, 0.5 * later**2, 0.5 * later**3))
+    assert dg.acceptance_profile(w.breakdown, w.drafted_first).code == code
+
+
+def test_a_chain_that_ends_early_suggests_a_shorter_k() -> None:
+    w = win(positions=(0.9, 0.8, 0.3, 0.2))
+    f = dg.acceptance_profile(w.breakdown, w.drafted_first)
+    assert (f.code, f.severity) == ("SPEC-ACCEPT-CHAIN-SHORT", "info")
+    assert "conditional acceptance 37% at position 2" in f.sentence
+    assert "try k=2" in f.advice
+
+
+def test_k1_low_acceptance_has_no_profile_to_read() -> None:
+    w = win(positions=(0.3,), k=1)
+    f = dg.acceptance_profile(w.breakdown, w.drafted_first)
+    assert (f.code, f.severity) == ("SPEC-ACCEPT-LOW", "warn")
+
+
+@pytest.mark.parametrize(("cycles", "code"), [
+    (dg.MIN_DRAFTED_TOKENS / 4, "SPEC-ACCEPT-HEALTHY"),
+    (dg.MIN_DRAFTED_TOKENS / 4 - 1, "SPEC-ACCEPT-UNKNOWN"),
+])
+def test_too_few_drafted_tokens(cycles: float, code: str) -> None:
+    w = win(cycles=cycles)  # batch 4: 4 tokens at the first position per cycle
+    assert dg.acceptance_profile(w.breakdown, w.drafted_first).code == code
+
+
+# -- where the cycle goes -------------------------------------------------------------------------
+
+
+def test_verify_bound_on_the_gpu_clock_wins_over_the_host_clock() -> None:
+    b = brk(host={"draft": 0.1e-3, "verify": 0.1e-3, "bookkeeping": 5e-3},
+            gpu={"draft": 1e-3, "verify": 4e-3, "bookkeeping": 0.2e-3}, gpu_cycles=50)
+    f = dg.cycle_bound(b)
+    assert (f.code, f.severity) == ("SPEC-CYCLE-VERIFY-BOUND", "info")
+    assert f.evidence["clock"] == "gpu"
+    assert "verify takes 77% of it on the gpu clock" in f.sentence
+
+
+def test_host_clock_when_the_gpu_timed_too_few_cycles() -> None:
+    b = brk(host={"draft": 0.1e-3, "verify": 0.1e-3, "bookkeeping": 5e-3},
+            gpu={"draft": 1e-3, "verify": 4e-3, "bookkeeping": 0.2e-3},
+            gpu_cycles=dg.MIN_CLOCK_CYCLES - 1, gpu_clock="cuda")
+    f = dg.cycle_bound(b)
+    assert (f.code, f.severity) == ("SPEC-CYCLE-BOOKKEEPING-BOUND", "warn")
+    assert "host clock: with CUDA graphs" in f.sentence  # the caveat, since CUDA is up
+
+
+@pytest.mark.parametrize(("bookkeeping", "code"), [
+    (dg.BOOKKEEPING_MAX_SHARE, "SPEC-CYCLE-BOOKKEEPING-BOUND"),
+    (dg.BOOKKEEPING_MAX_SHARE - 0.01, "SPEC-CYCLE-BALANCED"),
+])
+def test_bookkeeping_boundary(bookkeeping: float, code: str) -> None:
+    rest = 1.0 - bookkeeping
+    b = brk(host={"draft": rest / 2 * 1e-2, "verify": rest / 2 * 1e-2,
+                  "bookkeeping": bookkeeping * 1e-2})
+    assert dg.cycle_bound(b).code == code
+
+
+@pytest.mark.parametrize(("share", "code"), [
+    (dg.BOUND_SHARE, "SPEC-CYCLE-DRAFT-BOUND"),
+    (dg.BOUND_SHARE - 0.01, "SPEC-CYCLE-BALANCED"),
+])
+def test_draft_bound_boundary(share: float, code: str) -> None:
+    b = brk(host={"draft": share, "verify": 1 - share, "bookkeeping": 0.0})
+    f = dg.cycle_bound(b)
+    assert f.code == code
+    assert "(host clock:" not in f.sentence  # CPU-only: the host clock is the device's
+
+
+# -- host-bound -----------------------------------------------------------------------------------
+
+
+def test_no_gpu_clock_means_host_boundness_is_unseen() -> None:
+    assert dg.host_bound(brk()).code == "SPEC-HOST-UNSEEN"
+
+
+@pytest.mark.parametrize(("gap", "code"), [
+    (dg.HOST_GAP_MIN, "SPEC-HOST-BOUND"),
+    (dg.HOST_GAP_MIN - 0.01, "SPEC-HOST-OVERLAPPED"),
+])
+def test_host_gap_boundary(gap: float, code: str) -> None:
+    gpu = {"draft": 2e-3, "verify": 6e-3, "bookkeeping": 0.0}
+    host_total = 8e-3 / (1 - gap)
+    # Host phases disagree with the GPU's (the host runs ahead), and the host cycle is longer.
+    host = {"draft": 0.2e-3, "verify": 0.2e-3, "bookkeeping": host_total - 0.4e-3}
+    f = dg.host_bound(brk(host=host, gpu=gpu, gpu_cycles=100))
+    assert f.code == code
+    if code == "SPEC-HOST-BOUND":
+        assert f.severity == "warn" and "synchronize" in f.advice
+        assert f.evidence["gap_fraction"] == pytest.approx(gap)
+
+
+def test_lockstep_host_and_gpu_meet_at_every_boundary() -> None:
+    gpu = {"draft": 2e-3, "verify": 6e-3, "bookkeeping": 0.5e-3}
+    host = {"draft": 2.05e-3, "verify": 6.05e-3, "bookkeeping": 0.55e-3}
+    f = dg.host_bound(brk(host=host, gpu=gpu, gpu_cycles=100))
+    assert (f.code, f.severity) == ("SPEC-HOST-LOCKSTEP", "warn")
+    apart = f.evidence["phase_disagreement_fraction"]
+    assert isinstance(apart, float) and apart <= dg.LOCKSTEP_MAX
+
+
+# -- stall ----------------------------------------------------------------------------------------
+
+
+def test_stall_is_a_failure_when_requests_are_running() -> None:
+    w = win(cycles=0, running=4, waiting=0, elapsed=3.0)
+    f = dg.stall(w)
+    assert f is not None and (f.code, f.severity) == ("SPEC-STALL", "fail")
+    assert f.sentence.startswith("decoding is stalled: 4 requests running and 0 waiting, and no "
+                                 "cycle in 3.0 s")
+    assert dg.diagnose(w) == [f]
+
+
+def test_waiting_requests_alone_are_a_stall_too() -> None:
+    f = dg.stall(win(cycles=0, running=0, waiting=1))
+    assert f is not None and f.code == "SPEC-STALL"
+
+
+def test_idle_and_unknown() -> None:
+    idle = dg.stall(win(cycles=0, running=0, waiting=0))
+    assert idle is not None and (idle.code, idle.severity) == ("SPEC-IDLE", "info")
+    blind = dg.stall(win(cycles=0))
+    assert blind is not None and (blind.code, blind.severity) == ("SPEC-NO-CYCLES", "info")
+    assert "set_requests" in blind.advice
+    assert dg.stall(win(cycles=1, running=4)) is None
+
+
+# -- speedup explained ----------------------------------------------------------------------------
+
+# A healthy interval: 4 sequences, cycle 5.2 ms, 1 + 3.26 tokens per sequence-cycle: 819 tok/s.
+
+
+def test_speedup_ok_and_unknown() -> None:
+    f = dg.speedup(brk(baseline=300.0))
+    assert (f.code, f.severity) == ("SPEC-SPEEDUP-OK", "ok")
+    assert f.sentence.startswith("speculation is faster: 2.73x the baseline's tokens/s")
+    none = dg.speedup(brk())
+    assert (none.code, none.severity) == ("SPEC-SPEEDUP-UNKNOWN", "info")
+    assert "predicted speedup is 2.56x" in none.sentence
+
+
+@pytest.mark.parametrize(("cycles", "code"), [
+    (dg.MIN_SPEEDUP_CYCLES, "SPEC-SPEEDUP-LOSS"),
+    (dg.MIN_SPEEDUP_CYCLES - 1, "SPEC-SPEEDUP-UNKNOWN"),
+])
+def test_window_too_short_boundary(cycles: float, code: str) -> None:
+    assert dg.speedup(brk(cycles=cycles, baseline=1e4)).code == code
+
+
+def test_below_1_because_acceptance_is_too_low_for_the_draft() -> None:
+    b = brk(positions=(0.1, 0.01, 0.0, 0.0), host={"draft": 3e-3, "verify": 3e-3,
+                                                   "bookkeeping": 0.1e-3}, baseline=300.0)
+    f = dg.speedup(b)
+    assert (f.code, f.severity) == ("SPEC-SPEEDUP-LOSS", "fail")
+    assert "acceptance is too low for the draft's cost" in f.sentence
+    assert "a draft costing 1.00 of verify needs more than 2.00" in f.sentence
+
+
+def test_below_1_because_verify_is_dearer_than_the_steps_it_replaces() -> None:
+    # 4.26 tokens per sequence-cycle; a plain step 1/1000 s: verify 5 ms > 4.26 ms.
+    b = brk(host={"draft": 0.5e-3, "verify": 5e-3, "bookkeeping": 0.1e-3}, baseline=1000.0)
+    f = dg.speedup(b)
+    assert f.code == "SPEC-SPEEDUP-LOSS"
+    assert "verify-bound at batch 4.0: one verify costs 5.00 ms" in f.sentence
+    assert "disable it above it" in f.advice
+
+
+def test_below_1_because_of_time_outside_draft_and_verify() -> None:
+    b = brk(host={"draft": 0.5e-3, "verify": 1e-3, "bookkeeping": 5e-3}, baseline=1000.0)
+    f = dg.speedup(b)
+    assert f.code == "SPEC-SPEEDUP-LOSS"
+    assert "bookkeeping, host overhead" in f.sentence
+
+
+def test_below_1_while_acceptance_rises_is_warming_up() -> None:
+    past = brk(positions=(0.1, 0.05, 0.0, 0.0), baseline=1e4)
+    recent = brk(positions=(0.5, 0.4, 0.3, 0.2), baseline=1e4)
+    f = dg.speedup(recent, past)
+    assert (f.code, f.severity) == ("SPEC-SPEEDUP-WARMING", "warn")
+    assert "acceptance is still rising (4% over the lifetime, 35% now)" in f.sentence
+
+
+# -- the recent window against the lifetime -------------------------------------------------------
+
+HEALTHY = {"draft": 2.5e-3, "verify": 3.0e-3, "bookkeeping": 0.2e-3}
+
+
+def test_steady() -> None:
+    out = dg.against_past(brk(cycles=300), brk(cycles=3000))
+    assert codes(out) == ["SPEC-RECENT-STEADY"]
+
+
+def test_acceptance_down_with_its_size() -> None:
+    recent = win(cycles=300, positions=(0.18, 0.175, 0.175, 0.175))
+    past = win(cycles=3000)
+    out = dg.diagnose(recent, past)
+    got = {f.code: f for f in out}
+    down = got["SPEC-RECENT-ACCEPT-DOWN"]
+    assert down.severity == "warn"
+    assert down.sentence.startswith("acceptance fell from 82% over the lifetime to 18% in the "
+                                    "last 10.0 s (-64 points)")
+    assert got["SPEC-RECENT-THROUGHPUT-DOWN"].severity == "warn"
+    assert got["SPEC-ACCEPT-COLLAPSE"].severity == "fail"
+
+
+@pytest.mark.parametrize(("drop", "found"), [
+    (dg.ACCEPT_DROP_MIN + 0.005, True),
+    (dg.ACCEPT_DROP_MIN - 0.005, False),
+])
+def test_acceptance_drop_boundary(drop: float, found: bool) -> None:
+    base = (0.8, 0.8, 0.8, 0.8)
+    recent = tuple(a - drop for a in base)
+    out = dg.against_past(brk(cycles=2000, positions=recent), brk(cycles=20000, positions=base),
+                          drafted=(80000.0, 8000.0))
+    assert ("SPEC-RECENT-ACCEPT-DOWN" in codes(out)) is found
+
+
+def test_a_drop_within_the_noise_of_few_tokens_is_not_reported() -> None:
+    out = dg.against_past(brk(cycles=300, positions=(0.6,) * 4), brk(cycles=3000,
+                          positions=(0.8,) * 4), drafted=(30.0, 3.0))
+    assert "SPEC-RECENT-ACCEPT-DOWN" not in codes(out)
+
+
+def test_one_phase_slower_names_it() -> None:
+    slow = {**HEALTHY, "verify": 4 * HEALTHY["verify"]}
+    out = dg.against_past(brk(cycles=300, host=slow), brk(cycles=3000, host=HEALTHY))
+    f = next(f for f in out if f.code == "SPEC-RECENT-PHASE-SLOWER")
+    assert f.severity == "warn" and f.evidence["phase"] == "verify"
+    assert f.sentence.startswith("verify is 4.0x slower than over the lifetime (3.00 ms → 12.00 "
+                                 "ms per cycle, host clock) while the other phases changed 1.00x")
+    assert "SPEC-RECENT-THROUGHPUT-DOWN" in codes(out)
+
+
+def test_the_same_time_at_each_boundary_is_a_boundary_cost() -> None:
+    # sync-between-phases on the CPU demo: 2 ms more in draft and in verify, bookkeeping as was.
+    slow = {"draft": 4.5e-3, "verify": 5.0e-3, "bookkeeping": 0.2e-3}
+    out = dg.against_past(brk(cycles=300, host=slow), brk(cycles=3000, host=HEALTHY))
+    f = next(f for f in out if f.code == "SPEC-RECENT-BOUNDARY-COST")
+    assert f.severity == "warn" and "synchronize" in f.advice
+    assert f.sentence.startswith("draft and verify are each about 2.00 ms slower per cycle")
+
+
+def test_sync_between_phases_as_recorded_on_the_cpu_demo() -> None:
+    """The means one doctor run read on the CPU demo (lifetime, then 3 s with the fault on): the
+    factors are alike (1.46, 1.27, 1.36), but one added time fits far better than one factor."""
+    past = {"draft": 5.35e-3, "verify": 7.70e-3, "bookkeeping": 0.28e-3}
+    recent = {"draft": 7.80e-3, "verify": 9.79e-3, "bookkeeping": 0.38e-3}
+    out = dg.against_past(brk(cycles=300, host=recent), brk(cycles=3000, host=past))
+    assert codes(out)[0] == "SPEC-RECENT-BOUNDARY-COST"
+    assert out[0].evidence["boundary_seconds"] == pytest.approx(2.27e-3)
+
+
+def test_every_phase_slower_alike_is_the_machine_not_the_speculation() -> None:
+    slow = {p: 1.8 * m for p, m in HEALTHY.items()}
+    out = dg.against_past(brk(cycles=300, host=slow), brk(cycles=3000, host=HEALTHY))
+    assert codes(out) == ["SPEC-RECENT-SLOWER-ALL", "SPEC-RECENT-THROUGHPUT-DOWN"]
+    assert [f.severity for f in out] == ["info", "info"]
+    assert out[0].sentence.startswith("every phase is 1.8x slower than over the lifetime")
+
+
+@pytest.mark.parametrize(("factor", "slower"), [
+    (dg.SLOWER_RATIO, True),
+    (dg.SLOWER_RATIO - 0.02, False),
+])
+def test_phase_slower_boundary(factor: float, slower: bool) -> None:
+    slow = {**HEALTHY, "verify": factor * HEALTHY["verify"]}
+    out = dg.against_past(brk(cycles=300, host=slow), brk(cycles=3000, host=HEALTHY))
+    assert ("SPEC-RECENT-PHASE-SLOWER" in codes(out)) is slower
+
+
+@pytest.mark.parametrize(("recent", "past", "compared"), [
+    (dg.MIN_RECENT_CYCLES, dg.MIN_PAST_CYCLES, True),
+    (dg.MIN_RECENT_CYCLES - 1, dg.MIN_PAST_CYCLES, False),
+    (dg.MIN_RECENT_CYCLES, dg.MIN_PAST_CYCLES - 1, False),
+])
+def test_too_few_cycles_to_compare(recent: float, past: float, compared: bool) -> None:
+    assert bool(dg.against_past(brk(cycles=recent), brk(cycles=past))) is compared
+
+
+# -- the whole diagnosis on a recorded interval ---------------------------------------------------
+
+
+def test_diagnose_a_recorded_interval_of_a_real_observer() -> None:
+    """A real recorder and resolver on the fake GPU clock: draft 1 ms, verify 4 ms on the GPU."""
+    gpu = FakeGpu()
+    obs = specobs.configure(sinks=[specobs.MemorySink()], clock=FakeEventClock(gpu),
+                            sample_every=1, max_draft_length=4, env={})
+    try:
+        for _ in range(40):
+            with obs.cycle(batch_size=4) as c:
+                gpu.run(1_000_000)
+                c.mark("verify")
+                gpu.run(4_000_000)
+                c.mark("bookkeeping")
+                gpu.run(100_000)
+                c.accept([3, 4, 0, 2], draft_length=4)
+            gpu.complete()
+        assert obs.force_flush(5)
+        snap = obs.snapshot()
+    finally:
+        obs.shutdown(5)
+    w = dg.window(bd.snapshot_delta(snap, None, 1.0, baseline=100.0))
+    out = {f.code: f for f in dg.diagnose(w)}
+    assert out["SPEC-CYCLE-VERIFY-BOUND"].evidence["clock"] == "gpu"
+    assert out["SPEC-CYCLE-VERIFY-BOUND"].evidence["verify_share"] == pytest.approx(4 / 5.1)
+    assert "SPEC-ACCEPT-UNKNOWN" in out  # 160 drafted at the first position, under 200
+
+
+def test_worst_and_status_line() -> None:
+    ok = dg.Finding("SPEC-ACCEPT-HEALTHY", "ok", "")
+    warn = dg.Finding("SPEC-RECENT-PHASE-SLOWER", "warn", "")
+    fail = dg.Finding("SPEC-STALL", "fail", "")
+    assert dg.worst([]) == "ok" and dg.worst([ok, warn]) == "warn"
+    assert dg.status_line([ok]) == "OK: no problem found"
+    assert dg.status_line([ok, warn, fail]) == "FAIL: SPEC-STALL"
+    assert dg.status_line([warn, ok]) == "WARN: SPEC-RECENT-PHASE-SLOWER"
+
