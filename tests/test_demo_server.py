@@ -32,7 +32,13 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 import specobs  # noqa: E402
-from specobs.demo import SpecDecodeEngine, TrainSettings, build_engine, greedy_generate  # noqa: E402
+from specobs.demo import (  # noqa: E402
+    RequestHandle,
+    SpecDecodeEngine,
+    TrainSettings,
+    build_engine,
+    greedy_generate,
+)
 from specobs.demo._server import ServerLimits, ServerThread, create_app  # noqa: E402
 
 # The demo's default models: the weights that ship with specobs (specobs/demo/weights/), the same
@@ -300,10 +306,28 @@ def test_server_keeps_serving_after_a_burst_of_bad_requests(api: Served) -> None
 # -- clients that go away -------------------------------------------------------------------
 
 
-def test_client_closing_mid_stream_cancels_the_request(api: Served) -> None:
+def _watch_cancels(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """An event set once the server cancels a request (``RequestHandle.cancel``, its reaction to
+    a client that left). While the engine is stalled nothing else shows the cancel: the request
+    stays queued until the next step drops it."""
+    cancelled = threading.Event()
+    cancel = RequestHandle.cancel
+
+    def cancel_and_tell(handle: RequestHandle) -> None:
+        cancel(handle)
+        cancelled.set()
+
+    monkeypatch.setattr(RequestHandle, "cancel", cancel_and_tell)
+    return cancelled
+
+
+def test_client_closing_mid_stream_cancels_the_request(
+    api: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """While the engine is stalled the request waits; the client leaves; once the engine runs
     again the request is dropped without generating a token."""
     eng = api.engine
+    cancelled = _watch_cancels(monkeypatch)
     before = eng.stats()
     assert api.client.post("/admin/fault", json={"fault": "stall"}).json()["fault"] == "stall"
     body = {"prompt": api.prompts[4], "max_tokens": 100, "stream": True}
@@ -312,7 +336,8 @@ def test_client_closing_mid_stream_cancels_the_request(api: Served) -> None:
             assert r.status_code == 200
             wait_until(lambda: eng.stats().waiting == 1, 10, "the request did not queue")
         # Leaving the block closes the connection mid-stream.
-    time.sleep(1.0)  # the server notices within its poll interval and cancels
+    # The server notices within its poll interval and cancels; only then may the engine run.
+    assert cancelled.wait(30), "the server did not cancel the request of the client that left"
     api.client.post("/admin/fault", json={"fault": None})
     wait_until(lambda: not eng.has_work(), 30, "the cancelled request was not dropped")
     after = eng.stats()
@@ -340,15 +365,29 @@ def test_client_closing_during_generation_frees_the_slot_early(api: Served) -> N
     assert generated < body["max_tokens"], "the request ran to completion after the client left"
 
 
-def test_non_streaming_client_timeout_cancels_the_request(api: Served) -> None:
+def test_non_streaming_client_timeout_cancels_the_request(
+    api: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A non-streaming client gives up (as on its read timeout) while its request waits in the
+    stalled engine: the server cancels it, and once the engine runs again it is dropped without
+    generating a token."""
     eng = api.engine
+    cancelled = _watch_cancels(monkeypatch)
     before = eng.stats()
     api.client.post("/admin/fault", json={"fault": "stall"})
-    with pytest.raises(httpx.ReadTimeout):
-        api.client.post(
-            "/v1/completions", json={"prompt": api.prompts[7], "max_tokens": 50}, timeout=0.5
-        )
-    time.sleep(1.0)
+    # A raw socket, so that the client leaves once the request is queued, not after a fixed
+    # time that a busy machine may spend before the server has even read the request.
+    url = httpx.URL(api.server.url)
+    body = json.dumps({"prompt": api.prompts[7], "max_tokens": 50}).encode()
+    with socket.create_connection((url.host, url.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (url.host.encode(), len(body), body))
+        wait_until(lambda: eng.stats().waiting == 1, 30, "the request did not queue")
+        readable, _, _ = select.select([sock], [], [], 0)
+        assert readable == [], "the server answered a request the stalled engine holds"
+        # Closing the connection without reading is what a client's read timeout does.
+    assert cancelled.wait(30), "the server did not cancel the request of the client that left"
     api.client.post("/admin/fault", json={"fault": None})
     wait_until(lambda: not eng.has_work(), 30, "the abandoned request was not dropped")
     assert eng.stats().emitted_tokens == before.emitted_tokens
