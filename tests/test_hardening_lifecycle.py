@@ -200,7 +200,11 @@ def test_otlp_threads_do_not_leak_when_prometheus_fails(otlp_receiver):
                                     "SPECOBS_PROMETHEUS_PORT": str(port)}, clock="host")
         except specobs.ConfigurationError as exc:
             print("error", "free port" in str(exc))
-        import time; time.sleep(0.2)
+        # Threads that are ending may take a while on a busy machine; leaked ones never end.
+        import time
+        deadline = time.monotonic() + 30
+        while len(threading.enumerate()) > 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
         print(sorted(t.name for t in threading.enumerate() if t.name != "MainThread"))
     """)
     env = {**os.environ, "PYTHONPATH": ROOT,
