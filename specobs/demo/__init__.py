@@ -17,7 +17,7 @@ Usage::
     print(engine.tokenizer.decode(handle.wait()))
 
 Faults for alert testing are switched at run time: ``engine.fault = "wrong-hidden-layers"``,
-``"slow-verify"``, ``"stall"`` or ``None``.
+``"slow-verify"``, ``"stall"``, ``"sync-between-phases"`` or ``None``.
 
 Measured (default config: d_model 128, 6 layers, k=4; the models that ship with specobs,
 seed 7, ``specobs/demo/weights/``):

@@ -62,7 +62,7 @@ SPECOBS_DEMO_ADMIN_TOKEN = "SPECOBS_DEMO_ADMIN_TOKEN"
 """Turns the demo server's ``/admin/*`` endpoints on, behind this token (``Authorization: Bearer
 <token>``; at least 16 characters). Unset or empty: the endpoints are off. ``--admin-token``
 overrides it."""
-_FAULTS = ("none", "wrong-hidden-layers", "slow-verify", "stall")
+_FAULTS = ("none", "wrong-hidden-layers", "slow-verify", "stall", "sync-between-phases")
 _PLAIN_INTERVAL_SECONDS = 5.0
 _LIVE_INTERVAL_SECONDS = 1.0
 _BASELINE_EVERY_CYCLES = 16

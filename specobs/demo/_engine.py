@@ -38,7 +38,7 @@ __all__ = ["FAULTS", "EngineStats", "RequestHandle", "SpecDecodeEngine"]
 
 _log = logging.getLogger("specobs.demo")
 
-FAULTS = (None, "wrong-hidden-layers", "slow-verify", "stall")
+FAULTS = (None, "wrong-hidden-layers", "slow-verify", "stall", "sync-between-phases")
 """Values ``SpecDecodeEngine.fault`` accepts."""
 
 TokenCallback = Callable[[list[int], bool], None]
@@ -203,7 +203,15 @@ class SpecDecodeEngine:
     background thread); ``submit()`` may be called from any thread. ``fault`` may be set from any
     thread at any time: ``None``, ``"wrong-hidden-layers"`` (the draft is fed the wrong target
     layers), ``"slow-verify"`` (the verify forward runs ``1 + slow_verify_repeats`` times — real
-    extra compute), ``"stall"`` (no prefill, no cycles; requests wait).
+    extra compute), ``"stall"`` (no prefill, no cycles; requests wait),
+    ``"sync-between-phases"`` (what synchronize-based profiling does to a server: to time each
+    phase, the host waits for the device at the end of every phase, so nothing overlaps).
+
+    On CUDA that fault is a real ``torch.cuda.synchronize()`` at the end of each of the three
+    phases. On the CPU every kernel has finished when its call returns, so a synchronize would
+    cost nothing; there the fault holds the host for ``sync_stall_seconds`` at the end of each
+    phase instead (the host time a device would wait through), so every phase is slower by the
+    same fixed time.
     """
 
     def __init__(
@@ -219,6 +227,7 @@ class SpecDecodeEngine:
         fault: str | None = None,
         cuda_graphs: bool | None = None,
         slow_verify_repeats: int = 3,
+        sync_stall_seconds: float = 0.005,
         eos_id: int | None = None,
     ) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -229,6 +238,13 @@ class SpecDecodeEngine:
             raise ValueError(
                 f"slow_verify_repeats must be an int >= 1, got {slow_verify_repeats!r}"
             )
+        if not (isinstance(sync_stall_seconds, (int, float)) and not isinstance(
+                sync_stall_seconds, bool) and 0 <= sync_stall_seconds <= 1):
+            raise ValueError(
+                f"sync_stall_seconds must be a number of seconds in [0, 1], got "
+                f"{sync_stall_seconds!r}"
+            )
+        self.sync_stall_seconds = float(sync_stall_seconds)
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {str(device)!r} was asked for, but CUDA is not available")
@@ -585,6 +601,8 @@ class SpecDecodeEngine:
                     attend_len=attend,
                     q_len=max(st.pending_count for st in states),
                 )
+            if fault == "sync-between-phases":
+                self._sync_between_phases()
             cyc.mark("verify")
             # -- verify --------------------------------------------------------------------
             repeats = 1 + (self.slow_verify_repeats if fault == "slow-verify" else 0)
@@ -599,6 +617,8 @@ class SpecDecodeEngine:
                     preds, hidden = self._verify(
                         slots_h, tlen_h, draft_tokens, layers, attend_len=attend
                     )
+            if fault == "sync-between-phases":
+                self._sync_between_phases()
             cyc.mark("bookkeeping")
             # -- bookkeeping ---------------------------------------------------------------
             match = (draft_tokens == preds[:, :k]).to(torch.long)
@@ -629,6 +649,15 @@ class SpecDecodeEngine:
                 ]
             )
             cyc.accept(acc_host, draft_length=k)
+            if fault == "sync-between-phases":
+                self._sync_between_phases()
+
+    def _sync_between_phases(self) -> None:
+        """The ``sync-between-phases`` fault at the end of one phase (see the class docstring)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.sync_stall_seconds > 0:
+            time.sleep(self.sync_stall_seconds)
 
     # Device work (the same code runs eagerly and under CUDA graph capture) -------------------
     def _draft_chain(

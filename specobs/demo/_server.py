@@ -7,7 +7,8 @@ Endpoints (all answers JSON unless noted)::
     GET  /v1/models        the one model served
     GET  /health           liveness plus the engine's counters
     GET  /metrics          the specobs series (Prometheus text or OpenMetrics by Accept header)
-    GET  /admin/fault      {"fault": null | "wrong-hidden-layers" | "slow-verify" | "stall"}
+    GET  /admin/fault      {"fault": null | "wrong-hidden-layers" | "slow-verify" | "stall"
+                            | "sync-between-phases"}
     POST /admin/fault      switch the fault at run time (only with an admin token, see below)
 
 Decoding is greedy only (``temperature`` absent or 0). Bad input is answered with a 4xx and the

@@ -89,6 +89,16 @@ WARMING_RISE_MIN = 0.05
 #: A phase slower than its past mean by this factor (and by this fraction of the past cycle).
 SLOWER_RATIO = 1.25
 SLOWER_CYCLE_FRACTION = 0.10
+#: The whole machine slowed only if the phases holding at least UNIFORM_MIN_SHARE of the past
+#: cycle slowed by factors within UNIFORM_SPREAD of each other.
+UNIFORM_MIN_SHARE = 0.01
+UNIFORM_SPREAD = 1.5
+#: Slowed phases whose added times are within this factor of each other: one cost per boundary
+#: (when the factors are not alike, or the added time fits better than one factor).
+BOUNDARY_SPREAD = 2.0
+#: Slowed phases reported on their own: those slowed by at least this fraction of the largest
+#: factor (the others' slowdown is secondary).
+DOMINANT_FRACTION = 0.5
 #: Per-sequence tokens/s below this fraction of the past: throughput down.
 THROUGHPUT_DROP = 0.8
 
@@ -618,8 +628,10 @@ def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, c
     each = ", ".join(f"{p} {_ms(changes[p][0])} → {_ms(changes[p][1])}" for p in changes)
     # Two explanations, fitted by least squares to the phase means: the whole machine slowed
     # (every phase times one factor r) or a fixed cost was added at the boundaries of the slowed
-    # phases (each slowed phase plus one time c, the others unchanged). One wins when its squared
-    # error is at most half the other's; otherwise each slowed phase is reported on its own.
+    # phases (each slowed phase plus one time c, the others unchanged). The machine, when every
+    # phase of any size slowed by a like factor and that fits at least twice as well; a cost per
+    # boundary, when the slowed phases gained like times and the factors are not alike (or the
+    # added time fits better); otherwise each slowed phase is reported on its own.
     r = math.fsum(a * b for a, b in changes.values()) / math.fsum(a * a for a, _ in
                                                                    changes.values())
     sse_uniform = math.fsum((b - r * a) ** 2 for a, b in changes.values())
@@ -630,7 +642,9 @@ def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, c
     evidence["uniform_squared_error"] = sse_uniform
     evidence["boundary_seconds"] = c
     evidence["boundary_squared_error"] = sse_boundary
-    if r >= SLOWER_RATIO and 2 * sse_uniform <= sse_boundary:
+    large = [ratios[p] for p, (a, _) in changes.items() if a >= UNIFORM_MIN_SHARE * past_cycle]
+    alike = bool(large) and max(large) <= UNIFORM_SPREAD * min(large)
+    if alike and r >= SLOWER_RATIO and 2 * sse_uniform <= sse_boundary:
         return [Finding(
             "SPEC-RECENT-SLOWER-ALL", "info",
             f"every phase is {r:.1f}x slower than over the lifetime ({each}, {clock} "
@@ -639,7 +653,9 @@ def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, c
             evidence,
             "not the speculation itself: check the host's load and the batch size",
         )]
-    if len(slowed) >= 2 and 2 * sse_boundary <= sse_uniform:
+    amounts = [added[p] for p in slowed]
+    even = max(amounts) <= BOUNDARY_SPREAD * min(amounts)
+    if len(slowed) >= 2 and even and (not alike or sse_boundary < sse_uniform):
         names = " and ".join(slowed)
         return [Finding(
             "SPEC-RECENT-BOUNDARY-COST", "warn",
@@ -650,10 +666,12 @@ def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, c
             "look for a synchronize between phases (synchronize-based profiling, "
             ".item(), .cpu()), a profiler or logging at the phase boundaries",
         )]
-    out = []
-    others = [r for p, r in ratios.items() if p not in slowed]
+    top = max(ratios[p] for p in slowed)
+    shown = [p for p in slowed if ratios[p] >= DOMINANT_FRACTION * top]
+    others = [ratios[p] for p in ratios if p not in shown]
     reference = median(others) if others else 1.0
-    for p in slowed:
+    out = []
+    for p in sorted(shown, key=lambda p: -ratios[p]):
         a, b = changes[p]
         out.append(Finding(
             "SPEC-RECENT-PHASE-SLOWER", "warn",

@@ -4,14 +4,19 @@
                                                  [--max-bytes 16MiB]
 
 It scrapes the endpoint twice, ``--wait`` seconds apart (the second time asking for OpenMetrics,
-which also carries the exemplars), and prints one line per check with a verdict — OK, WARN, FAIL,
-or SKIP when a check cannot run — and the reason:
+which also carries the exemplars), and prints one line per check of the endpoint with a verdict —
+OK, INFO (expected here, nothing to change), WARN, FAIL, or SKIP when a check cannot run — and the
+reason, then the **findings** of the diagnosis (:mod:`specobs.tools._diagnosis`,
+docs/diagnosis.md) on the interval between the scrapes and against the lifetime before the first:
+the acceptance profile, where the cycle goes, whether the host holds the GPU back, a stall, the
+speedup and its reason, what changed recently. The checks:
 
 =================  ===========================================================================
 reachable          the URL answers HTTP 200
 specobs endpoint   the body is Prometheus text with a ``specobs_info`` series
 contract series    every catalog series is exposed (the missing ones are listed)
-cycles advancing   ``specobs_cycles_total`` grew between the two scrapes
+cycles advancing   ``specobs_cycles_total`` grew between the two scrapes; no cycle while
+                   requests run or wait fails (a stall, as the generated alert pages)
 gpu clock          GPU-clock series with a count > 0, or why not (clock=host, CUDA not up)
 dropped records    records dropped, by reason, as a fraction of cycles
 exporter errors    hot-path misuse counted by the exporter, by kind
@@ -20,12 +25,15 @@ exporter cpu       the exporter's CPU seconds per cycle between the scrapes (bud
 exemplars          OpenMetrics exposition carries trace exemplars
 baseline           realized speedup: per-sequence tokens/s over the non-speculative baseline,
                    configured or measured by the engine (its ``source`` label), as the
-                   recording rules compute it; below 1 fails
+                   recording rules compute it; below 1 fails, with the reason from the data
 =================  ===========================================================================
 
-The exit status is 1 when any check FAILs, else 0 (2 for a bad command line). ``--json`` prints
-the same as one JSON object. An endpoint that serves a sample twice (the same name and labels)
-fails ``specobs endpoint``: Prometheus rejects such a scrape, and its sums would be wrong.
+The exit status is 0 when healthy, 1 when a check WARNs or FAILs or a finding is warn or fail
+(a problem to act on), and 2 when the endpoint is unusable (unreachable, not a specobs endpoint,
+the second scrape failed) or the command line is bad. ``--json`` prints the same as one JSON
+object: ``checks``, ``findings`` (code, severity, sentence, evidence, advice) and
+``exit_code``. An endpoint that serves a sample twice (the same name and labels) fails
+``specobs endpoint``: Prometheus rejects such a scrape, and its sums would be wrong.
 Credentials in the URL (``http://user:password@host/``) are sent as HTTP Basic authentication
 and never printed.
 
@@ -48,10 +56,13 @@ from typing import Any
 
 from specobs import catalog
 from specobs.tools import _breakdown as bd
+from specobs.tools import _diagnosis as dg
 from specobs.tools import _http
 from specobs.tools import _scrape as scr
 
-__all__ = ["Check", "add_arguments", "diagnose", "run"]
+__all__ = [
+    "Check", "Report", "add_arguments", "diagnose", "examine", "exit_code", "render_text", "run",
+]
 
 _PROG = "specobs doctor"
 
@@ -59,6 +70,16 @@ _PROG = "specobs doctor"
 DEFAULT_OVERHEAD_BUDGET = 0.005
 #: DESIGN.md: everything specobs does on the worker's CPU, per cycle, at 1,000 cycles/s.
 CPU_BUDGET_SECONDS_PER_CYCLE = 15e-6
+#: Cycles between the scrapes below which the exporter's CPU per cycle is not judged: the
+#: scrape's own fixed cost, spread over few cycles, reads as over budget.
+CPU_MIN_CYCLES = 1000.0
+#: Under the adaptive sampler, an overhead ratio up to this multiple of the budget is the
+#: sampler converging (INFO); above it, a WARN.
+ADAPTIVE_TOLERANCE = 2.0
+#: How often the window is scraped again while ``--min-cycles`` waits for cycles.
+MIN_CYCLES_POLL_SECONDS = 0.5
+#: Checks whose failure leaves nothing to diagnose: the endpoint is unusable (exit 2).
+UNUSABLE_CHECKS = ("reachable", "specobs endpoint")
 #: Dropped records above this fraction of cycles fail the check (below it: a warning).
 DROP_FAIL_FRACTION = 0.10
 #: Series an endpoint may legitimately leave out: gauges that exist only once configured or fed.
@@ -93,6 +114,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                     "(host:port means http://host:port/metrics)")
     parser.add_argument("--wait", type=float, default=2.0, metavar="SECONDS",
                         help="seconds between the two scrapes (default: 2)")
+    parser.add_argument("--min-cycles", type=float, default=0.0, metavar="N",
+                        help="after --wait, keep the window open (scraping again every "
+                             f"{MIN_CYCLES_POLL_SECONDS:g} s) until N cycles ran, at most "
+                             "--max-wait seconds in all (default: 0, two scrapes)")
+    parser.add_argument("--max-wait", type=float, default=60.0, metavar="SECONDS",
+                        help="bound of the window with --min-cycles (default: 60)")
     _http.add_limit_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -102,7 +129,7 @@ class Check:
     """One line of the report."""
 
     name: str
-    verdict: str  # OK | WARN | FAIL | SKIP
+    verdict: str  # OK | INFO | WARN | FAIL | SKIP
     reason: str
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -128,10 +155,60 @@ def _budget(info: dict[str, str]) -> float:
     return DEFAULT_OVERHEAD_BUDGET
 
 
+@dataclass
+class Report:
+    """What ``specobs doctor`` found: the endpoint's checks and the speculation's findings."""
+
+    checks: list[Check]
+    findings: list[dg.Finding] = field(default_factory=list)
+
+    @property
+    def unusable(self) -> bool:
+        """The endpoint could not be read twice as a specobs endpoint: nothing to diagnose."""
+        return any(c.verdict == "FAIL" and c.name in UNUSABLE_CHECKS for c in self.checks) or \
+            any(c.verdict == "FAIL" and c.name == "cycles advancing"
+                and c.data.get("second_scrape_failed") for c in self.checks)
+
+    @property
+    def problem(self) -> bool:
+        """A check that WARNs or FAILs, or a finding of severity warn or fail."""
+        return any(c.verdict in ("WARN", "FAIL") for c in self.checks) or \
+            dg.worst(self.findings) in ("warn", "fail")
+
+
+def exit_code(report: Report) -> int:
+    """2 when the endpoint is unusable, 1 when doctor found a problem, 0 when healthy."""
+    if report.unusable:
+        return 2
+    return 1 if report.problem else 0
+
+
 def diagnose(
-    client: Any, url: str, wait_seconds: float, limits: _http.Limits = _http.DEFAULT_LIMITS
+    client: Any, url: str, wait_seconds: float, limits: _http.Limits = _http.DEFAULT_LIMITS,
 ) -> list[Check]:
-    """Run every check against ``url``; see the module docstring. Two requests in all."""
+    """The checks of :func:`examine` (the findings left out)."""
+    return examine(client, url, wait_seconds, limits).checks
+
+
+def _lifetime(first: scr.Scrape) -> scr.Delta:
+    """The lifetime before the first scrape, as one interval: its counters from zero, its
+    seconds from the cycle counter's ``_created`` time when the endpoint serves it."""
+    created = first.series.total(catalog.CYCLES.name.removesuffix("_total") + "_created")
+    elapsed = max(0.0, time.time() - created) if created else 0.0
+    delta = scr.difference(scr.Scrape(scr.Series(), first.monotonic_seconds - elapsed), first)
+    assert isinstance(delta, scr.Delta)  # nothing goes down from an empty scrape
+    return delta
+
+
+def examine(
+    client: Any, url: str, wait_seconds: float, limits: _http.Limits = _http.DEFAULT_LIMITS,
+    min_cycles: float = 0.0, max_wait_seconds: float = 60.0,
+) -> Report:
+    """Run every check against ``url`` and diagnose the speculation between the two scrapes,
+    against the lifetime before the first; see the module docstring. Two requests in all,
+    unless ``min_cycles`` keeps the window open (a new second scrape every
+    :data:`MIN_CYCLES_POLL_SECONDS` until that many cycles ran or ``max_wait_seconds`` passed
+    since the first)."""
     checks: list[Check] = []
 
     # reachable / specobs endpoint
@@ -140,7 +217,7 @@ def diagnose(
         text, content_type = scr.fetch_text(client, url, limits=limits)
     except scr.ScrapeError as exc:
         checks.append(Check("reachable", "FAIL", str(exc)))
-        return _skip_rest(checks, "needs a reachable endpoint")
+        return Report(_skip_rest(checks, "needs a reachable endpoint"))
     ms = (time.monotonic() - t0) * 1e3
     checks.append(Check(
         "reachable", "OK", f"HTTP 200 in {ms:.0f} ms, {len(text.encode()) / 1024:.1f} KiB",
@@ -150,11 +227,11 @@ def diagnose(
         series = scr.parse_exposition(text)
     except scr.ScrapeError as exc:
         checks.append(Check("specobs endpoint", "FAIL", f"{_http.display_url(url)}: {exc}"))
-        return _skip_rest(checks, "needs a specobs endpoint")
+        return Report(_skip_rest(checks, "needs a specobs endpoint"))
     first = scr.Scrape(series, t0, text)
     if not first.is_specobs:
         checks.append(Check("specobs endpoint", "FAIL", scr.not_specobs_message(url, series)))
-        return _skip_rest(checks, "needs a specobs endpoint")
+        return Report(_skip_rest(checks, "needs a specobs endpoint"))
     info = first.info
     checks.append(Check(
         "specobs endpoint", "OK",
@@ -188,14 +265,33 @@ def diagnose(
     try:
         second = scr.scrape(client, url, openmetrics=True, limits=limits)
     except scr.ScrapeError as exc:
-        checks.append(Check("cycles advancing", "FAIL", f"second scrape failed: {exc}"))
-        return _skip_rest(checks, "needs two scrapes")
+        checks.append(Check("cycles advancing", "FAIL", f"second scrape failed: {exc}",
+                            {"second_scrape_failed": True}))
+        return Report(_skip_rest(checks, "needs two scrapes"))
     delta = scr.difference(first, second)
+    while (min_cycles > 0 and isinstance(delta, scr.Delta)
+           and (delta.counters.total(catalog.CYCLES.name) or 0.0) < min_cycles
+           and time.monotonic() - t0 + MIN_CYCLES_POLL_SECONDS <= max_wait_seconds):
+        time.sleep(MIN_CYCLES_POLL_SECONDS)
+        try:
+            second = scr.scrape(client, url, openmetrics=True, limits=limits)
+        except scr.ScrapeError as exc:
+            checks.append(Check("cycles advancing", "FAIL", f"second scrape failed: {exc}",
+                                {"second_scrape_failed": True}))
+            return Report(_skip_rest(checks, "needs two scrapes"))
+        delta = scr.difference(first, second)
     b: bd.Breakdown | None = None
+    findings: list[dg.Finding] = []
+    speed: dg.Finding | None = None
     if isinstance(delta, scr.CounterReset):
-        checks.append(Check("cycles advancing", "WARN", f"{delta} between the two scrapes"))
+        checks.append(Check("cycles advancing", "INFO",
+                            f"{delta} between the two scrapes: run doctor again"))
     else:
-        b = bd.breakdown(delta)
+        recent = dg.window(delta, time.time())
+        past = dg.window(_lifetime(first))
+        b = recent.breakdown
+        findings = dg.diagnose(recent, past)
+        speed = next((f for f in findings if f.code.startswith("SPEC-SPEEDUP-")), None)
         elapsed = delta.elapsed_seconds
         if b.cycles > 0:
             checks.append(Check(
@@ -205,12 +301,11 @@ def diagnose(
                 {"cycles": b.cycles, "seconds": elapsed},
             ))
         else:
-            last = second.series.total(catalog.LAST_CYCLE_TIMESTAMP.name)
-            ago = f"; last cycle {time.time() - last:.0f} s ago" if last else "; no cycle yet"
+            idle = dg.stall(recent)
+            assert idle is not None  # no cycles: stalled, idle or cannot tell
             checks.append(Check(
-                "cycles advancing", "WARN",
-                f"no cycles in {elapsed:.1f} s: the engine is idle or stalled{ago}",
-                {"cycles": 0.0, "seconds": elapsed},
+                "cycles advancing", "FAIL" if idle.severity == "fail" else "INFO",
+                idle.sentence, {"cycles": 0.0, "seconds": elapsed, "finding": idle.code},
             ))
 
     s2 = second.series
@@ -222,8 +317,8 @@ def diagnose(
     checks.append(_overhead(s2, info))
     checks.append(_cpu(b))
     checks.append(_exemplars(second))
-    checks.append(_baseline(b, s2))
-    return checks
+    checks.append(_baseline(b, s2, speed))
+    return Report(checks, findings)
 
 
 def _gpu_clock(s: scr.Series, info: dict[str, str], cycles_total: float) -> Check:
@@ -237,15 +332,16 @@ def _gpu_clock(s: scr.Series, info: dict[str, str], cycles_total: float) -> Chec
         return Check("gpu clock", "OK",
                      f"{_fmt_count(gpu_n)} cycles timed on the GPU clock ({clock}{every})", data)
     if cycles_total <= 0:
-        return Check("gpu clock", "WARN", "no cycles yet: cannot tell whether the GPU clock "
+        return Check("gpu clock", "INFO", "no cycles yet: cannot tell whether the GPU clock "
                                           "works", data)
     if sampled <= 0 and clock in ("none", "auto"):
+        # Expected, not a fault: a CPU-only process, or one configured for the host clock.
         why = (
             "configured with clock=host (gpu_clock=\"none\")" if clock == "none"
-            else "clock=auto and the engine has not initialised CUDA (gpu_clock=\"auto\")"
+            else "clock=auto and the process has not initialised CUDA (gpu_clock=\"auto\": a "
+                 "CPU-only process, or CUDA started after specobs looked)"
         )
-        return Check("gpu clock", "WARN",
-                     f"host clock only: CUDA not initialised or clock=host; {why}", data)
+        return Check("gpu clock", "INFO", f"host clock only: {why}", data)
     return Check(
         "gpu clock", "WARN",
         f"{_fmt_count(sampled)} cycles sampled but none resolved on the GPU clock "
@@ -292,11 +388,19 @@ def _overhead(s: scr.Series, info: dict[str, str]) -> Check:
     if ratio <= budget:
         return Check("overhead", "OK", text, data)
     sampling = info.get("sampling", "")
-    hint = (
-        f"; sampling is fixed ({sampling}): leave SPECOBS_SAMPLE_EVERY unset for the adaptive "
-        "sampler" if sampling.startswith("every_") else "; the adaptive sampler is catching up"
-    )
-    return Check("overhead", "WARN", f"{text}, over budget{hint}", data)
+    if sampling.startswith("every_"):
+        return Check("overhead", "WARN",
+                     f"{text}, over budget; sampling is fixed ({sampling}): leave "
+                     "SPECOBS_SAMPLE_EVERY unset for the adaptive sampler", data)
+    if ratio <= ADAPTIVE_TOLERANCE * budget:
+        # The adaptive sampler steers the ratio onto the budget: a little above it is the
+        # sampler at work (it measures, then lengthens the interval), not a fault.
+        return Check("overhead", "INFO",
+                     f"{text}: at the budget, where the adaptive sampler holds it", data)
+    return Check("overhead", "WARN",
+                 f"{text}, over {ADAPTIVE_TOLERANCE:g}x the budget: the adaptive sampler cannot "
+                 "hold it (GPU timing costs more than the budget even at the longest interval)",
+                 data)
 
 
 def _cpu(b: bd.Breakdown | None) -> Check:
@@ -310,8 +414,13 @@ def _cpu(b: bd.Breakdown | None) -> Check:
     )
     if per <= CPU_BUDGET_SECONDS_PER_CYCLE:
         return Check("exporter cpu", "OK", text, data)
-    return Check("exporter cpu", "WARN", f"{text}, over budget (few cycles make this noisy)",
-                 data)
+    if b.cycles < CPU_MIN_CYCLES:
+        # The scrapes' own encoding, spread over few cycles, is most of such a figure.
+        return Check("exporter cpu", "INFO",
+                     f"{text}, over only {_fmt_count(b.cycles)} cycles: too few to judge "
+                     f"(the scrapes' own cost dominates; {CPU_MIN_CYCLES:.0f} needed, raise "
+                     "--wait)", data)
+    return Check("exporter cpu", "WARN", f"{text}, over budget", data)
 
 
 def _exemplars(second: scr.Scrape) -> Check:
@@ -324,12 +433,17 @@ def _exemplars(second: scr.Scrape) -> Check:
     if n:
         return Check("exemplars", "OK", f"{n} trace exemplars in the OpenMetrics exposition",
                      {"exemplars": n})
-    return Check("exemplars", "WARN",
-                 "no trace exemplars in OpenMetrics: tracing may be off (no trace sink, or "
+    # A setting, not a fault: tracing is off unless a trace sink is configured.
+    return Check("exemplars", "INFO",
+                 "no trace exemplars in OpenMetrics: tracing is off (no trace sink, or "
                  "SPECOBS_TRACE_HEAD_RATE=0) or no cycle was traced yet", {"exemplars": 0})
 
 
-def _baseline(b: bd.Breakdown | None, s: scr.Series) -> Check:
+_VERDICT = {"ok": "OK", "info": "INFO", "warn": "WARN", "fail": "FAIL"}
+
+
+def _baseline(b: bd.Breakdown | None, s: scr.Series, speed: dg.Finding | None) -> Check:
+    """The realized speedup, in the words of the diagnosis's speedup finding."""
     baseline = s.total(catalog.BASELINE_SEQUENCE_TOKENS.name)
     if baseline is None:
         return Check("baseline", "SKIP",
@@ -338,7 +452,7 @@ def _baseline(b: bd.Breakdown | None, s: scr.Series) -> Check:
     labels = s.labels(catalog.BASELINE_SEQUENCE_TOKENS.name)
     # The recording rules call a baseline without a source label "configured".
     source = (labels[0].get("source") if labels else None) or catalog.BASELINE_SOURCE_CONFIGURED
-    if b is None or b.sequence_tokens_per_second is None:
+    if b is None or b.sequence_tokens_per_second is None or speed is None:
         return Check("baseline", "SKIP",
                      "no cycles with tokens between the two scrapes: cannot measure "
                      f"(baseline {scr.format_rate(baseline)} tok/s, {source})",
@@ -347,22 +461,50 @@ def _baseline(b: bd.Breakdown | None, s: scr.Series) -> Check:
     speedup, _ = bd.speedups(b)
     batch = b.mean_batch_size
     data = {"realized": realized, "baseline": baseline, "speedup": speedup, "source": source,
-            "mean_batch_size": batch}
-    text = (
-        f"{scr.format_rate(realized)} tok/s per sequence at mean batch "
-        f"{scr.format_rate(batch)} vs baseline {scr.format_rate(baseline)} tok/s ({source})"
-        + (f": {speedup:.2f}x" if speedup is not None else "")
-    )
-    if speedup is not None and speedup >= 1.0:
-        return Check("baseline", "OK", f"speculation is faster: {text}", data)
+            "mean_batch_size": batch, "finding": speed.code}
     advice = (
         "; a configured baseline must be measured at the batch size the server runs "
         f"(here {scr.format_rate(batch)}), else re-measure it there"
-        if source == catalog.BASELINE_SOURCE_CONFIGURED else ""
+        if source == catalog.BASELINE_SOURCE_CONFIGURED and speed.severity == "fail" else ""
     )
-    return Check("baseline", "FAIL",
-                 f"speculation is slower than the baseline: {text}; turn it off or fix "
-                 f"acceptance{advice}", data)
+    return Check("baseline", _VERDICT[speed.severity], f"{speed.sentence} ({source}){advice}",
+                 data)
+
+
+def _evidence_text(evidence: dict[str, float | str | None]) -> str:
+    parts = []
+    for key, value in evidence.items():
+        if value is None:
+            continue
+        if isinstance(value, float):
+            text = f"{value:.4g}"
+        else:
+            text = str(value)
+        parts.append(f"{key}={text}")
+    return " ".join(parts)
+
+
+def render_text(report: Report, url: str, code: int) -> str:
+    """The report as lines for a terminal: one per check, then each finding with its evidence
+    and what to change, then the counts and the exit status."""
+    checks = report.checks
+    width = max(len(c.name) for c in checks)
+    lines = [f"{_PROG} {url}"]
+    lines += [f"{c.verdict:<4}  {c.name:<{width}}  {c.reason}" for c in checks]
+    if report.findings:
+        lines.append("findings:")
+        for f in report.findings:
+            lines.append(f"{_VERDICT[f.severity]:<4}  {f.code}  {f.sentence}")
+            if f.severity in ("warn", "fail") and f.advice:
+                lines.append(f"      change: {f.advice}")
+            if f.severity in ("warn", "fail") and f.evidence:
+                lines.append(f"      evidence: {_evidence_text(f.evidence)}")
+    verdicts = [c.verdict for c in checks] + [_VERDICT[f.severity] for f in report.findings]
+    counts = {v: verdicts.count(v) for v in ("FAIL", "WARN", "INFO", "OK", "SKIP")}
+    meaning = {0: "healthy", 1: "a problem found", 2: "endpoint unusable"}[code]
+    lines.append(", ".join(f"{k} {n}" for k, n in counts.items() if n)
+                 + f" (exit {code}: {meaning})")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -372,8 +514,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return 2
-    if not args.wait >= 0 or not (0 < args.timeout < math.inf):
-        print(f"{_PROG}: --wait must be >= 0 and --timeout > 0 seconds", file=sys.stderr)
+    if not args.wait >= 0 or not (0 < args.timeout < math.inf) or not args.min_cycles >= 0 \
+            or not (0 < args.max_wait < math.inf):
+        print(f"{_PROG}: --wait and --min-cycles must be >= 0, --timeout and --max-wait > 0 "
+              "seconds", file=sys.stderr)
         return 2
     try:
         import httpx  # noqa: F401
@@ -383,21 +527,19 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     with _http.http_client(args) as client:
-        checks = diagnose(client, url, args.wait, _http.limits_from(args))
-    failed = any(c.verdict == "FAIL" for c in checks)
+        report = examine(client, url, args.wait, _http.limits_from(args),
+                         min_cycles=args.min_cycles, max_wait_seconds=args.max_wait)
+    code = exit_code(report)
     # Credentials in the URL went to the server (HTTP Basic), never to the output.
     url = _http.display_url(url)
     if args.json:
         print(json.dumps(
-            {"url": url, "ok": not failed, "checks": [asdict(c) for c in checks]},
+            {"url": url, "ok": code == 0, "exit_code": code,
+             "checks": [asdict(c) for c in report.checks],
+             "findings": [asdict(f) for f in report.findings]},
             indent=2, sort_keys=True, default=str,
         ))
     else:
-        width = max(len(c.name) for c in checks)
-        print(f"{_PROG} {url}")
-        for c in checks:
-            print(f"{c.verdict:<4}  {c.name:<{width}}  {c.reason}")
-        counts = {v: sum(c.verdict == v for c in checks) for v in ("FAIL", "WARN", "OK", "SKIP")}
-        print(", ".join(f"{k} {n}" for k, n in counts.items() if n))
+        print(render_text(report, url, code))
     sys.stdout.flush()
-    return 1 if failed else 0
+    return code
