@@ -481,3 +481,11 @@ def test_worst_and_status_line() -> None:
     assert dg.status_line([ok, warn, fail]) == "FAIL: SPEC-STALL"
     assert dg.status_line([warn, ok]) == "WARN: SPEC-RECENT-PHASE-SLOWER"
 
+
+
+def test_every_code_is_documented() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "diagnosis.md").read_text()
+    for code in dg.CODES:
+        assert f"`{code}`" in doc, code
