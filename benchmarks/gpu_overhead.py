@@ -21,8 +21,10 @@ Modes, run side by side in rotating order so drifts in clocks and load hit every
 * ``torchcalls`` / ``everytorch``  defaults / every cycle, but the resolver reads CUDA events
                  through torch's ``Event.query`` / ``elapsed_time`` (as before issue 15's direct
                  runtime reads)
-* ``nopool``     defaults, but cycle records not recycled (allocated per cycle, as before
-                 issue 15's pooling)
+* ``stamps``     the floor: five bare ``perf_counter_ns`` stamps per cycle appended to a deque
+* ``pycore``     defaults on the pure-Python ring (specobs/_ring.py), as where the native core
+                 is not built
+* ``budget2`` / ``budget1``  defaults with an overhead budget of 0.2 % / 0.1 %
 * ``releasegil`` / ``everyrelease``  defaults / every cycle, with the CUDA runtime called as
                  before the GIL-held direct calls: torch's record and copy on the worker, reads
                  releasing the GIL around each call
@@ -60,8 +62,8 @@ PHASES = ("draft", "verify", "bookkeeping")
 SPECOBS_MODES = (
     "specobs", "every", "chunk32", "slice200", "every200", "slice80", "slice50", "every50",
     "slice20",
-    "torchcalls", "everytorch", "nopool", "readonly", "noresolve", "releasegil", "everyrelease",
-    "hostclock", "reference",
+    "torchcalls", "everytorch", "readonly", "noresolve", "releasegil", "everyrelease",
+    "hostclock", "reference", "pycore", "budget2", "budget1",
 )
 #: ``reference``: the default observer with the resolver's bucketing in pure Python (the
 #: reference in specobs/_bucketing.py) instead of the compiled speedups.
@@ -189,6 +191,24 @@ def run_mode(
             draft()
             verify()
             book()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0, info
+    if mode == "stamps":
+        from collections import deque
+
+        q: deque[int] = deque(maxlen=1 << 16)
+        put = q.append
+        pc = time.perf_counter_ns
+        t0 = time.perf_counter()
+        for _ in range(cycles):
+            put(pc())
+            draft()
+            put(pc())
+            verify()
+            put(pc())
+            put(pc())
+            book()
+            put(pc())
         torch.cuda.synchronize()
         return time.perf_counter() - t0, info
     if mode == "host":
@@ -343,11 +363,19 @@ def make_observer(mode: str) -> specobs.Observer:
         from specobs.timing.cuda import CudaEventClock
 
         clock = CudaEventClock(release_gil=True)
-    obs = specobs.configure(clock=clock, sinks=[], sample_every=1 if every else None)
+    budget = {"budget2": 0.002, "budget1": 0.001}.get(mode)
+    extra: dict[str, Any] = {} if budget is None else {"overhead_budget": budget}
+    from specobs import _ring
+
+    native = _ring.NATIVE
+    _ring.NATIVE = native and mode != "pycore"
+    try:
+        obs = specobs.configure(clock=clock, sinks=[], sample_every=1 if every else None,
+                                **extra)
+    finally:
+        _ring.NATIVE = native
     if mode in ("torchcalls", "everytorch"):
         obs.clock.bind_thread = lambda: False  # type: ignore[union-attr]
-    if mode == "nopool":
-        obs._recorder.pool_limit = 0
     if mode == "chunk32":
         obs._resolver.chunk = 32
         obs._resolver.poll = 0.05
@@ -365,26 +393,20 @@ def make_observer(mode: str) -> specobs.Observer:
 
 
 def _aggregate_nothing(obs: specobs.Observer, *, read_events: bool) -> None:
-    """Make the resolver take records, read (or not) their CUDA events, and aggregate nothing."""
+    """Make the resolver take cycles, read (or not) their CUDA events, and aggregate nothing."""
     res = obs._resolver
 
-    def resolve(ready: list[Any], clock: Any, dropped_full: int) -> list[Any]:
-        if clock is not None:
-            for c in ready:
-                ev = c._ev
-                if ev is None:
-                    continue
-                c._ev = None
+    def resolve(chunk: Any, clock: Any) -> list[Any]:
+        for d in chunk[11]:
+            ev, copy = d[3], d[8]
+            if ev is not None and clock is not None:
                 if read_events:
                     for i in range(len(ev) - 1):
                         clock.elapsed_ns(ev[i], ev[i + 1])
-                clock.release(ev)
-        for c in ready:
-            if c._acc_copy is not None:
-                res._release(c)
+            res._release(ev, copy)
         return []
 
-    res._resolve_all = resolve  # type: ignore[method-assign]
+    res._resolve = resolve  # type: ignore[method-assign]
 
 
 def reference(w: Workload, n: int, *, busy: bool = False) -> dict[str, float]:
@@ -435,6 +457,12 @@ def build(name: str) -> Workload:
                         cuda_acceptance=cuda_acc)
     if size == "b32":  # batch 32, a mid-size model: a cycle between the small and large ones
         return Workload(d=2048, target_layers=4, batch=32, k=4, graphs=graphs,
+                        cuda_acceptance=cuda_acc)
+    if size == "b4":  # batch 4, a narrow model, k=3: shapes the project was not tuned on
+        return Workload(d=1536, target_layers=3, batch=4, k=3, graphs=graphs,
+                        cuda_acceptance=cuda_acc)
+    if size == "b16":  # batch 16, k=6, a wider model
+        return Workload(d=3072, target_layers=6, batch=16, k=6, graphs=graphs,
                         cuda_acceptance=cuda_acc)
     # Large: grow the target until an eager cycle takes about 3 ms.
     layers = 8

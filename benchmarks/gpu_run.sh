@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Everything specobs claims about GPUs, run on the device machine (an H200):
+#   core      build the native core (specobs/_core.c) with this machine's Python, then its tests
+#             (the differential test against the pure-Python ring, handles, memory checks) and
+#             the GPU tests on the pure-Python ring
 #   tests     the GPU tests (tests/test_gpu.py) and the transformers instrumentor's CUDA tests
 #   overhead  benchmarks/gpu_overhead.py (throughput ratios and per-phase accuracy)
 #   host      benchmarks/cpu_overhead.py and export_overhead.py on the GPU host's CPU
@@ -27,9 +30,16 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/device.txt"
 python3 -c 'import torch, sys, os; print("torch", torch.__version__, "python", sys.version.split()[0], "cpus", os.cpu_count())' | tee -a "$OUT/device.txt"
 lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$OUT/device.txt"
-parts=${*:-tests overhead host engines demotests recipes}
+parts=${*:-core tests overhead host engines demotests recipes}
 for part in $parts; do
   case $part in
+    core)
+      python3 setup.py build_ext --inplace > "$OUT/core_build.log" 2>&1 || tail -n 20 "$OUT/core_build.log"
+      python3 -c 'from specobs import _ring; print("native core:", _ring.NATIVE)' | tee -a "$OUT/device.txt"
+      python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_ring.py tests/test_handles.py \
+        tests/test_core_memory.py 2>&1 | tee "$OUT/core_tests.log" | tail -n 5
+      SPECOBS_CORE=python python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_gpu.py \
+        2>&1 | tee "$OUT/gpu_tests_pycore.log" | tail -n 5 ;;
     tests)
       python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_gpu.py \
         tests/test_instrument_transformers.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15

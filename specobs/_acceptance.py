@@ -13,8 +13,8 @@ The common case -- every cycle gave a list, one integer draft length, the defaul
 sequence (:func:`batch_acceptance`); anything else, or any bad value, goes through the per-cycle
 path (:func:`cycle_acceptance`).
 
-Records are the hot path's :class:`~specobs._recorder.Cycle` objects. These functions read their
-record fields, a contract between the recorder and the resolver documented on ``Cycle``:
+Records are :class:`Record` objects: what the hot path's ring kept as objects for one cycle
+(specobs/_ring.py: anything it did not count itself). These functions read their fields:
 ``_acc`` (the accepted lengths as given, or the record's own reused list they were copied
 into), ``_acc_copy`` (a CUDA copy; the resolver normally reads it into ``_acc`` before calling
 these, so copies take the column path too), ``_draft_len``, ``_emitted``, ``_batch``; and they
@@ -28,19 +28,17 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterable, Mapping, Set
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from specobs import _bucketing
 from specobs._config import MAX_DRAFT_LENGTH
 from specobs._model import Acceptance, BatchAcceptance
 from specobs._recorder import short_repr
 
-if TYPE_CHECKING:
-    from specobs._recorder import Cycle
-
 __all__ = [
     "MAX_BATCH",
     "MAX_DRAFT_LENGTH",
+    "Record",
     "Report",
     "as_count",
     "batch_acceptance",
@@ -48,6 +46,22 @@ __all__ = [
     "cycle_acceptance",
     "resolved_acceptance",
 ]
+
+class Record:
+    """One cycle's values as the ring kept them, shaped as the functions below read one:
+    ``_acc`` (as given, or read from ``_acc_copy``, a CUDA copy), ``_draft_len``, ``_emitted``,
+    ``_batch``; the per-cycle validation writes ``_resolved_acc``."""
+
+    __slots__ = ("_acc", "_acc_copy", "_batch", "_draft_len", "_emitted", "_resolved_acc")
+
+    def __init__(self, acc: Any, copy: Any, draft: Any, emitted: Any, batch: Any) -> None:
+        self._acc = acc
+        self._acc_copy = copy
+        self._draft_len = draft
+        self._emitted = emitted
+        self._batch = batch
+        self._resolved_acc: Acceptance | None = None
+
 
 #: ``report(kind, message)``: count one bad value of ``kind`` (an ``errors{kind}`` label value).
 #: A caller's value appears in ``message`` only through ``short_repr`` (bounded text and work).
@@ -67,7 +81,7 @@ _NONE_ONLY = {None}
 
 
 def batch_acceptance(
-    cycles: list[Cycle], max_draft_length: int, report: Report
+    cycles: list[Record], max_draft_length: int, report: Report
 ) -> tuple[BatchAcceptance | None, list[int]]:
     """The acceptance of a chunk (``None`` when no cycle gave any) and its batch sizes.
 
@@ -84,7 +98,7 @@ def batch_acceptance(
 
 
 def _columns(
-    cycles: list[Cycle], k_max: int
+    cycles: list[Record], k_max: int
 ) -> tuple[BatchAcceptance, list[int]] | None:
     accs = list(map(_GET_ACC, cycles))
     if set(map(type, accs)) != _LIST_ONLY:
@@ -118,17 +132,17 @@ def _columns(
 
 
 def _each(
-    cycles: list[Cycle], k_max: int, report: Report
+    cycles: list[Record], k_max: int, report: Report
 ) -> tuple[BatchAcceptance | None, list[int]]:
     """The chunk in two groups: cycles that gave a list with an int draft length and the default
     emitted count (validated together over their concatenation), and the rest, validated one by
     one (as is the first group when its joint check fails). Batch sizes likewise: a column check,
     then per cycle."""
     fast_lengths: list[int] = []
-    fast: list[Cycle] = []
+    fast: list[Record] = []
     k_counts: dict[int, int] = {}
     k_min = k_max
-    slow: list[Cycle] = []
+    slow: list[Record] = []
     batches: list[int] = []
     for c in cycles:
         acc = c._acc
@@ -195,7 +209,7 @@ def _each(
     return BatchAcceptance(counts, accepted, drafted, emitted, k_counts), batches
 
 
-def batch_sizes(cycles: Iterable[Cycle], report: Report) -> list[int]:
+def batch_sizes(cycles: Iterable[Record], report: Report) -> list[int]:
     """Batch size of each cycle that has one (given, or the number of sequences whose acceptance
     is valid), validated one by one; a bad given size is reported and dropped (the cycle stays).
     Used only when the column check failed."""
@@ -222,7 +236,7 @@ def batch_sizes(cycles: Iterable[Cycle], report: Report) -> list[int]:
     return batches
 
 
-def resolved_acceptance(c: Cycle, max_draft_length: int) -> Acceptance | None:
+def resolved_acceptance(c: Record, max_draft_length: int) -> Acceptance | None:
     """One cycle's acceptance for its :class:`ResolvedCycle`, after :func:`batch_acceptance`
     validated the chunk it belongs to. ``lengths`` may be the record's own reused list: copy it
     to keep it."""
@@ -238,7 +252,7 @@ def resolved_acceptance(c: Cycle, max_draft_length: int) -> Acceptance | None:
     return None
 
 
-def cycle_acceptance(c: Cycle, max_draft_length: int, report: Report) -> Acceptance | None:
+def cycle_acceptance(c: Record, max_draft_length: int, report: Report) -> Acceptance | None:
     """Validated acceptance of one cycle, or ``None`` (nothing given, or bad and reported).
 
     Whatever the caller passed, this never raises: a value that cannot be read as counts
@@ -251,7 +265,7 @@ def cycle_acceptance(c: Cycle, max_draft_length: int, report: Report) -> Accepta
         return None
 
 
-def _cycle_acceptance(c: Cycle, k_max: int, report: Report) -> Acceptance | None:
+def _cycle_acceptance(c: Record, k_max: int, report: Report) -> Acceptance | None:
     acc = c._acc
     copy = c._acc_copy
     if copy is not None:

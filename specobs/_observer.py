@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from specobs import _ring
 from specobs._aggregation import Aggregation
 from specobs._config import (
     Settings,
@@ -170,6 +171,7 @@ class Observer:
                 "gpu_clock": clock_name,
                 "sampling": sampling_desc,
                 "integration": settings.integration,
+                "core": "native" if _ring.NATIVE else "python",
             },
             baseline_tokens_per_second=settings.baseline_tokens_per_second,
             # Cumulative series start when the observer was created (OTLP start time, _created).
@@ -182,6 +184,7 @@ class Observer:
             clock=clock,
             clock_factory=clock_factory,
             max_draft_length=settings.max_draft_length,
+            duration_bounds=self.aggregation.duration_bounds,
         )
         self._recorder.enabled = settings.enabled
         self._resolver = Resolver(
@@ -227,16 +230,19 @@ class Observer:
     # -- hot path ------------------------------------------------------------------------------
     def begin(self, batch_size: int | None = None) -> CycleHandle:
         """Start a cycle (and its first phase). Returns the cycle; also kept as ``current``."""
-        return self._recorder.begin(batch_size)
+        c: CycleHandle = self._recorder.begin(batch_size)
+        return c
 
     def cycle(self, batch_size: int | None = None) -> CycleHandle:
         """``begin`` for use as a context manager: the cycle ends when the block exits."""
-        return self._recorder.begin(batch_size)
+        c: CycleHandle = self._recorder.begin(batch_size)
+        return c
 
     @property
     def current(self) -> Cycle | None:
         """The open cycle, if any."""
-        return self._recorder.current
+        c: Cycle | None = self._recorder.current
+        return c
 
     def mark(self, phase: str) -> None:
         """End the running phase of the current cycle and start ``phase``."""
@@ -352,7 +358,8 @@ class Observer:
         if rec.clock is not None and rec.clock.name == "cuda":
             # CUDA cannot be used in a forked child; keep counting on the host clock.
             rec.clock = None
-            rec.record_fn = None
+            rec.ring.sampling = 0
+            rec.ring.record_fn = None
             rec._clock_factory = None
         self._lock = threading.Lock()
         self._resolver.after_fork_in_child(start=False)

@@ -19,19 +19,17 @@ import logging
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import islice, repeat, starmap
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from specobs import _bucketing, catalog, sampling
-from specobs._acceptance import batch_acceptance, resolved_acceptance
+from specobs import _acceptance, _bucketing, catalog, sampling
+from specobs._acceptance import Record, batch_acceptance, resolved_acceptance
 from specobs._bucketing import Bucketed
-from specobs._model import ResolvedCycle
+from specobs._model import Acceptance, BatchAcceptance, ResolvedCycle
 
 if TYPE_CHECKING:
     from specobs._aggregation import Aggregation
-    from specobs._recorder import Cycle, Recorder
+    from specobs._recorder import Recorder
     from specobs.sinks._base import Sink
     from specobs.timing import WallAnchor
 
@@ -57,9 +55,6 @@ MAX_CHUNK = 2048
 #: takes the GIL straight back (the worker then waits out the 5 ms switch interval). A real
 #: sleep lets a waiting worker in.
 YIELD_SECONDS = 20e-6
-#: Hot-path cost of one phase boundary without a CUDA event (measured 0.25-0.35 µs on the
-#: H200's host and on the CPU VM: benchmarks/RESULTS.md); part of the self-reported overhead.
-HOST_STAMP_NS = 300
 
 _log = logging.getLogger("specobs")
 _perf = time.perf_counter_ns
@@ -78,51 +73,6 @@ def _or_reference(compiled: Callable[..., T], reference: Callable[..., T], *args
 
 def _bucket(values: list[int], bounds: Sequence[float], scale: float = 1e-9) -> Bucketed:
     return _or_reference(_bucketing.bucket, _bucketing.bucket_py, values, bounds, scale)
-#: Consumes an iterator at C speed, keeping nothing.
-_discard: Any = deque(maxlen=0).extend
-
-
-def _completed(
-    backlog: deque[Cycle], chunk: int, query: Any, in_order: bool
-) -> list[Cycle]:
-    """The head of ``backlog`` whose events have completed, at most ``chunk`` records.
-
-    Only records holding an event (GPU-sampled, or with a CUDA acceptance copy) are queried.
-    When every event was recorded on one stream (``in_order``), events complete in the order
-    they were recorded, so the completed records are a prefix: a binary search over the
-    records holding events finds its end in log2(n) queries, instead of one query each (with
-    a copy every cycle, one CUDA call per cycle, each several microseconds inside a busy GPU
-    loop). (A function of its own so that no loop variable of the resolver's keeps a record
-    alive: recycling counts references.)
-    """
-    ready = list(islice(backlog, chunk))
-    if in_order:
-        held = [i for i, c in enumerate(ready) if c._ev is not None or c._acc_copy is not None]
-        lo, hi = 0, len(held)
-        while lo < hi:  # the first record whose last event has not completed
-            mid = (lo + hi) // 2
-            c = ready[held[mid]]
-            ev = c._ev
-            # The last event a record holds: the end of its cycle, recorded after its copy.
-            if query(ev[-1] if ev is not None else c._acc_copy.event):
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo < len(held):
-            del ready[held[lo]:]
-        return ready
-    for i, c in enumerate(ready):
-        ev = c._ev
-        if ev is not None and not query(ev[-1]):
-            del ready[i:]
-            break
-        copy = c._acc_copy
-        if copy is not None and not query(copy.event):
-            del ready[i:]
-            break
-    return ready
-
-
 class Resolver:
     """Owns the background thread of one observer."""
 
@@ -149,6 +99,7 @@ class Resolver:
         self.poll = poll_interval_seconds
         self.chunk = CHUNK
         self.backlog_size = backlog_size
+        self._next_trace = 0
         self.budget = overhead_budget
         self.head_rate = trace_head_rate
         self.slow_ns = None if trace_slow_cycle_seconds is None else int(
@@ -179,8 +130,7 @@ class Resolver:
         self.yield_seconds = YIELD_SECONDS
 
     def _init_sync_state(self) -> None:
-        self.backlog: deque[Cycle] = deque()
-        self.consumed = 0  # records taken off the backlog (resolved or dropped)
+        self.consumed = 0  # cycles taken off the ring by the resolver
         self.drains = 0  # completed drain passes (force_flush waits for one that began later)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -202,13 +152,14 @@ class Resolver:
         a child exporting by OTLP never re-reports the parent's cycles; the records the parent
         had queued are dropped here and counted as ``dropped{reason="fork"}``.
         """
-        lost = len(self.backlog) + len(self.rec.queue)
+        rec = self.rec
+        lost = rec.ring.clear_queue()
+        rec.ring.forget_current()
+        rec.ring.take_dropped()  # the parent's events: not this process's to release
         self._init_sync_state()
         self._rng = random.Random()  # else parent and child draw the same trace ids
-        rec = self.rec
-        rec.queue.clear()
+        self._next_trace = rec.begun
         self.consumed = rec.enqueued - rec.dropped_queue_full
-        rec.dropped_records.clear()
         self.agg.after_fork_in_child()
         # What the recorder counted before the fork belongs to the parent: fold from here on.
         self._folded = {
@@ -225,7 +176,6 @@ class Resolver:
         self._copy_seen = rec.copy_ns
         self._enqueued_seen = rec.enqueued
         self.agg.count_dropped("fork", lost)
-        rec.current = None
         if start:
             self.start()
 
@@ -274,7 +224,7 @@ class Resolver:
                 self._wake.set()
             if (
                 self.consumed + self.rec.dropped_queue_full >= target
-                and not self.rec.queue
+                and not len(self.rec.ring)
                 and self.drains >= passes
             ):
                 break
@@ -298,17 +248,14 @@ class Resolver:
         # returns from on_cycles would hold it forever: wait only for what is left of the time.
         locked = self._drain_lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
         try:
-            lost = len(self.backlog) + len(self.rec.queue)
-            if locked:
-                self.backlog.clear()
-            else:
-                # The backlog is the wedged resolver's; the worker's queue is no one's now
-                # (recording stopped before this), and both are counted as lost.
+            # Recording stopped before this; the ring is cleared under the GIL either way (a
+            # resolver wedged in on_cycles does not touch it there).
+            lost = self.rec.ring.clear_queue()
+            if not locked:
                 _log.warning(
                     "specobs: the resolver is still inside a sink's on_cycles; shutting down "
                     "without it (%d records counted as dropped)", lost,
                 )
-            self.rec.queue.clear()
             self.agg.count_dropped("shutdown", lost)
         finally:
             if locked:
@@ -356,7 +303,7 @@ class Resolver:
                 self.chunk = min(MAX_CHUNK, limit * 2)
             elif cpu > self.slice_ns and n > MIN_CHUNK:
                 self.chunk = max(MIN_CHUNK, n * self.slice_ns // cpu)
-            if n < limit or (not self.backlog and not self.rec.queue):
+            if n < limit or not len(self.rec.ring):
                 self.drains += 1
                 with self._cond:
                     self._cond.notify_all()
@@ -368,51 +315,31 @@ class Resolver:
             time.sleep(self.yield_seconds)
 
     def _drain_locked(self, taken_box: list[int], chunk: int) -> int:
-        """Take what is ready off the backlog, resolve it, hand it to the sinks.
+        """Poll, read, validate, bucket and apply one chunk of the ring; hand it to the sinks.
 
-        ``taken_box[0]`` is set to the records taken off the backlog (resolved or dropped) as
-        soon as they are taken, so the caller can account for them whatever happens next.
+        ``taken_box[0]`` is set to the cycles taken off the ring as soon as they are taken, so
+        the caller can account for them whatever happens next.
         """
         rec = self.rec
+        ring = rec.ring
         clock = rec.clock
-        q = rec.queue
-        backlog = self.backlog
-        # C-level pops, ~15 ns a record (the worker appends concurrently; only this thread
-        # pops, so the length read first can be popped), bounded per hold.
-        backlog.extend(starmap(q.popleft, repeat((), min(len(q), 4096))))
-        dropped_full = 0
-        while len(backlog) > self.backlog_size:
-            old = backlog.popleft()
-            self._release(old)
-            dropped_full += 1
-        while rec.dropped_records:
-            self._release(rec.dropped_records.popleft())
-
-        ready: list[Cycle]
-        if clock is None:  # nothing to wait for
-            ready = list(starmap(backlog.popleft, repeat((), min(chunk, len(backlog)))))
-        else:
-            # Only GPU-sampled records and CUDA acceptance copies are queried; for the rest
-            # the walk is two attribute reads.
-            ready = _completed(
-                backlog, chunk, clock.query, not getattr(clock, "stream_switched", False)
-            )
-            # Popped into a sink of length 0 (a loop variable would keep the last record
-            # alive, and recycling counts references).
-            _discard(starmap(backlog.popleft, repeat((), len(ready))))
-        taken_box[0] = dropped_full + len(ready)
-
+        for ev, copy in ring.take_dropped():
+            self._release(ev, copy)
+        bound = self._poll(ring, clock, chunk)
+        trace = self._trace_indices(bound)
+        chunk_out = ring.drain(bound, chunk, trace, -1 if self.slow_ns is None else self.slow_ns,
+                               self.want_cycles)
+        n: int = chunk_out[0]
+        taken_box[0] = n
         try:
-            out = self._resolve_all(ready, clock, dropped_full)
+            out = self._resolve(chunk_out, clock)
         except Exception as exc:
             # A bug, not bad input (bad values are validated per cycle before anything is
             # applied): the chunk is lost as a whole and counted, never half-applied.
-            _log.exception("specobs: resolver error; %d records dropped: %r", len(ready), exc)
-            for c in ready:
-                self._release(c)
-            self.agg.count(
-                {"resolver_error": len(ready), "queue_full": dropped_full}, {"internal": 1}
-            )
+            _log.exception("specobs: resolver error; %d records dropped: %r", n, exc)
+            for d in chunk_out[11]:
+                self._release(d[3], d[8])
+            self.agg.count({"resolver_error": n}, {"internal": 1})
             return 0
         if out:
             for sink in self.sinks:
@@ -420,179 +347,243 @@ class Resolver:
                     sink.on_cycles(out)
                 except Exception as exc:
                     rec.log.warn("sink", f"sink {type(sink).__name__} failed on cycles: {exc!r}")
-        n = len(ready)
-        # ``ready`` holds the only reference the resolver has left to these records: the
-        # recorder reuses those that nobody else holds (see Cycle).
-        rec.recycle(ready)
         return n
 
-    def _release(self, c: Cycle) -> None:
+    # -- the stages ------------------------------------------------------------------------------
+    def _poll(self, ring: Any, clock: Any, chunk: int) -> int:
+        """Stage 1, poll: the index bound below which the first ``chunk`` waiting cycles have
+        completed on the GPU (every cycle, when nothing holds an event).
+
+        Only cycles holding events (GPU-sampled, or with a CUDA acceptance copy) are queried.
+        When every event was recorded on one stream, events complete in the order they were
+        recorded, so the completed cycles are a prefix: a binary search finds its end in
+        log2(n) queries instead of one each (with a copy every cycle, one CUDA call per cycle,
+        each several microseconds inside a busy GPU loop)."""
+        held, bound = ring.pending(chunk)
+        if not held:
+            return int(bound)
+        if clock is None:  # a copy with no clock cannot be: never wait for it
+            return int(bound)
+        query = clock.query
+
+        def done(h: tuple[int, Any, Any]) -> bool:
+            ev = h[1]
+            return bool(query(ev[-1] if ev is not None else h[2].event))
+
+        if not getattr(clock, "stream_switched", False):
+            lo, hi = 0, len(held)
+            while lo < hi:  # the first held cycle whose last event has not completed
+                mid = (lo + hi) // 2
+                if done(held[mid]):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            return int(held[lo][0]) if lo < len(held) else int(bound)
+        for h in held:
+            ev = h[1]
+            if ev is not None and not query(ev[-1]):
+                return int(h[0])
+            if h[2] is not None and not query(h[2].event):
+                return int(h[0])
+        return int(bound)
+
+    def _trace_indices(self, bound: int) -> list[int]:
+        """Head sampling: the cycle indices below ``bound`` picked for traces, one draw per
+        traced cycle (geometric gaps), not one per cycle."""
+        if not self.want_traces or self.head_rate <= 0.0:
+            return []
+        nxt = self._next_trace
+        out: list[int] = []
+        while nxt < bound:
+            out.append(nxt)
+            nxt += 1 + sampling.geometric_gap(self._rng.random(), self.head_rate)
+        self._next_trace = nxt
+        return out
+
+    def _release(self, ev: Any, copy: Any) -> None:
         clock = self.rec.clock
-        if c._ev is not None and clock is not None:
-            clock.release(c._ev)
-            c._ev = None
-        copy = c._acc_copy
+        if ev is not None and clock is not None:
+            clock.release(ev)
         if copy is not None:
-            c._acc_copy = None
             try:
                 copy.release()
             except Exception:
                 pass
 
-    def _resolve_all(
-        self, ready: list[Cycle], clock: Any, dropped_full: int
-    ) -> list[ResolvedCycle]:
-        """Resolve and aggregate a batch. Returns the cycles the sinks should see.
-
-        This runs for every cycle on a thread that shares the GIL with the worker, so the common
-        work is done column-wise over the whole batch with C-level builtins (a sorted column and
-        one bisect per bucket bound instead of one bisect per value; ``sum``/``min``/``max`` over
-        concatenated acceptance). Only GPU-sampled cycles, traced cycles, and cycles a sink asked
-        for (the memory sink) get per-cycle Python work.
-
-        Two stages, so a chunk is applied whole or not at all: everything that can fail on what
-        a caller passed (acceptance, draft lengths, batch sizes, GPU timings) is validated and
-        converted first, per cycle where a column check fails, each bad value counted in
-        ``errors{kind}`` and costing only its own cycle's value; then, under the aggregation
-        lock, only arithmetic on validated numbers is applied.
-        """
+    def _resolve(self, chunk: Any, clock: Any) -> list[ResolvedCycle]:
+        """Stages 2-4 for the cycles the ring handed over as details -- read (GPU times, CUDA
+        copies), validate (what the ring kept as objects) -- merged with the ring's own
+        bucketed totals, then stage 5, apply: one call into the aggregation with validated
+        numbers only, so a chunk is applied whole or not at all. Returns the cycles the sinks
+        should see."""
+        (n, host, total_ns, last, lcounts, accepted, drafted, emitted, kseq, batch_b, batch_n,
+         details) = chunk
         agg = self.agg
         rec = self.rec
-        trace = self.want_traces
-        need_all = self.want_cycles
-        head = self.head_rate
-        slow = self.slow_ns
-        rng = self._rng
-        anchor_wall = self.anchor.offset_ns
-        phases = rec.phases
-        nph = len(phases)
-        out: list[ResolvedCycle] = []
-        if not ready:
-            dropped, errors = self._fold()
-            if dropped_full:
-                dropped["queue_full"] = dropped.get("queue_full", 0) + dropped_full
+        dropped, errors = self._fold()
+        if not n:
             agg.count(dropped, errors)
-            return out
-
-        # -- stage 1: compute and validate (nothing shared is written) -----------------------
-        # Host clock: bucketed per phase and per cycle in one call (compiled where built).
-        tss = [c._ts for c in ready]
-        bounds = agg.duration_bounds
-        host, total_ns = _or_reference(
-            _bucketing.host_chunk, _bucketing.host_chunk_py, tss, nph, bounds
-        )
-
-        # GPU clock: sampled cycles only; every event of these cycles has completed.
-        gpu_of: dict[int, list[int]] = {}
-        cost = 0
-        read_ns = 0
-        if clock is not None:
-            t_read = _perf()
-            el = clock.elapsed_ns
-            for j, c in enumerate(ready):
-                ev = c._ev
-                if ev is None:
-                    continue
-                c._ev = None
-                try:
-                    gpu_of[j] = [el(ev[i], ev[i + 1]) for i in range(len(ev) - 1)]
-                except Exception as exc:
-                    rec.log.warn("elapsed", f"could not read GPU event times: {exc!r}")
-                clock.release(ev)
-                cost += c._cost
-            read_ns = _perf() - t_read
-        gcols = list(gpu_of.values())
-        try:
-            gpu_sums = [sum(g) for g in gcols]
-            ok = type(sum(gpu_sums)) is int  # a float or None anywhere shows here
-        except TypeError:
-            ok = False
-        if not ok:  # a clock that returned something odd: keep only well-formed cycles
-            rec.log.warn("elapsed", "GPU event times are not integer nanoseconds; those cycles "
-                         "are counted without GPU times")
-            gpu_of = {j: g for j, g in gpu_of.items()
-                      if all(type(x) is int and x >= 0 for x in g)}
-            gcols = list(gpu_of.values())
-            gpu_sums = [sum(g) for g in gcols]
+            return []
+        nph = rec.nphases
+        k_max = agg.max_draft_length
+        gpu, cost, read_ns = self._read_gpu(details, clock)
+        py_acc, py_batches, validated = self._validate(details, k_max)
+        acceptance: BatchAcceptance | None = None
+        if kseq or py_acc is not None:
+            counts = list(lcounts)
+            by_k = dict(kseq)
+            if py_acc is not None:
+                counts = [a + b for a, b in zip(counts, py_acc.length_counts, strict=True)]
+                accepted += py_acc.accepted
+                drafted += py_acc.drafted
+                emitted += py_acc.emitted
+                for kk, m in py_acc.sequences_by_draft_length.items():
+                    by_k[kk] = by_k.get(kk, 0) + m
+            acceptance = BatchAcceptance(counts, accepted, drafted, emitted, by_k)
+        batches: Bucketed | None = batch_b if batch_n else None
+        if py_batches:
+            extra = _bucket(py_batches, catalog.BATCH_SIZE_BUCKETS, 1.0)
+            batches = extra if batches is None else (
+                [a + b for a, b in zip(batches[0], extra[0], strict=True)], batches[1] + extra[1])
+        gcols = list(gpu.values())
         gpu_phases: list[Bucketed] = []
         gpu_cycle: Bucketed | None = None
         if gcols:
+            bounds = agg.duration_bounds
             gpu_phases = [_bucket([g[i] for g in gcols], bounds) for i in range(nph)]
-            gpu_cycle = _bucket(gpu_sums, bounds)
+            gpu_cycle = _bucket([sum(g) for g in gcols], bounds)
+        out = self._resolved_cycles(details, gpu, validated, k_max)
+        anchor_wall = self.anchor.offset_ns
+        agg.apply(
+            dropped=dropped,
+            errors=errors,
+            cycles=n,
+            host_phases=list(host[:nph]),
+            host_cycle=host[nph],
+            gpu_phases=gpu_phases,
+            gpu_cycle=gpu_cycle,
+            acceptance=acceptance,
+            accept_length_counts=acceptance.length_counts if acceptance is not None
+            else [0] * (k_max + 1),
+            batch_sizes=batches,
+            last_cycle_timestamp=(anchor_wall + last) / 1e9 if last is not None else None,
+            traced=[r for r in out if r.trace_id is not None],
+        )
+        self._adapt(cost, len(gpu), total_ns / n, read_ns)
+        return out
 
-        # CUDA acceptance copies (completed: see _completed) are read here, so that they are
-        # validated and counted by columns like lists, not one value at a time.
-        for c in ready:
-            copy = c._acc_copy
+    def _read_gpu(self, details: list[Any], clock: Any) -> tuple[dict[int, list[int]], int, int]:
+        """GPU phase times of the sampled cycles (every event of theirs has completed), by
+        position in ``details``; the hot-path ns their records cost; the ns reading them took."""
+        gpu: dict[int, list[int]] = {}
+        cost = 0
+        if clock is None:
+            return gpu, cost, 0
+        t_read = _perf()
+        el = clock.elapsed_ns
+        rec = self.rec
+        for j, d in enumerate(details):
+            ev = d[3]
+            if ev is None:
+                continue
+            try:
+                g = [el(ev[i], ev[i + 1]) for i in range(len(ev) - 1)]
+                if all(type(x) is int and x >= 0 for x in g):
+                    gpu[j] = g
+                else:
+                    rec.log.warn("elapsed", "GPU event times are not integer nanoseconds; those "
+                                 "cycles are counted without GPU times")
+            except Exception as exc:
+                rec.log.warn("elapsed", f"could not read GPU event times: {exc!r}")
+            clock.release(ev)
+            cost += d[4]
+        return gpu, cost, _perf() - t_read
+
+    def _validate(
+        self, details: list[Any], k_max: int
+    ) -> tuple[BatchAcceptance | None, list[int], dict[int, Record]]:
+        """What the ring kept as objects, validated (:mod:`specobs._acceptance`): acceptance it
+        did not store itself (copies read here), and batch sizes it did not take."""
+        recs: list[Record] = []
+        by_detail: dict[int, Record] = {}
+        rec = self.rec
+        for d in details:
+            native = d[9]
+            acc, copy, b = d[5], d[8], d[2]
+            bad_batch = b is not None and not (type(b) is int and 0 <= b <= _acceptance.MAX_BATCH)
+            if native and not bad_batch:
+                continue
+            if native:  # counted already: only the batch size needs a verdict
+                recs.append(Record(None, None, None, None, b))
+                continue
+            if acc is None and copy is None and not bad_batch:
+                continue
+            r = Record(acc, copy, d[6], d[7], b)
+            recs.append(r)
+            by_detail[id(d)] = r
+        if not recs:
+            return None, [], by_detail
+        for r in recs:
+            copy = r._acc_copy
             if copy is not None:
-                c._acc_copy = None
+                r._acc_copy = None
                 try:
-                    c._acc = copy.read()
+                    r._acc = copy.read()
                 except Exception as exc:
                     rec.misuse("bad_acceptance", f"could not read the copied acceptance: {exc!r}")
+        acc_b, batches = batch_acceptance(recs, k_max, rec.misuse)
+        return acc_b, batches, by_detail
 
-        k_max = agg.max_draft_length
-        accs, batches = batch_acceptance(ready, k_max, rec.misuse)
-        counts_by_value = accs.length_counts if accs is not None else [0] * (k_max + 1)
-
-        traced: list[int] = []
-        if trace:
-            rand = rng.random
-            traced = [j for j in range(len(ready)) if rand() < head]
-            if slow is not None:
-                picked = set(traced)
-                totals = [t[-1] - t[0] for t in tss]
-                for j, tot in enumerate(totals):
-                    gj = gpu_of.get(j)
-                    if (sum(gj) if gj is not None else tot) >= slow and j not in picked:
-                        traced.append(j)
-                traced.sort()
-
-        want = set(traced)
-        for j in (range(len(ready)) if need_all else traced):
-            c = ready[j]
-            ts = tss[j]
+    def _resolved_cycles(
+        self, details: list[Any], gpu: dict[int, list[int]], validated: dict[int, Record],
+        k_max: int,
+    ) -> list[ResolvedCycle]:
+        """A :class:`ResolvedCycle` for each traced detail (and each one, when a sink wants all)."""
+        need_all = self.want_cycles
+        slow = self.slow_ns
+        rng = self._rng
+        anchor_wall = self.anchor.offset_ns
+        phases = self.rec.phases
+        nph = len(phases)
+        out: list[ResolvedCycle] = []
+        for j, d in enumerate(details):
+            traced = bool(d[10])
+            g = gpu.get(j)
+            if slow is not None and g is not None and sum(g) >= slow:
+                traced = True
+            if not (need_all or traced):
+                continue
+            ts = d[1]
             r = ResolvedCycle()
-            r.index = c.index
+            r.index = d[0]
             r.phases = phases
             r.start_wall_ns = anchor_wall + ts[0]
             r.end_wall_ns = anchor_wall + ts[-1]
             r.host_ns = [ts[i + 1] - ts[i] for i in range(nph)]
-            r.gpu_ns = gpu_of.get(j)
-            r.batch_size = c._batch
-            a = resolved_acceptance(c, k_max) if accs is not None else None
+            r.gpu_ns = g
+            b = d[2]
+            r.batch_size = b if type(b) is int and 0 <= b <= _acceptance.MAX_BATCH else None
+            a: Acceptance | None = None
+            if d[9]:
+                lens = d[5]
+                k = d[6]
+                s = sum(lens)
+                a = Acceptance(lens, s, k * len(lens), s + len(lens), (k, len(lens)))
+            else:
+                v = validated.get(id(d))
+                if v is not None:
+                    a = resolved_acceptance(v, k_max)
             if a is not None:
-                seqs, r.accepted, r.drafted, r.emitted, r.drafted_shape = a
-                # A copy: the record's list is refilled once the record is reused.
-                r.accept_lengths = list(seqs)
+                r.accepted, r.drafted, r.emitted, r.drafted_shape = (
+                    a.accepted, a.drafted, a.emitted, a.shape)
+                r.accept_lengths = list(a.lengths)
                 if r.batch_size is None:
                     r.batch_size = len(r.accept_lengths)
-            if j in want:
+            if traced:
                 r.trace_id = rng.getrandbits(128) or 1
                 r.span_id = rng.getrandbits(64) or 1
                 r.phase_span_ids = [rng.getrandbits(64) or 1 for _ in range(nph)]
             out.append(r)
-        last_ts = (anchor_wall + tss[-1][-1]) / 1e9
-
-        # -- stage 2: apply (validated numbers only; nothing there can raise on input) -----
-        dropped, errors = self._fold()
-        if dropped_full:
-            dropped["queue_full"] = dropped.get("queue_full", 0) + dropped_full
-        agg.apply(
-            dropped=dropped,
-            errors=errors,
-            cycles=len(ready),
-            host_phases=host[:nph],
-            host_cycle=host[nph],
-            gpu_phases=gpu_phases,
-            gpu_cycle=gpu_cycle,
-            acceptance=accs,
-            accept_length_counts=counts_by_value,
-            batch_sizes=_bucket(batches, catalog.BATCH_SIZE_BUCKETS, 1.0) if batches else None,
-            last_cycle_timestamp=last_ts,
-            traced=[r for r in out if r.trace_id is not None],
-        )
-        self._adapt(cost, len(gpu_of), total_ns / len(ready), read_ns)
         return out
 
     def _fold(self) -> tuple[dict[str, int], dict[str, int]]:
@@ -660,7 +651,7 @@ class Resolver:
             # the H200 (benchmarks/RESULTS.md, issue 15).
             per_cycle = (
                 self._cost_ewma / max(rec.interval, 1)
-                + HOST_STAMP_NS * (rec.nphases + 1)
+                + rec.boundary_ns * (rec.nphases + 1)
                 + self._record_ns
             )
             overhead = per_cycle / self._cycle_ewma

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["MAX_INTERVAL", "adaptive_interval", "should_sample", "smoothed"]
+__all__ = ["MAX_INTERVAL", "adaptive_interval", "geometric_gap", "should_sample", "smoothed"]
 
 #: Never sample fewer than one cycle in this many, so slow drifts in GPU time are still seen.
 MAX_INTERVAL = 1024
@@ -52,3 +52,14 @@ def smoothed(previous: float, sample: float, weight: float = 0.2) -> float:
     if previous <= 0:
         return sample
     return previous + weight * (sample - previous)
+
+
+def geometric_gap(u: float, rate: float) -> int:
+    """Cycles skipped before the next one picked, when each is picked with probability
+    ``rate``: a geometric draw from one uniform ``u`` in [0, 1), so head-sampling a stream costs
+    one draw per picked cycle instead of one per cycle, with the same distribution."""
+    if rate >= 1.0:
+        return 0
+    if rate <= 0.0:
+        raise ValueError(f"rate must be > 0, got {rate}")
+    return int(math.log(1.0 - u) / math.log(1.0 - rate))

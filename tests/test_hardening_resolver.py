@@ -159,7 +159,7 @@ def test_a_resolver_bug_drops_its_chunk_counted_and_flush_still_works(monkeypatc
     assert obs.force_flush(5)
     from specobs import _resolver
 
-    real = _resolver.batch_acceptance
+    real = _resolver.Resolver._read_gpu  # a stage every chunk goes through
     calls = {"n": 0}
 
     def broken(*args):
@@ -168,7 +168,7 @@ def test_a_resolver_bug_drops_its_chunk_counted_and_flush_still_works(monkeypatc
             raise RuntimeError("boom")
         return real(*args)
 
-    monkeypatch.setattr(_resolver, "batch_acceptance", broken)
+    monkeypatch.setattr(_resolver.Resolver, "_read_gpu", broken)
     for _ in range(7):
         cycle(obs, GOOD, draft_length=K)
     t0 = time.monotonic()

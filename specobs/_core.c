@@ -1,0 +1,1610 @@
+/* The native hot path: a ring of preallocated cycle slots, written by C methods on the
+ * inference worker's thread, and drained in chunks by the resolver.
+ *
+ * specobs/_ring.py is the specification: the same Ring and Cycle in pure Python, used where
+ * this module is not built. tests/test_ring.py runs random cycle streams (every accept input,
+ * misuse, drops, fork) through both and requires identical chunks and counters.
+ *
+ * The worker's calls (Ring.begin, Cycle.mark / accept / end, the context manager) read
+ * CLOCK_MONOTONIC (what time.perf_counter_ns reads on Linux) and write integers into the open
+ * cycle's slot: no Python object is created or touched per cycle in the common case. What is not
+ * common goes to the recorder (``slow``, specobs._recorder.Recorder) as a Python call: misuse
+ * (counted and logged there), a sampled cycle's CUDA events, a CUDA acceptance copy, a value
+ * this module does not validate itself (kept as the object, validated by the resolver).
+ *
+ * Slots: ``capacity`` published cycles (``[tail, head)``) plus the open one (``head``), so the
+ * open cycle never writes into a cycle still waiting for the resolver. A full ring drops its
+ * oldest cycle when the next one ends (counted as queue_full), so memory is bounded whatever
+ * happens downstream.
+ *
+ * The GIL protects everything here: the worker and the resolver both call in with it held, and
+ * nothing below releases it between reading and writing the ring (callbacks into Python happen
+ * only on the worker's side, and the resolver's drain makes none).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#if !defined(__linux__)
+#error "the native core reads CLOCK_MONOTONIC, which is perf_counter_ns only on Linux"
+#endif
+
+#define MAX_PHASES 16
+/* Most sequences one accept() stores natively; more go to the resolver's Python validation. */
+#define NATIVE_MAX_SEQ 65536
+#define MAX_BATCH (((int64_t)1) << 31)
+#define MAX_BOUNDS 256
+#define NSPARES 4
+/* tests/test_core_memory.py builds the core with this set to 1 (one slot short) to show that its
+ * sanitizer run catches an overrun. */
+#ifndef SPECOBS_CORE_FAULT_OVERRUN
+#define SPECOBS_CORE_FAULT_OVERRUN 0
+#endif
+
+/* A slot is reserved by begin() (open), and becomes done when its cycle ends, or void when it
+ * is discarded (misuse, an exception, CUDA graph capture). The resolver drains done slots in
+ * order, passes void ones, and stops at an open one. */
+#define SLOT_OPEN 1
+#define SLOT_DONE 2
+#define SLOT_VOID 3
+
+static inline int64_t
+now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+typedef struct {
+    int64_t ts[MAX_PHASES + 1];
+    int64_t idx;     /* cycle index (Ring.begun when it began) */
+    int64_t cost;    /* worker ns spent recording this cycle's events */
+    int64_t batch;   /* a valid batch size, or -1 */
+    int64_t accsum;  /* sum of lens */
+    int32_t nts;     /* stamps taken: the index of the phase to start next */
+    int32_t k;       /* draft length of the native acceptance */
+    int32_t nseq;    /* sequences of the native acceptance, -1 when there is none */
+    int32_t lcap;
+    uint8_t *lens;   /* native acceptance: accepted length per sequence */
+    int state;       /* SLOT_OPEN, SLOT_DONE (ended, waiting) or SLOT_VOID (not a cycle) */
+    PyObject *ev;    /* a sampled cycle's events (a list), or NULL */
+    PyObject *copy;  /* a CUDA acceptance copy in flight, or NULL */
+    PyObject *acc;   /* acceptance kept as an object for the resolver to validate */
+    PyObject *draft; /* draft_length kept as an object (with acc) */
+    PyObject *emitted;
+    PyObject *batch_obj; /* a batch size that is not an int in 0..2**31 */
+    int has_obj_acc; /* acc / copy hold this cycle's acceptance (accept() was called) */
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Slot *slots;
+    Py_ssize_t capacity;
+    Py_ssize_t nslots; /* capacity + 1 */
+    uint64_t head, tail;
+    int nph;
+    int k_max;
+    PyObject *phases; /* tuple of str */
+    Py_ssize_t wake_at;
+    int enabled;
+    int sampling;       /* a clock is active: sample one cycle in ``interval`` */
+    int64_t interval;
+    int64_t clock_try_at; /* -1: no clock to try */
+    int64_t begun, enqueued, dropped_queue_full, discarded, copy_ns;
+    int64_t tick, fake_now; /* tests: a clock that advances by ``tick`` per read (0: real) */
+    Py_ssize_t waiting; /* done slots not yet drained */
+    PyObject *slow;
+    PyObject *record_fn;
+    PyObject *stream;
+    PyObject *current; /* the open cycle's handle (owned), or NULL */
+    /* The last closed handles, reused when nobody else holds them: a loop that rebinds its
+     * variable holds the previous handle while it begins the next, so two alternate. */
+    PyObject *spares[NSPARES];
+    PyObject *null_cycle;
+    PyObject *dropped; /* list of (events, copy) of dropped cycles, for the resolver to release */
+    double dbounds[MAX_BOUNDS];
+    int ndb;
+    double bbounds[MAX_BOUNDS];
+    int nbb;
+} Ring;
+
+typedef struct {
+    PyObject_HEAD
+    Ring *ring;
+    int64_t index; /* what the caller sees: the cycle's index, -1 inside graph capture */
+    int64_t seq;   /* the cycle's index, always: its slot holds it while the slot is its own */
+    uint64_t pos;  /* the slot's position in the ring */
+    int closed;
+} Cycle;
+
+static PyTypeObject RingType;
+static PyTypeObject CycleType;
+
+/* The ring's clock: CLOCK_MONOTONIC, or for tests a counter advancing ``tick`` per read (the
+ * differential test feeds the same stream to both implementations and compares every ns). */
+static inline int64_t
+ring_now(Ring *r)
+{
+    if (__builtin_expect(r->tick != 0, 0))
+        return r->fake_now += r->tick;
+    return now_ns();
+}
+
+static PyObject *s_misuse, *s_misuse_mark, *s_misuse_end, *s_internal_error, *s_queue_full,
+    *s_wake, *s_sample, *s_try_clock, *s_copy_to_host, *s_tolist, *s_is_cuda, *s_numel,
+    *s_draft_length, *s_batch_size, *s_emitted, *s_event;
+static PyObject *m_begin_open, *m_end_twice, *m_accept_closed;
+
+/* -- slots --------------------------------------------------------------------------------- */
+
+static void
+slot_clear_objs(Slot *s)
+{
+    Py_CLEAR(s->acc);
+    Py_CLEAR(s->draft);
+    Py_CLEAR(s->emitted);
+    Py_CLEAR(s->batch_obj);
+}
+
+/* Hand a dropped slot's events and copy to the resolver (it releases them to their pools). */
+static void
+slot_drop_held(Ring *r, Slot *s)
+{
+    if (s->ev == NULL && s->copy == NULL)
+        return;
+    PyObject *t = PyTuple_Pack(2, s->ev ? s->ev : Py_None, s->copy ? s->copy : Py_None);
+    if (t == NULL || PyList_Append(r->dropped, t) < 0)
+        PyErr_Clear(); /* the events are lost to the pool; nothing else is */
+    Py_XDECREF(t);
+    Py_CLEAR(s->ev);
+    Py_CLEAR(s->copy);
+}
+
+/* -- slow paths: calls into the recorder, never raising into the worker --------------------- */
+
+static void
+report_internal(Ring *r)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *res = NULL;
+    if (value != NULL)
+        res = PyObject_CallMethodOneArg(r->slow, s_internal_error, value);
+    Py_XDECREF(res);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    PyErr_Clear();
+}
+
+static void
+call_slow(Ring *r, PyObject *name, PyObject *const *args, size_t nargs)
+{
+    PyObject *stack[4];
+    stack[0] = r->slow;
+    for (size_t i = 0; i < nargs; i++)
+        stack[i + 1] = args[i];
+    PyObject *res = PyObject_VectorcallMethod(name, stack, nargs + 1, NULL);
+    if (res == NULL)
+        report_internal(r);
+    Py_XDECREF(res);
+}
+
+static void
+misuse(Ring *r, const char *kind, PyObject *message)
+{
+    PyObject *k = PyUnicode_InternFromString(kind);
+    if (k == NULL) {
+        report_internal(r);
+        return;
+    }
+    PyObject *args[2] = {k, message};
+    call_slow(r, s_misuse, args, 2);
+    Py_DECREF(k);
+}
+
+static int
+record_event(Ring *r, Slot *s, Py_ssize_t i, int64_t t)
+{
+    PyObject *ev = PyList_GetItem(s->ev, i);
+    if (ev == NULL)
+        return -1;
+    PyObject *args[2] = {ev, r->stream};
+    PyObject *res = PyObject_Vectorcall(r->record_fn, args, 2, NULL);
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    s->cost += ring_now(r) - t;
+    return 0;
+}
+
+static void
+discard(Ring *r, Slot *s)
+{
+    r->discarded++;
+    s->state = SLOT_VOID;
+    slot_drop_held(r, s);
+}
+
+/* The open handle goes to the spares (kept for reuse), in the first place that is empty or
+ * holds a handle somebody else still holds (no use as a spare); else in the last. */
+static void
+close_current(Ring *r)
+{
+    PyObject *cur = r->current;
+    r->current = NULL;
+    if (cur == NULL)
+        return;
+    int at = NSPARES - 1;
+    for (int i = 0; i < NSPARES; i++) {
+        if (r->spares[i] == NULL || Py_REFCNT(r->spares[i]) > 1) {
+            at = i;
+            break;
+        }
+    }
+    PyObject *old = r->spares[at];
+    r->spares[at] = cur;
+    Py_XDECREF(old);
+}
+
+/* A spare handle nobody else holds (taken from the pool), or NULL. */
+static Cycle *
+take_spare(Ring *r)
+{
+    for (int i = 0; i < NSPARES; i++) {
+        PyObject *sp = r->spares[i];
+        if (sp != NULL && Py_REFCNT(sp) == 1) {
+            r->spares[i] = NULL;
+            return (Cycle *)sp;
+        }
+    }
+    return NULL;
+}
+
+/* -- values -------------------------------------------------------------------------------- */
+
+/* An exact int (not a bool, not a subclass) in lo..hi. */
+static inline int
+exact_int_in(PyObject *o, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (!PyLong_CheckExact(o))
+        return 0;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (v < lo || v > hi)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+static void
+set_batch(Slot *s, PyObject *b)
+{
+    int64_t v;
+    Py_CLEAR(s->batch_obj);
+    if (exact_int_in(b, 0, MAX_BATCH, &v)) {
+        s->batch = v;
+        return;
+    }
+    s->batch = -1;
+    Py_INCREF(b);
+    s->batch_obj = b;
+}
+
+/* Store a list or tuple of exact ints in 0..k natively. 1 when stored, 0 when the resolver must
+ * validate it (nothing stored), -1 on a memory error. */
+static int
+store_lengths(Slot *s, PyObject *seq, int k)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > NATIVE_MAX_SEQ)
+        return 0;
+    if (n > s->lcap) {
+        Py_ssize_t cap = s->lcap ? s->lcap : 16;
+        while (cap < n)
+            cap *= 2;
+        uint8_t *p = PyMem_Realloc(s->lens, (size_t)cap);
+        if (p == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->lens = p;
+        s->lcap = (int32_t)cap;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    uint8_t *lens = s->lens;
+    int64_t sum = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = items[i];
+        if (!PyLong_CheckExact(o))
+            return 0;
+        /* Small non-negative ints have one digit; anything else is out of 0..k anyway. */
+        long v = PyLong_AsLong(o);
+        if (v < 0 || v > k) {
+            PyErr_Clear();
+            return 0;
+        }
+        lens[i] = (uint8_t)v;
+        sum += v;
+    }
+    s->nseq = (int32_t)n;
+    s->k = k;
+    s->accsum = sum;
+    return 1;
+}
+
+/* getattr(o, name) or NULL with no error when it has no such attribute (0); -1 on an error. */
+static int
+get_optional_attr(PyObject *o, PyObject *name, PyObject **out)
+{
+    *out = PyObject_GetAttr(o, name);
+    if (*out != NULL)
+        return 1;
+    if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return -1;
+}
+
+/* Store a one-dimensional buffer of integers in 0..k natively (numpy arrays, array.array,
+ * memoryview). 1 when stored, 0 when not (wrong format or shape, a value out of range: the
+ * caller falls back to tolist() and the resolver's validation), -1 on a memory error. */
+static int
+store_buffer(Slot *s, PyObject *obj, int k)
+{
+    if (PyBytes_Check(obj) || PyByteArray_Check(obj) || !PyObject_CheckBuffer(obj))
+        return 0;
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_ANY_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int rc = 0;
+    const char *f = view.format ? view.format : "B";
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++;
+    Py_ssize_t n = view.ndim == 1 && view.itemsize > 0 ? view.len / view.itemsize : -1;
+    char code = f[0] != 0 && f[1] == 0 ? f[0] : 0;
+    if (n < 0 || n > NATIVE_MAX_SEQ || code == 0 || strchr("bBhHiIlLqQ", code) == NULL)
+        goto done;
+    if (n > s->lcap) {
+        Py_ssize_t cap = s->lcap ? s->lcap : 16;
+        while (cap < n)
+            cap *= 2;
+        uint8_t *p = PyMem_Realloc(s->lens, (size_t)cap);
+        if (p == NULL) {
+            PyErr_NoMemory();
+            rc = -1;
+            goto done;
+        }
+        s->lens = p;
+        s->lcap = (int32_t)cap;
+    }
+    int64_t sum = 0;
+    const char *base = view.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *p = base + i * view.itemsize;
+        int64_t v;
+        switch (code) {
+        case 'b': v = *(const signed char *)p; break;
+        case 'B': v = *(const unsigned char *)p; break;
+        case 'h': { short x; memcpy(&x, p, sizeof x); v = x; break; }
+        case 'H': { unsigned short x; memcpy(&x, p, sizeof x); v = x; break; }
+        case 'i': { int x; memcpy(&x, p, sizeof x); v = x; break; }
+        case 'I': { unsigned int x; memcpy(&x, p, sizeof x); v = x; break; }
+        case 'l': { long x; memcpy(&x, p, sizeof x); v = x; break; }
+        case 'L': { unsigned long x; memcpy(&x, p, sizeof x); v = x > INT64_MAX ? -1 : (int64_t)x; break; }
+        case 'q': { long long x; memcpy(&x, p, sizeof x); v = x; break; }
+        default: { unsigned long long x; memcpy(&x, p, sizeof x); v = x > INT64_MAX ? -1 : (int64_t)x; break; }
+        }
+        if (v < 0 || v > k)
+            goto done;
+        s->lens[i] = (uint8_t)v;
+        sum += v;
+    }
+    s->nseq = (int32_t)n;
+    s->k = k;
+    s->accsum = sum;
+    rc = 1;
+done:
+    PyBuffer_Release(&view);
+    return rc;
+}
+
+/* -- the Cycle handle ---------------------------------------------------------------------- */
+
+static inline Slot *
+slot_of(Cycle *c)
+{
+    Ring *r = c->ring;
+    return &r->slots[c->pos % (uint64_t)r->nslots];
+}
+
+/* Whether the slot is still this cycle's and open: a callback into Python may let another
+ * thread close this cycle (misuse: an observer is one thread's) while it runs. */
+static inline int
+owns(Cycle *c, Slot *s)
+{
+    return s->state == SLOT_OPEN && s->idx == c->seq;
+}
+
+static PyObject *
+Cycle_mark(Cycle *self, PyObject *phase)
+{
+    Ring *r = self->ring;
+    int64_t t = ring_now(r);
+    if (self->closed) {
+        PyObject *args[3] = {Py_True, phase, Py_None};
+        call_slow(r, s_misuse_mark, args, 3);
+        Py_RETURN_NONE;
+    }
+    Slot *s = slot_of(self);
+    int i = s->nts;
+    int ok = 0;
+    if (i < r->nph) {
+        PyObject *want = PyTuple_GET_ITEM(r->phases, i);
+        ok = want == phase;
+        if (!ok) {
+            ok = PyObject_RichCompareBool(want, phase, Py_EQ);
+            if (ok < 0) {
+                report_internal(r);
+                Py_RETURN_NONE;
+            }
+            if (self->closed || !owns(self, s) || s->nts != i)
+                Py_RETURN_NONE; /* closed meanwhile by another thread's begin (counted there) */
+        }
+    }
+    if (!ok) {
+        PyObject *reached = PyLong_FromLong(i);
+        if (reached == NULL) {
+            report_internal(r);
+            Py_RETURN_NONE;
+        }
+        PyObject *args[3] = {Py_False, phase, reached};
+        call_slow(r, s_misuse_mark, args, 3);
+        Py_DECREF(reached);
+        Py_RETURN_NONE;
+    }
+    s->ts[i] = t;
+    s->nts = i + 1;
+    if (s->ev != NULL && record_event(r, s, i, t) < 0)
+        report_internal(r);
+    Py_RETURN_NONE;
+}
+
+/* Make room for one more slot: drop the oldest while the ring holds ``capacity``. A done slot
+ * dropped is a cycle lost (counted); a void one was never a cycle; an open one can only be a
+ * cycle another thread is ending right now (misuse), which then finds its slot gone. Returns
+ * whether a done cycle was dropped. */
+static int
+make_room(Ring *r)
+{
+    int dropped = 0;
+    while ((Py_ssize_t)(r->head - r->tail) >= r->capacity) {
+        Slot *old = &r->slots[r->tail % (uint64_t)r->nslots];
+        if (old->state == SLOT_DONE) {
+            r->dropped_queue_full++;
+            r->waiting--;
+            dropped = 1;
+        }
+        else if (old->state == SLOT_OPEN)
+            r->dropped_queue_full++;
+        old->state = SLOT_VOID;
+        slot_drop_held(r, old);
+        slot_clear_objs(old);
+        r->tail++;
+    }
+    return dropped;
+}
+
+static PyObject *
+Cycle_end(Cycle *self, PyObject *Py_UNUSED(ignored))
+{
+    Ring *r = self->ring;
+    int64_t t = ring_now(r);
+    if (self->closed) {
+        misuse(r, "end_without_begin", m_end_twice);
+        Py_RETURN_NONE;
+    }
+    self->closed = 1;
+    if (r->current == (PyObject *)self)
+        close_current(r);
+    Slot *s = slot_of(self);
+    if (!owns(self, s))
+        Py_RETURN_NONE; /* discarded already (and counted) */
+    if (self->index < 0) {
+        s->state = SLOT_VOID; /* begun in CUDA graph capture: counted when it began */
+        Py_RETURN_NONE;
+    }
+    if (s->nts != r->nph) {
+        discard(r, s);
+        PyObject *reached = PyLong_FromLong(s->nts);
+        if (reached == NULL) {
+            report_internal(r);
+            Py_RETURN_NONE;
+        }
+        call_slow(r, s_misuse_end, &reached, 1);
+        Py_DECREF(reached);
+        Py_RETURN_NONE;
+    }
+    s->ts[r->nph] = t;
+    s->nts = r->nph + 1;
+    if (s->ev != NULL && record_event(r, s, r->nph, t) < 0)
+        report_internal(r);
+    if (!owns(self, s))
+        Py_RETURN_NONE; /* dropped while the event was recorded (counted there) */
+    s->state = SLOT_DONE;
+    r->enqueued++;
+    r->waiting++;
+    if (r->waiting >= r->wake_at)
+        call_slow(r, s_wake, NULL, 0);
+    Py_RETURN_NONE;
+}
+
+/* The acceptance of a CUDA tensor: a copy started by the recorder, read by the resolver. */
+static void
+accept_cuda(Ring *r, Cycle *c, Slot *s, PyObject *tensor)
+{
+    int64_t t = ring_now(r);
+    PyObject *copy = PyObject_CallMethodOneArg(r->slow, s_copy_to_host, tensor);
+    r->copy_ns += ring_now(r) - t;
+    if (copy == NULL) {
+        report_internal(r);
+        return;
+    }
+    if (!owns(c, s) || c->closed) { /* closed by another thread meanwhile */
+        if (copy != Py_None) {
+            PyObject *tup = PyTuple_Pack(2, Py_None, copy);
+            if (tup == NULL || PyList_Append(r->dropped, tup) < 0)
+                PyErr_Clear();
+            Py_XDECREF(tup);
+        }
+        Py_DECREF(copy);
+        return;
+    }
+    if (copy == Py_None) {
+        Py_DECREF(copy);
+        if (s->batch < 0 && s->batch_obj == NULL) {
+            PyObject *n = PyObject_CallMethodNoArgs(tensor, s_numel);
+            int64_t v;
+            if (n != NULL && owns(c, s) && exact_int_in(n, 0, MAX_BATCH, &v))
+                s->batch = v;
+            else if (n == NULL)
+                PyErr_Clear();
+            Py_XDECREF(n);
+        }
+        return;
+    }
+    Py_XSETREF(s->copy, copy);
+    s->has_obj_acc = 1;
+}
+
+static PyObject *
+Cycle_accept(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    Ring *r = self->ring;
+    if (nargs != 1) {
+        PyErr_Format(PyExc_TypeError, "accept() takes 1 positional argument (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *accepted = args[0];
+    PyObject *draft = Py_None, *batch = Py_None, *emitted = Py_None;
+    if (kwnames != NULL) {
+        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t i = 0; i < nk; i++) {
+            PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+            PyObject *v = args[1 + i];
+            if (name == s_draft_length || PyUnicode_Compare(name, s_draft_length) == 0)
+                draft = v;
+            else if (name == s_batch_size || PyUnicode_Compare(name, s_batch_size) == 0)
+                batch = v;
+            else if (name == s_emitted || PyUnicode_Compare(name, s_emitted) == 0)
+                emitted = v;
+            else {
+                PyErr_Format(PyExc_TypeError, "accept() got an unexpected keyword argument %R",
+                             name);
+                return NULL;
+            }
+        }
+    }
+    if (self->closed) {
+        misuse(r, "bad_acceptance", m_accept_closed);
+        Py_RETURN_NONE;
+    }
+    Slot *s = slot_of(self);
+    if (!owns(self, s))
+        Py_RETURN_NONE;
+    if (batch != Py_None)
+        set_batch(s, batch);
+    /* A later accept() replaces an earlier one. */
+    s->nseq = -1;
+    s->has_obj_acc = 0;
+    Py_CLEAR(s->acc);
+    Py_CLEAR(s->draft);
+    Py_CLEAR(s->emitted);
+    if (s->copy != NULL) {
+        /* A copy already in flight for this cycle: the resolver releases it. */
+        PyObject *t = PyTuple_Pack(2, Py_None, s->copy);
+        if (t == NULL || PyList_Append(r->dropped, t) < 0)
+            PyErr_Clear();
+        Py_XDECREF(t);
+        Py_CLEAR(s->copy);
+    }
+    int64_t k = r->k_max;
+    int native_k = draft == Py_None || exact_int_in(draft, 0, r->k_max, &k);
+    PyObject *values = NULL; /* a new reference when tolist() made it */
+    PyObject *seq = NULL;
+    if (PyList_CheckExact(accepted) || PyTuple_CheckExact(accepted)) {
+        seq = accepted;
+    }
+    else {
+        if (native_k && emitted == Py_None) {
+            int stored = store_buffer(s, accepted, (int)k);
+            if (stored == 1)
+                Py_RETURN_NONE;
+            if (stored < 0) {
+                report_internal(r);
+                Py_RETURN_NONE;
+            }
+        }
+        PyObject *is_cuda = NULL;
+        if (get_optional_attr(accepted, s_is_cuda, &is_cuda) < 0) {
+            report_internal(r);
+            Py_RETURN_NONE;
+        }
+        int cuda = is_cuda != NULL && PyObject_IsTrue(is_cuda) == 1;
+        Py_XDECREF(is_cuda);
+        PyErr_Clear();
+        if (!owns(self, s) || self->closed)
+            Py_RETURN_NONE;
+        if (cuda) {
+            if (draft != Py_None) {
+                Py_INCREF(draft);
+                s->draft = draft;
+            }
+            if (emitted != Py_None) {
+                Py_INCREF(emitted);
+                s->emitted = emitted;
+            }
+            accept_cuda(r, self, s, accepted);
+            Py_RETURN_NONE;
+        }
+        PyObject *tolist = NULL;
+        if (get_optional_attr(accepted, s_tolist, &tolist) < 0) {
+            report_internal(r);
+            Py_RETURN_NONE;
+        }
+        if (tolist != NULL) { /* numpy array or CPU tensor: copied now, the caller may reuse it */
+            values = PyObject_CallNoArgs(tolist);
+            Py_DECREF(tolist);
+            if (values == NULL) {
+                report_internal(r);
+                Py_RETURN_NONE;
+            }
+            if (!owns(self, s) || self->closed) {
+                Py_DECREF(values);
+                Py_RETURN_NONE;
+            }
+            if (PyList_CheckExact(values))
+                seq = values;
+        }
+    }
+    if (seq != NULL && native_k && emitted == Py_None) {
+        int stored = store_lengths(s, seq, (int)k);
+        if (stored == 1) {
+            Py_XDECREF(values);
+            Py_RETURN_NONE;
+        }
+        if (stored < 0) {
+            Py_XDECREF(values);
+            report_internal(r);
+            Py_RETURN_NONE;
+        }
+    }
+    /* Kept for the resolver's validation: a copy of a list or tuple (the engine may reuse it),
+     * what tolist() gave, or the object itself. */
+    PyObject *keep;
+    if (values != NULL)
+        keep = values;
+    else if (seq != NULL) {
+        keep = PyList_CheckExact(seq) ? PyList_GetSlice(seq, 0, PY_SSIZE_T_MAX)
+                                      : PySequence_List(seq);
+        if (keep == NULL) {
+            report_internal(r);
+            Py_RETURN_NONE;
+        }
+    }
+    else {
+        Py_INCREF(accepted);
+        keep = accepted;
+    }
+    s->acc = keep;
+    s->has_obj_acc = 1;
+    if (draft != Py_None) {
+        Py_INCREF(draft);
+        s->draft = draft;
+    }
+    if (emitted != Py_None) {
+        Py_INCREF(emitted);
+        s->emitted = emitted;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Cycle_enter(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    Py_INCREF(self);
+    return self;
+}
+
+static PyObject *
+Cycle_exit(Cycle *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs >= 1 && args[0] != Py_None) {
+        /* The engine raised mid-cycle: the phase times are meaningless, discard quietly. */
+        if (!self->closed) {
+            Ring *r = self->ring;
+            self->closed = 1;
+            if (r->current == (PyObject *)self)
+                close_current(r);
+            Slot *s = slot_of(self);
+            if (owns(self, s))
+                discard(r, s);
+        }
+        Py_RETURN_NONE;
+    }
+    if (!self->closed)
+        return Cycle_end(self, NULL);
+    Py_RETURN_NONE;
+}
+
+static int
+Cycle_traverse(Cycle *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->ring);
+    return 0;
+}
+
+static int
+Cycle_clear(Cycle *self)
+{
+    Py_CLEAR(self->ring);
+    return 0;
+}
+
+static void
+Cycle_dealloc(Cycle *self)
+{
+    PyObject_GC_UnTrack(self);
+    Cycle_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static PyMethodDef Cycle_methods[] = {
+    {"mark", (PyCFunction)Cycle_mark, METH_O,
+     "End the running phase and start ``phase`` (the next one in the configured order)."},
+    {"accept", (PyCFunction)(void (*)(void))Cycle_accept, METH_FASTCALL | METH_KEYWORDS,
+     "Record acceptance for this cycle (see specobs.Cycle.accept)."},
+    {"end", (PyCFunction)Cycle_end, METH_NOARGS, "End the last phase and hand the cycle on."},
+    {"__enter__", Cycle_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))Cycle_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Cycle_members[] = {
+    {"index", T_LONGLONG, offsetof(Cycle, index), READONLY, "the cycle's index"},
+    {"_closed", T_INT, offsetof(Cycle, closed), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject CycleType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "specobs._core.Cycle",
+    .tp_basicsize = sizeof(Cycle),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "One speculative decoding cycle in flight (native). Created by Observer.begin.",
+    .tp_traverse = (traverseproc)Cycle_traverse,
+    .tp_clear = (inquiry)Cycle_clear,
+    .tp_dealloc = (destructor)Cycle_dealloc,
+    .tp_methods = Cycle_methods,
+    .tp_members = Cycle_members,
+};
+
+/* -- Ring: the worker's side --------------------------------------------------------------- */
+
+static PyObject *
+Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    int64_t t = ring_now(r);
+    PyObject *batch = Py_None;
+    if (nargs > 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) + nargs > 1)) {
+        PyErr_SetString(PyExc_TypeError, "begin() takes at most one argument (batch_size)");
+        return NULL;
+    }
+    if (nargs == 1)
+        batch = args[0];
+    else if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) == 1) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, 0);
+        if (name != s_batch_size && PyUnicode_Compare(name, s_batch_size) != 0) {
+            PyErr_Format(PyExc_TypeError, "begin() got an unexpected keyword argument %R", name);
+            return NULL;
+        }
+        batch = args[0];
+    }
+    if (!r->enabled) {
+        Py_INCREF(r->null_cycle);
+        return r->null_cycle;
+    }
+    /* Every write to the ring happens before any call into Python (a call may let another
+     * thread in: misuse, but it must not corrupt what is counted). */
+    int was_open = 0;
+    if (r->current != NULL) {
+        /* Closed before any call: whoever closes a cycle first is the only one. */
+        Cycle *cur = (Cycle *)r->current;
+        cur->closed = 1;
+        Slot *old = slot_of(cur);
+        if (owns(cur, old))
+            discard(r, old);
+        close_current(r);
+        was_open = 1;
+    }
+    int full = make_room(r);
+    Slot *s = &r->slots[r->head % (uint64_t)r->nslots];
+    uint64_t pos = r->head++;
+    slot_clear_objs(s);
+    Py_CLEAR(s->ev);
+    Py_CLEAR(s->copy);
+    s->state = SLOT_OPEN;
+    s->ts[0] = t;
+    s->nts = 1;
+    s->nseq = -1;
+    s->has_obj_acc = 0;
+    s->batch = -1;
+    s->cost = 0;
+    int64_t idx = r->begun++;
+    s->idx = idx;
+    if (batch != Py_None)
+        set_batch(s, batch);
+    Cycle *c = take_spare(r);
+    if (c == NULL) {
+        c = PyObject_GC_New(Cycle, &CycleType);
+        if (c == NULL) {
+            s->state = SLOT_VOID;
+            report_internal(r);
+            Py_INCREF(r->null_cycle);
+            return r->null_cycle;
+        }
+        Py_INCREF(r);
+        c->ring = r;
+        PyObject_GC_Track(c);
+    }
+    c->index = idx;
+    c->seq = idx;
+    c->pos = pos;
+    c->closed = 0;
+    Py_INCREF(c);
+    r->current = (PyObject *)c; /* one reference here, one returned */
+    if (was_open)
+        misuse(r, "begin_while_open", m_begin_open);
+    if (full)
+        call_slow(r, s_queue_full, NULL, 0);
+    if (!r->sampling && r->clock_try_at >= 0 && idx >= r->clock_try_at) {
+        PyObject *i = PyLong_FromLongLong(idx);
+        if (i != NULL) {
+            call_slow(r, s_try_clock, &i, 1);
+            Py_DECREF(i);
+        }
+        else
+            report_internal(r);
+    }
+    if (r->sampling && idx % (r->interval > 0 ? r->interval : 1) == 0) {
+        /* The recorder checks for graph capture, takes events, records the first. */
+        PyObject *tt = PyLong_FromLongLong(t);
+        PyObject *ev = NULL;
+        if (tt != NULL) {
+            PyObject *a[2] = {r->slow, tt};
+            ev = PyObject_VectorcallMethod(s_sample, a, 2, NULL);
+            Py_DECREF(tt);
+        }
+        if (ev == NULL)
+            report_internal(r);
+        else if (!owns(c, s) || c->closed) {
+            /* Closed by another thread meanwhile: the events go back. */
+            if (PyList_CheckExact(ev)) {
+                PyObject *tup = PyTuple_Pack(2, ev, Py_None);
+                if (tup == NULL || PyList_Append(r->dropped, tup) < 0)
+                    PyErr_Clear();
+                Py_XDECREF(tup);
+            }
+            Py_DECREF(ev);
+        }
+        else if (ev == Py_False) {
+            c->index = -1; /* inside CUDA graph capture nothing is real (counted there) */
+            Py_DECREF(ev);
+        }
+        else if (PyList_CheckExact(ev) && PyList_GET_SIZE(ev) == r->nph + 1) {
+            s->ev = ev;
+            s->cost = ring_now(r) - t;
+        }
+        else
+            Py_DECREF(ev);
+    }
+    return (PyObject *)c;
+}
+
+/* -- Ring: the resolver's side ------------------------------------------------------------- */
+
+static inline Py_ssize_t
+bucket_of(const double *b, int n, double x)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (b[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static PyObject *
+int64_list(const int64_t *v, Py_ssize_t n)
+{
+    PyObject *l = PyList_New(n);
+    if (l == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(v[i]);
+        if (x == NULL) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, i, x);
+    }
+    return l;
+}
+
+static PyObject *
+bucketed(const int64_t *counts, int n, int64_t sum)
+{
+    PyObject *c = int64_list(counts, n);
+    if (c == NULL)
+        return NULL;
+    return Py_BuildValue("(NL)", c, (long long)sum);
+}
+
+/* (first index, [(index, events, copy) for the cycles holding events], bound): the first
+ * ``limit`` queued cycles. The resolver asks which of the held ones completed and drains up
+ * to the first that has not (``bound`` when all have). */
+static PyObject *
+Ring_pending(Ring *r, PyObject *arg)
+{
+    Py_ssize_t limit = PyLong_AsSsize_t(arg);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *held = PyList_New(0);
+    if (held == NULL)
+        return NULL;
+    int64_t bound = 0;
+    Py_ssize_t n = 0;
+    for (uint64_t p = r->tail; p != r->head && n < limit; p++) {
+        Slot *s = &r->slots[p % (uint64_t)r->nslots];
+        if (s->state == SLOT_VOID)
+            continue;
+        if (s->state != SLOT_DONE)
+            break;
+        n++;
+        bound = s->idx + 1;
+        if (s->ev == NULL && s->copy == NULL)
+            continue;
+        PyObject *t = Py_BuildValue("(LOO)", (long long)s->idx, s->ev ? s->ev : Py_None,
+                                    s->copy ? s->copy : Py_None);
+        if (t == NULL || PyList_Append(held, t) < 0) {
+            Py_XDECREF(t);
+            Py_DECREF(held);
+            return NULL;
+        }
+        Py_DECREF(t);
+    }
+    return Py_BuildValue("(NL)", held, (long long)bound);
+}
+
+static PyObject *
+slot_detail(Slot *s, int nph, int traced)
+{
+    PyObject *ts = int64_list(s->ts, nph + 1);
+    if (ts == NULL)
+        return NULL;
+    PyObject *acc, *draft;
+    int native = s->nseq >= 0;
+    if (native) {
+        acc = PyList_New(s->nseq);
+        if (acc == NULL) {
+            Py_DECREF(ts);
+            return NULL;
+        }
+        for (int32_t i = 0; i < s->nseq; i++)
+            PyList_SET_ITEM(acc, i, PyLong_FromLong(s->lens[i])); /* small ints: cached */
+        draft = PyLong_FromLong(s->k);
+    }
+    else {
+        acc = s->acc ? s->acc : Py_None;
+        Py_INCREF(acc);
+        draft = s->draft ? s->draft : Py_None;
+        Py_INCREF(draft);
+    }
+    PyObject *batch;
+    if (s->batch_obj != NULL) {
+        batch = s->batch_obj;
+        Py_INCREF(batch);
+    }
+    else if (s->batch >= 0)
+        batch = PyLong_FromLongLong(s->batch);
+    else {
+        batch = Py_None;
+        Py_INCREF(batch);
+    }
+    /* (index, stamps, batch, events, cost, acceptance, draft length, emitted, copy, native,
+     * traced) */
+    return Py_BuildValue("(LNNOLNNOOii)", (long long)s->idx, ts, batch,
+                         s->ev ? s->ev : Py_None, (long long)s->cost, acc, draft,
+                         s->emitted ? s->emitted : Py_None, s->copy ? s->copy : Py_None, native,
+                         traced);
+}
+
+/* Resolve the queued cycles with index < bound, at most ``limit``. Returns
+ * (cycles, host [(counts, sum) per phase, then the cycle], total ns, last end stamp or None,
+ *  length counts, accepted, drafted, emitted, {draft length: sequences}, batch (counts, sum),
+ *  batch count, details)
+ * where details are the cycles that need Python: events, a copy, values kept as objects, traced
+ * (index in ``trace``, a sorted list, or a host cycle time >= slow_ns), or all when want_all.
+ * Their host times and native acceptance are in the totals already. */
+static PyObject *
+Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "drain(bound, limit, trace, slow_ns, want_all)");
+        return NULL;
+    }
+    long long bound = PyLong_AsLongLong(args[0]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
+    PyObject *trace = args[2];
+    long long slow_ns = PyLong_AsLongLong(args[3]);
+    int want_all = PyObject_IsTrue(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!PyList_Check(trace)) {
+        PyErr_SetString(PyExc_TypeError, "trace must be a list of cycle indices");
+        return NULL;
+    }
+    int nph = r->nph, nb = r->ndb + 1, nbb = r->nbb + 1, w = r->k_max + 1;
+    int64_t host[(MAX_PHASES + 1) * (MAX_BOUNDS + 1)];
+    int64_t hsum[MAX_PHASES + 1];
+    int64_t lcounts[256];
+    int64_t bcounts[MAX_BOUNDS + 1];
+    memset(host, 0, sizeof(int64_t) * (size_t)((nph + 1) * nb));
+    memset(hsum, 0, sizeof(hsum));
+    memset(lcounts, 0, sizeof(lcounts));
+    memset(bcounts, 0, sizeof(bcounts));
+    int64_t kseq[256];
+    int kseen[256];
+    memset(kseq, 0, sizeof(kseq));
+    memset(kseen, 0, sizeof(kseen));
+    int64_t total = 0, accepted = 0, drafted = 0, emitted = 0, bsum = 0, bn = 0, last = 0;
+    Py_ssize_t n = 0, ti = 0, nt = PyList_GET_SIZE(trace);
+    PyObject *details = PyList_New(0);
+    if (details == NULL)
+        return NULL;
+    while (r->tail != r->head && n < limit) {
+        Slot *s = &r->slots[r->tail % (uint64_t)r->nslots];
+        if (s->state == SLOT_VOID) {
+            slot_drop_held(r, s);
+            slot_clear_objs(s);
+            r->tail++;
+            continue;
+        }
+        if (s->state != SLOT_DONE || s->idx >= bound)
+            break;
+        int64_t *ts = s->ts;
+        for (int i = 0; i < nph; i++) {
+            int64_t d = ts[i + 1] - ts[i];
+            host[i * nb + bucket_of(r->dbounds, r->ndb, (double)d * 1e-9)]++;
+            hsum[i] += d;
+        }
+        int64_t tot = ts[nph] - ts[0];
+        host[nph * nb + bucket_of(r->dbounds, r->ndb, (double)tot * 1e-9)]++;
+        hsum[nph] += tot;
+        total += tot;
+        last = ts[nph];
+        int py_batch = 0;
+        if (s->nseq >= 0) {
+            const uint8_t *lens = s->lens;
+            for (int32_t j = 0; j < s->nseq; j++)
+                lcounts[lens[j]]++;
+            accepted += s->accsum;
+            drafted += (int64_t)s->k * s->nseq;
+            emitted += s->accsum + s->nseq;
+            kseq[s->k] += s->nseq;
+            kseen[s->k] = 1;
+        }
+        if (s->batch_obj != NULL || s->has_obj_acc)
+            py_batch = 1; /* sized by the resolver's validation */
+        else {
+            int64_t b = s->batch >= 0 ? s->batch : (s->nseq >= 0 ? s->nseq : -1);
+            if (b >= 0) {
+                bcounts[bucket_of(r->bbounds, r->nbb, (double)b)]++;
+                bsum += b;
+                bn++;
+            }
+        }
+        int traced = 0;
+        while (ti < nt) {
+            long long want = PyLong_AsLongLong(PyList_GET_ITEM(trace, ti));
+            if (want == -1 && PyErr_Occurred()) {
+                Py_DECREF(details);
+                return NULL;
+            }
+            if (want > s->idx)
+                break;
+            ti++;
+            if (want == s->idx)
+                traced = 1;
+        }
+        if (slow_ns >= 0 && s->ev == NULL && tot >= slow_ns) /* GPU-timed: by GPU time */
+            traced = 1;
+        if (want_all || traced || py_batch || s->ev != NULL || s->copy != NULL || s->acc != NULL
+            || s->emitted != NULL) {
+            PyObject *d = slot_detail(s, nph, traced);
+            if (d == NULL || PyList_Append(details, d) < 0) {
+                Py_XDECREF(d);
+                Py_DECREF(details);
+                return NULL;
+            }
+            Py_DECREF(d);
+        }
+        /* The resolver owns what the details reference now. */
+        Py_CLEAR(s->ev);
+        Py_CLEAR(s->copy);
+        slot_clear_objs(s);
+        s->state = SLOT_VOID;
+        r->tail++;
+        r->waiting--;
+        n++;
+    }
+    PyObject *hl = PyList_New(nph + 1);
+    if (hl == NULL) {
+        Py_DECREF(details);
+        return NULL;
+    }
+    for (int i = 0; i <= nph; i++) {
+        PyObject *b = bucketed(&host[i * nb], nb, hsum[i]);
+        if (b == NULL) {
+            Py_DECREF(hl);
+            Py_DECREF(details);
+            return NULL;
+        }
+        PyList_SET_ITEM(hl, i, b);
+    }
+    PyObject *kd = PyDict_New();
+    if (kd == NULL)
+        goto fail;
+    for (int k = 0; k < w; k++) {
+        if (!kseen[k])
+            continue;
+        PyObject *kk = PyLong_FromLong(k), *vv = PyLong_FromLongLong(kseq[k]);
+        if (kk == NULL || vv == NULL || PyDict_SetItem(kd, kk, vv) < 0) {
+            Py_XDECREF(kk);
+            Py_XDECREF(vv);
+            Py_DECREF(kd);
+            goto fail;
+        }
+        Py_DECREF(kk);
+        Py_DECREF(vv);
+    }
+    PyObject *lc = int64_list(lcounts, w);
+    PyObject *bc = bucketed(bcounts, nbb, bsum);
+    PyObject *lastobj = n ? PyLong_FromLongLong(last) : (Py_INCREF(Py_None), Py_None);
+    if (lc == NULL || bc == NULL || lastobj == NULL) {
+        Py_XDECREF(lc);
+        Py_XDECREF(bc);
+        Py_XDECREF(lastobj);
+        Py_DECREF(kd);
+        goto fail;
+    }
+    return Py_BuildValue("(nNLNNLLLNNLN)", n, hl, (long long)total, lastobj, lc,
+                         (long long)accepted, (long long)drafted, (long long)emitted, kd, bc,
+                         (long long)bn, details);
+fail:
+    Py_DECREF(hl);
+    Py_DECREF(details);
+    return NULL;
+}
+
+/* Drop every queued cycle (after fork, at shutdown); returns how many. */
+static PyObject *
+Ring_clear_queue(Ring *r, PyObject *Py_UNUSED(ignored))
+{
+    Py_ssize_t n = 0;
+    while (r->tail != r->head) {
+        Slot *s = &r->slots[r->tail % (uint64_t)r->nslots];
+        if (s->state == SLOT_DONE)
+            n++;
+        s->state = SLOT_VOID; /* an open cycle's end() finds its slot gone */
+        slot_drop_held(r, s);
+        slot_clear_objs(s);
+        r->tail++;
+    }
+    r->waiting = 0;
+    return PyLong_FromSsize_t(n);
+}
+
+static PyObject *
+Ring_take_dropped(Ring *r, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = r->dropped;
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL)
+        return NULL;
+    r->dropped = fresh;
+    return out;
+}
+
+static int
+read_bounds_into(PyObject *obj, double *out, int *n)
+{
+    PyObject *seq = PySequence_Fast(obj, "bounds must be a sequence of floats");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    if (len > MAX_BOUNDS) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "too many bucket bounds");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        double x = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+        if (x == -1.0 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (i > 0 && !(x > out[i - 1])) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "bounds must be strictly increasing");
+            return -1;
+        }
+        out[i] = x;
+    }
+    *n = (int)len;
+    Py_DECREF(seq);
+    return 0;
+}
+
+static PyObject *
+Ring_len(Ring *r, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromSsize_t(r->waiting);
+}
+
+static Py_ssize_t
+Ring_sq_len(Ring *r)
+{
+    return r->waiting;
+}
+
+/* -- Ring: construction -------------------------------------------------------------------- */
+
+static int
+Ring_init(Ring *r, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"slow", "phases", "capacity", "max_draft_length", "wake_at",
+                         "duration_bounds", "batch_bounds", "null_cycle", NULL};
+    PyObject *slow, *phases, *db, *bb, *null_cycle;
+    Py_ssize_t capacity, wake_at;
+    int k_max;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!ninOOO", kw, &slow, &PyTuple_Type, &phases,
+                                     &capacity, &k_max, &wake_at, &db, &bb, &null_cycle))
+        return -1;
+    Py_ssize_t nph = PyTuple_GET_SIZE(phases);
+    if (nph < 1 || nph > MAX_PHASES) {
+        PyErr_Format(PyExc_ValueError, "between 1 and %d phases, got %zd", MAX_PHASES, nph);
+        return -1;
+    }
+    if (capacity < 1 || k_max < 0 || k_max > 255) {
+        PyErr_SetString(PyExc_ValueError, "capacity >= 1 and 0 <= max_draft_length <= 255");
+        return -1;
+    }
+    if (r->slots != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a Ring is initialised once");
+        return -1;
+    }
+    if (read_bounds_into(db, r->dbounds, &r->ndb) < 0 || read_bounds_into(bb, r->bbounds, &r->nbb) < 0)
+        return -1;
+    r->slots = PyMem_Calloc((size_t)capacity + 1 - SPECOBS_CORE_FAULT_OVERRUN, sizeof(Slot));
+    if (r->slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    r->capacity = capacity;
+    r->nslots = capacity + 1;
+    r->nph = (int)nph;
+    r->k_max = k_max;
+    r->wake_at = wake_at;
+    r->enabled = 1;
+    r->interval = 1;
+    r->clock_try_at = -1;
+    r->dropped = PyList_New(0);
+    if (r->dropped == NULL)
+        return -1;
+    Py_INCREF(slow);
+    r->slow = slow;
+    Py_INCREF(phases);
+    r->phases = phases;
+    Py_INCREF(null_cycle);
+    r->null_cycle = null_cycle;
+    Py_INCREF(Py_None);
+    r->record_fn = Py_None;
+    Py_INCREF(Py_None);
+    r->stream = Py_None;
+    return 0;
+}
+
+static int
+Ring_traverse(Ring *r, visitproc visit, void *arg)
+{
+    Py_VISIT(r->slow);
+    Py_VISIT(r->phases);
+    Py_VISIT(r->record_fn);
+    Py_VISIT(r->stream);
+    Py_VISIT(r->current);
+    for (int i = 0; i < NSPARES; i++)
+        Py_VISIT(r->spares[i]);
+    Py_VISIT(r->null_cycle);
+    Py_VISIT(r->dropped);
+    if (r->slots != NULL) {
+        for (Py_ssize_t i = 0; i < r->nslots; i++) {
+            Slot *s = &r->slots[i];
+            Py_VISIT(s->ev);
+            Py_VISIT(s->copy);
+            Py_VISIT(s->acc);
+            Py_VISIT(s->draft);
+            Py_VISIT(s->emitted);
+            Py_VISIT(s->batch_obj);
+        }
+    }
+    return 0;
+}
+
+static int
+Ring_clear(Ring *r)
+{
+    Py_CLEAR(r->slow);
+    Py_CLEAR(r->phases);
+    Py_CLEAR(r->record_fn);
+    Py_CLEAR(r->stream);
+    Py_CLEAR(r->current);
+    for (int i = 0; i < NSPARES; i++)
+        Py_CLEAR(r->spares[i]);
+    Py_CLEAR(r->null_cycle);
+    Py_CLEAR(r->dropped);
+    if (r->slots != NULL) {
+        for (Py_ssize_t i = 0; i < r->nslots; i++) {
+            Slot *s = &r->slots[i];
+            Py_CLEAR(s->ev);
+            Py_CLEAR(s->copy);
+            slot_clear_objs(s);
+        }
+    }
+    return 0;
+}
+
+static void
+Ring_dealloc(Ring *r)
+{
+    PyObject_GC_UnTrack(r);
+    Ring_clear(r);
+    if (r->slots != NULL) {
+        for (Py_ssize_t i = 0; i < r->nslots; i++)
+            PyMem_Free(r->slots[i].lens);
+        PyMem_Free(r->slots);
+        r->slots = NULL;
+    }
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static PyObject *
+Ring_get_current(Ring *r, void *Py_UNUSED(closure))
+{
+    PyObject *c = r->current ? r->current : Py_None;
+    Py_INCREF(c);
+    return c;
+}
+
+static int
+set_obj(PyObject **slot, PyObject *v)
+{
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete this attribute");
+        return -1;
+    }
+    Py_INCREF(v);
+    Py_XSETREF(*slot, v);
+    return 0;
+}
+
+static PyObject *
+Ring_get_record_fn(Ring *r, void *Py_UNUSED(c))
+{
+    Py_INCREF(r->record_fn);
+    return r->record_fn;
+}
+
+static int
+Ring_set_record_fn(Ring *r, PyObject *v, void *Py_UNUSED(c))
+{
+    return set_obj(&r->record_fn, v);
+}
+
+static PyObject *
+Ring_get_stream(Ring *r, void *Py_UNUSED(c))
+{
+    Py_INCREF(r->stream);
+    return r->stream;
+}
+
+static int
+Ring_set_stream(Ring *r, PyObject *v, void *Py_UNUSED(c))
+{
+    return set_obj(&r->stream, v);
+}
+
+static PyObject *
+Ring_forget_current(Ring *r, PyObject *Py_UNUSED(ignored))
+{
+    /* After fork: the parent's open cycle is not the child's (its handle stays closed). */
+    if (r->current != NULL) {
+        Cycle *c = (Cycle *)r->current;
+        c->closed = 1;
+        Slot *s = slot_of(c);
+        if (owns(c, s))
+            s->state = SLOT_VOID;
+        Py_CLEAR(r->current);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyGetSetDef Ring_getset[] = {
+    {"current", (getter)Ring_get_current, NULL, "the open cycle, or None", NULL},
+    {"record_fn", (getter)Ring_get_record_fn, (setter)Ring_set_record_fn, NULL, NULL},
+    {"stream", (getter)Ring_get_stream, (setter)Ring_set_stream, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef Ring_members[] = {
+    {"enabled", T_INT, offsetof(Ring, enabled), 0, NULL},
+    {"sampling", T_INT, offsetof(Ring, sampling), 0, NULL},
+    {"interval", T_LONGLONG, offsetof(Ring, interval), 0, NULL},
+    {"clock_try_at", T_LONGLONG, offsetof(Ring, clock_try_at), 0, NULL},
+    {"wake_at", T_PYSSIZET, offsetof(Ring, wake_at), 0, NULL},
+    {"tick", T_LONGLONG, offsetof(Ring, tick), 0, NULL},
+    {"capacity", T_PYSSIZET, offsetof(Ring, capacity), READONLY, NULL},
+    {"begun", T_LONGLONG, offsetof(Ring, begun), READONLY, NULL},
+    {"enqueued", T_LONGLONG, offsetof(Ring, enqueued), READONLY, NULL},
+    {"dropped_queue_full", T_LONGLONG, offsetof(Ring, dropped_queue_full), READONLY, NULL},
+    {"discarded", T_LONGLONG, offsetof(Ring, discarded), READONLY, NULL},
+    {"copy_ns", T_LONGLONG, offsetof(Ring, copy_ns), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef Ring_methods[] = {
+    {"begin", (PyCFunction)(void (*)(void))Ring_begin, METH_FASTCALL | METH_KEYWORDS,
+     "Start a cycle (and its first phase); returns its handle."},
+    {"pending", (PyCFunction)Ring_pending, METH_O, NULL},
+    {"drain", (PyCFunction)(void (*)(void))Ring_drain, METH_FASTCALL, NULL},
+    {"clear_queue", (PyCFunction)Ring_clear_queue, METH_NOARGS, NULL},
+    {"take_dropped", (PyCFunction)Ring_take_dropped, METH_NOARGS, NULL},
+    {"forget_current", (PyCFunction)Ring_forget_current, METH_NOARGS, NULL},
+    {"queued", (PyCFunction)Ring_len, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods Ring_as_sequence = {
+    .sq_length = (lenfunc)Ring_sq_len,
+};
+
+static PyTypeObject RingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "specobs._core.Ring",
+    .tp_basicsize = sizeof(Ring),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The native hot path's ring of cycle slots (see specobs/_ring.py).",
+    .tp_traverse = (traverseproc)Ring_traverse,
+    .tp_clear = (inquiry)Ring_clear,
+    .tp_dealloc = (destructor)Ring_dealloc,
+    .tp_init = (initproc)Ring_init,
+    .tp_new = PyType_GenericNew,
+    .tp_methods = Ring_methods,
+    .tp_members = Ring_members,
+    .tp_getset = Ring_getset,
+    .tp_as_sequence = &Ring_as_sequence,
+};
+
+static PyObject *
+core_perf_counter_ns(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromLongLong(now_ns());
+}
+
+static PyMethodDef core_methods[] = {
+    {"now_ns", core_perf_counter_ns, METH_NOARGS,
+     "The clock the ring stamps with (CLOCK_MONOTONIC, time.perf_counter_ns on Linux)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT, "specobs._core",
+    "The native hot path: a ring of cycle slots written by C methods (see specobs/_ring.py).",
+    -1, core_methods, NULL, NULL, NULL, NULL,
+};
+
+#define INTERN(var, text)                                                                    \
+    do {                                                                                     \
+        var = PyUnicode_InternFromString(text);                                              \
+        if (var == NULL)                                                                     \
+            return NULL;                                                                     \
+    } while (0)
+
+PyMODINIT_FUNC
+PyInit__core(void)
+{
+    INTERN(s_misuse, "misuse");
+    INTERN(s_misuse_mark, "misuse_mark");
+    INTERN(s_misuse_end, "misuse_end");
+    INTERN(s_internal_error, "internal_error");
+    INTERN(s_queue_full, "queue_full");
+    INTERN(s_wake, "wake");
+    INTERN(s_sample, "sample");
+    INTERN(s_try_clock, "try_clock");
+    INTERN(s_copy_to_host, "copy_to_host");
+    INTERN(s_tolist, "tolist");
+    INTERN(s_is_cuda, "is_cuda");
+    INTERN(s_numel, "numel");
+    INTERN(s_draft_length, "draft_length");
+    INTERN(s_batch_size, "batch_size");
+    INTERN(s_emitted, "emitted");
+    INTERN(s_event, "event");
+    INTERN(m_begin_open, "begin() while the previous cycle was open; the open cycle was "
+                         "discarded (an observer belongs to one engine thread: configure one "
+                         "per thread)");
+    INTERN(m_end_twice, "end() on a cycle that already ended");
+    INTERN(m_accept_closed, "accept() after the cycle ended");
+    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&CycleType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&core_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&RingType);
+    if (PyModule_AddObject(m, "Ring", (PyObject *)&RingType) < 0) {
+        Py_DECREF(&RingType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&CycleType);
+    if (PyModule_AddObject(m, "Cycle", (PyObject *)&CycleType) < 0) {
+        Py_DECREF(&CycleType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

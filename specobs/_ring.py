@@ -1,0 +1,722 @@
+"""The hot path's ring of cycle slots, in pure Python: the specification of ``specobs/_core.c``.
+
+Both implement the same two types with the same behaviour (tests/test_ring.py runs random
+cycle streams through both and requires identical chunks and counters); :data:`Ring` is the
+native one where it was built, this one elsewhere (no compiler at install time, another
+interpreter, another OS). ``specobs_info{core}`` says which one runs.
+
+**The worker's side.** ``Ring.begin(batch_size)`` takes the open slot, stamps it and returns a
+:class:`Cycle` handle; ``Cycle.mark(phase)`` / ``accept(...)`` / ``end()`` write into that slot:
+integer nanoseconds, the batch size, and the acceptance as per-sequence lengths with their sum
+(lists, tuples, integer buffers such as numpy arrays, and whatever ``tolist()`` turns into a
+list of ints in 0..k). Anything else is kept as the object, for the resolver to validate with
+:mod:`specobs._acceptance` (a CUDA tensor: the recorder's copy in flight). What is rare goes to
+the recorder (``slow``, :class:`specobs._recorder.Recorder`): misuse, which it counts and
+logs; a sampled cycle's CUDA events (``slow.sample(t)``); a clock that may start
+(``slow.try_clock(index)``); the queue running full (``queue_full``, ``wake``).
+
+**Slots.** ``capacity`` ended cycles wait in ``[tail, head)``; the open cycle writes slot
+``head``, never one still waiting. When a cycle ends in a full ring the oldest waiting one is
+dropped and counted (``dropped_queue_full``), its events handed back through
+:meth:`Ring.take_dropped`.
+
+**Handles.** The handle of the last ended cycle is kept and reused by the next ``begin`` only if
+nobody else holds it (its reference count), so a steady loop creates no object per cycle and a
+handle kept after ``end()`` stays closed: its calls are counted as misuse and never touch a
+later cycle.
+
+**The resolver's side.** ``pending(limit)`` lists the first ``limit`` waiting cycles that hold
+events (the resolver asks the clock which completed) and the index bound of those ``limit``;
+``drain(bound, limit, trace, slow_ns, want_all)`` consumes the waiting cycles below ``bound`` and
+returns one chunk: host-clock histograms per phase and per cycle, the acceptance counted by
+length, batch sizes bucketed, and *details* -- the few cycles that need Python (events, a copy,
+values kept as objects, traced, or every cycle when a sink wants them all).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from specobs import _bucketing
+
+__all__ = ["NATIVE", "Chunk", "Cycle", "Detail", "PyCycle", "PyRing", "Ring"]
+
+#: Most sequences one accept() stores in the slot; more are validated by the resolver.
+NATIVE_MAX_SEQ = 65536
+NSPARES = 4
+MAX_BATCH = 1 << 31
+MAX_PHASES = 16
+_INT_FORMATS = frozenset("bBhHiIlLqQ")
+_INT_ONLY = {int}
+_perf = time.perf_counter_ns
+#: Slot states: reserved by begin() (open), ended and waiting (done), or not a cycle (void:
+#: discarded, begun in graph capture, drained). The resolver drains done slots in order, passes
+#: void ones and stops at an open one.
+OPEN, DONE, VOID = 1, 2, 3
+_getrefcount = getattr(sys, "getrefcount", None)
+
+#: (index, stamps, batch, events, cost ns, acceptance, draft length, emitted, copy, native,
+#: traced): a cycle the resolver finishes in Python. ``native`` is 1 when the acceptance was
+#: stored by the ring (``acceptance`` is then the list of lengths, already in the chunk's
+#: totals), 0 when it is the object the caller gave (or ``None``) for the resolver to validate.
+Detail = tuple[int, list[int], Any, Any, int, Any, Any, Any, Any, int, int]
+#: (cycles, host [(counts, sum ns)] per phase then the cycle, sum of cycle ns, last end stamp,
+#: sequences per accepted length, accepted, drafted, emitted, {draft length: sequences},
+#: batch sizes (counts, sum), batch sizes counted, details).
+Chunk = tuple[
+    int, list[tuple[list[int], int]], int, int | None, list[int], int, int, int,
+    dict[int, int], tuple[list[int], int], int, list[Detail],
+]
+
+
+def _columns(compiled: Any, reference: Any, *args: Any) -> Any:
+    """``compiled(*args)``, or the reference's answer if it refused something."""
+    try:
+        return compiled(*args)
+    except Exception:
+        return reference(*args)
+
+
+class _Slot:
+    __slots__ = (
+        "acc", "accsum", "batch", "batch_obj", "copy", "cost", "draft", "emitted",
+        "ev", "has_obj_acc", "idx", "k", "lens", "nseq", "state", "ts",
+    )
+
+    def __init__(self) -> None:
+        self.ts: list[int] = []
+        self.idx = 0
+        self.cost = 0
+        self.batch = -1
+        self.accsum = 0
+        self.k = 0
+        self.nseq = -1
+        self.lens: list[int] = []
+        self.state = VOID
+        self.ev: Any = None
+        self.copy: Any = None
+        self.acc: Any = None
+        self.draft: Any = None
+        self.emitted: Any = None
+        self.batch_obj: Any = None
+        self.has_obj_acc = False
+
+    def clear_objs(self) -> None:
+        self.acc = self.draft = self.emitted = self.batch_obj = None
+
+
+def _exact_int_in(o: Any, lo: int, hi: int) -> int | None:
+    if type(o) is int and lo <= o <= hi:
+        return o
+    return None
+
+
+def _set_batch(s: _Slot, b: Any) -> None:
+    v = _exact_int_in(b, 0, MAX_BATCH)
+    if v is not None:
+        s.batch = v
+        s.batch_obj = None
+    else:
+        s.batch = -1
+        s.batch_obj = b
+
+
+def _store_lengths(s: _Slot, seq: list[int] | tuple[int, ...], k: int) -> bool:
+    """Store exact ints in 0..k (checked with C-level builtins: no Python work per value)."""
+    n = len(seq)
+    if n > NATIVE_MAX_SEQ:
+        return False
+    if n and (set(map(type, seq)) != _INT_ONLY or min(seq) < 0 or max(seq) > k):
+        return False
+    s.lens = list(seq)
+    s.nseq = n
+    s.k = k
+    s.accsum = sum(seq)
+    return True
+
+
+def _store_buffer(s: _Slot, obj: Any, k: int) -> bool:
+    if isinstance(obj, (bytes, bytearray)):
+        return False
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        return False
+    try:
+        fmt = view.format.lstrip("@=<")
+        if (view.ndim != 1 or len(fmt) != 1 or fmt not in _INT_FORMATS
+                or not view.contiguous or len(view) > NATIVE_MAX_SEQ):
+            return False
+        values = view.tolist()
+    finally:
+        view.release()
+    return _store_lengths(s, values, k)
+
+
+class PyCycle:
+    """One speculative decoding cycle in flight. Created by :meth:`Observer.begin`; also a
+    context manager (``with observer.cycle() as c: ...`` ends the cycle on exit)."""
+
+    __slots__ = ("_closed", "_pos", "_ring", "_seq", "index")
+
+    def __init__(self, ring: PyRing, index: int, pos: int) -> None:
+        self._ring = ring
+        self.index = index
+        self._seq = index
+        self._pos = pos
+        self._closed = 0
+
+    def _slot(self) -> _Slot:
+        slots = self._ring._slots
+        return slots[self._pos % len(slots)]
+
+    def _owns(self, s: _Slot) -> bool:
+        """Whether the slot is still this cycle's and open (a call into Python may let another
+        thread close this cycle meanwhile: misuse, an observer is one thread's)."""
+        return s.state == OPEN and s.idx == self._seq
+
+    def mark(self, phase: str) -> None:
+        """End the running phase and start ``phase`` (the next one in the configured order)."""
+        r = self._ring
+        t = r._now()
+        if self._closed:
+            r._call(r.slow.misuse_mark, True, phase, None)
+            return
+        slots = r._slots
+        s = slots[self._pos % len(slots)]
+        i = len(s.ts)
+        try:
+            ok = i < r.nph and (r.phases[i] is phase or r.phases[i] == phase)
+        except Exception as exc:
+            r._internal(exc)
+            return
+        if ok and (self._closed or not self._owns(s) or len(s.ts) != i):
+            return  # closed meanwhile by another thread's begin (counted there)
+        if not ok:
+            r._call(r.slow.misuse_mark, False, phase, i)
+            return
+        s.ts.append(t)
+        if s.ev is not None:
+            r._record(s, i, t)
+
+    def accept(
+        self,
+        accepted: Any,
+        *,
+        draft_length: Any = None,
+        batch_size: Any = None,
+        emitted: Any = None,
+    ) -> None:
+        """Record acceptance for this cycle (see :meth:`specobs.Observer.accept`)."""
+        r = self._ring
+        if self._closed:
+            r._misuse("bad_acceptance", "accept() after the cycle ended")
+            return
+        s = self._slot()
+        if not self._owns(s):
+            return
+        if batch_size is not None:
+            _set_batch(s, batch_size)
+        s.nseq = -1
+        s.has_obj_acc = False
+        s.acc = s.draft = s.emitted = None
+        if s.copy is not None:
+            r.dropped.append((None, s.copy))
+            s.copy = None
+        k: int | None = r.k_max if draft_length is None else _exact_int_in(
+            draft_length, 0, r.k_max)
+        values: Any = None
+        seq: Any = None
+        try:
+            if type(accepted) is list or type(accepted) is tuple:
+                seq = accepted
+            else:
+                if k is not None and emitted is None and _store_buffer(s, accepted, k):
+                    return
+                try:
+                    cuda = bool(getattr(accepted, "is_cuda", False))
+                except Exception:
+                    cuda = False
+                if not self._owns(s) or self._closed:
+                    return
+                if cuda:
+                    s.draft = draft_length
+                    s.emitted = emitted
+                    r._accept_cuda(self, s, accepted)
+                    return
+                tolist = getattr(accepted, "tolist", None)
+                if tolist is not None:
+                    values = tolist()
+                    if not self._owns(s) or self._closed:
+                        return
+                    if type(values) is list:
+                        seq = values
+            if seq is not None and k is not None and emitted is None:
+                if _store_lengths(s, seq, k):
+                    return
+            if values is not None:
+                keep = values
+            elif seq is not None:
+                keep = list(seq)
+            else:
+                keep = accepted
+        except Exception as exc:
+            r._internal(exc)
+            return
+        s.acc = keep
+        s.has_obj_acc = True
+        s.draft = draft_length
+        s.emitted = emitted
+
+    def end(self) -> None:
+        """End the last phase and hand the cycle to the resolver."""
+        r = self._ring
+        t = r._now()
+        if self._closed:
+            r._misuse("end_without_begin", "end() on a cycle that already ended")
+            return
+        self._closed = 1
+        if r._current is self:
+            r._close_current()
+        slots = r._slots
+        s = slots[self._pos % len(slots)]
+        if s.state != OPEN or s.idx != self._seq:
+            return  # discarded already (and counted)
+        if self.index < 0:
+            s.state = VOID  # begun in CUDA graph capture: counted when it began
+            return
+        if len(s.ts) != r.nph:
+            r._discard(s)
+            r._call(r.slow.misuse_end, len(s.ts))
+            return
+        s.ts.append(t)
+        if s.ev is not None:
+            r._record(s, r.nph, t)
+        if s.state != OPEN or s.idx != self._seq:
+            return  # dropped while the event was recorded (counted there)
+        s.state = DONE
+        r.enqueued += 1
+        r._waiting += 1
+        if r._waiting >= r.wake_at:
+            r._call(r.slow.wake)
+
+    def __enter__(self) -> PyCycle:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            if not self._closed:
+                r = self._ring
+                self._closed = 1
+                if r._current is self:
+                    r._close_current()
+                s = self._slot()
+                if self._owns(s):
+                    r._discard(s)
+            return
+        if not self._closed:
+            self.end()
+
+
+class PyRing:
+    """See the module's docstring; ``specobs/_core.c``'s ``Ring`` is the same in C."""
+
+    def __init__(
+        self,
+        slow: Any,
+        phases: tuple[str, ...],
+        capacity: int,
+        max_draft_length: int,
+        wake_at: int,
+        duration_bounds: Sequence[float],
+        batch_bounds: Sequence[float],
+        null_cycle: Any,
+    ) -> None:
+        if not 1 <= len(phases) <= MAX_PHASES:
+            raise ValueError(f"between 1 and {MAX_PHASES} phases, got {len(phases)}")
+        if capacity < 1 or not 0 <= max_draft_length <= 255:
+            raise ValueError("capacity >= 1 and 0 <= max_draft_length <= 255")
+        self.slow = slow
+        self.phases = tuple(phases)
+        self.nph = len(phases)
+        self.capacity = capacity
+        self._slots = [_Slot() for _ in range(capacity + 1)]
+        self._head = 0
+        self._tail = 0
+        self.k_max = max_draft_length
+        self.wake_at = wake_at
+        self._db = list(map(float, duration_bounds))
+        self._bb = list(map(float, batch_bounds))
+        for b in (self._db, self._bb):
+            if any(not y > x for x, y in itertools.pairwise(b)):
+                raise ValueError("bounds must be strictly increasing")
+        self.null_cycle = null_cycle
+        self.enabled = 1
+        self.sampling = 0
+        self.interval = 1
+        self.clock_try_at = -1
+        self.begun = 0
+        self.enqueued = 0
+        self.dropped_queue_full = 0
+        self.discarded = 0
+        self.copy_ns = 0
+        self.record_fn: Any = None
+        self.stream: Any = None
+        self._waiting = 0
+        #: Tests: a clock advancing ``tick`` ns per read instead of ``perf_counter_ns`` (0).
+        self._now: Any = _perf
+        self._tick = 0
+        self._fake_now = 0
+        self._current: PyCycle | None = None
+        #: Closed handles kept for reuse (see ``close_current`` in specobs/_core.c).
+        self._spares: list[PyCycle | None] = [None] * NSPARES
+        self.dropped: list[tuple[Any, Any]] = []
+
+    # -- helpers ---------------------------------------------------------------------------------
+    @property
+    def current(self) -> PyCycle | None:
+        return self._current
+
+    @property
+    def tick(self) -> int:
+        return self._tick
+
+    @tick.setter
+    def tick(self, value: int) -> None:
+        self._tick = int(value)
+        if not self._tick:
+            self._now = _perf
+            return
+
+        def counting() -> int:
+            self._fake_now += self._tick
+            return self._fake_now
+
+        self._now = counting
+
+    def _internal(self, exc: BaseException) -> None:
+        try:
+            self.slow.internal_error(exc)
+        except Exception:
+            pass
+
+    def _call(self, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:
+            self._internal(exc)
+
+    def _misuse(self, kind: str, message: str) -> None:
+        self._call(self.slow.misuse, kind, message)
+
+    def _record(self, s: _Slot, i: int, t: int) -> None:
+        try:
+            self.record_fn(s.ev[i], self.stream)
+            s.cost += self._now() - t
+        except Exception as exc:
+            self._internal(exc)
+
+    def _drop_held(self, s: _Slot) -> None:
+        if s.ev is None and s.copy is None:
+            return
+        self.dropped.append((s.ev, s.copy))
+        s.ev = s.copy = None
+
+    def _discard(self, s: _Slot) -> None:
+        self.discarded += 1
+        s.state = VOID
+        self._drop_held(s)
+
+    def _close_current(self) -> None:
+        cur = self._current
+        self._current = None
+        if cur is None:
+            return
+        spares = self._spares
+        at = NSPARES - 1
+        for i in range(NSPARES):
+            # Held by the list and getrefcount's argument only: free for reuse.
+            if spares[i] is None or _getrefcount is None or _getrefcount(spares[i]) > 2:
+                at = i
+                break
+        spares[at] = cur
+
+    def _take_spare(self) -> PyCycle | None:
+        spares = self._spares
+        if _getrefcount is None:
+            return None
+        for i in range(NSPARES):
+            if spares[i] is not None and _getrefcount(spares[i]) == 2:
+                c = spares[i]
+                spares[i] = None
+                return c
+        return None
+
+    def _make_room(self) -> bool:
+        """Drop the oldest slots while the ring holds ``capacity``; whether a done cycle was
+        dropped (see ``make_room`` in specobs/_core.c)."""
+        dropped = False
+        slots = self._slots
+        while self._head - self._tail >= self.capacity:
+            old = slots[self._tail % len(slots)]
+            if old.state == DONE:
+                self.dropped_queue_full += 1
+                self._waiting -= 1
+                dropped = True
+            elif old.state == OPEN:
+                self.dropped_queue_full += 1
+            old.state = VOID
+            self._drop_held(old)
+            old.clear_objs()
+            self._tail += 1
+        return dropped
+
+    def _accept_cuda(self, c: PyCycle, s: _Slot, tensor: Any) -> None:
+        t = self._now()
+        try:
+            copy = self.slow.copy_to_host(tensor)
+        except Exception as exc:
+            self.copy_ns += self._now() - t
+            self._internal(exc)
+            return
+        self.copy_ns += self._now() - t
+        if not c._owns(s) or c._closed:
+            if copy is not None:
+                self.dropped.append((None, copy))
+            return
+        if copy is None:
+            if s.batch < 0 and s.batch_obj is None:
+                try:
+                    n = tensor.numel()
+                except Exception:
+                    n = None
+                v = _exact_int_in(n, 0, MAX_BATCH)
+                if v is not None:
+                    s.batch = v
+            return
+        s.copy = copy
+        s.has_obj_acc = True
+
+    # -- the worker's side -----------------------------------------------------------------------
+    def begin(self, batch_size: Any = None) -> Any:
+        """Start a cycle (and its first phase); returns its handle."""
+        t = self._now()
+        if not self.enabled:
+            return self.null_cycle
+        was_open = False
+        cur = self._current
+        if cur is not None:
+            cur._closed = 1
+            old = cur._slot()
+            if cur._owns(old):
+                self._discard(old)
+            self._close_current()
+            was_open = True
+        full = self._make_room()
+        slots = self._slots
+        pos = self._head
+        s = slots[pos % len(slots)]
+        self._head = pos + 1
+        s.clear_objs()
+        s.ev = s.copy = None
+        s.state = OPEN
+        s.ts = [t]
+        s.nseq = -1
+        s.has_obj_acc = False
+        s.batch = -1
+        s.cost = 0
+        idx = self.begun
+        self.begun = idx + 1
+        s.idx = idx
+        if batch_size is not None:
+            _set_batch(s, batch_size)
+        spare = self._take_spare()
+        if spare is not None:
+            c = spare
+            c.index = c._seq = idx
+            c._pos = pos
+            c._closed = 0
+        else:
+            c = PyCycle(self, idx, pos)
+        self._current = c
+        if was_open:
+            self._misuse("begin_while_open", "begin() while the previous cycle was open; the "
+                         "open cycle was discarded (an observer belongs to one engine thread: "
+                         "configure one per thread)")
+        if full:
+            self._call(self.slow.queue_full)
+        if not self.sampling and self.clock_try_at >= 0 and idx >= self.clock_try_at:
+            self._call(self.slow.try_clock, idx)
+        if self.sampling and idx % (self.interval if self.interval > 0 else 1) == 0:
+            try:
+                ev = self.slow.sample(t)
+            except Exception as exc:
+                self._internal(exc)
+                ev = None
+            if not c._owns(s) or c._closed:
+                if type(ev) is list:
+                    self.dropped.append((ev, None))
+            elif ev is False:
+                c.index = -1
+            elif type(ev) is list and len(ev) == self.nph + 1:
+                s.ev = ev
+                s.cost = self._now() - t
+        return c
+
+    # -- the resolver's side ---------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._waiting
+
+    def queued(self) -> int:
+        return self._waiting
+
+    def pending(self, limit: int) -> tuple[list[tuple[int, Any, Any]], int]:
+        held: list[tuple[int, Any, Any]] = []
+        bound = n = 0
+        slots = self._slots
+        ns = len(slots)
+        for p in range(self._tail, self._head):
+            if n >= limit:
+                break
+            s = slots[p % ns]
+            if s.state == VOID:
+                continue
+            if s.state != DONE:
+                break
+            n += 1
+            bound = s.idx + 1
+            if s.ev is not None or s.copy is not None:
+                held.append((s.idx, s.ev, s.copy))
+        return held, bound
+
+    def drain(
+        self, bound: int, limit: int, trace: list[int], slow_ns: int, want_all: bool
+    ) -> Chunk:
+        if type(trace) is not list:
+            raise TypeError("trace must be a list of cycle indices")
+        nph = self.nph
+        w = self.k_max + 1
+        tss: list[list[int]] = []
+        lens: list[list[int]] = []
+        batches: list[int] = []
+        kseq: dict[int, int] = {}
+        accepted = drafted = emitted = 0
+        n = ti = 0
+        nt = len(trace)
+        details: list[Detail] = []
+        slots = self._slots
+        ns = len(slots)
+        while self._tail != self._head and n < limit:
+            s = slots[self._tail % ns]
+            if s.state == VOID:
+                self._drop_held(s)
+                s.clear_objs()
+                self._tail += 1
+                continue
+            if s.state != DONE or s.idx >= bound:
+                break
+            ts = s.ts
+            tss.append(ts)
+            nseq = s.nseq
+            if nseq >= 0:
+                lens.append(s.lens)
+                accepted += s.accsum
+                drafted += s.k * nseq
+                emitted += s.accsum + nseq
+                kseq[s.k] = kseq.get(s.k, 0) + nseq
+            py_batch = s.batch_obj is not None or s.has_obj_acc
+            if not py_batch:
+                b = s.batch if s.batch >= 0 else nseq
+                if b >= 0:
+                    batches.append(b)
+            traced = 0
+            while ti < nt:
+                want = trace[ti]
+                if want > s.idx:
+                    break
+                ti += 1
+                if want == s.idx:
+                    traced = 1
+            if slow_ns >= 0 and s.ev is None and ts[nph] - ts[0] >= slow_ns:
+                traced = 1
+            if (want_all or traced or py_batch or s.ev is not None or s.copy is not None
+                    or s.acc is not None or s.emitted is not None):
+                native = nseq >= 0
+                batch = s.batch_obj if s.batch_obj is not None else (
+                    s.batch if s.batch >= 0 else None)
+                details.append((
+                    s.idx, list(ts), batch, s.ev, s.cost,
+                    list(s.lens) if native else s.acc,
+                    s.k if native else s.draft,
+                    s.emitted, s.copy, int(native), traced,
+                ))
+            s.ev = s.copy = None
+            s.clear_objs()
+            s.state = VOID
+            self._tail += 1
+            self._waiting -= 1
+            n += 1
+        # By columns, with the resolver's bucketing (compiled where built; the same answers).
+        if tss:
+            hl, total = _columns(_bucketing.host_chunk, _bucketing.host_chunk_py,
+                                 tss, nph, self._db)
+        else:
+            hl, total = [([0] * (len(self._db) + 1), 0) for _ in range(nph + 1)], 0
+        lcounts = (_columns(_bucketing.count_lengths, _bucketing.count_lengths_py,
+                            lens, self.k_max, w) if lens else [0] * w)
+        bucketed = _columns(_bucketing.bucket, _bucketing.bucket_py, batches, self._bb, 1.0)
+        return (n, [(list(c), int(t)) for c, t in hl], total, tss[-1][nph] if tss else None,
+                list(lcounts), accepted, drafted, emitted, {k: kseq[k] for k in sorted(kseq)},
+                (list(bucketed[0]), bucketed[1]), len(batches), details)
+
+    def clear_queue(self) -> int:
+        n = 0
+        slots = self._slots
+        while self._tail != self._head:
+            s = slots[self._tail % len(slots)]
+            if s.state == DONE:
+                n += 1
+            s.state = VOID  # an open cycle's end() finds its slot gone
+            self._drop_held(s)
+            s.clear_objs()
+            self._tail += 1
+        self._waiting = 0
+        return n
+
+    def take_dropped(self) -> list[tuple[Any, Any]]:
+        out = self.dropped
+        self.dropped = []
+        return out
+
+    def forget_current(self) -> None:
+        cur = self._current
+        if cur is not None:
+            cur._closed = 1
+            s = cur._slot()
+            if cur._owns(s):
+                s.state = VOID
+            self._current = None
+
+
+try:
+    from specobs._core import Cycle as _NativeCycle
+    from specobs._core import Ring as _NativeRing
+
+    #: Whether the native ring runs: built, and not switched off with ``SPECOBS_CORE=python``
+    #: (read once, at import: for comparing the two and for running the suite on the twin).
+    NATIVE = os.environ.get("SPECOBS_CORE", "").strip().lower() != "python"
+except ImportError:  # not built (no compiler at install time, another interpreter or OS)
+    NATIVE = False
+
+#: Whether the native ring was built (whatever ``SPECOBS_CORE`` says).
+BUILT = "_NativeRing" in globals()
+#: The ring and handle types in use.
+Ring: Any = _NativeRing if NATIVE else PyRing
+Cycle: Any = _NativeCycle if NATIVE else PyCycle
+#: The native types where built (for the differential test), else the twin's.
+NativeRing: Any = _NativeRing if BUILT else PyRing

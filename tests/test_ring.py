@@ -1,0 +1,368 @@
+"""The native ring (specobs/_core.c) against its specification (specobs/_ring.py).
+
+Random cycle streams -- every kind of accept() input, misuse, exceptions inside a cycle, a full
+ring, sampled cycles with events, CUDA copies, graph capture, traced and slow cycles, drains at
+random points, clearing as after fork -- go through both implementations with the same fake
+clock (``tick``: every clock read advances a counter), and every chunk, every detail, every
+counter and every call into the recorder must be identical.
+"""
+
+from __future__ import annotations
+
+import array
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+try:
+    import torch
+except ImportError:  # the sanitizer run (tests/test_core_memory.py) leaves torch out
+    torch = None
+
+from specobs import _ring, catalog
+from specobs._recorder import NULL_CYCLE
+
+pytestmark = pytest.mark.skipif(not _ring.BUILT, reason="the native core is not built here")
+
+PHASES = ("draft", "verify", "bookkeeping")
+K_MAX = 6
+
+
+class FakeCuda:
+    """A tensor that says it is on a GPU (the recorder's copy_to_host is the slow path)."""
+
+    is_cuda = True
+
+    def __init__(self, values: list[int]) -> None:
+        self.values = values
+
+    def numel(self) -> int:
+        return len(self.values)
+
+
+class Copy:
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.event = ("copy", n)
+
+    def __repr__(self) -> str:
+        return f"Copy({self.n})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Copy) and other.n == self.n
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Slow:
+    """The recorder's side of the ring, recording every call in order."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.rng = rng
+        self.events = 0
+        self.copies = 0
+        self.ring: Any = None
+
+    def misuse(self, kind: str, message: Any) -> None:
+        self.calls.append(("misuse", kind))
+
+    def misuse_mark(self, closed: bool, phase: Any, reached: Any) -> None:
+        self.calls.append(("misuse_mark", bool(closed), repr(phase), reached))
+
+    def misuse_end(self, reached: int) -> None:
+        self.calls.append(("misuse_end", reached))
+
+    def internal_error(self, exc: BaseException) -> None:
+        self.calls.append(("internal", type(exc).__name__))
+
+    def queue_full(self) -> None:
+        self.calls.append(("queue_full",))
+
+    def wake(self) -> None:
+        self.calls.append(("wake",))
+
+    def try_clock(self, idx: int) -> None:
+        self.calls.append(("try_clock", idx))
+        self.ring.clock_try_at = idx + 3
+        if self.rng.random() < 0.3:
+            self.ring.sampling = 1
+            self.ring.clock_try_at = -1
+
+    def sample(self, t: int) -> Any:
+        self.calls.append(("sample", t))
+        u = self.rng.random()
+        if u < 0.1:
+            return False  # graph capture
+        if u < 0.2:
+            return None  # pool dry
+        self.events += 1
+        ev = [("ev", self.events, i) for i in range(len(PHASES) + 1)]
+        self.ring.record_fn(ev[0], self.ring.stream)
+        return ev
+
+    def copy_to_host(self, tensor: Any) -> Any:
+        self.calls.append(("copy", len(tensor.values)))
+        if self.rng.random() < 0.3:
+            return None
+        self.copies += 1
+        return Copy(self.copies)
+
+
+def _record(ev: Any, stream: Any) -> None:
+    pass
+
+
+def make(kind: str, seed: int, capacity: int) -> tuple[Any, Slow]:
+    slow = Slow(random.Random(seed))
+    cls = _ring.NativeRing if kind == "native" else _ring.PyRing
+    ring = cls(slow, PHASES, capacity, K_MAX, 3, catalog.DURATION_BUCKETS_SECONDS,
+               catalog.BATCH_SIZE_BUCKETS, NULL_CYCLE)
+    slow.ring = ring
+    ring.tick = 997  # ns per clock read: durations cross bucket bounds as the stream goes on
+    ring.record_fn = _record
+    ring.stream = "stream"
+    return ring, slow
+
+
+def acceptance_input(rng: random.Random) -> tuple[Any, dict[str, Any]]:
+    """Something a caller may pass to accept(), good or bad, with keywords."""
+    n = rng.choice([0, 1, 3, 8])
+    k = rng.choice([None, None, 2, 4, K_MAX, K_MAX + 3, -1])
+    top = K_MAX if k is None else max(0, k)
+    vals = [rng.randint(0, top) for _ in range(n)]
+    if rng.random() < 0.1 and vals:
+        vals[rng.randrange(n)] = rng.choice([top + 1, -1, True, 2.0, 2.5, "1", None, 1 << 70])
+    form = rng.choice(["list", "list", "tuple", "np64", "np32", "npbool", "npfloat", "array",
+                       "tensor", "cuda", "range", "scalar", "object", "bytes"])
+    kw: dict[str, Any] = {}
+    if k is not None:
+        kw["draft_length"] = k
+    if rng.random() < 0.1:
+        kw["draft_length"] = [top] * n
+    if rng.random() < 0.1:
+        kw["emitted"] = n + 1
+    if rng.random() < 0.2:
+        kw["batch_size"] = rng.choice([n, 16, 0, -3, True, 2.0, "8", 1 << 40])
+    clean = all(type(v) is int for v in vals)
+    if form == "tuple":
+        return tuple(vals), kw
+    if form in ("np64", "np32") and clean and all(0 <= v < 1 << 31 for v in vals):
+        return np.array(vals, dtype=np.int64 if form == "np64" else np.int32), kw
+    if form == "npbool" and clean:
+        return np.array([bool(v) for v in vals], dtype=bool), kw
+    if form == "npfloat" and clean:
+        return np.array(vals, dtype=np.float64), kw
+    if form == "array" and clean and all(0 <= v < 1 << 62 for v in vals):
+        return array.array("q", vals), kw
+    if form == "tensor" and torch is not None and clean and all(abs(v) < 1 << 31 for v in vals):
+        return torch.tensor(vals, dtype=torch.int64), kw
+    if form == "cuda" and clean:
+        return FakeCuda(vals), kw
+    if form == "range":
+        return range(n), kw
+    if form == "scalar":
+        return rng.choice([3, np.int64(2)]), kw
+    if form == "object":
+        return object(), kw
+    if form == "bytes":
+        return bytes(min(max(v, 0), 255) for v in vals if type(v) is int), kw
+    return vals, kw
+
+
+def normalise(x: Any) -> Any:
+    """Chunks with what the caller passed replaced by comparable values."""
+    if isinstance(x, (list, tuple)):
+        return type(x)(normalise(v) for v in x)
+    if isinstance(x, dict):
+        return {k: normalise(v) for k, v in x.items()}
+    if isinstance(x, np.ndarray):
+        return ("ndarray", x.dtype.str, x.tolist())
+    if torch is not None and isinstance(x, torch.Tensor):
+        return ("tensor", x.tolist())
+    if isinstance(x, array.array):
+        return ("array", x.tolist())
+    if isinstance(x, (FakeCuda, range)) or type(x) is object:
+        return ("obj", type(x).__name__)
+    return x
+
+
+def run_stream(kind: str, seed: int) -> list[Any]:
+    rng = random.Random(seed)
+    capacity = rng.choice([4, 16, 64])
+    ring, slow = make(kind, seed, capacity)
+    if rng.random() < 0.5:
+        ring.sampling = 1
+        ring.interval = rng.choice([1, 2, 5])
+    else:
+        ring.clock_try_at = 0
+    log: list[Any] = []
+    handles: list[Any] = []
+    for step in range(400):
+        u = rng.random()
+        c = handles[-1] if handles else None
+        if u < 0.15 or c is None:
+            b = rng.choice([None, None, 4, 8, True, -1, 2.5])
+            c = ring.begin(b) if b is not None else ring.begin()
+            handles = [*handles[-3:], c]
+        elif u < 0.45:
+            phase = rng.choice([*PHASES[1:], *PHASES[1:], "draft", "nope", 3, None])
+            rng.choice(handles).mark(phase) if rng.random() < 0.1 else c.mark(phase)
+        elif u < 0.6:
+            acc, kw = acceptance_input(rng)
+            c.accept(acc, **kw)
+        elif u < 0.75:
+            rng.choice(handles).end() if rng.random() < 0.1 else c.end()
+        elif u < 0.8:
+            try:
+                with c:
+                    if rng.random() < 0.5:
+                        raise RuntimeError("engine failure")
+            except RuntimeError:
+                pass
+        elif u < 0.83:
+            # A whole well-formed cycle as an engine runs it.
+            with ring.begin(8) as cc:
+                cc.mark("verify")
+                cc.mark("bookkeeping")
+                cc.accept([rng.randint(0, 4) for _ in range(8)], draft_length=4)
+        elif u < 0.95:
+            held, bound = ring.pending(rng.choice([1, 4, 32]))
+            if held and rng.random() < 0.5:
+                bound = held[rng.randrange(len(held))][0]  # that one has not completed
+            trace = sorted(rng.sample(range(max(bound, 1)), min(3, max(bound, 1))))
+            out = ring.drain(bound, rng.choice([2, 8, 1000]), trace,
+                             rng.choice([-1, 5000, 3 * 997]), rng.random() < 0.2)
+            log.append(("pending", normalise(held), bound))
+            log.append(("drain", normalise(out)))
+        elif u < 0.97:
+            log.append(("dropped", normalise(ring.take_dropped())))
+        elif u < 0.98:
+            log.append(("clear", ring.clear_queue()))
+            ring.forget_current()
+        else:
+            ring.interval = rng.choice([1, 3])
+        log.append(("counters", step, ring.begun, ring.enqueued, ring.dropped_queue_full,
+                    ring.discarded, ring.copy_ns, len(ring), ring.current is not None))
+    log.append(("final", normalise(ring.drain(1 << 60, 1 << 30, [], -1, True))))
+    log.append(("calls", slow.calls))
+    return log
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_native_ring_equals_its_specification(seed):
+    native = run_stream("native", seed)
+    python = run_stream("python", seed)
+    assert len(native) == len(python)
+    for a, b in zip(native, python, strict=True):
+        assert a == b
+
+
+def test_the_streams_exercise_every_path():
+    """The random streams above reach what they are meant to compare: details of every kind,
+    drops, misuse of every kind, copies and captures (so a test that compares nothing fails)."""
+    seen: set[str] = set()
+    for seed in range(60):
+        for entry in run_stream("native", seed):
+            if entry[0] == "drain":
+                out = entry[1]
+                if out[0]:
+                    seen.add("resolved")
+                for d in out[11]:
+                    seen.add("native-detail" if d[9] else "object-detail")
+                    if d[3] is not None:
+                        seen.add("events")
+                    if d[8] is not None:
+                        seen.add("copy")
+                    if d[10]:
+                        seen.add("traced")
+                if out[8]:
+                    seen.add("acceptance")
+            elif entry[0] == "calls":
+                seen.update(str(c[0]) + (":" + str(c[1]) if c[0] == "misuse" else "")
+                            for c in entry[1])
+            elif entry[0] == "dropped" and entry[1]:
+                seen.add("dropped-held")
+    for want in ("resolved", "native-detail", "object-detail", "events", "copy", "traced",
+                 "acceptance", "misuse_mark", "misuse_end", "queue_full", "wake", "sample",
+                 "try_clock", "misuse:begin_while_open", "misuse:end_without_begin",
+                 "misuse:bad_acceptance", "dropped-held"):
+        assert want in seen, want
+
+
+def test_a_handle_kept_after_end_is_never_reused_and_never_writes():
+    for kind in ("native", "python"):
+        ring, slow = make(kind, 0, 8)
+        kept = ring.begin(4)
+        kept.mark("verify")
+        kept.mark("bookkeeping")
+        kept.end()
+        fresh = ring.begin(4)
+        assert fresh is not kept
+        kept.mark("verify")  # a stale handle: counted, and the open cycle is untouched
+        kept.accept([1, 1, 1, 1], draft_length=4)
+        kept.end()
+        fresh.mark("verify")
+        fresh.mark("bookkeeping")
+        fresh.end()
+        out = ring.drain(1 << 60, 100, [], -1, True)
+        assert out[0] == 2
+        assert [d[5] for d in out[11]] == [None, None]  # no acceptance landed on either
+        assert ("misuse_mark", True, "'verify'", None) in slow.calls
+        assert ("misuse", "end_without_begin") in slow.calls
+        # The handle of a cycle nobody kept is reused: no object per cycle in a steady loop.
+        del kept
+        a = ring.begin()
+        ida = id(a)
+        a.end()
+        del a
+        b = ring.begin()
+        assert id(b) == ida, kind
+
+
+class QuietSlow:
+    """A recorder that is never called in a steady loop (asserted: every call would raise)."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the ring called {name} in a steady loop")
+
+
+@pytest.mark.parametrize("kind", ["native", "python"])
+def test_a_steady_loop_reuses_its_handle_and_slots(kind):
+    """No object per cycle once the ring has wrapped (native: nothing allocated at all; the
+    twin allocates its stamp lists, untracked by the garbage collector)."""
+    import gc
+    import sys
+
+    cls = _ring.NativeRing if kind == "native" else _ring.PyRing
+    ring = cls(QuietSlow(), PHASES, 64, K_MAX, 1 << 20, catalog.DURATION_BUCKETS_SECONDS,
+               catalog.BATCH_SIZE_BUCKETS, NULL_CYCLE)
+    acc = [1, 2, 0, 3, 4, 1, 0, 2]
+
+    def loop(n: int) -> None:
+        for _ in range(n):
+            with ring.begin(8) as c:
+                c.mark("verify")
+                c.mark("bookkeeping")
+                c.accept(acc, draft_length=4)
+            out = ring.drain(1 << 60, 1 << 20, [], -1, False) if ring.queued() >= 32 else None
+            del out
+
+    loop(200)  # every slot used once
+    gc.collect()
+    before = sys.getallocatedblocks()
+    counts = gc.get_count()[0]
+    loop(1)
+    with ring.begin(8) as c:
+        handle = id(c)
+        c.mark("verify")
+        c.mark("bookkeeping")
+    del c
+    loop(5000)
+    assert gc.get_count()[0] - counts < 200  # not one tracked object per cycle (5,000)
+    if kind == "native":
+        assert sys.getallocatedblocks() - before < 20
+    c = ring.begin()
+    assert id(c) == handle  # the same handle, handed out again
