@@ -6,7 +6,72 @@ from specobs.mixin import _rule_tests
 from specobs.mixin._config import MixinConfig
 from specobs.mixin._rules import ALERT_PREFIX, RuleNames, _seconds, alert_rules, history_name
 
-__all__ = ["render"]
+__all__ = ["doctor_entries", "render"]
+
+#: The doctor command an entry shows (``specobs doctor``, docs/diagnosis.md): the alerted
+#: server's own endpoint, read over a window of at least this many cycles.
+DOCTOR_MIN_CYCLES = 200
+
+# alert name (without the prefix) -> which of doctor's findings (or checks) explain it. The codes
+# are those of specobs/tools/_diagnosis.py (tests/test_diagnosis_runbook.py checks each exists).
+_DOCTOR: dict[str, tuple[tuple[str, ...], str]] = {
+    "AcceptanceBelowCohort": (
+        ("SPEC-ACCEPT-COLLAPSE", "SPEC-ACCEPT-FLAT-LOW", "SPEC-ACCEPT-CHAIN-SHORT"),
+        "the acceptance profile tells a draft broken from its first token (wiring, checkpoint, "
+        "tokenizer, sampling) from a weak one",
+    ),
+    "AcceptanceRateDrop": (
+        ("SPEC-RECENT-ACCEPT-DOWN", "SPEC-ACCEPT-COLLAPSE", "SPEC-ACCEPT-FLAT-LOW"),
+        "the size of the drop against the server's lifetime, and the profile's likely cause",
+    ),
+    "DecodeThroughputBelowCohort": (
+        ("SPEC-RECENT-PHASE-SLOWER", "SPEC-RECENT-BOUNDARY-COST", "SPEC-HOST-BOUND",
+         "SPEC-HOST-LOCKSTEP", "SPEC-ACCEPT-COLLAPSE"),
+        "which phase is slow, whether the host holds the GPU back, or whether acceptance is low",
+    ),
+    "CohortThroughputDrop": (
+        ("SPEC-RECENT-THROUGHPUT-DOWN", "SPEC-RECENT-PHASE-SLOWER", "SPEC-RECENT-BOUNDARY-COST",
+         "SPEC-RECENT-ACCEPT-DOWN"),
+        "run it on one server of the cohort: what changed against its lifetime",
+    ),
+    "DecodeThroughputDrop": (
+        ("SPEC-RECENT-THROUGHPUT-DOWN", "SPEC-RECENT-PHASE-SLOWER", "SPEC-RECENT-BOUNDARY-COST",
+         "SPEC-RECENT-SLOWER-ALL", "SPEC-RECENT-ACCEPT-DOWN"),
+        "the drop with its explanation: acceptance, one phase, a cost per boundary, or the "
+        "whole machine",
+    ),
+    "SpeculationSlowerThanBaseline": (
+        ("SPEC-SPEEDUP-LOSS", "SPEC-SPEEDUP-WARMING"),
+        "the reason from the data: acceptance too low for the draft's cost, verify-bound at "
+        "this batch size, or time outside draft and verify",
+    ),
+    "PhaseLatencyAboveCohort": (
+        ("SPEC-CYCLE-VERIFY-BOUND", "SPEC-CYCLE-DRAFT-BOUND", "SPEC-CYCLE-BOOKKEEPING-BOUND",
+         "SPEC-HOST-BOUND", "SPEC-HOST-LOCKSTEP"),
+        "where this server's cycle goes, and whether its host waits between phases",
+    ),
+    "PhaseLatencyRegression": (
+        ("SPEC-RECENT-PHASE-SLOWER", "SPEC-RECENT-BOUNDARY-COST", "SPEC-RECENT-SLOWER-ALL"),
+        "one phase slower, the same time added at every boundary (a synchronize or profiler), "
+        "or every phase by one factor (the machine or the batch)",
+    ),
+    "DecodingStalled": (
+        ("SPEC-STALL",),
+        "fails (exit 1) with the requests running and waiting and the age of the last cycle",
+    ),
+    "ExporterDown": (
+        (),
+        "its `reachable` and `specobs endpoint` checks say why the endpoint is unusable (exit 2)",
+    ),
+    "TargetMissing": (
+        (),
+        "on the endpoint the target should have: exit 2 when nothing specobs answers there",
+    ),
+    "ExporterDroppingRecords": (
+        (),
+        "its `dropped records` check gives the fraction by reason",
+    ),
+}
 
 # alert name (without the prefix) -> what it cannot see (its blind spots and false alarms)
 _BLIND: dict[str, str] = {
@@ -298,6 +363,8 @@ def render(config: MixinConfig) -> str:
             "",
             f"**Cannot see:** {_BLIND[alert.alert.removeprefix(ALERT_PREFIX)]}",
             "",
+            _doctor_line(alert.alert.removeprefix(ALERT_PREFIX)),
+            "",
             "**Check first:**",
             "",
             *[f"{i}. {check}" for i, check in enumerate(checks, 1)],
@@ -321,6 +388,19 @@ def render(config: MixinConfig) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _doctor_line(name: str) -> str:
+    codes, what = _DOCTOR[name]
+    command = (f"`specobs doctor http://<instance>/metrics --min-cycles {DOCTOR_MIN_CYCLES}` "
+               "(the alert's `instance`; docs/diagnosis.md)")
+    found = f": findings {', '.join(f'`{c}`' for c in codes)}; " if codes else ": "
+    return f"**Explain with:** {command}{found}{what}."
+
+
+def doctor_entries() -> dict[str, tuple[tuple[str, ...], str]]:
+    """The doctor findings each alert's entry names, keyed by alert name without the prefix."""
+    return dict(_DOCTOR)
 
 
 def _count(config: MixinConfig) -> int:
