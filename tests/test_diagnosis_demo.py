@@ -251,3 +251,36 @@ def test_a_bad_stall_is_refused() -> None:
     for bad in (-0.001, 2.0, True, "1"):
         with pytest.raises(ValueError, match="sync_stall_seconds must be a number of seconds"):
             SpecDecodeEngine(m.target, m.draft, m.language.tokenizer, sync_stall_seconds=bad)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 6])
+def test_acceptance_across_k_under_the_fault_is_the_engines_own(k: int) -> None:
+    """wrong-hidden-layers' acceptance is not monotone in k (0.30 at k=2, 0.15 at 3, 0.17 at 4,
+    0.21 at 6 on 16 prompts): that is the demo, not the measurement. specobs counts exactly
+    the drafted and accepted tokens the engine counts itself, at every k; what moves is the
+    first position's acceptance, as the draft, once past its first token, keeps up (conditional
+    acceptance ~0.99) and so cycles start where it fails."""
+    import specobs
+    from specobs.tools import _breakdown as bd
+    from specobs.tools import _diagnosis as dg
+    from tests.test_demo_server import quick_engine
+
+    obs = specobs.configure(sinks=[specobs.MemorySink()], clock="host", max_draft_length=8,
+                            env={})
+    try:
+        engine = quick_engine(obs, k=k, fault="wrong-hidden-layers")
+        text = engine.models.language.stream(2000, seed=4242)
+        for i in range(8):
+            engine.submit(text[i * 37: i * 37 + 5 + (i * 7) % 30], 32)
+        while engine.has_work():
+            engine.step()
+        assert obs.force_flush(10)
+        snap = obs.snapshot()
+    finally:
+        obs.shutdown(5)
+    counts = engine._counts
+    assert snap.draft_tokens_total == counts["draft_tokens"]
+    assert snap.accepted_tokens_total == counts["accepted_tokens"]
+    cond = dg.conditional_acceptance(dg.window(bd.snapshot_delta(snap, None, 1.0)).breakdown)
+    assert len(cond) >= 2
+    assert cond[0][1] < 0.6 and cond[1][1] > 0.9
