@@ -106,6 +106,7 @@ typedef struct {
     PyObject *spares[NSPARES];
     PyObject *null_cycle;
     PyObject *dropped; /* list of (events, copy) of dropped cycles, for the resolver to release */
+    PyObject *copy_type; /* the clock's pinned-buffer copy type, read here directly (or None) */
     double dbounds[MAX_BOUNDS];
     int ndb;
     double bbounds[MAX_BOUNDS];
@@ -134,6 +135,7 @@ ring_now(Ring *r)
     return now_ns();
 }
 
+static PyObject *s_ptr, *s_itemsize, *s_length;
 static PyObject *s_misuse, *s_misuse_mark, *s_misuse_end, *s_internal_error, *s_queue_full,
     *s_wake, *s_sample, *s_try_clock, *s_copy_to_host, *s_tolist, *s_is_cuda, *s_numel,
     *s_draft_length, *s_batch_size, *s_emitted, *s_event;
@@ -1064,10 +1066,110 @@ slot_detail(Slot *s, int nph, int traced)
                          traced);
 }
 
+/* A completed copy of the clock's pinned-buffer type (``copy_type``: its ``ptr``, ``itemsize``
+ * and ``length`` are member slots, read with no Python code run), read straight from pinned
+ * memory: stored as native acceptance when every value is in 0..k and the draft length is an
+ * int (1), else kept as the list of values for the resolver's validation (0); -1 on an error.
+ * The copy itself goes to ``released`` either way (the resolver hands it back to its pool). */
+static int
+read_copy(Ring *r, Slot *s, PyObject *released)
+{
+    PyObject *copy = s->copy;
+    PyObject *po = PyObject_GetAttr(copy, s_ptr);
+    PyObject *io = po ? PyObject_GetAttr(copy, s_itemsize) : NULL;
+    PyObject *lo = io ? PyObject_GetAttr(copy, s_length) : NULL;
+    int rc = -1;
+    if (lo == NULL)
+        goto done;
+    void *ptr = PyLong_AsVoidPtr(po);
+    long isz = PyLong_AsLong(io);
+    Py_ssize_t n = PyLong_AsSsize_t(lo);
+    if (PyErr_Occurred())
+        goto done;
+    if (ptr == NULL || (isz != 4 && isz != 8) || n < 0 || n > (1 << 20)) {
+        PyErr_SetString(PyExc_ValueError, "a pinned copy with no buffer, or of a bad shape");
+        goto done;
+    }
+    int64_t k = r->k_max;
+    int native = s->emitted == NULL
+                 && (s->draft == NULL || exact_int_in(s->draft, 0, r->k_max, &k));
+    if (native && n <= NATIVE_MAX_SEQ && n > s->lcap) {
+        Py_ssize_t cap = s->lcap ? s->lcap : 16;
+        while (cap < n)
+            cap *= 2;
+        uint8_t *p = PyMem_Realloc(s->lens, (size_t)cap);
+        if (p == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        s->lens = p;
+        s->lcap = (int32_t)cap;
+    }
+    native = native && n <= NATIVE_MAX_SEQ;
+    int64_t sum = 0;
+    for (Py_ssize_t i = 0; native && i < n; i++) {
+        int64_t v;
+        if (isz == 8)
+            memcpy(&v, (const char *)ptr + 8 * i, 8);
+        else {
+            int32_t x;
+            memcpy(&x, (const char *)ptr + 4 * i, 4);
+            v = x;
+        }
+        if (v < 0 || v > k)
+            native = 0;
+        else {
+            s->lens[i] = (uint8_t)v;
+            sum += v;
+        }
+    }
+    if (native) {
+        s->nseq = (int32_t)n;
+        s->k = (int32_t)k;
+        s->accsum = sum;
+        s->has_obj_acc = 0;
+        Py_CLEAR(s->draft);
+        rc = 1;
+    }
+    else {
+        PyObject *values = PyList_New(n);
+        if (values == NULL)
+            goto done;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t v;
+            if (isz == 8)
+                memcpy(&v, (const char *)ptr + 8 * i, 8);
+            else {
+                int32_t x;
+                memcpy(&x, (const char *)ptr + 4 * i, 4);
+                v = x;
+            }
+            PyObject *o = PyLong_FromLongLong(v);
+            if (o == NULL) {
+                Py_DECREF(values);
+                goto done;
+            }
+            PyList_SET_ITEM(values, i, o);
+        }
+        Py_XSETREF(s->acc, values);
+        rc = 0;
+    }
+done:
+    Py_XDECREF(po);
+    Py_XDECREF(io);
+    Py_XDECREF(lo);
+    if (rc < 0)
+        return rc; /* the copy stays: the resolver reads it in Python and reports why not */
+    if (PyList_Append(released, copy) < 0)
+        return -1;
+    Py_CLEAR(s->copy);
+    return rc;
+}
+
 /* Resolve the queued cycles with index < bound, at most ``limit``. Returns
  * (cycles, host [(counts, sum) per phase, then the cycle], total ns, last end stamp or None,
  *  length counts, accepted, drafted, emitted, {draft length: sequences}, batch (counts, sum),
- *  batch count, details)
+ *  batch count, details, copies read here for the resolver to release)
  * where details are the cycles that need Python: events, a copy, values kept as objects, traced
  * (index in ``trace``, a sorted list, or a host cycle time >= slow_ns), or all when want_all.
  * Their host times and native acceptance are in the totals already. */
@@ -1107,6 +1209,11 @@ Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     PyObject *details = PyList_New(0);
     if (details == NULL)
         return NULL;
+    PyObject *released = PyList_New(0);
+    if (released == NULL) {
+        Py_DECREF(details);
+        return NULL;
+    }
     while (r->tail != r->head && n < limit) {
         Slot *s = &r->slots[r->tail % (uint64_t)r->nslots];
         if (s->state == SLOT_VOID) {
@@ -1129,6 +1236,11 @@ Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         total += tot;
         last = ts[nph];
         int py_batch = 0;
+        if (s->copy != NULL && s->nseq < 0 && s->acc == NULL && r->copy_type != Py_None
+            && (PyObject *)Py_TYPE(s->copy) == r->copy_type) {
+            if (read_copy(r, s, released) < 0)
+                PyErr_Clear();
+        }
         if (s->nseq >= 0) {
             const uint8_t *lens = s->lens;
             for (int32_t j = 0; j < s->nseq; j++)
@@ -1154,6 +1266,7 @@ Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
             long long want = PyLong_AsLongLong(PyList_GET_ITEM(trace, ti));
             if (want == -1 && PyErr_Occurred()) {
                 Py_DECREF(details);
+                Py_DECREF(released);
                 return NULL;
             }
             if (want > s->idx)
@@ -1170,6 +1283,7 @@ Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
             if (d == NULL || PyList_Append(details, d) < 0) {
                 Py_XDECREF(d);
                 Py_DECREF(details);
+                Py_DECREF(released);
                 return NULL;
             }
             Py_DECREF(d);
@@ -1186,6 +1300,7 @@ Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     PyObject *hl = PyList_New(nph + 1);
     if (hl == NULL) {
         Py_DECREF(details);
+        Py_DECREF(released);
         return NULL;
     }
     for (int i = 0; i <= nph; i++) {
@@ -1193,6 +1308,7 @@ Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         if (b == NULL) {
             Py_DECREF(hl);
             Py_DECREF(details);
+            Py_DECREF(released);
             return NULL;
         }
         PyList_SET_ITEM(hl, i, b);
@@ -1223,12 +1339,13 @@ Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(kd);
         goto fail;
     }
-    return Py_BuildValue("(nNLNNLLLNNLN)", n, hl, (long long)total, lastobj, lc,
+    return Py_BuildValue("(nNLNNLLLNNLNN)", n, hl, (long long)total, lastobj, lc,
                          (long long)accepted, (long long)drafted, (long long)emitted, kd, bc,
-                         (long long)bn, details);
+                         (long long)bn, details, released);
 fail:
     Py_DECREF(hl);
     Py_DECREF(details);
+    Py_DECREF(released);
     return NULL;
 }
 
@@ -1357,6 +1474,8 @@ Ring_init(Ring *r, PyObject *args, PyObject *kwds)
     r->record_fn = Py_None;
     Py_INCREF(Py_None);
     r->stream = Py_None;
+    Py_INCREF(Py_None);
+    r->copy_type = Py_None;
     return 0;
 }
 
@@ -1372,6 +1491,7 @@ Ring_traverse(Ring *r, visitproc visit, void *arg)
         Py_VISIT(r->spares[i]);
     Py_VISIT(r->null_cycle);
     Py_VISIT(r->dropped);
+    Py_VISIT(r->copy_type);
     if (r->slots != NULL) {
         for (Py_ssize_t i = 0; i < r->nslots; i++) {
             Slot *s = &r->slots[i];
@@ -1398,6 +1518,7 @@ Ring_clear(Ring *r)
         Py_CLEAR(r->spares[i]);
     Py_CLEAR(r->null_cycle);
     Py_CLEAR(r->dropped);
+    Py_CLEAR(r->copy_type);
     if (r->slots != NULL) {
         for (Py_ssize_t i = 0; i < r->nslots; i++) {
             Slot *s = &r->slots[i];
@@ -1470,6 +1591,23 @@ Ring_set_stream(Ring *r, PyObject *v, void *Py_UNUSED(c))
 }
 
 static PyObject *
+Ring_get_copy_type(Ring *r, void *Py_UNUSED(c))
+{
+    Py_INCREF(r->copy_type);
+    return r->copy_type;
+}
+
+static int
+Ring_set_copy_type(Ring *r, PyObject *v, void *Py_UNUSED(c))
+{
+    if (v != NULL && v != Py_None && !PyType_Check(v)) {
+        PyErr_SetString(PyExc_TypeError, "copy_type must be a type or None");
+        return -1;
+    }
+    return set_obj(&r->copy_type, v);
+}
+
+static PyObject *
 Ring_forget_current(Ring *r, PyObject *Py_UNUSED(ignored))
 {
     /* After fork: the parent's open cycle is not the child's (its handle stays closed). */
@@ -1488,6 +1626,7 @@ static PyGetSetDef Ring_getset[] = {
     {"current", (getter)Ring_get_current, NULL, "the open cycle, or None", NULL},
     {"record_fn", (getter)Ring_get_record_fn, (setter)Ring_set_record_fn, NULL, NULL},
     {"stream", (getter)Ring_get_stream, (setter)Ring_set_stream, NULL, NULL},
+    {"copy_type", (getter)Ring_get_copy_type, (setter)Ring_set_copy_type, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1584,6 +1723,9 @@ PyInit__core(void)
     INTERN(s_batch_size, "batch_size");
     INTERN(s_emitted, "emitted");
     INTERN(s_event, "event");
+    INTERN(s_ptr, "ptr");
+    INTERN(s_itemsize, "itemsize");
+    INTERN(s_length, "length");
     INTERN(m_begin_open, "begin() while the previous cycle was open; the open cycle was "
                          "discarded (an observer belongs to one engine thread: configure one "
                          "per thread)");

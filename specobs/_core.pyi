@@ -27,6 +27,8 @@ class Ring:
     wake_at: int
     record_fn: Any
     stream: Any
+    copy_type: Any
+    tick: int
     @property
     def capacity(self) -> int: ...
     @property

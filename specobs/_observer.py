@@ -360,6 +360,7 @@ class Observer:
             rec.clock = None
             rec.ring.sampling = 0
             rec.ring.record_fn = None
+            rec.ring.copy_type = None
             rec._clock_factory = None
         self._lock = threading.Lock()
         self._resolver.after_fork_in_child(start=False)

@@ -358,6 +358,9 @@ class Recorder:
         ring.stream = record_stream_of(clock)
         ring.sampling = 1
         ring.clock_try_at = -1
+        # Completed copies of this type are read by the ring's drain straight from pinned
+        # memory (no Python object per copy); anything else goes through ``copy.read()``.
+        ring.copy_type = getattr(clock, "native_copy_type", None)
         self._clock_factory = None
 
     # -- slow paths, called by the ring on the worker's thread -----------------------------------

@@ -331,6 +331,8 @@ class Resolver:
                                self.want_cycles)
         n: int = chunk_out[0]
         taken_box[0] = n
+        for copy in chunk_out[12]:  # read by the drain from pinned memory: back to the pool
+            self._release(None, copy)
         try:
             out = self._resolve(chunk_out, clock)
         except Exception as exc:
@@ -417,7 +419,7 @@ class Resolver:
         numbers only, so a chunk is applied whole or not at all. Returns the cycles the sinks
         should see."""
         (n, host, total_ns, last, lcounts, accepted, drafted, emitted, kseq, batch_b, batch_n,
-         details) = chunk
+         details, _released) = chunk
         agg = self.agg
         rec = self.rec
         dropped, errors = self._fold()

@@ -35,6 +35,7 @@ values kept as objects, traced, or every cycle when a sink wants them all).
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import sys
@@ -67,10 +68,11 @@ _getrefcount = getattr(sys, "getrefcount", None)
 Detail = tuple[int, list[int], Any, Any, int, Any, Any, Any, Any, int, int]
 #: (cycles, host [(counts, sum ns)] per phase then the cycle, sum of cycle ns, last end stamp,
 #: sequences per accepted length, accepted, drafted, emitted, {draft length: sequences},
-#: batch sizes (counts, sum), batch sizes counted, details).
+#: batch sizes (counts, sum), batch sizes counted, details, copies read by the drain for the
+#: resolver to hand back to their pool).
 Chunk = tuple[
     int, list[tuple[list[int], int]], int, int | None, list[int], int, int, int,
-    dict[int, int], tuple[list[int], int], int, list[Detail],
+    dict[int, int], tuple[list[int], int], int, list[Detail], list[Any],
 ]
 
 
@@ -367,6 +369,8 @@ class PyRing:
         self.copy_ns = 0
         self.record_fn: Any = None
         self.stream: Any = None
+        #: The clock's pinned-buffer copy type, whose completed copies the drain reads itself.
+        self.copy_type: Any = None
         self._waiting = 0
         #: Tests: a clock advancing ``tick`` ns per read instead of ``perf_counter_ns`` (0).
         self._now: Any = _perf
@@ -609,8 +613,10 @@ class PyRing:
         n = ti = 0
         nt = len(trace)
         details: list[Detail] = []
+        released: list[Any] = []
         slots = self._slots
         ns = len(slots)
+        copy_type = self.copy_type
         while self._tail != self._head and n < limit:
             s = slots[self._tail % ns]
             if s.state == VOID:
@@ -622,6 +628,9 @@ class PyRing:
                 break
             ts = s.ts
             tss.append(ts)
+            if (s.copy is not None and s.nseq < 0 and s.acc is None and copy_type is not None
+                    and type(s.copy) is copy_type):
+                self._read_copy(s, released)
             nseq = s.nseq
             if nseq >= 0:
                 lens.append(s.lens)
@@ -672,7 +681,37 @@ class PyRing:
         bucketed = _columns(_bucketing.bucket, _bucketing.bucket_py, batches, self._bb, 1.0)
         return (n, [(list(c), int(t)) for c, t in hl], total, tss[-1][nph] if tss else None,
                 list(lcounts), accepted, drafted, emitted, {k: kseq[k] for k in sorted(kseq)},
-                (list(bucketed[0]), bucketed[1]), len(batches), details)
+                (list(bucketed[0]), bucketed[1]), len(batches), details, released)
+
+    def _read_copy(self, s: _Slot, released: list[Any]) -> None:
+        """A completed copy of the clock's pinned-buffer type read straight from pinned memory
+        (see ``read_copy`` in specobs/_core.c); on any error the copy stays for the resolver."""
+        copy = s.copy
+        try:
+            ptr, isz, n = copy.ptr, copy.itemsize, copy.length
+            if not ptr or isz not in (4, 8) or not 0 <= n <= 1 << 20:
+                raise ValueError("a pinned copy with no buffer, or of a bad shape")
+            ctype = ctypes.c_int64 if isz == 8 else ctypes.c_int32
+            values = list((ctype * n).from_address(ptr)) if n else []
+        except Exception:
+            return
+        k = self.k_max
+        native = s.emitted is None and (
+            s.draft is None or _exact_int_in(s.draft, 0, self.k_max) is not None)
+        if native and s.draft is not None:
+            k = s.draft
+        if native and n <= NATIVE_MAX_SEQ and (not values or (min(values) >= 0
+                                                              and max(values) <= k)):
+            s.lens = values
+            s.nseq = n
+            s.k = k
+            s.accsum = sum(values)
+            s.has_obj_acc = False
+            s.draft = None
+        else:
+            s.acc = values
+        released.append(copy)
+        s.copy = None
 
     def clear_queue(self) -> int:
         n = 0

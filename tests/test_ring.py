@@ -363,6 +363,93 @@ def test_a_steady_loop_reuses_its_handle_and_slots(kind):
     loop(5000)
     assert gc.get_count()[0] - counts < 200  # not one tracked object per cycle (5,000)
     if kind == "native":
-        assert sys.getallocatedblocks() - before < 20
+        assert sys.getallocatedblocks() - before < 100  # not one block per cycle (5,000)
     c = ring.begin()
     assert id(c) == handle  # the same handle, handed out again
+
+
+class PinnedCopy:
+    """A completed copy as the CUDA clock's pinned slots are: ``ptr``, ``itemsize`` and
+    ``length`` as member slots over real memory (here a ctypes array)."""
+
+    __slots__ = ("_mem", "event", "itemsize", "length", "ptr", "released")
+
+    def __init__(self, values: list[int], itemsize: int) -> None:
+        import ctypes
+
+        ctype = ctypes.c_int64 if itemsize == 8 else ctypes.c_int32
+        self._mem = (ctype * max(len(values), 1))(*values)
+        self.ptr = ctypes.addressof(self._mem)
+        self.itemsize = itemsize
+        self.length = len(values)
+        self.event = ("copy", id(self))
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+    def read(self) -> list[int]:
+        self.release()
+        return list(self._mem[: self.length])
+
+
+@pytest.mark.parametrize("kind", ["native", "python"])
+def test_completed_pinned_copies_are_read_by_the_drain_itself(kind):
+    """Copies of the clock's pinned type are read from memory in the drain: counted with no
+    detail when valid, handed to the resolver as a list to validate when not (a value above the
+    draft length, or per-sequence draft lengths), and every copy comes back to be released."""
+    copies = {
+        1: PinnedCopy([1, 2, 0, 3], 8),
+        2: PinnedCopy([4, 4], 4),
+        3: PinnedCopy([1, 9], 8),  # 9 > k: the resolver validates it (and counts it bad)
+        4: PinnedCopy([1, 1], 8),
+    }
+
+    order = iter(copies.values())
+
+    class CopySlow(Slow):
+        def copy_to_host(self, tensor: Any) -> Any:
+            return next(order)
+
+    slow = CopySlow(random.Random(0))
+    cls = _ring.NativeRing if kind == "native" else _ring.PyRing
+    ring = cls(slow, PHASES, 16, K_MAX, 1000, catalog.DURATION_BUCKETS_SECONDS,
+               catalog.BATCH_SIZE_BUCKETS, NULL_CYCLE)
+    slow.ring = ring
+    ring.tick = 1000
+    ring.copy_type = PinnedCopy
+    for vals, kw in [([0] * 4, {"draft_length": 4}), ([0] * 2, {}),
+                     ([0] * 2, {"draft_length": 4}), ([0] * 2, {"draft_length": [2, 2]})]:
+        with ring.begin() as c:
+            c.mark("verify")
+            c.mark("bookkeeping")
+            c.accept(FakeCuda(vals), **kw)
+    out = ring.drain(1 << 60, 100, [], -1, False)
+    n, _, _, _, lcounts, accepted, drafted, emitted, kseq, batch_b, batch_n, details, rel = out
+    assert n == 4
+    assert (accepted, drafted, emitted) == (6 + 8, 16 + 2 * K_MAX, 6 + 4 + 8 + 2)
+    assert kseq == {4: 4, K_MAX: 2}
+    assert lcounts[:5] == [1, 1, 1, 1, 2]
+    assert batch_n == 2  # the two native ones; the others are sized by the resolver
+    assert [d[5] for d in details] == [[1, 9], [1, 1]]  # values for the resolver to validate
+    assert [d[8] for d in details] == [None, None]  # read already: no copy left to read
+    assert [d[6] for d in details] == [4, [2, 2]]
+    assert rel == [copies[1], copies[2], copies[3], copies[4]]
+    assert all(c.released == 0 for c in copies.values())  # the resolver releases them
+
+
+def test_pinned_copies_give_the_same_chunks_on_both_rings():
+    outs = []
+    for kind in ("native", "python"):
+        c1 = PinnedCopy([3, 1], 4)
+        ring, slow = make(kind, 5, 8)
+        slow.copy_to_host = lambda tensor, c1=c1: c1  # type: ignore[method-assign]
+        ring.copy_type = PinnedCopy
+        with ring.begin(2) as c:
+            c.mark("verify")
+            c.mark("bookkeeping")
+            c.accept(FakeCuda([0, 0]))
+        held, bound = ring.pending(8)
+        outs.append((normalise([(h[0], h[2] is c1) for h in held]), bound,
+                     normalise(ring.drain(bound, 8, [0], -1, True)[:12])))
+    assert outs[0] == outs[1]

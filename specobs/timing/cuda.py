@@ -284,6 +284,10 @@ class CudaEventClock(EventPool):
     def capturing(self) -> bool:
         return bool(self._capturing())
 
+    #: The ring's drain reads completed copies of this type straight from pinned memory
+    #: (``ptr``, ``itemsize``, ``length``: member slots, read without running Python code).
+    native_copy_type = _PinnedSlot
+
     def copy_to_host(self, tensor: Any) -> PendingCopy | None:
         """Copy a CUDA tensor into a pinned host buffer on the stream it is current on, async.
 
