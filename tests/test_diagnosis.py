@@ -478,6 +478,8 @@ def test_worst_and_status_line() -> None:
     fail = dg.Finding("SPEC-STALL", "fail", "")
     assert dg.worst([]) == "ok" and dg.worst([ok, warn]) == "warn"
     assert dg.status_line([ok]) == "OK: no problem found"
+    assert dg.status_line([ok, dg.Finding("SPEC-HOST-UNSEEN", "info", "")]) == \
+        "OK: no problem found"
     assert dg.status_line([ok, warn, fail]) == "FAIL: SPEC-STALL"
     assert dg.status_line([warn, ok]) == "WARN: SPEC-RECENT-PHASE-SLOWER"
 

@@ -716,5 +716,5 @@ def status_line(findings: Sequence[Finding]) -> str:
     level = worst(findings)
     bad = [f.code for f in findings if f.severity == level and level in ("warn", "fail")]
     if not bad:
-        return f"{level.upper()}: no problem found"
+        return "OK: no problem found"
     return f"{level.upper()}: " + ", ".join(bad)

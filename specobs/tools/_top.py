@@ -6,7 +6,10 @@
 Every ``--interval`` seconds it polls the source and redraws: per-phase mean time per cycle on the
 GPU and host clocks as bars, each phase's share, p50/p99 (interpolated inside histogram buckets
 like ``histogram_quantile``), acceptance rate, mean accept length, per-position acceptance,
-emitted tokens/s, mean batch size, drops by reason and the GPU sampling interval. Every number is
+emitted tokens/s, mean batch size, drops by reason, the GPU sampling interval, the speedup over
+the baseline, and a status line: the diagnosis of the interval (:mod:`specobs.tools._diagnosis`,
+docs/diagnosis.md) as its worst severity, the codes that carry it and the worst finding's
+sentence (``status=`` in the plain line). Every number is
 computed from counter deltas between two polls (or ``increase()`` over ``--window`` when the
 source is Prometheus), never from lifetime totals; the first frame of a direct endpoint waits for
 a second sample.
@@ -43,6 +46,7 @@ from typing import Any, TextIO
 
 from specobs import catalog
 from specobs.tools import _breakdown as bd
+from specobs.tools import _diagnosis as dg
 from specobs.tools import _http
 from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
@@ -88,6 +92,8 @@ class Frame:
     kind: str
     message: str = ""
     breakdown: bd.Breakdown | None = None
+    #: The diagnosis of this poll's interval (docs/diagnosis.md): the status line.
+    findings: tuple[dg.Finding, ...] = ()
 
 
 class EndpointSource:
@@ -112,7 +118,8 @@ class EndpointSource:
         delta = scr.difference(prev, cur)
         if isinstance(delta, scr.CounterReset):
             return Frame("reset", str(delta))
-        return _data_frame(bd.breakdown(delta))
+        window = dg.window(delta, time.time())
+        return _data_frame(window.breakdown, tuple(dg.diagnose(window)))
 
 
 class PrometheusSource:
@@ -144,13 +151,29 @@ class PrometheusSource:
                 f"waiting for Prometheus to hold two samples of {catalog.CYCLES.name} in "
                 f"the last {scr.format_rate(self.window_seconds, 0)} s",
             )
-        return _data_frame(bd.breakdown(delta))
+        window = dg.window(delta, time.time())
+        return _data_frame(window.breakdown, tuple(dg.diagnose(window)))
 
 
-def _data_frame(b: bd.Breakdown) -> Frame:
+def _data_frame(b: bd.Breakdown, findings: tuple[dg.Finding, ...] = ()) -> Frame:
     if not b.cycles > 0:
-        return Frame("data", f"no cycles in the last {b.elapsed_seconds:.1f} s (idle?)", b)
-    return Frame("data", "", b)
+        stalled = next((f for f in findings if f.code == "SPEC-STALL"), None)
+        if stalled is not None:
+            return Frame("data", stalled.sentence, b, findings)
+        return Frame("data", f"no cycles in the last {b.elapsed_seconds:.1f} s (idle?)", b,
+                     findings)
+    return Frame("data", "", b, findings)
+
+
+def status_text(findings: tuple[dg.Finding, ...]) -> str:
+    """The status line: the worst severity, the codes that carry it and the worst finding's
+    sentence (``OK: no problem found`` when nothing warns or fails)."""
+    line = dg.status_line(findings)
+    worst = dg.worst(findings)
+    first = next((f for f in findings if f.severity == worst), None)
+    if first is None or worst not in ("warn", "fail"):
+        return line
+    return f"{line}: {first.sentence}"
 
 
 # -- plain output ---------------------------------------------------------------------------------
@@ -196,6 +219,11 @@ def plain_line(frame: Frame, now: float | None = None) -> str:
         parts[-1] += "(" + ",".join(f"{k}:{v:.0f}" for k, v in sorted(b.drops.items())) + ")"
     if b.sampling_interval is not None:
         parts.append(f"sampling=1/{b.sampling_interval:.0f}")
+    if frame.findings:
+        level = dg.worst(frame.findings)
+        codes = [f.code for f in frame.findings if f.severity == level]
+        parts.append(f"status={level}({','.join(codes)})" if level in ("warn", "fail")
+                     else "status=ok")
     return " ".join(parts)
 
 
@@ -288,6 +316,10 @@ class LiveView:
             parts.append(Text(status, style="bold yellow"))
         elif status:
             parts.append(Text(status, style="yellow"))
+        if shown is not None and shown.findings:
+            level = dg.worst(shown.findings)
+            style = {"fail": "bold red", "warn": "bold yellow"}.get(level, "green")
+            parts.append(Text(f"status {status_text(shown.findings)}", style=style))
         if b is not None:
             parts += self._body(b)
         return Group(*parts)
@@ -348,7 +380,8 @@ class LiveView:
             f"per sequence {scr.format_rate(b.sequence_tokens_per_second)} tok/s",
         )
         grid.add_row(
-            f"baseline {scr.format_rate(b.baseline_tokens_per_second)} tok/s"
+            f"baseline {scr.format_rate(b.baseline_tokens_per_second)} tok/s, speedup "
+            f"{scr.format_rate(bd.speedups(b)[0], 2, 'x')}"
             if b.baseline_tokens_per_second is not None else "no baseline",
             "GPU sampling 1 in "
             + (f"{b.sampling_interval:.0f}" if b.sampling_interval is not None else scr.DASH),
