@@ -17,8 +17,9 @@ def test_every_alert_says_which_doctor_command_explains_it() -> None:
     alerts = [s for s in sections if s.startswith("Specobs")]
     assert len(alerts) == len(entries())
     for section in alerts:
-        assert "**Explain with:** `specobs doctor http://<instance>/metrics --min-cycles" in \
-            section, section.splitlines()[0]
+        assert "**Explain with:** `specobs doctor --prometheus <prometheus URL> --instance " \
+               "<instance>`" in section, section.splitlines()[0]
+        assert "`specobs doctor http://<instance>/metrics --min-cycles" in section
 
 
 def test_the_codes_named_are_the_diagnosis_codes() -> None:

@@ -8,8 +8,8 @@ from specobs.mixin._rules import ALERT_PREFIX, RuleNames, _seconds, alert_rules,
 
 __all__ = ["doctor_entries", "render"]
 
-#: The doctor command an entry shows (``specobs doctor``, docs/diagnosis.md): the alerted
-#: server's own endpoint, read over a window of at least this many cycles.
+#: The doctor commands an entry shows (``specobs doctor``, docs/diagnosis.md): the alerted server
+#: from Prometheus, or its own endpoint read over a window of at least this many cycles.
 DOCTOR_MIN_CYCLES = 200
 
 # alert name (without the prefix) -> which of doctor's findings (or checks) explain it. The codes
@@ -392,8 +392,9 @@ def render(config: MixinConfig) -> str:
 
 def _doctor_line(name: str) -> str:
     codes, what = _DOCTOR[name]
-    command = (f"`specobs doctor http://<instance>/metrics --min-cycles {DOCTOR_MIN_CYCLES}` "
-               "(the alert's `instance`; docs/diagnosis.md)")
+    command = (f"`specobs doctor --prometheus <prometheus URL> --instance <instance>` over the "
+               "alert's window, or `specobs doctor http://<instance>/metrics --min-cycles "
+               f"{DOCTOR_MIN_CYCLES}` on the server itself (docs/diagnosis.md)")
     found = f": findings {', '.join(f'`{c}`' for c in codes)}; " if codes else ": "
     return f"**Explain with:** {command}{found}{what}."
 

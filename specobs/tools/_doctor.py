@@ -1,7 +1,9 @@
 """``specobs doctor``: a one-shot health check of a specobs /metrics endpoint.
 
-    specobs doctor http://127.0.0.1:9477/metrics [--wait 2] [--json] [--timeout 5]
-                                                 [--max-bytes 16MiB]
+    specobs doctor http://127.0.0.1:9477/metrics [--wait 2] [--min-cycles N] [--json]
+                                                 [--timeout 5] [--max-bytes 16MiB]
+    specobs doctor --prometheus http://prometheus:9090 --instance 10.0.0.7:9477
+                   [--selector '{job="specobs"}'] [--window 5m] [--history 1h] [--json]
 
 It scrapes the endpoint twice, ``--wait`` seconds apart (the second time asking for OpenMetrics,
 which also carries the exemplars), and prints one line per check of the endpoint with a verdict —
@@ -37,6 +39,12 @@ object: ``checks``, ``findings`` (code, severity, sentence, evidence, advice) an
 Credentials in the URL (``http://user:password@host/``) are sent as HTTP Basic authentication
 and never printed.
 
+With ``--prometheus`` the same findings come from a Prometheus server instead: ``increase()``
+over ``--window`` for the servers ``--instance`` and ``--selector`` match (one server, or their
+sum, which the ``one server`` line says), against the ``--history`` before the window; the
+endpoint's checks give way to ``prometheus`` (the query answered, with the servers matched;
+exit 2 when not) and ``history``.
+
 Each request has one deadline, ``--timeout`` seconds for connecting, the headers and the whole
 body, and reads at most ``--max-bytes`` of body after decompression (default 16 MiB): an endpoint
 that never stops sending, trickles, or sends a gzip bomb fails ``reachable`` with one line
@@ -58,10 +66,12 @@ from specobs import catalog
 from specobs.tools import _breakdown as bd
 from specobs.tools import _diagnosis as dg
 from specobs.tools import _http
+from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
 
 __all__ = [
-    "Check", "Report", "add_arguments", "diagnose", "examine", "exit_code", "render_text", "run",
+    "Check", "Report", "add_arguments", "diagnose", "examine", "examine_prometheus", "exit_code",
+    "render_text", "run",
 ]
 
 _PROG = "specobs doctor"
@@ -79,7 +89,7 @@ ADAPTIVE_TOLERANCE = 2.0
 #: How often the window is scraped again while ``--min-cycles`` waits for cycles.
 MIN_CYCLES_POLL_SECONDS = 0.5
 #: Checks whose failure leaves nothing to diagnose: the endpoint is unusable (exit 2).
-UNUSABLE_CHECKS = ("reachable", "specobs endpoint")
+UNUSABLE_CHECKS = ("reachable", "specobs endpoint", "prometheus")
 #: Dropped records above this fraction of cycles fail the check (below it: a warning).
 DROP_FAIL_FRACTION = 0.10
 #: Series an endpoint may legitimately leave out: gauges that exist only once configured or fed.
@@ -110,8 +120,22 @@ CHECK_NAMES: tuple[str, ...] = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``specobs doctor``."""
-    parser.add_argument("url", help="a specobs /metrics URL, e.g. http://127.0.0.1:9477/metrics "
-                                    "(host:port means http://host:port/metrics)")
+    parser.add_argument("url", nargs="?", default=None,
+                        help="a specobs /metrics URL, e.g. http://127.0.0.1:9477/metrics "
+                             "(host:port means http://host:port/metrics)")
+    parser.add_argument("--prometheus", metavar="URL", default=None,
+                        help="diagnose one server from a Prometheus server instead: "
+                             "increase() over --window, against the --history before it")
+    parser.add_argument("--instance", default=None, metavar="INSTANCE",
+                        help="with --prometheus: the server's instance label (host:port)")
+    parser.add_argument("--selector", default="",
+                        help="with --prometheus: more label matchers, e.g. "
+                             "'{job=\"specobs\",model_name=\"llama\"}'")
+    parser.add_argument("--window", default="5m",
+                        help="with --prometheus: the recent window (default: 5m)")
+    parser.add_argument("--history", default="1h",
+                        help="with --prometheus: the past before the window it is compared "
+                             "with (default: 1h)")
     parser.add_argument("--wait", type=float, default=2.0, metavar="SECONDS",
                         help="seconds between the two scrapes (default: 2)")
     parser.add_argument("--min-cycles", type=float, default=0.0, metavar="N",
@@ -439,6 +463,60 @@ def _exemplars(second: scr.Scrape) -> Check:
                  "SPECOBS_TRACE_HEAD_RATE=0) or no cycle was traced yet", {"exemplars": 0})
 
 
+#: Gauges the diagnosis reads from Prometheus besides the breakdown's own.
+_DIAGNOSIS_GAUGES = (catalog.REQUESTS_RUNNING, catalog.REQUESTS_WAITING,
+                     catalog.LAST_CYCLE_TIMESTAMP)
+
+
+def examine_prometheus(
+    client: Any, base_url: str, selector: str, window_seconds: float, history_seconds: float,
+    limits: _http.Limits = _http.DEFAULT_LIMITS, now: float | None = None,
+) -> Report:
+    """Diagnose the servers ``selector`` matches from a Prometheus server: ``increase()`` over
+    the last ``window_seconds`` against the ``history_seconds`` before it (the same breakdown
+    and findings as two scrapes give; the endpoint checks do not apply)."""
+    at = time.time() if now is None else now
+    shown = f"{_http.display_url(base_url)} {{{selector}}}"
+    try:
+        recent = pa.prometheus_delta(client, base_url, selector, window_seconds, limits=limits,
+                                     at=at, extra_gauges=_DIAGNOSIS_GAUGES)
+    except scr.ScrapeError as exc:
+        return Report([Check("prometheus", "FAIL", str(exc))])
+    instances = sorted({d.get("instance", "") for d in recent.gauges.labels(catalog.INFO.name)})
+    checks = [Check(
+        "prometheus", "OK",
+        f"{shown}: {len(instances)} server{'s' if len(instances) != 1 else ''} "
+        f"({', '.join(i for i in instances if i) or 'no instance label'}), window "
+        f"{pa.window_text(window_seconds)}",
+        {"instances": instances},
+    )]
+    if len(instances) > 1:
+        checks.append(Check(
+            "one server", "INFO",
+            f"{len(instances)} servers match: the findings are of their sum; narrow it with "
+            "--instance", {"instances": instances},
+        ))
+    past: dg.Window | None = None
+    try:
+        before = pa.prometheus_delta(client, base_url, selector, history_seconds, limits=limits,
+                                     at=at - window_seconds)
+    except scr.ScrapeError as exc:
+        checks.append(Check("history", "INFO", f"no past to compare with: {exc}"))
+    else:
+        if (before.counters.total(catalog.CYCLES.name) or 0.0) > 0:
+            past = dg.window(before)
+            checks.append(Check(
+                "history", "OK",
+                f"compared with the {pa.window_text(history_seconds)} before the window",
+            ))
+        else:
+            checks.append(Check("history", "INFO",
+                                f"no cycles in the {pa.window_text(history_seconds)} before "
+                                "the window: nothing to compare with"))
+    findings = dg.diagnose(dg.window(recent, at), past)
+    return Report(checks, findings)
+
+
 _VERDICT = {"ok": "OK", "info": "INFO", "warn": "WARN", "fail": "FAIL"}
 
 
@@ -509,8 +587,26 @@ def render_text(report: Report, url: str, code: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``specobs doctor``; see the module docstring."""
+    if (args.url is None) == (args.prometheus is None):
+        print(f"{_PROG}: give either a specobs /metrics URL or --prometheus URL (exactly one)",
+              file=sys.stderr)
+        return 2
+    prometheus = args.prometheus is not None
+    if not prometheus and (args.instance is not None or args.selector):
+        print(f"{_PROG}: --instance and --selector only apply with --prometheus",
+              file=sys.stderr)
+        return 2
     try:
-        url = scr.normalize_url(args.url)
+        if prometheus:
+            url = scr.normalize_url(args.prometheus, default_path="")
+            matchers = [pa.normalize_selector(args.selector)] if args.selector else []
+            if args.instance is not None:
+                matchers.append(f"instance={json.dumps(args.instance)}")
+            selector = ",".join(m for m in matchers if m)
+            window = pa.parse_window(args.window)
+            history = pa.parse_window(args.history)
+        else:
+            url = scr.normalize_url(args.url)
     except ValueError as exc:
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return 2
@@ -527,8 +623,12 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     with _http.http_client(args) as client:
-        report = examine(client, url, args.wait, _http.limits_from(args),
-                         min_cycles=args.min_cycles, max_wait_seconds=args.max_wait)
+        if prometheus:
+            report = examine_prometheus(client, url, selector, window, history,
+                                        _http.limits_from(args))
+        else:
+            report = examine(client, url, args.wait, _http.limits_from(args),
+                             min_cycles=args.min_cycles, max_wait_seconds=args.max_wait)
     code = exit_code(report)
     # Credentials in the URL went to the server (HTTP Basic), never to the output.
     url = _http.display_url(url)

@@ -107,12 +107,15 @@ def _add_result(series: Series, name: str, result: list[dict[str, Any]]) -> None
 def prometheus_delta(
     client: Any, base_url: str, selector: str, window_seconds: float, *,
     limits: Limits = _http.DEFAULT_LIMITS, at: float | None = None,
+    extra_gauges: tuple[catalog.Metric, ...] = (),
 ) -> Delta:
     """Counter deltas over the last ``window_seconds`` from a Prometheus server's ``increase()``.
 
     ``selector`` is the matchers inside the braces (see :func:`normalize_selector`). Raises
     :class:`ScrapeError` when Prometheus fails or has no specobs series for the selector.
-    ``at`` is the Unix time the window ends (default: now).
+    ``at`` is the Unix time the window ends (default: now). ``extra_gauges`` are read as they
+    are at ``at`` besides the info, baseline and sampling gauges (``doctor`` reads the request
+    gauges and the last cycle's time).
     """
     window = window_text(window_seconds)
     # Every query is evaluated at the same instant: increase() extrapolates to the window's
@@ -124,7 +127,7 @@ def prometheus_delta(
         _add_result(counters, name, _prom_query(client, base_url, promql, at, limits))
     gauges = Series()
     for m in (catalog.INFO, catalog.BASELINE_SEQUENCE_TOKENS, catalog.SAMPLING_INTERVAL,
-              catalog.OVERHEAD_RATIO):
+              catalog.OVERHEAD_RATIO, *extra_gauges):
         promql = f"{m.name}{{{selector}}}"
         _add_result(gauges, m.name, _prom_query(client, base_url, promql, at, limits))
     if not gauges.has(catalog.INFO.name):
