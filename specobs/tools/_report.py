@@ -10,7 +10,9 @@
 The file opens with no network: plotly.js is inlined once and every chart is a plotly figure.
 At the top, a one-screen summary table of the whole run with the definitions of ``specobs top``
 and the recording rules (the numbers come from :func:`specobs.tools._breakdown.breakdown` and
-:func:`specobs.tools._breakdown.speedups`, nothing is recomputed here). Below: the cycle breakdown
+:func:`specobs.tools._breakdown.speedups`, nothing is recomputed here), then the findings of
+``specobs doctor``'s diagnosis on the whole run and on its last window against the run
+(:func:`run_findings`, docs/diagnosis.md). Below: the cycle breakdown
 over time on the GPU and host clocks (stacked per phase), phase shares and p50/p99, acceptance
 over time and per draft position, the accept-length distribution, tokens/s per server and per
 sequence, realized and predicted speedup, drops and exporter health.
@@ -41,6 +43,7 @@ from typing import Any
 
 from specobs import catalog
 from specobs.tools import _breakdown as bd
+from specobs.tools import _diagnosis as dg
 from specobs.tools import _http
 from specobs.tools import _promapi as pa
 from specobs.tools import _report_data as data
@@ -639,6 +642,8 @@ tr.total td{font-weight:600}.grid{display:grid;grid-template-columns:1fr 1fr;gap
 .chart{min-height:300px;border:1px solid #f0f0f0}.note{color:#666;font-size:13px}
 .significant{background:#fde2e1;font-weight:600}.consequence{background:#fff4d6}
 .findings{padding:8px 12px;border-left:4px solid #e45756;background:#fff8f7;margin:10px 0}
+table.diagnosis td{text-align:left;vertical-align:top}.sev-fail{background:#fde2e1}
+.sev-warn{background:#fff4d6}
 .findings.none{border-color:#54a24b;background:#f4fbf3}
 td.verdict{text-align:left}
 """
@@ -690,10 +695,36 @@ def _meta(r: data.Run) -> str:
     return " · ".join(parts)
 
 
+def run_findings(r: data.Run) -> list[dg.Finding]:
+    """The diagnosis of a run (docs/diagnosis.md): the whole run's findings, then its last
+    window against the whole run when the run has at least four windows."""
+    whole = dg.window(r.total_delta, r.end_unix)
+    findings = dg.diagnose(whole)
+    if len(r.windows) >= 4 and r.total.cycles > 0:
+        findings += dg.against_past(r.windows[-1].breakdown, r.total)
+    return findings
+
+
+def findings_section(findings: Sequence[dg.Finding]) -> str:
+    """The report's findings: one row per finding, the worst first, with what to change."""
+    order = sorted(findings, key=lambda f: -dg.SEVERITIES.index(f.severity))
+    rows = "".join(
+        f'<tr class="sev-{f.severity}" data-code="{html.escape(f.code)}">'
+        f"<td>{html.escape(f.severity.upper())}</td><td><code>{html.escape(f.code)}</code></td>"
+        f"<td>{html.escape(f.sentence)}</td><td>{html.escape(f.advice)}</td></tr>"
+        for f in order
+    )
+    return (f'<h2>Findings ({html.escape(dg.status_line(findings))})</h2>'
+            '<p class="note">The diagnosis of <code>specobs doctor</code> on the whole run, and '
+            "its last window against the run (docs/diagnosis.md).</p>"
+            '<table class="diagnosis"><tr><th>severity</th><th>code</th><th>finding</th>'
+            f"<th>what to look at</th></tr>{rows}</table>")
+
+
 def render_run(r: data.Run, title: str | None = None) -> str:
     """The HTML report of one run."""
     body = ("<h2>Summary (whole run, as <code>specobs top</code> computes it)</h2>"
-            + _summary(r.total))
+            + _summary(r.total) + findings_section(run_findings(r)))
     if r.up:
         down = {k: sum(1 for _, v in pts if v < 1) for k, pts in r.up.items()}
         body += ('<p class="note">scrape health (Prometheus <code>up</code>): '
