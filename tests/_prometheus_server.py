@@ -83,10 +83,15 @@ def promtool_path() -> str:
 def promtool(
     *args: str | os.PathLike[str],
     input: str | None = None,
-    timeout_seconds: float = 60.0,
+    timeout_seconds: float = 240.0,
     cwd: str | os.PathLike[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``promtool ARGS...`` and return the completed process (text, output captured).
+
+    The timeout is a safety net, not a bound on speed: ``promtool test rules`` evaluates every
+    group of the generated rules over hours of test series, which takes seconds on a quiet
+    machine and over a minute on a shared one (load 7 on 2 cores); it stays under the tests'
+    own 300 s.
 
     It does not raise on a non-zero exit: assert on ``returncode``, ``stdout`` and ``stderr``.
     ``input`` feeds stdin, e.g. ``promtool("check", "metrics", input=exposition_text)``.
