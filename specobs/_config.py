@@ -41,7 +41,7 @@ SPECOBS_SAMPLE_EVERY = "SPECOBS_SAMPLE_EVERY"
 """Time one cycle in N on the GPU clock. Unset: adaptive, under ``SPECOBS_OVERHEAD_BUDGET``."""
 
 SPECOBS_OVERHEAD_BUDGET = "SPECOBS_OVERHEAD_BUDGET"
-"""Adaptive sampling keeps GPU-timing cost under this fraction of cycle time. Default 0.005."""
+"""Adaptive sampling keeps GPU-timing cost under this fraction of cycle time. Default 0.002."""
 
 SPECOBS_CLOCK = "SPECOBS_CLOCK"
 """``auto`` (CUDA events when torch sees a GPU), ``cuda`` (required) or ``host`` (never events)."""
@@ -107,7 +107,7 @@ class Settings:
     enabled: bool = True
     phases: tuple[str, ...] = DEFAULT_PHASES
     sample_every: int | None = None
-    overhead_budget: float = 0.005
+    overhead_budget: float = 0.002
     clock: ClockMode = "auto"
     queue_size: int = 8192
     event_pool_size: int = 2048

@@ -288,7 +288,8 @@ SAMPLING_INTERVAL = Metric(
 )  # fmt: skip
 OVERHEAD_RATIO = Metric(
     "specobs.exporter.overhead", "gauge", "1",
-    "Self-measured hot-path cost of GPU timing as a fraction of cycle time.",
+    "Self-measured cost of specobs on the worker (GPU event records, phase boundaries, "
+    "resolver CPU) as a fraction of cycle time.",
     self_metric=True,
 )  # fmt: skip
 EXPORTER_CPU = Metric(

@@ -7,7 +7,7 @@ pure function so it can be tested without a clock:
 * adaptive: the resolver feeds ``adaptive_interval`` the cost of a sampled cycle (its event
   records on the worker plus the resolver's reads of those events, both measured) and the mean
   cycle time, and the recorder samples one cycle in ``interval`` so that the cost stays under
-  the overhead budget (default 0.5% of cycle time).
+  the overhead budget (default 0.2% of cycle time).
 """
 
 from __future__ import annotations

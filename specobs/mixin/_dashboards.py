@@ -317,7 +317,8 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
     )
     b.timeseries(
         "GPU timing overhead",
-        "Self-measured hot-path cost of GPU timing as a fraction of cycle time (budget: 0.5%).",
+        "Self-measured cost of specobs on the worker (event records, phase boundaries, the "
+        "resolver) as a fraction of cycle time; GPU timing adapts to a budget (default 0.2%).",
         "percentunit",
         [(f"max by (instance) ({s(c.OVERHEAD_RATIO.name)})", "{{instance}}")],
     )
