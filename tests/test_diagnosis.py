@@ -491,3 +491,59 @@ def test_every_code_is_documented() -> None:
     doc = (Path(__file__).resolve().parent.parent / "docs" / "diagnosis.md").read_text()
     for code in dg.CODES:
         assert f"`{code}`" in doc, code
+
+
+# -- the advisor ----------------------------------------------------------------------------------
+
+
+def test_expected_tokens_is_one_plus_the_products_of_the_conditional_rates() -> None:
+    assert dg.expected_tokens([0.8, 0.5], 2) == pytest.approx(1 + 0.8 + 0.4)
+    # Beyond the measured positions the last rate is held.
+    assert dg.expected_tokens([0.8, 0.5], 3) == pytest.approx(1 + 0.8 + 0.4 + 0.2)
+    # The same E the counters give: emitted per sequence-cycle.
+    b = brk(positions=(0.8, 0.4, 0.2, 0.1))
+    cond = [a for _, a in dg.conditional_acceptance(b)]
+    e = b.sequence_tokens_per_second * b.cycle_mean_seconds["host"]  # type: ignore[operator]
+    assert dg.expected_tokens(cond, 4) == pytest.approx(e)
+
+
+def test_a_cheap_draft_with_high_acceptance_is_advised_a_longer_k() -> None:
+    b = brk(positions=(0.9, 0.85, 0.8, 0.76),
+            host={"draft": 0.4e-3, "verify": 2e-3, "bookkeeping": 0.1e-3})
+    f = dg.advise_k(b)
+    assert f is not None and (f.code, f.severity) == ("SPEC-ADVICE-K", "info")
+    assert f.evidence["best_k"] == 8.0 and f.evidence["k"] == 4.0
+    assert "(extrapolated beyond the measured k)" in f.sentence
+    gain = f.evidence["predicted_gain"]
+    assert isinstance(gain, float) and gain > dg.ADVICE_MIN_GAIN
+
+
+def test_a_draft_that_loses_the_target_early_is_advised_a_shorter_k() -> None:
+    b = brk(positions=(0.8, 0.3, 0.05, 0.01),
+            host={"draft": 4e-3, "verify": 3e-3, "bookkeeping": 0.2e-3})
+    f = dg.advise_k(b)
+    assert f is not None and f.evidence["best_k"] < 4.0
+    assert "extrapolated" not in f.sentence
+
+
+def test_verify_that_grows_with_k_moves_the_advice_down() -> None:
+    b = brk(positions=(0.85, 0.83, 0.80, 0.78),
+            host={"draft": 2e-3, "verify": 3e-3, "bookkeeping": 0.2e-3})
+    flat, grows = dg.advise_k(b, 0.0), dg.advise_k(b, 1.0)
+    assert flat is not None and grows is not None
+    assert grows.evidence["best_k"] <= flat.evidence["best_k"]  # type: ignore[operator]
+
+
+def test_the_current_k_when_it_is_the_models_best() -> None:
+    # Conditional acceptance 0.8 then 0.6 at every later position, a draft step a third of a
+    # verify: the model's optimum is the k measured.
+    b = brk(positions=(0.8, 0.48, 0.288, 0.1728),
+            host={"draft": 1e-3, "verify": 3e-3, "bookkeeping": 0.2e-3})
+    f = dg.advise_k(b)
+    assert f is not None and (f.code, f.severity) == ("SPEC-ADVICE-K", "ok")
+    assert f.evidence["best_k"] == 4.0 and f.evidence["predicted_gain"] == 0.0
+    assert f.sentence.startswith("k=4 is the best speculation length")
+
+
+def test_no_advice_without_phase_costs() -> None:
+    assert dg.advise_k(brk(cycles=0)) is None

@@ -40,10 +40,12 @@ __all__ = [
     "Finding",
     "Window",
     "acceptance_profile",
+    "advise_k",
     "against_past",
     "conditional_acceptance",
     "cycle_bound",
     "diagnose",
+    "expected_tokens",
     "host_bound",
     "speedup",
     "stall",
@@ -99,6 +101,10 @@ BOUNDARY_SPREAD = 2.0
 #: Slowed phases reported on their own: those slowed by at least this fraction of the largest
 #: factor (the others' slowdown is secondary).
 DOMINANT_FRACTION = 0.5
+#: The advisor considers k from 1 to this, and names another k only for a predicted gain of at
+#: least ADVICE_MIN_GAIN.
+ADVICE_MAX_K = 8
+ADVICE_MIN_GAIN = 0.03
 #: Per-sequence tokens/s below this fraction of the past: throughput down.
 THROUGHPUT_DROP = 0.8
 
@@ -145,6 +151,7 @@ CODES: dict[str, str] = {
     "SPEC-RECENT-SLOWER-ALL": "every phase slower by the same factor: the machine or the batch",
     "SPEC-RECENT-THROUGHPUT-DOWN": "per-sequence tokens/s fell in the recent window",
     "SPEC-RECENT-STEADY": "the recent window matches the lifetime",
+    "SPEC-ADVICE-K": "the speculation length k the measured acceptance and costs favour",
 }
 
 
@@ -687,6 +694,72 @@ def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, c
     return out
 
 
+# -- the advisor ----------------------------------------------------------------------------------
+
+
+def expected_tokens(conditional: Sequence[float], k: int) -> float:
+    """Tokens one sequence gains per cycle drafting ``k``: 1 + a_0 + a_0 a_1 + ... +
+    a_0 ... a_(k-1), with the conditional rates beyond the measured ones taken as the last one."""
+    total, survive = 1.0, 1.0
+    for i in range(k):
+        a = conditional[min(i, len(conditional) - 1)]
+        survive *= a
+        total += survive
+    return total
+
+
+def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
+    """The k that maximizes tokens/s per sequence under a stated cost model, from the measured
+    conditional acceptance and phase costs (GPU clock first); ``None`` without the data.
+
+    Cost model: a cycle drafting k' costs t_bookkeeping + t_verify * (1 + s * (k' - k) / (k + 1))
+    + t_draft * k' / k, where k is the length measured, t_* the measured means and s =
+    ``verify_scaling`` the part of verify that grows with the positions verified (0: verify
+    costs the same for any k', true where verify is memory- or launch-bound, as on a GPU at small
+    batch; 1: proportional to the k' + 1 positions). Tokens per cycle are
+    :func:`expected_tokens`, the measured conditional rates held fixed: beyond the measured k
+    the last rate is extrapolated, and the first position's rate itself moves with k (where
+    cycles start depends on k: docs/diagnosis.md), so a recommendation away from the measured k
+    is a direction to try, not a promise."""
+    clock = _clock(b)
+    cond = [a for _, a in conditional_acceptance(b)]
+    k = sum(1 for _, rate in b.position_acceptance if rate is not None)
+    if clock is None or not cond or k < 1 or len(cond) < k:
+        return None
+    means = {p: b.stats[(p, clock)].mean_seconds for p in b.phases if (p, clock) in b.stats}
+    d, v = means.get("draft"), means.get("verify")
+    if d is None or v is None or not v > 0:
+        return None
+    rest = math.fsum(m for p, m in means.items() if p not in ("draft", "verify") and m)
+
+    def rate(kk: int) -> float:
+        cost = rest + v * (1 + verify_scaling * (kk - k) / (k + 1)) + d * kk / k
+        return expected_tokens(cond, kk) / cost
+
+    current = rate(k)
+    best = max(range(1, ADVICE_MAX_K + 1), key=rate)
+    gain = rate(best) / current - 1
+    evidence: dict[str, float | str | None] = {
+        "clock": clock, "k": float(k), "best_k": float(best), "predicted_gain": gain,
+        "verify_scaling": verify_scaling,
+        **{f"predicted_tokens_per_second_k{kk}": rate(kk) for kk in range(1, ADVICE_MAX_K + 1)},
+    }
+    if best == k or gain < ADVICE_MIN_GAIN:
+        return Finding("SPEC-ADVICE-K", "ok",
+                       f"k={k} is the best speculation length the measured acceptance and "
+                       f"{clock} costs predict (another k gains under "
+                       f"{ADVICE_MIN_GAIN * 100:.0f}%)", evidence)
+    beyond = " (extrapolated beyond the measured k)" if best > k else ""
+    return Finding(
+        "SPEC-ADVICE-K", "info",
+        f"k={best} is predicted {gain * 100:+.0f}% tokens/s per sequence against the k={k} "
+        f"measured{beyond}, from the conditional acceptance and the {clock} phase costs",
+        evidence,
+        f"try k={best} and compare; the model holds acceptance fixed per position and verify's "
+        "cost fixed in k",
+    )
+
+
 # -- everything -----------------------------------------------------------------------------------
 
 
@@ -708,6 +781,9 @@ def diagnose(recent: Window, past: Window | None = None) -> list[Finding]:
         if past.drafted_first is not None and recent.drafted_first is not None:
             pair = (past.drafted_first, recent.drafted_first)
         out.extend(against_past(b, past.breakdown, pair))
+    advice = advise_k(b) if b.cycles >= MIN_SPEEDUP_CYCLES else None
+    if advice is not None:
+        out.append(advice)
     return out
 
 
