@@ -4,7 +4,9 @@
 engine's request counts) into a :class:`DemoView`: mean milliseconds per cycle and share of the
 cycle for each phase on the GPU and host clocks, acceptance rate, mean accept length, acceptance
 by draft position, tokens/s, cycles/s, mean batch size, per-sequence speed and the realized
-speedup against the non-speculative baseline. Every number is
+speedup against the non-speculative baseline, and below 1 why (the diagnosis's speedup finding:
+the draft still warming up, acceptance too low for its cost, verify-bound at this batch size,
+too few cycles). Every number is
 :func:`specobs.tools._breakdown.breakdown`'s, the definition ``specobs top`` shows and the
 recording rules compute; this module only renders it. :func:`render_rich` draws it with rich
 (used inside ``rich.live.Live``); :func:`plain_line` is the one-line form for logs and pipes;
@@ -16,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from specobs.tools import _diagnosis as dg
 from specobs.tools._breakdown import CLOCKS, Breakdown, breakdown, snapshot_delta, speedups
 
 if TYPE_CHECKING:
@@ -49,6 +52,8 @@ class DemoView:
     cycles_total: int
     emitted_total: int
     dropped_total: int
+    #: The run before the window (``None`` for the whole run): whether acceptance is rising.
+    past: Breakdown | None = None
 
     @property
     def cycles_per_second(self) -> float:
@@ -92,6 +97,20 @@ class DemoView:
         return speedups(self.breakdown)[0]
 
     @property
+    def speedup_note(self) -> str:
+        """Why the speedup is below 1, from the diagnosis's speedup finding (docs/diagnosis.md);
+        empty at or above 1 or without a baseline."""
+        value = self.speedup
+        if value is None or value >= 1.0:
+            return ""
+        finding = dg.speedup(self.breakdown, self.past)
+        if finding.code == "SPEC-SPEEDUP-WARMING":
+            return "acceptance is still rising: the draft is warming up"
+        if finding.code == "SPEC-SPEEDUP-UNKNOWN":
+            return "too few cycles in the window to judge"
+        return finding.sentence.rsplit("; ", 1)[-1]
+
+    @property
     def phases(self) -> dict[str, dict[str, PhaseTime | None]]:
         """Mean milliseconds per cycle and share, by phase and clock (``None``: no sample)."""
         out: dict[str, dict[str, PhaseTime | None]] = {}
@@ -117,12 +136,14 @@ def compute_view(
     """The view of what happened between snapshots ``old`` and ``new`` (``old=None``: since the
     start). ``window_seconds`` is the wall time between them. ``baseline``: the non-speculative
     tokens/s per sequence when the demo measures it (else the observer's configured one)."""
+    past = None if old is None else breakdown(snapshot_delta(old, None, window_seconds, baseline))
     return DemoView(
         breakdown=breakdown(snapshot_delta(new, old, window_seconds, baseline)),
         window_seconds=window_seconds,
         cycles_total=new.cycles_total,
         emitted_total=new.emitted_tokens_total,
         dropped_total=new.dropped_total(),
+        past=past,
     )
 
 
@@ -142,7 +163,8 @@ def plain_line(view: DemoView, *, fault: str | None, requests: str = "") -> str:
         f"acceptance {_f(view.acceptance_rate, '.2f')}",
         f"accept length {_f(view.mean_accept_length, '.2f')}",
         f"batch {_f(view.batch_size_mean, '.1f')}",
-        f"speedup {_f(view.speedup, '.2f')}x",
+        f"speedup {_f(view.speedup, '.2f')}x"
+        + (f" ({view.speedup_note})" if view.speedup_note else ""),
     ]
     for clock in CLOCKS:
         split = [
@@ -227,7 +249,8 @@ def render_rich(
                                         enumerate(view.per_position))),
         ("batch size", _f(view.batch_size_mean, ".1f")),
         ("per-sequence tokens/s", f"{speed}  vs baseline {base} ({baseline_note}): "
-                                  f"speedup {speedup}x"),
+                                  f"speedup {speedup}x"
+                                  + (f" ({view.speedup_note})" if view.speedup_note else "")),
         ("fault", fault or "none"),
         ("requests", requests),
         ("exporter", f"dropped {view.dropped_total}, " + (
@@ -263,7 +286,8 @@ def final_lines(
         f"  mean batch size {_f(view.batch_size_mean, '.1f')}; per-sequence "
         f"{_f(view.sequence_tokens_per_second, '.1f')} tokens/s vs baseline "
         f"{_f(view.baseline_tokens_per_second, '.1f')} ({baseline_note}): speedup "
-        f"{_f(view.speedup, '.2f')}x",
+        f"{_f(view.speedup, '.2f')}x"
+        + (f" ({view.speedup_note})" if view.speedup_note else ""),
         "  cycle breakdown (mean per cycle, share):",
     ]
     for clock in CLOCKS:
