@@ -15,7 +15,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from operator import add
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specobs import catalog
 from specobs._bucketing import Bucketed
@@ -47,11 +47,16 @@ class _Histogram:
         self.counts = list(map(add, self.counts, counts))
         self.sum += total * scale
 
-    def freeze(self) -> HistogramData:
-        # Only counts and sum are kept; the total count is derived here.
-        return HistogramData(
-            self.bounds, tuple(self.counts), self.sum, sum(self.counts), tuple(self.exemplars)
-        )
+    def freeze(self, extra: Bucketed | None = None, scale: float = 1e-9) -> HistogramData:
+        """A copy; ``extra`` (counts on the same bounds, and a raw sum) is added in: the ring's
+        running totals. Only counts and sum are kept; the total count is derived here."""
+        counts = self.counts
+        total = self.sum
+        if extra is not None:
+            ec, es = extra
+            counts = [a + b for a, b in zip(counts, ec, strict=False)] + counts[len(ec):]
+            total += es * scale
+        return HistogramData(self.bounds, tuple(counts), total, sum(counts), tuple(self.exemplars))
 
 
 class Aggregation:
@@ -75,9 +80,27 @@ class Aggregation:
         self.baseline_tokens_per_second = baseline_tokens_per_second
         self._zero(time.time_ns() if created_unix_nano is None else created_unix_nano,
                    ("hot_path", "resolver"))
-        #: Bumped by every change applied: a sink may cache what it rendered from a snapshot
-        #: until this moves (the Prometheus endpoint does).
-        self.generation = 0
+        self._generation = 0
+        #: The hot path's ring, whose running totals (every cycle's host times, the acceptance
+        #: and batch sizes it counted itself) the snapshot adds in; None before one attaches.
+        self._ring: Any = None
+        self._ring_offset_ns = 0
+
+    def attach_ring(self, ring: Any, offset_ns: int) -> None:
+        """Read ``ring.totals()`` into every snapshot (``offset_ns`` turns its stamps into wall
+        time): the resolver drains the common case into the ring itself (``drain_into``) and
+        applies here only what needed Python."""
+        with self._lock:
+            self._ring = ring
+            self._ring_offset_ns = offset_ns
+            self._generation += 1
+
+    @property
+    def generation(self) -> int:
+        """Moves with every change: a sink may cache what it rendered from a snapshot until it
+        does (the Prometheus endpoint does)."""
+        ring = self._ring
+        return self._generation + (ring.drained if ring is not None else 0)
 
     def _zero(self, created_unix_nano: int, cpu_components: Iterable[str]) -> None:
         buckets = catalog.DURATION_BUCKETS_SECONDS
@@ -116,7 +139,9 @@ class Aggregation:
         self._lock = threading.Lock()
         with self._lock:
             self._zero(time.time_ns(), list(self.cpu_seconds))
-            self.generation += 1
+            if self._ring is not None:
+                self._ring.reset_totals()
+            self._generation += 1
 
     def add_cpu(self, component: str, seconds: float) -> None:
         """Count ``seconds`` of thread CPU ``component`` spent (``specobs_exporter_cpu_time``)."""
@@ -129,7 +154,7 @@ class Aggregation:
             return
         with self._lock:
             self.dropped[reason] = self.dropped.get(reason, 0) + n
-            self.generation += 1
+            self._generation += 1
 
     def count(self, dropped: dict[str, int], errors: dict[str, int]) -> None:
         """Add counts of drops and errors by reason and kind (the recorder's, folded in)."""
@@ -137,7 +162,7 @@ class Aggregation:
             return
         with self._lock:
             self._count(dropped, errors)
-            self.generation += 1
+            self._generation += 1
 
     def _count(self, dropped: dict[str, int], errors: dict[str, int]) -> None:
         for reason, n in dropped.items():
@@ -152,7 +177,7 @@ class Aggregation:
                 self.requests_running = running
             if waiting is not None:
                 self.requests_waiting = waiting
-            self.generation += 1
+            self._generation += 1
 
     def set_sampling(self, interval: int, overhead_ratio: float | None,
                      hot_path_seconds: float) -> None:
@@ -172,8 +197,8 @@ class Aggregation:
         dropped: dict[str, int],
         errors: dict[str, int],
         cycles: int,
-        host_phases: list[Bucketed],
-        host_cycle: Bucketed,
+        host_phases: list[Bucketed] | None,
+        host_cycle: Bucketed | None,
         gpu_phases: list[Bucketed],
         gpu_cycle: Bucketed | None,
         acceptance: BatchAcceptance | None,
@@ -189,9 +214,10 @@ class Aggregation:
         with self._lock:
             self._count(dropped, errors)
             self.cycles += cycles
-            for i, b in enumerate(host_phases):
+            for i, b in enumerate(host_phases or ()):
                 self.phase_host[i].add(b, 1e-9)
-            self.cycle_host.add(host_cycle, 1e-9)
+            if host_cycle is not None:
+                self.cycle_host.add(host_cycle, 1e-9)
             if gpu_cycle is not None:
                 self.sampled_cycles += sum(gpu_cycle[0])
                 for i, b in enumerate(gpu_phases):
@@ -216,7 +242,7 @@ class Aggregation:
                 self.last_cycle_timestamp = last_cycle_timestamp
             for r in traced:
                 self._exemplars(r)
-            self.generation += 1
+            self._generation += 1
 
     def _exemplars(self, r: ResolvedCycle) -> None:
         # GPU-timed cycles put exemplars on the GPU-clock histograms, host-only ones on the host's.
@@ -237,30 +263,56 @@ class Aggregation:
 
     # -- reads ---------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        """Copy everything under the lock: O(buckets), a few microseconds."""
+        """Copy everything under the lock, the ring's running totals added in: O(buckets), a
+        few microseconds. The totals are read in one call, under the GIL, which the resolver's
+        drain holds from its first cycle to its last: a snapshot never sees half a chunk."""
         with self._lock:
+            ring = self._ring
+            t = ring.totals() if ring is not None else None
+            nph = len(self.phases)
             phase_h: dict[tuple[str, str], HistogramData] = {}
             for i, p in enumerate(self.phases):
                 phase_h[(p, "gpu")] = self.phase_gpu[i].freeze()
-                phase_h[(p, "host")] = self.phase_host[i].freeze()
+                phase_h[(p, "host")] = self.phase_host[i].freeze(t[1][i] if t else None)
+            cycles, drafted, accepted, emitted = (
+                self.cycles, self.draft_tokens, self.accepted_tokens, self.emitted_tokens)
+            drafted_by_k = self.drafted_by_k
+            last = self.last_cycle_timestamp
+            accept_length = self.accept_length.freeze()
+            batch_size = self.batch_size.freeze()
+            cycle_host = self.cycle_host.freeze(t[1][nph] if t else None)
+            if t is not None:
+                cycles += t[0]
+                accept_length = self.accept_length.freeze((t[2], t[3]), 1.0)
+                accepted += t[3]
+                drafted += t[4]
+                emitted += t[5]
+                if t[6]:
+                    drafted_by_k = list(drafted_by_k)
+                    for k, n in t[6].items():
+                        drafted_by_k[k] += n
+                batch_size = self.batch_size.freeze(t[7], 1.0)
+                if t[9] is not None:
+                    native_last = (self._ring_offset_ns + t[9]) / 1e9
+                    last = native_last if last is None else max(last, native_last)
             return Snapshot(
                 phases=self.phases,
                 max_draft_length=self.max_draft_length,
                 labels=dict(self.labels),
                 info=dict(self.info),
-                cycles_total=self.cycles,
-                draft_tokens_total=self.draft_tokens,
-                accepted_tokens_total=self.accepted_tokens,
-                emitted_tokens_total=self.emitted_tokens,
+                cycles_total=cycles,
+                draft_tokens_total=drafted,
+                accepted_tokens_total=accepted,
+                emitted_tokens_total=emitted,
                 sampled_cycles_total=self.sampled_cycles,
                 phase_histograms=phase_h,
-                cycle_histograms={"gpu": self.cycle_gpu.freeze(), "host": self.cycle_host.freeze()},
-                accept_length=self.accept_length.freeze(),
+                cycle_histograms={"gpu": self.cycle_gpu.freeze(), "host": cycle_host},
+                accept_length=accept_length,
                 drafted_by_position=tuple(
-                    sum(self.drafted_by_k[j + 1 :]) for j in range(self.max_draft_length)
+                    sum(drafted_by_k[j + 1 :]) for j in range(self.max_draft_length)
                 ),
-                batch_size=self.batch_size.freeze(),
-                last_cycle_timestamp_seconds=self.last_cycle_timestamp,
+                batch_size=batch_size,
+                last_cycle_timestamp_seconds=last,
                 baseline_tokens_per_second=self.baseline_tokens_per_second,
                 requests_running=self.requests_running,
                 requests_waiting=self.requests_waiting,

@@ -80,9 +80,13 @@ typedef struct {
     int has_obj_acc; /* acc / copy hold this cycle's acceptance (accept() was called) */
 } Slot;
 
+struct Totals;
+
 typedef struct {
     PyObject_HEAD
     Slot *slots;
+    struct Totals *totals; /* what drain_into has added up */
+    int64_t drained;       /* cycles drain_into has taken */
     Py_ssize_t capacity;
     Py_ssize_t nslots; /* capacity + 1 */
     uint64_t head, tail;
@@ -1166,54 +1170,31 @@ done:
     return rc;
 }
 
-/* Resolve the queued cycles with index < bound, at most ``limit``. Returns
- * (cycles, host [(counts, sum) per phase, then the cycle], total ns, last end stamp or None,
- *  length counts, accepted, drafted, emitted, {draft length: sequences}, batch (counts, sum),
- *  batch count, details, copies read here for the resolver to release)
- * where details are the cycles that need Python: events, a copy, values kept as objects, traced
- * (index in ``trace``, a sorted list, or a host cycle time >= slow_ns), or all when want_all.
- * Their host times and native acceptance are in the totals already. */
-static PyObject *
-Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "drain(bound, limit, trace, slow_ns, want_all)");
-        return NULL;
-    }
-    long long bound = PyLong_AsLongLong(args[0]);
-    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
-    PyObject *trace = args[2];
-    long long slow_ns = PyLong_AsLongLong(args[3]);
-    int want_all = PyObject_IsTrue(args[4]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (!PyList_Check(trace)) {
-        PyErr_SetString(PyExc_TypeError, "trace must be a list of cycle indices");
-        return NULL;
-    }
-    int nph = r->nph, nb = r->ndb + 1, nbb = r->nbb + 1, w = r->k_max + 1;
+/* What a drain adds up: host histograms per phase and for the cycle, accepted lengths, draft
+ * lengths, batch sizes, token totals. One per drain call (``drain``) or the ring's running
+ * totals (``drain_into``, read by the aggregation's snapshot: ``totals``). */
+typedef struct Totals {
     int64_t host[(MAX_PHASES + 1) * (MAX_BOUNDS + 1)];
     int64_t hsum[MAX_PHASES + 1];
     int64_t lcounts[256];
     int64_t bcounts[MAX_BOUNDS + 1];
-    memset(host, 0, sizeof(int64_t) * (size_t)((nph + 1) * nb));
-    memset(hsum, 0, sizeof(hsum));
-    memset(lcounts, 0, sizeof(lcounts));
-    memset(bcounts, 0, sizeof(bcounts));
     int64_t kseq[256];
     int kseen[256];
-    memset(kseq, 0, sizeof(kseq));
-    memset(kseen, 0, sizeof(kseen));
-    int64_t total = 0, accepted = 0, drafted = 0, emitted = 0, bsum = 0, bn = 0, last = 0;
+    int64_t cycles, accepted, drafted, emitted, bsum, bn, last;
+} Totals;
+
+/* The drain itself: consume the done cycles with index < bound, at most ``limit``, into ``t``;
+ * append the cycles that need Python to ``details`` and the copies read here to ``released``.
+ * Makes no call into Python (the worker cannot run in between). Sets the cycles taken and the
+ * sum of their host cycle times; -1 on an error. */
+static int
+drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trace,
+           long long slow_ns, int want_all, PyObject *details, PyObject *released,
+           Py_ssize_t *n_out, int64_t *total_out)
+{
+    int nph = r->nph, nb = r->ndb + 1;
+    int64_t total = 0;
     Py_ssize_t n = 0, ti = 0, nt = PyList_GET_SIZE(trace);
-    PyObject *details = PyList_New(0);
-    if (details == NULL)
-        return NULL;
-    PyObject *released = PyList_New(0);
-    if (released == NULL) {
-        Py_DECREF(details);
-        return NULL;
-    }
     while (r->tail != r->head && n < limit) {
         Slot *s = &r->slots[r->tail % (uint64_t)r->nslots];
         if (s->state == SLOT_VOID) {
@@ -1227,14 +1208,15 @@ Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         int64_t *ts = s->ts;
         for (int i = 0; i < nph; i++) {
             int64_t d = ts[i + 1] - ts[i];
-            host[i * nb + bucket_of(r->dbounds, r->ndb, (double)d * 1e-9)]++;
-            hsum[i] += d;
+            t->host[i * nb + bucket_of(r->dbounds, r->ndb, (double)d * 1e-9)]++;
+            t->hsum[i] += d;
         }
         int64_t tot = ts[nph] - ts[0];
-        host[nph * nb + bucket_of(r->dbounds, r->ndb, (double)tot * 1e-9)]++;
-        hsum[nph] += tot;
+        t->host[nph * nb + bucket_of(r->dbounds, r->ndb, (double)tot * 1e-9)]++;
+        t->hsum[nph] += tot;
         total += tot;
-        last = ts[nph];
+        t->last = ts[nph];
+        t->cycles++;
         int py_batch = 0;
         if (s->copy != NULL && s->nseq < 0 && s->acc == NULL && r->copy_type != Py_None
             && (PyObject *)Py_TYPE(s->copy) == r->copy_type) {
@@ -1244,31 +1226,28 @@ Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         if (s->nseq >= 0) {
             const uint8_t *lens = s->lens;
             for (int32_t j = 0; j < s->nseq; j++)
-                lcounts[lens[j]]++;
-            accepted += s->accsum;
-            drafted += (int64_t)s->k * s->nseq;
-            emitted += s->accsum + s->nseq;
-            kseq[s->k] += s->nseq;
-            kseen[s->k] = 1;
+                t->lcounts[lens[j]]++;
+            t->accepted += s->accsum;
+            t->drafted += (int64_t)s->k * s->nseq;
+            t->emitted += s->accsum + s->nseq;
+            t->kseq[s->k] += s->nseq;
+            t->kseen[s->k] = 1;
         }
         if (s->batch_obj != NULL || s->has_obj_acc)
             py_batch = 1; /* sized by the resolver's validation */
         else {
             int64_t b = s->batch >= 0 ? s->batch : (s->nseq >= 0 ? s->nseq : -1);
             if (b >= 0) {
-                bcounts[bucket_of(r->bbounds, r->nbb, (double)b)]++;
-                bsum += b;
-                bn++;
+                t->bcounts[bucket_of(r->bbounds, r->nbb, (double)b)]++;
+                t->bsum += b;
+                t->bn++;
             }
         }
         int traced = 0;
         while (ti < nt) {
             long long want = PyLong_AsLongLong(PyList_GET_ITEM(trace, ti));
-            if (want == -1 && PyErr_Occurred()) {
-                Py_DECREF(details);
-                Py_DECREF(released);
-                return NULL;
-            }
+            if (want == -1 && PyErr_Occurred())
+                return -1;
             if (want > s->idx)
                 break;
             ti++;
@@ -1282,9 +1261,7 @@ Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
             PyObject *d = slot_detail(s, nph, traced);
             if (d == NULL || PyList_Append(details, d) < 0) {
                 Py_XDECREF(d);
-                Py_DECREF(details);
-                Py_DECREF(released);
-                return NULL;
+                return -1;
             }
             Py_DECREF(d);
         }
@@ -1297,56 +1274,176 @@ Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         r->waiting--;
         n++;
     }
-    PyObject *hl = PyList_New(nph + 1);
-    if (hl == NULL) {
-        Py_DECREF(details);
-        Py_DECREF(released);
-        return NULL;
+    *n_out = n;
+    *total_out = total;
+    return 0;
+}
+
+static int
+drain_args(PyObject *const *args, Py_ssize_t nargs, long long *bound, Py_ssize_t *limit,
+           long long *slow_ns, int *want_all)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "drain(bound, limit, trace, slow_ns, want_all)");
+        return -1;
     }
+    *bound = PyLong_AsLongLong(args[0]);
+    *limit = PyLong_AsSsize_t(args[1]);
+    *slow_ns = PyLong_AsLongLong(args[3]);
+    *want_all = PyObject_IsTrue(args[4]);
+    if (PyErr_Occurred())
+        return -1;
+    if (!PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "trace must be a list of cycle indices");
+        return -1;
+    }
+    return 0;
+}
+
+/* ([(counts, sum)] per phase then the cycle, length counts, accepted, drafted, emitted,
+ *  {draft length: sequences}, batch (counts, sum), batch count) of ``t``. */
+static PyObject *
+totals_tuple(Ring *r, const Totals *t)
+{
+    int nph = r->nph, nb = r->ndb + 1, nbb = r->nbb + 1, w = r->k_max + 1;
+    PyObject *hl = PyList_New(nph + 1);
+    if (hl == NULL)
+        return NULL;
     for (int i = 0; i <= nph; i++) {
-        PyObject *b = bucketed(&host[i * nb], nb, hsum[i]);
+        PyObject *b = bucketed(&t->host[i * nb], nb, t->hsum[i]);
         if (b == NULL) {
             Py_DECREF(hl);
-            Py_DECREF(details);
-            Py_DECREF(released);
             return NULL;
         }
         PyList_SET_ITEM(hl, i, b);
     }
     PyObject *kd = PyDict_New();
-    if (kd == NULL)
-        goto fail;
+    if (kd == NULL) {
+        Py_DECREF(hl);
+        return NULL;
+    }
     for (int k = 0; k < w; k++) {
-        if (!kseen[k])
+        if (!t->kseen[k])
             continue;
-        PyObject *kk = PyLong_FromLong(k), *vv = PyLong_FromLongLong(kseq[k]);
+        PyObject *kk = PyLong_FromLong(k), *vv = PyLong_FromLongLong(t->kseq[k]);
         if (kk == NULL || vv == NULL || PyDict_SetItem(kd, kk, vv) < 0) {
             Py_XDECREF(kk);
             Py_XDECREF(vv);
             Py_DECREF(kd);
-            goto fail;
+            Py_DECREF(hl);
+            return NULL;
         }
         Py_DECREF(kk);
         Py_DECREF(vv);
     }
-    PyObject *lc = int64_list(lcounts, w);
-    PyObject *bc = bucketed(bcounts, nbb, bsum);
-    PyObject *lastobj = n ? PyLong_FromLongLong(last) : (Py_INCREF(Py_None), Py_None);
-    if (lc == NULL || bc == NULL || lastobj == NULL) {
+    PyObject *lc = int64_list(t->lcounts, w);
+    PyObject *bc = bucketed(t->bcounts, nbb, t->bsum);
+    if (lc == NULL || bc == NULL) {
         Py_XDECREF(lc);
         Py_XDECREF(bc);
-        Py_XDECREF(lastobj);
         Py_DECREF(kd);
-        goto fail;
+        Py_DECREF(hl);
+        return NULL;
     }
-    return Py_BuildValue("(nNLNNLLLNNLNN)", n, hl, (long long)total, lastobj, lc,
-                         (long long)accepted, (long long)drafted, (long long)emitted, kd, bc,
-                         (long long)bn, details, released);
-fail:
-    Py_DECREF(hl);
-    Py_DECREF(details);
-    Py_DECREF(released);
-    return NULL;
+    return Py_BuildValue("(NNLLLNNL)", hl, lc, (long long)t->accepted, (long long)t->drafted,
+                         (long long)t->emitted, kd, bc, (long long)t->bn);
+}
+
+/* Resolve the queued cycles with index < bound, at most ``limit``, as one chunk. Returns
+ * (cycles, host [(counts, sum) per phase, then the cycle], total ns, last end stamp or None,
+ *  length counts, accepted, drafted, emitted, {draft length: sequences}, batch (counts, sum),
+ *  batch count, details, copies read here for the resolver to release)
+ * where details are the cycles that need Python: events, a copy, values kept as objects, traced
+ * (index in ``trace``, a sorted list, or a host cycle time >= slow_ns), or all when want_all.
+ * Their host times and native acceptance are in the totals already. */
+static PyObject *
+Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long bound, slow_ns;
+    Py_ssize_t limit, n = 0;
+    int want_all;
+    int64_t total = 0;
+    if (drain_args(args, nargs, &bound, &limit, &slow_ns, &want_all) < 0)
+        return NULL;
+    Totals *t = PyMem_Calloc(1, sizeof(Totals));
+    PyObject *details = PyList_New(0), *released = PyList_New(0), *out = NULL;
+    if (t == NULL || details == NULL || released == NULL) {
+        if (t == NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    if (drain_loop(r, t, bound, limit, args[2], slow_ns, want_all, details, released, &n,
+                   &total) < 0)
+        goto done;
+    PyObject *tt = totals_tuple(r, t);
+    if (tt == NULL)
+        goto done;
+    PyObject *lastobj = n ? PyLong_FromLongLong(t->last) : (Py_INCREF(Py_None), Py_None);
+    if (lastobj == NULL) {
+        Py_DECREF(tt);
+        goto done;
+    }
+    /* tt: host, lengths, accepted, drafted, emitted, kseq, batch, batch count */
+    out = Py_BuildValue("(nOLNOOOOOOOOO)", n, PyTuple_GET_ITEM(tt, 0), (long long)total,
+                        lastobj, PyTuple_GET_ITEM(tt, 1), PyTuple_GET_ITEM(tt, 2),
+                        PyTuple_GET_ITEM(tt, 3), PyTuple_GET_ITEM(tt, 4),
+                        PyTuple_GET_ITEM(tt, 5), PyTuple_GET_ITEM(tt, 6),
+                        PyTuple_GET_ITEM(tt, 7), details, released);
+    Py_DECREF(tt);
+done:
+    PyMem_Free(t);
+    Py_XDECREF(details);
+    Py_XDECREF(released);
+    return out;
+}
+
+/* The same drain into the ring's running totals (read with ``totals``): the resolver's path,
+ * which hands the aggregation nothing for the cycles that need no Python. Returns
+ * (cycles, total ns, details, copies read here to release). */
+static PyObject *
+Ring_drain_into(Ring *r, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long bound, slow_ns;
+    Py_ssize_t limit, n = 0;
+    int want_all;
+    int64_t total = 0;
+    if (drain_args(args, nargs, &bound, &limit, &slow_ns, &want_all) < 0)
+        return NULL;
+    PyObject *details = PyList_New(0), *released = PyList_New(0), *out = NULL;
+    if (details != NULL && released != NULL
+        && drain_loop(r, r->totals, bound, limit, args[2], slow_ns, want_all, details,
+                      released, &n, &total) == 0)
+        out = Py_BuildValue("(nLOO)", n, (long long)total, details, released);
+    r->drained += n;
+    Py_XDECREF(details);
+    Py_XDECREF(released);
+    return out;
+}
+
+/* The running totals of ``drain_into``: (cycles, host, length counts, accepted, drafted,
+ * emitted, {draft length: sequences}, batch (counts, sum), batch count, last end stamp or
+ * None). */
+static PyObject *
+Ring_totals(Ring *r, PyObject *Py_UNUSED(ignored))
+{
+    Totals *t = r->totals;
+    PyObject *tt = totals_tuple(r, t);
+    if (tt == NULL)
+        return NULL;
+    PyObject *out = Py_BuildValue(
+        "(LOOOOOOOON)", (long long)t->cycles, PyTuple_GET_ITEM(tt, 0), PyTuple_GET_ITEM(tt, 1),
+        PyTuple_GET_ITEM(tt, 2), PyTuple_GET_ITEM(tt, 3), PyTuple_GET_ITEM(tt, 4),
+        PyTuple_GET_ITEM(tt, 5), PyTuple_GET_ITEM(tt, 6), PyTuple_GET_ITEM(tt, 7),
+        t->cycles ? PyLong_FromLongLong(t->last) : (Py_INCREF(Py_None), Py_None));
+    Py_DECREF(tt);
+    return out;
+}
+
+static PyObject *
+Ring_reset_totals(Ring *r, PyObject *Py_UNUSED(ignored))
+{
+    memset(r->totals, 0, sizeof(Totals));
+    Py_RETURN_NONE;
 }
 
 /* Drop every queued cycle (after fork, at shutdown); returns how many. */
@@ -1449,7 +1546,8 @@ Ring_init(Ring *r, PyObject *args, PyObject *kwds)
     if (read_bounds_into(db, r->dbounds, &r->ndb) < 0 || read_bounds_into(bb, r->bbounds, &r->nbb) < 0)
         return -1;
     r->slots = PyMem_Calloc((size_t)capacity + 1 - SPECOBS_CORE_FAULT_OVERRUN, sizeof(Slot));
-    if (r->slots == NULL) {
+    r->totals = PyMem_Calloc(1, sizeof(Totals));
+    if (r->slots == NULL || r->totals == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -1541,6 +1639,8 @@ Ring_dealloc(Ring *r)
         PyMem_Free(r->slots);
         r->slots = NULL;
     }
+    PyMem_Free(r->totals);
+    r->totals = NULL;
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
@@ -1643,6 +1743,7 @@ static PyMemberDef Ring_members[] = {
     {"dropped_queue_full", T_LONGLONG, offsetof(Ring, dropped_queue_full), READONLY, NULL},
     {"discarded", T_LONGLONG, offsetof(Ring, discarded), READONLY, NULL},
     {"copy_ns", T_LONGLONG, offsetof(Ring, copy_ns), READONLY, NULL},
+    {"drained", T_LONGLONG, offsetof(Ring, drained), READONLY, NULL},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -1651,6 +1752,9 @@ static PyMethodDef Ring_methods[] = {
      "Start a cycle (and its first phase); returns its handle."},
     {"pending", (PyCFunction)Ring_pending, METH_O, NULL},
     {"drain", (PyCFunction)(void (*)(void))Ring_drain, METH_FASTCALL, NULL},
+    {"drain_into", (PyCFunction)(void (*)(void))Ring_drain_into, METH_FASTCALL, NULL},
+    {"totals", (PyCFunction)Ring_totals, METH_NOARGS, NULL},
+    {"reset_totals", (PyCFunction)Ring_reset_totals, METH_NOARGS, NULL},
     {"clear_queue", (PyCFunction)Ring_clear_queue, METH_NOARGS, NULL},
     {"take_dropped", (PyCFunction)Ring_take_dropped, METH_NOARGS, NULL},
     {"forget_current", (PyCFunction)Ring_forget_current, METH_NOARGS, NULL},

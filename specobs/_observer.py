@@ -187,6 +187,7 @@ class Observer:
             duration_bounds=self.aggregation.duration_bounds,
         )
         self._recorder.enabled = settings.enabled
+        self.aggregation.attach_ring(self._recorder.ring, self.anchor.offset_ns)
         self._resolver = Resolver(
             self._recorder,
             self.aggregation,

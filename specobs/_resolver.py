@@ -327,22 +327,29 @@ class Resolver:
             self._release(ev, copy)
         bound = self._poll(ring, clock, chunk)
         trace = self._trace_indices(bound)
-        chunk_out = ring.drain(bound, chunk, trace, -1 if self.slow_ns is None else self.slow_ns,
-                               self.want_cycles)
+        # Into the ring's running totals (the aggregation's snapshot reads them): only the
+        # cycles that need Python come back as details.
+        chunk_out = ring.drain_into(bound, chunk, trace,
+                                    -1 if self.slow_ns is None else self.slow_ns,
+                                    self.want_cycles)
         n: int = chunk_out[0]
         taken_box[0] = n
-        for copy in chunk_out[12]:  # read by the drain from pinned memory: back to the pool
+        for copy in chunk_out[3]:  # read by the drain from pinned memory: back to the pool
             self._release(None, copy)
         try:
             out = self._resolve(chunk_out, clock)
         except Exception as exc:
             # A bug, not bad input (bad values are validated per cycle before anything is
             # applied): the chunk is lost as a whole and counted, never half-applied.
-            _log.exception("specobs: resolver error; %d records dropped: %r", n, exc)
-            for d in chunk_out[11]:
+            # The ring counted every cycle's host times (and what it validated itself) already;
+            # what is lost is the part that needed Python: one drop per such cycle.
+            lost = len(chunk_out[2])
+            _log.exception("specobs: resolver error; the GPU times, acceptance and traces of %d "
+                           "cycles dropped: %r", lost, exc)
+            for d in chunk_out[2]:
                 self._release(d[3], d[8])
-            self.agg.count({"resolver_error": n}, {"internal": 1})
-            return 0
+            self.agg.count({"resolver_error": lost}, {"internal": 1})
+            return n
         if out:
             for sink in self.sinks:
                 try:
@@ -414,39 +421,28 @@ class Resolver:
 
     def _resolve(self, chunk: Any, clock: Any) -> list[ResolvedCycle]:
         """Stages 2-4 for the cycles the ring handed over as details -- read (GPU times, CUDA
-        copies), validate (what the ring kept as objects) -- merged with the ring's own
-        bucketed totals, then stage 5, apply: one call into the aggregation with validated
-        numbers only, so a chunk is applied whole or not at all. Returns the cycles the sinks
-        should see."""
-        (n, host, total_ns, last, lcounts, accepted, drafted, emitted, kseq, batch_b, batch_n,
-         details, _released) = chunk
+        copies), validate (what the ring kept as objects) -- then stage 5, apply: one call into
+        the aggregation with validated numbers only, so a chunk is applied whole or not at all.
+        Every cycle's host times, and the acceptance and batch sizes the ring counted itself,
+        are in the ring's running totals already (``drain_into``), which the aggregation's
+        snapshot reads. Returns the cycles the sinks should see."""
+        n, total_ns, details, _released = chunk
         agg = self.agg
         rec = self.rec
         dropped, errors = self._fold()
         if not n:
             agg.count(dropped, errors)
             return []
+        if not details:  # the common case: nothing for Python but the sampler's figures
+            agg.count(dropped, errors)
+            self._adapt(0, 0, total_ns / n, 0)
+            return []
         nph = rec.nphases
         k_max = agg.max_draft_length
         gpu, cost, read_ns = self._read_gpu(details, clock)
-        py_acc, py_batches, validated = self._validate(details, k_max)
-        acceptance: BatchAcceptance | None = None
-        if kseq or py_acc is not None:
-            counts = list(lcounts)
-            by_k = dict(kseq)
-            if py_acc is not None:
-                counts = [a + b for a, b in zip(counts, py_acc.length_counts, strict=True)]
-                accepted += py_acc.accepted
-                drafted += py_acc.drafted
-                emitted += py_acc.emitted
-                for kk, m in py_acc.sequences_by_draft_length.items():
-                    by_k[kk] = by_k.get(kk, 0) + m
-            acceptance = BatchAcceptance(counts, accepted, drafted, emitted, by_k)
-        batches: Bucketed | None = batch_b if batch_n else None
-        if py_batches:
-            extra = _bucket(py_batches, catalog.BATCH_SIZE_BUCKETS, 1.0)
-            batches = extra if batches is None else (
-                [a + b for a, b in zip(batches[0], extra[0], strict=True)], batches[1] + extra[1])
+        acceptance, py_batches, validated = self._validate(details, k_max)
+        batches: Bucketed | None = (
+            _bucket(py_batches, catalog.BATCH_SIZE_BUCKETS, 1.0) if py_batches else None)
         gcols = list(gpu.values())
         gpu_phases: list[Bucketed] = []
         gpu_cycle: Bucketed | None = None
@@ -455,20 +451,19 @@ class Resolver:
             gpu_phases = [_bucket([g[i] for g in gcols], bounds) for i in range(nph)]
             gpu_cycle = _bucket([sum(g) for g in gcols], bounds)
         out = self._resolved_cycles(details, gpu, validated, k_max)
-        anchor_wall = self.anchor.offset_ns
         agg.apply(
             dropped=dropped,
             errors=errors,
-            cycles=n,
-            host_phases=list(host[:nph]),
-            host_cycle=host[nph],
+            cycles=0,  # counted in the ring's totals
+            host_phases=None,
+            host_cycle=None,
             gpu_phases=gpu_phases,
             gpu_cycle=gpu_cycle,
             acceptance=acceptance,
             accept_length_counts=acceptance.length_counts if acceptance is not None
             else [0] * (k_max + 1),
             batch_sizes=batches,
-            last_cycle_timestamp=(anchor_wall + last) / 1e9 if last is not None else None,
+            last_cycle_timestamp=None,
             traced=[r for r in out if r.trace_id is not None],
         )
         self._adapt(cost, len(gpu), total_ns / n, read_ns)

@@ -380,6 +380,9 @@ class PyRing:
         #: Closed handles kept for reuse (see ``close_current`` in specobs/_core.c).
         self._spares: list[PyCycle | None] = [None] * NSPARES
         self.dropped: list[tuple[Any, Any]] = []
+        #: Cycles :meth:`drain_into` has taken (the aggregation's generation moves with it).
+        self.drained = 0
+        self.reset_totals()
 
     # -- helpers ---------------------------------------------------------------------------------
     @property
@@ -682,6 +685,48 @@ class PyRing:
         return (n, [(list(c), int(t)) for c, t in hl], total, tss[-1][nph] if tss else None,
                 list(lcounts), accepted, drafted, emitted, {k: kseq[k] for k in sorted(kseq)},
                 (list(bucketed[0]), bucketed[1]), len(batches), details, released)
+
+    def drain_into(
+        self, bound: int, limit: int, trace: list[int], slow_ns: int, want_all: bool
+    ) -> tuple[int, int, list[Detail], list[Any]]:
+        """:meth:`drain` into the ring's running totals (:meth:`totals`): what the resolver
+        calls, so the aggregation is handed nothing for the cycles that need no Python.
+        Returns (cycles, sum of their host cycle ns, details, copies to release)."""
+        (n, host, total, last, lcounts, accepted, drafted, emitted, kseq, batch_b, batch_n,
+         details, released) = self.drain(bound, limit, trace, slow_ns, want_all)
+        t = self._totals
+        if n:
+            t[0] += n
+            t[1] = [([a + b for a, b in zip(c0, c1, strict=True)], s0 + s1)
+                    for (c0, s0), (c1, s1) in zip(t[1], host, strict=True)]
+            t[2] = [a + b for a, b in zip(t[2], lcounts, strict=True)]
+            t[3] += accepted
+            t[4] += drafted
+            t[5] += emitted
+            for k, m in kseq.items():
+                t[6][k] = t[6].get(k, 0) + m
+            t[7] = ([a + b for a, b in zip(t[7][0], batch_b[0], strict=True)],
+                    t[7][1] + batch_b[1])
+            t[8] += batch_n
+            t[9] = last
+            self.drained += n
+        return n, total, details, released
+
+    def totals(self) -> tuple[Any, ...]:
+        """The running totals of :meth:`drain_into`: (cycles, host [(counts, sum)] per phase
+        then the cycle, sequences per accepted length, accepted, drafted, emitted,
+        {draft length: sequences}, batch sizes (counts, sum), batch sizes counted, last end
+        stamp or None)."""
+        t = self._totals
+        return (t[0], [(list(c), sm) for c, sm in t[1]], list(t[2]), t[3], t[4], t[5],
+                {k: t[6][k] for k in sorted(t[6])}, (list(t[7][0]), t[7][1]), t[8], t[9])
+
+    def reset_totals(self) -> None:
+        nb, nbb = len(self._db) + 1, len(self._bb) + 1
+        self._totals: list[Any] = [
+            0, [([0] * nb, 0) for _ in range(self.nph + 1)], [0] * (self.k_max + 1), 0, 0, 0,
+            {}, ([0] * nbb, 0), 0, None,
+        ]
 
     def _read_copy(self, s: _Slot, released: list[Any]) -> None:
         """A completed copy of the clock's pinned-buffer type read straight from pinned memory

@@ -77,7 +77,7 @@ DROP_REASONS: tuple[str, ...] = (
     "fork",  # records inherited from the parent process after fork()
     "span_export",  # cycle spans the OTLP exporter dropped (queue full, collector down)
     "metric_export",  # OTLP metric exports that failed (the next export resends cumulative data)
-    "resolver_error",  # records of a chunk whose resolution raised (a specobs bug; logged)
+    "resolver_error",  # cycles whose Python stages raised (a specobs bug; logged)
 )
 
 #: Kinds of hot-path misuse, counted in ``specobs_exporter_errors_total{kind}``.

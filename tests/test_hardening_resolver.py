@@ -151,9 +151,11 @@ def test_set_requests_never_raises_and_keeps_the_last_good_value(bad):
 
 
 def test_a_resolver_bug_drops_its_chunk_counted_and_flush_still_works(monkeypatch):
-    """Not bad input but a bug inside resolution: the chunk is counted as resolver_error,
-    nothing of it is applied, and force_flush returns True instead of waiting forever."""
-    obs, _ = observer()
+    """Not bad input but a bug inside resolution (its Python stages): what needed Python --
+    here every cycle, the memory sink wants them all -- is counted as resolver_error and none
+    of it applied, the cycles themselves stay counted by the ring, and force_flush returns True
+    instead of waiting forever."""
+    obs, mem = observer()
     for _ in range(5):
         cycle(obs, GOOD, draft_length=K)
     assert obs.force_flush(5)
@@ -175,11 +177,13 @@ def test_a_resolver_bug_drops_its_chunk_counted_and_flush_still_works(monkeypatc
     assert obs.force_flush(5) is True
     assert time.monotonic() - t0 < 1.0
     s = obs.snapshot()
-    assert s.cycles_total == 5  # not half-applied: no cycle of the failed chunk counted
+    assert s.cycles_total == 12  # the ring's part of the failed chunk is counted
     assert s.dropped["resolver_error"] == 7 and s.errors["internal"] == 1
+    assert len(mem.cycles) == 5  # the Python part of it is not: no resolved cycle reached sinks
     cycle(obs, GOOD, draft_length=K)
     assert obs.force_flush(5) is True
-    assert obs.snapshot().cycles_total == 6
+    assert obs.snapshot().cycles_total == 13
+    assert len(mem.cycles) == 6
     obs.shutdown()
 
 

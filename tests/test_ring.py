@@ -233,10 +233,14 @@ def run_stream(kind: str, seed: int) -> list[Any]:
             if held and rng.random() < 0.5:
                 bound = held[rng.randrange(len(held))][0]  # that one has not completed
             trace = sorted(rng.sample(range(max(bound, 1)), min(3, max(bound, 1))))
-            out = ring.drain(bound, rng.choice([2, 8, 1000]), trace,
-                             rng.choice([-1, 5000, 3 * 997]), rng.random() < 0.2)
+            args = (bound, rng.choice([2, 8, 1000]), trace, rng.choice([-1, 5000, 3 * 997]),
+                    rng.random() < 0.2)
             log.append(("pending", normalise(held), bound))
-            log.append(("drain", normalise(out)))
+            if rng.random() < 0.5:
+                log.append(("drain", normalise(ring.drain(*args))))
+            else:  # into the running totals, as the resolver drains
+                log.append(("drain_into", normalise(ring.drain_into(*args))))
+                log.append(("totals", normalise(ring.totals()), ring.drained))
         elif u < 0.97:
             log.append(("dropped", normalise(ring.take_dropped())))
         elif u < 0.98:
@@ -246,7 +250,10 @@ def run_stream(kind: str, seed: int) -> list[Any]:
             ring.interval = rng.choice([1, 3])
         log.append(("counters", step, ring.begun, ring.enqueued, ring.dropped_queue_full,
                     ring.discarded, ring.copy_ns, len(ring), ring.current is not None))
-    log.append(("final", normalise(ring.drain(1 << 60, 1 << 30, [], -1, True))))
+    log.append(("final", normalise(ring.drain_into(1 << 60, 1 << 30, [], -1, True))))
+    log.append(("totals", normalise(ring.totals()), ring.drained))
+    ring.reset_totals()
+    log.append(("reset", normalise(ring.totals())))
     log.append(("calls", slow.calls))
     return log
 
@@ -266,6 +273,8 @@ def test_the_streams_exercise_every_path():
     seen: set[str] = set()
     for seed in range(60):
         for entry in run_stream("native", seed):
+            if entry[0] == "drain_into":
+                seen.add("drain_into")
             if entry[0] == "drain":
                 out = entry[1]
                 if out[0]:
@@ -285,8 +294,9 @@ def test_the_streams_exercise_every_path():
                             for c in entry[1])
             elif entry[0] == "dropped" and entry[1]:
                 seen.add("dropped-held")
-    for want in ("resolved", "native-detail", "object-detail", "events", "copy", "traced",
-                 "acceptance", "misuse_mark", "misuse_end", "queue_full", "wake", "sample",
+    for want in ("drain_into", "resolved", "native-detail", "object-detail", "events", "copy",
+                 "traced", "acceptance", "misuse_mark", "misuse_end", "queue_full", "wake",
+                 "sample",
                  "try_clock", "misuse:begin_while_open", "misuse:end_without_begin",
                  "misuse:bad_acceptance", "dropped-held"):
         assert want in seen, want
