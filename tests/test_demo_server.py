@@ -399,7 +399,9 @@ def test_non_streaming_client_timeout_cancels_the_request(
 def test_admin_fault_validation(api: Served) -> None:
     got = api.client.get("/admin/fault").json()
     assert got["fault"] is None
-    assert got["faults"] == [None, "wrong-hidden-layers", "slow-verify", "stall"]
+    assert got["faults"] == [
+        None, "wrong-hidden-layers", "slow-verify", "stall", "sync-between-phases",
+    ]
     r = api.client.post("/admin/fault", json={"fault": "melt"})
     assert r.status_code == 400
     assert "expected one of" in r.json()["error"]["message"]
