@@ -117,6 +117,8 @@ def _columns(
     # otherwise, and the per-cycle path finds the bad values).
     counts = _bucketing.count_lengths(accs, k, k_max + 1)
     sequences = sum(counts)
+    if k == 0:  # nothing drafted: the sequences emit a token each, but are no drafts
+        counts = [0] * (k_max + 1)
     given = list(map(_GET_BATCH, cycles))
     if given.count(None) == len(given):
         batches = list(map(len, accs))
@@ -176,6 +178,9 @@ def _each(
             except (TypeError, ValueError, OverflowError):
                 ok = False
         if ok:
+            # Sequences of cycles that drafted nothing (k = 0, so every value was 0) are no
+            # drafts: they emit a token each but have no accept length.
+            counts[0] -= k_counts.get(0, 0)
             accepted = sum(v * n for v, n in enumerate(counts))
             drafted = sum(k * n for k, n in k_counts.items())
             emitted = accepted + len(fast_lengths)
@@ -190,11 +195,15 @@ def _each(
             if a is None:
                 c._acc = None  # invalid and counted: not shown on the resolved cycle either
                 continue
-            valid.append(a.lengths)
+            shape = a.shape
+            if isinstance(shape, tuple):
+                if shape[0] > 0:
+                    valid.append(a.lengths)
+            else:  # only the sequences that drafted something have an accept length
+                valid.append([v for v, kk in zip(a.lengths, shape, strict=True) if kk > 0])
             accepted += a.accepted
             drafted += a.drafted
             emitted += a.emitted
-            shape = a.shape
             if isinstance(shape, tuple):
                 k_counts[shape[0]] = k_counts.get(shape[0], 0) + shape[1]
             else:

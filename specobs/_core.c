@@ -1224,8 +1224,10 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
                 PyErr_Clear();
         }
         if (s->nseq >= 0) {
+            /* A sequence that drafted nothing (k = 0) emits a token but is no draft: it has
+             * no accept length. */
             const uint8_t *lens = s->lens;
-            for (int32_t j = 0; j < s->nseq; j++)
+            for (int32_t j = 0; s->k > 0 && j < s->nseq; j++)
                 t->lcounts[lens[j]]++;
             t->accepted += s->accsum;
             t->drafted += (int64_t)s->k * s->nseq;

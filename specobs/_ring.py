@@ -636,7 +636,8 @@ class PyRing:
                 self._read_copy(s, released)
             nseq = s.nseq
             if nseq >= 0:
-                lens.append(s.lens)
+                if s.k > 0:  # a sequence that drafted nothing has no accept length
+                    lens.append(s.lens)
                 accepted += s.accsum
                 drafted += s.k * nseq
                 emitted += s.accsum + nseq

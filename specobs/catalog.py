@@ -219,7 +219,8 @@ EMITTED_TOKENS = Metric(
 )  # fmt: skip
 ACCEPT_LENGTH = Metric(
     "specobs.accept_length", "histogram", "{token}",
-    "Accepted draft tokens per sequence per cycle (0..k).",
+    "Accepted draft tokens per draft (a sequence that drafted at least one token) per cycle "
+    "(0..k); its count is the number of drafts.",
     buckets=None,
 )  # fmt: skip
 ACCEPTED_BY_POSITION = Metric(

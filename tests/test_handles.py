@@ -264,3 +264,29 @@ def test_a_steady_loop_allocates_no_tracked_object_per_cycle():
     obs.shutdown()
 
 
+
+
+def test_a_sequence_that_drafted_nothing_has_no_accept_length():
+    """vLLM's num_drafts counts the requests that drafted: a row with draft length 0 (a
+    request in prefill, an n-gram with no match) emits its token but is no draft, on every
+    path -- per-sequence draft lengths, a whole cycle at k = 0, and the native ring."""
+    obs = specobs.configure(clock="host", sinks=[], max_draft_length=4,
+                            poll_interval_seconds=3600)
+    for acc, kw in [
+        ([2, 0, 1], {"draft_length": [3, 0, 4]}),  # the middle row drafted nothing
+        ([0, 0], {"draft_length": 0}),  # nothing drafted at all
+        ([1, 4], {"draft_length": 4}),
+    ]:
+        with obs.cycle() as c:
+            c.mark("verify")
+            c.mark("bookkeeping")
+            c.accept(acc, **kw)
+    assert obs.force_flush()
+    s = obs.snapshot()
+    assert s.accept_length.count == 2 + 2  # drafts: rows 1 and 3 of the first cycle, the last two
+    assert s.accept_length.sum == 3 + 5
+    assert s.accepted_tokens_total == 8
+    assert s.draft_tokens_total == 7 + 0 + 8
+    assert s.emitted_tokens_total == (3 + 3) + (0 + 2) + (5 + 2)
+    assert s.drafted_by_position == (2 + 2, 2 + 2, 2 + 2, 1 + 2)
+    obs.shutdown()

@@ -80,7 +80,10 @@ def render(config: MixinConfig) -> str:
         f"`{n.speedup_realized}` with the baseline's `source` label; `specobs top`, "
         "`specobs report` and `specobs doctor` compute the same ratio from the same counters.",
         "- **Accept length.** `specobs_accept_length` counts accepted *draft* tokens per "
-        "sequence per cycle (0..k), **excluding** the target's bonus token; the recording rule "
+        "draft and cycle (0..k), **excluding** the target's bonus token: one sample per sequence "
+        "that drafted at least one token, so its count is vLLM's `num_drafts` (a sequence in "
+        "prefill, or an n-gram with no match, drafts nothing: it emits its token, counted in "
+        "`specobs_emitted_tokens_total`, but has no accept length). The recording rule "
         f"`{n.accept_length_excl_bonus}` is its mean. vLLM's and SGLang's dashboards show the "
         "mean acceptance length **including** the bonus token (vLLM: 1 + accepted / drafts); "
         f"`{n.accept_length_incl_bonus}` = 1 + the former is that number.",
