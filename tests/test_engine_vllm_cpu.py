@@ -284,6 +284,17 @@ def test_specobs_counts_what_vllm_counts(
         f"accepted={specobs['accepted_tokens_total']:g}, vLLM counted "
         f"drafted={vllm['draft_tokens']} accepted={vllm['accepted_tokens']}"
     )  # fmt: skip
+    # vLLM's mean acceptance length is 1 + accepted / num_drafts, num_drafts counting the
+    # requests that drafted in a step: specobs's accept-length histogram has one sample per
+    # draft, so its count is num_drafts and its sum the accepted tokens.
+    assert vllm["drafts"] > 0, f"{method}: vLLM reported no spec_decode_num_drafts: {vllm}"
+    assert (specobs["accept_length_count"], specobs["accept_length_sum"]) == (
+        vllm["drafts"], vllm["accepted_tokens"],
+    ), (
+        f"{method}: specobs's accept-length histogram has {specobs['accept_length_count']:g} "
+        f"samples summing to {specobs['accept_length_sum']:g}; vLLM counted "
+        f"{vllm['drafts']} drafts and {vllm['accepted_tokens']} accepted tokens"
+    )  # fmt: skip
     cycles = specobs["cycles_total"]
     assert cycles > 0
     assert {p: specobs["phase_counts_host"].get(p) for p in PHASES} == dict.fromkeys(

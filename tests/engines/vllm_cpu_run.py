@@ -12,7 +12,8 @@ vLLM, which the suite's interpreter does not have.
    target and a tiny Llama draft with seeded random weights. Nothing is downloaded.
 2. Generates greedily from repetitive prompts with ``vllm.LLM(..., speculative_config=...)``,
    ``disable_log_stats=False``, and reads vLLM's own counters from ``llm.get_metrics()``:
-   ``vllm:spec_decode_num_draft_tokens`` and ``vllm:spec_decode_num_accepted_tokens``.
+   ``vllm:spec_decode_num_draft_tokens``, ``vllm:spec_decode_num_accepted_tokens`` and
+   ``vllm:spec_decode_num_drafts`` (requests that drafted, per step).
 3. Scrapes specobs, which lives in the engine core process, at
    ``http://127.0.0.1:$SPECOBS_PROMETHEUS_PORT/metrics`` until its totals stop changing (the
    resolver publishes every poll interval), while the engine is still up.
@@ -126,6 +127,7 @@ def _speculative_config(method: str, draft: Path) -> dict[str, Any]:
 
 def _vllm_counters(metrics: list[Any]) -> dict[str, int]:
     wanted = {
+        "vllm:spec_decode_num_drafts": "drafts",
         "vllm:spec_decode_num_draft_tokens": "draft_tokens",
         "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
     }
@@ -150,6 +152,7 @@ def _scrape(url: str) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {
         "draft_tokens_total": 0.0, "accepted_tokens_total": 0.0, "cycles_total": 0.0,
+        "accept_length_count": 0.0, "accept_length_sum": 0.0,
         "phase_counts_host": {}, "info": None,
     }  # fmt: skip
     for family in text_string_to_metric_families(text):
@@ -161,6 +164,10 @@ def _scrape(url: str) -> dict[str, Any] | None:
                 out["accepted_tokens_total"] += value
             elif name == "specobs_cycles_total":
                 out["cycles_total"] += value
+            elif name == "specobs_accept_length_count":
+                out["accept_length_count"] += value
+            elif name == "specobs_accept_length_sum":
+                out["accept_length_sum"] += value
             elif name == "specobs_phase_duration_seconds_count" and labels.get("clock") == "host":
                 phases = out["phase_counts_host"]
                 phases[labels["phase"]] = phases.get(labels["phase"], 0.0) + value
