@@ -147,13 +147,68 @@ static PyObject *m_begin_open, *m_end_twice, *m_accept_closed;
 
 /* -- slots --------------------------------------------------------------------------------- */
 
+/* While a drain (or a drop) walks the ring, the references it lets go of are parked here and
+ * dropped only once the ring is consistent again: dropping a caller's object can run Python code
+ * (a __del__), which can hand the GIL to another thread mid-walk -- the worker, which could then
+ * move the tail under the walk. The garbage collector is off for the same span (a collection
+ * runs finalizers too). */
+static PyObject *g_defer = NULL;
+
+static void
+drop_ref(PyObject **p)
+{
+    PyObject *o = *p;
+    if (o == NULL)
+        return;
+    *p = NULL;
+    if (g_defer != NULL) {
+        if (PyList_Append(g_defer, o) == 0) {
+            Py_DECREF(o); /* the list holds it: nothing is freed now */
+            return;
+        }
+        PyErr_Clear();
+    }
+    Py_DECREF(o);
+}
+
+typedef struct {
+    PyObject *list;
+    int gc_was;
+    int outer; /* a deferral already open: this one does nothing */
+} Deferral;
+
+static void
+defer_begin(Deferral *d)
+{
+    d->outer = g_defer != NULL;
+    if (d->outer)
+        return;
+    d->gc_was = PyGC_Disable();
+    d->list = PyList_New(0);
+    if (d->list == NULL)
+        PyErr_Clear(); /* out of memory: references are dropped at once, as before */
+    g_defer = d->list;
+}
+
+/* Drop what was parked; may run Python code (the ring is consistent by now). */
+static void
+defer_end(Deferral *d)
+{
+    if (d->outer)
+        return;
+    g_defer = NULL;
+    if (d->gc_was)
+        PyGC_Enable();
+    Py_XDECREF(d->list);
+}
+
 static void
 slot_clear_objs(Slot *s)
 {
-    Py_CLEAR(s->acc);
-    Py_CLEAR(s->draft);
-    Py_CLEAR(s->emitted);
-    Py_CLEAR(s->batch_obj);
+    drop_ref(&s->acc);
+    drop_ref(&s->draft);
+    drop_ref(&s->emitted);
+    drop_ref(&s->batch_obj);
 }
 
 /* Hand a dropped slot's events and copy to the resolver (it releases them to their pools). */
@@ -166,8 +221,8 @@ slot_drop_held(Ring *r, Slot *s)
     if (t == NULL || PyList_Append(r->dropped, t) < 0)
         PyErr_Clear(); /* the events are lost to the pool; nothing else is */
     Py_XDECREF(t);
-    Py_CLEAR(s->ev);
-    Py_CLEAR(s->copy);
+    drop_ref(&s->ev);
+    drop_ref(&s->copy);
 }
 
 /* -- slow paths: calls into the recorder, never raising into the worker --------------------- */
@@ -496,7 +551,10 @@ static int
 make_room(Ring *r)
 {
     int dropped = 0;
+    Deferral d = {NULL, 0, 1};
     while ((Py_ssize_t)(r->head - r->tail) >= r->capacity) {
+        if (d.outer && g_defer == NULL)
+            defer_begin(&d); /* only when something is dropped: begin() allocates nothing */
         Slot *old = &r->slots[r->tail % (uint64_t)r->nslots];
         if (old->state == SLOT_DONE) {
             r->dropped_queue_full++;
@@ -510,6 +568,7 @@ make_room(Ring *r)
         slot_clear_objs(old);
         r->tail++;
     }
+    defer_end(&d);
     return dropped;
 }
 
@@ -867,10 +926,15 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     }
     int full = make_room(r);
     Slot *s = &r->slots[r->head % (uint64_t)r->nslots];
+    if (s->acc || s->draft || s->emitted || s->batch_obj || s->ev || s->copy) {
+        /* Normally cleared when the tail passed it; dropping them may run Python code, so
+         * before the slot is reserved, and the head read again after. */
+        slot_clear_objs(s);
+        drop_ref(&s->ev);
+        drop_ref(&s->copy);
+        s = &r->slots[r->head % (uint64_t)r->nslots];
+    }
     uint64_t pos = r->head++;
-    slot_clear_objs(s);
-    Py_CLEAR(s->ev);
-    Py_CLEAR(s->copy);
     s->state = SLOT_OPEN;
     s->ts[0] = t;
     s->nts = 1;
@@ -1132,7 +1196,7 @@ read_copy(Ring *r, Slot *s, PyObject *released)
         s->k = (int32_t)k;
         s->accsum = sum;
         s->has_obj_acc = 0;
-        Py_CLEAR(s->draft);
+        drop_ref(&s->draft);
         rc = 1;
     }
     else {
@@ -1166,7 +1230,7 @@ done:
         return rc; /* the copy stays: the resolver reads it in Python and reports why not */
     if (PyList_Append(released, copy) < 0)
         return -1;
-    Py_CLEAR(s->copy);
+    drop_ref(&s->copy);
     return rc;
 }
 
@@ -1268,8 +1332,8 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
             Py_DECREF(d);
         }
         /* The resolver owns what the details reference now. */
-        Py_CLEAR(s->ev);
-        Py_CLEAR(s->copy);
+        drop_ref(&s->ev);
+        drop_ref(&s->copy);
         slot_clear_objs(s);
         s->state = SLOT_VOID;
         r->tail++;
@@ -1374,8 +1438,12 @@ Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
             PyErr_NoMemory();
         goto done;
     }
-    if (drain_loop(r, t, bound, limit, args[2], slow_ns, want_all, details, released, &n,
-                   &total) < 0)
+    Deferral d;
+    defer_begin(&d);
+    int rc = drain_loop(r, t, bound, limit, args[2], slow_ns, want_all, details, released, &n,
+                        &total);
+    defer_end(&d);
+    if (rc < 0)
         goto done;
     PyObject *tt = totals_tuple(r, t);
     if (tt == NULL)
@@ -1412,10 +1480,15 @@ Ring_drain_into(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     if (drain_args(args, nargs, &bound, &limit, &slow_ns, &want_all) < 0)
         return NULL;
     PyObject *details = PyList_New(0), *released = PyList_New(0), *out = NULL;
-    if (details != NULL && released != NULL
-        && drain_loop(r, r->totals, bound, limit, args[2], slow_ns, want_all, details,
-                      released, &n, &total) == 0)
-        out = Py_BuildValue("(nLOO)", n, (long long)total, details, released);
+    if (details != NULL && released != NULL) {
+        Deferral d;
+        defer_begin(&d);
+        int rc = drain_loop(r, r->totals, bound, limit, args[2], slow_ns, want_all, details,
+                            released, &n, &total);
+        defer_end(&d);
+        if (rc == 0)
+            out = Py_BuildValue("(nLOO)", n, (long long)total, details, released);
+    }
     r->drained += n;
     Py_XDECREF(details);
     Py_XDECREF(released);
@@ -1453,6 +1526,8 @@ static PyObject *
 Ring_clear_queue(Ring *r, PyObject *Py_UNUSED(ignored))
 {
     Py_ssize_t n = 0;
+    Deferral d;
+    defer_begin(&d);
     while (r->tail != r->head) {
         Slot *s = &r->slots[r->tail % (uint64_t)r->nslots];
         if (s->state == SLOT_DONE)
@@ -1463,6 +1538,7 @@ Ring_clear_queue(Ring *r, PyObject *Py_UNUSED(ignored))
         r->tail++;
     }
     r->waiting = 0;
+    defer_end(&d);
     return PyLong_FromSsize_t(n);
 }
 

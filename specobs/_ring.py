@@ -39,6 +39,7 @@ import ctypes
 import itertools
 import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -108,7 +109,11 @@ class _Slot:
         self.batch_obj: Any = None
         self.has_obj_acc = False
 
-    def clear_objs(self) -> None:
+    def clear_objs(self, grave: list[Any] | None = None) -> None:
+        """Let go of the objects kept; into ``grave`` when given, so that nothing a caller
+        passed is freed (and no ``__del__`` runs) until the walk that clears it is over."""
+        if grave is not None:
+            grave += (self.acc, self.draft, self.emitted, self.batch_obj, self.ev, self.copy)
         self.acc = self.draft = self.emitted = self.batch_obj = None
 
 
@@ -372,6 +377,7 @@ class PyRing:
         #: The clock's pinned-buffer copy type, whose completed copies the drain reads itself.
         self.copy_type: Any = None
         self._waiting = 0
+        self._lock = threading.Lock()
         #: Tests: a clock advancing ``tick`` ns per read instead of ``perf_counter_ns`` (0).
         self._now: Any = _perf
         self._tick = 0
@@ -464,7 +470,7 @@ class PyRing:
                 return c
         return None
 
-    def _make_room(self) -> bool:
+    def _make_room(self, grave: list[Any]) -> bool:
         """Drop the oldest slots while the ring holds ``capacity``; whether a done cycle was
         dropped (see ``make_room`` in specobs/_core.c)."""
         dropped = False
@@ -479,7 +485,7 @@ class PyRing:
                 self.dropped_queue_full += 1
             old.state = VOID
             self._drop_held(old)
-            old.clear_objs()
+            old.clear_objs(grave)
             self._tail += 1
         return dropped
 
@@ -524,11 +530,16 @@ class PyRing:
                 self._discard(old)
             self._close_current()
             was_open = True
-        full = self._make_room()
+        full = False
+        if self._head - self._tail >= self.capacity:
+            grave: list[Any] = []
+            with self._lock:  # the resolver's drain walks the tail: not at the same time
+                full = self._make_room(grave)
+            del grave
         slots = self._slots
         pos = self._head
         s = slots[pos % len(slots)]
-        self._head = pos + 1
+        # Made ready before the head moves past it: a drain stops at the head.
         s.clear_objs()
         s.ev = s.copy = None
         s.state = OPEN
@@ -540,6 +551,7 @@ class PyRing:
         idx = self.begun
         self.begun = idx + 1
         s.idx = idx
+        self._head = pos + 1
         if batch_size is not None:
             _set_batch(s, batch_size)
         spare = self._take_spare()
@@ -606,6 +618,19 @@ class PyRing:
     ) -> Chunk:
         if type(trace) is not list:
             raise TypeError("trace must be a list of cycle indices")
+        # Python code can switch threads anywhere: the worker's drop of the oldest slots
+        # (``_make_room``) waits for the walk (the native ring needs no lock: no Python code
+        # runs inside its walk, see ``drop_ref`` in specobs/_core.c).
+        grave: list[Any] = []
+        with self._lock:
+            out = self._drain(bound, limit, trace, slow_ns, want_all, grave)
+        del grave  # what callers passed is freed here, outside the walk and the lock
+        return out
+
+    def _drain(
+        self, bound: int, limit: int, trace: list[int], slow_ns: int, want_all: bool,
+        grave: list[Any],
+    ) -> Chunk:
         nph = self.nph
         w = self.k_max + 1
         tss: list[list[int]] = []
@@ -624,7 +649,7 @@ class PyRing:
             s = slots[self._tail % ns]
             if s.state == VOID:
                 self._drop_held(s)
-                s.clear_objs()
+                s.clear_objs(grave)
                 self._tail += 1
                 continue
             if s.state != DONE or s.idx >= bound:
@@ -668,8 +693,8 @@ class PyRing:
                     s.k if native else s.draft,
                     s.emitted, s.copy, int(native), traced,
                 ))
+            s.clear_objs(grave)
             s.ev = s.copy = None
-            s.clear_objs()
             s.state = VOID
             self._tail += 1
             self._waiting -= 1
@@ -760,6 +785,13 @@ class PyRing:
         s.copy = None
 
     def clear_queue(self) -> int:
+        grave: list[Any] = []
+        with self._lock:
+            n = self._clear_queue(grave)
+        del grave
+        return n
+
+    def _clear_queue(self, grave: list[Any]) -> int:
         n = 0
         slots = self._slots
         while self._tail != self._head:
@@ -768,7 +800,7 @@ class PyRing:
                 n += 1
             s.state = VOID  # an open cycle's end() finds its slot gone
             self._drop_held(s)
-            s.clear_objs()
+            s.clear_objs(grave)
             self._tail += 1
         self._waiting = 0
         return n

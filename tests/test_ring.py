@@ -463,3 +463,40 @@ def test_pinned_copies_give_the_same_chunks_on_both_rings():
         outs.append((normalise([(h[0], h[2] is c1) for h in held]), bound,
                      normalise(ring.drain(bound, 8, [0], -1, True)[:12])))
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("kind", ["native", "python"])
+def test_a_finalizer_run_by_the_drain_cannot_move_the_ring_under_it(kind):
+    """Dropping a caller's object can run Python code (a ``__del__``), which can hand the GIL to
+    another thread mid-walk -- the worker, beginning a cycle on a full ring, drops the oldest
+    slot: the very one being walked. Here the finalizer begins that cycle itself, on the
+    drain's own thread: the drain must finish its walk first (every cycle counted once, none
+    skipped) and the finalizer's cycle wait for the next drain."""
+    ring, slow = make(kind, 0, 4)
+    ran: list[int] = []
+
+    class BeginsACycle:
+        def __del__(self) -> None:
+            ran.append(len(ring))
+            with ring.begin() as c:
+                c.mark("verify")
+                c.mark("bookkeeping")
+
+    c = ring.begin()
+    c.accept(BeginsACycle())  # kept as the object: the slot holds the only reference
+    c.end()  # before its phases: discarded, the slot void with the object still in it
+    del c
+    for _ in range(3):
+        with ring.begin() as c:
+            c.mark("verify")
+            c.mark("bookkeeping")
+            c.accept([1, 2], draft_length=4)
+    assert len(ring) == 3 and ring.dropped_queue_full == 0
+    n = ring.drain_into(1 << 60, 100, [], -1, False)[0]
+    assert ran == [0]  # the finalizer ran after the walk, when nothing was left waiting
+    assert n == 3
+    assert ring.totals()[0] == 3 and ring.totals()[3] == 9
+    assert ring.dropped_queue_full == 0
+    assert len(ring) == 1  # the finalizer's cycle, for the next drain
+    assert ring.drain_into(1 << 60, 100, [], -1, False)[0] == 1
+    assert ring.totals()[0] == 4 and len(ring) == 0
