@@ -383,3 +383,28 @@ def test_max_bytes_flag(engines: Callable[..., Engine], capsys: pytest.CaptureFi
     assert checks["reachable"]["verdict"] == "OK"
     rc, out, err = cli_here(capsys, "doctor", eng.url, "--max-bytes", "lots")
     assert rc == 2 and "bad size 'lots'" in err
+
+
+def test_the_overhead_is_judged_against_what_the_design_allows_the_cycle():
+    """The gauge counts the sampled cycles' event records (what the sampler's 0.2 % budget
+    governs) and the costs every cycle pays besides: doctor holds it to DESIGN.md's whole-cost
+    limits for the cycle's length (0.3 % from 2 ms, 0.5 % from 0.5 ms, 1 % below), not to the
+    sampler's budget alone, so a healthy short cycle is not a WARN."""
+    import types
+
+    assert _doctor.cost_limit(3e-3) == 0.003
+    assert _doctor.cost_limit(2e-3) == 0.003
+    assert _doctor.cost_limit(1e-3) == 0.005
+    assert _doctor.cost_limit(2.5e-4) == 0.01
+    assert _doctor.cost_limit(None) == 0.005
+    info = {"sampling": "adaptive_0.002"}
+
+    def verdict(ratio: float, cycle: float | None) -> str:
+        s = types.SimpleNamespace(samples={(catalog.OVERHEAD_RATIO.name, ()): ratio})
+        return _doctor._overhead(s, info, cycle).verdict  # type: ignore[arg-type]
+
+    assert verdict(0.007, 0.22e-3) == "OK"  # a 0.22 ms cycle may cost 1 %
+    assert verdict(0.005, 3e-3) == "INFO"  # over 0.3 %, within twice it
+    assert verdict(0.007, 1e-3) == "INFO"  # over 0.5 %, within twice it
+    assert verdict(0.013, 3e-3) == "WARN"  # over twice 0.3 %: the sampler cannot hold it
+    assert verdict(0.0015, None) == "OK"
