@@ -235,6 +235,12 @@ class MetricsServer:
                 self._flush_cpu()
         except Exception as exc:  # never a traceback from a daemon thread in the engine
             _log.warning("specobs: the metrics endpoint stopped: %r", exc)
+        finally:
+            if self._stop:
+                # shutdown() closes the sockets only if the thread ended within its timeout;
+                # a thread that ends later (a loaded machine) closes them itself, or they would
+                # be freed open with the thread's frame.
+                self._close_all()
 
     def _accept(self) -> None:
         for _ in range(_ACCEPTS_PER_TURN):
