@@ -363,24 +363,34 @@ set_batch(Slot *s, PyObject *b)
 
 /* Store a list or tuple of exact ints in 0..k natively. 1 when stored, 0 when the resolver must
  * validate it (nothing stored), -1 on a memory error. */
+/* Room for ``n`` accepted lengths in the slot (grown by doubling, kept for the slot's next
+ * cycles); -1 with MemoryError set. */
+static int
+ensure_lens(Slot *s, Py_ssize_t n)
+{
+    if (n <= s->lcap)
+        return 0;
+    Py_ssize_t cap = s->lcap ? s->lcap : 16;
+    while (cap < n)
+        cap *= 2;
+    uint8_t *p = PyMem_Realloc(s->lens, (size_t)cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->lens = p;
+    s->lcap = (int32_t)cap;
+    return 0;
+}
+
 static int
 store_lengths(Slot *s, PyObject *seq, int k)
 {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     if (n > NATIVE_MAX_SEQ)
         return 0;
-    if (n > s->lcap) {
-        Py_ssize_t cap = s->lcap ? s->lcap : 16;
-        while (cap < n)
-            cap *= 2;
-        uint8_t *p = PyMem_Realloc(s->lens, (size_t)cap);
-        if (p == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        s->lens = p;
-        s->lcap = (int32_t)cap;
-    }
+    if (ensure_lens(s, n) < 0)
+        return -1;
     PyObject **items = PySequence_Fast_ITEMS(seq);
     uint8_t *lens = s->lens;
     int64_t sum = 0;
@@ -438,18 +448,9 @@ store_buffer(Slot *s, PyObject *obj, int k)
     char code = f[0] != 0 && f[1] == 0 ? f[0] : 0;
     if (n < 0 || n > NATIVE_MAX_SEQ || code == 0 || strchr("bBhHiIlLqQ", code) == NULL)
         goto done;
-    if (n > s->lcap) {
-        Py_ssize_t cap = s->lcap ? s->lcap : 16;
-        while (cap < n)
-            cap *= 2;
-        uint8_t *p = PyMem_Realloc(s->lens, (size_t)cap);
-        if (p == NULL) {
-            PyErr_NoMemory();
-            rc = -1;
-            goto done;
-        }
-        s->lens = p;
-        s->lcap = (int32_t)cap;
+    if (ensure_lens(s, n) < 0) {
+        rc = -1;
+        goto done;
     }
     int64_t sum = 0;
     const char *base = view.buf;
@@ -1161,18 +1162,8 @@ read_copy(Ring *r, Slot *s, PyObject *released)
     int64_t k = r->k_max;
     int native = s->emitted == NULL
                  && (s->draft == NULL || exact_int_in(s->draft, 0, r->k_max, &k));
-    if (native && n <= NATIVE_MAX_SEQ && n > s->lcap) {
-        Py_ssize_t cap = s->lcap ? s->lcap : 16;
-        while (cap < n)
-            cap *= 2;
-        uint8_t *p = PyMem_Realloc(s->lens, (size_t)cap);
-        if (p == NULL) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        s->lens = p;
-        s->lcap = (int32_t)cap;
-    }
+    if (native && n <= NATIVE_MAX_SEQ && ensure_lens(s, n) < 0)
+        goto done;
     native = native && n <= NATIVE_MAX_SEQ;
     int64_t sum = 0;
     for (Py_ssize_t i = 0; native && i < n; i++) {

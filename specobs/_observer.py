@@ -194,7 +194,6 @@ class Observer:
             self.sinks,
             self.anchor,
             poll_interval_seconds=settings.poll_interval_seconds,
-            backlog_size=settings.queue_size,
             overhead_budget=settings.overhead_budget,
             trace_head_rate=settings.trace_head_rate,
             trace_slow_cycle_seconds=settings.trace_slow_cycle_seconds,

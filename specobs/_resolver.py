@@ -84,7 +84,6 @@ class Resolver:
         anchor: WallAnchor,
         *,
         poll_interval_seconds: float,
-        backlog_size: int,
         overhead_budget: float,
         trace_head_rate: float,
         trace_slow_cycle_seconds: float | None,
@@ -98,7 +97,6 @@ class Resolver:
         self.anchor = anchor
         self.poll = poll_interval_seconds
         self.chunk = CHUNK
-        self.backlog_size = backlog_size
         self._next_trace = 0
         self.budget = overhead_budget
         self.head_rate = trace_head_rate
