@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import json
 import math
 import threading
@@ -104,6 +105,28 @@ def test_exposition_is_the_sinks_and_valid() -> None:
     assert ctype.startswith("application/openmetrics-text") and om.endswith(b"# EOF\n")
     assert b'model_name="' + server.model.name.encode() in text
     assert b'serving_engine="sglang"' in text
+
+
+def test_each_phase_mean_between_two_scrapes_is_the_servers_own() -> None:
+    """``rate(_sum) / rate(_count)`` over the shortest window — two scrapes of a fresh pod, a few
+    sampled GPU cycles — reads the phase time the server was given, on both clocks; the
+    cohort alerts compare these means, so a bias here fires them on healthy servers."""
+    fleet = Fleet(16, [], seed=3)
+    for server in fleet.servers:
+        t = server.last_advance
+        scrapes = []
+        for _ in range(12):
+            t += 3.0
+            server.advance(time.time(), t)
+            scrapes.append(server.snapshot().phase_histograms)
+        for before, after in itertools.pairwise(scrapes):
+            for (phase, clock), hist in after.items():
+                count = hist.count - before[phase, clock].count
+                if not count:
+                    continue
+                mean = (hist.sum - before[phase, clock].sum) / count
+                want = server.hists[f"{phase}/{clock}"].mean
+                assert mean == pytest.approx(want, rel=1e-9), (server.pod, phase, clock, count)
 
 
 # -- a fleet against the real Prometheus -----------------------------------------------------------
