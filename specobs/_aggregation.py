@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from specobs import catalog
 from specobs._bucketing import Bucketed
 from specobs._model import BatchAcceptance, Exemplar, HistogramData, Snapshot
+from specobs._threadtime import WorkerThreadTime
 
 if TYPE_CHECKING:
     from specobs._model import ResolvedCycle
@@ -84,6 +85,8 @@ class Aggregation:
         #: The hot path's ring, whose running totals (every cycle's host times, the acceptance
         #: and batch sizes it counted itself) the snapshot adds in; None before one attaches.
         self._ring: Any = None
+        #: The recording thread's time on and off a CPU, read at each snapshot.
+        self._thread_time = WorkerThreadTime()
         self._ring_offset_ns = 0
 
     def attach_ring(self, ring: Any, offset_ns: int) -> None:
@@ -137,11 +140,19 @@ class Aggregation:
         move, so consumers see a new series, not a counter going down). Labels, info, phases,
         the baseline and the CPU components stay."""
         self._lock = threading.Lock()
+        self._thread_time.after_fork_in_child()
         with self._lock:
             self._zero(time.time_ns(), list(self.cpu_seconds))
             if self._ring is not None:
                 self._ring.reset_totals()
             self._generation += 1
+
+    def read_thread_time(self) -> None:
+        """Add the recording thread's CPU and wait time since the last read (a file read, outside
+        the lock; the resolver calls it a few times a second, every snapshot once)."""
+        ring = self._ring
+        if ring is not None:
+            self._thread_time.update(ring.writer)
 
     def add_cpu(self, component: str, seconds: float) -> None:
         """Count ``seconds`` of thread CPU ``component`` spent (``specobs_exporter_cpu_time``)."""
@@ -266,6 +277,7 @@ class Aggregation:
         """Copy everything under the lock, the ring's running totals added in: O(buckets), a
         few microseconds. The totals are read in one call, under the GIL, which the resolver's
         drain holds from its first cycle to its last: a snapshot never sees half a chunk."""
+        self.read_thread_time()
         with self._lock:
             ring = self._ring
             t = ring.totals() if ring is not None else None
@@ -322,4 +334,5 @@ class Aggregation:
                 sampling_interval=self.sampling_interval,
                 overhead_ratio=self.overhead_ratio,
                 created_unix_nano=self.created_unix_nano,
+                worker_thread_seconds=self._thread_time.seconds(),
             )

@@ -100,6 +100,7 @@ typedef struct {
     int64_t clock_try_at; /* -1: no clock to try */
     int64_t begun, enqueued, dropped_queue_full, discarded, copy_ns;
     int64_t tick, fake_now; /* tests: a clock that advances by ``tick`` per read (0: real) */
+    unsigned long writer;   /* the native id of the thread that began the last cycle (0: none) */
     Py_ssize_t waiting; /* done slots not yet drained */
     PyObject *slow;
     PyObject *record_fn;
@@ -889,6 +890,19 @@ static PyTypeObject CycleType = {
 
 /* -- Ring: the worker's side --------------------------------------------------------------- */
 
+/* The calling thread's kernel id (what /proc/self/task/<id>/schedstat is named by), read from
+ * its thread state, which holds it from the thread's start: a load, not a gettid() system call
+ * per cycle. 0 where the interpreter keeps no native id (before 3.11). */
+static inline unsigned long
+writer_id(void)
+{
+#if PY_VERSION_HEX >= 0x030B0000
+    return PyThreadState_Get()->native_thread_id;
+#else
+    return 0;
+#endif
+}
+
 static PyObject *
 Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -912,6 +926,7 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
         Py_INCREF(r->null_cycle);
         return r->null_cycle;
     }
+    r->writer = writer_id();
     /* Every write to the ring happens before any call into Python (a call may let another
      * thread in: misuse, but it must not corrupt what is counted). */
     int was_open = 0;
@@ -1813,6 +1828,8 @@ static PyMemberDef Ring_members[] = {
     {"discarded", T_LONGLONG, offsetof(Ring, discarded), READONLY, NULL},
     {"copy_ns", T_LONGLONG, offsetof(Ring, copy_ns), READONLY, NULL},
     {"drained", T_LONGLONG, offsetof(Ring, drained), READONLY, NULL},
+    {"writer", T_ULONG, offsetof(Ring, writer), READONLY,
+     "native id of the thread that began the last cycle (0: none yet, or not known)"},
     {NULL, 0, 0, 0, NULL},
 };
 

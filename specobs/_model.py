@@ -10,7 +10,7 @@ integer nanoseconds from end to end; text and seconds are made only where a form
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 __all__ = [
@@ -134,6 +134,9 @@ class Snapshot:
     #: When the cumulative series started (the observer's creation, or a forked child's restart):
     #: OpenMetrics ``_created`` and the OTLP start time.
     created_unix_nano: int = 0
+    #: Seconds the recording thread ran on a CPU and waited for one, by state (``running``,
+    #: ``waiting``): empty where the kernel does not say (``specobs_worker_thread_time``).
+    worker_thread_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def created_unix_seconds(self) -> float:

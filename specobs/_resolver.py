@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Resolver"]
 
+#: How often the resolver reads the recording thread's CPU and wait times (one small /proc
+#: file; every snapshot reads it too).
+THREAD_TIME_READ_SECONDS = 0.1
 #: Records resolved in the first GIL hold of a new resolver; after that the count follows the
 #: measured length of each hold (see ``drain``): doubled after a full slice under half of
 #: ``SLICE_NS``, shrunk in proportion after one over it, within ``MIN_CHUNK``..``MAX_CHUNK``.
@@ -182,6 +185,7 @@ class Resolver:
 
     def _run(self) -> None:
         bound = None
+        next_thread_read = 0.0
         while not self._stop.is_set():
             self._wake.wait(self.poll)
             self._wake.clear()
@@ -202,6 +206,12 @@ class Resolver:
                 self.drain()
             except Exception as exc:  # keep the thread alive whatever a sink does
                 _log.exception("specobs: resolver error, continuing: %r", exc)
+            now = time.monotonic()
+            if now >= next_thread_read:
+                # The recording thread's CPU and wait times from its first cycles on, not only
+                # from the first scrape: a lifetime the doctor can compare a recent window with.
+                next_thread_read = now + THREAD_TIME_READ_SECONDS
+                self.agg.read_thread_time()
 
     def force_flush(self, timeout_seconds: float) -> bool:
         """Wait until every record enqueued before this call is resolved and handed to sinks.

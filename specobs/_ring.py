@@ -368,6 +368,8 @@ class PyRing:
         self.interval = 1
         self.clock_try_at = -1
         self.begun = 0
+        #: The native id of the thread that began the last cycle (0: none yet).
+        self.writer = 0
         self.enqueued = 0
         self.dropped_queue_full = 0
         self.discarded = 0
@@ -521,6 +523,7 @@ class PyRing:
         t = self._now()
         if not self.enabled:
             return self.null_cycle
+        self.writer = threading.get_native_id()
         was_open = False
         cur = self._current
         if cur is not None:

@@ -68,5 +68,8 @@ def families(s: Snapshot) -> Iterator[Family]:
     yield Family(c.OVERHEAD_RATIO, (), [((), float(s.overhead_ratio))])
     yield Family(c.EXPORTER_CPU, ("component",),
                  [((comp,), float(s.cpu_seconds[comp])) for comp in sorted(s.cpu_seconds)])
+    if s.worker_thread_seconds:
+        yield Family(c.WORKER_THREAD_TIME, ("state",),
+                     [((state,), v) for state, v in s.worker_thread_seconds.items()])
     yield Family(c.ERRORS, ("kind",),
                  [((kind,), s.errors.get(kind, 0)) for kind in c.ERROR_KINDS])

@@ -44,6 +44,7 @@ __all__ = [
     "REQUESTS_WAITING",
     "SAMPLED_CYCLES",
     "SAMPLING_INTERVAL",
+    "WORKER_THREAD_TIME",
     "Metric",
     "accept_length_buckets",
     "by_prometheus_name",
@@ -117,8 +118,9 @@ class Metric:
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] | None = None
     self_metric: bool = False
-    #: A gauge that has no value until something sets it (no cycle yet, no baseline configured,
-    #: the engine never reported its requests): left out of every export until then.
+    #: A series that has no value until something sets it (no cycle yet, no baseline configured,
+    #: the engine never reported its requests, a kernel without schedstat): left out of every
+    #: export until then.
     optional: bool = False
 
     @property
@@ -299,6 +301,14 @@ EXPORTER_CPU = Metric(
     "resolver; prometheus: scrapes; otlp: exports).",
     labels=("component",), self_metric=True,
 )  # fmt: skip
+WORKER_THREAD_TIME = Metric(
+    "specobs.worker.thread.time", "counter", "s",
+    "Time the thread that records cycles spent on a CPU (state=running) and runnable but "
+    "waiting for a CPU (state=waiting), from Linux schedstat; waiting time grows when other "
+    "work on the host takes the CPUs, and lengthens every phase by it. Absent where the kernel "
+    "does not keep it.",
+    labels=("state",), optional=True,
+)  # fmt: skip
 ERRORS = Metric(
     "specobs.exporter.errors", "counter", "{error}",
     "Hot-path misuse and internal errors, by kind. The worker is never interrupted.",
@@ -327,6 +337,7 @@ CATALOG: tuple[Metric, ...] = (
     SAMPLING_INTERVAL,
     OVERHEAD_RATIO,
     EXPORTER_CPU,
+    WORKER_THREAD_TIME,
     ERRORS,
 )
 

@@ -34,6 +34,7 @@ def delta(
     running: float | None = None,
     waiting: float | None = None,
     gpu_clock: str = "auto",
+    thread_wait: float | None = None,
 ) -> Delta:
     """The Delta of an interval: ``cycles`` cycles of ``batch`` sequences drafting ``k`` tokens,
     with the unconditional acceptance ``positions[i]`` at each position and the mean phase times
@@ -64,6 +65,10 @@ def delta(
     c.add(catalog.ACCEPT_LENGTH.name + "_count", {}, seq)
     c.add(catalog.BATCH_SIZE.name + "_sum", {}, seq)
     c.add(catalog.BATCH_SIZE.name + "_count", {}, cycles)
+    if thread_wait is not None:  # seconds per cycle the recording thread waited for a CPU
+        c.add(catalog.WORKER_THREAD_TIME.name, {"state": "waiting"}, thread_wait * cycles)
+        c.add(catalog.WORKER_THREAD_TIME.name, {"state": "running"},
+              sum(host.values()) * cycles)
     if baseline is not None:
         g.add(catalog.BASELINE_SEQUENCE_TOKENS.name, {"source": "configured"}, baseline)
     if running is not None:
@@ -422,6 +427,25 @@ def test_every_phase_slower_alike_is_the_machine_not_the_speculation() -> None:
     assert codes(out) == ["SPEC-RECENT-SLOWER-ALL", "SPEC-RECENT-THROUGHPUT-DOWN"]
     assert [f.severity for f in out] == ["info", "info"]
     assert out[0].sentence.startswith("every phase is 1.8x slower than over the lifetime")
+
+
+def test_time_the_engines_thread_waited_for_a_cpu_is_the_host_not_the_speculation() -> None:
+    """Draft and verify each about 5 ms slower (the means alone read as a cost per boundary),
+    and the recording thread waited 9 ms more per cycle for a CPU: the host was busy."""
+    past = {"draft": 7.87e-3, "verify": 8.86e-3, "bookkeeping": 0.31e-3}
+    recent = {"draft": 12.83e-3, "verify": 13.87e-3, "bookkeeping": 0.60e-3}
+    alone = dg.against_past(brk(cycles=100, host=recent), brk(cycles=3000, host=past))
+    assert codes(alone)[0] == "SPEC-RECENT-BOUNDARY-COST"
+    out = dg.against_past(brk(cycles=100, host=recent, thread_wait=9.5e-3),
+                          brk(cycles=3000, host=past, thread_wait=0.2e-3))
+    assert codes(out) == ["SPEC-RECENT-HOST-BUSY", "SPEC-RECENT-THROUGHPUT-DOWN"]
+    assert [f.severity for f in out] == ["info", "info"]
+    assert out[0].sentence.startswith("the engine's thread waited 9.50 ms per cycle for a CPU")
+    assert out[0].evidence["added_seconds"] == pytest.approx(10.26e-3)
+    # A wait that explains under half of what the phases gained leaves the phases' finding.
+    out = dg.against_past(brk(cycles=100, host=recent, thread_wait=4.0e-3),
+                          brk(cycles=3000, host=past, thread_wait=0.2e-3))
+    assert codes(out)[0] == "SPEC-RECENT-BOUNDARY-COST"
 
 
 def test_a_host_busy_with_other_work_is_the_machine_not_a_boundary_cost() -> None:

@@ -147,6 +147,22 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         exemplars=True,
     )
 
+    b.timeseries(
+        "Engine thread: on a CPU and waiting for one, per cycle",
+        "Seconds per cycle the thread that records cycles ran on a CPU and was runnable but "
+        "waiting for one (Linux schedstat). Waiting that grows with the cycle time is other work "
+        "on the host taking the CPUs, not the speculation; empty where the kernel does not say.",
+        "s",
+        [
+            (
+                f"{srate('state', c.WORKER_THREAD_TIME.name)}\n/ ignoring (state) group_left ()\n"
+                f"({srate('', c.CYCLES.name)} > 0)",
+                "{{state}}",
+            )
+        ],
+        stack=True,
+    )
+
     b.row("Acceptance")
     b.timeseries(
         "Acceptance rate",

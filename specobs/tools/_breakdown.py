@@ -147,6 +147,10 @@ class Breakdown:
     overhead_ratio: float | None
     exporter_cpu_seconds_per_cycle: float | None
     info: dict[str, str] = field(default_factory=dict)
+    #: The recording thread's seconds on a CPU and runnable waiting for one, per cycle
+    #: (``specobs_worker_thread_time``; ``None`` where the kernel does not say).
+    worker_running_seconds_per_cycle: float | None = None
+    worker_waiting_seconds_per_cycle: float | None = None
 
 
 def _phases(delta: Series, gauges: Series) -> tuple[str, ...]:
@@ -218,6 +222,7 @@ def breakdown(delta: Delta) -> Breakdown:
     host_cycle = cycle_mean.get("host")
     seq_tps = ratio(ratio(emitted, d.total(bs + "_sum")), host_cycle)
     cpu = d.total(catalog.EXPORTER_CPU.name)
+    thread = d.by(catalog.WORKER_THREAD_TIME.name, "state")
     info_labels = g.labels(catalog.INFO.name)
 
     return Breakdown(
@@ -243,6 +248,8 @@ def breakdown(delta: Delta) -> Breakdown:
         overhead_ratio=_max(g, catalog.OVERHEAD_RATIO.name),
         exporter_cpu_seconds_per_cycle=ratio(cpu, cycles),
         info=info_labels[0] if info_labels else {},
+        worker_running_seconds_per_cycle=ratio(thread.get("running"), cycles),
+        worker_waiting_seconds_per_cycle=ratio(thread.get("waiting"), cycles),
     )
 
 

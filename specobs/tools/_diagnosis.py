@@ -102,6 +102,9 @@ UNIFORM_SPREAD = 1.5
 #: with both cores taken by other processes: draft 1.34x, verify 1.60x, bookkeeping 2.09x).
 EVERY_PHASE_MIN_RATIO = 1.15
 MACHINE_SPREAD = 2.5
+#: The recording thread waited for a CPU at least this fraction of the time the phases gained
+#: (per cycle, more than over the lifetime): other work on the host is where that time went.
+HOST_WAIT_EXPLAINS = 0.5
 #: Slowed phases whose added times are within this factor of each other: one cost per boundary,
 #: when one added time fits the phase means better than one factor.
 BOUNDARY_SPREAD = 1.5
@@ -156,6 +159,7 @@ CODES: dict[str, str] = {
     "SPEC-RECENT-PHASE-SLOWER": "one phase got slower in the recent window",
     "SPEC-RECENT-BOUNDARY-COST": "several phases slower by the same time: a cost per boundary",
     "SPEC-RECENT-SLOWER-ALL": "every phase slower by the same factor: the machine or the batch",
+    "SPEC-RECENT-HOST-BUSY": "the phases gained what the engine's thread waited for a CPU",
     "SPEC-RECENT-THROUGHPUT-DOWN": "per-sequence tokens/s fell in the recent window",
     "SPEC-RECENT-STEADY": "the recent window matches the lifetime",
     "SPEC-ADVICE-K": "the speculation length k the measured acceptance and costs favour",
@@ -598,7 +602,7 @@ def against_past(recent: Breakdown, past: Breakdown, drafted: tuple[float, float
         out.extend(_phase_changes(changes, past_cycle, clock, past, recent))
     pt, rt = past.sequence_tokens_per_second, recent.sequence_tokens_per_second
     if pt is not None and rt is not None and rt < pt * THROUGHPUT_DROP:
-        explained = [f for f in out if f.code != "SPEC-RECENT-SLOWER-ALL"]
+        explained = [f for f in out if f.code not in NOT_THE_SPECULATION]
         out.append(Finding(
             "SPEC-RECENT-THROUGHPUT-DOWN", "warn" if explained or not out else "info",
             f"per-sequence tokens/s fell from {pt:.1f} over the lifetime to {rt:.1f} in the last "
@@ -612,6 +616,10 @@ def against_past(recent: Breakdown, past: Breakdown, drafted: tuple[float, float
                            f"the last {recent.elapsed_seconds:.1f} s match the lifetime "
                            f"(acceptance {_pct(pa)} → {_pct(ra)})", {"past": pa, "recent": ra}))
     return out
+
+
+#: Recent findings that explain a slowdown by the machine, not by the speculation.
+NOT_THE_SPECULATION = frozenset({"SPEC-RECENT-SLOWER-ALL", "SPEC-RECENT-HOST-BUSY"})
 
 
 def _z(pa: float, ra: float, drafted: tuple[float, float] | None) -> float | None:
@@ -640,6 +648,9 @@ def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, c
         evidence[f"{p}_past_seconds"] = a
         evidence[f"{p}_recent_seconds"] = b
     each = ", ".join(f"{p} {_ms(changes[p][0])} → {_ms(changes[p][1])}" for p in changes)
+    busy = _host_busy(changes, clock, past, recent, each, evidence)
+    if busy is not None:
+        return [busy]
     # Two explanations, fitted by least squares to the phase means: the whole machine slowed
     # (every phase times one factor r) or a fixed cost was added at the boundaries of the slowed
     # phases (each slowed phase plus one time c, the others unchanged). The machine, when every
@@ -704,6 +715,31 @@ def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, c
              }.get(p, "look at what this phase does and what changed in it"),
         ))
     return out
+
+
+def _host_busy(changes: dict[str, tuple[float, float]], clock: str, past: Breakdown,
+               recent: Breakdown, each: str, evidence: dict[str, float | str | None]
+               ) -> Finding | None:
+    """The phases' added time is what the recording thread spent runnable but off a CPU (Linux
+    schedstat, ``specobs_worker_thread_time{state="waiting"}``): a host busy with other work, not
+    a phase or a boundary of the speculation. ``None`` without that counter or when the wait
+    explains less than :data:`HOST_WAIT_EXPLAINS` of the added time."""
+    pw, rw = past.worker_waiting_seconds_per_cycle, recent.worker_waiting_seconds_per_cycle
+    added = math.fsum(max(0.0, b - a) for a, b in changes.values())
+    if pw is None or rw is None or added <= 0 or rw - pw < HOST_WAIT_EXPLAINS * added:
+        return None
+    share = min(1.0, (rw - pw) / added)
+    return Finding(
+        "SPEC-RECENT-HOST-BUSY", "info",
+        f"the engine's thread waited {_ms(rw)} per cycle for a CPU in the last "
+        f"{recent.elapsed_seconds:.1f} s against {_ms(pw)} over the lifetime: other work on "
+        f"the host took the CPUs, {_pct(share)} of the {_ms(added)} per cycle the phases "
+        f"gained ({each}, {clock} clock)",
+        {**evidence, "past_wait_seconds": pw, "recent_wait_seconds": rw,
+         "added_seconds": added},
+        "not the speculation: look at what else runs on the host and at the pod's CPU limit; "
+        "give the engine's thread a core of its own",
+    )
 
 
 # -- the advisor ----------------------------------------------------------------------------------

@@ -335,6 +335,9 @@ class SimServer:
             sampling_interval=GPU_SAMPLE_EVERY,
             overhead_ratio=0.002,
             created_unix_nano=int(self.created * 1e9),
+            # The engine's thread on a CPU for most of each cycle, waiting for one a little.
+            worker_thread_seconds={"running": self.cycles * self.cycle_seconds * 0.9,
+                                   "waiting": self.cycles * self.cycle_seconds * 0.01},
         )
 
     def render(self, accept: str) -> tuple[str, bytes]:
