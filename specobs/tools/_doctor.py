@@ -92,13 +92,9 @@ MIN_CYCLES_POLL_SECONDS = 0.5
 UNUSABLE_CHECKS = ("reachable", "specobs endpoint", "prometheus")
 #: Dropped records above this fraction of cycles fail the check (below it: a warning).
 DROP_FAIL_FRACTION = 0.10
-#: Series an endpoint may legitimately leave out: gauges that exist only once configured or fed.
-OPTIONAL_METRICS: tuple[catalog.Metric, ...] = (
-    catalog.BASELINE_SEQUENCE_TOKENS,
-    catalog.REQUESTS_RUNNING,
-    catalog.REQUESTS_WAITING,
-    catalog.LAST_CYCLE_TIMESTAMP,
-)
+#: Series an endpoint may legitimately leave out: those the catalog marks optional (they exist
+#: only once configured or fed, or where the kernel keeps them).
+OPTIONAL_METRICS: tuple[catalog.Metric, ...] = tuple(m for m in catalog.CATALOG if m.optional)
 #: An exemplar carrying a trace id. prometheus_client sorts exemplar labels, so span_id comes
 #: first: ``... 5.0 # {span_id="…",trace_id="…"} 0.0002 1795981246.98``.
 EXEMPLAR_PATTERN = re.compile(r' # \{[^}]*\btrace_id="')
