@@ -101,6 +101,16 @@ typedef struct {
     int64_t begun, enqueued, dropped_queue_full, discarded, copy_ns;
     int64_t tick, fake_now; /* tests: a clock that advances by ``tick`` per read (0: real) */
     unsigned long writer;   /* the native id of the thread that began the last cycle (0: none) */
+    /* CUDA acceptance copies started here, through the runtime's own functions (set by the
+     * clock with ``set_native_copy``; NULL: every copy goes through ``copy_to_host``). */
+    int (*nc_memcpy)(void *, const void *, size_t, int, void *);
+    int (*nc_record)(void *, void *);
+    int (*nc_lasterr)(void);
+    PyObject *nc_pools;     /* dict: dtype -> list of free pinned slots */
+    PyObject *nc_stream_fn; /* callable(device index) -> the current raw stream, as an int */
+    long nc_device;
+    Py_ssize_t nc_capacity, nc_low;
+    int64_t nc_copies;
     Py_ssize_t waiting; /* done slots not yet drained */
     PyObject *slow;
     PyObject *record_fn;
@@ -143,7 +153,8 @@ ring_now(Ring *r)
 static PyObject *s_ptr, *s_itemsize, *s_length;
 static PyObject *s_misuse, *s_misuse_mark, *s_misuse_end, *s_internal_error, *s_queue_full,
     *s_wake, *s_sample, *s_try_clock, *s_copy_to_host, *s_tolist, *s_is_cuda, *s_numel,
-    *s_draft_length, *s_batch_size, *s_emitted, *s_event;
+    *s_draft_length, *s_batch_size, *s_emitted, *s_event, *s_dtype, *s_is_contiguous,
+    *s_get_device, *s_data_ptr, *s_handle, *s_copy_event_failed;
 static PyObject *m_begin_open, *m_end_twice, *m_accept_closed;
 
 /* -- slots --------------------------------------------------------------------------------- */
@@ -618,12 +629,157 @@ Cycle_end(Cycle *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-/* The acceptance of a CUDA tensor: a copy started by the recorder, read by the resolver. */
+/* ``o.name()`` as a C integer; -1 with an exception set on failure (``*ok`` says which). */
+static long long
+call_ll(PyObject *o, PyObject *name, int *ok)
+{
+    PyObject *v = PyObject_CallMethodNoArgs(o, name);
+    long long x = -1;
+    *ok = 0;
+    if (v != NULL) {
+        x = PyLong_AsLongLong(v);
+        *ok = !(x == -1 && PyErr_Occurred());
+        Py_DECREF(v);
+    }
+    return x;
+}
+
+/* A pinned slot's address, element size and event handle (member slots, no Python code). */
+static int
+slot_fields(PyObject *slot, void **ptr, long *itemsize, void **handle)
+{
+    PyObject *po = PyObject_GetAttr(slot, s_ptr);
+    PyObject *io = po ? PyObject_GetAttr(slot, s_itemsize) : NULL;
+    PyObject *ho = io ? PyObject_GetAttr(slot, s_handle) : NULL;
+    int rc = -1;
+    if (ho != NULL) {
+        *ptr = PyLong_AsVoidPtr(po);
+        *itemsize = PyLong_AsLong(io);
+        *handle = PyLong_AsVoidPtr(ho);
+        rc = PyErr_Occurred() ? -1 : 0;
+    }
+    Py_XDECREF(po);
+    Py_XDECREF(io);
+    Py_XDECREF(ho);
+    return rc;
+}
+
+/* Start the copy of a CUDA acceptance tensor into a free pinned slot, on the stream current for
+ * its device, and record the slot's event after it: two calls into the CUDA runtime, the GIL
+ * held, no Python code of specobs. 1: started (``*out``: the slot, a new reference); 0: this
+ * tensor is for the Python path (another dtype or device, not contiguous, too long, no free slot,
+ * or the runtime refused the copy); -1: an exception. */
+static int
+native_copy(Ring *r, PyObject *tensor, PyObject **out)
+{
+    PyObject *dtype = PyObject_GetAttr(tensor, s_dtype);
+    if (dtype == NULL)
+        return -1;
+    PyObject *pool = PyDict_GetItemWithError(r->nc_pools, dtype); /* borrowed */
+    Py_DECREF(dtype);
+    if (pool == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyList_CheckExact(pool))
+        return 0;
+    int ok;
+    long long n = call_ll(tensor, s_numel, &ok);
+    if (!ok)
+        return -1;
+    if (n < 0 || n > r->nc_capacity)
+        return 0;
+    PyObject *contig = PyObject_CallMethodNoArgs(tensor, s_is_contiguous);
+    if (contig == NULL)
+        return -1;
+    int c = PyObject_IsTrue(contig);
+    Py_DECREF(contig);
+    if (c != 1)
+        return c < 0 ? -1 : 0;
+    long long dev = call_ll(tensor, s_get_device, &ok);
+    if (!ok)
+        return -1;
+    if (dev != r->nc_device)
+        return 0;
+    PyObject *dp = PyObject_CallMethodNoArgs(tensor, s_data_ptr);
+    if (dp == NULL)
+        return -1;
+    void *src = PyLong_AsVoidPtr(dp);
+    Py_DECREF(dp);
+    if (src == NULL && PyErr_Occurred())
+        return -1;
+    PyObject *devo = PyLong_FromLongLong(dev);
+    PyObject *so = devo ? PyObject_CallOneArg(r->nc_stream_fn, devo) : NULL;
+    Py_XDECREF(devo);
+    if (so == NULL)
+        return -1;
+    void *stream = PyLong_AsVoidPtr(so);
+    Py_DECREF(so);
+    if (stream == NULL && PyErr_Occurred())
+        return -1;
+    /* No Python code runs from here to the pop: the pool cannot change under it. */
+    Py_ssize_t nfree = PyList_GET_SIZE(pool);
+    if (nfree == 0)
+        return 0;
+    PyObject *slot = PyList_GET_ITEM(pool, nfree - 1);
+    Py_INCREF(slot);
+    if (PyList_SetSlice(pool, nfree - 1, nfree, NULL) < 0) {
+        Py_DECREF(slot);
+        return -1;
+    }
+    void *dst, *handle;
+    long isz;
+    if (slot_fields(slot, &dst, &isz, &handle) < 0 || (isz != 4 && isz != 8)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "a pinned slot of a bad element size");
+        PyList_Append(pool, slot); /* back; the error is reported either way */
+        Py_DECREF(slot);
+        return -1;
+    }
+    if (r->nc_memcpy(dst, src, (size_t)n * (size_t)isz, 2 /* device to host */, stream) != 0) {
+        r->nc_lasterr(); /* never left for the engine's next launch check to raise */
+        int rc = PyList_Append(pool, slot);
+        Py_DECREF(slot);
+        return rc < 0 ? -1 : 0; /* the Python path copies through torch */
+    }
+    PyObject *len = PyLong_FromLongLong(n);
+    if (len == NULL || PyObject_SetAttr(slot, s_length, len) < 0) {
+        Py_XDECREF(len);
+        Py_DECREF(slot); /* its copy is in flight: it may not go back before it completed */
+        return -1;
+    }
+    Py_DECREF(len);
+    if (r->nc_record(handle, stream) != 0) {
+        r->nc_lasterr();
+        /* Rare: the recorder records the slot's event through torch instead. */
+        PyObject *res = PyObject_CallMethodOneArg(r->slow, s_copy_event_failed, slot);
+        if (res == NULL) {
+            Py_DECREF(slot);
+            return -1;
+        }
+        Py_DECREF(res);
+    }
+    r->nc_copies++;
+    if (nfree - 1 < r->nc_low)
+        call_slow(r, s_wake, NULL, 0); /* slots come back only once the resolver read them */
+    *out = slot;
+    return 1;
+}
+
+/* The acceptance of a CUDA tensor: a copy started here (or by the recorder), read by the
+ * resolver. */
 static void
 accept_cuda(Ring *r, Cycle *c, Slot *s, PyObject *tensor)
 {
     int64_t t = ring_now(r);
-    PyObject *copy = PyObject_CallMethodOneArg(r->slow, s_copy_to_host, tensor);
+    PyObject *copy = NULL;
+    if (r->nc_memcpy != NULL) {
+        int done = native_copy(r, tensor, &copy);
+        if (done < 0) {
+            report_internal(r);
+            copy = NULL;
+        }
+    }
+    if (copy == NULL)
+        copy = PyObject_CallMethodOneArg(r->slow, s_copy_to_host, tensor);
     r->copy_ns += ring_now(r) - t;
     if (copy == NULL) {
         report_internal(r);
@@ -1674,6 +1830,8 @@ Ring_traverse(Ring *r, visitproc visit, void *arg)
     Py_VISIT(r->null_cycle);
     Py_VISIT(r->dropped);
     Py_VISIT(r->copy_type);
+    Py_VISIT(r->nc_pools);
+    Py_VISIT(r->nc_stream_fn);
     if (r->slots != NULL) {
         for (Py_ssize_t i = 0; i < r->nslots; i++) {
             Slot *s = &r->slots[i];
@@ -1701,6 +1859,9 @@ Ring_clear(Ring *r)
     Py_CLEAR(r->null_cycle);
     Py_CLEAR(r->dropped);
     Py_CLEAR(r->copy_type);
+    Py_CLEAR(r->nc_pools);
+    Py_CLEAR(r->nc_stream_fn);
+    r->nc_memcpy = NULL;
     if (r->slots != NULL) {
         for (Py_ssize_t i = 0; i < r->nslots; i++) {
             Slot *s = &r->slots[i];
@@ -1828,12 +1989,55 @@ static PyMemberDef Ring_members[] = {
     {"discarded", T_LONGLONG, offsetof(Ring, discarded), READONLY, NULL},
     {"copy_ns", T_LONGLONG, offsetof(Ring, copy_ns), READONLY, NULL},
     {"drained", T_LONGLONG, offsetof(Ring, drained), READONLY, NULL},
+    {"native_copies", T_LONGLONG, offsetof(Ring, nc_copies), READONLY,
+     "CUDA acceptance copies started in C"},
     {"writer", T_ULONG, offsetof(Ring, writer), READONLY,
      "native id of the thread that began the last cycle (0: none yet, or not known)"},
     {NULL, 0, 0, 0, NULL},
 };
 
+static PyObject *
+Ring_set_native_copy(Ring *r, PyObject *args)
+{
+    unsigned long long memcpy_addr = 0, record_addr = 0, lasterr_addr = 0;
+    PyObject *stream_fn = Py_None, *pools = Py_None;
+    long device = 0;
+    Py_ssize_t capacity = 0, low = 0;
+    if (!PyArg_ParseTuple(args, "|KKKOlOnn:set_native_copy", &memcpy_addr, &record_addr,
+                          &lasterr_addr, &stream_fn, &device, &pools, &capacity, &low))
+        return NULL;
+    if (memcpy_addr == 0) { /* off: every copy through copy_to_host */
+        r->nc_memcpy = NULL;
+        r->nc_record = NULL;
+        r->nc_lasterr = NULL;
+        Py_CLEAR(r->nc_pools);
+        Py_CLEAR(r->nc_stream_fn);
+        Py_RETURN_NONE;
+    }
+    if (record_addr == 0 || lasterr_addr == 0 || !PyCallable_Check(stream_fn)
+        || !PyDict_Check(pools) || capacity < 0) {
+        PyErr_SetString(PyExc_TypeError, "set_native_copy(memcpy, record, get_last_error, "
+                                         "stream_fn, device, pools, capacity, low): expected "
+                                         "three function addresses, a callable, an int, a "
+                                         "dict of lists and two counts");
+        return NULL;
+    }
+    r->nc_memcpy = (int (*)(void *, const void *, size_t, int, void *))(uintptr_t)memcpy_addr;
+    r->nc_record = (int (*)(void *, void *))(uintptr_t)record_addr;
+    r->nc_lasterr = (int (*)(void))(uintptr_t)lasterr_addr;
+    Py_INCREF(stream_fn);
+    Py_XSETREF(r->nc_stream_fn, stream_fn);
+    Py_INCREF(pools);
+    Py_XSETREF(r->nc_pools, pools);
+    r->nc_device = device;
+    r->nc_capacity = capacity;
+    r->nc_low = low;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Ring_methods[] = {
+    {"set_native_copy", (PyCFunction)Ring_set_native_copy, METH_VARARGS,
+     "Start CUDA acceptance copies in C through these runtime functions (0: turn it off)."},
     {"begin", (PyCFunction)(void (*)(void))Ring_begin, METH_FASTCALL | METH_KEYWORDS,
      "Start a cycle (and its first phase); returns its handle."},
     {"pending", (PyCFunction)Ring_pending, METH_O, NULL},
@@ -1916,6 +2120,12 @@ PyInit__core(void)
     INTERN(s_ptr, "ptr");
     INTERN(s_itemsize, "itemsize");
     INTERN(s_length, "length");
+    INTERN(s_dtype, "dtype");
+    INTERN(s_is_contiguous, "is_contiguous");
+    INTERN(s_get_device, "get_device");
+    INTERN(s_data_ptr, "data_ptr");
+    INTERN(s_handle, "handle");
+    INTERN(s_copy_event_failed, "copy_event_failed");
     INTERN(m_begin_open, "begin() while the previous cycle was open; the open cycle was "
                          "discarded (an observer belongs to one engine thread: configure one "
                          "per thread)");

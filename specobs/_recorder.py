@@ -361,6 +361,12 @@ class Recorder:
         # Completed copies of this type are read by the ring's drain straight from pinned
         # memory (no Python object per copy); anything else goes through ``copy.read()``.
         ring.copy_type = getattr(clock, "native_copy_type", None)
+        # The native core starts acceptance copies itself where the clock can hand it the
+        # runtime's functions (the pure-Python ring always calls ``copy_to_host``).
+        native = getattr(clock, "native_copy_args", None)
+        args = native() if callable(native) else None
+        if args is not None and hasattr(ring, "set_native_copy"):
+            ring.set_native_copy(*args)
         self._clock_factory = None
 
     # -- slow paths, called by the ring on the worker's thread -----------------------------------
@@ -408,6 +414,12 @@ class Recorder:
             self.misuse("bad_acceptance", "could not copy the CUDA acceptance tensor (no free "
                         "pinned buffer or event, unsupported dtype, or too many sequences)")
         return copy
+
+    def copy_event_failed(self, slot: Any) -> None:
+        """The native core started a copy but the runtime refused the event after it."""
+        clock = self.clock
+        if clock is not None:
+            clock.copy_event_failed(slot)  # type: ignore[attr-defined]
 
     def queue_full(self) -> None:
         self.log.warn("queue_full", "record queue full; dropping the oldest cycle records (the "

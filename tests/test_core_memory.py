@@ -47,7 +47,7 @@ DRIVER = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])
     import test_ring
     import specobs
-    from specobs.timing import FakeDeviceArray, FakeEventClock, FakeGpu
+    from specobs.timing import FakeDeviceArray, FakeEventClock, FakeGpu, FakeNativeCopyClock
     assert specobs._ring.NativeRing.__module__ == "specobs._core"
     for seed in range(int(sys.argv[3])):
         assert test_ring.run_stream("native", seed) == test_ring.run_stream("python", seed), seed
@@ -70,7 +70,25 @@ DRIVER = textwrap.dedent(
     s = obs.snapshot()
     assert s.cycles_total + s.dropped.get("queue_full", 0) == 5000, (s.cycles_total, s.dropped)
     obs.shutdown()
-    del obs, mem
+    # CUDA acceptance copies the core starts itself (fake runtime functions), some refused.
+    gpu = FakeGpu()
+    clock = FakeNativeCopyClock(gpu, pool_size=256, buffers=8)
+    obs = specobs.configure(sinks=[mem], clock=clock, sample_every=3, queue_size=64,
+                            poll_interval_seconds=0.001)
+    for i in range(3000):
+        clock.memcpy_rc = int(i % 97 == 0)
+        clock.record_rc = int(i % 89 == 0)
+        with obs.cycle(batch_size=2) as c:
+            gpu.run(50)
+            c.mark("verify")
+            c.mark("bookkeeping")
+            c.accept(FakeDeviceArray([i % 3, 1]), draft_length=4)
+        gpu.complete()
+    assert obs.force_flush(30)
+    assert clock.memcpy_calls > 0 and obs.snapshot().cycles_total > 0
+    obs.shutdown()
+    assert len(clock.free) == 8, len(clock.free)
+    del obs, mem, clock
     gc.collect()
     print("ok")
     """

@@ -6,7 +6,7 @@ stream)`` it can call with no lookups, and gives the resolver ``query`` and ``el
 """
 
 from specobs.timing._base import EventClock, PendingCopy
-from specobs.timing.fake import FakeDeviceArray, FakeEventClock, FakeGpu
+from specobs.timing.fake import FakeDeviceArray, FakeEventClock, FakeGpu, FakeNativeCopyClock
 from specobs.timing.host import WallAnchor
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "FakeDeviceArray",
     "FakeEventClock",
     "FakeGpu",
+    "FakeNativeCopyClock",
     "PendingCopy",
     "WallAnchor",
 ]

@@ -98,7 +98,7 @@ class _PinnedSlot(PendingCopy):
     ``buffer[:n]`` are cached per length (a slice of a tensor costs about a microsecond).
     """
 
-    __slots__ = ("_free", "_host", "_views", "itemsize", "ptr")
+    __slots__ = ("_free", "_host", "_views", "handle", "itemsize", "ptr")
 
     def __init__(self, buffer: Any, event: Any, free: list[_PinnedSlot]) -> None:
         super().__init__(buffer, 0, event, self._give_back)
@@ -107,6 +107,8 @@ class _PinnedSlot(PendingCopy):
         #: For the direct copy: the host address and the bytes per element.
         self.ptr: int = buffer.data_ptr()
         self.itemsize: int = buffer.element_size()
+        #: The event's ``cudaEvent_t`` as an int, for the native core's copy (0: none).
+        self.handle: int = 0
         # The same pinned memory as a ctypes array: slicing it reads the values as a list of
         # ints at C speed, without a tensor view and torch's tolist (microseconds a read).
         import ctypes
@@ -241,6 +243,9 @@ class CudaEventClock(EventPool):
             every = events + [slot.event for slots in self._pinned.values() for slot in slots]
             self._handles = {id(ev): int(ev.cuda_event) for ev in every}
             self._lib = _runtime_library(hold_gil=not release_gil)
+            for slots in self._pinned.values():
+                for slot in slots:
+                    slot.handle = self._handles[id(slot.event)]
         except Exception:  # a torch without Event.cuda_event: torch's calls only
             self._handles = {}
         if self._lib is not None and self._handles and not release_gil:
@@ -287,6 +292,30 @@ class CudaEventClock(EventPool):
     #: The ring's drain reads completed copies of this type straight from pinned memory
     #: (``ptr``, ``itemsize``, ``length``: member slots, read without running Python code).
     native_copy_type = _PinnedSlot
+
+    def native_copy_args(self) -> tuple[Any, ...] | None:
+        """What the native core needs to start acceptance copies itself (``Ring.set_native_copy``):
+        the runtime's ``cudaMemcpyAsync``, ``cudaEventRecord`` and ``cudaGetLastError``, the raw
+        current-stream lookup, the device, the free pinned slots by dtype, their capacity and the
+        low-water mark. ``None`` unless the hot path records through the runtime directly. The
+        core takes the same slots, makes the same two calls and wakes the resolver at the same
+        mark as :meth:`copy_to_host`, which stays the path for every other tensor."""
+        if not self.direct_hot_path or self._raw_stream is None or self._lib is None:
+            return None
+        import ctypes
+
+        lib = self._lib
+
+        def address(fn: Any) -> int:
+            return int(ctypes.cast(fn, ctypes.c_void_p).value or 0)
+
+        return (address(lib.cudaMemcpyAsync), address(lib.cudaEventRecord),
+                address(lib.cudaGetLastError), self._raw_stream, self._device_index,
+                self._pinned, self._pinned_capacity, self._pinned_low)
+
+    def copy_event_failed(self, slot: Any) -> None:
+        """The native core's event record after a copy was refused: record it through torch."""
+        self._record_through_torch(slot.event)
 
     def copy_to_host(self, tensor: Any) -> PendingCopy | None:
         """Copy a CUDA tensor into a pinned host buffer on the stream it is current on, async.

@@ -14,7 +14,17 @@ from typing import Any
 
 from specobs.timing._base import EventPool, PendingCopy
 
-__all__ = ["FakeDeviceArray", "FakeEvent", "FakeEventClock", "FakeGpu"]
+__all__ = [
+    "FAKE_INT64",
+    "FakeDeviceArray",
+    "FakeEvent",
+    "FakeEventClock",
+    "FakeGpu",
+    "FakeNativeCopyClock",
+]
+
+#: The dtype of a :class:`FakeDeviceArray` (what ``tensor.dtype`` is to a pinned-slot pool).
+FAKE_INT64 = "fake.int64"
 
 
 class FakeGpu:
@@ -46,15 +56,35 @@ class FakeEvent:
 
 
 class FakeDeviceArray:
-    """Stands in for a CUDA tensor of accepted lengths (``is_cuda`` is True)."""
+    """Stands in for a CUDA tensor of accepted lengths (``is_cuda`` is True): int64 values in
+    memory of its own, with the attributes the native core's copy reads (``dtype``,
+    ``data_ptr()``, ``get_device()``, ``is_contiguous()``)."""
 
     is_cuda = True
+    dtype = FAKE_INT64
 
-    def __init__(self, values: Sequence[int]) -> None:
+    def __init__(self, values: Sequence[int], *, device: int = 0, contiguous: bool = True
+                 ) -> None:
+        import ctypes
+
         self.values = list(values)
+        self._mem = (ctypes.c_int64 * max(1, len(self.values)))(*self.values)
+        self._device = device
+        self._contiguous = contiguous
 
     def numel(self) -> int:
         return len(self.values)
+
+    def data_ptr(self) -> int:
+        import ctypes
+
+        return ctypes.addressof(self._mem)
+
+    def get_device(self) -> int:
+        return self._device
+
+    def is_contiguous(self) -> bool:
+        return self._contiguous
 
 
 class _FakeBuffer:
@@ -114,3 +144,117 @@ class FakeEventClock(EventPool):
     def refresh_stream(self) -> None:
         pass
 
+
+
+class _FakePinnedSlot(PendingCopy):
+    """A host buffer with its own event, as the CUDA clock's pinned slots are (``ptr``,
+    ``itemsize``, ``handle``, ``length``: what the native core and the ring's drain read)."""
+
+    __slots__ = ("_free", "_mem", "handle", "itemsize", "ptr")
+
+    def __init__(self, capacity: int, event: FakeEvent, handle: int,
+                 free: list[_FakePinnedSlot]) -> None:
+        import ctypes
+
+        self._mem = (ctypes.c_int64 * capacity)()
+        super().__init__(self._mem, 0, event, self._give_back)
+        self._free = free
+        self.ptr = ctypes.addressof(self._mem)
+        self.itemsize = 8
+        self.handle = handle
+
+    def read(self) -> list[int]:
+        try:
+            values: list[int] = self._mem[: self.length]
+        finally:
+            self.release()
+        return values
+
+    def _give_back(self) -> None:
+        self._free.append(self)
+
+
+class FakeNativeCopyClock(FakeEventClock):
+    """A fake clock whose acceptance copies the native core can start itself, as it does on a
+    GPU: ``native_copy_args()`` hands it C functions (``ctypes`` callbacks) in the place of
+    ``cudaMemcpyAsync`` (a ``memmove``), ``cudaEventRecord`` (stamps the slot's event on the
+    fake timeline) and ``cudaGetLastError``. ``memcpy_rc`` / ``record_rc`` make the next calls
+    fail like a refusing runtime; ``native=False`` leaves every copy to :meth:`copy_to_host`,
+    which takes the same slots."""
+
+    native_copy_type = _FakePinnedSlot
+
+    def __init__(self, gpu: FakeGpu | None = None, pool_size: int = 64, *,
+                 buffers: int = 16, capacity: int = 64, native: bool = True) -> None:
+        import ctypes
+
+        super().__init__(gpu, pool_size)
+        self.native = native
+        self.capacity = capacity
+        self.low = max(1, buffers // 4)
+        self.memcpy_rc = 0
+        self.record_rc = 0
+        self.memcpy_calls = self.record_calls = self.lasterr_calls = self.event_fallbacks = 0
+        self.free: list[_FakePinnedSlot] = []
+        self._by_handle: dict[int, FakeEvent] = {}
+        for i in range(buffers):
+            event = FakeEvent()
+            self._by_handle[1000 + i] = event
+            self.free.append(_FakePinnedSlot(capacity, event, 1000 + i, self.free))
+        gpu_ = self.gpu
+
+        def memcpy(dst: int, src: int, count: int, kind: int, stream: int) -> int:
+            self.memcpy_calls += 1
+            if self.memcpy_rc:
+                return self.memcpy_rc
+            assert kind == 2 and stream == 77  # device to host, on the "current stream"
+            ctypes.memmove(dst, src, count)
+            return 0
+
+        def record(handle: int, stream: int) -> int:
+            self.record_calls += 1
+            if self.record_rc:
+                return self.record_rc
+            event = self._by_handle[handle]
+            event.ts = gpu_.now_ns
+            event.recorded = True
+            return 0
+
+        def lasterr() -> int:
+            self.lasterr_calls += 1
+            return 0
+
+        vp, sz = ctypes.c_void_p, ctypes.c_size_t
+        self._fns = (
+            ctypes.CFUNCTYPE(ctypes.c_int, vp, vp, sz, ctypes.c_int, vp)(memcpy),
+            ctypes.CFUNCTYPE(ctypes.c_int, vp, vp)(record),
+            ctypes.CFUNCTYPE(ctypes.c_int)(lasterr),
+        )
+
+    def native_copy_args(self) -> tuple[Any, ...] | None:
+        import ctypes
+
+        if not self.native:
+            return None
+        addresses = [int(ctypes.cast(f, ctypes.c_void_p).value or 0) for f in self._fns]
+        return (*addresses, lambda device: 77, 0, {FAKE_INT64: self.free}, self.capacity,
+                self.low)
+
+    def copy_to_host(self, tensor: Any) -> PendingCopy | None:
+        import ctypes
+
+        n = tensor.numel()
+        if n > self.capacity or getattr(tensor, "dtype", None) != FAKE_INT64 or not self.free:
+            return None
+        slot = self.free.pop()
+        if len(self.free) < self.low:
+            self.buffers_low = True
+        ctypes.memmove(slot.ptr, tensor.data_ptr(), n * 8)
+        slot.length = n
+        self.record_fn(slot.event, self.stream)
+        self.copies += 1
+        return slot
+
+    def copy_event_failed(self, slot: Any) -> None:
+        self.event_fallbacks += 1
+        self.record_fn(slot.event, self.stream)

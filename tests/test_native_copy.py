@@ -1,0 +1,139 @@
+"""CUDA acceptance copies started by the native core itself (``Ring.set_native_copy``), on a
+fake runtime: the same slots, calls and counts as the clock's ``copy_to_host``, without it.
+
+``FakeNativeCopyClock`` hands the core C functions in the place of ``cudaMemcpyAsync``,
+``cudaEventRecord`` and ``cudaGetLastError`` (``ctypes`` callbacks on a fake timeline), so every
+branch the GPU takes runs here: the copy, its event, a refused copy (the Python path copies
+instead), a refused event (recorded through the clock), and every tensor the core leaves to the
+Python path. Under ``SPECOBS_CORE=python`` the ring has no native copy: the same cycles go
+through ``copy_to_host`` and the same totals come out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import specobs
+from specobs.timing import FakeDeviceArray, FakeGpu, FakeNativeCopyClock
+
+
+def run(clock: FakeNativeCopyClock, gpu: FakeGpu, accs: list[Any]) -> tuple[Any, list[Any]]:
+    mem = specobs.MemorySink()
+    obs = specobs.configure(sinks=[mem], clock=clock, sample_every=8, poll_interval_seconds=3600)
+    try:
+        for i, acc in enumerate(accs):
+            c = obs.begin(batch_size=len(acc.values) if isinstance(acc, FakeDeviceArray) else None)
+            gpu.run(10 + i)
+            c.mark("verify")
+            c.accept(acc, draft_length=4)
+            gpu.run(5)
+            c.mark("bookkeeping")
+            gpu.run(3)
+            c.end()
+            if i % 7 == 6:  # the resolver reads copies and hands the slots back
+                gpu.complete()
+                assert obs.force_flush(10)
+        gpu.complete()
+        assert obs.force_flush(10)
+        return obs.snapshot(), list(mem.cycles)
+    finally:
+        obs.shutdown(5)
+
+
+def native_ring() -> bool:
+    from specobs import _ring
+
+    return bool(_ring.NATIVE)
+
+
+ACCS = [FakeDeviceArray([i % 5, (i * 3) % 5, 4 - i % 5][: 1 + i % 3]) for i in range(60)]
+
+
+def test_the_native_copy_counts_what_the_python_copy_counts() -> None:
+    gpu_n, gpu_p = FakeGpu(), FakeGpu()
+    native, python = FakeNativeCopyClock(gpu_n), FakeNativeCopyClock(gpu_p, native=False)
+    sn, cn = run(native, gpu_n, ACCS)
+    sp, cp = run(python, gpu_p, ACCS)
+    assert [c.accept_lengths for c in cn] == [c.accept_lengths for c in cp] == [
+        a.values for a in ACCS]
+    for name in ("cycles_total", "accepted_tokens_total", "draft_tokens_total",
+                 "emitted_tokens_total", "accepted_by_position", "errors", "dropped"):
+        assert getattr(sn, name) == getattr(sp, name), name
+    assert sn.accept_length.counts == sp.accept_length.counts
+    assert not any(sn.errors.values()), sn.errors
+    assert len(native.free) == len(python.free) == 16  # every slot came back
+    assert python.memcpy_calls == 0 and python.copies == 60
+    if native_ring():
+        assert (native.memcpy_calls, native.record_calls, native.copies) == (60, 60, 0)
+    else:  # the pure-Python ring: every copy through copy_to_host
+        assert (native.memcpy_calls, native.copies) == (0, 60)
+
+
+@pytest.mark.skipif(not native_ring(), reason="the pure-Python ring starts no copy itself")
+def test_a_refused_copy_goes_through_the_python_path_and_a_refused_event_through_the_clock(
+) -> None:
+    gpu = FakeGpu()
+    clock = FakeNativeCopyClock(gpu)
+    clock.memcpy_rc = 1  # cudaErrorInvalidValue: the runtime refuses every copy
+    snap, cycles = run(clock, gpu, ACCS[:10])
+    assert [c.accept_lengths for c in cycles] == [a.values for a in ACCS[:10]]
+    assert (clock.memcpy_calls, clock.lasterr_calls, clock.copies) == (10, 10, 10)
+    assert len(clock.free) == 16 and not any(snap.errors.values())
+
+    gpu = FakeGpu()
+    clock = FakeNativeCopyClock(gpu)
+    clock.record_rc = 1  # the copy is started, its event is not recorded by the runtime
+    snap, cycles = run(clock, gpu, ACCS[:10])
+    assert [c.accept_lengths for c in cycles] == [a.values for a in ACCS[:10]]
+    assert (clock.memcpy_calls, clock.event_fallbacks, clock.copies) == (10, 10, 0)
+    assert clock.lasterr_calls == 10 and len(clock.free) == 16
+
+
+@pytest.mark.skipif(not native_ring(), reason="the pure-Python ring starts no copy itself")
+@pytest.mark.parametrize("tensor", [
+    FakeDeviceArray([1, 2], device=1),  # another device than the clock's
+    FakeDeviceArray([1, 2], contiguous=False),
+    FakeDeviceArray(list(range(65))),  # longer than a slot (the Python path refuses it too)
+])
+def test_tensors_the_core_cannot_copy_are_left_to_the_python_path(tensor: Any) -> None:
+    gpu = FakeGpu()
+    clock = FakeNativeCopyClock(gpu)
+    snap, cycles = run(clock, gpu, [tensor])
+    assert clock.memcpy_calls == 0
+    if tensor.numel() > clock.capacity:
+        assert cycles[0].accept_lengths is None and snap.errors["bad_acceptance"] == 1
+    else:
+        assert clock.copies == 1 and cycles[0].accept_lengths == [1, 2]
+
+
+def test_the_resolver_is_woken_when_the_free_slots_run_low() -> None:
+    """Slots come back only once the resolver has read them: the copy that leaves fewer than a
+    quarter free wakes it at once, on both paths (8 slots: the 7th copy)."""
+    gpu = FakeGpu()
+    clock = FakeNativeCopyClock(gpu, buffers=8)
+    obs = specobs.configure(sinks=[], clock=clock, poll_interval_seconds=3600)
+    rec = obs._recorder
+    wakes: list[int] = []
+    wake = rec.wake
+
+    def counting_wake() -> None:
+        wakes.append(len(clock.free))
+        wake()
+
+    rec.wake = counting_wake  # type: ignore[method-assign]
+    try:
+        for i in range(7):
+            if i == 6:
+                assert wakes == []  # six copies in flight, two slots free
+            c = obs.begin()
+            c.mark("verify")
+            c.accept(FakeDeviceArray([i % 4]), draft_length=4)
+            c.mark("bookkeeping")
+            c.end()
+        assert wakes[:1] == [1]
+        gpu.complete()
+        assert obs.force_flush(10)
+        assert len(clock.free) == 8 and obs.snapshot().cycles_total == 7
+    finally:
+        obs.shutdown(5)
