@@ -295,6 +295,23 @@ def test_specobs_counts_what_vllm_counts(
         f"samples summing to {specobs['accept_length_sum']:g}; vLLM counted "
         f"{vllm['drafts']} drafts and {vllm['accepted_tokens']} accepted tokens"
     )  # fmt: skip
+    # What reached the requests in speculative steps, as vLLM's scheduler handed it on (after
+    # its stop checks: tokens past max_tokens cut, requests still in chunked prefill getting
+    # none); with the other steps' tokens (prefill-only steps, steps with no drafts) vLLM's
+    # generation counter. The long prompts did need several chunks at the step budget.
+    assert max(result["prompt_tokens"]) > 2 * 64, result["prompt_tokens"]
+    steps = result["vllm_steps"]
+    assert steps is not None and steps["spec_steps"] > 0, steps
+    assert vllm["generation_tokens"] == result["generated_tokens"] == (
+        steps["spec_step_tokens"] + steps["other_step_tokens"]), (vllm, result)
+    assert specobs["emitted_tokens_total"] == steps["spec_step_tokens"], (
+        f"{method}: specobs counted {specobs['emitted_tokens_total']:g} emitted tokens, vLLM "
+        f"handed {steps['spec_step_tokens']} to the requests in its speculative steps: {steps}"
+    )
+    # The batch: the rows of each cycle that decoded (a row in chunked prefill does not).
+    assert specobs["batch_size_sum"] == steps["spec_step_rows"], (specobs, steps)
+    # Every speculative step of vLLM's scheduler is one specobs cycle.
+    assert specobs["cycles_total"] == steps["spec_steps"], (specobs, steps)
     cycles = specobs["cycles_total"]
     assert cycles > 0
     assert {p: specobs["phase_counts_host"].get(p) for p in PHASES} == dict.fromkeys(

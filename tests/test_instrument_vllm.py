@@ -786,3 +786,45 @@ def test_the_cpu_build_counts_as_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     assert VLLM_RANGE.installed_version() == "0.33.0"
     installed.clear()
     assert VLLM_RANGE.installed_version() is None
+
+
+# -- host-side counts (V1 without async scheduling) ------------------------------------------------
+
+
+def _state(prompt: int, out: list[int], *, max_tokens: int | None = 100, eos: int | None = None,
+           stops: tuple[int, ...] = ()) -> Any:
+    """A runner's ``CachedRequestState`` after ``_bookkeeping_sync`` extended its output."""
+    params = types.SimpleNamespace(max_tokens=max_tokens, eos_token_id=eos,
+                                   stop_token_ids=list(stops))
+    return types.SimpleNamespace(sampling_params=params, output_token_ids=list(out),
+                                 num_prompt_tokens=prompt)
+
+
+@pytest.mark.parametrize(("tokens", "state", "kept"), [
+    ([5, 6, 7], _state(10, [1, 2, 5, 6, 7]), 3),  # nothing ends it
+    ([5, 6, 7], _state(10, [1, 2, 5, 6, 7], max_tokens=4), 2),  # max_tokens reached at 6
+    ([5, 6, 7], _state(10, [1, 2, 5, 6, 7], max_tokens=5), 3),  # reached at the last token
+    ([5, 6, 7], _state(10, [1, 2, 5, 6, 7], eos=5), 1),  # EOS first: the rest is dropped
+    ([5, 6, 7], _state(10, [1, 2, 5, 6, 7], stops=(6,)), 2),  # a stop token
+    ([5, 6, 7], _state(509, [1, 2, 5, 6, 7]), 1),  # 509 + 3 tokens reach max_model_len 512
+    ([5], _state(10, [5], max_tokens=1), 1),  # the first token of a fresh request
+])  # fmt: skip
+def test_kept_tokens_stops_where_vllms_scheduler_does(tokens: list[int], state: Any,
+                                                      kept: int) -> None:
+    assert vl_inst.kept_tokens(tokens, state, 512) == kept
+
+
+def test_host_counts_leave_out_rows_in_chunked_prefill_and_cut_tokens() -> None:
+    requests = {
+        "a": _state(10, [1, 5, 6, 7]),  # decoded: 2 of 3 drafts accepted, plus the bonus
+        "b": _state(200, []),  # still in chunked prefill: its sampled token was discarded
+        "c": _state(10, [1, 2, 3, 9, 9, 9, 9], max_tokens=5),  # 4 sampled, cut after 2
+        "d": _state(30, [4]),  # its prefill finished this step: its first token, no drafts
+    }
+    runner = types.SimpleNamespace(
+        input_batch=types.SimpleNamespace(req_ids=["a", "b", "c", "d"]), requests=requests,
+        max_model_len=512)
+    valid = [[5, 6, 7], [], [9, 9, 9, 9], [4]]
+    assert vl_inst.host_counts(runner, valid, [3, 0, 3, 0]) == ([2, 3, 0], [3, 3, 0], 3 + 2 + 1)
+    assert vl_inst.host_counts(runner, [], [3, 0, 3, 0]) is None  # async scheduling
+    assert vl_inst.host_counts(runner, valid, [3, 0]) is None  # not this batch

@@ -505,9 +505,11 @@ class PhaseTracker:
             cycle.mark(self._phases[i])
         self._index = target
 
-    def accept(self, accepted: Any, draft_length: Any, batch_size: int | None = None) -> None:
+    def accept(self, accepted: Any, draft_length: Any, batch_size: int | None = None,
+               emitted: int | None = None) -> None:
         if self.cycle is not None:
-            self.cycle.accept(accepted, draft_length=draft_length, batch_size=batch_size)
+            self.cycle.accept(accepted, draft_length=draft_length, batch_size=batch_size,
+                              emitted=emitted)
 
     def abort(self) -> None:
         """The engine raised mid-cycle: discard the open cycle (its phase times mean nothing)."""

@@ -148,12 +148,16 @@ def topology(runner: Any) -> Topology:
 class _Step:
     """The per-thread state of the runner's step in flight."""
 
-    __slots__ = ("accepted", "draft_length", "off", "tracker")
+    __slots__ = ("accepted", "batch_size", "draft_length", "emitted", "off", "tracker")
 
     def __init__(self) -> None:
         self.tracker: PhaseTracker | None = None
         self.draft_length: Any = None
         self.accepted: Any = None
+        # From the host token lists (V1 without async scheduling): the rows that decoded and
+        # the tokens vLLM keeps of them; None leaves specobs's defaults (every row, 1 + accepted).
+        self.batch_size: int | None = None
+        self.emitted: int | None = None
         self.off = False  # this process does not record (not the leader, or a failed start)
 
 
@@ -172,10 +176,12 @@ def _finish(step: _Step) -> None:
     if tracker is not None:
         step.tracker = None
         if step.accepted is not None:
-            tracker.accept(step.accepted, step.draft_length)
+            tracker.accept(step.accepted, step.draft_length, step.batch_size, step.emitted)
         tracker.finish()
     step.accepted = None
     step.draft_length = None
+    step.batch_size = None
+    step.emitted = None
 
 
 def _abort(step: _Step | None) -> None:
@@ -316,7 +322,76 @@ def _around_phase(phase: str) -> Callable[..., Any]:
 
 
 around_propose_draft_token_ids = _around_phase("draft")
-around_bookkeeping_sync = _around_phase("bookkeeping")
+_enter_bookkeeping = _around_phase("bookkeeping")
+
+
+def kept_tokens(tokens: list[int], state: Any, max_model_len: int) -> int:
+    """How many of one request's sampled ``tokens`` vLLM keeps: its scheduler appends them one
+    by one and stops at the first that ends the request (``check_stop`` in
+    ``vllm/v1/core/sched/utils.py``: the EOS token unless ``ignore_eos``, a stop token, the
+    request's ``max_tokens``, the model's length), dropping the rest. ``state`` is the runner's
+    ``CachedRequestState``, whose ``output_token_ids`` already hold ``tokens``."""
+    params = getattr(state, "sampling_params", None)
+    if params is None:
+        return len(tokens)
+    out = len(state.output_token_ids) - len(tokens)
+    prompt = int(getattr(state, "num_prompt_tokens", 0) or 0)
+    eos = params.eos_token_id
+    stops = params.stop_token_ids or ()
+    max_tokens = params.max_tokens
+    for j, token in enumerate(tokens, 1):
+        out += 1
+        if token == eos or token in stops:
+            return j
+        if prompt + out >= max_model_len or (max_tokens is not None and out >= max_tokens):
+            return j
+    return len(tokens)
+
+
+def host_counts(
+    runner: Any, valid: list[list[int]], draft_lengths: list[int]
+) -> tuple[list[int], list[int], int] | None:
+    """Accepted and drafted tokens of the rows that decoded, and the tokens vLLM keeps, from
+    the host token lists ``_bookkeeping_sync`` returns (one list per request of the batch, empty
+    for a request still in chunked prefill, whose sampled token vLLM discards). ``None`` when
+    there are none (async scheduling keeps them on the GPU) or they do not match the batch."""
+    if not valid or len(valid) != len(draft_lengths):
+        return None
+    req_ids = runner.input_batch.req_ids
+    requests = runner.requests
+    max_model_len = int(runner.max_model_len)
+    accepted: list[int] = []
+    drafted: list[int] = []
+    emitted = 0
+    for i, tokens in enumerate(valid):
+        n = len(tokens)
+        if not n:
+            continue
+        accepted.append(n - 1)
+        drafted.append(draft_lengths[i])
+        state = requests.get(req_ids[i]) if i < len(req_ids) else None
+        emitted += kept_tokens(tokens, state, max_model_len) if state is not None else n
+    return accepted, drafted, emitted
+
+
+def around_bookkeeping_sync(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """V1's host-side update (**bookkeeping**). Without async scheduling it returns every
+    request's sampled tokens as host lists: acceptance is read from those (no device copy), the
+    rows still in chunked prefill are left out of the batch, and the tokens the scheduler will
+    cut (``max_tokens``, EOS, stop tokens) are not counted as emitted."""
+    result = _enter_bookkeeping(original, *args, **kwargs)
+    step = _local.__dict__.get("step")
+    if step is not None and step.tracker is not None and step.draft_length is not None:
+        try:
+            valid = result[3] if type(result) is tuple and len(result) > 3 else None
+            if type(valid) is list:
+                counts = host_counts(args[0], valid, step.draft_length)
+                if counts is not None:
+                    step.accepted, step.draft_length, step.emitted = counts
+                    step.batch_size = len(counts[0])
+        except Exception:
+            _failed("acceptance (_bookkeeping_sync)")
+    return result
 
 
 def around_sample_tokens(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -12,8 +12,12 @@ vLLM, which the suite's interpreter does not have.
    target and a tiny Llama draft with seeded random weights. Nothing is downloaded.
 2. Generates greedily from repetitive prompts with ``vllm.LLM(..., speculative_config=...)``,
    ``disable_log_stats=False``, and reads vLLM's own counters from ``llm.get_metrics()``:
-   ``vllm:spec_decode_num_draft_tokens``, ``vllm:spec_decode_num_accepted_tokens`` and
-   ``vllm:spec_decode_num_drafts`` (requests that drafted, per step).
+   ``vllm:spec_decode_num_draft_tokens``, ``vllm:spec_decode_num_accepted_tokens``,
+   ``vllm:spec_decode_num_drafts`` (requests that drafted, per step) and
+   ``vllm:generation_tokens``. Two of the prompts are longer than a step's token budget
+   (``max_num_batched_tokens``), so they are prefilled in chunks in steps where the others
+   verify drafts; ``max_tokens`` is not a multiple of what a step emits, so the scheduler cuts
+   some requests' last step.
 3. Scrapes specobs, which lives in the engine core process, at
    ``http://127.0.0.1:$SPECOBS_PROMETHEUS_PORT/metrics`` until its totals stop changing (the
    resolver publishes every poll interval), while the engine is still up.
@@ -101,13 +105,21 @@ def build_models(root: Path) -> tuple[Path, Path]:
 # -- the engine ------------------------------------------------------------------------------------
 
 
+LONG_PROMPTS = 2
+"""Prompts of 150-180 words: several chunks each at ``MAX_NUM_BATCHED_TOKENS``."""
+MAX_NUM_BATCHED_TOKENS = 64
+"""A step's token budget: a long prompt is prefilled in chunks while the other requests verify
+(8 requests of 1 + 3 tokens take 32 of it)."""
+
+
 def _prompts(count: int) -> list[str]:
-    """Repeating word patterns: the n-gram drafter finds matches in them and proposes."""
+    """Repeating word patterns: the n-gram drafter finds matches in them and proposes. The last
+    ``LONG_PROMPTS`` repeat theirs 30 times, the others 6."""
     rng = random.Random(1)
     prompts = []
     for i in range(count):
         pattern = [f"w{rng.randrange(3, VOCAB_WORDS)}" for _ in range(3 + i % 4)]
-        prompts.append(" ".join(pattern * 6))
+        prompts.append(" ".join(pattern * (30 if i >= count - LONG_PROMPTS else 6)))
     return prompts
 
 
@@ -130,6 +142,7 @@ def _vllm_counters(metrics: list[Any]) -> dict[str, int]:
         "vllm:spec_decode_num_drafts": "drafts",
         "vllm:spec_decode_num_draft_tokens": "draft_tokens",
         "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+        "vllm:generation_tokens": "generation_tokens",
     }
     totals = dict.fromkeys(wanted.values(), 0)
     for metric in metrics:
@@ -137,6 +150,43 @@ def _vllm_counters(metrics: list[Any]) -> dict[str, int]:
         if key is not None:
             totals[key] += int(metric.value)  # one Counter per engine; summed
     return totals
+
+
+# -- vLLM's own per-step output, as its scheduler hands it on ------------------------------------
+
+STEP_COUNTS_ENV = "SPECOBS_TEST_STEP_COUNTS"
+"""A file the engine core writes its per-step token counts to (it runs in a forked process)."""
+
+
+def count_step_outputs(path: Path) -> None:
+    """Wrap vLLM's ``Scheduler.update_from_output`` to add up the tokens it hands to the
+    requests (after its own stop checks and cuts), split by whether the step verified drafts
+    (``scheduled_spec_decode_tokens``: a speculative cycle), and the rows that got tokens in
+    those steps. Written to ``path`` after every step, from whichever process schedules."""
+    from vllm.v1.core.sched import scheduler as sched
+
+    original = sched.Scheduler.update_from_output
+    totals = {"spec_step_tokens": 0, "spec_step_rows": 0, "other_step_tokens": 0,
+              "spec_steps": 0}  # fmt: skip
+
+    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
+        result = original(self, scheduler_output, model_runner_output)
+        tokens = rows = 0
+        for outs in result.values():
+            for out in outs.outputs:
+                n = len(out.new_token_ids or ())
+                tokens += n
+                rows += n > 0
+        if scheduler_output.scheduled_spec_decode_tokens:
+            totals["spec_step_tokens"] += tokens
+            totals["spec_step_rows"] += rows
+            totals["spec_steps"] += 1
+        else:
+            totals["other_step_tokens"] += tokens
+        path.write_text(json.dumps(totals))
+        return result
+
+    sched.Scheduler.update_from_output = update_from_output
 
 
 # -- specobs, scraped from the engine core process -------------------------------------------------
@@ -152,6 +202,7 @@ def _scrape(url: str) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {
         "draft_tokens_total": 0.0, "accepted_tokens_total": 0.0, "cycles_total": 0.0,
+        "emitted_tokens_total": 0.0, "batch_size_sum": 0.0,
         "accept_length_count": 0.0, "accept_length_sum": 0.0,
         "phase_counts_host": {}, "info": None,
     }  # fmt: skip
@@ -164,6 +215,10 @@ def _scrape(url: str) -> dict[str, Any] | None:
                 out["accepted_tokens_total"] += value
             elif name == "specobs_cycles_total":
                 out["cycles_total"] += value
+            elif name == "specobs_emitted_tokens_total":
+                out["emitted_tokens_total"] += value
+            elif name == "specobs_batch_size_sum":
+                out["batch_size_sum"] += value
             elif name == "specobs_accept_length_count":
                 out["accept_length_count"] += value
             elif name == "specobs_accept_length_sum":
@@ -201,7 +256,7 @@ def main() -> int:
     parser.add_argument("--models", type=Path, required=True, help="cache folder for the models")
     parser.add_argument("--method", required=True, choices=("ngram", "draft_model"))
     parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--max-tokens", type=int, default=45)
     args = parser.parse_args()
     port = int(os.environ["SPECOBS_PROMETHEUS_PORT"])
 
@@ -215,9 +270,14 @@ def main() -> int:
 
     import specobs
 
+    step_counts = Path(os.environ.get(STEP_COUNTS_ENV) or args.models / "step-counts.json")
+    step_counts.unlink(missing_ok=True)
+    count_step_outputs(step_counts)  # before the engine core forks
+
     llm = LLM(
         model=str(target), tokenizer=str(target), speculative_config=_speculative_config(
             args.method, draft), dtype="float32", max_model_len=512, max_num_seqs=args.prompts,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, enable_chunked_prefill=True,
         enforce_eager=True, disable_log_stats=False, seed=0,
     )  # fmt: skip
     t_started = time.perf_counter()
@@ -226,6 +286,7 @@ def main() -> int:
     t_generated = time.perf_counter()
     counters = _vllm_counters(llm.get_metrics())
     scraped, reads = scrape_until_stable(port)
+    steps = json.loads(step_counts.read_text()) if step_counts.exists() else None
     t_scraped = time.perf_counter()
 
     result = {
@@ -233,7 +294,9 @@ def main() -> int:
         "vllm_version": vllm.__version__,
         "specobs_file": specobs.__file__,
         "generated_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+        "prompt_tokens": [len(o.prompt_token_ids or ()) for o in outputs],
         "vllm": counters,
+        "vllm_steps": steps,
         "specobs": scraped,
         "scrapes": reads,
         "seconds": {
