@@ -21,7 +21,7 @@ PACKAGE = Path(specobs.__file__).parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("specobs._errors", "specobs._version", "specobs._model", "specobs.catalog",
      "specobs.sampling", "specobs.timing", "specobs._speedups", "specobs._bucketing",
-     "specobs._deadline", "specobs._ring", "specobs._core"),
+     "specobs._deadline", "specobs._ring", "specobs._core", "specobs._threadtime"),
     ("specobs._config",),
     ("specobs._recorder", "specobs._aggregation", "specobs._series", "specobs._acceptance",
      "specobs.sinks"),
@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("specobs.instrument", "specobs.mixin"),
     ("specobs.tools",),
     ("specobs.demo",),
-    ("specobs.cli",),
+    ("specobs.cli", "specobs.__main__"),
 )
 
 
