@@ -42,6 +42,10 @@ from typing import Any
 # vLLM's CPU backend reserves its KV cache up front (GiB); the tiny models need almost none, and
 # the machine is shared with the rest of the test suite. Set before vLLM is imported.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# The engine core in this process (vLLM's in-process client): its scheduler is where the run
+# counts what each step hands to the requests (count_step_outputs), and a core process started
+# afresh would not carry that hook. The plugin, the runner and specobs's endpoint are the same.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 VOCAB_WORDS = 250
 """Plain words ``w0``..``w249``; with the special tokens the vocabulary has 253 entries."""
