@@ -11,6 +11,7 @@ Prometheus exposition.
 from __future__ import annotations
 
 import dataclasses
+import io
 from collections.abc import Iterator
 
 import pytest
@@ -93,6 +94,13 @@ def test_demo_summary_uses_the_recording_rules_definitions(observer: specobs.Obs
     final = "\n".join(_summary.final_lines(view, seconds=2.0, fault=None, baseline_note="x",
                                            requests="-"))
     assert "mean accept length 1.00 of 4, by position 67%, 50%, 0%, 0%" in final
+    # Draft positions are numbered from 0, as in top, the report and vLLM's own counters.
+    from rich.console import Console
+
+    console = Console(width=160, record=True, file=io.StringIO())
+    console.print(_summary.render_rich(view, title="t", fault=None, requests="-", where=[],
+                                       baseline_note="x"))
+    assert "0: 67%  1: 50%  2: 0%  3: 0%" in console.export_text()
 
 
 def test_demo_and_top_agree_number_for_number_on_the_same_snapshots(

@@ -245,7 +245,7 @@ def render_rich(
         ("tokens/s", f"{view.tokens_per_second:.1f}  (total {view.emitted_total})"),
         ("acceptance rate", _f(view.acceptance_rate, ".1%")),
         ("mean accept length", f"{_f(view.mean_accept_length, '.2f')} of {len(view.per_position)}"),
-        ("by draft position", "  ".join(f"{i + 1}: {_f(p, '.0%')}" for i, p in
+        ("by draft position", "  ".join(f"{i}: {_f(p, '.0%')}" for i, p in
                                         enumerate(view.per_position))),
         ("batch size", _f(view.batch_size_mean, ".1f")),
         ("per-sequence tokens/s", f"{speed}  vs baseline {base} ({baseline_note}): "
