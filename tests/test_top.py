@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import http.server
+import json
 import os
 import re
 import shutil
@@ -431,6 +432,25 @@ def test_plain_output_when_stdout_is_not_a_tty(engines: Callable[..., Engine]):
         assert "pos=[100%,50%,50%,0%]" in line
         assert "batch=2.00" in line and "drops=0" in line and "sampling=1/1" in line
     assert result.stderr == ""
+
+
+def test_json_prints_one_object_per_poll(engines: Callable[..., Engine],
+                                         capsys: pytest.CaptureFixture[str]):
+    eng = engines().start()
+    rc, out, err = cli_here(capsys, "top", eng.url, "--interval", "0.3", "--once", "--json")
+    assert rc == 0 and err == "", err
+    first, last = (json.loads(line) for line in out.splitlines())
+    assert first["kind"] == "waiting" and "breakdown" not in first
+    assert last["kind"] == "data"
+    b = last["breakdown"]
+    assert b["stats"]["draft/gpu"]["mean_seconds"] == pytest.approx(200e-6)
+    assert b["stats"]["verify/gpu"]["share"] == pytest.approx(600 / 900)
+    assert b["acceptance_rate"] == pytest.approx(0.5)
+    assert b["position_acceptance"][0] == ["0", 1.0]
+    # The same findings, in doctor --json's shape, and the status line top prints above them.
+    assert last["findings"] and all(
+        set(f) >= {"code", "severity", "sentence", "evidence", "advice"} for f in last["findings"])
+    assert last["status"].split(":")[0].split()[0] in ("OK", "INFO", "WARN", "FAIL")
 
 
 def test_idle_endpoint_shows_no_cycles(

@@ -16,7 +16,8 @@ a second sample.
 
 On a terminal it uses ``rich`` and reads keys in cbreak mode on a small thread (q quits; so does
 Ctrl-C). When stdout is not a terminal (or with ``--plain``) it prints one line per poll.
-``--once`` / ``--count N`` stop after that many computed frames, for scripts.
+``--once`` / ``--count N`` stop after that many computed frames, for scripts; ``--json`` prints
+one JSON object per poll instead (the breakdown and the findings).
 
 A poll that fails (refused connection, HTTP error, a page that is not specobs metrics, a counter
 that went down because the server restarted, a body serving a sample twice) shows a one-line
@@ -33,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import json
 import math
 import os
 import select
@@ -80,6 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print one computed frame and exit (same as --count 1)")
     parser.add_argument("--count", type=int, default=None, metavar="N",
                         help="exit after N computed frames (exit 1 if the last poll failed)")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object per poll, one per line (the breakdown and the "
+                             "findings); with --once, one object")
 
 
 # -- sources --------------------------------------------------------------------------------------
@@ -240,6 +246,37 @@ class PlainView:
     def show(self, frame: Frame, last: Frame | None) -> None:
         self.stream.write(plain_line(frame) + "\n")
         self.stream.flush()
+
+
+def frame_json(frame: Frame, now: float | None = None) -> dict[str, Any]:
+    """One poll as JSON: its kind and message, the breakdown (per-phase statistics keyed
+    ``phase/clock``) and the findings (``specobs doctor --json``'s shape)."""
+    out: dict[str, Any] = {"time": time.time() if now is None else now, "kind": frame.kind,
+                           "message": frame.message}
+    b = frame.breakdown
+    if b is not None:
+        data = {f.name: getattr(b, f.name) for f in dataclasses.fields(b)}
+        data["stats"] = {f"{p}/{c}": dataclasses.asdict(st) for (p, c), st in b.stats.items()}
+        out["breakdown"] = data
+    out["status"] = status_text(frame.findings) if frame.findings else None
+    out["findings"] = [dataclasses.asdict(f) for f in frame.findings]
+    return out
+
+
+class JsonView(PlainView):
+    """``--json``: one JSON object per poll, one per line."""
+
+    def show(self, frame: Frame, last: Frame | None) -> None:
+        self.stream.write(json.dumps(frame_json(frame), default=_json_default) + "\n")
+        self.stream.flush()
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (tuple, set, frozenset)):
+        return list(value)
+    return str(value)
 
 
 # -- terminal output ------------------------------------------------------------------------------
@@ -510,7 +547,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
     stdout = sys.stdout
-    plain = args.plain or not stdout.isatty()
+    plain = args.plain or args.json or not stdout.isatty()
     console: Any = None
     if not plain:
         from rich.console import Console
@@ -526,7 +563,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             source = EndpointSource(client, target, limits)
         view: PlainView | LiveView = (
-            PlainView(stdout) if plain else LiveView(source.description, args.interval, console)
+            JsonView(stdout) if args.json else PlainView(stdout) if plain
+            else LiveView(source.description, args.interval, console)
         )
         try:
             with (
