@@ -283,7 +283,12 @@ class Reports:
                  "wrong-hidden-layers", "-o", str(self.compare_html)],
                 capture_output=True, text=True, env=_env(), timeout=120,
             )
-            assert self.sampled.returncode == 0, self.sampled.stderr
+            # Written, and B's acceptance drop is a regression: exit 3, named on stderr.
+            assert self.sampled.returncode == 3, self.sampled.stderr
+            assert self.compare_html.exists()
+            assert self.sampled.stderr.startswith(
+                "specobs report: wrong-hidden-layers regressed against healthy: acceptance rate "
+            ), self.sampled.stderr
         except BaseException:
             self.close()
             raise
@@ -643,6 +648,19 @@ def test_significance_needs_both_the_noise_test_and_the_minimum_change() -> None
     # Too few windows: no verdict.
     c = {c.metric.key: c for c in stats.compare(defs, a[0], b[0], a[:3], b[:3])}
     assert c["acceptance"].verdict == "too few windows"
+
+
+def test_regressions_are_the_significant_changes_for_the_worse() -> None:
+    defs = [d for d in stats.metric_defs([], []) if d.key in ("acceptance", "cycle_host")]
+    good = [_bd(0.6 + 0.01 * (i % 3), 0.010 + 0.0001 * (i % 2)) for i in range(8)]
+    # B: acceptance halved and the cycle 50 % slower: both worse.
+    bad = [_bd(0.3 + 0.01 * (i % 3), 0.015 + 0.0001 * (i % 2)) for i in range(8)]
+    worse = stats.regressions(stats.compare(defs, good[0], bad[0], good, bad))
+    assert sorted(c.metric.key for c in worse) == ["acceptance", "cycle_host"]
+    # The same changes the other way round are improvements: significant, not regressions.
+    changes = stats.compare(defs, bad[0], good[0], bad, good)
+    assert {c.metric.key for c in stats.findings(changes)} == {"acceptance", "cycle_host"}
+    assert stats.regressions(changes) == []
 
 
 def test_help_and_a_light_import() -> None:

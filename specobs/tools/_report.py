@@ -50,7 +50,12 @@ from specobs.tools import _report_data as data
 from specobs.tools import _report_stats as stats
 from specobs.tools import _scrape as scr
 
-__all__ = ["add_arguments", "render_compare", "render_run", "run"]
+__all__ = ["REGRESSION_EXIT", "add_arguments", "compare_changes", "render_compare",
+           "render_run", "run"]
+
+#: ``report --compare``'s exit status when B is significantly worse than A (the report is
+#: written first); 1 is an error, 2 a usage error, 0 no regression.
+REGRESSION_EXIT = 3
 
 _PROG = "specobs report"
 _PHASE_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#9d755d")
@@ -71,7 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "\n"
         "A compared metric is flagged when Welch's t-test over the runs' per-window values\n"
         "rejects equal means at --alpha AND the whole-run values differ by at least\n"
-        "--min-change (docs/report.md)."
+        "--min-change (docs/report.md).\n"
+        "\n"
+        "exit status: 0 the report was written (with --compare: B is not worse than A);\n"
+        "3 with --compare, B regressed (acceptance or throughput down, a phase, the cycle\n"
+        "or the exporter's cost up; named on stderr, the report written); 1 an error;\n"
+        "2 a usage error."
     )
     parser.add_argument("--from", dest="source", metavar="URL|FILE", default=None,
                         help="a specobs /metrics URL to sample, or a snapshot file (--save)")
@@ -279,11 +289,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"{_PROG}: {r.source}: no speculative decoding cycles in "
                   f"{r.duration_seconds:.0f} s (is the server idle?)", file=sys.stderr)
             return 1
+    regressed: list[stats.Change] = []
     if len(runs) == 1:
         text = render_run(runs[0], title=args.title)
     else:
         text = render_compare(runs[0], runs[1], title=args.title, alpha=args.alpha,
                               min_change=args.min_change)
+        regressed = stats.regressions(compare_changes(runs[0], runs[1], alpha=args.alpha,
+                                                      min_change=args.min_change))
     try:
         tmp = f"{args.output}.tmp-{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -293,6 +306,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"{_PROG}: cannot write {args.output}: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {args.output} ({len(text.encode()) / 1e6:.1f} MB)")
+    if regressed:
+        a, b = runs
+        print(f"{_PROG}: {b.name or 'B'} regressed against {a.name or 'A'}: " + ", ".join(
+            f"{c.metric.label} {_fmt(c.metric.kind, c.a)} → {_fmt(c.metric.kind, c.b)}"
+            for c in regressed), file=sys.stderr)
+        return REGRESSION_EXIT
     return 0
 
 
@@ -774,6 +793,19 @@ def _compare_table(changes: Sequence[stats.Change], name_a: str, name_b: str) ->
     return f'<table class="compare">{head}{"".join(rows)}</table>'
 
 
+def compare_changes(a: data.Run, b: data.Run, *, alpha: float = 0.01,
+                    min_change: float = 0.10) -> list[stats.Change]:
+    """Every compared metric of runs ``a`` and ``b`` with its verdict."""
+    positions = [p for p, _ in a.total.position_acceptance]
+    positions += [p for p, _ in b.total.position_acceptance if p not in positions]
+    phases = list(a.total.phases) + [p for p in b.total.phases if p not in a.total.phases]
+    return stats.compare(
+        stats.metric_defs(phases, positions), a.total, b.total,
+        [w.breakdown for w in a.windows], [w.breakdown for w in b.windows],
+        alpha=alpha, min_change=min_change,
+    )
+
+
 def render_compare(
     a: data.Run, b: data.Run, *, title: str | None = None, alpha: float = 0.01,
     min_change: float = 0.10,
@@ -781,14 +813,7 @@ def render_compare(
     """The HTML report comparing runs ``a`` and ``b``."""
     if a.name == b.name:
         a.name, b.name = f"A: {a.name}", f"B: {b.name}"
-    positions = [p for p, _ in a.total.position_acceptance]
-    positions += [p for p, _ in b.total.position_acceptance if p not in positions]
-    phases = list(a.total.phases) + [p for p in b.total.phases if p not in a.total.phases]
-    changes = stats.compare(
-        stats.metric_defs(phases, positions), a.total, b.total,
-        [w.breakdown for w in a.windows], [w.breakdown for w in b.windows],
-        alpha=alpha, min_change=min_change,
-    )
+    changes = compare_changes(a, b, alpha=alpha, min_change=min_change)
     found = stats.findings(changes)
     consequences = [c for c in changes if c.verdict == "consequence"]
     load = [c for c in changes if c.verdict == "load differs"]

@@ -273,3 +273,23 @@ def compare(
 def findings(changes: Sequence[Change]) -> list[Change]:
     """The headline: significant changes that are not consequences of others."""
     return [c for c in changes if c.verdict == "significant"]
+
+
+#: Which way is worse for each group (``load`` is neither: it is the traffic, not the server).
+_WORSE_WHEN_LOWER = ("acceptance", "throughput")
+_WORSE_WHEN_HIGHER = ("timing", "health")
+
+
+def regressions(changes: Sequence[Change]) -> list[Change]:
+    """The headline changes that are worse in B than in A: acceptance or throughput down, a
+    phase, the cycle or the exporter's cost up (``report --compare`` exits 3 on any)."""
+    out = []
+    for c in findings(changes):
+        if c.a is None or c.b is None:
+            continue
+        group = c.metric.group
+        if (group in _WORSE_WHEN_LOWER and c.b < c.a) or (
+                group in _WORSE_WHEN_HIGHER and c.b > c.a):
+            out.append(c)
+    return out
+
