@@ -716,3 +716,12 @@ def test_every_failure_is_json(api: Served, strict: Strict,
     assert_openai_error(r, 500, "server_error", "the server failed this request")
     monkeypatch.undo()
     assert api.client.get("/health").json()["status"] == "ok"
+
+
+def test_the_fault_api_takes_none_as_the_command_line_spells_it(api: Served) -> None:
+    assert api.client.post("/admin/fault", json={"fault": "stall"}).json()["fault"] == "stall"
+    switched = api.client.post("/admin/fault", json={"fault": "none"}).json()
+    assert switched == {"fault": None, "previous": "stall", "faults": switched["faults"]}
+    assert api.engine.fault is None
+    bad = api.client.post("/admin/fault", json={"fault": "None!"})
+    assert bad.status_code == 400 and "expected one of" in bad.text

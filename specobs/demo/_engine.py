@@ -311,6 +311,8 @@ class SpecDecodeEngine:
 
     @fault.setter
     def fault(self, value: str | None) -> None:
+        if value == "none":  # what the command line calls no fault
+            value = None
         if value not in FAULTS:
             raise ValueError(f"fault must be one of {FAULTS!r}, got {value!r}")
         # A single attribute store is atomic; the worker reads it once per step.

@@ -944,7 +944,7 @@ async def _set_fault(body: FaultRequest, request: Request) -> dict[str, Any]:
     from ._engine import FAULTS
 
     engine = _served(request).engine
-    if body.fault not in FAULTS:
+    if body.fault not in FAULTS and body.fault != "none":  # "none", as the CLI says: no fault
         raise _InvalidRequest(
             f"'fault': expected one of {json.dumps(list(FAULTS))}, got "
             f"{json.dumps(body.fault)}",
