@@ -118,6 +118,26 @@ def test_demo_stops_with_a_clear_error_when_its_port_is_taken(weights: Path) -> 
     assert time.monotonic() - t0 < 60
 
 
+def test_a_taken_metrics_port_names_the_flag_that_chose_it(weights: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECOBS_", "OTEL_"))}
+        env["PYTHONPATH"] = str(ROOT)
+        result = subprocess.run(
+            [sys.executable, "-m", "specobs.cli", "demo", "--duration", "5", "--port", "0",
+             "--metrics-port", str(port), "--plain", "--cache-dir", str(weights),
+             "--baseline-tokens-per-second", "50"],
+            capture_output=True, text=True, timeout=120, env=env, cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"cannot serve specobs metrics on port {port}: " in result.stderr, result.stderr
+    assert "pick another --metrics-port" in result.stderr
+    assert "SPECOBS_PROMETHEUS_PORT" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [

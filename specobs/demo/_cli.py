@@ -464,6 +464,13 @@ def run(args: argparse.Namespace) -> int:
         try:
             observer, prom = _configure_observer(args, baseline, probe)
         except Exception as exc:
+            bind = exc.__cause__
+            if args.metrics_port is not None and isinstance(bind, OSError):
+                # The port came from the command line: say the flag, not the variable the
+                # demo passed it on in.
+                return _fail(f"cannot serve specobs metrics on port {args.metrics_port}: "
+                             f"{bind.strerror or bind}; pick another --metrics-port (0: any "
+                             "free port)")
             return _fail(f"cannot start the specobs exporter: {exc}")
         engine.observer = observer
         if args.fault != "none":
