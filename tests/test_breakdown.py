@@ -93,7 +93,8 @@ def test_demo_summary_uses_the_recording_rules_definitions(observer: specobs.Obs
     assert "gpu: draft 0.20 ms (22%), verify 0.60 ms (67%), bookkeeping 0.10 ms (11%)" in line
     final = "\n".join(_summary.final_lines(view, seconds=2.0, fault=None, baseline_note="x",
                                            requests="-"))
-    assert "mean accept length 1.00 of 4, by position 67%, 50%, 0%, 0%" in final
+    assert ("mean acceptance length 2.00 incl. bonus (1.00 of 4 drafts accepted), by position "
+            "67%, 50%, 0%, 0%") in final
     # Draft positions are numbered from 0, as in top, the report and vLLM's own counters.
     from rich.console import Console
 

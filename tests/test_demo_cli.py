@@ -93,7 +93,7 @@ def test_demo_runs_serves_and_is_scraped_by_prometheus(
     assert "draft" in lines[-1] and "verify" in lines[-1] and "bookkeeping" in lines[-1]
     assert "cycles/s" in lines[-1] and "acceptance" in lines[-1]
     final = text[text.index("specobs demo ran"):]
-    assert "acceptance rate" in final and "mean accept length" in final
+    assert "acceptance rate" in final and "mean acceptance length" in final
     assert "host: draft" in final and "gpu : n/a" in final
     assert "measured while serving, same batch" in final
 

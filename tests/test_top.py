@@ -428,7 +428,8 @@ def test_plain_output_when_stdout_is_not_a_tty(engines: Callable[..., Engine]):
         assert "verify=600.0us(66.7%,p50=750.0us,p99=995.0us)" in line
         assert "bookkeeping=100.0us(11.1%" in line
         assert "cycle=900.0us" in line
-        assert "accept=50.0%" in line and "accept_len=2.00" in line
+        # vLLM's mean acceptance length (bonus included) first, the accepted drafts beside it.
+        assert "accept=50.0%" in line and "accept_len=3.00 accepted_per_draft=2.00" in line
         assert "pos=[100%,50%,50%,0%]" in line
         assert "batch=2.00" in line and "drops=0" in line and "sampling=1/1" in line
     assert result.stderr == ""
@@ -594,7 +595,7 @@ def test_live_view_in_tmux_reads_back_and_quits_on_q(engines: Callable[..., Engi
 
     expected = ("specobs top", "GPU clock", "host clock", "draft", "verify", "bookkeeping",
                 "200.0 µs", "600.0 µs", "100.0 µs", "900.0 µs", "22.2%", "66.7%",
-                "acceptance 50.0%", "mean accept length 2.00", "mean batch 2.00", "0:100%",
+                "acceptance 50.0%", "accept length 3.00 (1 + 2.00)", "mean batch 2.00", "0:100%",
                 "1:50%", "3:0%", "GPU sampling 1 in 1", "drops 0", "█")
     try:
         # The view is drawn over several pane updates, so wait for all of it, not its first
@@ -701,7 +702,7 @@ def test_prometheus_mode_against_a_real_prometheus(
     assert "clock=gpu" in line
     assert "draft=200.0us(22.2%" in line and "verify=600.0us(66.7%" in line
     assert "cycle=900.0us" in line
-    assert "accept=50.0%" in line and "accept_len=2.00" in line and "batch=2.00" in line
+    assert "accept=50.0%" in line and "accept_len=3.00" in line and "batch=2.00" in line
     assert "pos=[100%,50%,50%,0%]" in line
 
     # Our bucket interpolation agrees with Prometheus's own histogram_quantile.

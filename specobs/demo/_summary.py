@@ -147,6 +147,12 @@ def compute_view(
     )
 
 
+def _incl(accepted: float | None) -> float | None:
+    """The mean acceptance length vLLM users know (bonus token included) from the accepted
+    drafts per drafting sequence."""
+    return None if accepted is None else 1.0 + accepted
+
+
 def _f(v: float | None, fmt: str, none: str = "-") -> str:
     return none if v is None else format(v, fmt)
 
@@ -161,7 +167,7 @@ def plain_line(view: DemoView, *, fault: str | None, requests: str = "") -> str:
         f"cycles/s {view.cycles_per_second:6.1f}",
         f"tokens/s {view.tokens_per_second:7.1f}",
         f"acceptance {_f(view.acceptance_rate, '.2f')}",
-        f"accept length {_f(view.mean_accept_length, '.2f')}",
+        f"acceptance length {_f(_incl(view.mean_accept_length), '.2f')}",
         f"batch {_f(view.batch_size_mean, '.1f')}",
         f"speedup {_f(view.speedup, '.2f')}x"
         + (f" ({view.speedup_note})" if view.speedup_note else ""),
@@ -244,7 +250,9 @@ def render_rich(
         ("cycles/s", f"{view.cycles_per_second:.1f}  (total {view.cycles_total})"),
         ("tokens/s", f"{view.tokens_per_second:.1f}  (total {view.emitted_total})"),
         ("acceptance rate", _f(view.acceptance_rate, ".1%")),
-        ("mean accept length", f"{_f(view.mean_accept_length, '.2f')} of {len(view.per_position)}"),
+        ("mean acceptance length", f"{_f(_incl(view.mean_accept_length), '.2f')} incl. bonus "
+                                   f"({_f(view.mean_accept_length, '.2f')} of "
+                                   f"{len(view.per_position)} drafts accepted)"),
         ("by draft position", "  ".join(f"{i}: {_f(p, '.0%')}" for i, p in
                                         enumerate(view.per_position))),
         ("batch size", _f(view.batch_size_mean, ".1f")),
@@ -280,8 +288,10 @@ def final_lines(
     out = [
         f"specobs demo ran {seconds:.1f} s: {view.cycles_total} cycles, {view.emitted_total} "
         f"tokens ({view.cycles_per_second:.1f} cycles/s, {view.tokens_per_second:.1f} tokens/s)",
-        f"  acceptance rate {_f(view.acceptance_rate, '.1%')}, mean accept length "
-        f"{_f(view.mean_accept_length, '.2f')} of {len(view.per_position)}, by position "
+        f"  acceptance rate {_f(view.acceptance_rate, '.1%')}, mean acceptance length "
+        f"{_f(_incl(view.mean_accept_length), '.2f')} incl. bonus ("
+        f"{_f(view.mean_accept_length, '.2f')} of {len(view.per_position)} drafts accepted), "
+        "by position "
         + ", ".join(_f(p, ".0%") for p in view.per_position),
         f"  mean batch size {_f(view.batch_size_mean, '.1f')}; per-sequence "
         f"{_f(view.sequence_tokens_per_second, '.1f')} tokens/s vs baseline "

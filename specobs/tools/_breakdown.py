@@ -152,6 +152,14 @@ class Breakdown:
     worker_running_seconds_per_cycle: float | None = None
     worker_waiting_seconds_per_cycle: float | None = None
 
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens a drafting sequence gains per cycle, the bonus token included: vLLM's "mean
+        acceptance length" (1 + accepted / drafts). ``mean_accept_length`` is the accepted
+        drafts alone (0..k), the histogram's mean."""
+        m = self.mean_accept_length
+        return None if m is None else 1.0 + m
+
 
 def _phases(delta: Series, gauges: Series) -> tuple[str, ...]:
     info = gauges.labels(catalog.INFO.name)

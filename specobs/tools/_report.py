@@ -343,7 +343,10 @@ def summary_rows(b: bd.Breakdown) -> list[tuple[str, str, str]]:
         ("cycles", "cycles", scr.format_rate(b.cycles, 0)),
         ("cycles_per_second", "cycles/s", scr.format_rate(b.cycles_per_second)),
         ("acceptance", "acceptance", scr.format_percent(b.acceptance_rate)),
-        ("accept_length", "mean accept length", scr.format_rate(b.mean_accept_length, 2)),
+        ("accept_length", "mean acceptance length (incl. bonus)",
+         scr.format_rate(b.mean_acceptance_length, 2)),
+        ("accepted_per_draft", "accepted drafts per drafting sequence (excl. bonus)",
+         scr.format_rate(b.mean_accept_length, 2)),
         ("positions", "per position",
          " ".join(f"{p}:{scr.format_percent(v, 0)}" for p, v in b.position_acceptance)
          or scr.DASH),

@@ -148,8 +148,8 @@ def metric_defs(phases: Sequence[str], positions: Sequence[str]) -> list[MetricD
     out = [
         MetricDef("acceptance", "acceptance rate", "acceptance", "percent",
                   lambda b: b.acceptance_rate),
-        MetricDef("accept_length", "mean accept length", "acceptance", "ratio",
-                  lambda b: b.mean_accept_length),
+        MetricDef("accept_length", "accepted drafts per drafting sequence (excl. bonus)",
+                  "acceptance", "ratio", lambda b: b.mean_accept_length),
         *(MetricDef(f"position_{p}", f"acceptance at position {p}", "acceptance", "percent",
                     _position(p)) for p in positions),
         MetricDef("tokens_per_sequence_cycle", "tokens per sequence per cycle", "acceptance",

@@ -215,7 +215,8 @@ def plain_line(frame: Frame, now: float | None = None) -> str:
     parts += [
         f"cycles/s={scr.format_rate(b.cycles_per_second)}",
         f"accept={scr.format_percent(b.acceptance_rate)}",
-        f"accept_len={scr.format_rate(b.mean_accept_length, 2)}",
+        f"accept_len={scr.format_rate(b.mean_acceptance_length, 2)}",
+        f"accepted_per_draft={scr.format_rate(b.mean_accept_length, 2)}",
         f"pos=[{pos}]",
         f"tok/s={scr.format_rate(b.emitted_tokens_per_second)}",
         f"batch={scr.format_rate(b.mean_batch_size, 2)}",
@@ -408,7 +409,9 @@ class LiveView:
             grid.add_column(no_wrap=True)
         grid.add_row(
             f"acceptance {scr.format_percent(b.acceptance_rate)}",
-            f"mean accept length {scr.format_rate(b.mean_accept_length, 2)}",
+            # vLLM's mean acceptance length: the bonus token plus the accepted drafts.
+            f"accept length {scr.format_rate(b.mean_acceptance_length, 2)} "
+            f"(1 + {scr.format_rate(b.mean_accept_length, 2)})",
             f"emitted {scr.format_rate(b.emitted_tokens_per_second)} tok/s",
         )
         grid.add_row(
