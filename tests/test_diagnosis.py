@@ -587,3 +587,24 @@ def test_the_current_k_when_it_is_the_models_best() -> None:
 
 def test_no_advice_without_phase_costs() -> None:
     assert dg.advise_k(brk(cycles=0)) is None
+
+
+# -- against the cohort ---------------------------------------------------------------------------
+
+
+def test_a_server_against_its_cohort() -> None:
+    peers = brk(cycles=3000, host=HEALTHY)
+    same = dg.against_cohort(brk(cycles=300, host=HEALTHY), peers, 3, "m on vllm")
+    assert codes(same) == ["SPEC-COHORT-MATCHES"] and same[0].severity == "ok"
+    slow = {**HEALTHY, "verify": 2.5 * HEALTHY["verify"]}
+    out = dg.against_cohort(brk(cycles=300, host=slow), peers, 3, "m on vllm")
+    assert codes(out) == ["SPEC-COHORT-PHASE-SLOWER"]
+    assert out[0].sentence.startswith("verify takes ") and "the other 3 servers of m on vllm" \
+        in out[0].sentence and out[0].evidence["ratio"] == pytest.approx(2.5)
+    # The same phase time at a batch 1.5x the cohort's is the batch, not the server.
+    assert "SPEC-COHORT-PHASE-SLOWER" not in codes(
+        dg.against_cohort(brk(cycles=300, host=slow, batch=6.0), peers, 3, "m on vllm"))
+    low = dg.against_cohort(brk(cycles=300, positions=(0.4, 0.3, 0.2, 0.1)), peers, 3, "m",
+                            drafted=(12000.0, 1200.0))
+    assert codes(low) == ["SPEC-COHORT-ACCEPT-BELOW"] and low[0].severity == "warn"
+    assert dg.against_cohort(brk(cycles=5), peers, 3, "m") == []

@@ -162,6 +162,9 @@ CODES: dict[str, str] = {
     "SPEC-RECENT-HOST-BUSY": "the phases gained what the engine's thread waited for a CPU",
     "SPEC-RECENT-THROUGHPUT-DOWN": "per-sequence tokens/s fell in the recent window",
     "SPEC-RECENT-STEADY": "the recent window matches the lifetime",
+    "SPEC-COHORT-ACCEPT-BELOW": "acceptance below the other servers of the model and engine",
+    "SPEC-COHORT-PHASE-SLOWER": "a phase slower than on the other servers of the model",
+    "SPEC-COHORT-MATCHES": "the server matches the other servers of its model and engine",
     "SPEC-ADVICE-K": "the speculation length k the measured acceptance and costs favour",
 }
 
@@ -740,6 +743,74 @@ def _host_busy(changes: dict[str, tuple[float, float]], clock: str, past: Breakd
         "not the speculation: look at what else runs on the host and at the pod's CPU limit; "
         "give the engine's thread a core of its own",
     )
+
+
+# -- against the cohort ---------------------------------------------------------------------------
+
+#: A phase this many times the cohort's mean, at a batch no larger than BATCH_TOLERANCE times
+#: theirs: the generated PhaseLatencyAboveCohort alert's default ratios (MixinConfig).
+COHORT_PHASE_RATIO = 1.5
+COHORT_BATCH_TOLERANCE = 1.2
+
+
+def against_cohort(b: Breakdown, cohort: Breakdown, peers: int, name: str,
+                   drafted: tuple[float, float] | None = None) -> list[Finding]:
+    """One server's window against the same window of the other servers of its cohort (the
+    same model and engine, and cluster and namespace where the labels say), summed: ``peers``
+    of them, ``name`` saying which in the sentences. ``drafted``: first-position drafted tokens
+    (server, cohort) for the acceptance test's z score. Empty when either side has too few
+    cycles."""
+    if b.cycles < MIN_RECENT_CYCLES or cohort.cycles < MIN_RECENT_CYCLES or peers < 1:
+        return []
+    out: list[Finding] = []
+    others = f"the other {peers} server{'s' if peers != 1 else ''} of {name}"
+    ca, ra = cohort.acceptance_rate, b.acceptance_rate
+    if ca is not None and ra is not None and ca - ra >= ACCEPT_DROP_MIN:
+        z = _z(ca, ra, drafted)
+        if z is None or z >= ACCEPT_DROP_Z:
+            out.append(Finding(
+                "SPEC-COHORT-ACCEPT-BELOW", "warn",
+                f"acceptance is {_pct(ra)} here against {_pct(ca)} on {others} "
+                f"({(ra - ca) * 100:+.0f} points, same window)",
+                {"server": ra, "cohort": ca, "peers": float(peers), "z": z},
+                "the same model drafts worse on this server alone: a different draft "
+                "checkpoint or config was deployed here, or it serves other traffic; see "
+                "the acceptance profile",
+            ))
+    clock = "gpu" if b.cycle_counts.get("gpu", 0.0) >= MIN_CLOCK_CYCLES and \
+        cohort.cycle_counts.get("gpu", 0.0) >= MIN_CLOCK_CYCLES else "host"
+    mine, theirs = b.mean_batch_size, cohort.mean_batch_size
+    bigger_batch = mine is not None and theirs is not None and \
+        mine > COHORT_BATCH_TOLERANCE * theirs
+    slower = []
+    for p in b.phases:
+        x, y = _mean(b, p, clock), _mean(cohort, p, clock)
+        if x is not None and y is not None and y > 0 and x >= COHORT_PHASE_RATIO * y:
+            slower.append((x / y, p, x, y))
+    if slower and not bigger_batch:
+        slower.sort(reverse=True)
+        ratio, phase, x, y = slower[0]
+        also = ", ".join(f"{p} {r:.1f}x" for r, p, _, _ in slower[1:])
+        out.append(Finding(
+            "SPEC-COHORT-PHASE-SLOWER", "warn",
+            f"{phase} takes {_ms(x)} per cycle here against {_ms(y)} on {others} "
+            f"({ratio:.1f}x, {clock} clock, mean batch {mine or 0:.1f} against "
+            f"{theirs or 0:.1f})" + (f"; also {also}" if also else ""),
+            {"phase": phase, "ratio": ratio, "server_seconds": x, "cohort_seconds": y,
+             "clock": clock, "server_batch": mine, "cohort_batch": theirs,
+             "peers": float(peers)},
+            "this server is slower at the same work: its GPU (clocks, thermals, a noisy "
+            "neighbour), its driver or kernels, or its config (TP, graphs, quantization) "
+            "differ from its peers'",
+        ))
+    if not out:
+        out.append(Finding(
+            "SPEC-COHORT-MATCHES", "ok",
+            f"acceptance {_pct(ra)} against {_pct(ca)} and no phase "
+            f"{COHORT_PHASE_RATIO:g}x slower than on {others}",
+            {"server": ra, "cohort": ca, "peers": float(peers)},
+        ))
+    return out
 
 
 # -- the advisor ----------------------------------------------------------------------------------

@@ -524,8 +524,50 @@ def examine_prometheus(
             checks.append(Check("history", "INFO",
                                 f"no cycles in the {pa.window_text(history_seconds)} before "
                                 "the window: nothing to compare with"))
-    findings = dg.diagnose(dg.window(recent, at), past)
+    window = dg.window(recent, at)
+    findings = dg.diagnose(window, past)
+    if len(instances) == 1 and instances[0] and not any(f.code == "SPEC-STALL"
+                                                         for f in findings):
+        findings += _against_cohort(client, base_url, recent, window, instances[0],
+                                    window_seconds, limits, at, checks)
     return Report(checks, findings)
+
+
+#: The labels that make a cohort, as the generated rules group servers (MixinConfig's
+#: cohort_by): the same model on the same engine, in one cluster and namespace where present.
+COHORT_LABELS = ("cluster", "namespace", "model_name", "serving_engine")
+
+
+def _against_cohort(client: Any, base_url: str, recent: scr.Delta, window: dg.Window,
+                    instance: str, window_seconds: float, limits: _http.Limits, at: float,
+                    checks: list[Check]) -> list[dg.Finding]:
+    """The server's window against the same window of the other servers of its cohort."""
+    info = recent.gauges.labels(catalog.INFO.name)
+    labels = info[0] if info else {}
+    keys = [k for k in COHORT_LABELS if labels.get(k)]
+    if not {"model_name", "serving_engine"} <= set(keys):
+        checks.append(Check("cohort", "SKIP", "no model_name and serving_engine labels on the "
+                            "server's series: no cohort to compare with"))
+        return []
+    matchers = [f'{k}="{json.dumps(labels[k])[1:-1]}"' for k in keys]
+    matchers.append(f'instance!="{json.dumps(instance)[1:-1]}"')
+    selector = ",".join(matchers)
+    name = f"{labels['model_name']} on {labels['serving_engine']}"
+    try:
+        cohort = pa.prometheus_delta(client, base_url, selector, window_seconds, limits=limits,
+                                     at=at)
+    except scr.ScrapeError:
+        checks.append(Check("cohort", "INFO", f"no other server of {name} to compare with"))
+        return []
+    peers = sorted({d.get("instance", "") for d in cohort.gauges.labels(catalog.INFO.name)})
+    checks.append(Check("cohort", "OK", f"compared with the other {len(peers)} server"
+                        f"{'s' if len(peers) != 1 else ''} of {name} ({', '.join(peers)})",
+                        {"peers": peers, "selector": selector}))
+    theirs = dg.window(cohort, at)
+    drafted = None
+    if window.drafted_first is not None and theirs.drafted_first is not None:
+        drafted = (theirs.drafted_first, window.drafted_first)
+    return dg.against_cohort(window.breakdown, theirs.breakdown, len(peers), name, drafted)
 
 
 _VERDICT = {"ok": "OK", "info": "INFO", "warn": "WARN", "fail": "FAIL"}
