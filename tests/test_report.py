@@ -286,7 +286,7 @@ class Reports:
             # Written, and B's acceptance drop is a regression: exit 3, named on stderr.
             assert self.sampled.returncode == 3, self.sampled.stderr
             assert self.compare_html.exists()
-            assert self.sampled.stderr.startswith(
+            assert self.sampled.stderr.splitlines()[-1].startswith(
                 "specobs report: wrong-hidden-layers regressed against healthy: acceptance rate "
             ), self.sampled.stderr
         except BaseException:
