@@ -86,7 +86,11 @@ def render(config: MixinConfig) -> str:
         "`specobs_emitted_tokens_total`, but has no accept length). The recording rule "
         f"`{n.accept_length_excl_bonus}` is its mean. vLLM's and SGLang's dashboards show the "
         "mean acceptance length **including** the bonus token (vLLM: 1 + accepted / drafts); "
-        f"`{n.accept_length_incl_bonus}` = 1 + the former is that number.",
+        f"`{n.accept_length_incl_bonus}` = 1 + the former is that number.\n"
+        "  `specobs top`, `specobs demo` and `specobs report` show that one first, as \"accept "
+        "length\"\n  / \"mean acceptance length (incl. bonus)\", with the accepted drafts beside "
+        "it (top:\n  `accept_len=4.26 accepted_per_draft=3.26`; live: `accept length 4.26 (1 + "
+        "3.26)`).",
         "- **Predicted speedup** = E x t_verify / (t_draft + t_verify), per clock, where E is "
         "the measured tokens one sequence gains per cycle (`emitted / sequences` = 1 + "
         "accepted / sequences) and t_draft, t_verify the measured mean phase times. E equals "
