@@ -365,6 +365,7 @@ class Fleet:
         self.address = ""
         now_wall, now_mono = time.time(), time.monotonic()
         self.start_wall, self.start_mono = now_wall, now_mono
+        self._last_tick_mono = now_mono
         self.servers: list[SimServer] = []
         for i in range(n_servers):
             engine, integration, _ = ENGINES[(i // len(MODELS)) % len(ENGINES)]
@@ -415,7 +416,10 @@ class Fleet:
                     continue
                 self._applied.add(key)
                 self._apply(fault, phase == "start", now_wall, now_mono)
-        p = self.restarts_per_hour / 3600.0
+        # A server restarts with probability 1 - exp(-rate * dt) in the dt since the last tick:
+        # the rate holds however often ticks come (a loaded machine ticks late).
+        dt, self._last_tick_mono = max(0.0, now_mono - self._last_tick_mono), now_mono
+        p = -math.expm1(-self.restarts_per_hour / 3600.0 * dt)
         if p > 0:
             for s in self.servers:
                 if self.rng.random() < p and now_mono >= s.down_until:
