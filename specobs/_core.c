@@ -727,18 +727,17 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out)
     }
     void *dst, *handle;
     long isz;
+    int ret;
     if (slot_fields(slot, &dst, &isz, &handle) < 0 || (isz != 4 && isz != 8)) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "a pinned slot of a bad element size");
-        PyList_Append(pool, slot); /* back; the error is reported either way */
-        Py_DECREF(slot);
-        return -1;
+        ret = -1; /* the slot goes back; the error is reported either way */
+        goto give_back;
     }
     if (r->nc_memcpy(dst, src, (size_t)n * (size_t)isz, 2 /* device to host */, stream) != 0) {
         r->nc_lasterr(); /* never left for the engine's next launch check to raise */
-        int rc = PyList_Append(pool, slot);
-        Py_DECREF(slot);
-        return rc < 0 ? -1 : 0; /* the Python path copies through torch */
+        ret = 0;         /* the Python path copies through torch */
+        goto give_back;
     }
     PyObject *len = PyLong_FromLongLong(n);
     if (len == NULL || PyObject_SetAttr(slot, s_length, len) < 0) {
@@ -762,6 +761,12 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out)
         call_slow(r, s_wake, NULL, 0); /* slots come back only once the resolver read them */
     *out = slot;
     return 1;
+
+give_back: /* no copy is in flight from the slot: it returns to the pool */
+    if (PyList_Append(pool, slot) < 0)
+        ret = -1;
+    Py_DECREF(slot);
+    return ret;
 }
 
 /* The acceptance of a CUDA tensor: a copy started here (or by the recorder), read by the

@@ -98,40 +98,36 @@ def test_demo_runs_serves_and_is_scraped_by_prometheus(
     assert "measured while serving, same batch" in final
 
 
-def test_demo_stops_with_a_clear_error_when_its_port_is_taken(weights: Path) -> None:
+def _demo_with_a_taken_port(
+    weights: Path, flag: str
+) -> tuple[int, subprocess.CompletedProcess[str]]:
+    """Run the demo with ``flag`` (``--port`` or ``--metrics-port``) on a port another socket
+    holds, the other port free; returns that port and the finished process."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECOBS_", "OTEL_"))}
-        env["PYTHONPATH"] = str(ROOT)
-        t0 = time.monotonic()
-        result = subprocess.run(
-            [sys.executable, "-m", "specobs.cli", "demo", "--duration", "5", "--port", str(port),
-             "--metrics-port", "0", "--plain", "--cache-dir", str(weights),
-             "--baseline-tokens-per-second", "50"],
-            capture_output=True, text=True, timeout=60, env=env, cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert f"cannot serve completions on 127.0.0.1:{port}" in result.stderr
-    assert time.monotonic() - t0 < 60
-
-
-def test_a_taken_metrics_port_names_the_flag_that_chose_it(weights: Path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen(1)
-        port = taken.getsockname()[1]
+        ports = {"--port": "0", "--metrics-port": "0", flag: str(port)}
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECOBS_", "OTEL_"))}
         env["PYTHONPATH"] = str(ROOT)
         result = subprocess.run(
-            [sys.executable, "-m", "specobs.cli", "demo", "--duration", "5", "--port", "0",
-             "--metrics-port", str(port), "--plain", "--cache-dir", str(weights),
+            [sys.executable, "-m", "specobs.cli", "demo", "--duration", "5",
+             *(a for kv in ports.items() for a in kv), "--plain", "--cache-dir", str(weights),
              "--baseline-tokens-per-second", "50"],
             capture_output=True, text=True, timeout=120, env=env, cwd=ROOT,
             stdin=subprocess.DEVNULL,
         )  # fmt: skip
+    return port, result
+
+
+def test_demo_stops_with_a_clear_error_when_its_port_is_taken(weights: Path) -> None:
+    port, result = _demo_with_a_taken_port(weights, "--port")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"cannot serve completions on 127.0.0.1:{port}" in result.stderr
+
+
+def test_a_taken_metrics_port_names_the_flag_that_chose_it(weights: Path) -> None:
+    port, result = _demo_with_a_taken_port(weights, "--metrics-port")
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"cannot serve specobs metrics on port {port}: " in result.stderr, result.stderr
     assert "pick another --metrics-port" in result.stderr

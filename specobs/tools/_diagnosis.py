@@ -582,17 +582,16 @@ def against_past(recent: Breakdown, past: Breakdown, drafted: tuple[float, float
         return []
     out: list[Finding] = []
     pa, ra = past.acceptance_rate, recent.acceptance_rate
-    if pa is not None and ra is not None and pa - ra >= ACCEPT_DROP_MIN:
-        z = _z(pa, ra, drafted)
-        if z is None or z >= ACCEPT_DROP_Z:
-            out.append(Finding(
-                "SPEC-RECENT-ACCEPT-DOWN", "warn",
-                f"acceptance fell from {_pct(pa)} over the lifetime to {_pct(ra)} in the last "
-                f"{recent.elapsed_seconds:.1f} s ({(ra - pa) * 100:+.0f} points)",
-                {"past": pa, "recent": ra, "z": z},
-                "something changed in the draft or the traffic: a deploy, a new draft "
-                "checkpoint, a different prompt mix; see the acceptance profile",
-            ))
+    z = _acceptance_below(pa, ra, drafted)
+    if z is not None and pa is not None and ra is not None:
+        out.append(Finding(
+            "SPEC-RECENT-ACCEPT-DOWN", "warn",
+            f"acceptance fell from {_pct(pa)} over the lifetime to {_pct(ra)} in the last "
+            f"{recent.elapsed_seconds:.1f} s ({(ra - pa) * 100:+.0f} points)",
+            {"past": pa, "recent": ra, "z": None if math.isnan(z) else z},
+            "something changed in the draft or the traffic: a deploy, a new draft "
+            "checkpoint, a different prompt mix; see the acceptance profile",
+        ))
     clock = "gpu" if recent.cycle_counts.get("gpu", 0.0) >= MIN_CLOCK_CYCLES and \
         past.cycle_counts.get("gpu", 0.0) >= MIN_CLOCK_CYCLES else "host"
     past_cycle = past.cycle_mean_seconds.get(clock)
@@ -623,6 +622,19 @@ def against_past(recent: Breakdown, past: Breakdown, drafted: tuple[float, float
 
 #: Recent findings that explain a slowdown by the machine, not by the speculation.
 NOT_THE_SPECULATION = frozenset({"SPEC-RECENT-SLOWER-ALL", "SPEC-RECENT-HOST-BUSY"})
+
+
+def _acceptance_below(reference: float | None, rate: float | None,
+                      drafted: tuple[float, float] | None) -> float | None:
+    """The z score of ``rate`` below ``reference`` when it is a drop worth a finding (at least
+    ACCEPT_DROP_MIN, and ACCEPT_DROP_Z when the drafted counts give a score); NaN for a drop
+    without a score; None for no finding."""
+    if reference is None or rate is None or reference - rate < ACCEPT_DROP_MIN:
+        return None
+    z = _z(reference, rate, drafted)
+    if z is None:
+        return math.nan
+    return z if z >= ACCEPT_DROP_Z else None
 
 
 def _z(pa: float, ra: float, drafted: tuple[float, float] | None) -> float | None:
@@ -765,18 +777,17 @@ def against_cohort(b: Breakdown, cohort: Breakdown, peers: int, name: str,
     out: list[Finding] = []
     others = f"the other {peers} server{'s' if peers != 1 else ''} of {name}"
     ca, ra = cohort.acceptance_rate, b.acceptance_rate
-    if ca is not None and ra is not None and ca - ra >= ACCEPT_DROP_MIN:
-        z = _z(ca, ra, drafted)
-        if z is None or z >= ACCEPT_DROP_Z:
-            out.append(Finding(
-                "SPEC-COHORT-ACCEPT-BELOW", "warn",
-                f"acceptance is {_pct(ra)} here against {_pct(ca)} on {others} "
-                f"({(ra - ca) * 100:+.0f} points, same window)",
-                {"server": ra, "cohort": ca, "peers": float(peers), "z": z},
-                "the same model drafts worse on this server alone: a different draft "
-                "checkpoint or config was deployed here, or it serves other traffic; see "
-                "the acceptance profile",
-            ))
+    z = _acceptance_below(ca, ra, drafted)
+    if z is not None and ca is not None and ra is not None:
+        out.append(Finding(
+            "SPEC-COHORT-ACCEPT-BELOW", "warn",
+            f"acceptance is {_pct(ra)} here against {_pct(ca)} on {others} "
+            f"({(ra - ca) * 100:+.0f} points, same window)",
+            {"server": ra, "cohort": ca, "peers": float(peers), "z": None if math.isnan(z) else z},
+            "the same model drafts worse on this server alone: a different draft "
+            "checkpoint or config was deployed here, or it serves other traffic; see "
+            "the acceptance profile",
+        ))
     clock = "gpu" if b.cycle_counts.get("gpu", 0.0) >= MIN_CLOCK_CYCLES and \
         cohort.cycle_counts.get("gpu", 0.0) >= MIN_CLOCK_CYCLES else "host"
     mine, theirs = b.mean_batch_size, cohort.mean_batch_size
