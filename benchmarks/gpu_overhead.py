@@ -29,6 +29,8 @@ Modes, run side by side in rotating order so drifts in clocks and load hit every
                  before the GIL-held direct calls: torch's record and copy on the worker, reads
                  releasing the GIL around each call
 * ``hostclock``  specobs with the host clock only (no CUDA events at all)
+* ``fence1``     defaults, with every CUDA acceptance copy recording its event (as before the
+                 native core fenced one copy in ``copy_fence_every``)
 * ``reference``  defaults, with the resolver's bucketing in pure Python instead of compiled
 * ``readonly`` / ``noresolve``  upper bounds for aggregating in another process (below)
 
@@ -63,7 +65,7 @@ SPECOBS_MODES = (
     "specobs", "every", "chunk32", "slice200", "every200", "slice80", "slice50", "every50",
     "slice20",
     "torchcalls", "everytorch", "readonly", "noresolve", "releasegil", "everyrelease",
-    "hostclock", "reference", "pycore", "budget2", "budget1",
+    "hostclock", "reference", "pycore", "budget2", "budget1", "fence1",
 )
 #: ``reference``: the default observer with the resolver's bucketing in pure Python (the
 #: reference in specobs/_bucketing.py) instead of the compiled speedups.
@@ -363,6 +365,10 @@ def make_observer(mode: str) -> specobs.Observer:
         from specobs.timing.cuda import CudaEventClock
 
         clock = CudaEventClock(release_gil=True)
+    if mode == "fence1":
+        from specobs.timing.cuda import CudaEventClock
+
+        clock = CudaEventClock(copy_fence_every=1)
     budget = {"budget2": 0.002, "budget1": 0.001}.get(mode)
     extra: dict[str, Any] = {} if budget is None else {"overhead_budget": budget}
     from specobs import _ring

@@ -38,6 +38,9 @@
 #define MAX_BATCH (((int64_t)1) << 31)
 #define MAX_BOUNDS 256
 #define NSPARES 4
+/* What an acceptance copy without its own event fills its pinned slot with first: every byte
+ * 0xFF, so each element reads negative (-1) until the copy has written it. */
+#define SENTINEL_BYTE 0xFF
 /* tests/test_core_memory.py builds the core with this set to 1 (one slot short) to show that its
  * sanitizer run catches an overrun. */
 #ifndef SPECOBS_CORE_FAULT_OVERRUN
@@ -110,7 +113,13 @@ typedef struct {
     PyObject *nc_stream_fn; /* callable(device index) -> the current raw stream, as an int */
     long nc_device;
     Py_ssize_t nc_capacity, nc_low;
-    int64_t nc_copies;
+    /* One copy in ``nc_fence_every`` records its slot's event (a fence: the copies before it on
+     * the stream are complete once it is); the others fill their slot with SENTINEL_BYTE first
+     * and are read once the values landed or a later event on the stream completed. A copy on
+     * another stream than the last, or with the pool low, always records its event. */
+    Py_ssize_t nc_fence_every, nc_since_fence;
+    void *nc_last_stream;
+    int64_t nc_copies, nc_fences;
     Py_ssize_t waiting; /* done slots not yet drained */
     PyObject *slow;
     PyObject *record_fn;
@@ -150,7 +159,7 @@ ring_now(Ring *r)
     return now_ns();
 }
 
-static PyObject *s_ptr, *s_itemsize, *s_length;
+static PyObject *s_ptr, *s_itemsize, *s_length, *s_fenced;
 static PyObject *s_misuse, *s_misuse_mark, *s_misuse_end, *s_internal_error, *s_queue_full,
     *s_wake, *s_sample, *s_try_clock, *s_copy_to_host, *s_tolist, *s_is_cuda, *s_numel,
     *s_draft_length, *s_batch_size, *s_emitted, *s_event, *s_dtype, *s_is_contiguous,
@@ -665,8 +674,9 @@ slot_fields(PyObject *slot, void **ptr, long *itemsize, void **handle)
 }
 
 /* Start the copy of a CUDA acceptance tensor into a free pinned slot, on the stream current for
- * its device, and record the slot's event after it: two calls into the CUDA runtime, the GIL
- * held, no Python code of specobs. 1: started (``*out``: the slot, a new reference); 0: this
+ * its device, and on one copy in ``nc_fence_every`` record the slot's event after it (the others
+ * fill the slot with the sentinel first and set ``fenced`` False): one or two calls into the CUDA
+ * runtime, the GIL held, no Python code of specobs. 1: started (``*out``: the slot, a new reference); 0: this
  * tensor is for the Python path (another dtype or device, not contiguous, too long, no free slot,
  * or the runtime refused the copy); -1: an exception. */
 static int
@@ -725,7 +735,7 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out)
         Py_DECREF(slot);
         return -1;
     }
-    void *dst, *handle;
+    void *dst = NULL, *handle = NULL;
     long isz;
     int ret;
     if (slot_fields(slot, &dst, &isz, &handle) < 0 || (isz != 4 && isz != 8)) {
@@ -734,19 +744,27 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out)
         ret = -1; /* the slot goes back; the error is reported either way */
         goto give_back;
     }
+    int fence = r->nc_since_fence + 1 >= r->nc_fence_every || stream != r->nc_last_stream
+                || nfree - 1 < r->nc_low;
+    if (!fence) /* the resolver reads it once no value is the sentinel any more */
+        memset(dst, SENTINEL_BYTE, (size_t)n * (size_t)isz);
     if (r->nc_memcpy(dst, src, (size_t)n * (size_t)isz, 2 /* device to host */, stream) != 0) {
         r->nc_lasterr(); /* never left for the engine's next launch check to raise */
         ret = 0;         /* the Python path copies through torch */
         goto give_back;
     }
     PyObject *len = PyLong_FromLongLong(n);
-    if (len == NULL || PyObject_SetAttr(slot, s_length, len) < 0) {
+    if (len == NULL || PyObject_SetAttr(slot, s_length, len) < 0
+        || PyObject_SetAttr(slot, s_fenced, fence ? Py_True : Py_False) < 0) {
         Py_XDECREF(len);
         Py_DECREF(slot); /* its copy is in flight: it may not go back before it completed */
         return -1;
     }
     Py_DECREF(len);
-    if (r->nc_record(handle, stream) != 0) {
+    r->nc_last_stream = stream;
+    r->nc_since_fence = fence ? 0 : r->nc_since_fence + 1;
+    r->nc_fences += fence;
+    if (fence && r->nc_record(handle, stream) != 0) {
         r->nc_lasterr();
         /* Rare: the recorder records the slot's event through torch instead. */
         PyObject *res = PyObject_CallMethodOneArg(r->slow, s_copy_event_failed, slot);
@@ -1996,6 +2014,10 @@ static PyMemberDef Ring_members[] = {
     {"drained", T_LONGLONG, offsetof(Ring, drained), READONLY, NULL},
     {"native_copies", T_LONGLONG, offsetof(Ring, nc_copies), READONLY,
      "CUDA acceptance copies started in C"},
+    {"native_fences", T_LONGLONG, offsetof(Ring, nc_fences), READONLY,
+     "of those, the copies that recorded their slot's event"},
+    {"fence_every", T_PYSSIZET, offsetof(Ring, nc_fence_every), 0,
+     "one native copy in this many records its slot's event (1 or less: every one)"},
     {"writer", T_ULONG, offsetof(Ring, writer), READONLY,
      "native id of the thread that began the last cycle (0: none yet, or not known)"},
     {NULL, 0, 0, 0, NULL},
@@ -2007,9 +2029,10 @@ Ring_set_native_copy(Ring *r, PyObject *args)
     unsigned long long memcpy_addr = 0, record_addr = 0, lasterr_addr = 0;
     PyObject *stream_fn = Py_None, *pools = Py_None;
     long device = 0;
-    Py_ssize_t capacity = 0, low = 0;
-    if (!PyArg_ParseTuple(args, "|KKKOlOnn:set_native_copy", &memcpy_addr, &record_addr,
-                          &lasterr_addr, &stream_fn, &device, &pools, &capacity, &low))
+    Py_ssize_t capacity = 0, low = 0, fence_every = 1;
+    if (!PyArg_ParseTuple(args, "|KKKOlOnnn:set_native_copy", &memcpy_addr, &record_addr,
+                          &lasterr_addr, &stream_fn, &device, &pools, &capacity, &low,
+                          &fence_every))
         return NULL;
     if (memcpy_addr == 0) { /* off: every copy through copy_to_host */
         r->nc_memcpy = NULL;
@@ -2020,11 +2043,12 @@ Ring_set_native_copy(Ring *r, PyObject *args)
         Py_RETURN_NONE;
     }
     if (record_addr == 0 || lasterr_addr == 0 || !PyCallable_Check(stream_fn)
-        || !PyDict_Check(pools) || capacity < 0) {
+        || !PyDict_Check(pools) || capacity < 0 || fence_every < 1) {
         PyErr_SetString(PyExc_TypeError, "set_native_copy(memcpy, record, get_last_error, "
-                                         "stream_fn, device, pools, capacity, low): expected "
-                                         "three function addresses, a callable, an int, a "
-                                         "dict of lists and two counts");
+                                         "stream_fn, device, pools, capacity, low[, "
+                                         "fence_every]): expected three function addresses, "
+                                         "a callable, an int, a dict of lists, two counts and "
+                                         "a fence period >= 1");
         return NULL;
     }
     r->nc_memcpy = (int (*)(void *, const void *, size_t, int, void *))(uintptr_t)memcpy_addr;
@@ -2037,6 +2061,9 @@ Ring_set_native_copy(Ring *r, PyObject *args)
     r->nc_device = device;
     r->nc_capacity = capacity;
     r->nc_low = low;
+    r->nc_fence_every = fence_every;
+    r->nc_since_fence = 0;
+    r->nc_last_stream = NULL;
     Py_RETURN_NONE;
 }
 
@@ -2125,6 +2152,7 @@ PyInit__core(void)
     INTERN(s_ptr, "ptr");
     INTERN(s_itemsize, "itemsize");
     INTERN(s_length, "length");
+    INTERN(s_fenced, "fenced");
     INTERN(s_dtype, "dtype");
     INTERN(s_is_contiguous, "is_contiguous");
     INTERN(s_get_device, "get_device");

@@ -388,19 +388,36 @@ class Resolver:
             return bool(query(ev[-1] if ev is not None else h[2].event))
 
         if not getattr(clock, "stream_switched", False):
-            lo, hi = 0, len(held)
-            while lo < hi:  # the first held cycle whose last event has not completed
+            # Cycles an event tells about: GPU-timed ones and fenced copies. The copies between
+            # them recorded no event (the native core fences one in ``fence_every``): those
+            # before the last completed event are complete in stream order, those after it once
+            # their values landed over the sentinel.
+            told = [i for i, h in enumerate(held) if h[1] is not None or h[2].fenced]
+            lo, hi = 0, len(told)
+            while lo < hi:  # the first such cycle whose last event has not completed
                 mid = (lo + hi) // 2
-                if done(held[mid]):
+                if done(held[told[mid]]):
                     lo = mid + 1
                 else:
                     hi = mid
-            return int(held[lo][0]) if lo < len(held) else int(bound)
-        for h in held:
+            stop = told[lo] if lo < len(told) else len(held)
+            for i in range(told[lo - 1] + 1 if lo else 0, stop):
+                if not held[i][2].landed():
+                    return int(held[i][0])
+            return int(held[stop][0]) if stop < len(held) else int(bound)
+        if getattr(ring, "fence_every", 1) > 1:
+            ring.fence_every = 1  # on several streams every copy records its event from now
+        for j, h in enumerate(held):
             ev = h[1]
             if ev is not None and not query(ev[-1]):
                 return int(h[0])
-            if h[2] is not None and not query(h[2].event):
+            c = h[2]
+            if c is None or (query(c.event) if c.fenced else c.landed()):
+                continue
+            # An unfenced copy whose values never land over the sentinel (negative counts):
+            # taken as complete once a later fenced copy completed.
+            later = next((x[2] for x in held[j + 1:] if x[2] is not None and x[2].fenced), None)
+            if later is None or not query(later.event):
                 return int(h[0])
         return int(bound)
 

@@ -288,6 +288,40 @@ def test_cuda_acceptance_of_any_shape_and_integer_dtype_is_copied_exactly(cuda_o
     assert obs._resolver._copy_ewma > 0
 
 
+def test_copies_without_an_event_are_read_only_once_the_gpu_wrote_them():
+    """Behind 0.1 s of GPU work, 40 acceptance copies: the native core records an event for
+    the 1st and the 17th and 33rd only (``copy_fence_every`` 16); no copy is read before the GPU
+    wrote it, and every count is exact once it did -- the last ones without a fence after them."""
+    from specobs import _ring
+
+    torch.cuda.init()
+    mem = specobs.MemorySink()
+    obs = specobs.configure(sinks=[mem], clock="cuda", sample_every=10**6,
+                            poll_interval_seconds=0.001)
+    try:
+        base = torch.tensor([1, 3, 0, 2], device="cuda")
+        torch.cuda.synchronize()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        for i in range(40):
+            with obs.cycle(batch_size=4) as c:
+                c.mark("verify")
+                c.mark("bookkeeping")
+                c.accept((base + i) % 5, draft_length=4)  # computed after the sleep
+        assert obs.force_flush(timeout_seconds=0.01) is False
+        assert obs.snapshot().accepted_tokens_total == 0
+        assert obs.force_flush(timeout_seconds=30) is True
+        want = [[(v + i) % 5 for v in (1, 3, 0, 2)] for i in range(40)]
+        assert [r.accept_lengths for r in mem.cycles] == want
+        s = obs.snapshot()
+        assert s.accepted_tokens_total == sum(map(sum, want))
+        assert s.errors == dict.fromkeys(s.errors, 0)
+        if _ring.NATIVE:
+            ring = obs._recorder.ring
+            assert (ring.native_copies, ring.native_fences) == (40, 3)
+    finally:
+        obs.shutdown(5)
+
+
 def test_the_hot_path_calls_the_runtime_with_the_gil_held_and_falls_back_when_refused():
     import ctypes
 

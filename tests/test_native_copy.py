@@ -65,7 +65,9 @@ def test_the_native_copy_counts_what_the_python_copy_counts() -> None:
     assert len(native.free) == len(python.free) == 16  # every slot came back
     assert python.memcpy_calls == 0 and python.copies == 60
     if native_ring():
-        assert (native.memcpy_calls, native.record_calls, native.copies) == (60, 60, 0)
+        # One event for the first copy and one for each 16th after it: the other copies are
+        # read once their values landed over the sentinel.
+        assert (native.memcpy_calls, native.record_calls, native.copies) == (60, 4, 0)
     else:  # the pure-Python ring: every copy through copy_to_host
         assert (native.memcpy_calls, native.copies) == (0, 60)
 
@@ -82,7 +84,7 @@ def test_a_refused_copy_goes_through_the_python_path_and_a_refused_event_through
     assert len(clock.free) == 16 and not any(snap.errors.values())
 
     gpu = FakeGpu()
-    clock = FakeNativeCopyClock(gpu)
+    clock = FakeNativeCopyClock(gpu, fence_every=1)  # every copy records its event
     clock.record_rc = 1  # the copy is started, its event is not recorded by the runtime
     snap, cycles = run(clock, gpu, ACCS[:10])
     assert [c.accept_lengths for c in cycles] == [a.values for a in ACCS[:10]]
@@ -135,5 +137,69 @@ def test_the_resolver_is_woken_when_the_free_slots_run_low() -> None:
         gpu.complete()
         assert obs.force_flush(10)
         assert len(clock.free) == 8 and obs.snapshot().cycles_total == 7
+    finally:
+        obs.shutdown(5)
+
+
+def _cycles(obs: specobs.Observer, gpu: FakeGpu, accs: list[Any]) -> None:
+    for acc in accs:
+        c = obs.begin()
+        gpu.run(10)
+        c.mark("verify")
+        c.accept(FakeDeviceArray(acc), draft_length=4)
+        gpu.run(5)
+        c.mark("bookkeeping")
+        c.end()
+
+
+@pytest.mark.skipif(not native_ring(), reason="the pure-Python ring records every copy's event")
+def test_copies_without_an_event_wait_for_their_values_and_never_for_the_next_fence() -> None:
+    """One copy in ``fence_every`` records its event; the others are read once the GPU wrote
+    their values over the sentinel: never before (nothing is read from a copy in flight), and
+    without waiting for a later fence, so the last cycles before the engine goes idle count."""
+    gpu = FakeGpu()
+    clock = FakeNativeCopyClock(gpu, fence_every=16)
+    obs = specobs.configure(sinks=[], clock=clock, sample_every=10**6,
+                            poll_interval_seconds=3600)
+    try:
+        _cycles(obs, gpu, [[1, 2], [3], [0, 4]])
+        assert not obs.force_flush(0.3)  # all three copies in flight
+        assert obs.snapshot().accepted_tokens_total == 0
+        gpu.complete()  # the GPU ran them; no event after the first copy's
+        _cycles(obs, gpu, [[2, 2]])  # and one more in flight behind them
+        assert not obs.force_flush(0.3)
+        snap = obs.snapshot()
+        assert (snap.cycles_total, snap.accepted_tokens_total) == (3, 10)
+        gpu.complete()
+        assert obs.force_flush(10)
+        snap = obs.snapshot()
+        assert (snap.cycles_total, snap.accepted_tokens_total) == (4, 14)
+        assert clock.record_calls == 1 and obs._recorder.ring.native_fences == 1
+        assert not any(snap.errors.values()) and len(clock.free) == 16
+    finally:
+        obs.shutdown(5)
+
+
+@pytest.mark.skipif(not native_ring(), reason="the pure-Python ring records every copy's event")
+def test_a_copy_whose_values_never_land_is_read_once_a_later_fence_completed() -> None:
+    """Negative counts read like the sentinel: such a copy is complete in stream order once a
+    later fenced copy completed (counted as bad acceptance then), and holds the cycles after it
+    until that fence comes (fences every 4 copies: the 1st and the 5th)."""
+    gpu = FakeGpu()
+    clock = FakeNativeCopyClock(gpu, fence_every=4)
+    obs = specobs.configure(sinks=[], clock=clock, sample_every=10**6,
+                            poll_interval_seconds=3600)
+    try:
+        _cycles(obs, gpu, [[1], [2], [-1, 3], [4]])
+        gpu.complete()
+        assert not obs.force_flush(0.3)
+        assert obs.snapshot().cycles_total == 2  # the third waits for the next fence
+        _cycles(obs, gpu, [[1], [2], [3]])
+        gpu.complete()
+        assert obs.force_flush(10)
+        snap = obs.snapshot()
+        assert snap.cycles_total == 7 and snap.errors["bad_acceptance"] == 1
+        assert snap.accepted_tokens_total == 1 + 2 + 4 + 1 + 2 + 3
+        assert clock.record_calls == 2 and len(clock.free) == 16
     finally:
         obs.shutdown(5)

@@ -10,9 +10,14 @@ __all__ = ["EventClock", "EventPool", "PendingCopy", "record_stream_of"]
 
 
 class PendingCopy:
-    """A device-to-host copy in flight: read ``buffer[:length]`` once ``event`` has completed."""
+    """A device-to-host copy in flight: read ``buffer[:length]`` once ``event`` has completed.
 
-    __slots__ = ("buffer", "event", "length", "release")
+    ``fenced`` is False for a copy that recorded no event of its own (the native core records
+    one copy's event in ``fence_every``): it is complete once a later event on its stream
+    completed, or once :meth:`landed` sees its values written over the sentinel.
+    """
+
+    __slots__ = ("buffer", "event", "fenced", "length", "release")
 
     def __init__(
         self, buffer: Any, length: int, event: Any, release: Callable[[], None]
@@ -21,6 +26,12 @@ class PendingCopy:
         self.length = length
         self.event = event
         self.release = release
+        self.fenced = True
+
+    def landed(self) -> bool:
+        """Whether the copy has written every value over the sentinel (each byte 0xFF, read as
+        a negative number) its buffer was filled with; False where there is no sentinel."""
+        return False
 
     def read(self) -> list[int]:
         """The copied values. Only valid after the event completed; frees the buffer."""

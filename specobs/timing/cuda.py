@@ -129,6 +129,12 @@ class _PinnedSlot(PendingCopy):
             self.release()
         return values
 
+    def landed(self) -> bool:
+        # Accepted counts are never negative; the sentinel, and any element the copy has not
+        # written whole, is (its top byte still 0xFF).
+        n = self.length
+        return n == 0 or min(self._host[:n]) >= 0
+
     def _give_back(self) -> None:
         self._free.append(self)
 
@@ -168,6 +174,7 @@ class CudaEventClock(EventPool):
         pinned_buffers: int = 64,
         pinned_capacity: int = 4096,
         release_gil: bool = False,
+        copy_fence_every: int = 16,
     ) -> None:
         require("torch", feature="CUDA event timing", extra="torch")
         import torch
@@ -224,6 +231,9 @@ class CudaEventClock(EventPool):
         self._capturing = torch.cuda.is_current_stream_capturing
         self._pinned_capacity = pinned_capacity
         self._pinned_low = max(1, pinned_buffers // 4)
+        #: The native core records the event of one acceptance copy in this many (see
+        #: ``native_copy_args``); 1: every copy's, as the Python path does.
+        self.copy_fence_every = max(1, int(copy_fence_every))
         self.stream_switched = False
         #: Direct calls the runtime refused (each redone through torch).
         self.direct_errors = 0
@@ -296,10 +306,13 @@ class CudaEventClock(EventPool):
     def native_copy_args(self) -> tuple[Any, ...] | None:
         """What the native core needs to start acceptance copies itself (``Ring.set_native_copy``):
         the runtime's ``cudaMemcpyAsync``, ``cudaEventRecord`` and ``cudaGetLastError``, the raw
-        current-stream lookup, the device, the free pinned slots by dtype, their capacity and the
-        low-water mark. ``None`` unless the hot path records through the runtime directly. The
-        core takes the same slots, makes the same two calls and wakes the resolver at the same
-        mark as :meth:`copy_to_host`, which stays the path for every other tensor."""
+        current-stream lookup, the device, the free pinned slots by dtype, their capacity, the
+        low-water mark and the fence period. ``None`` unless the hot path records through the
+        runtime directly. The core takes the same slots and wakes the resolver at the same mark
+        as :meth:`copy_to_host`, which stays the path for every other tensor; it records the
+        slot's event only on one copy in ``copy_fence_every`` (and on a new stream or a low
+        pool), filling the other slots with the sentinel first: one runtime call a copy instead
+        of two."""
         if not self.direct_hot_path or self._raw_stream is None or self._lib is None:
             return None
         import ctypes
@@ -311,7 +324,7 @@ class CudaEventClock(EventPool):
 
         return (address(lib.cudaMemcpyAsync), address(lib.cudaEventRecord),
                 address(lib.cudaGetLastError), self._raw_stream, self._device_index,
-                self._pinned, self._pinned_capacity, self._pinned_low)
+                self._pinned, self._pinned_capacity, self._pinned_low, self.copy_fence_every)
 
     def copy_event_failed(self, slot: Any) -> None:
         """The native core's event record after a copy was refused: record it through torch."""
@@ -339,6 +352,7 @@ class CudaEventClock(EventPool):
             # and wakes the resolver now rather than at its next poll.
             self.buffers_low = True
         slot.length = n
+        slot.fenced = True  # this path records every copy's event
         raw = self._raw_stream
         if raw is not None and tensor.is_contiguous() and tensor.get_device() == self._device_index:
             # One enqueue on the current stream, with the GIL held: no dispatcher, no handoff.

@@ -35,6 +35,13 @@ class FakeGpu:
         self.completed_ns = -1
         self.capturing = False
         self._lock = threading.Lock()
+        #: Device-to-host copies enqueued and not yet run: (timeline position, dst, bytes).
+        self._copies: list[tuple[int, int, bytes]] = []
+
+    def enqueue_copy(self, dst: int, data: bytes) -> None:
+        """A copy into host memory at ``dst`` that lands when the work before it completes."""
+        with self._lock:
+            self._copies.append((self.now_ns, dst, data))
 
     def run(self, ns: int) -> None:
         """Enqueue ``ns`` nanoseconds of work."""
@@ -42,8 +49,13 @@ class FakeGpu:
             self.now_ns += ns
 
     def complete(self) -> None:
-        """Finish all work enqueued so far."""
+        """Finish all work enqueued so far: its copies land, then its events complete."""
+        import ctypes
+
         with self._lock:
+            for _, dst, data in self._copies:
+                ctypes.memmove(dst, data, len(data))
+            self._copies.clear()
             self.completed_ns = self.now_ns
 
 
@@ -170,6 +182,10 @@ class _FakePinnedSlot(PendingCopy):
             self.release()
         return values
 
+    def landed(self) -> bool:
+        n = self.length
+        return n == 0 or min(self._mem[:n]) >= 0
+
     def _give_back(self) -> None:
         self._free.append(self)
 
@@ -178,18 +194,22 @@ class FakeNativeCopyClock(FakeEventClock):
     """A fake clock whose acceptance copies the native core can start itself, as it does on a
     GPU: ``native_copy_args()`` hands it C functions (``ctypes`` callbacks) in the place of
     ``cudaMemcpyAsync`` (a ``memmove``), ``cudaEventRecord`` (stamps the slot's event on the
-    fake timeline) and ``cudaGetLastError``. ``memcpy_rc`` / ``record_rc`` make the next calls
-    fail like a refusing runtime; ``native=False`` leaves every copy to :meth:`copy_to_host`,
-    which takes the same slots."""
+    fake timeline) and ``cudaGetLastError``. A copy lands in its slot when the fake GPU completes
+    the work before it (``gpu.complete()``), as a real one does. ``memcpy_rc`` / ``record_rc``
+    make the next calls fail like a refusing runtime; ``native=False`` leaves every copy to
+    :meth:`copy_to_host`, which takes the same slots; ``fence_every`` is the core's fence period
+    (the CUDA clock's ``copy_fence_every``)."""
 
     native_copy_type = _FakePinnedSlot
 
     def __init__(self, gpu: FakeGpu | None = None, pool_size: int = 64, *,
-                 buffers: int = 16, capacity: int = 64, native: bool = True) -> None:
+                 buffers: int = 16, capacity: int = 64, native: bool = True,
+                 fence_every: int = 16) -> None:
         import ctypes
 
         super().__init__(gpu, pool_size)
         self.native = native
+        self.fence_every = fence_every
         self.capacity = capacity
         self.low = max(1, buffers // 4)
         self.memcpy_rc = 0
@@ -208,7 +228,7 @@ class FakeNativeCopyClock(FakeEventClock):
             if self.memcpy_rc:
                 return self.memcpy_rc
             assert kind == 2 and stream == 77  # device to host, on the "current stream"
-            ctypes.memmove(dst, src, count)
+            gpu_.enqueue_copy(dst, ctypes.string_at(src, count))
             return 0
 
         def record(handle: int, stream: int) -> int:
@@ -238,7 +258,7 @@ class FakeNativeCopyClock(FakeEventClock):
             return None
         addresses = [int(ctypes.cast(f, ctypes.c_void_p).value or 0) for f in self._fns]
         return (*addresses, lambda device: 77, 0, {FAKE_INT64: self.free}, self.capacity,
-                self.low)
+                self.low, self.fence_every)
 
     def copy_to_host(self, tensor: Any) -> PendingCopy | None:
         import ctypes
@@ -249,8 +269,9 @@ class FakeNativeCopyClock(FakeEventClock):
         slot = self.free.pop()
         if len(self.free) < self.low:
             self.buffers_low = True
-        ctypes.memmove(slot.ptr, tensor.data_ptr(), n * 8)
+        self.gpu.enqueue_copy(slot.ptr, ctypes.string_at(tensor.data_ptr(), n * 8))
         slot.length = n
+        slot.fenced = True
         self.record_fn(slot.event, self.stream)
         self.copies += 1
         return slot
