@@ -21,6 +21,7 @@ from specobs.mixin._rules import (
     recording_rules,
 )
 from specobs.mixin._runbook import entries as runbook_entries
+from specobs.tools._fleet_score import dashboard_queries
 from tests._prometheus_server import promtool
 from tests.test_mixin_promql import label_values_query, metric_names
 
@@ -37,7 +38,8 @@ def rendered() -> dict[str, str]:
 
 
 def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
-    return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    """Every query target's PromQL, those in collapsed rows included."""
+    return [expr for _, expr in dashboard_queries(dashboard)]
 
 
 def all_exprs(files: dict[str, str]) -> dict[str, list[str]]:

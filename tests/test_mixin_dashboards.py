@@ -29,7 +29,14 @@ DASHBOARDS = _load()
 
 
 def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p for p in dashboard["panels"] if p["type"] != "row"]
+    """Every panel but the rows, those inside collapsed rows included."""
+    out = []
+    for p in dashboard["panels"]:
+        if p["type"] == "row":
+            out += p.get("panels", [])
+        else:
+            out.append(p)
+    return out
 
 
 def targets(dashboard: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -248,13 +255,62 @@ def test_fleet_reads_recording_rules_only() -> None:
         assert "rate(" not in expr and "$__rate_interval" not in expr
 
 
+def test_cycle_breakdown_opens_on_the_headline_numbers_with_host_data_top_left() -> None:
+    cb = DASHBOARDS["dashboards/cycle-breakdown.json"]
+    top = cb["panels"]
+    assert top[0]["type"] == "row" and top[0]["title"] == "At a glance"
+    stats = [p for p in top if p["type"] == "stat"]
+    assert [p["title"] for p in stats] == [
+        "Tokens/s", "Speedup", "Acceptance rate", "Mean acceptance length", "Cycle p99"]
+    assert all(p["gridPos"]["y"] == 1 for p in stats)
+    assert sum(p["gridPos"]["w"] for p in stats) == 24
+    for p in stats:
+        assert p["fieldConfig"]["defaults"]["noValue"] == "No traffic", p["title"]
+    speedup = next(p for p in stats if p["title"] == "Speedup")
+    steps = speedup["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [(st["color"], st.get("value")) for st in steps] == [("red", None), ("green", 1.0)]
+    # The first panel of the cycle view has data on every engine: the host clock's.
+    first = next(p for p in top if p["type"] == "timeseries")
+    assert "host clock" in first["title"] and 'clock="host"' in first["targets"][0]["expr"]
+
+
+def test_the_speedup_panel_draws_a_line_at_one() -> None:
+    cb = {p["title"]: p for p in panels(DASHBOARDS["dashboards/cycle-breakdown.json"])}
+    defaults = cb["Speedup: realized vs predicted"]["fieldConfig"]["defaults"]
+    assert defaults["custom"]["thresholdsStyle"]["mode"] == "dashed"
+    assert defaults["thresholds"]["steps"][1]["value"] == 1.0
+
+
+def test_exporter_health_is_a_collapsed_row_at_the_bottom() -> None:
+    top = DASHBOARDS["dashboards/cycle-breakdown.json"]["panels"]
+    rows = [p for p in top if p["type"] == "row"]
+    assert rows[-1]["title"] == "Exporter health" and rows[-1]["collapsed"] is True
+    inside = {p["title"] for p in rows[-1]["panels"]}
+    assert {"Dropped records and errors", "GPU timing overhead"} <= inside
+    assert not inside & {p["title"] for p in top}
+    assert all(not r["collapsed"] and r.get("panels", []) == [] for r in rows[:-1])
+
+
+def test_conditional_acceptance_divides_each_position_by_the_one_before() -> None:
+    cb = {p["title"]: p for p in panels(DASHBOARDS["dashboards/cycle-breakdown.json"])}
+    expr = cb["Conditional acceptance by draft position"]["targets"][0]["expr"]
+    terms = expr.split("\nor\n")
+    assert len(terms) == 8
+    assert catalog.DRAFTED_BY_POSITION.name + '{' in terms[0]
+    for i, term in enumerate(terms[1:], start=1):
+        num, _, den = term.partition("\n  /\n")
+        assert f'position="{i}"' in num and f'position="{i - 1}"' in den, term
+        assert f'"position", "{i}"' in term
+
+
 def test_cycle_breakdown_has_the_issue_panels() -> None:
     titles = [p["title"] for p in panels(DASHBOARDS["dashboards/cycle-breakdown.json"])]
     for needle in (
         "by phase (GPU clock)", "by phase (host clock)", "Phase share", "p50 / p90 / p99",
         "heatmap", "Acceptance rate", "excl. bonus", "by draft position",
         "Accept-length distribution", "Batch size", "tokens/s per server", "per sequence",
-        "realized vs predicted", "Dropped", "sampled", "CPU",
+        "realized vs predicted", "Dropped", "sampled", "CPU", "Conditional acceptance",
+        "Rejected draft tokens/s",
     ):  # fmt: skip
         assert any(needle in t for t in titles), needle
 
@@ -285,7 +341,8 @@ def _latency_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         p
         for p in panels(dashboard)
-        if any("_seconds_bucket" in t["expr"] for t in p["targets"])
+        if p["type"] in ("timeseries", "heatmap")  # a stat's one number has no exemplars
+        and any("_seconds_bucket" in t["expr"] for t in p["targets"])
         and "rate(" in "".join(t["expr"] for t in p["targets"])
     ]
 

@@ -125,7 +125,8 @@ def test_every_expression_returns_data_from_a_real_recorder(
     for path in ("dashboards/cycle-breakdown.json", "dashboards/fleet.json"):
         dashboard = json.loads(files[path])
         for panel in dashboard["panels"]:
-            for target in panel.get("targets", []):
+            for target in [t for p in [panel, *panel.get("panels", [])]
+                           for t in p.get("targets", [])]:
                 expr = _substitute(target["expr"], engine)
                 try:
                     server.wait_for(expr, timeout_seconds=15)

@@ -70,7 +70,7 @@ def test_dashboard_is_current_without_nulls_and_with_threshold_steps(path: str) 
     # Only the base threshold step may be null: the schema's -Infinity.
     nulls = [n for n in _nulls(dashboard) if not n.endswith("/thresholds/steps[0]/value")]
     assert nulls == []
-    for panel in dashboard["panels"]:
+    for panel in [q for p in dashboard["panels"] for q in (p, *p.get("panels", []))]:
         thresholds = panel.get("fieldConfig", {}).get("defaults", {}).get("thresholds")
         if thresholds is not None:
             assert isinstance(thresholds["steps"], list) and thresholds["steps"], panel["title"]

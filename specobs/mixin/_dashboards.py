@@ -13,6 +13,8 @@ Two dashboards, both with the variables ``datasource``, ``job``, ``instance`` (m
 
 from __future__ import annotations
 
+from typing import Any
+
 from specobs import catalog as c
 from specobs.mixin._config import MixinConfig
 from specobs.mixin._panels import (
@@ -40,6 +42,28 @@ def _matchers(config: MixinConfig, *, instance: bool = True) -> str:
     return ", ".join(parts)
 
 
+#: Draft positions the conditional-acceptance panel plots (0 .. this - 1).
+CONDITIONAL_POSITIONS = 8
+
+
+def _conditional_acceptance(srate: Any) -> str:
+    """Accepted at position i over accepted at i - 1 (position 0: over drafted at 0), one
+    ``or``-ed term per position so a position nobody drafts is simply absent."""
+    acc, drafted = c.ACCEPTED_BY_POSITION.name, c.DRAFTED_BY_POSITION.name
+
+    def at(i: int) -> str:
+        return f'position="{i}"'
+
+    terms = [f"{srate('position', acc, at(0))}\n/\n({srate('position', drafted, at(0))} > 0)"]
+    for i in range(1, CONDITIONAL_POSITIONS):
+        terms.append(
+            f"label_replace(\n  {srate('', acc, at(i))}\n  /\n"
+            f"  ({srate('', acc, at(i - 1))} > 0),\n"
+            f'  "position", "{i}", "", ""\n)'
+        )
+    return "\nor\n".join(terms)
+
+
 def render_cycle_breakdown(config: MixinConfig) -> str:
     sel = _matchers(config)
 
@@ -63,10 +87,75 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "crop; compare phases between servers of one engine (docs/integrations.md)."
     )
 
+    # Shared by the headline row and the throughput row below.
+    emitted_per_sequence = (
+        f"(\n  {srate('instance', c.EMITTED_TOKENS.name)}\n  /\n"
+        f"  ({srate('instance', c.BATCH_SIZE.name + '_sum')} > 0)\n)"
+    )
+    seq_speed = (
+        f"{emitted_per_sequence}\n/\n"
+        f"(\n  {srate('instance', cycle + '_sum', HOST)}\n  /\n"
+        f"  ({srate('instance', cycle + '_count', HOST)} > 0)\n)"
+    )
+    realized = (
+        f"{seq_speed}\n/ on (instance) group_left (source)\n(\n"
+        f"  max by (instance, source) (\n    label_replace("
+        f'{s(c.BASELINE_SEQUENCE_TOKENS.name)}, "source", "{BASELINE_CONFIGURED}", '
+        '"source", "")\n  )\n  > 0\n)'
+    )
+    accepted_per_sequence = (
+        f"{srate('instance', c.ACCEPT_LENGTH.name + '_sum')}\n/\n"
+        f"({srate('instance', c.ACCEPT_LENGTH.name + '_count')} > 0)"
+    )
+
+    b.row("At a glance")
+    b.stat(
+        "Tokens/s",
+        "Tokens emitted per second by the selected servers (accepted draft tokens plus bonus "
+        "tokens), summed.",
+        "short",
+        srate("", c.EMITTED_TOKENS.name),
+        w=5,
+    )
+    b.stat(
+        "Speedup",
+        "Realized speedup: tokens/s per sequence over the non-speculative baseline. Red below "
+        "1: speculation is slower than not speculating.",
+        "none",
+        f"min(\n{realized}\n)",
+        w=5,
+        red_below=1.0,
+        decimals=2,
+    )
+    b.stat(
+        "Acceptance rate",
+        "Accepted draft tokens / drafted tokens over the selected servers.",
+        "percentunit",
+        f"{srate('', c.ACCEPTED_TOKENS.name)}\n/\n({srate('', c.DRAFT_TOKENS.name)} > 0)",
+        w=5,
+    )
+    b.stat(
+        "Mean acceptance length",
+        "Tokens a sequence gains per cycle, the target's bonus token included: the number vLLM's "
+        "and SGLang's dashboards call mean acceptance length (1 + accepted draft tokens).",
+        "short",
+        f"1 + {srate('', c.ACCEPT_LENGTH.name + '_sum')}\n/\n"
+        f"({srate('', c.ACCEPT_LENGTH.name + '_count')} > 0)",
+        w=5,
+        decimals=2,
+    )
+    b.stat(
+        "Cycle p99",
+        "99th percentile of the whole cycle's duration on the host clock (every cycle).",
+        "s",
+        f"histogram_quantile(0.99, {srate('le', cycle + '_bucket', HOST)}) >= 0",
+        w=4,
+    )
+
     b.row("Where a cycle's time goes")
     for clock, what in (
-        ("gpu", "measured on the GPU's own clock with CUDA events, on sampled cycles only"),
         ("host", "measured with perf_counter on the host, on every cycle"),
+        ("gpu", "measured on the GPU's own clock with CUDA events, on sampled cycles only"),
     ):
         b.timeseries(
             f"Mean time per cycle by phase ({clock.upper() if clock == 'gpu' else clock} clock)",
@@ -177,10 +266,6 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
             )
         ],
     )
-    accepted_per_sequence = (
-        f"{srate('instance', c.ACCEPT_LENGTH.name + '_sum')}\n/\n"
-        f"({srate('instance', c.ACCEPT_LENGTH.name + '_count')} > 0)"
-    )
     b.timeseries(
         "Accepted draft tokens per sequence-cycle (excl. bonus) and acceptance length (incl. "
         "bonus)",
@@ -206,6 +291,47 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
                 f"{srate('position', c.DRAFTED_BY_POSITION.name)} > 0)",
                 "position {{position}}",
             )
+        ],
+    )
+    b.timeseries(
+        "Conditional acceptance by draft position",
+        "Of the sequences whose draft token at position i - 1 was accepted, the fraction whose "
+        "token at position i was accepted too (position 0: of all drafted at 0). A healthy "
+        "draft holds a high, slowly falling line; a collapse at position 0 alone is a draft "
+        "that disagrees with the target from its first token (docs/metrics.md). Exact for a "
+        "fixed speculation length; with adaptive lengths the later positions read high.",
+        "percentunit",
+        [(_conditional_acceptance(srate), "position {{position}}")],
+    )
+    b.timeseries(
+        "Rejected draft tokens/s and the drafts' share of emitted tokens",
+        "Rejected: drafted minus accepted tokens per second, compute the target verified for "
+        "nothing (left axis). Share: the fraction of emitted tokens that came from accepted "
+        "drafts rather than the target's bonus token (right axis).",
+        "short",
+        [
+            (
+                f"{srate('instance', c.DRAFT_TOKENS.name)}\n- on (instance)\n"
+                f"{srate('instance', c.ACCEPTED_TOKENS.name)}",
+                "rejected/s {{instance}}",
+            ),
+            (
+                f"{srate('instance', c.ACCEPTED_TOKENS.name)}\n/\n("
+                f"{srate('instance', c.EMITTED_TOKENS.name)} > 0)",
+                "drafts' share {{instance}}",
+            ),
+        ],
+        axis_label="tokens/s",
+        overrides=[
+            {
+                "matcher": {"id": "byRegexp", "options": "drafts' share.*"},
+                "properties": [
+                    {"id": "unit", "value": "percentunit"},
+                    {"id": "max", "value": 1},
+                    {"id": "custom.axisPlacement", "value": "right"},
+                    {"id": "custom.axisLabel", "value": "share"},
+                ],
+            }
         ],
     )
     b.heatmap(
@@ -235,15 +361,6 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         axis_label="sequences",
     )
 
-    emitted_per_sequence = (
-        f"(\n  {srate('instance', c.EMITTED_TOKENS.name)}\n  /\n"
-        f"  ({srate('instance', c.BATCH_SIZE.name + '_sum')} > 0)\n)"
-    )
-    seq_speed = (
-        f"{emitted_per_sequence}\n/\n"
-        f"(\n  {srate('instance', cycle + '_sum', HOST)}\n  /\n"
-        f"  ({srate('instance', cycle + '_count', HOST)} > 0)\n)"
-    )
     verify = f'phase="{config.verify_phase}"'
     draft_verify = f'phase=~"{config.draft_phase}|{config.verify_phase}"'
     predicted = (
@@ -282,19 +399,14 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "there (docs/metrics.md).",
         "none",
         [
-            (
-                f"{seq_speed}\n/ on (instance) group_left (source)\n(\n"
-                f"  max by (instance, source) (\n    label_replace("
-                f'{s(c.BASELINE_SEQUENCE_TOKENS.name)}, "source", "{BASELINE_CONFIGURED}", '
-                '"source", "")\n  )\n  > 0\n)',
-                "realized {{instance}} ({{source}} baseline)",
-            ),
+            (realized, "realized {{instance}} ({{source}} baseline)"),
             (predicted, "predicted {{instance}} ({{clock}} clock)"),
         ],
         axis_label="x baseline",
+        threshold_line=1.0,
     )
 
-    b.row("Exporter health")
+    b.row("Exporter health", collapsed=True)
     b.timeseries(
         "Dropped records and errors",
         "Cycle records specobs dropped or could not GPU-time, by reason, and hot-path misuse by "

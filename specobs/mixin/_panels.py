@@ -97,7 +97,9 @@ def _strip_nulls(value: Any) -> Any:
 
 def _clean_panel(panel: dict[str, Any]) -> dict[str, Any]:
     if panel.get("type") == "row":
-        return {k: v for k, v in panel.items() if k in _ROW_KEYS}
+        row = {k: v for k, v in panel.items() if k in _ROW_KEYS}
+        row["panels"] = [_clean_panel(p) for p in row.get("panels") or []]
+        return row
     panel = {k: v for k, v in panel.items() if k not in _LEGACY_PANEL_KEYS}
     defaults = panel.get("fieldConfig", {}).get("defaults", {})
     thresholds = defaults.get("thresholds")
@@ -121,7 +123,7 @@ def _clean(data: dict[str, Any]) -> dict[str, Any]:
     data["schemaVersion"] = SCHEMA_VERSION
     data = _strip_nulls(data)
     # The base threshold step has no value by the schema's own definition: -Infinity is null.
-    for panel in data["panels"]:
+    for panel in [q for p in data["panels"] for q in (p, *p.get("panels", []))]:
         steps = panel.get("fieldConfig", {}).get("defaults", {}).get("thresholds", {}).get("steps")
         if steps:
             steps[0]["value"] = None
@@ -181,12 +183,19 @@ class PanelBuilder:
         self.config = config
         self.layout = _Layout()
         self.panels: list[g.Panel] = []
+        #: Where the next panel goes: the dashboard's list, or a collapsed row's own.
+        self._into: list[g.Panel] = self.panels
 
-    def row(self, title: str) -> None:
+    def row(self, title: str, *, collapsed: bool = False) -> None:
+        """Start a row. A collapsed row holds the panels after it (Grafana shows them when the
+        row is opened); they keep the positions they would have below it."""
         self.layout.newline()
         panel_id, pos = self.layout.place(WIDTH, 1)
         self.layout.newline()
-        self.panels.append(g.RowPanel(title=title, id=panel_id, gridPos=pos, collapsed=False))
+        inside: list[g.Panel] = []
+        self.panels.append(g.RowPanel(title=title, id=panel_id, gridPos=pos, collapsed=collapsed,
+                                      panels=inside))
+        self._into = inside if collapsed else self.panels
 
     def _links(self, exemplars: bool) -> list[dict[str, Any]]:
         uid = self.config.trace_datasource_uid
@@ -230,7 +239,7 @@ class PanelBuilder:
         """Place a panel of ``w`` x ``h`` in the layout and append it with what every panel
         here shares (id, position, title, description, the datasource, the targets)."""
         panel_id, pos = self.layout.place(w, h)
-        self.panels.append(panel(
+        self._into.append(panel(
             id=panel_id, gridPos=pos, title=title, description=description,
             dataSource=DATASOURCE, targets=targets, **options,
         ))
@@ -251,11 +260,17 @@ class PanelBuilder:
         maximum: float | None = None,
         overrides: list[dict[str, Any]] | None = None,
         no_value: str = NO_TRAFFIC,
+        threshold_line: float | None = None,
     ) -> None:
+        """``threshold_line``: a dashed line across the panel at that value (red below it)."""
         links = self._links(exemplars)
         defaults: dict[str, Any] = {"noValue": no_value, "mappings": _NAN_MAPPING}
         if links:
             defaults["links"] = links
+        if threshold_line is not None:
+            defaults["thresholds"] = {"mode": "absolute", "steps": [
+                {"color": "red", "value": None}, {"color": "green", "value": threshold_line}]}
+            defaults["custom"] = {"thresholdsStyle": {"mode": "dashed"}}
         if maximum is None and unit == "percentunit":
             maximum = 1
         self._add(
@@ -307,17 +322,22 @@ class PanelBuilder:
         )
 
     def stat(
-        self, title: str, description: str, unit: str, expr: str, *, w: int = 4, h: int = 4
+        self, title: str, description: str, unit: str, expr: str, *, w: int = 4, h: int = 4,
+        red_below: float | None = None, decimals: int | None = None,
     ) -> None:
+        """One number, its sparkline behind it. ``red_below``: red under that value, green
+        from it (speedup below 1), else one neutral colour."""
+        steps = [{"color": "green", "value": None}] if red_below is None else [
+            {"color": "red", "value": None}, {"color": "green", "value": red_below}]
         self._add(
             g.Stat, w, h, title, description, self._targets([(expr, title)]),
             format=unit,
             reduceCalc="lastNotNull",
             graphMode="area",
-            decimals=None,
+            decimals=decimals,
             noValue=NO_TRAFFIC,
             mappings=_NAN_MAPPING,
-            thresholds=[{"color": "green", "value": None}],
+            thresholds=steps,
         )
 
     def table(
