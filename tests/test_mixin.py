@@ -14,6 +14,7 @@ import yaml
 
 from specobs import catalog
 from specobs.mixin import OUTPUT_PATHS, MixinConfig, check_all, render_all, write_all
+from specobs.mixin._dashboards import ENGINE_LATENCY
 from specobs.mixin._rules import (
     ENGINE_REQUEST_GAUGES,
     alert_rules,
@@ -29,7 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 RULES = "deploy/prometheus/rules/specobs-rules.yml"
 RULE_TESTS = "deploy/prometheus/rules/specobs-rules.test.yml"
 #: Series Prometheus itself produces, which rules may read, and the engines' own gauges.
-PROMETHEUS_SERIES = frozenset({"up", "ALERTS", *ENGINE_REQUEST_GAUGES})
+PROMETHEUS_SERIES = frozenset({
+    "up", "ALERTS", *ENGINE_REQUEST_GAUGES,
+    *(f"{name}_bucket" for _, _, names in ENGINE_LATENCY for name in names),
+})
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import pytest
 
 from specobs import catalog
 from specobs.mixin import MixinConfig, render_all
+from specobs.mixin._dashboards import ENGINE_LATENCY, NO_ENGINE_METRICS
 from specobs.mixin._rules import recording_rules
 from tests.test_mixin_promql import label_values_query, selectors
 
@@ -26,6 +27,11 @@ def _load(config: MixinConfig = MixinConfig()) -> dict[str, dict[str, Any]]:  # 
 
 
 DASHBOARDS = _load()
+
+
+def _engine_series(text: str) -> bool:
+    """Whether an expression or a series name reads the engines' own metrics."""
+    return any(f"{name}_bucket" in text for _, _, names in ENGINE_LATENCY for name in names)
 
 
 def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
@@ -59,14 +65,14 @@ def test_template_datasource_rule(path: str) -> None:
 @params
 def test_template_group_job_model_instance_rules(path: str) -> None:
     vs = variables(DASHBOARDS[path])
-    assert list(vs) == ["datasource", "cluster", "namespace", "job", "model", "instance"]
-    single = path.endswith("cycle-breakdown.json")
+    assert list(vs) == ["datasource", "cluster", "namespace", "job", "model", "instance",
+                        "filters"]
+    assert vs["filters"]["type"] == "adhoc" and vs["filters"]["datasource"] == DATASOURCE
     for name in ("cluster", "namespace", "job", "model", "instance"):
         v = vs[name]
         assert v["type"] == "query"
         assert v["datasource"] == DATASOURCE
-        if not (single and name == "instance"):
-            assert v["multi"] and v["includeAll"], name
+        assert v["multi"] and v["includeAll"], name
         assert v["refresh"] == 2, f"{name}: must refresh on time range change"
         _metric, label = label_values_query(v["query"])
         assert label == ("model_name" if name == "model" else name)
@@ -77,10 +83,13 @@ def test_template_group_job_model_instance_rules(path: str) -> None:
     assert vs["model"]["allValue"] == ".*" and vs["cluster"]["allValue"] == ".*"
 
 
-def test_cycle_breakdown_opens_on_one_instance() -> None:
+def test_cycle_breakdown_opens_on_one_instance_and_can_show_several() -> None:
     instance = variables(DASHBOARDS["dashboards/cycle-breakdown.json"])["instance"]
-    assert instance["multi"] is False and instance["includeAll"] is False
-    assert "allValue" not in instance
+    assert instance["multi"] is True and instance["includeAll"] is True
+    # No "All" as the default: Grafana opens on the first server.
+    assert instance.get("current", {}).get("value") in (None, "")
+    fleet = variables(DASHBOARDS["dashboards/fleet.json"])["instance"]
+    assert fleet["current"]["value"] == "$__all"
 
 
 def test_fleet_rows_drill_down_to_the_server_and_dashboards_link_each_other() -> None:
@@ -98,6 +107,39 @@ def test_fleet_rows_drill_down_to_the_server_and_dashboards_link_each_other() ->
     for dashboard in DASHBOARDS.values():
         assert dashboard["links"][0]["tags"] == ["specobs"]
         assert dashboard["links"][0]["includeVars"] and dashboard["links"][0]["keepTime"]
+    engine = DASHBOARDS["dashboards/cycle-breakdown.json"]["links"][1]
+    assert engine["title"] == "Engine dashboards" and engine["tags"] == ["vllm", "sglang"]
+    assert len(DASHBOARDS["dashboards/fleet.json"]["links"]) == 1
+    off = _load(MixinConfig(engine_dashboard_tags=()))
+    assert len(off["dashboards/cycle-breakdown.json"]["links"]) == 1
+
+
+def test_the_fleet_table_names_the_model_shows_the_speedup_and_colours_what_is_wrong() -> None:
+    table = next(p for p in panels(DASHBOARDS["dashboards/fleet.json"]) if p["type"] == "table")
+    order = table["transformations"][1]["options"]["indexByName"]
+    assert "model_name" in order and "instance" in order
+    props = {o["matcher"]["options"]: {q["id"]: q["value"] for q in o["properties"]}
+             for o in table["fieldConfig"]["overrides"]}
+    assert "instance:specobs_speedup:realized_rate" in next(
+        t["expr"] for t in table["targets"] if t["legendFormat"] == "Speedup")
+    for column, below, above in (("Speedup", "red", "green"), ("Up", "red", "green"),
+                                 ("Firing alerts", "green", "red")):
+        assert props[column]["custom.cellOptions"] == {"type": "color-background"}, column
+        steps = props[column]["thresholds"]["steps"]
+        assert [st["color"] for st in steps] == [below, above] and steps[1]["value"] == 1.0
+
+
+def test_the_engines_own_latency_sits_beside_the_cycle_view_and_says_when_it_is_missing() -> None:
+    cb = {p["title"]: p for p in panels(DASHBOARDS["dashboards/cycle-breakdown.json"])}
+    for title, _, names in ENGINE_LATENCY:
+        panel = cb[f"{title} p50 / p99 (engine)"]
+        assert panel["fieldConfig"]["defaults"]["noValue"] == NO_ENGINE_METRICS
+        exprs = [t["expr"] for t in panel["targets"]]
+        assert len(exprs) == 2 * len(names)
+        for name in names:
+            assert any(f"{name}_bucket{{" in e for e in exprs), name
+        for e in exprs:
+            assert 'model_name=~"$model"' in e and "$instance" not in e and "$job" not in e
 
 
 @params
@@ -107,8 +149,10 @@ def test_no_nan_where_a_value_or_no_traffic_belongs(path: str) -> None:
     for panel in panels(DASHBOARDS[path]):
         defaults = panel["fieldConfig"]["defaults"]
         gpu_only = all('clock="gpu"' in t["expr"] for t in panel["targets"])
+        engine = all(_engine_series(t["expr"]) for t in panel["targets"])
         if panel["type"] != "heatmap":
-            expected = "No GPU-timed cycles" if gpu_only else "No traffic"
+            expected = ("No GPU-timed cycles" if gpu_only else
+                        NO_ENGINE_METRICS if engine else "No traffic")
             assert defaults.get("noValue") == expected, panel["title"]
         for target in panel["targets"]:
             expr = target["expr"]
@@ -169,6 +213,10 @@ def test_target_job_and_instance_rules(path: str) -> None:
         found = selectors(target["expr"])
         assert found, title
         for name, _, matchers in found:
+            assert 'cluster=~"$cluster"' in matchers, f"{title}: {name} lacks the cluster"
+            if _engine_series(name):  # the engine's own scrape job and port: by model only
+                assert 'model_name=~"$model"' in matchers, f"{title}: {name} lacks the model"
+                continue
             assert 'job=~"$job"' in matchers, f'{title}: {name} lacks job=~"$job"'
             # cohort: series have no instance (the fleet heatmaps say so in their description).
             if not name.startswith("cohort:"):
@@ -320,7 +368,7 @@ def test_fleet_has_the_issue_panels() -> None:
     table = next(p for p in panels(fleet) if p["type"] == "table")
     headers = [t["legendFormat"] for t in table["targets"]]
     assert headers == [
-        "Up", "Tokens/s", "Acceptance", "p99 cycle", "Verify share", "Last cycle age",
+        "Up", "Tokens/s", "Speedup", "Acceptance", "p99 cycle", "Verify share", "Last cycle age",
         "Firing alerts",
     ]  # fmt: skip
     assert all(t["instant"] and t["format"] == "table" for t in table["targets"])
@@ -342,6 +390,7 @@ def _latency_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
         p
         for p in panels(dashboard)
         if p["type"] in ("timeseries", "heatmap")  # a stat's one number has no exemplars
+        and not any(_engine_series(t["expr"]) for t in p["targets"])  # nor the engine's own
         and any("_seconds_bucket" in t["expr"] for t in p["targets"])
         and "rate(" in "".join(t["expr"] for t in p["targets"])
     ]

@@ -104,6 +104,9 @@ class MixinConfig:
     dashboard_prefix: str = "Speculative decoding — "
     uid_prefix: str = "specobs-"
     dashboard_tags: tuple[str, ...] = ("specobs",)
+    #: The per-server dashboard links to Grafana dashboards with any of these tags (the engines'
+    #: own: vLLM's and SGLang's examples, or yours tagged so); empty: no such link.
+    engine_dashboard_tags: tuple[str, ...] = ("vllm", "sglang")
     #: Alerts' ``runbook_url`` is this plus ``#<anchor>``.
     runbook_base_url: str = "https://github.com/specobs/specobs/blob/main/docs/runbook.md"
     #: Grafana uid of a trace datasource (Tempo, Jaeger); exemplars on latency panels link to it.
@@ -198,6 +201,7 @@ RULE_FIELDS: tuple[str, ...] = tuple(
         "dashboard_prefix",
         "uid_prefix",
         "dashboard_tags",
+        "engine_dashboard_tags",
         "trace_datasource_uid",
         "exemplar_trace_label",
         "runbook_base_url",

@@ -350,21 +350,29 @@ class PanelBuilder:
         h: int = 12,
         index: tuple[str, ...] = ("job", "instance"),
         row_link: dict[str, Any] | None = None,
+        colours: dict[str, list[tuple[str, float | None]]] | None = None,
     ) -> None:
         """``columns``: (header, unit, instant expr aggregated ``by`` the ``index`` labels).
-        ``row_link``: a data link on the instance column (drill-down)."""
+        ``row_link``: a data link on the instance column (drill-down). ``colours``: header ->
+        threshold steps (colour, from value; the first from -inf): that column's cells are
+        coloured by them."""
         targets = self._targets([(expr, header) for header, _, expr in columns], instant=True)
         renames = {
             f"Value #{t['refId']}": header
             for t, (header, _, _) in zip(targets, columns, strict=True)
         }
-        overrides = [
-            {
-                "matcher": {"id": "byName", "options": header},
-                "properties": [{"id": "unit", "value": unit}],
-            }
-            for header, unit, _ in columns
-        ]
+        overrides = []
+        for header, unit, _ in columns:
+            props: list[dict[str, Any]] = [{"id": "unit", "value": unit}]
+            steps = (colours or {}).get(header)
+            if steps:
+                props += [
+                    {"id": "custom.cellOptions", "value": {"type": "color-background"}},
+                    {"id": "thresholds", "value": {"mode": "absolute", "steps": [
+                        {"color": colour, "value": value} for colour, value in steps]}},
+                ]
+            overrides.append({"matcher": {"id": "byName", "options": header},
+                              "properties": props})
         if row_link is not None:
             overrides.append(
                 {
@@ -393,7 +401,10 @@ class PanelBuilder:
             ],
         )
 
-    def dashboard(self, title: str, uid: str, description: str, variables: list[g.Template]) -> str:
+    def dashboard(self, title: str, uid: str, description: str, variables: list[g.Template],
+                  *, engine_links: bool = False) -> str:
+        """``engine_links``: also a dropdown of the engines' own dashboards (by the tags in
+        ``MixinConfig.engine_dashboard_tags``)."""
         config = self.config
         dashboard = g.Dashboard(
             title=f"{config.dashboard_prefix}{title}",
@@ -420,6 +431,16 @@ class PanelBuilder:
                 "targetBlank": False,
             }
         ]
+        if engine_links and config.engine_dashboard_tags:
+            data["links"].append({
+                "title": "Engine dashboards",
+                "type": "dashboards",
+                "tags": list(config.engine_dashboard_tags),
+                "asDropdown": True,
+                "includeVars": False,
+                "keepTime": True,
+                "targetBlank": True,
+            })
         return json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
 
@@ -427,11 +448,12 @@ def dashboard_variables(
     config: MixinConfig, source: str, *, single_instance: bool
 ) -> list[g.Template]:
     """``datasource``, the group labels (``cluster``, ``namespace``), ``job``, ``model`` and
-    ``instance``, each query filtered by the ones before it. ``single_instance``: the instance
-    variable selects one server (a per-server dashboard must not open on all of them)."""
+    ``instance``, each query filtered by the ones before it, then ad-hoc filters (any other
+    label: a DP rank, an engine index, a pod). ``single_instance``: the instance variable opens
+    on one server (a per-server dashboard must not open on all of them); more can be picked."""
 
     def query(
-        name: str, label: str, matchers: list[str], all_value: str, *, multi: bool = True
+        name: str, label: str, matchers: list[str], all_value: str, *, opens_on_all: bool = True
     ) -> g.Template:
         selector = f"{source}{{{', '.join(matchers)}}}" if matchers else source
         return g.Template(
@@ -441,11 +463,11 @@ def dashboard_variables(
             dataSource=DATASOURCE,
             type="query",
             refresh=2,  # on time range change, so new servers appear
-            includeAll=multi,
-            multi=multi,
-            allValue=all_value if multi else None,
+            includeAll=True,
+            multi=True,
+            allValue=all_value,
             sort=1,
-            default="$__all" if multi else None,
+            default="$__all" if opens_on_all else None,
         )
 
     variables = [
@@ -466,5 +488,8 @@ def dashboard_variables(
     chain.append('job=~"$job"')
     variables.append(query("model", "Model", list(chain), ".*"))
     chain.append(f'{config.model_label}=~"$model"')
-    variables.append(query("instance", "Instance", list(chain), ".+", multi=not single_instance))
+    variables.append(
+        query("instance", "Instance", list(chain), ".+", opens_on_all=not single_instance))
+    variables.append(g.Template(name="filters", label="Filters", query="", type="adhoc",
+                                dataSource=DATASOURCE))
     return variables
