@@ -610,7 +610,9 @@ def test_render_deploy_is_pure_and_says_what_it_needs() -> None:
         render_deploy({**generated, "deploy/prometheus/rules/specobs-rules.yml": "x: 1\n"})
 
 
-def test_generate_rewrites_the_derived_k8s_files_and_removes_stale_copies(tmp_path: Path) -> None:
+def test_generate_rewrites_the_derived_k8s_files_and_removes_stale_copies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from specobs.cli import main
 
     assert main(["generate", "--root", str(tmp_path)]) == 0
@@ -625,8 +627,15 @@ def test_generate_rewrites_the_derived_k8s_files_and_removes_stale_copies(tmp_pa
     changed = tmp_path / "deploy/k8s/base/dashboards" / DASHBOARDS[0].name
     changed.write_text("{}\n")
     assert main(["generate", "--root", str(tmp_path), "--check"]) == 1
+    capsys.readouterr()
+    assert main(["generate", "--root", str(tmp_path), "--check", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out) == {"check": True, "drifted": sorted([
+        f"deploy/k8s/base/dashboards/{DASHBOARDS[0].name}", "deploy/k8s/base/dashboards/old.json"])}
     # ... and generate rewrites the one and removes the other.
-    assert main(["generate", "--root", str(tmp_path)]) == 0
+    assert main(["generate", "--root", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "written": [f"deploy/k8s/base/dashboards/{DASHBOARDS[0].name}"],
+        "removed": ["deploy/k8s/base/dashboards/old.json"]}
     assert not stale.exists()
     assert changed.read_text() == DASHBOARDS[0].read_text()
     assert main(["generate", "--root", str(tmp_path), "--check"]) == 0

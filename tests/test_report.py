@@ -485,6 +485,31 @@ def test_compare_flags_the_acceptance_drop_and_nothing_else(
     assert sum(t.startswith("Cycle breakdown") for t in titles) == 4
 
 
+def test_json_carries_the_summary_findings_and_verdicts_with_the_same_exit(
+    reports: Reports, tmp_path: Path
+) -> None:
+    a, b = str(reports.dir / "run-a.jsonl"), str(reports.dir / "run-b.jsonl")
+    status, stdout, stderr = report("--from", a, "--json", "-o", str(tmp_path / "a.html"))
+    assert status == 0, stderr
+    one = json.loads(stdout)  # nothing else on stdout
+    assert one["output"] == str(tmp_path / "a.html") and (tmp_path / "a.html").exists()
+    (run,) = one["runs"]
+    assert run["breakdown"]["cycles"] > 0 and run["windows"] >= 2
+    assert 0.4 < run["breakdown"]["acceptance_rate"] <= 1
+    assert "verify/host" in run["breakdown"]["stats"]
+    assert {f["severity"] for f in one["findings"]} <= {"ok", "info", "warn", "fail"}
+    assert one["findings"] and all(f["code"].startswith("SPEC-") for f in one["findings"])
+
+    status, stdout, stderr = report("--compare", a, b, "--json", "-o", str(tmp_path / "ab.html"))
+    assert status == 3, stderr  # REGRESSION_EXIT, as without --json
+    both = json.loads(stdout)
+    assert len(both["runs"]) == 2 and "acceptance" in both["regressions"]
+    verdicts = {c["key"]: c["verdict"] for c in both["changes"]}
+    assert verdicts["acceptance"] == "significant"
+    accept = next(c for c in both["changes"] if c["key"] == "acceptance")
+    assert accept["b"] < 0.7 * accept["a"]
+
+
 #: The Prometheus window the report's summary and ``specobs top`` are compared over, and the
 #: report's step (one chart point per step).
 WINDOW_SECONDS = 12

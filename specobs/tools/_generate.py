@@ -2,6 +2,7 @@
 
     specobs generate [--root DIR] [--set FIELD=VALUE ...]
     specobs generate --check      # exit 1 if a committed file differs (scripts/check runs it)
+    specobs generate --check --json   # the same, as {"check": true, "drifted": [...]}
 
 Dashboards, Prometheus recording and alert rules, their promtool tests, docs/metrics.md, the
 runbook and deploy/ all come from :func:`specobs.mixin.render_all` with a
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true",
                         help="do not write; exit 1 if any generated file differs from the "
                              "committed one")
+    parser.add_argument("--json", action="store_true",
+                        help='print one JSON object: {"check": bool, "drifted": [...]} with '
+                             '--check, else {"written": [...], "removed": [...]}')
     parser.add_argument("--root", type=Path, default=Path("."),
                         help="repository root to write into (default: current directory)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
@@ -77,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.check:
         drifted = check_all(args.root, config)
+        if args.json:
+            print(json.dumps({"check": True, "drifted": sorted(drifted)}))
+            return 1 if drifted else 0
         if drifted:
             print("These generated files are out of date:\n  " + "\n  ".join(drifted)
                   + "\nRegenerate them with: specobs generate", file=sys.stderr)
@@ -84,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
         print("generated files are up to date")
         return 0
     changed = write_all(args.root, config)
+    if args.json:
+        print(json.dumps({"written": [p for p in changed if (args.root / p).exists()],
+                          "removed": [p for p in changed if not (args.root / p).exists()]}))
+        return 0
     for path in changed:  # a stale derived copy is removed, everything else written
         print(f"{'wrote' if (args.root / path).exists() else 'removed'} {path}")
     if not changed:

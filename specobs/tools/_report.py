@@ -30,7 +30,9 @@ show the URL without them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import html
+import json
 import math
 import os
 import re
@@ -118,6 +120,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="significance level of the per-window Welch test (default: 0.01)")
     parser.add_argument("--min-change", type=float, default=0.10, metavar="FRACTION",
                         help="smallest relative change flagged (default: 0.10)")
+    parser.add_argument("--json", action="store_true",
+                        help="also print one JSON object on stdout: each run's summary and, for "
+                             "one run, its findings, for --compare every metric's verdict and "
+                             "the regressions (the exit status is the same)")
     _http.add_limit_arguments(parser)
 
 
@@ -290,13 +296,15 @@ def run(args: argparse.Namespace) -> int:
                   f"{r.duration_seconds:.0f} s (is the server idle?)", file=sys.stderr)
             return 1
     regressed: list[stats.Change] = []
+    changes: list[stats.Change] = []
     if len(runs) == 1:
         text = render_run(runs[0], title=args.title)
     else:
         text = render_compare(runs[0], runs[1], title=args.title, alpha=args.alpha,
                               min_change=args.min_change)
-        regressed = stats.regressions(compare_changes(runs[0], runs[1], alpha=args.alpha,
-                                                      min_change=args.min_change))
+        changes = compare_changes(runs[0], runs[1], alpha=args.alpha,
+                                  min_change=args.min_change)
+        regressed = stats.regressions(changes)
     try:
         tmp = f"{args.output}.tmp-{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -305,7 +313,11 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"{_PROG}: cannot write {args.output}: {exc}", file=sys.stderr)
         return 1
-    print(f"wrote {args.output} ({len(text.encode()) / 1e6:.1f} MB)")
+    if args.json:
+        print(json.dumps(report_json(runs, args.output, changes, regressed), sort_keys=True,
+                         allow_nan=False))
+    else:
+        print(f"wrote {args.output} ({len(text.encode()) / 1e6:.1f} MB)")
     if regressed:
         a, b = runs
         print(f"{_PROG}: {b.name or 'B'} regressed against {a.name or 'A'}: " + ", ".join(
@@ -313,6 +325,45 @@ def run(args: argparse.Namespace) -> int:
             for c in regressed), file=sys.stderr)
         return REGRESSION_EXIT
     return 0
+
+
+def report_json(runs: Sequence[data.Run], output: str, changes: Sequence[stats.Change],
+                regressed: Sequence[stats.Change]) -> dict[str, Any]:
+    """``report --json``: per run its name, source, duration, windows and whole-run breakdown
+    (the fields ``top --json`` prints); one run's findings; a comparison's metrics (key, label,
+    A, B, the test's numbers, the verdict) and the keys that regressed. Non-finite numbers are
+    null."""
+    def clean(value: Any) -> Any:
+        if isinstance(value, float):
+            return value if math.isfinite(value) else None
+        if isinstance(value, dict):
+            return {str(k): clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return [clean(v) for v in value]
+        if value is None or isinstance(value, (bool, int, str)):
+            return value
+        return str(value)
+
+    def breakdown(b: Any) -> dict[str, Any]:
+        out = {f.name: getattr(b, f.name) for f in dataclasses.fields(b) if f.name != "stats"}
+        out["stats"] = {f"{p}/{c}": dataclasses.asdict(st) for (p, c), st in b.stats.items()}
+        return out
+
+    result: dict[str, Any] = {
+        "output": output,
+        "runs": [{"name": r.name, "source": r.source, "duration_seconds": r.duration_seconds,
+                  "windows": len(r.windows), "breakdown": breakdown(r.total)} for r in runs],
+    }
+    if len(runs) == 1:
+        result["findings"] = [dataclasses.asdict(f) for f in run_findings(runs[0])]
+    else:
+        result["changes"] = [
+            {"key": c.metric.key, "label": c.metric.label, "group": c.metric.group,
+             "a": c.a, "b": c.b, "t": c.t, "df": c.df, "noise": c.noise,
+             "verdict": c.verdict, "explained_by": list(c.explained_by)}
+            for c in changes]
+        result["regressions"] = [c.metric.key for c in regressed]
+    return clean(result)  # type: ignore[no-any-return]
 
 
 # -- the summary table ----------------------------------------------------------------------------
