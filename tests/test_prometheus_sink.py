@@ -95,6 +95,34 @@ def test_the_sinks_source_is_a_protocol_the_aggregation_implements():
     obs.shutdown()
 
 
+@pytest.mark.parametrize("render", [generate_latest, generate_openmetrics])
+def test_only_the_cycle_counter_carries_created_unless_asked(render):
+    """``_created`` is a series of its own in Prometheus: by default only
+    specobs_cycles_total has one (the observer's start); ``"all"`` gives every counter its own,
+    ``"none"`` none; anything else is a clear error."""
+    counters = {m.base_name for m in catalog.CATALOG if m.kind == "counter"}
+
+    def created(mode):
+        registry = CollectorRegistry()
+        sink = specobs.PrometheusSink(registry=registry, created_series=mode)
+        sink.attach(FixedSource(fixed_snapshot()))
+        try:
+            text = render(registry).decode()
+        finally:
+            sink.shutdown(1.0)
+        return {line.split("{")[0].split()[0].removesuffix("_created")
+                for line in text.splitlines()
+                if line and not line.startswith("#") and "_created" in line.split()[0]}
+
+    assert created("cycles") == {catalog.CYCLES.base_name}
+    assert created("none") == set()
+    everyone = created("all")
+    assert catalog.CYCLES.base_name in everyone and len(everyone) >= 10
+    assert everyone <= counters
+    with pytest.raises(specobs.ConfigurationError, match="created_series must be one of"):
+        specobs.PrometheusSink(registry=CollectorRegistry(), created_series="some")
+
+
 def strip_scrape_cpu(text: str) -> str:
     # The collector adds its own CPU time under component="prometheus": not deterministic.
     return "\n".join(x for x in text.splitlines() if 'component="prometheus"' not in x) + "\n"

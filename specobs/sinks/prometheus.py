@@ -20,6 +20,13 @@ resolver update. ``specobs_exporter_cpu_time_seconds_total{component="prometheus
 endpoint thread's whole CPU time (parsing, encoding, compressing, sending), and for the WSGI app
 the whole call; mounted into a foreign registry only ``collect()`` can be timed.
 
+**`_created`**: Prometheus without ``created-timestamp-zero-ingestion`` stores each counter's
+``_created`` sample as a series of its own (about a fifth of a scrape here) that no rule or
+dashboard reads (``rate`` finds resets by themselves). So only ``specobs_cycles_total`` carries
+it, by default: the observer's start, which ``specobs doctor`` reads as the lifetime and a
+restart or a forked child shows as a new value. ``created_series="all"`` puts it on every
+counter again; ``"none"`` on none.
+
 A sink serves one observer: attaching it to a second raises ``ConfigurationError`` (create one
 sink per observer). After ``fork()`` the child closes its copies of the endpoint's sockets; with
 ``port=0`` it serves its own numbers on a new free port, with a fixed port (the parent keeps it) it
@@ -35,7 +42,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from specobs import _series
+from specobs import _series, catalog
 from specobs._config import prometheus_addr, prometheus_port
 from specobs._errors import ConfigurationError, require
 from specobs._model import HistogramData, Snapshot
@@ -86,14 +93,25 @@ def _buckets(h: HistogramData, with_exemplars: bool) -> list[Any]:
     return out
 
 
+#: Which counters carry ``_created`` (see the module docstring): the cycle counter only, every
+#: counter, or none.
+CREATED_SERIES = ("cycles", "all", "none")
+
+
 class SnapshotCollector:
     """A ``prometheus_client`` collector over one :class:`MetricSource` (an observer's
     aggregation): each ``collect()`` renders one snapshot through :func:`specobs._series.families`.
     """
 
-    def __init__(self, source: MetricSource, *, exemplars: bool = True) -> None:
+    def __init__(self, source: MetricSource, *, exemplars: bool = True,
+                 created_series: str = "cycles") -> None:
+        if created_series not in CREATED_SERIES:
+            raise ConfigurationError(
+                f"created_series must be one of {', '.join(CREATED_SERIES)}, got "
+                f"{created_series!r}")
         self._source = source
         self._exemplars = exemplars
+        self._created_on = created_series
         # Set on a thread whose whole CPU time is already being counted (the endpoint thread,
         # the WSGI app): collect() then does not count its part a second time.
         self.outer = threading.local()
@@ -116,6 +134,7 @@ class SnapshotCollector:
         # Every counter carries the observer's start (OpenMetrics ``_created``), so a reset -- a
         # restart, or a forked child starting from zero -- is visible as such.
         created = s.created_unix_seconds or None
+        created_on = self._created_on
         ex = self._exemplars
         for fam in _series.families(s):
             m = fam.metric
@@ -128,8 +147,10 @@ class SnapshotCollector:
                 yield hf
             elif m.kind == "counter":
                 cf = CounterMetricFamily(m.base_name, m.help, labels=names)
+                at = created if created_on == "all" or (
+                    created_on == "cycles" and m is catalog.CYCLES) else None
                 for values, v in fam.points:
-                    cf.add_metric([*values, *const_vals], v, created=created)  # type: ignore[arg-type]
+                    cf.add_metric([*values, *const_vals], v, created=at)  # type: ignore[arg-type]
                 yield cf
             elif m.kind == "gauge":
                 gf = GaugeMetricFamily(m.name, m.help, labels=names)
@@ -149,7 +170,9 @@ class PrometheusSink(Sink):
     ``PrometheusSink()``: serve ``/metrics`` on ``SPECOBS_PROMETHEUS_ADDR:SPECOBS_PROMETHEUS_PORT``
     (default ``127.0.0.1:9477``; ``port=0`` picks a free port, read it from :attr:`port`).
     ``PrometheusSink(registry=r)``: register into ``r`` and serve nothing (the server already
-    exposes ``r``); pass ``port=`` as well to also serve it.
+    exposes ``r``); pass ``port=`` as well to also serve it. ``created_series``: which counters
+    carry ``_created`` (``"cycles"``, the default: ``specobs_cycles_total`` only; ``"all"``;
+    ``"none"``; see the module docstring).
     """
 
     def __init__(
@@ -159,6 +182,7 @@ class PrometheusSink(Sink):
         *,
         registry: CollectorRegistry | None = None,
         exemplars: bool = True,
+        created_series: str = "cycles",
     ) -> None:
         if port is not None and (
             isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
@@ -169,6 +193,11 @@ class PrometheusSink(Sink):
         self._addr_arg = addr
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self._exemplars = exemplars
+        if created_series not in CREATED_SERIES:
+            raise ConfigurationError(
+                f"created_series must be one of {', '.join(CREATED_SERIES)}, got "
+                f"{created_series!r}")
+        self._created_series = created_series
         self._server: MetricsServer | None = None
         self._attached = False
         self._bound_port: int | None = None
@@ -193,7 +222,8 @@ class PrometheusSink(Sink):
             )
         super().attach(source)
         self._attached = True
-        self.collector = SnapshotCollector(source, exemplars=self._exemplars)
+        self.collector = SnapshotCollector(source, exemplars=self._exemplars,
+                                           created_series=self._created_series)
         self.registry.register(self.collector)
         if self._serve:
             port = prometheus_port() if self._port_arg is None else self._port_arg
