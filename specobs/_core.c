@@ -159,7 +159,7 @@ ring_now(Ring *r)
     return now_ns();
 }
 
-static PyObject *s_ptr, *s_itemsize, *s_length, *s_fenced;
+static PyObject *s_ptr, *s_itemsize, *s_length, *s_fenced, *s_sentinel;
 static PyObject *s_misuse, *s_misuse_mark, *s_misuse_end, *s_internal_error, *s_queue_full,
     *s_wake, *s_sample, *s_try_clock, *s_copy_to_host, *s_tolist, *s_is_cuda, *s_numel,
     *s_draft_length, *s_batch_size, *s_emitted, *s_event, *s_dtype, *s_is_contiguous,
@@ -746,8 +746,9 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out)
     }
     int fence = r->nc_since_fence + 1 >= r->nc_fence_every || stream != r->nc_last_stream
                 || nfree - 1 < r->nc_low;
-    if (!fence) /* the resolver reads it once no value is the sentinel any more */
-        memset(dst, SENTINEL_BYTE, (size_t)n * (size_t)isz);
+    /* Every copy: the resolver learns that it (and all before it on the stream) completed from
+     * its values landing over the sentinel, without asking the driver. */
+    memset(dst, SENTINEL_BYTE, (size_t)n * (size_t)isz);
     if (r->nc_memcpy(dst, src, (size_t)n * (size_t)isz, 2 /* device to host */, stream) != 0) {
         r->nc_lasterr(); /* never left for the engine's next launch check to raise */
         ret = 0;         /* the Python path copies through torch */
@@ -755,7 +756,8 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out)
     }
     PyObject *len = PyLong_FromLongLong(n);
     if (len == NULL || PyObject_SetAttr(slot, s_length, len) < 0
-        || PyObject_SetAttr(slot, s_fenced, fence ? Py_True : Py_False) < 0) {
+        || PyObject_SetAttr(slot, s_fenced, fence ? Py_True : Py_False) < 0
+        || PyObject_SetAttr(slot, s_sentinel, Py_True) < 0) {
         Py_XDECREF(len);
         Py_DECREF(slot); /* its copy is in flight: it may not go back before it completed */
         return -1;
@@ -2153,6 +2155,7 @@ PyInit__core(void)
     INTERN(s_itemsize, "itemsize");
     INTERN(s_length, "length");
     INTERN(s_fenced, "fenced");
+    INTERN(s_sentinel, "sentinel");
     INTERN(s_dtype, "dtype");
     INTERN(s_is_contiguous, "is_contiguous");
     INTERN(s_get_device, "get_device");

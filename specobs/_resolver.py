@@ -101,6 +101,8 @@ class Resolver:
         self.poll = poll_interval_seconds
         self.chunk = CHUNK
         self._next_trace = 0
+        # The cycle whose copy the poll found first in flight, and for how many polls running.
+        self._in_flight: tuple[int, int] = (-1, 0)
         self.budget = overhead_budget
         self.head_rate = trace_head_rate
         self.slow_ns = None if trace_slow_cycle_seconds is None else int(
@@ -388,6 +390,20 @@ class Resolver:
             return bool(query(ev[-1] if ev is not None else h[2].event))
 
         if not getattr(clock, "stream_switched", False):
+            # Without the driver first: the newest copy whose values landed over the sentinel
+            # completed, and so did everything before it on the stream.
+            start = _landed_frontier(held)
+            if start == len(held):
+                return int(bound)
+            first = held[start]
+            if first[1] is None and first[2].sentinel and not first[2].landed():
+                # In flight; or its values never land (negative counts), which only a later
+                # event can settle: asked once it has been first in line for a few polls.
+                idx, polls = self._in_flight
+                self._in_flight = (int(first[0]), polls + 1 if idx == first[0] else 1)
+                if self._in_flight[1] < IN_FLIGHT_POLLS_BEFORE_QUERY:
+                    return int(first[0])
+            held = held[start:]
             # Cycles an event tells about: GPU-timed ones and fenced copies. The copies between
             # them recorded no event (the native core fences one in ``fence_every``): those
             # before the last completed event are complete in stream order, those after it once
@@ -678,6 +694,30 @@ class Resolver:
             )
             overhead = per_cycle / self._cycle_ewma
         self.agg.set_sampling(rec.interval, overhead, cost / 1e9 if n_sampled else 0.0)
+
+
+#: Polls a copy may be first in line, in flight by its sentinel, before the poll also asks the
+#: driver about the events after it (what settles a copy whose values never land).
+IN_FLIGHT_POLLS_BEFORE_QUERY = 4
+
+
+def _landed_frontier(held: list[tuple[int, Any, Any]]) -> int:
+    """How many of the ``held`` cycles (in stream order) completed, by their copies' values
+    alone: the newest copy whose values landed over the sentinel completed, and so did every
+    cycle before it; its own cycle too unless it holds events (recorded after its copy). Binary
+    search over the copies that were filled with the sentinel; no driver call."""
+    copies = [i for i, h in enumerate(held) if h[2] is not None and h[2].sentinel]
+    lo, hi = 0, len(copies)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if held[copies[mid]][2].landed():
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == 0:
+        return 0
+    j = copies[lo - 1]
+    return j if held[j][1] is not None else j + 1
 
 
 #: How long past its deadline a sink call may take before it is left behind: a sink that honours

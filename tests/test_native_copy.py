@@ -181,25 +181,35 @@ def test_copies_without_an_event_wait_for_their_values_and_never_for_the_next_fe
 
 
 @pytest.mark.skipif(not native_ring(), reason="the pure-Python ring records every copy's event")
-def test_a_copy_whose_values_never_land_is_read_once_a_later_fence_completed() -> None:
-    """Negative counts read like the sentinel: such a copy is complete in stream order once a
-    later fenced copy completed (counted as bad acceptance then), and holds the cycles after it
-    until that fence comes (fences every 4 copies: the 1st and the 5th)."""
+def test_a_copy_whose_values_never_land_is_settled_by_a_later_copy_or_event() -> None:
+    """Negative counts read like the sentinel: such a copy completed once a later copy's values
+    landed (stream order), or, when none do, once a later fenced copy's event completed; it is
+    counted as bad acceptance then, and holds the cycles after it until that happens."""
     gpu = FakeGpu()
-    clock = FakeNativeCopyClock(gpu, fence_every=4)
+    clock = FakeNativeCopyClock(gpu, fence_every=4)  # fences: the 1st copy, the 5th, the 9th
     obs = specobs.configure(sinks=[], clock=clock, sample_every=10**6,
                             poll_interval_seconds=3600)
     try:
-        _cycles(obs, gpu, [[1], [2], [-1, 3], [4]])
+        _cycles(obs, gpu, [[1], [2], [-1, 3]])
         gpu.complete()
         assert not obs.force_flush(0.3)
-        assert obs.snapshot().cycles_total == 2  # the third waits for the next fence
-        _cycles(obs, gpu, [[1], [2], [3]])
+        assert obs.snapshot().cycles_total == 2  # nothing after the third says it completed
+        _cycles(obs, gpu, [[4]])
+        gpu.complete()
+        assert obs.force_flush(10)  # the fourth landed: the third completed before it
+        snap = obs.snapshot()
+        assert snap.cycles_total == 4 and snap.errors["bad_acceptance"] == 1
+        assert clock.record_calls == 1  # no event was needed
+
+        _cycles(obs, gpu, [[-1], [-1], [-1], [-2]])  # the 5th..8th: none lands
+        gpu.complete()
+        assert not obs.force_flush(0.3)
+        _cycles(obs, gpu, [[-3]])  # the 9th is fenced: its event settles all five
         gpu.complete()
         assert obs.force_flush(10)
         snap = obs.snapshot()
-        assert snap.cycles_total == 7 and snap.errors["bad_acceptance"] == 1
-        assert snap.accepted_tokens_total == 1 + 2 + 4 + 1 + 2 + 3
-        assert clock.record_calls == 2 and len(clock.free) == 16
+        assert snap.cycles_total == 9 and snap.errors["bad_acceptance"] == 6
+        assert snap.accepted_tokens_total == 1 + 2 + 4
+        assert clock.record_calls == 3 and len(clock.free) == 16
     finally:
         obs.shutdown(5)

@@ -14,10 +14,12 @@ class PendingCopy:
 
     ``fenced`` is False for a copy that recorded no event of its own (the native core records
     one copy's event in ``fence_every``): it is complete once a later event on its stream
-    completed, or once :meth:`landed` sees its values written over the sentinel.
+    completed, or once :meth:`landed` sees its values written over the sentinel. ``sentinel``
+    is True when the buffer was filled with the sentinel before the copy (every copy the native
+    core starts), so that :meth:`landed` means something.
     """
 
-    __slots__ = ("buffer", "event", "fenced", "length", "release")
+    __slots__ = ("buffer", "event", "fenced", "length", "release", "sentinel")
 
     def __init__(
         self, buffer: Any, length: int, event: Any, release: Callable[[], None]
@@ -27,6 +29,7 @@ class PendingCopy:
         self.event = event
         self.release = release
         self.fenced = True
+        self.sentinel = False
 
     def landed(self) -> bool:
         """Whether the copy has written every value over the sentinel (each byte 0xFF, read as

@@ -133,6 +133,8 @@ class _PinnedSlot(PendingCopy):
         # Accepted counts are never negative; the sentinel, and any element the copy has not
         # written whole, is (its top byte still 0xFF).
         n = self.length
+        if not self.sentinel:
+            return False
         return n == 0 or min(self._host[:n]) >= 0
 
     def _give_back(self) -> None:
@@ -353,6 +355,7 @@ class CudaEventClock(EventPool):
             self.buffers_low = True
         slot.length = n
         slot.fenced = True  # this path records every copy's event
+        slot.sentinel = False
         raw = self._raw_stream
         if raw is not None and tensor.is_contiguous() and tensor.get_device() == self._device_index:
             # One enqueue on the current stream, with the GIL held: no dispatcher, no handoff.

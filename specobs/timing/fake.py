@@ -184,6 +184,8 @@ class _FakePinnedSlot(PendingCopy):
 
     def landed(self) -> bool:
         n = self.length
+        if not self.sentinel:
+            return False
         return n == 0 or min(self._mem[:n]) >= 0
 
     def _give_back(self) -> None:
@@ -272,6 +274,7 @@ class FakeNativeCopyClock(FakeEventClock):
         self.gpu.enqueue_copy(slot.ptr, ctypes.string_at(tensor.data_ptr(), n * 8))
         slot.length = n
         slot.fenced = True
+        slot.sentinel = False
         self.record_fn(slot.event, self.stream)
         self.copies += 1
         return slot
