@@ -2065,7 +2065,8 @@ Ring_set_native_copy(Ring *r, PyObject *args)
     r->nc_low = low;
     r->nc_fence_every = fence_every;
     r->nc_since_fence = 0;
-    r->nc_last_stream = NULL;
+    r->nc_last_stream = (void *)UINTPTR_MAX; /* no copy yet: the first one fences (the
+                                               * legacy default stream is NULL itself) */
     Py_RETURN_NONE;
 }
 
