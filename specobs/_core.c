@@ -159,7 +159,7 @@ ring_now(Ring *r)
     return now_ns();
 }
 
-static PyObject *s_ptr, *s_itemsize, *s_length, *s_fenced, *s_sentinel;
+static PyObject *s_ptr, *s_itemsize, *s_length, *s_fenced, *s_sentinel, *s_free;
 static PyObject *s_misuse, *s_misuse_mark, *s_misuse_end, *s_internal_error, *s_queue_full,
     *s_wake, *s_sample, *s_try_clock, *s_copy_to_host, *s_tolist, *s_is_cuda, *s_numel,
     *s_draft_length, *s_batch_size, *s_emitted, *s_event, *s_dtype, *s_is_contiguous,
@@ -1335,7 +1335,8 @@ slot_detail(Slot *s, int nph, int traced)
  * and ``length`` are member slots, read with no Python code run), read straight from pinned
  * memory: stored as native acceptance when every value is in 0..k and the draft length is an
  * int (1), else kept as the list of values for the resolver's validation (0); -1 on an error.
- * The copy itself goes to ``released`` either way (the resolver hands it back to its pool). */
+ * The copy itself goes back to its pool (its ``_free`` list), or where it has none to
+ * ``released`` (the resolver hands it back), either way. */
 static int
 read_copy(Ring *r, Slot *s, PyObject *released)
 {
@@ -1415,7 +1416,15 @@ done:
     Py_XDECREF(lo);
     if (rc < 0)
         return rc; /* the copy stays: the resolver reads it in Python and reports why not */
-    if (PyList_Append(released, copy) < 0)
+    /* Read: the slot goes back to its free list here (what its ``release`` does, a member slot
+     * read and an append, no Python code), else to the resolver. */
+    PyObject *pool = PyObject_GetAttr(copy, s_free);
+    int back = pool != NULL && PyList_CheckExact(pool) ? PyList_Append(pool, copy)
+                                                         : PyList_Append(released, copy);
+    if (pool == NULL)
+        PyErr_Clear();
+    Py_XDECREF(pool);
+    if (back < 0)
         return -1;
     drop_ref(&s->copy);
     return rc;
@@ -2157,6 +2166,7 @@ PyInit__core(void)
     INTERN(s_length, "length");
     INTERN(s_fenced, "fenced");
     INTERN(s_sentinel, "sentinel");
+    INTERN(s_free, "_free");
     INTERN(s_dtype, "dtype");
     INTERN(s_is_contiguous, "is_contiguous");
     INTERN(s_get_device, "get_device");
