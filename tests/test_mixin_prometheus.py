@@ -15,6 +15,7 @@ import yaml
 from specobs.mixin import MixinConfig, render_all
 from specobs.mixin._dashboards import ENGINE_LATENCY
 from specobs.mixin._rules import alert_rules, recording_rules
+from specobs.tools._fleet_score import dashboard_queries
 from tests.test_mixin_promql import label_values_query
 
 try:
@@ -125,17 +126,15 @@ def test_every_expression_returns_data_from_a_real_recorder(
     empty = []
     for path in ("dashboards/cycle-breakdown.json", "dashboards/fleet.json"):
         dashboard = json.loads(files[path])
-        for panel in dashboard["panels"]:
-            for target in [t for p in [panel, *panel.get("panels", [])]
-                           for t in p.get("targets", [])]:
-                expr = _substitute(target["expr"], engine)
-                if any(f"{name}_bucket" in expr for _, _, names in ENGINE_LATENCY
-                       for name in names):
-                    continue  # the engine's own histograms: no engine is scraped here
-                try:
-                    server.wait_for(expr, timeout_seconds=15)
-                except TimeoutError:
-                    empty.append(f"{path} / {panel['title']} / {target['refId']}: {expr}")
+        for title, raw in dashboard_queries(dashboard):  # collapsed rows' panels too
+            expr = _substitute(raw, engine)
+            if any(f"{name}_bucket" in expr for _, _, names in ENGINE_LATENCY
+                   for name in names):
+                continue  # the engine's own histograms: no engine is scraped here
+            try:
+                server.wait_for(expr, timeout_seconds=15)
+            except TimeoutError:
+                empty.append(f"{path} / {title}: {expr}")
         for variable in dashboard["templating"]["list"]:
             if variable["type"] != "query":
                 continue

@@ -98,6 +98,14 @@ def _buckets(h: HistogramData, with_exemplars: bool) -> list[Any]:
 CREATED_SERIES = ("cycles", "all", "none")
 
 
+def _created_series(value: str) -> str:
+    """``value`` if it is one of :data:`CREATED_SERIES`; a clear error otherwise."""
+    if value not in CREATED_SERIES:
+        raise ConfigurationError(
+            f"created_series must be one of {', '.join(CREATED_SERIES)}, got {value!r}")
+    return value
+
+
 class SnapshotCollector:
     """A ``prometheus_client`` collector over one :class:`MetricSource` (an observer's
     aggregation): each ``collect()`` renders one snapshot through :func:`specobs._series.families`.
@@ -105,13 +113,9 @@ class SnapshotCollector:
 
     def __init__(self, source: MetricSource, *, exemplars: bool = True,
                  created_series: str = "cycles") -> None:
-        if created_series not in CREATED_SERIES:
-            raise ConfigurationError(
-                f"created_series must be one of {', '.join(CREATED_SERIES)}, got "
-                f"{created_series!r}")
         self._source = source
         self._exemplars = exemplars
-        self._created_on = created_series
+        self._created_on = _created_series(created_series)
         # Set on a thread whose whole CPU time is already being counted (the endpoint thread,
         # the WSGI app): collect() then does not count its part a second time.
         self.outer = threading.local()
@@ -193,11 +197,7 @@ class PrometheusSink(Sink):
         self._addr_arg = addr
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self._exemplars = exemplars
-        if created_series not in CREATED_SERIES:
-            raise ConfigurationError(
-                f"created_series must be one of {', '.join(CREATED_SERIES)}, got "
-                f"{created_series!r}")
-        self._created_series = created_series
+        self._created_series = _created_series(created_series)
         self._server: MetricsServer | None = None
         self._attached = False
         self._bound_port: int | None = None

@@ -44,9 +44,11 @@ number on the same snapshots, and the definitions on a stream where they used to
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from specobs import catalog
 from specobs._model import CLOCKS, HistogramData, Snapshot
@@ -159,6 +161,13 @@ class Breakdown:
         drafts alone (0..k), the histogram's mean."""
         m = self.mean_accept_length
         return None if m is None else 1.0 + m
+
+    def as_json(self) -> dict[str, Any]:
+        """Every field, the per-phase statistics keyed ``phase/clock`` (what ``top --json`` and
+        ``report --json`` print)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["stats"] = {f"{p}/{c}": dataclasses.asdict(st) for (p, c), st in self.stats.items()}
+        return out
 
 
 def _phases(delta: Series, gauges: Series) -> tuple[str, ...]:

@@ -582,13 +582,13 @@ def against_past(recent: Breakdown, past: Breakdown, drafted: tuple[float, float
         return []
     out: list[Finding] = []
     pa, ra = past.acceptance_rate, recent.acceptance_rate
-    z = _acceptance_below(pa, ra, drafted)
-    if z is not None and pa is not None and ra is not None:
+    found, z = _acceptance_below(pa, ra, drafted)
+    if found and pa is not None and ra is not None:
         out.append(Finding(
             "SPEC-RECENT-ACCEPT-DOWN", "warn",
             f"acceptance fell from {_pct(pa)} over the lifetime to {_pct(ra)} in the last "
             f"{recent.elapsed_seconds:.1f} s ({(ra - pa) * 100:+.0f} points)",
-            {"past": pa, "recent": ra, "z": None if math.isnan(z) else z},
+            {"past": pa, "recent": ra, "z": z},
             "something changed in the draft or the traffic: a deploy, a new draft "
             "checkpoint, a different prompt mix; see the acceptance profile",
         ))
@@ -625,16 +625,14 @@ NOT_THE_SPECULATION = frozenset({"SPEC-RECENT-SLOWER-ALL", "SPEC-RECENT-HOST-BUS
 
 
 def _acceptance_below(reference: float | None, rate: float | None,
-                      drafted: tuple[float, float] | None) -> float | None:
-    """The z score of ``rate`` below ``reference`` when it is a drop worth a finding (at least
-    ACCEPT_DROP_MIN, and ACCEPT_DROP_Z when the drafted counts give a score); NaN for a drop
-    without a score; None for no finding."""
+                      drafted: tuple[float, float] | None) -> tuple[bool, float | None]:
+    """Whether ``rate`` is below ``reference`` by a drop worth a finding (at least
+    ACCEPT_DROP_MIN, and a z score of ACCEPT_DROP_Z where the drafted counts give one), and
+    that z score (None without counts)."""
     if reference is None or rate is None or reference - rate < ACCEPT_DROP_MIN:
-        return None
+        return False, None
     z = _z(reference, rate, drafted)
-    if z is None:
-        return math.nan
-    return z if z >= ACCEPT_DROP_Z else None
+    return z is None or z >= ACCEPT_DROP_Z, z
 
 
 def _z(pa: float, ra: float, drafted: tuple[float, float] | None) -> float | None:
@@ -777,13 +775,13 @@ def against_cohort(b: Breakdown, cohort: Breakdown, peers: int, name: str,
     out: list[Finding] = []
     others = f"the other {peers} server{'s' if peers != 1 else ''} of {name}"
     ca, ra = cohort.acceptance_rate, b.acceptance_rate
-    z = _acceptance_below(ca, ra, drafted)
-    if z is not None and ca is not None and ra is not None:
+    found, z = _acceptance_below(ca, ra, drafted)
+    if found and ca is not None and ra is not None:
         out.append(Finding(
             "SPEC-COHORT-ACCEPT-BELOW", "warn",
             f"acceptance is {_pct(ra)} here against {_pct(ca)} on {others} "
             f"({(ra - ca) * 100:+.0f} points, same window)",
-            {"server": ra, "cohort": ca, "peers": float(peers), "z": None if math.isnan(z) else z},
+            {"server": ra, "cohort": ca, "peers": float(peers), "z": z},
             "the same model drafts worse on this server alone: a different draft "
             "checkpoint or config was deployed here, or it serves other traffic; see "
             "the acceptance profile",

@@ -344,15 +344,10 @@ def report_json(runs: Sequence[data.Run], output: str, changes: Sequence[stats.C
             return value
         return str(value)
 
-    def breakdown(b: Any) -> dict[str, Any]:
-        out = {f.name: getattr(b, f.name) for f in dataclasses.fields(b) if f.name != "stats"}
-        out["stats"] = {f"{p}/{c}": dataclasses.asdict(st) for (p, c), st in b.stats.items()}
-        return out
-
     result: dict[str, Any] = {
         "output": output,
         "runs": [{"name": r.name, "source": r.source, "duration_seconds": r.duration_seconds,
-                  "windows": len(r.windows), "breakdown": breakdown(r.total)} for r in runs],
+                  "windows": len(r.windows), "breakdown": r.total.as_json()} for r in runs],
     }
     if len(runs) == 1:
         result["findings"] = [dataclasses.asdict(f) for f in run_findings(runs[0])]

@@ -256,9 +256,7 @@ def frame_json(frame: Frame, now: float | None = None) -> dict[str, Any]:
                            "message": frame.message}
     b = frame.breakdown
     if b is not None:
-        data = {f.name: getattr(b, f.name) for f in dataclasses.fields(b)}
-        data["stats"] = {f"{p}/{c}": dataclasses.asdict(st) for (p, c), st in b.stats.items()}
-        out["breakdown"] = data
+        out["breakdown"] = b.as_json()
     out["status"] = status_text(frame.findings) if frame.findings else None
     out["findings"] = [dataclasses.asdict(f) for f in frame.findings]
     return out
