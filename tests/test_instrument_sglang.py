@@ -4,7 +4,9 @@
    every worker class ``SpeculativeAlgorithm.create_worker`` can return in 0.5.23 is either hooked
    or reported as unsupported by specobs, and every hooked method, parameter and field exists.
 2. Behaviour: stand-ins mirroring each covered class's call order (0.5.23), driven through
-   SGLang's own ``load_plugins()`` taken from the wheel; topology (PP, DP replicas, DP attention)
+   SGLang's own ``load_plugins()`` taken from the wheel; ``EAGLEWorkerV2``'s own step, DP
+   spec/prefill coordination and prefill methods compiled from the wheel and run over stand-in
+   draft and target workers; topology (PP, DP replicas, DP attention)
    from a stand-in of SGLang's ``runtime_context``; the import-time behaviour (nothing of SGLang is
    imported by the plugin; classes are patched when SGLang imports them).
 """
@@ -12,6 +14,8 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import dataclasses
 import importlib
 import importlib.metadata
 import logging
@@ -190,7 +194,15 @@ def test_hooked_seams_exist_with_expected_signatures(version: str) -> None:
     assert set(sg_inst.ACCEPTED_PER_REQUEST_FIELDS) & result
     batch = _tree("sglang", version, "sglang/srt/managers/schedule_batch.py")
     assert batch is not None
-    assert {"forward_mode", "seq_lens"} <= _fields(_class(batch, "ScheduleBatch"))
+    # The batch fields the cycle hooks read, and the ForwardMode predicates they call.
+    assert {"forward_mode", "seq_lens", "is_extend_in_batch"} <= _fields(
+        _class(batch, "ScheduleBatch")
+    )
+    modes = _tree("sglang", version, "sglang/srt/model_executor/forward_batch_info.py")
+    assert modes is not None
+    mode = _class(modes, "ForwardMode")
+    for predicate in ("is_extend", "is_idle", "is_decode"):
+        assert _params(_method(mode, predicate))[0] == "self", predicate
 
 
 def test_latest_release_seams_per_class() -> None:
@@ -713,6 +725,276 @@ def test_ngram_draft_is_the_lookup_and_bookkeeping_the_corpus_update(
         assert snap.phase_count(phase, "host") == 2
     assert not any(snap.errors.values()), snap.errors
     observer.shutdown(timeout_seconds=5.0)
+
+
+# -- the real 0.5.23 step: EAGLEWorkerV2's own methods, compiled from the wheel --------------------
+
+
+def _real_methods(
+    version: str, module: str, cls: str, names: tuple[str, ...], namespace: dict[str, Any]
+) -> dict[str, Any]:
+    """SGLang's own method bodies, compiled from the pinned wheel against ``namespace``.
+
+    Nothing is copied into specobs: the functions are read from the wheel at test time, with the
+    module globals they use supplied by ``namespace`` (stand-ins for CUDA-only helpers). Their
+    annotations stay unevaluated.
+    """
+    node = _class_in(version, module, cls)
+    future = ast.ImportFrom(module="__future__", names=[ast.alias("annotations")], level=0)
+    tree = ast.Module(body=[future, *(_method(node, name) for name in names)], type_ignores=[])
+    exec(compile(ast.fix_missing_locations(tree), f"<sglang {version} {cls}>", "exec"), namespace)
+    return {name: namespace[name] for name in names}
+
+
+class _Msgspec(types.ModuleType):
+    """Just enough of msgspec for a frozen ``msgspec.Struct`` (not installed here)."""
+
+    class Struct:
+        def __init_subclass__(cls, frozen: bool = False, **kwargs: Any) -> None:
+            super().__init_subclass__(**kwargs)
+            dataclasses.dataclass(frozen=frozen)(cls)
+
+
+class _Stage:
+    def __init__(self, stages: list[str], name: str) -> None:
+        self.stages, self.name = stages, name
+
+    def __enter__(self) -> None:
+        self.stages.append(self.name)
+
+    def __exit__(self, *args: Any) -> None:
+        pass
+
+
+class _SpecInput:
+    def __init__(self, verify: bool) -> None:
+        self.verify = verify
+        self.kv_loc_plan = None
+
+    def is_verify_input(self) -> bool:
+        return self.verify
+
+
+class _DPBatch(_Batch):
+    """A ScheduleBatch of one attention-DP rank, as prepare_mlp_sync_batch leaves it."""
+
+    def __init__(
+        self, kind: str, size: int, *, peers_prefill: bool, counts: list[int], prefills: list[int]
+    ) -> None:
+        torch = pytest.importorskip("torch")
+        super().__init__(kind, size)
+        self.is_extend_in_batch = peers_prefill
+        self.global_num_tokens = counts
+        self.global_num_tokens_for_logprob = counts
+        self.draft_global_num_tokens = None
+        # What ScheduleBatch.init_new takes from it for a prefilling rank's idle draft batch.
+        self.req_to_token_pool = self.token_to_kv_pool_allocator = self.tree_cache = None
+        self.model_config = self.enable_overlap = self.spec_algorithm = None
+        self.dp_spec_prefill_coordination_metadata = (
+            counts, counts, torch.tensor(prefills),
+        )  # fmt: skip
+
+
+def _real_eagle_v2(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    calls: list[str],
+    *,
+    coordination: bool,
+    rank: int,
+) -> Any:
+    """``EAGLEWorkerV2`` with 0.5.23's own step, coordination and prefill methods; its draft
+    worker, target worker and verify are stand-ins (they need CUDA)."""
+    _speculative_package(monkeypatch)
+    monkeypatch.setitem(sys.modules, "msgspec", _Msgspec("msgspec"))
+    plan_module = _load_from_wheel(
+        monkeypatch, tmp_path, "sglang", LATEST,
+        "sglang.srt.speculative.dp_spec_prefill_coordination",
+    )  # fmt: skip
+    module = _package(monkeypatch, sg_inst.V2_MODULE, path=False)
+    torch = pytest.importorskip("torch")
+
+    class EagleDraftWorker:
+        draft_runner = None
+        parallel_layout = types.SimpleNamespace(local_dp=False)
+
+        def draft(self, batch: Any, *, with_topology: bool = False) -> Any:
+            calls.append("draft-idle" if batch.forward_mode.is_idle() else "draft")
+            return _SpecInput(verify=True)
+
+        def _draft_extend_for_decode(
+            self, batch: Any, batch_result: Any, *, kv_loc_plan: Any = None
+        ) -> None:
+            calls.append("draft_extend")
+
+        def _draft_extend_for_prefill(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+            calls.append("draft_extend_prefill")
+            return _SpecInput(verify=False)
+
+    class Target:
+        model_config = types.SimpleNamespace(vocab_size=32)
+
+        def forward_batch_generation(self, batch: Any, **kwargs: Any) -> Any:
+            calls.append("prefill")
+            logits = types.SimpleNamespace(hidden_states=None, mm_input_embeds=None)
+            return _Result(kv_loc_plan=None, logits_output=logits, next_token_ids=None,
+                           extra_keep_alive_refs=None)  # fmt: skip
+
+    def init_new(*args: Any) -> Any:
+        idle = _Batch("extend", 0)  # the idle draft batch a prefilling rank drafts over
+
+        def prepare_for_idle() -> None:
+            idle.forward_mode = _Mode("idle")
+
+        idle.prepare_for_idle = prepare_for_idle  # type: ignore[attr-defined]
+        return idle
+
+    stages: list[str] = []
+    context = contextlib.nullcontext
+    namespace: dict[str, Any] = {
+        "DPSpecPrefillCoordinationPlan": plan_module.DPSpecPrefillCoordinationPlan,
+        "CaptureHiddenMode": types.SimpleNamespace(NULL=0, LAST=1, FULL=2),
+        "EagleDraftInput": types.SimpleNamespace(
+            create_idle_input=lambda **kwargs: _SpecInput(verify=False)
+        ),
+        "ScheduleBatch": types.SimpleNamespace(init_new=init_new),
+        "ForwardMode": types.SimpleNamespace(DECODE=_Mode("decode")),
+        "envs": types.SimpleNamespace(
+            SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=types.SimpleNamespace(get=lambda: False)
+        ),
+        "get_parallel": lambda: types.SimpleNamespace(attn_dp_rank=rank, pp_size=1),
+        "get_draft_recurrent_hidden_state_spec": lambda runner: (8, torch.float32),
+        "draft_tp_context": lambda layout: context(),
+        "speculative_moe_backend_context": context,
+        "speculative_moe_a2a_backend_context": context,
+        "spec_stage_span": lambda name: _Stage(stages, name),
+    }
+    real = _real_methods(
+        LATEST, sg_inst.V2_MODULE, "EAGLEWorkerV2",
+        ("forward_batch_generation", "_forward_dp_spec_prefill_coordination",
+         "_forward_prefill_batch"),
+        namespace,
+    )  # fmt: skip
+
+    def __init__(self: Any, accept: list[int]) -> None:
+        self.topk, self.speculative_num_steps, self.speculative_num_draft_tokens = 1, 3, 4
+        self.enable_dp_spec_prefill_coordination = coordination
+        self.draft_worker = self._draft_worker = EagleDraftWorker()
+        self.target_worker = Target()
+        self.speculative_algorithm = types.SimpleNamespace(is_standalone=lambda: False)
+        self.device = "cpu"
+        self._accept = accept
+
+    def verify(self: Any, batch: Any, pp_proxy_tensors: Any = None,
+               grammar_barrier: Any = None) -> Any:  # fmt: skip
+        assert batch.spec_info.is_verify_input()
+        calls.append("verify")
+        return _Result(accept_lens=torch.tensor(self._accept, dtype=torch.int32),
+                       new_seq_lens=batch.seq_lens)  # fmt: skip
+
+    module.EagleDraftWorker = EagleDraftWorker
+    module.EAGLEWorkerV2 = type("EAGLEWorkerV2", (), {
+        **real, "__init__": __init__, "verify": verify,
+        "activate_step_by_batch": lambda self, bs: None, "stages": stages,
+    })  # fmt: skip
+    return module
+
+
+@pytest.mark.parametrize("coordination", [True, False], ids=["coordinated", "uncoordinated"])
+def test_dp_attention_decode_rank_beside_a_prefilling_peer_is_a_cycle_when_coordinated(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fresh_instrumentors: Any, coordination: bool
+) -> None:
+    """0.5.23's own step: with SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION=1 the decode rank of a
+    DP-attention group drafts, verifies and extends its rows while its peer prefills; without
+    it the worker runs that step as prefill. Plain decode steps are cycles either way."""
+    calls: list[str] = []
+    v2 = _real_eagle_v2(monkeypatch, tmp_path, calls, coordination=coordination, rank=0)
+    _host_only(monkeypatch)
+    observer = _memory_observer()
+    _instrument(monkeypatch, observer)
+    worker = v2.EAGLEWorkerV2(accept=[1, 4, 2])
+    # Rank 0 decodes 3 requests, rank 1 prefills 50 tokens: a heterogeneous plan.
+    for _ in range(2):
+        batch = _DPBatch("decode", 3, peers_prefill=True, counts=[3, 50], prefills=[0, 1])
+        out = worker.forward_batch_generation(batch)
+    worker.forward_batch_generation(
+        _DPBatch("decode", 3, peers_prefill=False, counts=[3, 2], prefills=[0, 0])
+    )
+    snap = _snapshot(observer)
+    coordinated = 2 if coordination else 0
+    if coordination:
+        assert out.accept_lens.tolist() == [1, 4, 2]
+        assert calls == ["draft", "verify", "draft_extend"] * 3
+        # The coordination plan sized this rank's verify (3 requests x 4 tokens), not the peer's.
+        assert batch.global_num_tokens == [3 * 4, 50]
+    else:
+        assert calls == ["prefill", "draft_extend_prefill"] * 2 + ["draft", "verify",
+                                                                   "draft_extend"]
+    assert snap.cycles_total == coordinated + 1
+    assert snap.draft_tokens_total == (coordinated + 1) * 3 * 3
+    assert snap.accepted_tokens_total == (coordinated + 1) * (0 + 3 + 1)
+    assert snap.emitted_tokens_total == (coordinated + 1) * (1 + 4 + 2)
+    for phase in ("draft", "verify", "bookkeeping"):
+        assert snap.phase_count(phase, "host") == coordinated + 1
+    assert not any(snap.errors.values()), snap.errors
+    observer.shutdown(timeout_seconds=5.0)
+
+
+def test_dp_attention_prefilling_rank_of_a_coordinated_step_records_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fresh_instrumentors: Any
+) -> None:
+    """The peer's side: it drafts over an idle batch (the collectives need it) and prefills."""
+    calls: list[str] = []
+    v2 = _real_eagle_v2(monkeypatch, tmp_path, calls, coordination=True, rank=1)
+    _host_only(monkeypatch)
+    observer = _memory_observer()
+    _instrument(monkeypatch, observer)
+    worker = v2.EAGLEWorkerV2(accept=[2])
+    worker.forward_batch_generation(
+        _DPBatch("extend", 2, peers_prefill=True, counts=[3, 50], prefills=[0, 1])
+    )
+    assert calls == ["draft-idle", "prefill", "draft_extend_prefill"]
+    assert v2.EAGLEWorkerV2.stages == ["draft", "draft_extend"]
+    snap = _snapshot(observer)
+    assert snap.cycles_total == 0
+    assert snap.draft_tokens_total == 0
+    assert not any(snap.errors.values()), snap.errors
+    observer.shutdown(timeout_seconds=5.0)
+
+
+def test_latest_release_dp_spec_prefill_coordination_seams() -> None:
+    """What the coordinated-step hook relies on in 0.5.23's source."""
+    node = _class_in(LATEST, sg_inst.V2_MODULE, "EAGLEWorkerV2")
+    step = _method(node, "forward_batch_generation")
+    coordinated = _method(node, "_forward_dp_spec_prefill_coordination")
+    # The worker's step hands every is_extend_in_batch batch of a heterogeneous plan to it ...
+    src = ast.unparse(step)
+    assert "batch.is_extend_in_batch and self.enable_dp_spec_prefill_coordination" in src
+    assert "self._forward_dp_spec_prefill_coordination(batch, plan, on_publish" in src
+    assert "enable_dp_spec_prefill_coordination" in _fields(node)
+    # ... whose batch is its second argument (the hook reads it there) ...
+    assert _params(coordinated)[:2] == ["self", "batch"]
+    # ... and which decides prefill by this rank's own forward mode, then drafts, verifies and
+    # extends through the methods specobs hooks, in that order.
+    body = ast.unparse(coordinated)
+    assert "is_prefill = batch.forward_mode.is_extend()" in body
+    order = sorted(
+        (n.lineno, n.func.attr)
+        for n in ast.walk(coordinated)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr in ("draft", "verify", "_draft_extend_for_decode")
+    )
+    assert [name for _, name in order] == ["draft", "verify", "_draft_extend_for_decode"]
+    # The plan flags the batch is_extend_in_batch, so the step hook never sees it as decode.
+    plan = _tree("sglang", LATEST, SG + "dp_spec_prefill_coordination.py")
+    assert plan is not None
+    apply = _method(_class(plan, "DPSpecPrefillCoordinationPlan"), "apply")
+    assert "batch.is_extend_in_batch = True" in ast.unparse(apply)
+    # Only EAGLE, EAGLE3 (EAGLEWorkerV2) and DSPARK (unsupported) may turn it on.
+    hook = _tree("sglang", LATEST, "sglang/srt/arg_groups/speculative_hook.py")
+    assert hook is not None
+    assert "('EAGLE', 'EAGLE3', 'DSPARK')" in ast.unparse(hook)
 
 
 # -- unsupported classes: one warning per class, exported, never silent ----------------------------

@@ -25,7 +25,9 @@ Drafted tokens per request: the draft tree verifies ``speculative_num_draft_toke
 speculation changes at run time and may set to 0 (drafting off). Acceptance comes from the
 returned ``GenerationBatchResult``: the per-request CPU list under its three names, else the GPU
 ``accept_lens`` (accepted drafts plus the bonus token), handed to specobs as a CUDA tensor: no
-sync. Prefill (extend) and idle batches are not speculative cycles and pass straight through.
+sync. Prefill (extend) and idle batches are not speculative cycles and pass straight through;
+with DP attention and ``SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION=1`` a decode rank's step on a
+batch where a peer prefills is a cycle (it drafts, verifies and extends its own rows).
 
 Topology (:func:`topology_of`): the process that records is the TP rank 0 of the last pipeline
 stage of each data-parallel replica (with DP attention: of each attention-DP group); replicas are
@@ -263,8 +265,22 @@ def _max_draft_length(worker: Any, now: int) -> int | None:
 
 
 def _is_decode(batch: Any) -> bool:
+    """A decode step the worker's own step runs as draft, verify, draft extend.
+
+    With DP attention a batch is flagged ``is_extend_in_batch`` when any rank of the group
+    prefills; the worker then runs the step as prefill, except with
+    ``SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION=1``, where a decode rank's cycle goes through
+    ``_forward_dp_spec_prefill_coordination`` (its own hook: :func:`_has_decode_rows`).
+    """
+    if getattr(batch, "is_extend_in_batch", False):
+        return False
+    return _has_decode_rows(batch)
+
+
+def _has_decode_rows(batch: Any) -> bool:
+    """Neither prefill nor idle on this rank, whatever the peers of its DP group do."""
     mode = batch.forward_mode
-    if mode.is_extend() or getattr(batch, "is_extend_in_batch", False):
+    if mode.is_extend():
         return False
     is_idle = getattr(mode, "is_idle", None)
     return not (is_idle is not None and is_idle())
@@ -303,7 +319,11 @@ def _observer_for(worker: Any, draft_length: int, pp_order: bool) -> Observer:
     return observer
 
 
-def _cycle_hook(draft_length: Callable[[Any], int], pp_order: bool = False) -> Callable[..., Any]:
+def _cycle_hook(
+    draft_length: Callable[[Any], int],
+    pp_order: bool = False,
+    is_cycle: Callable[[Any], bool] = _is_decode,
+) -> Callable[..., Any]:
     """The hook for a worker's decode step: one cycle, acceptance read from its result."""
 
     def around_step(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -311,7 +331,7 @@ def _cycle_hook(draft_length: Callable[[Any], int], pp_order: bool = False) -> C
         tracker = None
         try:
             # The guard: a subclass's step that calls super() is still one cycle.
-            if _local.__dict__.get("tracker") is None and _is_decode(batch):
+            if _local.__dict__.get("tracker") is None and is_cycle(batch):
                 observer = _observer_for(worker, draft_length(worker), pp_order)
                 tracker = PhaseTracker(observer)
                 tracker.start(int(batch.seq_lens.shape[0]))
@@ -364,6 +384,11 @@ def _around_phase(start: str | None, end: str | None) -> Callable[..., Any]:
 
 around_decode_step = _cycle_hook(eagle_draft_length, pp_order=True)
 """One decode step of an EAGLE-family worker (V1 or V2) is one cycle."""
+around_coordinated_step = _cycle_hook(eagle_draft_length, pp_order=True, is_cycle=_has_decode_rows)
+"""``EAGLEWorkerV2._forward_dp_spec_prefill_coordination`` on a rank that decodes while a peer
+of its DP-attention group prefills (``SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION=1``): a full
+draft, verify and draft extend over this rank's decode rows, one cycle. On a prefilling rank it
+drafts over an idle batch and prefills: not a cycle."""
 around_plain_step = _cycle_hook(eagle_draft_length)
 """One decode step of an EAGLE-family worker without a PP tail draft (multi-layer, FrozenKV)."""
 around_ngram_step = _cycle_hook(ngram_draft_length)
@@ -404,8 +429,10 @@ class HookTarget:
 
 _V2, _ML, _FROZEN = V2_MODULE, MULTI_LAYER_MODULE, FROZEN_KV_MTP_MODULE
 _STEP, _EXTEND = "forward_batch_generation", "_draft_extend_for_decode"
+_COORDINATED = "_forward_dp_spec_prefill_coordination"
 HOOK_TARGETS: tuple[HookTarget, ...] = (
     HookTarget(_V2, "EAGLEWorkerV2", _STEP, around_decode_step),
+    HookTarget(_V2, "EAGLEWorkerV2", _COORDINATED, around_coordinated_step),
     HookTarget(_V2, "EAGLEWorkerV2", "verify", around_verify),
     HookTarget(_V2, "EagleDraftWorker", "draft", around_draft),
     HookTarget(_V2, "EagleDraftWorker", _EXTEND, around_draft_extend),
