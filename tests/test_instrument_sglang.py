@@ -44,6 +44,7 @@ from tests.test_instrument_contracts import (
     _params,
     _Result,
     _snapshot,
+    _source,
     _tree,
 )
 
@@ -725,6 +726,39 @@ def test_ngram_draft_is_the_lookup_and_bookkeeping_the_corpus_update(
         assert snap.phase_count(phase, "host") == 2
     assert not any(snap.errors.values()), snap.errors
     observer.shutdown(timeout_seconds=5.0)
+
+
+def test_latest_release_ngram_draft_waits_for_the_previous_step() -> None:
+    """The facts behind docs/integrations.md's NGRAM host-clock note (0.5.23): the step specobs
+    books as draft waits for the previous step's GPU verify (overlap, no grammar) and for the
+    previous step's queued corpus insert, which is all the bookkeeping phase does on the host."""
+    ngram = _class_in(LATEST, sg_inst.NGRAM_MODULE, "NGRAMWorker")
+    hooks = {(t.owner, t.method): t.hook for t in sg_inst.HOOK_TARGETS}
+    assert hooks["NGRAMWorker", "_prepare_for_speculative_decoding"] is sg_inst.around_draft
+    assert hooks["NGRAMWorker", "_update_ngram_corpus"] is sg_inst.around_draft_extend
+    prepare = ast.unparse(_method(ngram, "_prepare_for_speculative_decoding"))
+    assert "self._prepare_draft_tokens(batch)" in prepare
+    draft = ast.unparse(_method(ngram, "_prepare_draft_tokens"))
+    assert "use_prev_tokens = self.enable_overlap and (not batch.grammar_needs_sync())" in draft
+    assert "batch.spec_info.accept_tokens, batch.spec_info.accept_lens" in draft
+    assert "prev_token_ids = prev_token_ids.cpu()" in draft  # the host waits on the GPU here
+    assert draft.index(".cpu()") < draft.index("self.ngram_corpus.synchronize()")
+    assert draft.index("self.ngram_corpus.synchronize()") < draft.index(
+        "self.ngram_corpus.batch_get("
+    )
+    assert "self.enable_overlap = not get_schedule().disable_overlap_schedule" in ast.unparse(
+        _method(ngram, "__init__")
+    )
+    assert "self.ngram_corpus.batch_put(batch_tokens)" in ast.unparse(
+        _method(ngram, "_update_ngram_corpus")
+    )
+    corpus = _class_in(LATEST, "sglang.srt.speculative.cpp_ngram.ngram_corpus", "NgramCorpus")
+    assert ast.unparse(_method(corpus, "batch_put")).endswith("self._obj.insert(batch_tokens)")
+    # The native corpus inserts on its own thread; synchronize() waits for that queue.
+    native = _source("sglang", LATEST, "sglang/kernels/jit/csrc/ngram_corpus/ngram.cpp")
+    assert native is not None
+    assert "insert_worker_ = std::thread(&Ngram::insertWorker, this);" in native
+    assert "insert_queue_.enqueue(" in native and "void Ngram::synchronize() const" in native
 
 
 # -- the real 0.5.23 step: EAGLEWorkerV2's own methods, compiled from the wheel --------------------
