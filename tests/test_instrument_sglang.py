@@ -40,6 +40,7 @@ from tests.test_instrument_contracts import (
     _load_from_wheel,
     _method,
     _Mode,
+    _module_constant,
     _package,
     _params,
     _Result,
@@ -269,6 +270,15 @@ def test_latest_release_topology_sources() -> None:
     src = ast.unparse(ctx)
     for name in ("get_parallel", "num_dp_ranks_of", "derive_attention_ranks", "spawn_world_rank"):
         assert f"def {name}" in src, name
+    # The names topology_of reads from get_parallel(): the launcher's rank bundle (dp_rank),
+    # the ranks derived with their widths, and num_dp_ranks = replicas x attention-DP groups.
+    assert "dp_rank" in _fields(_class(ctx, "SpawnRanks"))
+    pairs = _module_constant(ctx, "_RANK_AND_WIDTH")
+    assert {("tp_rank", "tp_size"), ("pp_rank", "pp_size")} <= set(pairs)
+    num_dp = ast.unparse(next(
+        n for n in ctx.body if isinstance(n, ast.FunctionDef) and n.name == "num_dp_ranks_of"
+    ))  # fmt: skip
+    assert "return cfg.dp_size * cfg.attn_dp_size" in num_dp
     # WORLD rank = offset + tp_size * pp_rank + tp_rank: PP stage 0 holds WORLD rank 0.
     assert "cfg.ep_join_rank_offset + cfg.tp_size * pp_rank + tp_rank" in src
     # The launcher hands every scheduler its dp_rank (replica, or attention-DP group).
@@ -759,6 +769,44 @@ def test_latest_release_ngram_draft_waits_for_the_previous_step() -> None:
     assert native is not None
     assert "insert_worker_ = std::thread(&Ngram::insertWorker, this);" in native
     assert "insert_queue_.enqueue(" in native and "void Ngram::synchronize() const" in native
+
+
+def test_latest_release_overlap_rows_of_requests_finished_in_flight() -> None:
+    """The facts behind docs/integrations.md's overlap-scheduling note (0.5.23): the overlap loop
+    launches a step before it processes the previous result, so a request that finished there
+    (other than by length) is verified once more; SGLang's aggregate speculative counters count
+    that row, its per-request counters skip it -- a decision taken in result processing, after
+    the step's cycle has ended (specobs takes acceptance from the step's result)."""
+    scheduler = _class_in(LATEST, "sglang.srt.managers.scheduler", "Scheduler")
+    loop = ast.unparse(_method(scheduler, "event_loop_overlap"))
+    launch = loop.index("batch_result = self.run_batch(batch)")
+    assert loop.index("pop_and_process()", launch) > launch  # the previous result, after
+    inflight = ast.unparse(_method(scheduler, "_reqs_finishing_inflight"))
+    assert "req.next_output_finishes_by_length()" in inflight  # the only finish foreseen
+    processor = _class_in(
+        LATEST, "sglang.srt.managers.scheduler_components.batch_result_processor",
+        "SchedulerBatchResultProcessor",
+    )  # fmt: skip
+    resolve = ast.unparse(_method(processor, "_resolve_spec_v2_tokens"))
+    total = resolve.index("result.num_correct_drafts = sum(result.num_correct_drafts_per_req_cpu)")
+    skip = resolve.index("if req.is_retracted or req.finished():")
+    assert total < skip  # the aggregate sums every row, the per-request counters skip some
+    assert skip < resolve.index("req.spec_verify_ct += 1")
+    assert skip < resolve.index("req.spec_num_correct_drafts += num_correct_drafts")
+    decode = ast.unparse(_method(processor, "process_batch_result_decode"))
+    assert "batch_size = batch.batch_size()" in decode
+    assert "self.metrics_reporter.update_spec_metrics(batch_size, result.num_correct_drafts" in (
+        decode
+    )
+    assert "if (self.enable_overlap or self.enable_overlap_mlx) and (req.finished() or " in (
+        decode
+    )  # the row's tokens are dropped
+    # The step's own result is what result processing reads (the same object).
+    launch_src = ast.unparse(_method(scheduler, "run_batch"))
+    assert "batch_result = self.model_worker.forward_batch_generation(batch, **fwd_kwargs)" in (
+        launch_src
+    )
+    assert "self.result_queue.append((batch.copy(), batch_result))" in loop
 
 
 # -- the real 0.5.23 step: EAGLEWorkerV2's own methods, compiled from the wheel --------------------
