@@ -1077,6 +1077,16 @@ def test_latest_release_dp_spec_prefill_coordination_seams() -> None:
     hook = _tree("sglang", LATEST, "sglang/srt/arg_groups/speculative_hook.py")
     assert hook is not None
     assert "('EAGLE', 'EAGLE3', 'DSPARK')" in ast.unparse(hook)
+    # That step never activates adaptive steps; adaptive speculation is off under attention DP,
+    # so the speculative_num_steps the hook reads for the drafted count is the configured one.
+    assert "activate_step_by_batch" not in body
+    adaptive = _tree("sglang", LATEST, SG + "adaptive_spec_params.py")
+    assert adaptive is not None
+    reason = next(
+        n for n in adaptive.body
+        if isinstance(n, ast.FunctionDef) and n.name == "adaptive_unsupported_reason"
+    )  # fmt: skip
+    assert "if attn_dp_enabled_of(resolved_view(server_args)):" in ast.unparse(reason)
 
 
 # -- unsupported classes: one warning per class, exported, never silent ----------------------------
