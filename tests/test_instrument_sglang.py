@@ -988,7 +988,8 @@ def test_dp_attention_decode_rank_beside_a_prefilling_peer_is_a_cycle_when_coord
 ) -> None:
     """0.5.23's own step: with SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION=1 the decode rank of a
     DP-attention group drafts, verifies and extends its rows while its peer prefills; without
-    it the worker runs that step as prefill. Plain decode steps are cycles either way."""
+    it the worker runs a batch so flagged as prefill (the scheduler then hands the decode rank
+    an idle batch anyway). Plain decode steps are cycles either way."""
     calls: list[str] = []
     v2 = _real_eagle_v2(monkeypatch, tmp_path, calls, coordination=coordination, rank=0)
     _host_only(monkeypatch)
