@@ -192,7 +192,7 @@ def test_first_run_serves_while_the_draft_head_trains(
         signal.signal(signal.SIGTERM, old_handler)
     assert first == 0, text
     assert "first run: training the demo target" in text
-    assert "target trained, draft head to train" in text
+    assert "target trained in" in text and "the draft head trains next" in text
     assert "draft head training in the background (60 steps" in text
     assert "draft head trained and cached in" in text
     assert len(list(cache.glob("demo-*.pt"))) == 1

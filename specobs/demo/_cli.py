@@ -70,6 +70,10 @@ _BASELINE_WINDOW_SECONDS = 60.0
 #: Constant labels of the demo's series: the names the generated rules and dashboards group by
 #: (``MixinConfig.model_label`` / ``engine_label``); vLLM's own ``engine`` label is an index.
 DEMO_LABELS = {"model_name": "specobs-demo", "serving_engine": "specobs-demo"}
+_ESTIMATE_WINDOW_SECONDS = 10.0
+"""The training progress estimates what is left from the pace of this last stretch."""
+_ESTIMATE_MIN_STEPS = 3
+"""Steps timed in that stretch before there is an estimate."""
 _FIRST_PLAIN_SECONDS = 2.0
 """Plain output shows the first cycle breakdown this soon after serving starts, then every
 ``_PLAIN_INTERVAL_SECONDS``."""
@@ -187,18 +191,32 @@ class _Stop(Exception):
 
 
 class _TrainingProgress:
-    """Prints the target's training progress: steps, elapsed, an estimate of what is left
-    (first at 5 s, then every ``_PLAIN_INTERVAL_SECONDS``, and at the end)."""
+    """Prints the target's training progress: steps, elapsed, and what is left (first at 5 s, then
+    every ``_PLAIN_INTERVAL_SECONDS``, and at the end).
+
+    What is left is estimated from the pace of the last ``_ESTIMATE_WINDOW_SECONDS``, and only
+    once ``_ESTIMATE_MIN_STEPS`` steps were timed in it. The first steps pay torch's warm-up: on
+    a loaded 2-core machine the first three took 19 s and the rest 0.35 s each, so an estimate
+    from the start read "about 2218 s left" at step 1 of a run that took 332 s, and still twice
+    the truth a minute in."""
 
     def __init__(self) -> None:
         self._next = 5.0
+        self._recent: collections.deque[tuple[int, float]] = collections.deque()
 
     def __call__(self, step: int, total: int, elapsed: float) -> None:
+        recent = self._recent
+        recent.append((step, elapsed))
+        while len(recent) > 1 and elapsed - recent[0][1] > _ESTIMATE_WINDOW_SECONDS:
+            recent.popleft()
         if elapsed < self._next and step < total:
             return
         self._next = elapsed + _PLAIN_INTERVAL_SECONDS
-        left = elapsed / step * (total - step)
-        more = f", about {left:.0f} s left" if step < total else ""
+        since_step, since = recent[0]
+        more = ""
+        if step < total and step - since_step >= _ESTIMATE_MIN_STEPS:
+            pace = (elapsed - since) / (step - since_step)
+            more = f", about {pace * (total - step):.0f} s left"
         _say(f"  training the target: step {step}/{total}, {elapsed:.0f} s elapsed{more}")
 
 
@@ -436,10 +454,12 @@ def run(args: argparse.Namespace) -> int:
                  if found.parent == SHIPPED_DIR
                  else "loading the demo target and draft head from the weight cache")
         else:
-            # Measured on 2 idle vCPUs: target 40-48 s, draft head 33 s (benchmarks/RESULTS.md).
-            _say("first run: training the demo target (about 45 s on 2 idle CPU cores, 10 s on "
-                 "16); the draft head then trains in the background while the demo serves, so "
-                 "acceptance climbs during the first minute (weights cached afterwards)")
+            # Measured on 2 vCPUs: target 30-48 s idle, 127-475 s with both cores busy; draft
+            # head 28-33 s idle (benchmarks/RESULTS.md).
+            _say("first run: training the demo target (30-45 s on 2 idle CPU cores, minutes on "
+                 "busy ones, 10 s on 16); the draft head then trains in the background while "
+                 "the demo serves, so acceptance climbs during the first minute (weights cached "
+                 "afterwards)")
         t0 = time.perf_counter()
         from ._train import target_progress
 
@@ -449,13 +469,16 @@ def run(args: argparse.Namespace) -> int:
                 max_batch=args.max_batch, train_settings=settings, draft_in_background=True,
             )  # fmt: skip
         pending = engine.models.pending
-        how = ("loaded from cache" if engine.models.from_cache
-               else "target trained, draft head to train" if pending is not None
-               else "trained and cached")  # fmt: skip
-        _say(f"models {how} in {time.perf_counter() - t0:.1f} s (target "
-             f"{engine.config.n_layers} layers d_model {engine.config.d_model}, vocab "
-             f"{engine.config.vocab_size}, draft reads layers {engine.layer_ids}, k={args.k}, "
-             f"device {args.device})")
+        took = time.perf_counter() - t0
+        # What took the time, and only that: "models target trained, draft head to train in
+        # 332.9 s" read as if the draft head would take 332.9 s.
+        done = (f"models loaded in {took:.1f} s" if engine.models.from_cache
+                else f"target trained in {took:.1f} s, the draft head trains next while the "
+                     "demo serves" if pending is not None
+                else f"models trained and cached in {took:.1f} s")  # fmt: skip
+        _say(f"{done} (target {engine.config.n_layers} layers d_model {engine.config.d_model}, "
+             f"vocab {engine.config.vocab_size}, draft reads layers {engine.layer_ids}, "
+             f"k={args.k}, device {args.device})")
 
         # -- baseline -------------------------------------------------------------------------
         baseline, baseline_note, probe = _choose_baseline(args, engine)
