@@ -43,12 +43,15 @@ from specobs.tools import _report as report_module  # noqa: E402
 from specobs.tools import _report_stats as stats  # noqa: E402
 from specobs.tools import _scrape as scr  # noqa: E402
 from tests._prometheus_server import PrometheusServer, free_port  # noqa: E402
+from tests.test_diagnosis_report import chart_problems  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 SAMPLE_SECONDS = 16
+#: The charts of a report of these CPU demos: no GPU clock, so no gpu-clock breakdown (a line
+#: of text says so instead).
 CHART_TITLES = {
-    "Cycle breakdown, gpu clock", "Cycle breakdown, host clock", "Phase share of cycle time",
+    "Cycle breakdown, host clock", "Phase share of cycle time",
     "Phase latency p50 / p99", "Acceptance rate over time", "Acceptance per draft position",
     "Accept-length distribution", "Emitted tokens/s per server", "Tokens/s per sequence",
     "Speedup: realized vs predicted", "Drops and exporter health",
@@ -342,7 +345,7 @@ def _hex_rgb(colour: str) -> tuple[int, int, int]:
 
 #: The colours the report draws its traces in (lines, stacked areas, bars). Everything else in a
 #: plot area is grey or nearly so: the white background, grid and zero lines, the dotted
-#: reference lines and the annotations ("no gpu-clock samples", #888).
+#: reference lines and the annotations ("no baseline", #888).
 TRACE_COLOURS = frozenset(_hex_rgb(c) for c in (*report_module._PHASE_COLORS,
                                                  *report_module._RUN_COLORS))
 #: The least share of a chart's plot area in trace colours for the chart to count as drawn. The
@@ -410,8 +413,12 @@ def _check_page(browser: Chromium, path: Path, expected_titles: set[str]) -> lis
         assert c["svg"] >= 1 and c["w"] > 300 and c["h"] > 250, c
         assert c["plots"] and all(w > 100 and h > 50 for _, _, w, h in c["plots"]), c
     assert {re.sub(r" — .*$", "", t) for t in titles} == expected_titles
+    # The figures the page embeds: none empty, none flattened by a shared axis, the
+    # accept-length axis 0..k, the baseline beside the per-sequence speed.
+    assert chart_problems(path.read_text()) == []
+    assert re.search(r'data-no-clock="gpu-(0|all)"', path.read_text())  # CPU: a line, no chart
     # Each chart drew its data: lines, areas or bars in the trace colours cover a share of its
-    # plot area (the gpu-clock breakdown of these CPU runs draws its stack at zero).
+    # plot area.
     shares = _trace_shares(browser.screenshot(), charts)
     assert all(s > MIN_TRACE_SHARE for s in shares.values()), shares
     # The criterion tells an empty chart: the same charts, layout and annotations kept, with
@@ -481,8 +488,8 @@ def test_compare_flags_the_acceptance_drop_and_nothing_else(
     c = cells(text)
     assert float(c["b.acceptance"].rstrip("%")) < 0.7 * float(c["a.acceptance"].rstrip("%"))
     titles = _check_page(browser, reports.compare_html, CHART_TITLES)
-    # Both runs get their own breakdown charts.
-    assert sum(t.startswith("Cycle breakdown") for t in titles) == 4
+    # Both runs get their own breakdown chart (the host clock's: these are CPU runs).
+    assert sum(t.startswith("Cycle breakdown") for t in titles) == 2
 
 
 def test_json_carries_the_summary_findings_and_verdicts_with_the_same_exit(
@@ -582,7 +589,7 @@ def test_summary_equals_top_for_the_same_prometheus_window(
     assert top["drops"] == c["drops"]
     assert top["cycle"] == _norm(c["cycle.host.mean"])
     assert top["pos"] == "[" + ",".join(
-        p.split(":")[1] for p in c["positions"].split()) + "]"
+        p.split(": ")[1] for p in c["positions"].split(", ")) + "]"
     for phase in ("draft", "verify", "bookkeeping"):
         m = re.fullmatch(r"(.+)\((.+),p50=(.+),p99=(.+)\)", top[phase])
         assert m is not None, top[phase]

@@ -393,8 +393,8 @@ def summary_rows(b: bd.Breakdown) -> list[tuple[str, str, str]]:
          scr.format_rate(b.mean_acceptance_length, 2)),
         ("accepted_per_draft", "accepted drafts per drafting sequence (excl. bonus)",
          scr.format_rate(b.mean_accept_length, 2)),
-        ("positions", "per position",
-         " ".join(f"{p}:{scr.format_percent(v, 0)}" for p, v in b.position_acceptance)
+        ("positions", "per draft position (from 0)",
+         ", ".join(f"{p}: {scr.format_percent(v, 0)}" for p, v in b.position_acceptance)
          or scr.DASH),
         ("tokens_per_second", "emitted tok/s", scr.format_rate(b.emitted_tokens_per_second)),
         ("sequence_tokens_per_second", "tok/s per sequence",
@@ -424,6 +424,11 @@ def _phase_table(b: bd.Breakdown, prefix: str = "") -> str:
     body = []
     for clock in bd.CLOCKS:
         n = b.cycle_counts.get(clock, 0.0)
+        if not n > 0:
+            body.append(f'<tr class="no-clock" data-clock="{clock}"><td>{clock}</td>'
+                        f'<td colspan="5" class="note">{html.escape(_no_clock_text(clock))}'
+                        "</td></tr>")
+            continue
         for phase in b.phases:
             st = b.stats[(phase, clock)]
             k = f"{prefix}{phase}.{clock}"
@@ -463,9 +468,10 @@ def _summary(b: bd.Breakdown, prefix: str = "") -> str:
 
 def _layout(fig: Any, title: str, y: str, height: int = 320, **kw: Any) -> Any:
     kw.setdefault("margin", {"l": 60, "r": 20, "t": 50, "b": 45})
+    kw.setdefault("legend", {"orientation": "h", "y": -0.22})
     fig.update_layout(
         title={"text": title, "x": 0.01, "xanchor": "left"}, template="plotly_white",
-        height=height, legend={"orientation": "h", "y": -0.22}, yaxis_title=y, **kw,
+        height=height, yaxis_title=y, **kw,
     )
     return fig
 
@@ -487,12 +493,18 @@ def _breakdown_figure(r: data.Run, clock: str, title: str) -> Any:
               if (phase, clock) in w.breakdown.stats else None for w in r.windows]
         fig.add_trace(go.Scatter(x=_xs(r), y=ys, name=phase, stackgroup="one", mode="lines",
                                  line={"color": _PHASE_COLORS[i % len(_PHASE_COLORS)]}))
-    if not r.total.cycle_counts.get(clock, 0) > 0:
-        fig.add_annotation(text=f"no {clock}-clock samples in this run"
-                           + (" (no CUDA: CPU run)" if clock == "gpu" else ""),
-                           showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                           font={"size": 14, "color": "#888"})
     return _layout(fig, title, "ms per cycle", xaxis_title="seconds")
+
+
+def _has_clock(r: data.Run, clock: str) -> bool:
+    return r.total.cycle_counts.get(clock, 0.0) > 0
+
+
+def _no_clock_text(clock: str) -> str:
+    if clock == "gpu":
+        return ("no GPU-clock samples in this run (no CUDA device, or GPU timing off): "
+                "host clock only")
+    return f"no {clock}-clock samples in this run"
 
 
 def _phase_share_figure(runs: Sequence[data.Run]) -> Any:
@@ -500,20 +512,23 @@ def _phase_share_figure(runs: Sequence[data.Run]) -> Any:
 
     fig = go.Figure()
     phases = runs[0].total.phases
-    ys = [f"{r.name} · {clock}" if len(runs) > 1 else clock for r in runs
-          for clock in bd.CLOCKS]
+    rows = [(r, clock) for r in runs for clock in bd.CLOCKS if _has_clock(r, clock)]
+    ys = [f"{r.name} · {clock}" if len(runs) > 1 else clock for r, clock in rows]
     for i, phase in enumerate(phases):
         xs = []
-        for r in runs:
-            for clock in bd.CLOCKS:
-                st = r.total.stats.get((phase, clock))
-                xs.append(None if st is None or st.share is None else st.share * 100)
+        for r, clock in rows:
+            st = r.total.stats.get((phase, clock))
+            xs.append(None if st is None or st.share is None else st.share * 100)
         fig.add_trace(go.Bar(y=ys, x=xs, name=phase, orientation="h",
                              marker_color=_PHASE_COLORS[i % len(_PHASE_COLORS)],
                              text=[f"{x:.0f}%" if x is not None else "" for x in xs],
-                             textposition="inside"))
-    return _layout(fig, "Phase share of cycle time", "", height=200 + 40 * len(ys),
-                   barmode="stack", xaxis_title="% of cycle time")
+                             textposition="inside", textangle=0))
+    # A share too narrow for its label shows none (hover has it), rather than a rotated one.
+    fig.update_layout(uniformtext={"minsize": 11, "mode": "hide"})
+    fig.update_yaxes(autorange="reversed")  # the first run on top
+    return _layout(fig, "Phase share of cycle time", "", height=230 + 40 * len(ys),
+                   barmode="stack", xaxis_title="% of cycle time",
+                   legend={"orientation": "h", "y": -0.45})
 
 
 def _quantile_figure(runs: Sequence[data.Run]) -> Any:
@@ -565,11 +580,27 @@ def _positions_figure(runs: Sequence[data.Run]) -> Any:
                              y=[None if v is None else v * 100 for _, v in pos], name=r.name,
                              marker_color=_RUN_COLORS[ri % 2]))
     return _layout(fig, "Acceptance per draft position", "% of drafted accepted",
-                   barmode="group", yaxis_range=[0, 100])
+                   barmode="group", yaxis_range=[0, 100],
+                   xaxis_title="draft position (0 = the first drafted token, as the engines "
+                               "count)")
 
 
-def accept_length_distribution(delta: scr.Delta) -> list[tuple[str, float]]:
-    """Sequences per accept length (from the histogram's bucket deltas, non-cumulative)."""
+def draft_length(b: bd.Breakdown) -> int | None:
+    """k, the most draft tokens a sequence proposes per cycle: the draft positions the
+    per-position counters name (0..k-1, as vLLM's), ``None`` when they name none."""
+    positions = [int(p) for p, _ in b.position_acceptance if p.isdigit()]
+    return max(positions) + 1 if positions else None
+
+
+def accept_length_distribution(
+    delta: scr.Delta, k: int | None = None
+) -> list[tuple[str, float]]:
+    """Drafting sequences per number of accepted draft tokens (0..k, the bonus token
+    excluded), from the histogram's bucket deltas, non-cumulative.
+
+    The histogram's buckets are 0..k+1 (``catalog.accept_length_buckets``): the one at k+1
+    (and +Inf) can never fill, so with ``k`` known the axis ends at k. A bucket above k that
+    did fill (a source with another k) is kept, never hidden."""
     buckets: dict[float, float] = {}
     for le, v in delta.counters.by(catalog.ACCEPT_LENGTH.name + "_bucket", "le").items():
         try:
@@ -582,7 +613,8 @@ def accept_length_distribution(delta: scr.Delta) -> list[tuple[str, float]]:
         count = max(0.0, buckets[bound] - prev)
         prev = buckets[bound]
         label = f"{bound:g}" if math.isfinite(bound) else "more"
-        if i and not math.isfinite(bound) and count == 0:
+        beyond = bound > k if k is not None else bool(i) and not math.isfinite(bound)
+        if beyond and count == 0:
             continue
         out.append((label, count))
     return out
@@ -592,27 +624,51 @@ def _accept_length_figure(runs: Sequence[data.Run]) -> Any:
     import plotly.graph_objects as go
 
     fig = go.Figure()
+    ks = {draft_length(r.total) for r in runs} - {None}
     for ri, r in enumerate(runs):
-        dist = accept_length_distribution(r.total_delta)
+        dist = accept_length_distribution(r.total_delta, draft_length(r.total))
         total = math.fsum(v for _, v in dist) or 1.0
         fig.add_trace(go.Bar(x=[k for k, _ in dist], y=[v / total * 100 for _, v in dist],
                              name=r.name, marker_color=_RUN_COLORS[ri % 2]))
-    return _layout(fig, "Accept-length distribution", "% of sequence-cycles",
-                   barmode="group", xaxis_title="accepted draft tokens per sequence per cycle")
+    k_text = f", k = {ks.pop()}" if len(ks) == 1 else ""
+    fig.update_xaxes(type="category")
+    return _layout(fig, "Accept-length distribution", "% of drafting sequence-cycles",
+                   barmode="group",
+                   xaxis_title=f"accepted draft tokens per sequence-cycle (0..k{k_text}; "
+                               "tokens emitted = 1 more, the bonus)")
 
 
-def _per_server_figure(runs: Sequence[data.Run], title: str, y: str, attr: str) -> Any:
+def _per_server_figure(
+    runs: Sequence[data.Run], title: str, y: str, attr: str, baseline: bool = False
+) -> Any:
+    """One line per run and server of ``Breakdown.attr`` per window; with ``baseline``, the
+    non-speculative baseline gauge of each (``specobs_baseline_sequence_tokens_per_second``)
+    as a dashed line beside it, or a note where the data holds none."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
+    any_baseline = False
     for ri, r in enumerate(runs):
         for si, server in enumerate(r.servers()):
-            ys = [getattr(data.per_server(w.delta, server), attr) for w in r.windows]
+            per_window = [data.per_server(w.delta, server) for w in r.windows]
+            ys = [getattr(b, attr) for b in per_window]
             name = " · ".join(x for x in (r.name if len(runs) > 1 else "", server) if x) \
-                or r.name
+                or (r.name if not baseline else "speculative")
             fig.add_trace(go.Scatter(x=_xs(r), y=ys, name=name, mode="lines+markers",
                                      line={"color": _RUN_COLORS[ri % 2],
                                            "dash": ("solid", "dash", "dot")[si % 3]}))
+            base = [b.baseline_tokens_per_second for b in per_window]
+            if baseline and any(v is not None for v in base):
+                any_baseline = True
+                shown = "" if name == "speculative" else f"{name} · "
+                fig.add_trace(go.Scatter(
+                    x=_xs(r), y=base, name=f"{shown}non-speculative baseline",
+                    mode="lines", opacity=0.8, line={"color": _RUN_COLORS[ri % 2],
+                                                     "dash": "longdash", "width": 3}))
+    if baseline and not any_baseline:
+        fig.add_annotation(text="no non-speculative baseline in this run", showarrow=False,
+                           x=0.5, y=0.95, xref="paper", yref="paper", font={"color": "#888"})
+    fig.update_yaxes(rangemode="tozero")
     return _layout(fig, title, y, xaxis_title="seconds")
 
 
@@ -640,31 +696,36 @@ def _speedup_figure(runs: Sequence[data.Run]) -> Any:
 
 
 def _health_figure(runs: Sequence[data.Run]) -> Any:
+    """Drops, the exporter's CPU per cycle and its overhead, each on its own axis: µs and a
+    fraction of a percent on one axis flattened the overhead to zero."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=(
-        "dropped records / s", "exporter CPU per cycle (µs) · overhead (%)"))
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.07, subplot_titles=(
+        "dropped records / s", "exporter CPU per cycle (µs)", "exporter overhead (% of cycle)"))
     for ri, r in enumerate(runs):
         tag = f"{r.name} · " if len(runs) > 1 else ""
-        reasons = sorted({k for w in r.windows for k in w.breakdown.drops} | {"any"})
-        for reason in reasons:
-            ys = [(w.breakdown.dropped_total if reason == "any" else
+        colour = _RUN_COLORS[ri % 2]
+        reasons = sorted({k for w in r.windows for k in w.breakdown.drops})
+        for reason in [None, *reasons] if len(reasons) > 1 else [None]:
+            ys = [(w.breakdown.dropped_total if reason is None else
                    w.breakdown.drops.get(reason, 0.0)) / (w.breakdown.elapsed_seconds or 1)
                   for w in r.windows]
-            fig.add_trace(go.Scatter(x=_xs(r), y=ys, name=f"{tag}drops {reason}",
-                                     mode="lines", line={"color": _RUN_COLORS[ri % 2]}),
+            name = "dropped (all reasons)" if reason is None else f"dropped: {reason}"
+            fig.add_trace(go.Scatter(x=_xs(r), y=ys, name=tag + name, mode="lines",
+                                     line={"color": colour,
+                                           "dash": "solid" if reason is None else "dot"}),
                           row=1, col=1)
         fig.add_trace(go.Scatter(
             x=_xs(r), y=[None if w.breakdown.exporter_cpu_seconds_per_cycle is None else
                          w.breakdown.exporter_cpu_seconds_per_cycle * 1e6 for w in r.windows],
-            name=f"{tag}CPU µs/cycle", mode="lines", line={"color": _RUN_COLORS[ri % 2]}),
-            row=1, col=2)
+            name=f"{tag}CPU µs/cycle", mode="lines", line={"color": colour}), row=1, col=2)
         fig.add_trace(go.Scatter(
             x=_xs(r), y=[None if w.breakdown.overhead_ratio is None else
                          w.breakdown.overhead_ratio * 100 for w in r.windows],
-            name=f"{tag}overhead %", mode="lines",
-            line={"color": _RUN_COLORS[ri % 2], "dash": "dot"}), row=1, col=2)
+            name=f"{tag}overhead %", mode="lines", line={"color": colour, "dash": "dot"}),
+            row=1, col=3)
+    fig.update_yaxes(rangemode="tozero")
     fig.update_annotations(font_size=12)
     return _layout(fig, "Drops and exporter health", "", margin={"l": 60, "r": 20, "t": 80,
                                                                   "b": 45})
@@ -675,6 +736,9 @@ def _figures(runs: Sequence[data.Run]) -> list[tuple[str, str, Any]]:
     figs: list[tuple[str, str, Any]] = []
     for ri, r in enumerate(runs):
         for clock in bd.CLOCKS:
+            # A clock without samples gets a line (section_notes), not an empty chart.
+            if not _has_clock(r, clock):
+                continue
             tag = f" — {r.name}" if len(runs) > 1 else ""
             figs.append((f"breakdown-{clock}-{ri}", "Cycle breakdown",
                          _breakdown_figure(r, clock, f"Cycle breakdown, {clock} clock{tag}")))
@@ -689,11 +753,29 @@ def _figures(runs: Sequence[data.Run]) -> list[tuple[str, str, Any]]:
         ("tokens-server", "Throughput", _per_server_figure(
             runs, "Emitted tokens/s per server", "tokens/s", "emitted_tokens_per_second")),
         ("tokens-sequence", "Throughput", _per_server_figure(
-            runs, "Tokens/s per sequence", "tokens/s", "sequence_tokens_per_second")),
+            runs, "Tokens/s per sequence", "tokens/s", "sequence_tokens_per_second",
+            baseline=True)),
         ("speedup", "Throughput", _speedup_figure(runs)),
         ("health", "Health", _health_figure(runs)),
     ]
     return figs
+
+
+def section_notes(runs: Sequence[data.Run]) -> dict[str, str]:
+    """Section → one line of HTML under its heading: the clocks a run has no samples of."""
+    lines = []
+    for clock in bd.CLOCKS:
+        missing = [ri for ri, r in enumerate(runs) if not _has_clock(r, clock)]
+        if len(runs) > 1 and len(missing) == len(runs):
+            text = _no_clock_text(clock).replace("in this run", "in either run")
+            lines.append(f'<p class="note" data-no-clock="{clock}-all">'
+                         f"{html.escape(text)}.</p>")
+            continue
+        for ri in missing:
+            who = f"{html.escape(runs[ri].name)}: " if len(runs) > 1 else ""
+            lines.append(f'<p class="note" data-no-clock="{clock}-{ri}">{who}'
+                         f"{html.escape(_no_clock_text(clock))}.</p>")
+    return {"Cycle breakdown": "".join(lines)} if lines else {}
 
 
 # -- the page -------------------------------------------------------------------------------------
@@ -707,35 +789,55 @@ table{border-collapse:collapse;font-size:13px}td,th{padding:3px 9px;text-align:r
 border-bottom:1px solid #eee}th{text-align:left;font-weight:600;color:#444}
 .summary{display:flex;gap:28px;flex-wrap:wrap;align-items:flex-start}
 tr.total td{font-weight:600}.grid{display:grid;grid-template-columns:1fr 1fr;gap:8px}
-.chart{min-height:300px;border:1px solid #f0f0f0}.note{color:#666;font-size:13px}
+.chart{min-height:300px;border:1px solid #f0f0f0}.chart.wide{grid-column:1/-1}
+.note{color:#666;font-size:13px}
 .significant{background:#fde2e1;font-weight:600}.consequence{background:#fff4d6}
 .findings{padding:8px 12px;border-left:4px solid #e45756;background:#fff8f7;margin:10px 0}
 table.diagnosis td{text-align:left;vertical-align:top}.sev-fail{background:#fde2e1}
 .sev-warn{background:#fff4d6}
 .findings.none{border-color:#54a24b;background:#f4fbf3}
-td.verdict{text-align:left}
+td.verdict{text-align:left}table.compare td{white-space:nowrap}
+table.compare td.verdict,table.compare td.note{white-space:normal}td.note{text-align:left}
 """
 
 
-def _page(title: str, meta: str, body: str, figs: list[tuple[str, str, Any]]) -> str:
+def _draws_something(fig: Any) -> bool:
+    """Whether any trace of ``fig`` has a finite value to draw (x of a horizontal bar, else
+    y): an empty chart is a line of text instead."""
+    for t in fig.data:
+        values = t.x if getattr(t, "orientation", None) == "h" else t.y
+        if any(isinstance(v, (int, float)) and math.isfinite(v) for v in values or ()):
+            return True
+    return False
+
+
+def _page(title: str, meta: str, body: str, figs: list[tuple[str, str, Any]],
+          notes: dict[str, str] | None = None) -> str:
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
+    notes = notes or {}
+    order = list(dict.fromkeys(section for _, section, _ in figs))
     sections: list[str] = []
-    current = ""
-    open_grid = False
-    for fid, section, fig in figs:
-        if section != current:
-            if open_grid:
-                sections.append("</div>")
-            sections.append(f"<h2>{html.escape(section)}</h2><div class=\"grid\">")
-            current, open_grid = section, True
-        div = pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=fid,
-                          config={"displaylogo": False, "responsive": True,
-                                  "displayModeBar": False})
-        title_text = fig.layout.title.text or ""
-        sections.append(f'<div class="chart" data-title="{html.escape(title_text)}">{div}</div>')
-    if open_grid:
+    for section in order:
+        sections.append(f"<h2>{html.escape(section)}</h2>{notes.get(section, '')}"
+                        '<div class="grid">')
+        members = [(fid, fig) for fid, s, fig in figs if s == section]
+        for fid, fig in members:
+            if not _draws_something(fig):
+                sections.insert(-1, f'<p class="note" data-empty="{fid}">'
+                                f"{html.escape(fig.layout.title.text or fid)}: no data in "
+                                "this run.</p>")
+        members = [(fid, fig) for fid, fig in members if _draws_something(fig)]
+        for i, (fid, fig) in enumerate(members):
+            div = pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=fid,
+                              config={"displaylogo": False, "responsive": True,
+                                      "displayModeBar": False})
+            title_text = fig.layout.title.text or ""
+            # A chart alone in its row of two takes the whole row.
+            wide = " wide" if i == len(members) - 1 and len(members) % 2 else ""
+            sections.append(f'<div class="chart{wide}" data-title="{html.escape(title_text)}">'
+                            f"{div}</div>")
         sections.append("</div>")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -802,7 +904,8 @@ def render_run(r: data.Run, title: str | None = None) -> str:
         worst = max(s for _, s in r.scrape_seconds)
         body += (f'<p class="note">scrapes: {len(r.scrape_seconds)} ok, {len(r.failures)} '
                  f"failed, slowest {scr.format_seconds(worst)}</p>")
-    return _page(title or f"specobs report — {r.name}", _meta(r), body, _figures([r]))
+    return _page(title or f"specobs report — {r.name}", _meta(r), body, _figures([r]),
+                 section_notes([r]))
 
 
 def _compare_table(changes: Sequence[stats.Change], name_a: str, name_b: str) -> str:
@@ -811,7 +914,11 @@ def _compare_table(changes: Sequence[stats.Change], name_a: str, name_b: str) ->
             "<th>verdict</th></tr>")
     rows = []
     group = ""
+    # A metric neither run has (the gpu clock of CPU runs) is left out, and named once below.
+    absent = [c for c in changes if c.a is None and c.b is None]
     for c in changes:
+        if c in absent:
+            continue
         m = c.metric
         if m.group != group:
             group = m.group
@@ -839,6 +946,13 @@ def _compare_table(changes: Sequence[stats.Change], name_a: str, name_b: str) ->
             + f"<td>{c.windows_a} / {c.windows_b}</td>"
             + f'<td class="verdict">{html.escape(verdict)}</td></tr>'
         )
+    if absent:
+        gpu = [c for c in absent if "gpu" in c.metric.key]
+        text = ("no GPU-clock samples in either run (no CUDA device, or GPU timing off): "
+                "its rows are left out" if len(gpu) == len(absent) else
+                "in neither run: " + ", ".join(c.metric.label for c in absent))
+        rows.append(f'<tr class="no-data"><td colspan="8" class="note">{html.escape(text)}'
+                    "</td></tr>")
     return f'<table class="compare">{head}{"".join(rows)}</table>'
 
 
@@ -888,4 +1002,4 @@ def render_compare(
             + f"<h2>Summary of {html.escape(b.name)}</h2>" + _summary(b.total, "b."))
     meta = _meta(a) + "<br>" + _meta(b)
     return _page(title or f"specobs report — {a.name} vs {b.name}", meta, body,
-                 _figures([a, b]))
+                 _figures([a, b]), section_notes([a, b]))
