@@ -318,3 +318,39 @@ def test_the_checks_find_each_broken_chart(
     assert broken(no_baseline) == ["Tokens/s per sequence: the run has a baseline and the "
                                    "chart draws none"]
 
+
+def test_draft_positions_are_numbered_from_0_in_demo_top_and_the_report() -> None:
+    """One numbering, the engines' (vLLM's per-position counters and specobs's ``position``
+    label start at 0), in the demo's live view, ``specobs top`` and the report, read from the
+    same counters; the rates differ per position so a shifted label shows."""
+    pytest.importorskip("rich")
+    import io
+
+    from rich.console import Console
+
+    from specobs.demo import _summary
+    from specobs.tools import _top
+
+    r = _run([{"cycles": 200, "host": HEALTHY, "positions": (0.9, 0.7, 0.5, 0.3)}] * 5)
+    b = r.total
+    assert [p for p, _ in b.position_acceptance] == ["0", "1", "2", "3"]
+    expected = "0: 90%  1: 70%  2: 50%  3: 30%"
+
+    def text(renderable: Any) -> str:
+        console = Console(file=io.StringIO(), width=200, color_system=None, record=True)
+        console.print(renderable)
+        return " ".join(console.export_text().split("\n"))
+
+    view = _summary.DemoView(b, b.elapsed_seconds, 1000, 1000, 0)
+    assert view.position_labels == ("0", "1", "2", "3")
+    demo = text(_summary.render_rich(view, title="t", fault=None, requests="-", where=[],
+                                     baseline_note="x"))
+    assert expected in demo
+    top = text(_top.LiveView("t", 2.0, None).render(_top._data_frame(b), None))
+    assert expected in top
+    page = _report.render_run(r)
+    assert re.search(r'data-key="positions">0: 90%, 1: 70%, 2: 50%, 3: 30%<', page)
+    positions = next(c for c in embedded_charts(page)
+                     if c["title"] == "Acceptance per draft position")
+    assert positions["data"][0]["x"] == ["position 0", "position 1", "position 2", "position 3"]
+    assert positions["data"][0]["y"] == pytest.approx([90, 70, 50, 30])

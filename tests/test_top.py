@@ -595,8 +595,8 @@ def test_live_view_in_tmux_reads_back_and_quits_on_q(engines: Callable[..., Engi
 
     expected = ("specobs top", "GPU clock", "host clock", "draft", "verify", "bookkeeping",
                 "200.0 µs", "600.0 µs", "100.0 µs", "900.0 µs", "22.2%", "66.7%",
-                "acceptance 50.0%", "accept length 3.00 (1 + 2.00)", "mean batch 2.00", "0:100%",
-                "1:50%", "3:0%", "GPU sampling 1 in 1", "drops 0", "█")
+                "acceptance 50.0%", "accept length 3.00 (1 + 2.00)", "mean batch 2.00", "0: 100%",
+                "1: 50%", "3: 0%", "GPU sampling 1 in 1", "drops 0", "█")
     try:
         # The view is drawn over several pane updates, so wait for all of it, not its first
         # number; a busy machine can take many seconds to start the interpreter and poll twice.

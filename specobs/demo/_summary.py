@@ -73,8 +73,15 @@ class DemoView:
 
     @property
     def per_position(self) -> tuple[float | None, ...]:
-        """Accepted / drafted tokens at draft positions 1..k."""
+        """Accepted / drafted tokens at draft positions 0..k-1 (the engines' numbering: vLLM's
+        per-position counters start at 0), in the order of ``position_labels``."""
         return tuple(v for _, v in self.breakdown.position_acceptance)
+
+    @property
+    def position_labels(self) -> tuple[str, ...]:
+        """The draft positions of ``per_position`` as the counters label them ("0", "1", ...),
+        the labels ``specobs top`` and the report show."""
+        return tuple(p for p, _ in self.breakdown.position_acceptance)
 
     @property
     def batch_size_mean(self) -> float | None:
@@ -254,7 +261,8 @@ def render_rich(
                                    f"({_f(view.mean_accept_length, '.2f')} of "
                                    f"{len(view.per_position)} drafts accepted)"),
         ("by draft position", "  ".join(f"{i}: {_f(p, '.0%')}" for i, p in
-                                        enumerate(view.per_position))),
+                                        zip(view.position_labels, view.per_position,
+                                            strict=True))),
         ("batch size", _f(view.batch_size_mean, ".1f")),
         ("per-sequence tokens/s", f"{speed}  vs baseline {base} ({baseline_note}): "
                                   f"speedup {speedup}x"

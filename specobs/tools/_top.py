@@ -430,7 +430,7 @@ class LiveView:
             line = Text("per position ")
             line.append("".join(spark(v) for _, v in b.position_acceptance), style="green")
             line.append("  " + "  ".join(
-                f"{p}:{scr.format_percent(v, 0)}" for p, v in b.position_acceptance
+                f"{p}: {scr.format_percent(v, 0)}" for p, v in b.position_acceptance
             ))
             out.append(line)
         if b.drops:
