@@ -14,8 +14,11 @@ and the recording rules (the numbers come from :func:`specobs.tools._breakdown.b
 ``specobs doctor``'s diagnosis on the whole run and on its last window against the run
 (:func:`run_findings`, docs/diagnosis.md). Below: the cycle breakdown
 over time on the GPU and host clocks (stacked per phase), phase shares and p50/p99, acceptance
-over time and per draft position, the accept-length distribution, tokens/s per server and per
-sequence, realized and predicted speedup, drops and exporter health.
+over time and per draft position (from 0, as the engines count), the accept-length distribution
+(accepted drafts 0..k), tokens/s per server and per sequence (with the non-speculative
+baseline), realized and predicted speedup, drops and exporter health (each on its own axis).
+A clock without samples, or any chart without a value, is one line of text, never an empty
+chart (docs/report.md, "Charts").
 
 ``--compare A B`` puts two runs side by side, with their differences and a verdict per metric;
 how a change is judged beyond the run-to-run noise is in :mod:`specobs.tools._report_stats`
