@@ -31,6 +31,9 @@
 #if !defined(__linux__)
 #error "the native core reads CLOCK_MONOTONIC, which is perf_counter_ns only on Linux"
 #endif
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the poll reads the sign of a copied count from its last byte (little-endian)"
+#endif
 
 #define MAX_PHASES 16
 /* Most sequences one accept() stores natively; more go to the resolver's Python validation. */
@@ -120,6 +123,9 @@ typedef struct {
     Py_ssize_t nc_fence_every, nc_since_fence;
     void *nc_last_stream;
     int64_t nc_copies, nc_fences;
+    /* The poll's memory (``Ring.poll``): the cycle whose copy it found first in flight by its
+     * sentinel, and for how many polls running. */
+    int64_t if_idx, if_polls;
     Py_ssize_t waiting; /* done slots not yet drained */
     PyObject *slow;
     PyObject *record_fn;
@@ -163,7 +169,7 @@ static PyObject *s_ptr, *s_itemsize, *s_length, *s_fenced, *s_sentinel, *s_free;
 static PyObject *s_misuse, *s_misuse_mark, *s_misuse_end, *s_internal_error, *s_queue_full,
     *s_wake, *s_sample, *s_try_clock, *s_copy_to_host, *s_tolist, *s_is_cuda, *s_numel,
     *s_draft_length, *s_batch_size, *s_emitted, *s_event, *s_dtype, *s_is_contiguous,
-    *s_get_device, *s_data_ptr, *s_handle, *s_copy_event_failed;
+    *s_get_device, *s_data_ptr, *s_handle, *s_copy_event_failed, *s_landed;
 static PyObject *m_begin_open, *m_end_twice, *m_accept_closed;
 
 /* -- slots --------------------------------------------------------------------------------- */
@@ -1288,6 +1294,256 @@ Ring_pending(Ring *r, PyObject *arg)
     return Py_BuildValue("(NL)", held, (long long)bound);
 }
 
+/* -- the poll ------------------------------------------------------------------------------ */
+
+typedef struct {
+    int64_t idx;
+    PyObject *ev;   /* owned, or NULL */
+    PyObject *copy; /* owned, or NULL */
+} Held;
+
+static int
+attr_true(PyObject *o, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* Whether a copy filled with the sentinel has every value written over it (1), not yet or
+ * without a sentinel (0), or an error (-1): what its ``landed()`` says, read here from pinned
+ * memory for the clock's own copy type, without a Python call. */
+static int
+copy_landed(Ring *r, PyObject *copy)
+{
+    if (r->copy_type == NULL || Py_TYPE(copy) != (PyTypeObject *)r->copy_type) {
+        PyObject *v = PyObject_CallMethodNoArgs(copy, s_landed);
+        if (v == NULL)
+            return -1;
+        int t = PyObject_IsTrue(v);
+        Py_DECREF(v);
+        return t;
+    }
+    int sent = attr_true(copy, s_sentinel);
+    if (sent <= 0)
+        return sent;
+    PyObject *po = PyObject_GetAttr(copy, s_ptr);
+    PyObject *io = po ? PyObject_GetAttr(copy, s_itemsize) : NULL;
+    PyObject *lo = io ? PyObject_GetAttr(copy, s_length) : NULL;
+    int rc = -1;
+    if (lo == NULL)
+        goto done;
+    const char *ptr = PyLong_AsVoidPtr(po);
+    long isz = PyLong_AsLong(io);
+    Py_ssize_t n = PyLong_AsSsize_t(lo);
+    if (PyErr_Occurred())
+        goto done;
+    if (n == 0) {
+        rc = 1;
+        goto done;
+    }
+    if (ptr == NULL || (isz != 4 && isz != 8) || n < 0 || n > (1 << 20)) {
+        PyErr_SetString(PyExc_ValueError, "a pinned copy with no buffer, or of a bad shape");
+        goto done;
+    }
+    rc = 1;
+    /* Accepted counts are never negative; the sentinel, and an element the copy has not
+     * written whole, is (its top byte still 0xFF): the top byte of each element decides. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        signed char top = (signed char)ptr[isz * i + isz - 1];
+        if (top < 0) {
+            rc = 0;
+            break;
+        }
+    }
+done:
+    Py_XDECREF(po);
+    Py_XDECREF(io);
+    Py_XDECREF(lo);
+    return rc;
+}
+
+/* Whether the last event a held cycle is told by (its sampled events' last, else its copy's)
+ * completed: 1, 0, or -1 on an error. */
+static int
+held_done(PyObject *query, Held *h)
+{
+    PyObject *ev;
+    if (h->ev != NULL)
+        ev = PySequence_GetItem(h->ev, -1);
+    else
+        ev = PyObject_GetAttr(h->copy, s_event);
+    if (ev == NULL)
+        return -1;
+    PyObject *v = PyObject_CallOneArg(query, ev);
+    Py_DECREF(ev);
+    if (v == NULL)
+        return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* The poll on one stream (see Ring.poll): the index bound, or -1 on an error. */
+static int64_t
+poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long polls_before)
+{
+    /* Without the driver first: the newest copy whose values landed over the sentinel
+     * completed, and so did everything before it on the stream (a binary search over the
+     * copies filled with the sentinel). */
+    Py_ssize_t *pos = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(nh ? nh : 1));
+    if (pos == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int64_t out = -1;
+    Py_ssize_t nc = 0;
+    for (Py_ssize_t i = 0; i < nh; i++) {
+        if (hv[i].copy == NULL)
+            continue;
+        int t = attr_true(hv[i].copy, s_sentinel);
+        if (t < 0)
+            goto done;
+        if (t)
+            pos[nc++] = i;
+    }
+    Py_ssize_t lo = 0, hi = nc;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        int t = copy_landed(r, hv[pos[mid]].copy);
+        if (t < 0)
+            goto done;
+        if (t)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    Py_ssize_t start = 0;
+    if (lo > 0) {
+        Py_ssize_t j = pos[lo - 1];
+        start = hv[j].ev != NULL ? j : j + 1; /* events are recorded after the copy */
+    }
+    if (start == nh) {
+        out = bound;
+        goto done;
+    }
+    Held *first = &hv[start];
+    if (first->ev == NULL) {
+        int sent = attr_true(first->copy, s_sentinel);
+        int land = sent > 0 ? copy_landed(r, first->copy) : 0;
+        if (sent < 0 || land < 0)
+            goto done;
+        if (sent && !land) {
+            /* In flight; or its values never land (negative counts), which only a later
+             * event can settle: asked once it has been first in line for a few polls. */
+            r->if_polls = r->if_idx == first->idx ? r->if_polls + 1 : 1;
+            r->if_idx = first->idx;
+            if (r->if_polls < polls_before) {
+                out = first->idx;
+                goto done;
+            }
+        }
+    }
+    hv += start;
+    nh -= start;
+    /* The cycles an event tells about: sampled ones and fenced copies. The copies between them
+     * recorded no event: those before the last completed event are complete in stream order,
+     * those after it once their values landed over the sentinel. */
+    Py_ssize_t nt = 0;
+    for (Py_ssize_t i = 0; i < nh; i++) {
+        int t = hv[i].ev != NULL ? 1 : attr_true(hv[i].copy, s_fenced);
+        if (t < 0)
+            goto done;
+        if (t)
+            pos[nt++] = i;
+    }
+    lo = 0;
+    hi = nt;
+    while (lo < hi) { /* the first such cycle whose last event has not completed */
+        Py_ssize_t mid = (lo + hi) / 2;
+        int t = held_done(query, &hv[pos[mid]]);
+        if (t < 0)
+            goto done;
+        if (t)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    Py_ssize_t stop = lo < nt ? pos[lo] : nh;
+    for (Py_ssize_t i = lo ? pos[lo - 1] + 1 : 0; i < stop; i++) {
+        int t = copy_landed(r, hv[i].copy);
+        if (t < 0)
+            goto done;
+        if (!t) {
+            out = hv[i].idx;
+            goto done;
+        }
+    }
+    out = stop < nh ? hv[stop].idx : bound;
+done:
+    PyMem_Free(pos);
+    return out;
+}
+
+/* Stage 1 of the resolver, the poll: the index bound below which the first ``limit`` waiting
+ * cycles completed on the GPU, when every event and copy was recorded on one stream (events
+ * complete in the order they were recorded there). ``query(event)`` is the clock's. Only the
+ * cycles holding events or copies are looked at; what is asked of the driver is a binary
+ * search's log2(n) queries at most, and nothing while the newest copies' values are landing
+ * over the sentinel. specobs/_ring.py's ``poll`` is the specification. */
+static PyObject *
+Ring_poll(Ring *r, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "poll(limit, query, polls_before_query)");
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[0]);
+    long polls_before = PyLong_AsLong(args[2]);
+    if ((limit == -1 || polls_before == -1) && PyErr_Occurred())
+        return NULL;
+    PyObject *query = args[1];
+    Py_ssize_t cap = limit < r->waiting ? limit : r->waiting;
+    Held *hv = PyMem_Malloc(sizeof(Held) * (size_t)(cap > 0 ? cap : 1));
+    if (hv == NULL)
+        return PyErr_NoMemory();
+    int64_t bound = 0;
+    Py_ssize_t n = 0, nh = 0;
+    /* References taken now: the query is Python code, during which the worker may run and
+     * move the ring (the cycles looked at stay alive, and the drain re-reads the ring). */
+    for (uint64_t p = r->tail; p != r->head && n < limit && nh < cap; p++) {
+        Slot *s = &r->slots[p % (uint64_t)r->nslots];
+        if (s->state == SLOT_VOID)
+            continue;
+        if (s->state != SLOT_DONE)
+            break;
+        n++;
+        bound = s->idx + 1;
+        if (s->ev == NULL && s->copy == NULL)
+            continue;
+        hv[nh].idx = s->idx;
+        hv[nh].ev = s->ev;
+        hv[nh].copy = s->copy;
+        Py_XINCREF(s->ev);
+        Py_XINCREF(s->copy);
+        nh++;
+    }
+    int64_t out = bound;
+    if (nh && query != Py_None)
+        out = poll_held(r, hv, nh, bound, query, polls_before);
+    for (Py_ssize_t i = 0; i < nh; i++) {
+        Py_XDECREF(hv[i].ev);
+        Py_XDECREF(hv[i].copy);
+    }
+    PyMem_Free(hv);
+    if (out < 0)
+        return NULL;
+    return PyLong_FromLongLong(out);
+}
+
 static PyObject *
 slot_detail(Slot *s, int nph, int traced)
 {
@@ -1734,6 +1990,8 @@ Ring_clear_queue(Ring *r, PyObject *Py_UNUSED(ignored))
         r->tail++;
     }
     r->waiting = 0;
+    r->if_idx = -1;
+    r->if_polls = 0;
     defer_end(&d);
     return PyLong_FromSsize_t(n);
 }
@@ -1826,6 +2084,7 @@ Ring_init(Ring *r, PyObject *args, PyObject *kwds)
         return -1;
     }
     r->capacity = capacity;
+    r->if_idx = -1;
     r->nslots = capacity + 1;
     r->nph = (int)nph;
     r->k_max = k_max;
@@ -2029,6 +2288,10 @@ static PyMemberDef Ring_members[] = {
      "of those, the copies that recorded their slot's event"},
     {"fence_every", T_PYSSIZET, offsetof(Ring, nc_fence_every), 0,
      "one native copy in this many records its slot's event (1 or less: every one)"},
+    {"in_flight_index", T_LONGLONG, offsetof(Ring, if_idx), 0,
+     "the cycle whose copy the poll found first in flight by its sentinel (-1: none)"},
+    {"in_flight_polls", T_LONGLONG, offsetof(Ring, if_polls), 0,
+     "for how many polls running it was first"},
     {"writer", T_ULONG, offsetof(Ring, writer), READONLY,
      "native id of the thread that began the last cycle (0: none yet, or not known)"},
     {NULL, 0, 0, 0, NULL},
@@ -2085,6 +2348,9 @@ static PyMethodDef Ring_methods[] = {
     {"begin", (PyCFunction)(void (*)(void))Ring_begin, METH_FASTCALL | METH_KEYWORDS,
      "Start a cycle (and its first phase); returns its handle."},
     {"pending", (PyCFunction)Ring_pending, METH_O, NULL},
+    {"poll", (PyCFunction)(void (*)(void))Ring_poll, METH_FASTCALL,
+     "poll(limit, query, polls_before_query): the bound below which the first limit waiting "
+     "cycles completed on the GPU, on one stream."},
     {"drain", (PyCFunction)(void (*)(void))Ring_drain, METH_FASTCALL, NULL},
     {"drain_into", (PyCFunction)(void (*)(void))Ring_drain_into, METH_FASTCALL, NULL},
     {"totals", (PyCFunction)Ring_totals, METH_NOARGS, NULL},
@@ -2173,6 +2439,7 @@ PyInit__core(void)
     INTERN(s_data_ptr, "data_ptr");
     INTERN(s_handle, "handle");
     INTERN(s_copy_event_failed, "copy_event_failed");
+    INTERN(s_landed, "landed");
     INTERN(m_begin_open, "begin() while the previous cycle was open; the open cycle was "
                          "discarded (an observer belongs to one engine thread: configure one "
                          "per thread)");

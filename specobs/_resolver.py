@@ -101,8 +101,6 @@ class Resolver:
         self.poll = poll_interval_seconds
         self.chunk = CHUNK
         self._next_trace = 0
-        # The cycle whose copy the poll found first in flight, and for how many polls running.
-        self._in_flight: tuple[int, int] = (-1, 0)
         self.budget = overhead_budget
         self.head_rate = trace_head_rate
         self.slow_ns = None if trace_slow_cycle_seconds is None else int(
@@ -373,54 +371,17 @@ class Resolver:
         """Stage 1, poll: the index bound below which the first ``chunk`` waiting cycles have
         completed on the GPU (every cycle, when nothing holds an event).
 
-        Only cycles holding events (GPU-sampled, or with a CUDA acceptance copy) are queried.
-        When every event was recorded on one stream, events complete in the order they were
-        recorded, so the completed cycles are a prefix: a binary search finds its end in
-        log2(n) queries instead of one each (with a copy every cycle, one CUDA call per cycle,
-        each several microseconds inside a busy GPU loop)."""
-        held, bound = ring.pending(chunk)
-        if not held:
-            return int(bound)
-        if clock is None:  # a copy with no clock cannot be: never wait for it
-            return int(bound)
-        query = clock.query
-
-        def done(h: tuple[int, Any, Any]) -> bool:
-            ev = h[1]
-            return bool(query(ev[-1] if ev is not None else h[2].event))
-
+        Only cycles holding events (GPU-sampled, or with a CUDA acceptance copy) are looked
+        at. On one stream, events complete in the order they were recorded, so the completed
+        cycles are a prefix: the ring's ``poll`` finds its end from the copies' values landing
+        over the sentinel, and by a binary search over the events (log2(n) queries instead of
+        one a cycle), in one native call. Across streams, every event is asked in order."""
+        query = clock.query if clock is not None else None
         if not getattr(clock, "stream_switched", False):
-            # Without the driver first: the newest copy whose values landed over the sentinel
-            # completed, and so did everything before it on the stream.
-            start = _landed_frontier(held)
-            if start == len(held):
-                return int(bound)
-            first = held[start]
-            if first[1] is None and first[2].sentinel and not first[2].landed():
-                # In flight; or its values never land (negative counts), which only a later
-                # event can settle: asked once it has been first in line for a few polls.
-                idx, polls = self._in_flight
-                self._in_flight = (int(first[0]), polls + 1 if idx == first[0] else 1)
-                if self._in_flight[1] < IN_FLIGHT_POLLS_BEFORE_QUERY:
-                    return int(first[0])
-            held = held[start:]
-            # Cycles an event tells about: GPU-timed ones and fenced copies. The copies between
-            # them recorded no event (the native core fences one in ``fence_every``): those
-            # before the last completed event are complete in stream order, those after it once
-            # their values landed over the sentinel.
-            told = [i for i, h in enumerate(held) if h[1] is not None or h[2].fenced]
-            lo, hi = 0, len(told)
-            while lo < hi:  # the first such cycle whose last event has not completed
-                mid = (lo + hi) // 2
-                if done(held[told[mid]]):
-                    lo = mid + 1
-                else:
-                    hi = mid
-            stop = told[lo] if lo < len(told) else len(held)
-            for i in range(told[lo - 1] + 1 if lo else 0, stop):
-                if not held[i][2].landed():
-                    return int(held[i][0])
-            return int(held[stop][0]) if stop < len(held) else int(bound)
+            return int(ring.poll(chunk, query, IN_FLIGHT_POLLS_BEFORE_QUERY))
+        held, bound = ring.pending(chunk)
+        if not held or query is None:
+            return int(bound)
         if getattr(ring, "fence_every", 1) > 1:
             ring.fence_every = 1  # on several streams every copy records its event from now
         for j, h in enumerate(held):
@@ -699,25 +660,6 @@ class Resolver:
 #: Polls a copy may be first in line, in flight by its sentinel, before the poll also asks the
 #: driver about the events after it (what settles a copy whose values never land).
 IN_FLIGHT_POLLS_BEFORE_QUERY = 4
-
-
-def _landed_frontier(held: list[tuple[int, Any, Any]]) -> int:
-    """How many of the ``held`` cycles (in stream order) completed, by their copies' values
-    alone: the newest copy whose values landed over the sentinel completed, and so did every
-    cycle before it; its own cycle too unless it holds events (recorded after its copy). Binary
-    search over the copies that were filled with the sentinel; no driver call."""
-    copies = [i for i, h in enumerate(held) if h[2] is not None and h[2].sentinel]
-    lo, hi = 0, len(copies)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if held[copies[mid]][2].landed():
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo == 0:
-        return 0
-    j = copies[lo - 1]
-    return j if held[j][1] is not None else j + 1
 
 
 #: How long past its deadline a sink call may take before it is left behind: a sink that honours

@@ -378,6 +378,9 @@ class PyRing:
         self.stream: Any = None
         #: The clock's pinned-buffer copy type, whose completed copies the drain reads itself.
         self.copy_type: Any = None
+        # The poll's memory: the cycle whose copy it found first in flight, for how many polls.
+        self.in_flight_index = -1
+        self.in_flight_polls = 0
         self._waiting = 0
         self._lock = threading.Lock()
         #: Tests: a clock advancing ``tick`` ns per read instead of ``perf_counter_ns`` (0).
@@ -616,6 +619,17 @@ class PyRing:
                 held.append((s.idx, s.ev, s.copy))
         return held, bound
 
+    def poll(self, limit: int, query: Any, polls_before_query: int) -> int:
+        """Stage 1 of the resolver, the poll, when every event and copy was recorded on one
+        stream: the index bound below which the first ``limit`` waiting cycles completed on the
+        GPU (events complete in the order they were recorded there). ``query(event)`` is the
+        clock's (None: no clock, nothing to wait for). See :func:`poll_pending`."""
+        held, bound = self.pending(limit)
+        memory = [self.in_flight_index, self.in_flight_polls]
+        out = poll_pending(held, bound, query, polls_before_query, memory)
+        self.in_flight_index, self.in_flight_polls = memory
+        return out
+
     def drain(
         self, bound: int, limit: int, trace: list[int], slow_ns: int, want_all: bool
     ) -> Chunk:
@@ -806,6 +820,7 @@ class PyRing:
             s.clear_objs(grave)
             self._tail += 1
         self._waiting = 0
+        self.in_flight_index, self.in_flight_polls = -1, 0
         return n
 
     def take_dropped(self) -> list[tuple[Any, Any]]:
@@ -840,3 +855,67 @@ Ring: Any = _NativeRing if NATIVE else PyRing
 Cycle: Any = _NativeCycle if NATIVE else PyCycle
 #: The native types where built (for the differential test), else the twin's.
 NativeRing: Any = _NativeRing if BUILT else PyRing
+
+
+def poll_pending(held: list[tuple[int, Any, Any]], bound: int, query: Any,
+                 polls_before_query: int, memory: list[int]) -> int:
+    """The poll over what :meth:`PyRing.pending` returned (``Ring.poll`` in the native core
+    does the same in one call): the index bound below which the ``held`` cycles completed.
+
+    Without the driver first: the newest copy whose values landed over the sentinel
+    completed, and so did everything before it. A copy first in line and still in flight by
+    its sentinel is the bound until it has been first for ``polls_before_query`` polls
+    (``memory``: [its index, polls so far], updated here), since its values may never land
+    (negative counts); then the events after it are asked. Of the cycles an event tells about
+    (sampled ones, fenced copies) a binary search finds the first not complete; the unfenced
+    copies before the last complete event are complete in stream order, those after it once
+    their values landed."""
+    if not held or query is None:
+        return bound
+    start = _landed_frontier(held)
+    if start == len(held):
+        return bound
+    first = held[start]
+    if first[1] is None and first[2].sentinel and not first[2].landed():
+        memory[1] = memory[1] + 1 if memory[0] == first[0] else 1
+        memory[0] = first[0]
+        if memory[1] < polls_before_query:
+            return int(first[0])
+    held = held[start:]
+
+    def done(h: tuple[int, Any, Any]) -> bool:
+        ev = h[1]
+        return bool(query(ev[-1] if ev is not None else h[2].event))
+
+    told = [i for i, h in enumerate(held) if h[1] is not None or h[2].fenced]
+    lo, hi = 0, len(told)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if done(held[told[mid]]):
+            lo = mid + 1
+        else:
+            hi = mid
+    stop = told[lo] if lo < len(told) else len(held)
+    for i in range(told[lo - 1] + 1 if lo else 0, stop):
+        if not held[i][2].landed():
+            return int(held[i][0])
+    return int(held[stop][0]) if stop < len(held) else bound
+
+
+def _landed_frontier(held: list[tuple[int, Any, Any]]) -> int:
+    """How many of the ``held`` cycles (in stream order) completed, by their copies' values
+    alone: the newest copy whose values landed over the sentinel completed, and so did every
+    cycle before it; its own cycle too unless it holds events (recorded after its copy). Binary
+    search over the copies that were filled with the sentinel; no driver call."""
+    copies = [i for i, h in enumerate(held) if h[2] is not None and h[2].sentinel]
+    lo, hi = 0, len(copies)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if held[copies[mid]][2].landed():
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == 0:
+        return 0
+    j = copies[lo - 1]
+    return j if held[j][1] is not None else j + 1

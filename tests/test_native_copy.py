@@ -213,3 +213,85 @@ def test_a_copy_whose_values_never_land_is_settled_by_a_later_copy_or_event() ->
         assert clock.record_calls == 3 and len(clock.free) == 16
     finally:
         obs.shutdown(5)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_poll_never_reads_a_cycle_in_flight_and_equals_its_specification(seed: int) -> None:
+    """Random streams of CUDA acceptance copies (fenced one in ``fence_every``, some with
+    values that never land over the sentinel), sampled cycles with events, and a GPU that
+    completes its stream up to random points: the ring's poll never puts a cycle in flight
+    below its bound, reaches every cycle once the GPU is done, and the native core's one-call
+    poll returns what its specification (``_ring.poll_pending`` over ``pending``) returns,
+    with the same memory of the copy first in flight."""
+    import random
+
+    from specobs import _ring
+    from specobs._resolver import IN_FLIGHT_POLLS_BEFORE_QUERY as POLLS
+
+    rng = random.Random(seed)
+    gpu = FakeGpu()
+    clock = FakeNativeCopyClock(gpu, buffers=96, fence_every=rng.choice([1, 3, 16]))
+    obs = specobs.configure(sinks=[], clock=clock, sample_every=rng.choice([4, 7, 1000]),
+                            poll_interval_seconds=3600)
+    rec = obs._recorder
+    rec.wake = lambda: None  # type: ignore[method-assign]  # the test drains, not the thread
+    ring = rec.ring
+    ring.wake_at = 1 << 30
+    # Cycle index -> timeline positions of its copy (enqueued in accept()) and its last event.
+    copied_at: dict[int, int] = {}
+    ended_at: dict[int, int] = {}
+    polled = 0
+    try:
+        for _ in range(60):
+            for _ in range(rng.randint(0, 6)):
+                c = obs.begin(batch_size=2)
+                gpu.run(rng.randint(1, 9))
+                c.mark("verify")
+                vals = [rng.randint(0, 4), rng.randint(0, 4)]
+                u = rng.random()
+                if u < 0.05:
+                    vals[0] = -1  # never lands over the sentinel
+                elif u < 0.1:
+                    vals[1] = 200  # lands (a low byte over 127), then refused as too long
+                c.accept(FakeDeviceArray(vals), draft_length=4)
+                copied_at[c.index] = gpu.now_ns
+                gpu.run(rng.randint(1, 9))
+                c.mark("bookkeeping")
+                gpu.run(rng.randint(1, 9))
+                c.end()
+                ended_at[c.index] = gpu.now_ns
+            gpu.complete_until(rng.randint(gpu.completed_ns, gpu.now_ns))
+            for _ in range(rng.randint(1, 3)):
+                limit = rng.choice([1, 5, 64])
+                held, bound = ring.pending(limit)
+                memory = [ring.in_flight_index, ring.in_flight_polls]
+                want = _ring.poll_pending(held, bound, clock.query, POLLS, memory)
+                got = ring.poll(limit, clock.query, POLLS)
+                assert got == want
+                assert [ring.in_flight_index, ring.in_flight_polls] == memory
+                for idx, ev, copy in held:
+                    if idx < got:  # what the drain may read now has landed and completed
+                        if ev is not None:
+                            assert ended_at[idx] <= gpu.completed_ns, (idx, got)
+                        if copy is not None:
+                            assert copied_at[idx] <= gpu.completed_ns, (idx, got)
+                polled += len(held)
+            if rng.random() < 0.4:
+                obs._resolver.drain()
+        # A copy whose values never land is settled only by a later event on its stream: the
+        # engine runs on for a fence's worth of clean cycles, as it does while serving.
+        for _ in range(clock.fence_every + 1):
+            c = obs.begin(batch_size=1)
+            c.mark("verify")
+            c.accept(FakeDeviceArray([1]), draft_length=4)
+            c.mark("bookkeeping")
+            c.end()
+            ended_at[c.index] = gpu.now_ns
+        gpu.complete()
+        for _ in range(POLLS + 1):
+            obs._resolver.drain()
+        assert len(ring) == 0
+        assert obs.snapshot().cycles_total == len(ended_at)
+        assert polled > 50  # the streams held copies for the poll to look at
+    finally:
+        obs.shutdown(5)

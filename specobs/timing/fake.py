@@ -50,13 +50,24 @@ class FakeGpu:
 
     def complete(self) -> None:
         """Finish all work enqueued so far: its copies land, then its events complete."""
+        self.complete_until(self.now_ns)
+
+    def complete_until(self, ns: int) -> None:
+        """Finish the work enqueued up to timeline position ``ns``: the copies enqueued at or
+        before it land, the events recorded at or before it complete, the rest stay in
+        flight (as a GPU partway through its stream)."""
         import ctypes
 
         with self._lock:
-            for _, dst, data in self._copies:
-                ctypes.memmove(dst, data, len(data))
-            self._copies.clear()
-            self.completed_ns = self.now_ns
+            ns = min(ns, self.now_ns)
+            rest = []
+            for c in self._copies:
+                if c[0] <= ns:
+                    ctypes.memmove(c[1], c[2], len(c[2]))
+                else:
+                    rest.append(c)
+            self._copies = rest
+            self.completed_ns = max(self.completed_ns, ns)
 
 
 class FakeEvent:
