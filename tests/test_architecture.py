@@ -1,53 +1,109 @@
-"""The package's shape: one-way imports, an explicit public surface, one settings table.
+"""The package's shape: a table of which layer may import which, an explicit public surface, one
+settings table.
 
 The import graph is read from the source (every ``import`` and ``from ... import``, including the
 ones inside functions and under ``TYPE_CHECKING``: a lazy import is still a dependency), with each
-name resolved to the most specific module it names.
+name resolved to the most specific module it names. :func:`violations` checks a graph against
+:data:`LAYERS` and :data:`ALLOWED`; the tests below feed it the package's own graph, synthetic
+graphs with one planted violation of each kind, and the graph of a temporary copy of the package
+with forbidden imports written into its files. docs/architecture.md ("Layout") states the same
+table.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
+import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
+
+import pytest
 
 import specobs
 from specobs import _config
 
 PACKAGE = Path(specobs.__file__).parent
 
-#: Layers, bottom to top. A module may import only from its own layer (without a circle) or
-#: from a layer below. The first matching prefix decides a module's layer.
-LAYERS: tuple[tuple[str, ...], ...] = (
-    ("specobs._errors", "specobs._version", "specobs._model", "specobs.catalog",
-     "specobs.sampling", "specobs.timing", "specobs._speedups", "specobs._bucketing",
-     "specobs._deadline", "specobs._ring", "specobs._core", "specobs._threadtime"),
-    ("specobs._config",),
-    ("specobs._recorder", "specobs._aggregation", "specobs._series", "specobs._acceptance",
-     "specobs.sinks"),
-    ("specobs._resolver",),
-    ("specobs._observer",),
-    ("specobs",),  # the facade: specobs/__init__.py
-    ("specobs.instrument", "specobs.mixin"),
-    ("specobs.tools",),
-    ("specobs.demo",),
-    ("specobs.cli", "specobs.__main__"),
+
+class Layer(NamedTuple):
+    """One row of the table: its modules (prefixes) and what they may import besides their own
+    layer: other layers by name (only layers above it in the table, that is below it in the
+    house), or single public modules by their full name."""
+
+    name: str
+    modules: tuple[str, ...]
+    may_import: tuple[str, ...]
+
+
+#: The public modules (docs/architecture.md): what the wings may import besides their own layer.
+PUBLIC: tuple[str, ...] = (
+    "specobs", "specobs.catalog", "specobs.sampling", "specobs.sinks", "specobs.sinks.memory",
+    "specobs.sinks.prometheus", "specobs.sinks.otlp", "specobs.timing", "specobs.timing.cuda",
+    "specobs.timing.fake",
 )
 
+#: The layers, bottom to top. A module may import its own layer (without a circle) and what its
+#: row names; nothing else. A module's layer is the row with the longest matching prefix.
+LAYERS: tuple[Layer, ...] = (
+    Layer("foundations", ("specobs._errors", "specobs._version", "specobs._model",
+                          "specobs.catalog", "specobs.sampling", "specobs.timing",
+                          "specobs._speedups", "specobs._bucketing", "specobs._deadline",
+                          "specobs._ring", "specobs._core", "specobs._threadtime"), ()),
+    Layer("settings", ("specobs._config",), ("foundations",)),
+    Layer("recorder", ("specobs._recorder",), ("foundations",)),
+    Layer("aggregation", ("specobs._aggregation",), ("foundations",)),
+    Layer("series", ("specobs._series",), ("foundations",)),
+    Layer("sinks", ("specobs.sinks",), ("foundations", "settings", "series")),
+    Layer("acceptance", ("specobs._acceptance",), ("foundations", "settings", "recorder")),
+    Layer("resolver", ("specobs._resolver",),
+          ("foundations", "recorder", "aggregation", "acceptance", "sinks")),
+    Layer("observer", ("specobs._observer",),
+          ("foundations", "settings", "recorder", "aggregation", "sinks", "resolver")),
+    Layer("facade", ("specobs",),
+          ("foundations", "settings", "recorder", "sinks", "observer")),
+    # The mixin renders the catalog; it knows nothing of a running observer.
+    Layer("mixin", ("specobs.mixin",), ("specobs.catalog",)),
+    # The wings: the facade and the public modules, plus the named exceptions in ALLOWED.
+    Layer("instrument", ("specobs.instrument",), PUBLIC),
+    Layer("tools", ("specobs.tools",), (*PUBLIC, "mixin")),
+    Layer("demo", ("specobs.demo",), (*PUBLIC, "tools")),
+    Layer("cli", ("specobs.cli", "specobs.__main__"), ("specobs",)),
+)
 
-def _modules() -> dict[str, Path]:
+#: The wings' named reaches into private modules: (importer prefix, imported module) → why.
+ALLOWED: Mapping[tuple[str, str], str] = {
+    ("specobs.instrument", "specobs._config"):
+        "env_flag and Settings: the engines' switches are read as the SPECOBS_* settings are",
+    ("specobs.instrument._base", "specobs._observer"):
+        "the observer class the instrumentor builds for its topology",
+    ("specobs.demo._cli", "specobs._config"):
+        "prometheus_port: the demo serves on the port SPECOBS_PROMETHEUS_PORT names",
+    ("specobs.tools", "specobs._model"):
+        "CLOCKS, the clock label values of the data's home",
+    ("specobs.tools._breakdown", "specobs._series"):
+        "the one series walk, which the demo's live summary reads without a scrape",
+    ("specobs.tools._http", "specobs._deadline"):
+        "the socket deadline the tools' HTTP client shares with the OTLP session",
+}
+
+
+def _modules(package: Path) -> dict[str, Path]:
     mods = {}
     # A compiled module is known by its stub (specobs/_speedups.pyi).
-    for path in [*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.pyi")]:
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    for path in [*package.rglob("*.py"), *package.rglob("*.pyi")]:
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         mods[".".join(parts)] = path
     return mods
 
 
-def import_graph() -> dict[str, set[str]]:
-    mods = _modules()
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module → the package's modules it imports, read from the source under ``package``."""
+    mods = _modules(package)
 
     def resolve(name: str) -> str | None:
         while name and name not in mods:
@@ -56,7 +112,7 @@ def import_graph() -> dict[str, set[str]]:
 
     graph: dict[str, set[str]] = {}
     for module, path in mods.items():
-        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        pkg = module if path.name == "__init__.py" else module.rpartition(".")[0]
         targets: set[str | None] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -64,7 +120,7 @@ def import_graph() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    up = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
                     base = ".".join([*up, base] if base else up)
                 if base.split(".")[0] != "specobs":
                     continue
@@ -77,7 +133,7 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -89,7 +145,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in sorted(graph[v]):
+        for w in sorted(graph.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -112,39 +168,210 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def layer(module: str) -> int:
-    best = (-1, -1)  # (prefix length, layer): the longest matching prefix wins
-    for i, prefixes in enumerate(LAYERS):
-        for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best[0]:
-                best = (len(prefix), i)
-    assert best[1] >= 0, f"{module} is in no layer; add it to LAYERS"
+def _matches(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def layer_of(module: str) -> Layer:
+    """The row whose longest prefix matches ``module``."""
+    best: tuple[int, Layer | None] = (-1, None)
+    for row in LAYERS:
+        for prefix in row.modules:
+            if _matches(module, prefix) and len(prefix) > best[0]:
+                best = (len(prefix), row)
+    assert best[1] is not None, f"{module} is in no layer; add it to LAYERS"
     return best[1]
 
 
-def test_the_import_graph_has_no_circle():
+def _permission(module: str, target: str) -> str | None:
+    """What lets ``module`` import ``target`` (a layer's name, a public module, an ALLOWED key),
+    or ``None``."""
+    own, theirs = layer_of(module), layer_of(target)
+    if own is theirs:
+        return own.name
+    if theirs.name in own.may_import:
+        return theirs.name
+    if target in own.may_import:
+        return target
+    for (importer, imported), _why in ALLOWED.items():
+        if _matches(module, importer) and target == imported:
+            return f"{importer} -> {imported}"
+    return None
+
+
+def violations(graph: Mapping[str, set[str]]) -> list[str]:
+    """Every import circle and every import the table does not permit, one line each."""
+    found = [f"import circle: {' -> '.join(c)}" for c in circles(graph)]
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if _permission(module, target) is None:
+                own, theirs = layer_of(module), layer_of(target)
+                where = "an upward import" if LAYERS.index(theirs) > LAYERS.index(own) else (
+                    "not in its row of LAYERS nor in ALLOWED")
+                found.append(f"{module} ({own.name}) imports {target} ({theirs.name}): {where}")
+    return found
+
+
+def unused_permissions(graph: Mapping[str, set[str]]) -> list[str]:
+    """Layer permissions and ALLOWED entries that no import uses (the table would be looser than
+    the code)."""
+    used = {(layer_of(m).name, _permission(m, t)) for m, ts in graph.items() for t in ts}
+    layer_names = {row.name for row in LAYERS}
+    unused = [f"{row.name} may import {p}" for row in LAYERS for p in row.may_import
+              if p in layer_names and (row.name, p) not in used]
+    unused += [f"ALLOWED {a} -> {b}" for a, b in ALLOWED
+               if (layer_of(a).name, f"{a} -> {b}") not in used]
+    return unused
+
+
+# -- the package against the table ------------------------------------------------------------
+
+def test_the_package_follows_the_layer_table():
     graph = import_graph()
     assert len(graph) > 60  # the walk found the package
-    assert circles(graph) == []
+    assert violations(graph) == []
 
 
-def test_every_import_points_down():
-    upward = [
-        f"{m} (layer {layer(m)}) imports {t} (layer {layer(t)})"
-        for m, targets in import_graph().items()
-        for t in sorted(targets)
-        if layer(t) > layer(m)
+def test_the_table_points_down_and_every_permission_is_used():
+    order = {row.name: i for i, row in enumerate(LAYERS)}
+    for i, row in enumerate(LAYERS):
+        for p in row.may_import:
+            if p in order:
+                assert order[p] < i, f"{row.name} may import {p}, a layer above it"
+            else:
+                assert p in PUBLIC and order[layer_of(p).name] < i, (row.name, p)
+    assert len(ALLOWED) <= 6, "the allow-list is short by design: use the facade"
+    for importer, imported in ALLOWED:
+        assert layer_of(importer).name in ("instrument", "tools", "demo"), importer
+        assert imported.rpartition(".")[2].startswith("_"), f"{imported} is public: no entry"
+    assert unused_permissions(import_graph()) == []
+
+
+def _doc_tables() -> list[list[list[str]]]:
+    """The Markdown tables of docs/architecture.md's "Layout" section, rows of cells."""
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    section = doc.split("\n## Layout", 1)[1].split("\n## ", 1)[0]
+    tables: list[list[list[str]]] = []
+    previous = ""
+    for line in section.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            if not previous.startswith("|"):
+                tables.append([])
+            tables[-1].append([c.strip() for c in line.strip("|").split("|")])
+        previous = line
+    return [t[1:] for t in tables]  # without the header rows
+
+
+def _names(cell: str) -> tuple[str, ...]:
+    """``a``, ``b`` as full module names (the facade stays ``specobs``); words stay words."""
+    out: list[str] = []
+    for part in cell.split(", "):
+        if part == "—":
+            continue
+        if part == "public modules":
+            out.extend(PUBLIC)
+        elif part.startswith("`"):
+            name = part.strip("`")
+            out.append(name if name == "specobs" else f"specobs.{name}")
+        else:
+            out.append(part)
+    return tuple(out)
+
+
+def test_the_architecture_doc_states_the_same_table():
+    layers, allowed = _doc_tables()
+    assert [Layer(row[0], _names(row[1]), _names(row[2])) for row in layers] == list(LAYERS)
+    assert {(_names(a)[0], _names(b)[0]) for a, b, _ in allowed} == set(ALLOWED)
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    public = ", ".join(f"`{m.removeprefix('specobs.')}`" for m in PUBLIC)
+    assert f"({public})" in " ".join(doc.split())
+
+
+# -- planted violations: each kind must fail the checker ---------------------------------------
+
+@functools.cache
+def _read_package_graph() -> tuple[tuple[str, frozenset[str]], ...]:
+    return tuple((m, frozenset(ts)) for m, ts in import_graph().items())
+
+
+def _package_graph() -> dict[str, set[str]]:
+    """A fresh, mutable copy of the package's graph (read once per session)."""
+    return {m: set(ts) for m, ts in _read_package_graph()}
+
+
+#: One forbidden import of each kind, and the words the checker must say about it.
+PLANTED: tuple[tuple[str, str, str], ...] = (
+    ("specobs.sinks._base", "specobs._aggregation", "not in its row"),  # a sink knows a source
+    ("specobs.mixin._rules", "specobs._observer", "not in its row"),
+    ("specobs.mixin._rules", "specobs._resolver", "not in its row"),
+    ("specobs.tools._scrape", "specobs._resolver", "not in its row"),
+    ("specobs.tools._breakdown", "specobs._aggregation", "not in its row"),
+    ("specobs.instrument.vllm", "specobs._recorder", "not in its row"),
+    ("specobs.instrument.vllm", "specobs.tools._load", "an upward import"),  # a wing beside
+    ("specobs.demo._cli", "specobs._series", "not in its row"),  # allowed for one tool only
+    ("specobs._model", "specobs._observer", "an upward import"),
+    ("specobs._config", "specobs.sinks.prometheus", "an upward import"),
+    ("specobs.sinks.prometheus", "specobs.tools._scrape", "an upward import"),
+    ("specobs._series", "specobs._aggregation", "not in its row"),  # beside, not below
+)
+
+
+@pytest.mark.parametrize(("module", "target", "says"), PLANTED,
+                         ids=[f"{m}->{t}" for m, t, _ in PLANTED])
+def test_a_planted_import_fails_the_checker(module: str, target: str, says: str):
+    graph = _package_graph()
+    graph[module].add(target)
+    edges = [line for line in violations(graph) if not line.startswith("import circle:")]
+    assert len(edges) == 1 and edges[0].startswith(f"{module} ({layer_of(module).name}) imports "
+                                                   f"{target} ")
+    assert says in edges[0]
+
+
+def test_a_planted_circle_fails_the_checker():
+    graph = _package_graph()
+    # Within one layer (each import alone is permitted) and across layers.
+    graph["specobs.tools._http"].add("specobs.tools._scrape")
+    assert "import circle: specobs.tools._http -> specobs.tools._scrape" in violations(graph)
+    synthetic = {"specobs._model": {"specobs._errors"}, "specobs._errors": {"specobs._model"}}
+    assert violations(synthetic) == ["import circle: specobs._errors -> specobs._model"]
+
+
+def test_an_unused_permission_is_reported():
+    graph = _package_graph()
+    graph["specobs.tools._generate"].discard("specobs.mixin")
+    assert unused_permissions(graph) == ["tools may import mixin"]
+
+
+def test_planted_imports_in_a_copy_of_the_package_fail(tmp_path: Path):
+    """The graph reader sees imports in files the way they are written: at the top, inside a
+    function, under ``TYPE_CHECKING``."""
+    copy = tmp_path / "specobs"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("*.so", "__pycache__", "*.c"))
+    plants = {
+        "sinks/_base.py": "from specobs._aggregation import Aggregation\n",
+        "mixin/_rules.py": "def _planted():\n    from specobs._observer import Observer\n"
+                           "    from specobs._resolver import Resolver\n",
+        "tools/_scrape.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                            "    from specobs._resolver import Resolver\n",
+        "_model.py": "def _planted():\n    from . import _observer\n",
+    }
+    for name, text in plants.items():
+        path = copy / name
+        path.write_text(path.read_text() + "\n\n" + text)
+    found = violations(import_graph(copy))
+    assert sorted(line.split(" (")[0] + " -> " + line.split(" imports ")[1].split(" (")[0]
+                  for line in found if "circle" not in line) == [
+        "specobs._model -> specobs._observer",
+        "specobs.mixin._rules -> specobs._observer",
+        "specobs.mixin._rules -> specobs._resolver",
+        "specobs.sinks._base -> specobs._aggregation",
+        "specobs.tools._scrape -> specobs._resolver",
     ]
-    assert upward == []
+    # The upward import closes a circle through the observer, and the checker says so too.
+    assert any(line.startswith("import circle:") for line in found)
 
 
-def test_the_checks_catch_a_circle_and_an_upward_import():
-    graph = {"specobs._model": {"specobs._observer"}, "specobs._observer": {"specobs._model"}}
-    assert circles(graph) == [["specobs._model", "specobs._observer"]]
-    assert layer("specobs._observer") > layer("specobs._model")
-    assert layer("specobs.sinks.otlp") == layer("specobs._aggregation")
-    assert layer("specobs.tools._top") > layer("specobs")
-
+# -- the public surface and the settings table ---------------------------------------------
 
 def test_public_surface_is_exactly_all():
     """Every public name ``import specobs`` binds is in ``__all__`` and the reverse (the lazy

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specobs import catalog
+from specobs import MissingDependencyError, catalog
 from specobs._model import CLOCKS
 from specobs.tools._fleet_schedule import Fault, ScheduleError, load_schedule
 
@@ -579,9 +579,8 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        from specobs._errors import MissingDependencyError, require
-
-        require("prometheus_client", feature="specobs fleet-sim", extra="prometheus")
+        # The sink's module needs prometheus_client and says which extra installs it.
+        import specobs.sinks.prometheus  # noqa: F401
     except MissingDependencyError as exc:
         print(f"specobs fleet-sim: {exc}", file=sys.stderr)
         return 1
