@@ -343,6 +343,7 @@ STANDINS = {
                 drafts = scheduler_output.scheduled_spec_decode_tokens
                 per_req = [len(drafts.get(r, ())) for r in scheduler_output.num_scheduled_tokens]
                 batch = types.SimpleNamespace(
+                    req_ids=list(scheduler_output.num_scheduled_tokens),
                     num_draft_tokens=sum(per_req),
                     num_draft_tokens_per_req=(
                         __import__("numpy").array(per_req, dtype="int32") if drafts else None))
@@ -403,6 +404,8 @@ STANDINS = {
                 metadata = (types.SimpleNamespace(num_draft_tokens=[len(d) for d in
                                                                     drafts.values()])
                             if drafts else None)
+                self.input_batch = types.SimpleNamespace(
+                    req_ids=list(scheduler_output.num_scheduled_tokens))
                 self.execute_model_state = (scheduler_output, metadata)
                 return None
 
@@ -828,3 +831,161 @@ def test_host_counts_leave_out_rows_in_chunked_prefill_and_cut_tokens() -> None:
     assert vl_inst.host_counts(runner, valid, [3, 0, 3, 0]) == ([2, 3, 0], [3, 3, 0], 3 + 2 + 1)
     assert vl_inst.host_counts(runner, [], [3, 0, 3, 0]) is None  # async scheduling
     assert vl_inst.host_counts(runner, valid, [3, 0]) is None  # not this batch
+
+
+# -- async scheduling with structured outputs: drafts a grammar rejected ---------------------------
+
+
+def _real_code(path: str, nodes: list[ast.stmt], namespace: dict[str, Any]) -> dict[str, Any]:
+    """Classes and functions of vLLM's pinned wheel, compiled (not copied) against
+    ``namespace``; annotations stay unevaluated."""
+    future = ast.ImportFrom(module="__future__", names=[ast.alias("annotations")], level=0)
+    module = ast.Module(body=[future, *nodes], type_ignores=[])
+    exec(compile(ast.fix_missing_locations(module), f"<vllm {VERSION} {path}>", "exec"), namespace)
+    return namespace
+
+
+def _wheel_scheduler() -> dict[str, Any]:
+    """0.33.0's own ``GrammarOutput``, ``DraftTokenIds``, ``SpecDecodingStats``,
+    ``strip_speculative_padding`` and the three ``Scheduler`` methods that pad, mask and count
+    the drafts of a step whose structured-output requests were validated after its launch."""
+    import dataclasses
+
+    namespace: dict[str, Any] = {"dataclass": dataclasses.dataclass, "field": dataclasses.field}
+    for path, names in (
+        ("vllm/v1/core/sched/output.py", ("GrammarOutput",)),
+        ("vllm/v1/outputs.py", ("DraftTokenIds",)),
+        ("vllm/v1/spec_decode/metrics.py", ("SpecDecodingStats",)),
+    ):
+        tree = _tree("vllm", VERSION, path)
+        assert tree is not None, path
+        _real_code(path, [_class(tree, n) for n in names], namespace)
+    utils = _tree("vllm", VERSION, "vllm/v1/structured_output/utils.py")
+    assert utils is not None
+    strip = [
+        n for n in utils.body
+        if isinstance(n, ast.FunctionDef) and n.name == "strip_speculative_padding"
+    ]  # fmt: skip
+    _real_code("vllm/v1/structured_output/utils.py", strip, namespace)
+    scheduler = _tree("vllm", VERSION, "vllm/v1/core/sched/scheduler.py")
+    assert scheduler is not None
+    methods = ("update_draft_token_ids_in_output", "get_grammar_bitmask",
+               "make_spec_decoding_stats")  # fmt: skip
+    _real_code("vllm/v1/core/sched/scheduler.py",
+               [_function(scheduler, "Scheduler", m) for m in methods], namespace)  # fmt: skip
+    return namespace
+
+
+class _Request:
+    """What the scheduler's methods read of a request; ``grammar_prefix`` is how many leading
+    drafts its grammar accepts (``None``: no structured output)."""
+
+    def __init__(self, grammar_prefix: int | None) -> None:
+        self.grammar_prefix = grammar_prefix
+        self.use_structured_output = grammar_prefix is not None
+        self.is_prefill_chunk = False
+
+    def is_finished(self) -> bool:
+        return False
+
+
+class _StructuredOutputs:
+    def validate_tokens(self, request: _Request, tokens: list[int]) -> list[int]:
+        return tokens[: request.grammar_prefix]
+
+    def grammar_bitmask(self, requests: Any, ids: list[str], spec_tokens: Any) -> Any:
+        import numpy as np
+
+        return np.zeros((len(ids), 4), dtype=np.int32)
+
+
+@pytest.mark.parametrize("runner_module", [vl_inst.V1_MODULE, vl_inst.V2_MODULE])
+@pytest.mark.parametrize("in_process", [True, False], ids=["engine-core-process", "own-process"])
+def test_async_structured_outputs_drafted_is_what_vllms_scheduler_counts(
+    vllm_tree: Any, runner_module: str, in_process: bool
+) -> None:
+    """Async scheduling with structured outputs: vLLM validates a step's drafts against the
+    grammar after the step was launched, pads the rejected ones with -1 in its scheduler output
+    and subtracts them from its counts. specobs counts what vLLM's scheduler counts, whether
+    the worker shares the engine core's process (it then reads ``num_invalid_spec_tokens``
+    from the same scheduler output) or runs in its own (a copy of the scheduler output from
+    before the padding; ``GrammarOutput.num_acceptable_drafts`` says the same)."""
+    import copy
+
+    real = _wheel_scheduler()
+    # a: the grammar accepts the first 2 of 3 drafts; b: no structured output; c: 1 of 3.
+    requests = {"a": _Request(2), "b": _Request(None), "c": _Request(1)}
+    scheduler = types.SimpleNamespace(
+        requests=requests, structured_output_manager=_StructuredOutputs(), log_stats=True,
+        num_spec_tokens=3,
+    )  # fmt: skip
+    for name in ("update_draft_token_ids_in_output", "get_grammar_bitmask",
+                 "make_spec_decoding_stats"):  # fmt: skip
+        setattr(scheduler, name, types.MethodType(real[name], scheduler))
+    # The deferred step as the async scheduler launched it: placeholders for the drafts.
+    scheduler_output = types.SimpleNamespace(
+        scheduled_spec_decode_tokens={r: [-1, -1, -1] for r in requests},
+        num_scheduled_tokens={r: 4 for r in requests}, num_invalid_spec_tokens=None,
+        has_structured_output_requests=True, accepted=None,
+    )  # fmt: skip
+    _load_plugins()
+    module = importlib.import_module(runner_module)
+    runner = module.GPUModelRunner(_spec("ngram"))
+    worker_view = scheduler_output if in_process else copy.deepcopy(scheduler_output)
+    steps = 3
+    for _ in range(steps):
+        scheduler_output.scheduled_spec_decode_tokens = {r: [-1, -1, -1] for r in requests}
+        scheduler_output.num_invalid_spec_tokens = None
+        runner.execute_model(worker_view)
+        # The engine core (step_with_batch_queue): the drafts arrive, are validated and padded,
+        # then the grammar bitmask is built and the deferred sampling runs.
+        drafts = real["DraftTokenIds"](list(requests), [[7, 8, 9] for _ in requests])
+        scheduler.update_draft_token_ids_in_output(drafts, scheduler_output)
+        grammar_output = scheduler.get_grammar_bitmask(scheduler_output)
+        runner.sample_tokens(grammar_output)
+
+    assert scheduler_output.scheduled_spec_decode_tokens == {
+        "a": [7, 8, -1], "b": [7, 8, 9], "c": [7, -1, -1]}  # fmt: skip
+    assert scheduler_output.num_invalid_spec_tokens == {"a": 1, "c": 2}
+    assert grammar_output.structured_output_request_ids == ["a", "c"]
+    assert grammar_output.num_acceptable_drafts == [2, 1]
+    # vLLM's counts, as update_from_output makes them: every row drafted 3 tokens as scheduled,
+    # accepted 2, 3 and 0 (the runners' stand-in acceptance, within each grammar's prefix).
+    stats = None
+    for _ in range(steps):
+        for req_id, accepted in zip(requests, (2, 3, 0), strict=True):
+            stats = scheduler.make_spec_decoding_stats(
+                stats, num_draft_tokens=3, num_accepted_tokens=accepted,
+                num_invalid_spec_tokens=scheduler_output.num_invalid_spec_tokens,
+                request_id=req_id,
+            )  # fmt: skip
+    assert stats is not None
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (
+        steps * 3, steps * (2 + 3 + 1), steps * (2 + 3 + 0))  # fmt: skip
+
+    observer = vl_inst.VllmInstrumentor().current_observer
+    assert observer is not None
+    snap = _snapshot(observer)
+    assert not any(snap.errors.values()), snap.errors
+    assert snap.cycles_total == steps
+    assert snap.draft_tokens_total == stats.num_draft_tokens
+    assert snap.accepted_tokens_total == stats.num_accepted_tokens
+    assert snap.accept_length.count == stats.num_drafts
+    assert list(snap.accepted_by_position[:3]) == stats.num_accepted_tokens_per_pos
+    assert list(snap.drafted_by_position[:3]) == stats.num_draft_tokens_per_pos
+
+
+def test_valid_draft_lengths_without_structured_outputs_or_async_scheduling() -> None:
+    """Nothing to subtract: drafts validated before they were scheduled (no -1 padding), or no
+    request with a grammar; a batch the ids do not describe is left as it is."""
+    lengths = [3, 3, 0]
+    ids = ["a", "b", "c"]
+    sync = types.SimpleNamespace(num_invalid_spec_tokens=None)
+    grammar = types.SimpleNamespace(structured_output_request_ids=["a"], num_acceptable_drafts=[3])
+    assert vl_inst.valid_draft_lengths(lengths, ids, sync, grammar) == lengths
+    assert vl_inst.valid_draft_lengths(lengths, ids, sync, None) == lengths
+    none_rejected = types.SimpleNamespace(num_invalid_spec_tokens={})
+    assert vl_inst.valid_draft_lengths(lengths, ids, none_rejected, grammar) == lengths
+    rejected = types.SimpleNamespace(num_invalid_spec_tokens={"b": 2})
+    assert vl_inst.valid_draft_lengths(lengths, ids, rejected, None) == [3, 1, 0]
+    assert vl_inst.valid_draft_lengths(lengths, ["a"], rejected, None) == lengths

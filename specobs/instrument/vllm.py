@@ -31,6 +31,9 @@ covers:
   propose before bookkeeping; the others (n-gram on the host, suffix) after it. The order is read
   from the speculative config, so the first step is recorded like every other. Accepted drafts
   per request: sampled tokens that are not ``PLACEHOLDER_TOKEN_ID`` (-1), minus the bonus token.
+- Drafts a grammar rejected after the step was launched (async scheduling with structured
+  outputs) are not counted as drafted, as vLLM's scheduler does not count them
+  (:func:`valid_draft_lengths`).
 - A step is a cycle when the scheduler sent draft tokens to verify
   (``scheduler_output.scheduled_spec_decode_tokens``). It ends when ``sample_tokens`` returns
   (or when ``execute_model`` returns an output itself, as releases before the split did).
@@ -148,12 +151,19 @@ def topology(runner: Any) -> Topology:
 class _Step:
     """The per-thread state of the runner's step in flight."""
 
-    __slots__ = ("accepted", "batch_size", "draft_length", "emitted", "off", "tracker")
+    __slots__ = (
+        "accepted", "batch_size", "draft_length", "emitted", "grammar", "off", "scheduled",
+        "tracker",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.tracker: PhaseTracker | None = None
         self.draft_length: Any = None
         self.accepted: Any = None
+        # The step's scheduler output and the grammar output sample_tokens got: where vLLM says
+        # which drafts a grammar rejected (async scheduling with structured outputs).
+        self.scheduled: Any = None
+        self.grammar: Any = None
         # From the host token lists (V1 without async scheduling): the rows that decoded and
         # the tokens vLLM keeps of them; None leaves specobs's defaults (every row, 1 + accepted).
         self.batch_size: int | None = None
@@ -182,6 +192,8 @@ def _finish(step: _Step) -> None:
     step.draft_length = None
     step.batch_size = None
     step.emitted = None
+    step.scheduled = None
+    step.grammar = None
 
 
 def _abort(step: _Step | None) -> None:
@@ -228,6 +240,7 @@ def _make_execute_model(
             if runner.speculative_config is not None and drafts:
                 batch = getattr(scheduler_output, "num_scheduled_tokens", None) or drafts
                 _start(step, runner, len(batch), phases_of(runner), integration)
+                step.scheduled = scheduler_output
         except Exception:
             _failed("the cycle start (execute_model)")
         try:
@@ -270,7 +283,10 @@ def around_sample_v1(original: Callable[..., Any], *args: Any, **kwargs: Any) ->
                 # the runner's stream, no sync; specobs copies the result to the host later.
                 accepted = (sampled != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
                 step.accepted = accepted.clamp_(min=0)
-                step.draft_length = list(metadata.num_draft_tokens)
+                step.draft_length = valid_draft_lengths(
+                    list(metadata.num_draft_tokens), args[0].input_batch.req_ids,
+                    step.scheduled, step.grammar,
+                )  # fmt: skip
         except Exception:
             _failed("acceptance (_sample)")
     return result
@@ -289,7 +305,11 @@ def around_sample_v2(original: Callable[..., Any], *args: Any, **kwargs: Any) ->
                 # Sampled tokens are the accepted drafts plus the bonus token (0 for a request
                 # still in chunked prefill): one tiny kernel on the runner's stream, no sync.
                 step.accepted = (num_sampled - 1).clamp_(min=0)
-                step.draft_length = [int(d) for d in drafts]
+                grammar = args[3] if len(args) > 3 else kwargs.get("grammar_output")
+                step.draft_length = valid_draft_lengths(
+                    [int(d) for d in drafts], getattr(input_batch, "req_ids", None),
+                    step.scheduled, grammar,
+                )  # fmt: skip
             step.tracker.enter("bookkeeping")
         except Exception:
             _failed("acceptance (sample)")
@@ -323,6 +343,38 @@ def _around_phase(phase: str) -> Callable[..., Any]:
 
 around_propose_draft_token_ids = _around_phase("draft")
 _enter_bookkeeping = _around_phase("bookkeeping")
+
+
+def valid_draft_lengths(
+    draft_lengths: list[int], req_ids: Any, scheduled: Any, grammar: Any
+) -> list[int]:
+    """Drafts per request as vLLM counts them: without those a grammar rejected.
+
+    With async scheduling and structured outputs the scheduler validates a step's drafts only
+    after the step was launched: it pads the rejected ones with -1 in its own scheduler output
+    and subtracts them from what it counts (``Scheduler.update_draft_token_ids_in_output``,
+    ``num_invalid_spec_tokens``, then ``make_spec_decoding_stats``); the runner still verifies
+    the padded length. In the engine core's process (one worker) the runner's
+    ``scheduler_output`` is that same object, so the count is vLLM's own. A worker in a process
+    of its own gets a copy made before the padding; there the grammar output that
+    ``sample_tokens`` receives says how many leading drafts of each structured request the
+    grammar accepted (``num_acceptable_drafts``), which is the same number. Without structured
+    outputs, or without async scheduling (drafts validated before they are scheduled), the
+    lengths are returned as they are.
+    """
+    invalid = getattr(scheduled, "num_invalid_spec_tokens", None)
+    if invalid is not None:  # the engine core's own count (an empty dict: none rejected)
+        if not invalid or req_ids is None or len(req_ids) != len(draft_lengths):
+            return draft_lengths
+        pairs = zip(draft_lengths, req_ids, strict=True)
+        return [max(d - int(invalid.get(r, 0)), 0) for d, r in pairs]
+    ids = getattr(grammar, "structured_output_request_ids", None)
+    acceptable = getattr(grammar, "num_acceptable_drafts", None)
+    if not ids or acceptable is None or req_ids is None or len(req_ids) != len(draft_lengths):
+        return draft_lengths
+    cap = dict(zip(ids, acceptable, strict=False))
+    pairs = zip(draft_lengths, req_ids, strict=True)
+    return [min(d, int(cap[r])) if r in cap else d for d, r in pairs]
 
 
 def kept_tokens(tokens: list[int], state: Any, max_model_len: int) -> int:
@@ -396,6 +448,9 @@ def around_bookkeeping_sync(original: Callable[..., Any], *args: Any, **kwargs: 
 
 def around_sample_tokens(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Sampling, bookkeeping and drafting of the step; the cycle ends when it returns."""
+    step = _local.__dict__.get("step")
+    if step is not None and step.tracker is not None:
+        step.grammar = args[1] if len(args) > 1 else kwargs.get("grammar_output")
     try:
         result = original(*args, **kwargs)
     except BaseException:
