@@ -4,16 +4,22 @@ tokens/s: the demo engine run at k = 2..8 on one device, a steady batch, the sam
 For each k it measures tokens/s per sequence and asks the advisor, from that k's own
 measurement, which k is best and what it gains. The claims checked (docs/diagnosis.md): the k
 recommended from the default k = 4 is within 5% of the best measured tokens/s, and its predicted
-gain within 15% of the realized one.
+gain within 15% of the realized one (|predicted - realized| <= 0.15 (1 + realized), the tokens/s
+ratio the gain stands for).
+
+On a CPU the timings of one pass drift with whatever else the machine runs, so ``--rounds``
+measures every k that many times, the ks interleaved in each round (a drift then touches every k
+alike), and takes each k's median tokens/s and the advice of its median round.
 
     PYTHONPATH=. python3 benchmarks/advisor_k.py --device cuda [--steps 400] [--batch 4]
-        [--ks 2,3,4,5,6,8] [--verify-scaling 0] [--json out.json]
+        [--ks 2,3,4,5,6,8] [--rounds 1] [--threads N] [--verify-scaling 0] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from typing import Any
@@ -76,38 +82,80 @@ def measure(k: int, device: str, steps: int, batch: int, scaling: float) -> dict
     }
 
 
+def within_bounds(speeds: dict[int, float], k: int, best_k: int, gain: float
+                  ) -> dict[str, Any]:
+    """The issue's two claims for advice ``best_k`` given from ``k``: the tokens/s of the
+    recommended k within 5% of the best measured, and the predicted gain within 15% of the
+    realized one (as a tokens/s ratio: |predicted - realized| <= 0.15 (1 + realized))."""
+    best = max(speeds, key=lambda kk: speeds[kk])
+    if best_k not in speeds:
+        return {"from_k": k, "recommended_k": best_k, "measured": False}
+    of_best = speeds[best_k] / speeds[best]
+    realized = speeds[best_k] / speeds[k] - 1
+    return {
+        "from_k": k, "recommended_k": best_k, "measured": True, "best_k": best,
+        "fraction_of_best": of_best, "predicted_gain": gain, "realized_gain": realized,
+        "within_5_percent_of_best": of_best >= 0.95,
+        "gain_within_15_percent": abs(gain - realized) <= 0.15 * (1 + realized),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--ks", default="2,3,4,5,6,8")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
     parser.add_argument("--verify-scaling", type=float, default=0.0)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    results = {}
-    for k in (int(x) for x in args.ks.split(",")):
-        r = measure(k, args.device, args.steps, args.batch, args.verify_scaling)
-        results[k] = r
-        adv = r["advice"] or {}
-        print(f"k={k} per-sequence tok/s {r['sequence_tokens_per_second']:.1f}  conditional "
-              f"{[round(a, 2) for a in r['conditional']]}  advice best_k={adv.get('best_k')} "
-              f"gain={adv.get('predicted_gain', 0) * 100:+.1f}%", flush=True)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    ks = [int(x) for x in args.ks.split(",")]
+    rounds: dict[int, list[dict[str, Any]]] = {k: [] for k in ks}
+    for i in range(args.rounds):
+        for k in ks:
+            r = measure(k, args.device, args.steps, args.batch, args.verify_scaling)
+            rounds[k].append(r)
+            adv = r["advice"] or {}
+            print(f"round {i} k={k} per-sequence tok/s {r['sequence_tokens_per_second']:.1f}  "
+                  f"conditional {[round(a, 2) for a in r['conditional']]}  advice "
+                  f"best_k={adv.get('best_k')} gain={adv.get('predicted_gain', 0) * 100:+.1f}%",
+                  flush=True)
+    results: dict[int, dict[str, Any]] = {}
+    for k, rs in rounds.items():
+        speeds_k = [r["sequence_tokens_per_second"] for r in rs]
+        median_speed = statistics.median(speeds_k)
+        middle = min(rs, key=lambda r: abs(r["sequence_tokens_per_second"] - median_speed))
+        results[k] = {**middle, "sequence_tokens_per_second": median_speed,
+                      "rounds": speeds_k}
     speeds = {k: r["sequence_tokens_per_second"] for k, r in results.items()}
     best = max(speeds, key=lambda k: speeds[k])
+    print("median tokens/s per sequence: " + ", ".join(f"k={k} {v:.1f}"
+                                                         for k, v in speeds.items()))
     print(f"best measured k={best} at {speeds[best]:.1f} tok/s per sequence")
-    if 4 in results and results[4]["advice"]:
-        adv = results[4]["advice"]
-        rec = int(adv["best_k"])
-        if rec in speeds:
-            print(f"from k=4: recommended k={rec}: {speeds[rec] / speeds[best] * 100:.1f}% of the "
-                  f"best; predicted gain {adv['predicted_gain'] * 100:+.1f}%, realized "
-                  f"{(speeds[rec] / speeds[4] - 1) * 100:+.1f}%")
-        else:
-            print(f"from k=4: recommended k={rec}, not measured")
+    checks = []
+    for k, r in results.items():
+        adv = r["advice"]
+        if not adv:
+            continue
+        c = within_bounds(speeds, k, int(adv["best_k"]), float(adv["predicted_gain"]))
+        checks.append(c)
+        if not c["measured"]:
+            print(f"from k={k}: recommended k={c['recommended_k']}, not measured")
+            continue
+        print(f"from k={k}: recommended k={c['recommended_k']}: "
+              f"{c['fraction_of_best'] * 100:.1f}% of the best; predicted gain "
+              f"{c['predicted_gain'] * 100:+.1f}%, realized {c['realized_gain'] * 100:+.1f}%"
+              f"  [within 5%: {c['within_5_percent_of_best']}, gain within 15%: "
+              f"{c['gain_within_15_percent']}]")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+            json.dump({"results": results, "checks": checks, "args": vars(args)}, f, indent=2)
 
 
 if __name__ == "__main__":
