@@ -23,6 +23,7 @@ import logging
 import sys
 import textwrap
 import types
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from tests.test_instrument_contracts import (
     _params,
     _source,
     _tree,
+    _wheel,
 )
 
 VERSION = "0.33.0"
@@ -989,3 +991,119 @@ def test_valid_draft_lengths_without_structured_outputs_or_async_scheduling() ->
     rejected = types.SimpleNamespace(num_invalid_spec_tokens={"b": 2})
     assert vl_inst.valid_draft_lengths(lengths, ids, rejected, None) == [3, 1, 0]
     assert vl_inst.valid_draft_lengths(lengths, ["a"], rejected, None) == lengths
+
+
+# -- model runner V2: every name the hooks read, and why no V2 step runs on this machine ----------
+
+
+def _self_stores(cls: ast.ClassDef) -> set[str]:
+    return {
+        n.attr for n in ast.walk(cls)
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+        and isinstance(n.value, ast.Name) and n.value.id == "self"
+    }  # fmt: skip
+
+
+def test_v2_every_name_the_hooks_read_is_in_the_pinned_release() -> None:
+    """Beyond the seams' signatures: each attribute, field and argument position the V2 hooks
+    (and the worker check) read, in 0.33.0's source. A V2 step never ran under specobs (see
+    the next test), so these and the stand-ins are what stands for it."""
+    tree = _tree("vllm", VERSION, V2_FILE)
+    assert tree is not None
+    runner = _class(tree, vl_inst.RUNNER_CLASS)
+    # _start / topology: the runner's configs and stage; the phase order is fixed for V2.
+    assert {"speculative_config", "parallel_config", "is_last_pp_rank", "speculator"} <= (
+        _self_stores(runner)
+    )
+    # execute_model(self, scheduler_output, ..., dummy_run=...): args[1] and kwargs["dummy_run"].
+    execute = _method(runner, "execute_model")
+    assert _params(execute)[1] == "scheduler_output"
+    assert "dummy_run" in [a.arg for a in execute.args.args + execute.args.kwonlyargs]
+    # sample_tokens(self, grammar_output) calls sample() with the grammar output third, which
+    # around_sample_v2 reads as args[3]; input_batch is args[2].
+    calls = [
+        ast.unparse(n) for n in ast.walk(_method(runner, "sample_tokens"))
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "self.sample"
+    ]  # fmt: skip
+    assert calls == ["self.sample(hidden_states, input_batch, grammar_output)"]
+    batch = _tree("vllm", VERSION, "vllm/v1/worker/gpu/input_batch.py")
+    assert batch is not None
+    assert {"req_ids", "num_draft_tokens_per_req"} <= _fields(_class(batch, "InputBatch"))
+    output = _tree("vllm", VERSION, "vllm/v1/core/sched/output.py")
+    assert output is not None
+    assert {"scheduled_spec_decode_tokens", "num_scheduled_tokens", "num_invalid_spec_tokens"} <= (
+        _fields(_class(output, "SchedulerOutput"))
+    )
+    assert {"structured_output_request_ids", "num_acceptable_drafts"} <= _fields(
+        _class(output, "GrammarOutput")
+    )
+    # The V2 sampler honours num_acceptable_drafts (drafts past it are never accepted), so
+    # accepted <= the drafts counted as valid.
+    assert "grammar_output.num_acceptable_drafts" in ast.unparse(_method(runner, "sample"))
+    config = _tree("vllm", VERSION, "vllm/config/speculative.py")
+    assert config is not None
+    assert "num_speculative_tokens" in _fields(_class(config, "SpeculativeConfig"))
+    worker = _tree("vllm", VERSION, "vllm/v1/worker/gpu_worker.py")
+    assert worker is not None
+    # _check_runner: the worker's runner, and a config (the worker's, else the runner's).
+    assert "model_runner" in _fields(_class(worker, vl_inst.WORKER_CLASS))
+    assert "vllm_config" in _self_stores(runner)
+
+
+def test_why_no_v2_step_runs_on_a_cpu_machine() -> None:
+    """docs/integrations.md says why the suite cannot run a real V2 step: V2 needs Triton, and
+    vLLM's CPU build counts Triton only with a ``cpu`` backend, which the ``triton`` wheel
+    does not ship (and no ``triton-cpu`` distribution is published). vLLM then builds V1, and
+    forcing V2 stops the engine at config validation."""
+    importing = _source("vllm", VERSION, "vllm/triton_utils/importing.py")
+    assert importing is not None
+    assert 'if vllm_version_matches_substr("cpu"):' in importing
+    assert 'if "cpu" in backends:' in importing
+    assert "Triton is installed, but doesn't include CPU backend. " in importing
+    tree = _tree("vllm", VERSION, "vllm/config/vllm.py")
+    assert tree is not None
+    config = _class(tree, "VllmConfig")
+    assert "if not HAS_TRITON and (not current_platform.is_unspecified()):" in ast.unparse(
+        _method(config, "use_v2_model_runner")
+    )
+    # VLLM_USE_V2_MODEL_RUNNER=1 without Triton: the worker refuses to start (0.32.0 refused
+    # earlier, in VllmConfig._validate_v2_model_runner, with the same message).
+    worker = _tree("vllm", VERSION, "vllm/v1/worker/gpu_worker.py")
+    assert worker is not None
+    init = ast.unparse(_method(_class(worker, vl_inst.WORKER_CLASS), "__init__"))
+    assert "if self.use_v2_model_runner and (not HAS_TRITON):" in init
+    assert "raise ValueError('Model Runner V2 requires Triton.')" in init
+    # Every V2 kernel is Triton; the CPU platform replaces only V1's Triton kernels.
+    with zipfile.ZipFile(_wheel("vllm", VERSION)) as wheel:
+        v2 = [n for n in wheel.namelist()
+              if n.startswith("vllm/v1/worker/gpu/") and n.endswith(".py")]  # fmt: skip
+        kernels = sum(wheel.read(n).decode().count("@triton.jit") for n in v2)
+    assert kernels > 50, kernels
+    assert _use_v2("ngram", env=None, has_triton=False) is False
+
+
+# -- async scheduling / pipeline parallelism: requests that end while their step is in flight -----
+
+
+def test_requests_aborted_in_flight_are_skipped_where_vllm_processes_the_output() -> None:
+    """The facts behind docs/integrations.md's note on requests aborted while their step was in
+    flight (0.33.0): the engine core applies the aborts queued during the step and only then
+    processes that step's output, whose loop skips a request no longer there or finished before
+    it counts anything -- in the engine core, after the worker's cycle ended (the worker never
+    learns which rows were skipped: the next scheduler output lists every finished request
+    alike). specobs counts those rows; so does nothing of vLLM's."""
+    core = _tree("vllm", VERSION, "vllm/v1/engine/core.py")
+    assert core is not None
+    queued = ast.unparse(_method(_class(core, "EngineCore"), "step_with_batch_queue"))
+    aborts = queued.index("self._process_aborts_queue()")
+    assert aborts < queued.index("self.scheduler.update_from_output(scheduler_output, model_")
+    assert queued.index("model_output = future.result()") < aborts
+    scheduler = _tree("vllm", VERSION, "vllm/v1/core/sched/scheduler.py")
+    assert scheduler is not None
+    update = ast.unparse(_method(_class(scheduler, "Scheduler"), "update_from_output"))
+    skip = update.index("if request is None or request.is_finished():")
+    assert skip < update.index("spec_decoding_stats = self.make_spec_decoding_stats(")
+    assert update.index("continue", skip) < update.index("self.make_spec_decoding_stats(")
+    stale = update.index("if output_is_stale and request.drop_stale_output:")
+    assert stale < update.index("self.make_spec_decoding_stats(")
+    assert update.index("if failed_kv_load_req_ids and req_id in failed_kv_load_req_ids:") < skip
