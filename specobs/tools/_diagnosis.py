@@ -36,8 +36,10 @@ from specobs.tools._scrape import Delta
 
 __all__ = [
     "CODES",
+    "LIFETIME",
     "SEVERITIES",
     "Finding",
+    "Reference",
     "Window",
     "acceptance_profile",
     "advise_k",
@@ -47,6 +49,7 @@ __all__ = [
     "diagnose",
     "expected_tokens",
     "host_bound",
+    "saved_run",
     "speedup",
     "stall",
     "status_line",
@@ -162,6 +165,13 @@ CODES: dict[str, str] = {
     "SPEC-RECENT-HOST-BUSY": "the phases gained what the engine's thread waited for a CPU",
     "SPEC-RECENT-THROUGHPUT-DOWN": "per-sequence tokens/s fell in the recent window",
     "SPEC-RECENT-STEADY": "the recent window matches the lifetime",
+    "SPEC-SAVED-ACCEPT-DOWN": "acceptance below a run saved earlier",
+    "SPEC-SAVED-PHASE-SLOWER": "one phase slower than in a run saved earlier",
+    "SPEC-SAVED-BOUNDARY-COST": "several phases slower than in a saved run by the same time",
+    "SPEC-SAVED-SLOWER-ALL": "every phase slower than in a saved run by the same factor",
+    "SPEC-SAVED-HOST-BUSY": "the phases gained, against a saved run, what the thread waited",
+    "SPEC-SAVED-THROUGHPUT-DOWN": "per-sequence tokens/s below a run saved earlier",
+    "SPEC-SAVED-STEADY": "the recent window matches a run saved earlier",
     "SPEC-COHORT-ACCEPT-BELOW": "acceptance below the other servers of the model and engine",
     "SPEC-COHORT-PHASE-SLOWER": "a phase slower than on the other servers of the model",
     "SPEC-COHORT-MATCHES": "the server matches the other servers of its model and engine",
@@ -572,21 +582,44 @@ def _mean(b: Breakdown, phase: str, clock: str) -> float | None:
     return None if s is None else s.mean_seconds
 
 
-def against_past(recent: Breakdown, past: Breakdown, drafted: tuple[float, float] | None = None
-                 ) -> list[Finding]:
-    """The recent window against the lifetime before it: acceptance down, a phase slower (or
-    several by the same time, or all by the same factor), per-sequence throughput down, each
-    with the size of the change. ``drafted``: drafted tokens (past, recent) for the acceptance
-    test's z score. Empty when either side has too few cycles."""
+@dataclass(frozen=True)
+class Reference:
+    """What the recent window is compared with: the codes' prefix and the words for it."""
+
+    #: ``SPEC-RECENT`` (the endpoint's lifetime) or ``SPEC-SAVED`` (a run saved earlier).
+    prefix: str
+    #: How a sentence places the reference's figure: "over the lifetime".
+    over: str
+    #: The reference as a noun: "the lifetime".
+    name: str
+
+
+#: The lifetime before the window (a bare /metrics endpoint's counters since the start).
+LIFETIME = Reference("SPEC-RECENT", "over the lifetime", "the lifetime")
+
+
+def saved_run(name: str) -> Reference:
+    """A run saved earlier (``specobs report --save``), ``name`` saying which."""
+    return Reference("SPEC-SAVED", f"in the saved run ({name})", f"the saved run ({name})")
+
+
+def against_past(recent: Breakdown, past: Breakdown, drafted: tuple[float, float] | None = None,
+                 reference: Reference = LIFETIME) -> list[Finding]:
+    """The recent window against the lifetime before it, or against another ``reference`` (a
+    saved earlier run): acceptance down, a phase slower (or several by the same time, or all by
+    the same factor), per-sequence throughput down, each with the size of the change.
+    ``drafted``: drafted tokens (past, recent) for the acceptance test's z score. Empty when
+    either side has too few cycles."""
     if recent.cycles < MIN_RECENT_CYCLES or past.cycles < MIN_PAST_CYCLES:
         return []
+    ref = reference
     out: list[Finding] = []
     pa, ra = past.acceptance_rate, recent.acceptance_rate
     found, z = _acceptance_below(pa, ra, drafted)
     if found and pa is not None and ra is not None:
         out.append(Finding(
-            "SPEC-RECENT-ACCEPT-DOWN", "warn",
-            f"acceptance fell from {_pct(pa)} over the lifetime to {_pct(ra)} in the last "
+            f"{ref.prefix}-ACCEPT-DOWN", "warn",
+            f"acceptance fell from {_pct(pa)} {ref.over} to {_pct(ra)} in the last "
             f"{recent.elapsed_seconds:.1f} s ({(ra - pa) * 100:+.0f} points)",
             {"past": pa, "recent": ra, "z": z},
             "something changed in the draft or the traffic: a deploy, a new draft "
@@ -601,27 +634,29 @@ def against_past(recent: Breakdown, past: Breakdown, drafted: tuple[float, float
         if a is not None and b is not None and a > 0:
             changes[p] = (a, b)
     if changes and past_cycle:
-        out.extend(_phase_changes(changes, past_cycle, clock, past, recent))
+        out.extend(_phase_changes(changes, past_cycle, clock, past, recent, ref))
     pt, rt = past.sequence_tokens_per_second, recent.sequence_tokens_per_second
     if pt is not None and rt is not None and rt < pt * THROUGHPUT_DROP:
-        explained = [f for f in out if f.code not in NOT_THE_SPECULATION]
+        explained = [f for f in out
+                     if f.code.removeprefix(ref.prefix + "-") not in NOT_THE_SPECULATION]
         out.append(Finding(
-            "SPEC-RECENT-THROUGHPUT-DOWN", "warn" if explained or not out else "info",
-            f"per-sequence tokens/s fell from {pt:.1f} over the lifetime to {rt:.1f} in the last "
+            f"{ref.prefix}-THROUGHPUT-DOWN", "warn" if explained or not out else "info",
+            f"per-sequence tokens/s fell from {pt:.1f} {ref.over} to {rt:.1f} in the last "
             f"{recent.elapsed_seconds:.1f} s ({(rt / pt - 1) * 100:+.0f}%)",
             {"past": pt, "recent": rt},
             "the other recent findings say why" if out else
             "neither acceptance nor a phase explains it: the batch or the prompt mix changed",
         ))
     if not out:
-        out.append(Finding("SPEC-RECENT-STEADY", "ok",
-                           f"the last {recent.elapsed_seconds:.1f} s match the lifetime "
+        out.append(Finding(f"{ref.prefix}-STEADY", "ok",
+                           f"the last {recent.elapsed_seconds:.1f} s match {ref.name} "
                            f"(acceptance {_pct(pa)} → {_pct(ra)})", {"past": pa, "recent": ra}))
     return out
 
 
-#: Recent findings that explain a slowdown by the machine, not by the speculation.
-NOT_THE_SPECULATION = frozenset({"SPEC-RECENT-SLOWER-ALL", "SPEC-RECENT-HOST-BUSY"})
+#: Recent findings (codes without their prefix) that explain a slowdown by the machine, not by
+#: the speculation.
+NOT_THE_SPECULATION = frozenset({"SLOWER-ALL", "HOST-BUSY"})
 
 
 def _acceptance_below(reference: float | None, rate: float | None,
@@ -647,7 +682,7 @@ def _z(pa: float, ra: float, drafted: tuple[float, float] | None) -> float | Non
 
 
 def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, clock: str,
-                   past: Breakdown, recent: Breakdown) -> list[Finding]:
+                   past: Breakdown, recent: Breakdown, ref: Reference) -> list[Finding]:
     ratios = {p: b / a for p, (a, b) in changes.items()}
     added = {p: b - a for p, (a, b) in changes.items()}
     slowed = [p for p in changes if ratios[p] >= SLOWER_RATIO
@@ -661,7 +696,7 @@ def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, c
         evidence[f"{p}_past_seconds"] = a
         evidence[f"{p}_recent_seconds"] = b
     each = ", ".join(f"{p} {_ms(changes[p][0])} → {_ms(changes[p][1])}" for p in changes)
-    busy = _host_busy(changes, clock, past, recent, each, evidence)
+    busy = _host_busy(changes, clock, past, recent, each, evidence, ref)
     if busy is not None:
         return [busy]
     # Two explanations, fitted by least squares to the phase means: the whole machine slowed
@@ -689,8 +724,8 @@ def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, c
     if r >= SLOWER_RATIO and ((alike and 2 * sse_uniform <= sse_boundary)
                               or (everywhere and sse_uniform <= sse_boundary)):
         return [Finding(
-            "SPEC-RECENT-SLOWER-ALL", "info",
-            f"every phase is {r:.1f}x slower than over the lifetime ({each}, {clock} "
+            f"{ref.prefix}-SLOWER-ALL", "info",
+            f"every phase is {r:.1f}x slower than {ref.over} ({each}, {clock} "
             "clock): the machine is busier, its clock throttles, or the batch grew (mean "
             f"batch {past.mean_batch_size or 0:.1f} → {recent.mean_batch_size or 0:.1f})",
             evidence,
@@ -701,9 +736,9 @@ def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, c
     if len(slowed) >= 2 and even and sse_boundary < sse_uniform:
         names = " and ".join(slowed)
         return [Finding(
-            "SPEC-RECENT-BOUNDARY-COST", "warn",
-            f"{names} are each about {_ms(c)} slower per cycle than over the "
-            f"lifetime ({each}, {clock} clock): the same time added at each phase "
+            f"{ref.prefix}-BOUNDARY-COST", "warn",
+            f"{names} are each about {_ms(c)} slower per cycle than {ref.over} "
+            f"({each}, {clock} clock): the same time added at each phase "
             "boundary, a cost paid between phases rather than work in any one of them",
             evidence,
             "look for a synchronize between phases (synchronize-based profiling, "
@@ -717,8 +752,8 @@ def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, c
     for p in sorted(shown, key=lambda p: -ratios[p]):
         a, b = changes[p]
         out.append(Finding(
-            "SPEC-RECENT-PHASE-SLOWER", "warn",
-            f"{p} is {ratios[p]:.1f}x slower than over the lifetime ({_ms(a)} → {_ms(b)} per "
+            f"{ref.prefix}-PHASE-SLOWER", "warn",
+            f"{p} is {ratios[p]:.1f}x slower than {ref.over} ({_ms(a)} → {_ms(b)} per "
             f"cycle, {clock} clock) while the other phases changed {reference:.2f}x",
             {**evidence, "phase": p, "ratio": ratios[p]},
             {"verify": "the target's forward got dearer: a larger batch or context, a "
@@ -731,8 +766,8 @@ def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, c
 
 
 def _host_busy(changes: dict[str, tuple[float, float]], clock: str, past: Breakdown,
-               recent: Breakdown, each: str, evidence: dict[str, float | str | None]
-               ) -> Finding | None:
+               recent: Breakdown, each: str, evidence: dict[str, float | str | None],
+               ref: Reference) -> Finding | None:
     """The phases' added time is what the recording thread spent runnable but off a CPU (Linux
     schedstat, ``specobs_worker_thread_time{state="waiting"}``): a host busy with other work, not
     a phase or a boundary of the speculation. ``None`` without that counter or when the wait
@@ -743,9 +778,9 @@ def _host_busy(changes: dict[str, tuple[float, float]], clock: str, past: Breakd
         return None
     share = min(1.0, (rw - pw) / added)
     return Finding(
-        "SPEC-RECENT-HOST-BUSY", "info",
+        f"{ref.prefix}-HOST-BUSY", "info",
         f"the engine's thread waited {_ms(rw)} per cycle for a CPU in the last "
-        f"{recent.elapsed_seconds:.1f} s against {_ms(pw)} over the lifetime: other work on "
+        f"{recent.elapsed_seconds:.1f} s against {_ms(pw)} {ref.over}: other work on "
         f"the host took the CPUs, {_pct(share)} of the {_ms(added)} per cycle the phases "
         f"gained ({each}, {clock} clock)",
         {**evidence, "past_wait_seconds": pw, "recent_wait_seconds": rw,

@@ -1,6 +1,7 @@
 """``specobs doctor``: a one-shot health check of a specobs /metrics endpoint.
 
     specobs doctor http://127.0.0.1:9477/metrics [--wait 2] [--min-cycles N] [--json]
+                                                 [--against run.jsonl]
                                                  [--timeout 5] [--max-bytes 16MiB]
     specobs doctor --prometheus http://prometheus:9090 --instance 10.0.0.7:9477
                    [--selector '{job="specobs"}'] [--window 5m] [--history 1h] [--json]
@@ -32,10 +33,17 @@ baseline           realized speedup: per-sequence tokens/s over the non-speculat
 
 The exit status is 0 when healthy, 1 when a check WARNs or FAILs or a finding is warn or fail
 (a problem to act on), and 2 when the endpoint is unusable (unreachable, not a specobs endpoint,
-the second scrape failed) or the command line is bad. ``--json`` prints the same as one JSON
-object: ``checks``, ``findings`` (code, severity, sentence, evidence, advice) and
-``exit_code``. An endpoint that serves a sample twice (the same name and labels) fails
-``specobs endpoint``: Prometheus rejects such a scrape, and its sums would be wrong.
+the second scrape failed), the command line is bad or ``--against`` names no saved run.
+
+``--against FILE`` also compares the window with a run saved earlier by ``specobs report
+--save`` (the whole run, first sample to last): the ``SPEC-SAVED-*`` findings, acceptance down, a
+phase slower, throughput down, each with the size of the change, as ``report --compare`` names a
+regression; the ``saved run`` check says which run and how long.
+
+``--json`` prints the same as one JSON object: ``checks``, ``findings`` (code, severity,
+sentence, evidence, advice) and ``exit_code``. An endpoint that serves a sample twice (the same
+name and labels) fails ``specobs endpoint``: Prometheus rejects such a scrape, and its sums would
+be wrong.
 Credentials in the URL (``http://user:password@host/``) are sent as HTTP Basic authentication
 and never printed.
 
@@ -70,8 +78,8 @@ from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
 
 __all__ = [
-    "Check", "Report", "add_arguments", "diagnose", "examine", "examine_prometheus", "exit_code",
-    "render_text", "run",
+    "Check", "Report", "SavedRun", "add_arguments", "against_saved", "diagnose", "examine",
+    "examine_prometheus", "exit_code", "load_saved_run", "render_text", "run",
 ]
 
 _PROG = "specobs doctor"
@@ -141,6 +149,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-wait", type=float, default=60.0, metavar="SECONDS",
                         help="bound of the window with --min-cycles (default: 60)")
     _http.add_limit_arguments(parser)
+    parser.add_argument("--against", metavar="FILE", default=None,
+                        help="also compare the window with a run saved earlier by "
+                             "'specobs report --save FILE' (SPEC-SAVED-* findings)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -181,6 +192,8 @@ class Report:
 
     checks: list[Check]
     findings: list[dg.Finding] = field(default_factory=list)
+    #: The window diagnosed (None when the endpoint or the data left nothing to diagnose).
+    recent: dg.Window | None = None
 
     @property
     def unusable(self) -> bool:
@@ -303,6 +316,7 @@ def examine(
     b: bd.Breakdown | None = None
     findings: list[dg.Finding] = []
     speed: dg.Finding | None = None
+    window: dg.Window | None = None
     if isinstance(delta, scr.CounterReset):
         checks.append(Check("cycles advancing", "INFO",
                             f"{delta} between the two scrapes: run doctor again"))
@@ -313,6 +327,7 @@ def examine(
         findings = dg.diagnose(recent, past)
         speed = next((f for f in findings if f.code.startswith("SPEC-SPEEDUP-")), None)
         elapsed = delta.elapsed_seconds
+        window = recent
         if b.cycles > 0:
             checks.append(Check(
                 "cycles advancing", "OK",
@@ -338,7 +353,7 @@ def examine(
     checks.append(_cpu(b))
     checks.append(_exemplars(second))
     checks.append(_baseline(b, s2, speed))
-    return Report(checks, findings)
+    return Report(checks, findings, window)
 
 
 def _gpu_clock(s: scr.Series, info: dict[str, str], cycles_total: float) -> Check:
@@ -530,7 +545,7 @@ def examine_prometheus(
                                                          for f in findings):
         findings += _against_cohort(client, base_url, recent, window, instances[0],
                                     window_seconds, limits, at, checks)
-    return Report(checks, findings)
+    return Report(checks, findings, window)
 
 
 #: The labels that make a cohort, as the generated rules group servers (MixinConfig's
@@ -568,6 +583,55 @@ def _against_cohort(client: Any, base_url: str, recent: scr.Delta, window: dg.Wi
     if window.drafted_first is not None and theirs.drafted_first is not None:
         drafted = (theirs.drafted_first, window.drafted_first)
     return dg.against_cohort(window.breakdown, theirs.breakdown, len(peers), name, drafted)
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """A run saved earlier by ``specobs report --save``: its name, span and whole-run window."""
+
+    name: str
+    seconds: float
+    window: dg.Window
+
+
+def load_saved_run(path: str) -> SavedRun:
+    """The whole of the run saved in ``path`` as one window; raises ``ValueError`` with one line
+    for the user when the file is not a saved run or holds fewer than two good samples."""
+    from specobs.tools.report import _data as rd  # the report's file format, read once
+
+    try:
+        source, snapshots = rd.load_snapshots(path)
+        run = rd.run_from_scrapes(path, source, snapshots)
+    except rd.RunError as exc:
+        raise ValueError(str(exc)) from None
+    return SavedRun(f"{path}, {source}", run.duration_seconds, dg.window(run.total_delta))
+
+
+def against_saved(report: Report, saved: SavedRun) -> None:
+    """Add to ``report`` the window against the saved run: a ``saved run`` check and the
+    ``SPEC-SAVED-*`` findings (none when either side has too few cycles)."""
+    if report.recent is None or report.unusable:
+        report.checks.append(Check("saved run", "SKIP", "no window to compare"))
+        return
+    past, recent = saved.window, report.recent
+    pair = None
+    if past.drafted_first is not None and recent.drafted_first is not None:
+        pair = (past.drafted_first, recent.drafted_first)
+    found = dg.against_past(recent.breakdown, past.breakdown, pair, dg.saved_run(saved.name))
+    data = {"file": saved.name, "seconds": saved.seconds, "cycles": past.breakdown.cycles}
+    if not found:
+        report.checks.append(Check(
+            "saved run", "INFO",
+            f"{saved.name}: too few cycles to compare ({_fmt_count(past.breakdown.cycles)} in "
+            f"the saved run, {dg.MIN_PAST_CYCLES:.0f} needed; "
+            f"{_fmt_count(recent.breakdown.cycles)} in the window, {dg.MIN_RECENT_CYCLES:.0f} "
+            "needed)", data))
+        return
+    report.checks.append(Check(
+        "saved run", "OK",
+        f"compared with {saved.name}: {_fmt_count(past.breakdown.cycles)} cycles over "
+        f"{saved.seconds:.0f} s", data))
+    report.findings.extend(found)
 
 
 _VERDICT = {"ok": "OK", "info": "INFO", "warn": "WARN", "fail": "FAIL"}
@@ -675,6 +739,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"{_PROG}: {exc.name or exc} is missing: pip install 'specobs[cli,prometheus]'",
               file=sys.stderr)
         return 1
+    saved: SavedRun | None = None
+    if args.against is not None:
+        try:
+            saved = load_saved_run(args.against)
+        except ValueError as exc:
+            print(f"{_PROG}: --against: {exc}", file=sys.stderr)
+            return 2
     with _http.http_client(args) as client:
         if prometheus:
             report = examine_prometheus(client, url, selector, window, history,
@@ -682,6 +753,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             report = examine(client, url, args.wait, _http.limits_from(args),
                              min_cycles=args.min_cycles, max_wait_seconds=args.max_wait)
+    if saved is not None:
+        against_saved(report, saved)
     code = exit_code(report)
     # Credentials in the URL went to the server (HTTP Basic), never to the output.
     url = _http.display_url(url)
