@@ -23,6 +23,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
@@ -56,6 +57,22 @@
 #define SLOT_OPEN 1
 #define SLOT_DONE 2
 #define SLOT_VOID 3
+/* Fewer waiting cycles than this are drained with the GIL held: letting go of it and taking it
+ * back costs more than walking a few slots. */
+#define NOGIL_MIN 16
+
+/* A slot's state is the one field the worker and a drain walking without the GIL share: the
+ * worker writes every other field of its cycle before it stores DONE (release), and the walk
+ * reads them only after it loaded DONE (acquire). The head and the tail are read across the
+ * same two threads likewise. */
+#define STATE(s) __atomic_load_n(&(s)->state, __ATOMIC_ACQUIRE)
+#define STATE_SET(s, v) __atomic_store_n(&(s)->state, (v), __ATOMIC_RELEASE)
+#define LOAD64(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define STORE64(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+/* Bumped in a forked child (pthread_atfork): a ring's lock may have been held by a thread the
+ * child does not have; the ring makes a new one the first time it is locked there. */
+static uint64_t g_fork_gen = 0;
 
 static inline int64_t
 now_ns(void)
@@ -84,6 +101,12 @@ typedef struct {
     PyObject *emitted;
     PyObject *batch_obj; /* a batch size that is not an int in 0..2**31 */
     int has_obj_acc; /* acc / copy hold this cycle's acceptance (accept() was called) */
+    /* A copy started by the native core: its pinned buffer, element size and length, and the
+     * draft length its values are validated against (-1: not an int in 0..k_max, or an
+     * ``emitted`` was given: the resolver validates in Python). A drain without the GIL reads
+     * the copy from these, never from the object. */
+    void *cptr;
+    int32_t cisz, clen, ck;
 } Slot;
 
 struct Totals;
@@ -127,6 +150,12 @@ typedef struct {
      * sentinel, and for how many polls running. */
     int64_t if_idx, if_polls;
     Py_ssize_t waiting; /* done slots not yet drained */
+    /* Held by a drain while it walks the ring without the GIL, and by whoever else moves the
+     * tail or reads the running totals meanwhile (a full ring's begin(), clear_queue, totals);
+     * those hold the GIL, the walk never takes it, so the order GIL -> lock cannot deadlock. */
+    pthread_mutex_t mu;
+    uint64_t mu_gen;
+    int64_t nogil_cycles, nogil_walks, nogil_ns;
     PyObject *slow;
     PyObject *record_fn;
     PyObject *stream;
@@ -163,6 +192,27 @@ ring_now(Ring *r)
     if (__builtin_expect(r->tick != 0, 0))
         return r->fake_now += r->tick;
     return now_ns();
+}
+
+/* The ring's lock. Taken with the GIL held, except by the walk, which drain_into lets go of the
+ * GIL for after it made sure of the lock here: so a ring whose lock a thread lost in a fork is
+ * given a new one by the one thread the child has, before anyone waits on it. */
+static inline void
+ring_lock(Ring *r)
+{
+    /* mu_gen is 0 until the lock is first made (a new ring is zeroed), then the generation + 1 */
+    uint64_t gen = __atomic_load_n(&g_fork_gen, __ATOMIC_RELAXED) + 1;
+    if (r->mu_gen != gen) {
+        pthread_mutex_init(&r->mu, NULL);
+        r->mu_gen = gen;
+    }
+    pthread_mutex_lock(&r->mu);
+}
+
+static inline void
+ring_unlock(Ring *r)
+{
+    pthread_mutex_unlock(&r->mu);
 }
 
 static PyObject *s_ptr, *s_itemsize, *s_length, *s_fenced, *s_sentinel, *s_free;
@@ -315,7 +365,7 @@ static void
 discard(Ring *r, Slot *s)
 {
     r->discarded++;
-    s->state = SLOT_VOID;
+    STATE_SET(s, SLOT_VOID);
     slot_drop_held(r, s);
 }
 
@@ -400,7 +450,7 @@ ensure_lens(Slot *s, Py_ssize_t n)
     Py_ssize_t cap = s->lcap ? s->lcap : 16;
     while (cap < n)
         cap *= 2;
-    uint8_t *p = PyMem_Realloc(s->lens, (size_t)cap);
+    uint8_t *p = PyMem_RawRealloc(s->lens, (size_t)cap); /* raw: a walk without the GIL reads it */
     if (p == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -524,7 +574,7 @@ slot_of(Cycle *c)
 static inline int
 owns(Cycle *c, Slot *s)
 {
-    return s->state == SLOT_OPEN && s->idx == c->seq;
+    return STATE(s) == SLOT_OPEN && s->idx == c->seq;
 }
 
 static PyObject *
@@ -579,23 +629,29 @@ static int
 make_room(Ring *r)
 {
     int dropped = 0;
+    if ((Py_ssize_t)(r->head - LOAD64(&r->tail)) < r->capacity)
+        return 0; /* the common case: a walk only ever makes more room */
     Deferral d = {NULL, 0, 1};
+    /* A walk without the GIL may be moving the tail: wait for it (bounded by its chunk). No
+     * Python code runs while the lock is held (what is let go of is parked until after). */
+    ring_lock(r);
     while ((Py_ssize_t)(r->head - r->tail) >= r->capacity) {
         if (d.outer && g_defer == NULL)
             defer_begin(&d); /* only when something is dropped: begin() allocates nothing */
         Slot *old = &r->slots[r->tail % (uint64_t)r->nslots];
-        if (old->state == SLOT_DONE) {
+        if (STATE(old) == SLOT_DONE) {
             r->dropped_queue_full++;
             r->waiting--;
             dropped = 1;
         }
-        else if (old->state == SLOT_OPEN)
+        else if (STATE(old) == SLOT_OPEN)
             r->dropped_queue_full++;
-        old->state = SLOT_VOID;
+        STATE_SET(old, SLOT_VOID);
         slot_drop_held(r, old);
         slot_clear_objs(old);
-        r->tail++;
+        STORE64(&r->tail, r->tail + 1);
     }
+    ring_unlock(r);
     defer_end(&d);
     return dropped;
 }
@@ -616,7 +672,7 @@ Cycle_end(Cycle *self, PyObject *Py_UNUSED(ignored))
     if (!owns(self, s))
         Py_RETURN_NONE; /* discarded already (and counted) */
     if (self->index < 0) {
-        s->state = SLOT_VOID; /* begun in CUDA graph capture: counted when it began */
+        STATE_SET(s, SLOT_VOID); /* begun in CUDA graph capture: counted when it began */
         Py_RETURN_NONE;
     }
     if (s->nts != r->nph) {
@@ -636,7 +692,7 @@ Cycle_end(Cycle *self, PyObject *Py_UNUSED(ignored))
         report_internal(r);
     if (!owns(self, s))
         Py_RETURN_NONE; /* dropped while the event was recorded (counted there) */
-    s->state = SLOT_DONE;
+    STATE_SET(s, SLOT_DONE);
     r->enqueued++;
     r->waiting++;
     if (r->waiting >= r->wake_at)
@@ -685,8 +741,13 @@ slot_fields(PyObject *slot, void **ptr, long *itemsize, void **handle)
  * runtime, the GIL held, no Python code of specobs. 1: started (``*out``: the slot, a new reference); 0: this
  * tensor is for the Python path (another dtype or device, not contiguous, too long, no free slot,
  * or the runtime refused the copy); -1: an exception. */
+typedef struct {
+    void *ptr; /* the pinned buffer the copy lands in */
+    int32_t isz, len;
+} NativeCopy;
+
 static int
-native_copy(Ring *r, PyObject *tensor, PyObject **out)
+native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
 {
     PyObject *dtype = PyObject_GetAttr(tensor, s_dtype);
     if (dtype == NULL)
@@ -783,6 +844,9 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out)
         Py_DECREF(res);
     }
     r->nc_copies++;
+    nc->ptr = dst;
+    nc->isz = (int32_t)isz;
+    nc->len = (int32_t)n;
     if (nfree - 1 < r->nc_low)
         call_slow(r, s_wake, NULL, 0); /* slots come back only once the resolver read them */
     *out = slot;
@@ -798,12 +862,13 @@ give_back: /* no copy is in flight from the slot: it returns to the pool */
 /* The acceptance of a CUDA tensor: a copy started here (or by the recorder), read by the
  * resolver. */
 static void
-accept_cuda(Ring *r, Cycle *c, Slot *s, PyObject *tensor)
+accept_cuda(Ring *r, Cycle *c, Slot *s, PyObject *tensor, int32_t ck)
 {
     int64_t t = ring_now(r);
     PyObject *copy = NULL;
+    NativeCopy nc = {NULL, 0, 0};
     if (r->nc_memcpy != NULL) {
-        int done = native_copy(r, tensor, &copy);
+        int done = native_copy(r, tensor, &copy, &nc);
         if (done < 0) {
             report_internal(r);
             copy = NULL;
@@ -841,6 +906,10 @@ accept_cuda(Ring *r, Cycle *c, Slot *s, PyObject *tensor)
     }
     Py_XSETREF(s->copy, copy);
     s->has_obj_acc = 1;
+    s->cptr = nc.ptr; /* NULL for a copy the recorder started */
+    s->cisz = nc.isz;
+    s->clen = nc.len;
+    s->ck = ck;
 }
 
 static PyObject *
@@ -930,7 +999,7 @@ Cycle_accept(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
                 Py_INCREF(emitted);
                 s->emitted = emitted;
             }
-            accept_cuda(r, self, s, accepted);
+            accept_cuda(r, self, s, accepted, native_k && emitted == Py_None ? (int32_t)k : -1);
             Py_RETURN_NONE;
         }
         PyObject *tolist = NULL;
@@ -1137,8 +1206,11 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
         drop_ref(&s->copy);
         s = &r->slots[r->head % (uint64_t)r->nslots];
     }
-    uint64_t pos = r->head++;
-    s->state = SLOT_OPEN;
+    uint64_t pos = r->head;
+    s->cptr = NULL;
+    s->ck = -1;
+    STORE64(&r->head, pos + 1);
+    STATE_SET(s, SLOT_OPEN);
     s->ts[0] = t;
     s->nts = 1;
     s->nseq = -1;
@@ -1153,7 +1225,7 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     if (c == NULL) {
         c = PyObject_GC_New(Cycle, &CycleType);
         if (c == NULL) {
-            s->state = SLOT_VOID;
+            STATE_SET(s, SLOT_VOID);
             report_internal(r);
             Py_INCREF(r->null_cycle);
             return r->null_cycle;
@@ -1274,9 +1346,9 @@ Ring_pending(Ring *r, PyObject *arg)
     Py_ssize_t n = 0;
     for (uint64_t p = r->tail; p != r->head && n < limit; p++) {
         Slot *s = &r->slots[p % (uint64_t)r->nslots];
-        if (s->state == SLOT_VOID)
+        if (STATE(s) == SLOT_VOID)
             continue;
-        if (s->state != SLOT_DONE)
+        if (STATE(s) != SLOT_DONE)
             break;
         n++;
         bound = s->idx + 1;
@@ -1516,9 +1588,9 @@ Ring_poll(Ring *r, PyObject *const *args, Py_ssize_t nargs)
      * move the ring (the cycles looked at stay alive, and the drain re-reads the ring). */
     for (uint64_t p = r->tail; p != r->head && n < limit && nh < cap; p++) {
         Slot *s = &r->slots[p % (uint64_t)r->nslots];
-        if (s->state == SLOT_VOID)
+        if (STATE(s) == SLOT_VOID)
             continue;
-        if (s->state != SLOT_DONE)
+        if (STATE(s) != SLOT_DONE)
             break;
         n++;
         bound = s->idx + 1;
@@ -1699,6 +1771,18 @@ typedef struct Totals {
     int64_t cycles, accepted, drafted, emitted, bsum, bn, last;
 } Totals;
 
+/* Whether a done cycle is one the walk without the GIL can take, bound, traces and slowness
+ * aside: nothing but numbers, or a native copy of the clock's pinned type to read. */
+static inline int
+walkable(Ring *r, Slot *s)
+{
+    if (s->ev || s->acc || s->emitted || s->batch_obj)
+        return 0;
+    if (s->copy == NULL)
+        return !s->draft && !s->has_obj_acc;
+    return s->cptr != NULL && s->ck >= 0 && (PyObject *)Py_TYPE(s->copy) == r->copy_type;
+}
+
 /* The drain itself: consume the done cycles with index < bound, at most ``limit``, into ``t``;
  * append the cycles that need Python to ``details`` and the copies read here to ``released``.
  * Makes no call into Python (the worker cannot run in between). Sets the cycles taken and the
@@ -1706,20 +1790,25 @@ typedef struct Totals {
 static int
 drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trace,
            long long slow_ns, int want_all, PyObject *details, PyObject *released,
-           Py_ssize_t *n_out, int64_t *total_out)
+           Py_ssize_t *n_out, int64_t *total_out, int yield_to_walk)
 {
     int nph = r->nph, nb = r->ndb + 1;
     int64_t total = 0;
     Py_ssize_t n = 0, ti = 0, nt = PyList_GET_SIZE(trace);
     while (r->tail != r->head && n < limit) {
         Slot *s = &r->slots[r->tail % (uint64_t)r->nslots];
-        if (s->state == SLOT_VOID) {
+        /* drain_into: the walk without the GIL takes over again at the next cycle it can
+         * take, once this drain took one (so every round takes at least one). */
+        if (yield_to_walk && n > 0 && STATE(s) == SLOT_DONE && r->waiting >= NOGIL_MIN
+            && walkable(r, s))
+            break;
+        if (STATE(s) == SLOT_VOID) {
             slot_drop_held(r, s);
             slot_clear_objs(s);
-            r->tail++;
+            STORE64(&r->tail, r->tail + 1);
             continue;
         }
-        if (s->state != SLOT_DONE || s->idx >= bound)
+        if (STATE(s) != SLOT_DONE || s->idx >= bound)
             break;
         int64_t *ts = s->ts;
         for (int i = 0; i < nph; i++) {
@@ -1787,14 +1876,254 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
         drop_ref(&s->ev);
         drop_ref(&s->copy);
         slot_clear_objs(s);
-        s->state = SLOT_VOID;
-        r->tail++;
+        STATE_SET(s, SLOT_VOID);
+        STORE64(&r->tail, r->tail + 1);
         r->waiting--;
         n++;
     }
     *n_out = n;
     *total_out = total;
     return 0;
+}
+
+
+/* -- the drain without the GIL -------------------------------------------------------------- */
+
+
+static inline int64_t
+thread_cpu_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* The drain's common case, walked with the GIL let go and the ring's lock held: the done
+ * cycles from the tail that hold nothing but numbers (stamps, a batch size, acceptance stored
+ * natively), or a native CUDA acceptance copy (``cptr``) of the clock's pinned type that has
+ * completed (index < bound) and whose values are all in 0..its draft length. It stops at the
+ * first cycle that needs Python: events, objects kept for validation, a copy it cannot read
+ * natively, a cycle picked for a trace (``next_trace``) or slow (``slow_ns``), an open slot. Adds
+ * to ``t`` exactly what drain_loop would. Touches no Python object's reference count and calls
+ * no Python API: a copy read here, and its draft-length object, are parked in ``pc`` / ``pd``
+ * (their references moved there) for the caller to hand back once it holds the GIL again.
+ * Returns the cycles taken; ``*total_out`` is the sum of their host cycle times. */
+/* One value of a native copy's pinned buffer. */
+static inline int64_t
+copy_value(const Slot *s, int32_t i)
+{
+    if (s->cisz == 8) {
+        int64_t v;
+        memcpy(&v, (const char *)s->cptr + 8 * (size_t)i, 8);
+        return v;
+    }
+    int32_t x;
+    memcpy(&x, (const char *)s->cptr + 4 * (size_t)i, 4);
+    return x;
+}
+
+/* Whether the walk takes this done cycle: the same question before the GIL is let go (so it is
+ * let go only for a walk that takes one at least) and during the walk. Reads the slot and a
+ * native copy's pinned buffer, nothing else. */
+static int
+walk_takes(Ring *r, Slot *s, int64_t bound, int64_t next_trace, int64_t slow_ns,
+           const void *copy_type)
+{
+    if (s->ev != NULL || s->acc != NULL || s->emitted != NULL || s->batch_obj != NULL
+        || s->idx >= bound || s->idx >= next_trace)
+        return 0;
+    if (slow_ns >= 0 && s->ts[r->nph] - s->ts[0] >= slow_ns)
+        return 0; /* traced as slow */
+    if (s->copy == NULL)
+        return s->draft == NULL && !s->has_obj_acc;
+    if (s->cptr == NULL || s->ck < 0 || s->nseq >= 0 || s->clen > NATIVE_MAX_SEQ
+        || (const void *)Py_TYPE(s->copy) != copy_type || (s->cisz != 4 && s->cisz != 8))
+        return 0;
+    for (int32_t i = 0; i < s->clen; i++) {
+        int64_t v = copy_value(s, i);
+        if (v < 0 || v > s->ck)
+            return 0; /* out of range: the resolver's validation says which */
+    }
+    return 1;
+}
+
+/* The drain's common case, walked with the GIL let go and the ring's lock held: the done
+ * cycles from the tail that ``walk_takes`` -- nothing but numbers (stamps, a batch size,
+ * acceptance stored natively), or a completed native CUDA acceptance copy (index < bound) of
+ * the clock's pinned type with every value in 0..its draft length -- stopping at the first
+ * cycle that needs Python: events, objects kept for validation, a copy it cannot read, a cycle
+ * picked for a trace (``next_trace``) or slow (``slow_ns``), an open slot. Adds to ``t``
+ * exactly what drain_loop would. Calls no Python API and touches no reference count: a copy
+ * read here, and its draft-length object, are parked in ``pc`` / ``pd`` (their references
+ * moved there) for the caller to hand back once it holds the GIL again; a slot's length buffer
+ * grows with the raw allocator, which needs no GIL. Returns the cycles taken; ``*total_out``
+ * is the sum of their host cycle times. */
+static Py_ssize_t
+walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_trace,
+           int64_t slow_ns, const void *copy_type, PyObject **pc, Py_ssize_t *npc,
+           PyObject **pd, Py_ssize_t *npd, int64_t *total_out)
+{
+    int nph = r->nph, nb = r->ndb + 1;
+    Py_ssize_t n = 0;
+    int64_t total = 0;
+    uint64_t head = LOAD64(&r->head);
+    while (r->tail != head && n < limit) {
+        Slot *s = &r->slots[r->tail % (uint64_t)r->nslots];
+        int st = STATE(s);
+        if (st == SLOT_VOID) {
+            if (s->ev || s->acc || s->emitted || s->batch_obj || s->copy || s->draft)
+                break; /* its references are let go of with the GIL */
+            STORE64(&r->tail, r->tail + 1);
+            continue;
+        }
+        if (st != SLOT_DONE || !walk_takes(r, s, bound, next_trace, slow_ns, copy_type))
+            break;
+        int64_t *ts = s->ts;
+        int64_t tot = ts[nph] - ts[0];
+        if (s->copy != NULL) {
+            int32_t m = s->clen;
+            if (m > s->lcap) {
+                int32_t cap = s->lcap ? s->lcap : 16;
+                while (cap < m)
+                    cap *= 2;
+                uint8_t *p = PyMem_RawRealloc(s->lens, (size_t)cap);
+                if (p == NULL)
+                    break; /* the drain with the GIL reads it, and reports the memory */
+                s->lens = p;
+                s->lcap = cap;
+            }
+            int64_t sum = 0;
+            for (int32_t i = 0; i < m; i++) {
+                int64_t v = copy_value(s, i);
+                s->lens[i] = (uint8_t)v;
+                sum += v;
+            }
+            s->nseq = m;
+            s->k = s->ck;
+            s->accsum = sum;
+            s->has_obj_acc = 0;
+            pc[(*npc)++] = s->copy;
+            s->copy = NULL;
+            s->cptr = NULL;
+            if (s->draft != NULL) {
+                pd[(*npd)++] = s->draft;
+                s->draft = NULL;
+            }
+        }
+        for (int i = 0; i < nph; i++) {
+            int64_t d = ts[i + 1] - ts[i];
+            t->host[i * nb + bucket_of(r->dbounds, r->ndb, (double)d * 1e-9)]++;
+            t->hsum[i] += d;
+        }
+        t->host[nph * nb + bucket_of(r->dbounds, r->ndb, (double)tot * 1e-9)]++;
+        t->hsum[nph] += tot;
+        total += tot;
+        t->last = ts[nph];
+        t->cycles++;
+        if (s->nseq >= 0) {
+            /* A sequence that drafted nothing (k = 0) emits a token but is no draft. */
+            const uint8_t *lens = s->lens;
+            for (int32_t j = 0; s->k > 0 && j < s->nseq; j++)
+                t->lcounts[lens[j]]++;
+            t->accepted += s->accsum;
+            t->drafted += (int64_t)s->k * s->nseq;
+            t->emitted += s->accsum + s->nseq;
+            t->kseq[s->k] += s->nseq;
+            t->kseen[s->k] = 1;
+        }
+        int64_t b = s->batch >= 0 ? s->batch : (s->nseq >= 0 ? s->nseq : -1);
+        if (b >= 0) {
+            t->bcounts[bucket_of(r->bbounds, r->nbb, (double)b)]++;
+            t->bsum += b;
+            t->bn++;
+        }
+        STATE_SET(s, SLOT_VOID);
+        STORE64(&r->tail, r->tail + 1);
+        n++;
+    }
+    *total_out = total;
+    return n;
+}
+
+/* The walk above for drain_into, when enough cycles wait and the first one is for it: the GIL
+ * let go for the walk, the parked references handed back after. Returns the cycles taken, or -1
+ * on an error (the walk itself cannot fail; allocating its parking can). */
+static Py_ssize_t
+drain_nogil(Ring *r, long long bound, Py_ssize_t limit, PyObject *trace, long long slow_ns,
+            PyObject *released, int64_t *total_out)
+{
+    *total_out = 0;
+    Py_ssize_t cap = limit < r->waiting ? limit : r->waiting;
+    if (cap < NOGIL_MIN)
+        return 0;
+    /* Is the first waiting cycle one the walk takes? (Else the GIL would be let go for
+     * nothing.) */
+    Slot *first = NULL;
+    for (uint64_t p = r->tail; p != r->head; p++) {
+        Slot *s = &r->slots[p % (uint64_t)r->nslots];
+        if (STATE(s) != SLOT_VOID) {
+            first = s;
+            break;
+        }
+        if (s->ev || s->copy || s->acc || s->draft || s->emitted || s->batch_obj)
+            return 0;
+    }
+    if (first == NULL || STATE(first) != SLOT_DONE)
+        return 0;
+    int64_t next_trace = INT64_MAX;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(trace); i++) {
+        long long want = PyLong_AsLongLong(PyList_GET_ITEM(trace, i));
+        if (want == -1 && PyErr_Occurred())
+            return -1;
+        if (want >= first->idx) {
+            next_trace = want; /* sorted: the first at or after the walk's start */
+            break;
+        }
+    }
+    if (!walk_takes(r, first, bound, next_trace, slow_ns, r->copy_type))
+        return 0;
+    PyObject **park = PyMem_Malloc(sizeof(PyObject *) * 2 * (size_t)cap);
+    if (park == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    const void *copy_type = r->copy_type;
+    Py_ssize_t npc = 0, npd = 0, n;
+    int64_t total = 0, cpu;
+    ring_lock(r); /* here, with the GIL: a new lock after a fork is made by one thread */
+    ring_unlock(r);
+    Py_BEGIN_ALLOW_THREADS
+    cpu = thread_cpu_ns();
+    ring_lock(r);
+    n = walk_nogil(r, r->totals, bound, cap, next_trace, slow_ns, copy_type, park, &npc,
+                   park + cap, &npd, &total);
+    ring_unlock(r);
+    cpu = thread_cpu_ns() - cpu;
+    Py_END_ALLOW_THREADS
+    r->waiting -= n;
+    r->nogil_cycles += n;
+    r->nogil_walks++;
+    r->nogil_ns += cpu;
+    int rc = 0;
+    /* Back under the GIL: the copies read go back to their pools (what their ``release``
+     * does), else to the resolver; the draft lengths are let go of. */
+    for (Py_ssize_t i = 0; i < npc; i++) {
+        PyObject *copy = park[i];
+        PyObject *pool = PyObject_GetAttr(copy, s_free);
+        int back = pool != NULL && PyList_CheckExact(pool) ? PyList_Append(pool, copy)
+                                                             : PyList_Append(released, copy);
+        if (pool == NULL)
+            PyErr_Clear();
+        Py_XDECREF(pool);
+        if (back < 0)
+            rc = -1;
+        Py_DECREF(copy);
+    }
+    for (Py_ssize_t i = 0; i < npd; i++)
+        Py_DECREF(park[cap + i]);
+    PyMem_Free(park);
+    *total_out = total;
+    return rc < 0 ? -1 : n;
 }
 
 static int
@@ -1893,7 +2222,7 @@ Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     Deferral d;
     defer_begin(&d);
     int rc = drain_loop(r, t, bound, limit, args[2], slow_ns, want_all, details, released, &n,
-                        &total);
+                        &total, 0);
     defer_end(&d);
     if (rc < 0)
         goto done;
@@ -1932,15 +2261,39 @@ Ring_drain_into(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     if (drain_args(args, nargs, &bound, &limit, &slow_ns, &want_all) < 0)
         return NULL;
     PyObject *details = PyList_New(0), *released = PyList_New(0), *out = NULL;
-    if (details != NULL && released != NULL) {
+    int rc = details != NULL && released != NULL ? 0 : -1;
+    int walk = !want_all;
+    /* Only the cycles begun before this call: one a finalizer run between two rounds begins
+     * waits for the next drain, as it does when the drain is one pass. */
+    if (bound > r->begun)
+        bound = r->begun;
+    /* Rounds: the walk without the GIL takes the common case, the drain with it the cycles that
+     * need Python, until the chunk is full or nothing more is ready. */
+    while (rc == 0 && n < limit) {
+        int64_t wtotal = 0, gtotal = 0;
+        Py_ssize_t nw = walk ? drain_nogil(r, bound, limit - n, args[2], slow_ns, released,
+                                           &wtotal) : 0;
+        if (nw < 0) {
+            nw = 0;
+            PyErr_Clear(); /* nothing was walked: the drain below takes the cycles instead */
+        }
+        n += nw;
+        total += wtotal;
+        if (n >= limit)
+            break;
+        Py_ssize_t ng = 0;
         Deferral d;
         defer_begin(&d);
-        int rc = drain_loop(r, r->totals, bound, limit, args[2], slow_ns, want_all, details,
-                            released, &n, &total);
+        rc = drain_loop(r, r->totals, bound, limit - n, args[2], slow_ns, want_all, details,
+                        released, &ng, &gtotal, walk);
         defer_end(&d);
-        if (rc == 0)
-            out = Py_BuildValue("(nLOO)", n, (long long)total, details, released);
+        n += ng;
+        total += gtotal;
+        if (ng == 0)
+            break;
     }
+    if (rc == 0)
+        out = Py_BuildValue("(nLOO)", n, (long long)total, details, released);
     r->drained += n;
     Py_XDECREF(details);
     Py_XDECREF(released);
@@ -1953,23 +2306,34 @@ Ring_drain_into(Ring *r, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 Ring_totals(Ring *r, PyObject *Py_UNUSED(ignored))
 {
-    Totals *t = r->totals;
+    /* A copy taken under the ring's lock (a walk without the GIL may be adding to them). */
+    Totals *t = PyMem_Malloc(sizeof(Totals));
+    if (t == NULL)
+        return PyErr_NoMemory();
+    ring_lock(r);
+    memcpy(t, r->totals, sizeof(Totals));
+    ring_unlock(r);
     PyObject *tt = totals_tuple(r, t);
-    if (tt == NULL)
+    if (tt == NULL) {
+        PyMem_Free(t);
         return NULL;
+    }
     PyObject *out = Py_BuildValue(
         "(LOOOOOOOON)", (long long)t->cycles, PyTuple_GET_ITEM(tt, 0), PyTuple_GET_ITEM(tt, 1),
         PyTuple_GET_ITEM(tt, 2), PyTuple_GET_ITEM(tt, 3), PyTuple_GET_ITEM(tt, 4),
         PyTuple_GET_ITEM(tt, 5), PyTuple_GET_ITEM(tt, 6), PyTuple_GET_ITEM(tt, 7),
         t->cycles ? PyLong_FromLongLong(t->last) : (Py_INCREF(Py_None), Py_None));
     Py_DECREF(tt);
+    PyMem_Free(t);
     return out;
 }
 
 static PyObject *
 Ring_reset_totals(Ring *r, PyObject *Py_UNUSED(ignored))
 {
+    ring_lock(r);
     memset(r->totals, 0, sizeof(Totals));
+    ring_unlock(r);
     Py_RETURN_NONE;
 }
 
@@ -1980,18 +2344,20 @@ Ring_clear_queue(Ring *r, PyObject *Py_UNUSED(ignored))
     Py_ssize_t n = 0;
     Deferral d;
     defer_begin(&d);
+    ring_lock(r);
     while (r->tail != r->head) {
         Slot *s = &r->slots[r->tail % (uint64_t)r->nslots];
-        if (s->state == SLOT_DONE)
+        if (STATE(s) == SLOT_DONE)
             n++;
-        s->state = SLOT_VOID; /* an open cycle's end() finds its slot gone */
+        STATE_SET(s, SLOT_VOID); /* an open cycle's end() finds its slot gone */
         slot_drop_held(r, s);
         slot_clear_objs(s);
-        r->tail++;
+        STORE64(&r->tail, r->tail + 1);
     }
     r->waiting = 0;
     r->if_idx = -1;
     r->if_polls = 0;
+    ring_unlock(r);
     defer_end(&d);
     return PyLong_FromSsize_t(n);
 }
@@ -2173,12 +2539,14 @@ Ring_dealloc(Ring *r)
     Ring_clear(r);
     if (r->slots != NULL) {
         for (Py_ssize_t i = 0; i < r->nslots; i++)
-            PyMem_Free(r->slots[i].lens);
+            PyMem_RawFree(r->slots[i].lens);
         PyMem_Free(r->slots);
         r->slots = NULL;
     }
     PyMem_Free(r->totals);
     r->totals = NULL;
+    if (r->mu_gen != 0)
+        pthread_mutex_destroy(&r->mu);
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
@@ -2254,7 +2622,7 @@ Ring_forget_current(Ring *r, PyObject *Py_UNUSED(ignored))
         c->closed = 1;
         Slot *s = slot_of(c);
         if (owns(c, s))
-            s->state = SLOT_VOID;
+            STATE_SET(s, SLOT_VOID);
         Py_CLEAR(r->current);
     }
     Py_RETURN_NONE;
@@ -2292,6 +2660,12 @@ static PyMemberDef Ring_members[] = {
      "the cycle whose copy the poll found first in flight by its sentinel (-1: none)"},
     {"in_flight_polls", T_LONGLONG, offsetof(Ring, if_polls), 0,
      "for how many polls running it was first"},
+    {"nogil_cycles", T_LONGLONG, offsetof(Ring, nogil_cycles), READONLY,
+     "cycles drained with the GIL let go (the common case of drain_into)"},
+    {"nogil_walks", T_LONGLONG, offsetof(Ring, nogil_walks), READONLY,
+     "drains that let go of the GIL to walk the ring"},
+    {"nogil_ns", T_LONGLONG, offsetof(Ring, nogil_ns), READONLY,
+     "thread CPU those walks took, in ns: none of it with the GIL held"},
     {"writer", T_ULONG, offsetof(Ring, writer), READONLY,
      "native id of the thread that began the last cycle (0: none yet, or not known)"},
     {NULL, 0, 0, 0, NULL},
@@ -2408,9 +2782,21 @@ static struct PyModuleDef core_module = {
             return NULL;                                                                     \
     } while (0)
 
+static void
+bump_fork_gen(void)
+{
+    __atomic_add_fetch(&g_fork_gen, 1, __ATOMIC_RELAXED);
+}
+
 PyMODINIT_FUNC
 PyInit__core(void)
 {
+    static int atfork_done = 0;
+    if (!atfork_done) {
+        if (pthread_atfork(NULL, NULL, bump_fork_gen) != 0)
+            return PyErr_Format(PyExc_OSError, "pthread_atfork failed");
+        atfork_done = 1;
+    }
     INTERN(s_misuse, "misuse");
     INTERN(s_misuse_mark, "misuse_mark");
     INTERN(s_misuse_end, "misuse_end");

@@ -278,10 +278,12 @@ class Resolver:
         between slices so a worker waiting for the GIL gets it.
         """
         total = 0
+        ring = self.rec.ring
         while True:
             limit = self.chunk
             with self._drain_lock:
                 t_cpu = time.thread_time_ns()
+                nogil0 = getattr(ring, "nogil_ns", 0)
                 taken_box = [0]
                 cpu = 0
                 try:
@@ -291,12 +293,15 @@ class Resolver:
                     # waits on this number, so it must not move before the data it stands for
                     # is visible -- and it must move even if something raised, or every later
                     # flush would wait its whole timeout for records that are gone.
-                    cpu = time.thread_time_ns() - t_cpu
+                    all_cpu = time.thread_time_ns() - t_cpu
+                    # What the native core walked with the GIL let go is no hold: a slice's
+                    # holds are its CPU without it (the time before and after the walk).
+                    cpu = max(0, all_cpu - (getattr(ring, "nogil_ns", 0) - nogil0))
                     if cpu > self.max_hold_ns:
                         self.max_hold_ns = cpu
                     if cpu > 100_000:
                         self.long_holds += 1
-                    self.agg.add_cpu("resolver", cpu / 1e9)
+                    self.agg.add_cpu("resolver", all_cpu / 1e9)
                     self.consumed += taken_box[0]
             self.slices += 1
             if n:
@@ -642,16 +647,21 @@ class Resolver:
         overhead: float | None = None
         if self._cycle_ewma > 0:
             # What the worker loses per cycle: event records on sampled cycles (measured on the
-            # hot path), host stamps (an estimate per boundary), and the resolver's own CPU per
-            # record, which shares the GIL with the worker. Not the CUDA acceptance copies'
-            # measured time (``_copy_ewma``): it is wall time on the worker, mostly waiting to
-            # get the GIL back from the resolver after the copy released it, which the
-            # resolver's term already counts -- added, the gauge read 2-4x the measured loss on
-            # the H200 (benchmarks/RESULTS.md, issue 15).
+            # hot path), host stamps (an estimate per boundary), and the resolver's CPU per
+            # record while it holds the GIL, which the worker shares (what the native core
+            # walks with the GIL let go is not counted: the worker runs meanwhile). CUDA
+            # acceptance copies the native core starts hold the GIL through two runtime calls:
+            # their measured time on the worker (``_copy_ewma``) is the worker's own, and counts.
+            # Copies through torch (the Python path) let go of the GIL inside, and most of
+            # their wall time is waiting to get it back from the resolver, which its term
+            # counts already -- added, the gauge read 2-4x the measured loss on the H200
+            # (benchmarks/RESULTS.md, issue 15).
+            native_copies = getattr(rec.ring, "native_copies", 0) > 0
             per_cycle = (
                 self._cost_ewma / max(rec.interval, 1)
                 + rec.boundary_ns * (rec.nphases + 1)
                 + self._record_ns
+                + (self._copy_ewma if native_copies else 0.0)
             )
             overhead = per_cycle / self._cycle_ewma
         self.agg.set_sampling(rec.interval, overhead, cost / 1e9 if n_sampled else 0.0)

@@ -374,6 +374,9 @@ class PyRing:
         self.dropped_queue_full = 0
         self.discarded = 0
         self.copy_ns = 0
+        #: The native core drains the common case with the GIL let go (``nogil_*``: cycles, walks,
+        #: thread CPU ns); Python cannot, so these stay 0 here.
+        self.nogil_cycles = self.nogil_walks = self.nogil_ns = 0
         self.record_fn: Any = None
         self.stream: Any = None
         #: The clock's pinned-buffer copy type, whose completed copies the drain reads itself.

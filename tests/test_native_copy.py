@@ -295,3 +295,39 @@ def test_the_poll_never_reads_a_cycle_in_flight_and_equals_its_specification(see
         assert polled > 50  # the streams held copies for the poll to look at
     finally:
         obs.shutdown(5)
+
+
+@pytest.mark.skipif(not native_ring(), reason="the pure-Python ring always holds the GIL")
+def test_completed_native_copies_are_read_by_the_walk_without_the_gil() -> None:
+    """A native copy's pinned buffer, element size and length are kept in its slot, so the
+    drain's walk without the GIL reads completed copies itself: every count exact, every pinned
+    slot back in its pool, values out of range left for the resolver's validation."""
+    gpu = FakeGpu()
+    clock = FakeNativeCopyClock(gpu, buffers=256)
+    obs = specobs.configure(sinks=[], clock=clock, sample_every=1 << 30,
+                            poll_interval_seconds=3600)
+    ring = obs._recorder.ring
+    want_acc = 0
+    try:
+        for i in range(200):
+            c = obs.begin(batch_size=3)
+            c.mark("verify")
+            vals = [i % 5, (i * 3) % 5, 4 - i % 5]
+            if i == 150:
+                vals[1] = 7  # above the draft length: the resolver counts it as bad
+            else:
+                want_acc += sum(vals)
+            c.accept(FakeDeviceArray(vals), draft_length=4)
+            c.mark("bookkeeping")
+            c.end()
+        gpu.complete()
+        assert obs.force_flush(10)
+        s = obs.snapshot()
+        assert s.cycles_total == 200
+        assert s.accepted_tokens_total == want_acc
+        assert s.draft_tokens_total == 199 * 3 * 4
+        assert s.errors["bad_acceptance"] == 1
+        assert ring.nogil_cycles >= 150  # the walk took the copies up to the bad one at least
+        assert len(clock.free) == 256  # every pinned slot came back
+    finally:
+        obs.shutdown(5)

@@ -500,3 +500,86 @@ def test_a_finalizer_run_by_the_drain_cannot_move_the_ring_under_it(kind):
     assert len(ring) == 1  # the finalizer's cycle, for the next drain
     assert ring.drain_into(1 << 60, 100, [], -1, False)[0] == 1
     assert ring.totals()[0] == 4 and len(ring) == 0
+
+
+def run_bursts(kind: str, seed: int) -> tuple[list[Any], Any]:
+    """Bursts of well-formed cycles (the common case: what the native core drains with the GIL
+    let go) mixed with cycles that need Python (kept objects, per-sequence draft lengths, an
+    ``emitted``, bad values, sampled events, misuse), drained into the running totals with
+    random limits, traced indices and slow thresholds."""
+    rng = random.Random(seed)
+    ring, slow = make(kind, seed, rng.choice([64, 256]))
+    if rng.random() < 0.5:
+        ring.sampling = 1
+        ring.interval = rng.choice([7, 50])
+    log: list[Any] = []
+    for _ in range(40):
+        for _ in range(rng.randint(0, 120)):
+            u = rng.random()
+            c = ring.begin(rng.choice([None, 4, 8]))
+            c.mark("verify")
+            c.mark("bookkeeping")
+            if u < 0.7:
+                n = rng.choice([1, 4, 8])
+                vals = [rng.randint(0, 4) for _ in range(n)]
+                form = rng.choice(["list", "tuple", "np64", "array"])
+                acc = (vals if form == "list" else tuple(vals) if form == "tuple"
+                       else np.array(vals, dtype=np.int64) if form == "np64"
+                       else array.array("q", vals))
+                c.accept(acc, draft_length=4)
+            elif u < 0.95:
+                acc, kw = acceptance_input(rng)
+                c.accept(acc, **kw)
+            if rng.random() < 0.02:
+                c.mark("nope")  # misuse: the cycle is discarded
+            c.end()
+        held, bound = ring.pending(rng.choice([8, 64, 1000]))
+        if held and rng.random() < 0.3:
+            bound = held[rng.randrange(len(held))][0]
+        trace = sorted(rng.sample(range(max(bound, 1)), min(2, max(bound, 1))))
+        if rng.random() < 0.5:
+            trace = [t for t in trace if t >= bound - 40]
+        args = (bound, rng.choice([16, 100, 1000]), trace, rng.choice([-1, -1, 40 * 997]),
+                rng.random() < 0.1)
+        log.append(("drain_into", normalise(ring.drain_into(*args))))
+        log.append(("totals", normalise(ring.totals()), ring.drained, len(ring)))
+    log.append(("final", normalise(ring.drain_into(1 << 60, 1 << 30, [], -1, False))))
+    log.append(("totals", normalise(ring.totals()), ring.drained, len(ring)))
+    log.append(("calls", slow.calls))
+    return log, ring
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_the_common_case_drained_without_the_gil_equals_its_specification(seed):
+    """The native core walks the common case with the GIL let go (``drain_into``: no Python
+    API in the walk, its own lock against a full ring's begin()): chunk for chunk, total for
+    total, the same as the pure-Python ring, which always holds the GIL."""
+    native, ring = run_bursts("native", seed)
+    python, _ = run_bursts("python", seed)
+    assert len(native) == len(python)
+    for a, b in zip(native, python, strict=True):
+        assert a == b
+    # Both paths ran: the walk took cycles, and cycles that need Python went the other way.
+    assert 0 < ring.nogil_cycles < ring.drained, (ring.nogil_cycles, ring.drained)
+    assert ring.nogil_walks > 0 and ring.nogil_ns > 0
+
+
+def test_a_walk_stops_at_a_traced_or_slow_cycle_and_leaves_it_for_python():
+    ring, _ = make("native", 0, 256)
+    for i in range(40):
+        with ring.begin(2) as c:
+            c.mark("verify")
+            if i == 30:
+                ring.tick = 997 * 100  # one slow cycle
+            c.mark("bookkeeping")
+            ring.tick = 997
+            c.accept([1, 2], draft_length=4)
+    n, _, details, _ = ring.drain_into(1 << 60, 1000, [20], 50 * 997, False)
+    assert n == 40
+    assert [(d[0], d[10]) for d in details] == [(20, 1), (30, 1)]  # traced: index, slow
+    # The walk took 0..19, Python the traced 20, the walk 21..29 (19 waited, enough for a
+    # walk), Python the slow 30 and the 9 after it (too few to let go of the GIL for).
+    assert ring.nogil_cycles == 29
+    assert ring.nogil_walks == 2
+    totals = ring.totals()
+    assert totals[0] == 40 and totals[3] == 40 * 3  # every cycle counted, once
