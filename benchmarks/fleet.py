@@ -62,16 +62,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specobs.mixin import MixinConfig, render_all
+from specobs.mixin._panels import dashboard_queries, fill_variables
 from specobs.mixin._rules import RuleNames, _seconds, detection_seconds, history_rules
-from specobs.tools._fleet import GPU_SAMPLE_EVERY, MODELS, NAMESPACE, PHASES, Fleet
-from specobs.tools._fleet_score import (
-    ALERT_MAP,
-    dashboard_queries,
-    fill_variables,
-    firing_from_matrix,
-    load_events,
-    score,
-)
+from specobs.tools.fleet._score import ALERT_MAP, firing_from_matrix, load_events, score
+from specobs.tools.fleet._sim import GPU_SAMPLE_EVERY, MODELS, NAMESPACE, PHASES, Fleet
 
 RULES_PATH = "deploy/prometheus/rules/specobs-rules.yml"
 SCRAPE_SECONDS = 15

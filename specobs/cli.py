@@ -34,9 +34,9 @@ _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "top": ("specobs.tools._top", "live cycle breakdown from a specobs /metrics endpoint or a "
             "Prometheus server"),
     "doctor": ("specobs.tools._doctor", "one-shot health check of a specobs /metrics endpoint"),
-    "fleet-sim": ("specobs.tools._fleet", "serve N simulated servers' /metrics with injected "
+    "fleet-sim": ("specobs.tools.fleet", "serve N simulated servers' /metrics with injected "
                   "faults, to load-test monitoring (loopback only)"),
-    "report": ("specobs.tools._report", "a self-contained HTML report of a run (live endpoint, "
+    "report": ("specobs.tools.report", "a self-contained HTML report of a run (live endpoint, "
                "snapshot file or Prometheus range), or --compare two"),
 }
 

@@ -20,8 +20,10 @@ from typing import Any
 
 import pytest
 
-from specobs.tools import _report, _report_data
+from specobs.tools import report as _report
 from specobs.tools._scrape import Series
+from specobs.tools.report import _charts
+from specobs.tools.report import _data as _report_data
 from tests.test_diagnosis import HEALTHY, delta
 
 pytest.importorskip("plotly")
@@ -282,7 +284,7 @@ def test_the_checks_find_each_broken_chart(
         page = _report.render_run(r)
         head = page[:page.index("</head>") + len("</head>")]
         charts = []
-        for fid, _, fig in _report._figures([r]):
+        for fid, _, fig in _charts.figures([r]):
             fix(fig)
             charts.append(f'<div class="chart" data-title="{html.escape(fig.layout.title.text)}">'
                           + pio.to_html(fig, full_html=False, include_plotlyjs=False,

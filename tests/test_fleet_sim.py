@@ -20,16 +20,10 @@ import yaml
 from specobs import catalog
 from specobs.cli import main
 from specobs.mixin import MixinConfig, render_all
-from specobs.tools._fleet import MODELS, Fleet
-from specobs.tools._fleet_schedule import ScheduleError, load_schedule
-from specobs.tools._fleet_score import (
-    SHORT_WINDOWS,
-    dashboard_queries,
-    fill_variables,
-    firing_from_matrix,
-    load_events,
-    score,
-)
+from specobs.mixin._panels import dashboard_queries, fill_variables
+from specobs.tools.fleet._schedule import ScheduleError, load_schedule
+from specobs.tools.fleet._score import SHORT_WINDOWS, firing_from_matrix, load_events, score
+from specobs.tools.fleet._sim import MODELS, Fleet
 from tests._prometheus_server import PrometheusServer, prometheus_path, promtool
 
 MODEL_NAMES = tuple(m.name for m in MODELS)

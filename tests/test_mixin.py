@@ -15,6 +15,7 @@ import yaml
 from specobs import catalog
 from specobs.mixin import OUTPUT_PATHS, MixinConfig, check_all, render_all, write_all
 from specobs.mixin._dashboards import ENGINE_LATENCY
+from specobs.mixin._panels import dashboard_queries
 from specobs.mixin._rules import (
     ENGINE_REQUEST_GAUGES,
     alert_rules,
@@ -22,7 +23,6 @@ from specobs.mixin._rules import (
     recording_rules,
 )
 from specobs.mixin._runbook import entries as runbook_entries
-from specobs.tools._fleet_score import dashboard_queries
 from tests._prometheus_server import promtool
 from tests.test_mixin_promql import label_values_query, metric_names
 

@@ -14,8 +14,8 @@ import yaml
 
 from specobs.mixin import MixinConfig, render_all
 from specobs.mixin._dashboards import ENGINE_LATENCY
+from specobs.mixin._panels import dashboard_queries
 from specobs.mixin._rules import alert_rules, recording_rules
-from specobs.tools._fleet_score import dashboard_queries
 from tests.test_mixin_promql import label_values_query
 
 try:

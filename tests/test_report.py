@@ -39,9 +39,9 @@ pytest.importorskip("fastapi")
 from specobs import cli  # noqa: E402
 from specobs.tools import _breakdown as bd  # noqa: E402
 from specobs.tools import _promapi as pa  # noqa: E402
-from specobs.tools import _report as report_module  # noqa: E402
-from specobs.tools import _report_stats as stats  # noqa: E402
 from specobs.tools import _scrape as scr  # noqa: E402
+from specobs.tools.report import _charts as charts  # noqa: E402
+from specobs.tools.report import _stats as stats  # noqa: E402
 from tests._prometheus_server import PrometheusServer, free_port  # noqa: E402
 from tests.test_diagnosis_report import chart_problems  # noqa: E402
 
@@ -346,8 +346,7 @@ def _hex_rgb(colour: str) -> tuple[int, int, int]:
 #: The colours the report draws its traces in (lines, stacked areas, bars). Everything else in a
 #: plot area is grey or nearly so: the white background, grid and zero lines, the dotted
 #: reference lines and the annotations ("no baseline", #888).
-TRACE_COLOURS = frozenset(_hex_rgb(c) for c in (*report_module._PHASE_COLORS,
-                                                 *report_module._RUN_COLORS))
+TRACE_COLOURS = frozenset(_hex_rgb(c) for c in (*charts.PHASE_COLORS, *charts.RUN_COLORS))
 #: The least share of a chart's plot area in trace colours for the chart to count as drawn. The
 #: sparsest real chart, one 2 px line across the plot, covers about 0.8 %; the same charts with
 #: their traces removed cover 0 % (checked on every page, _check_page).
@@ -697,7 +696,7 @@ def test_regressions_are_the_significant_changes_for_the_worse() -> None:
 
 def test_help_and_a_light_import() -> None:
     code = (
-        "import sys, specobs.tools._report\n"
+        "import sys, specobs.tools.report\n"
         "heavy = [m for m in ('httpx', 'plotly', 'prometheus_client', 'torch') "
         "if m in sys.modules]\n"
         "assert not heavy, heavy\n"

@@ -27,7 +27,9 @@ __all__ = [
     "SCHEMA_VERSION",
     "WIDTH",
     "PanelBuilder",
+    "dashboard_queries",
     "dashboard_variables",
+    "fill_variables",
 ]
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -493,3 +495,27 @@ def dashboard_variables(
     variables.append(g.Template(name="filters", label="Filters", query="", type="adhoc",
                                 dataSource=DATASOURCE))
     return variables
+
+
+def dashboard_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every query target of a generated dashboard, in panel order."""
+    out: list[tuple[str, str]] = []
+
+    def walk(panels: list[dict[str, Any]]) -> None:
+        for p in panels:
+            walk(p.get("panels", []))
+            for i, t in enumerate(p.get("targets", [])):
+                if t.get("expr"):
+                    out.append((f"{p.get('title', '?')} [{t.get('refId', i)}]", t["expr"]))
+
+    walk(dashboard.get("panels", []))
+    return out
+
+
+def fill_variables(expr: str, rate_interval: str, values: dict[str, str] | None = None) -> str:
+    """Grafana's variables as a dashboard opened on everything (or on ``values``) sends them."""
+    values = values or {}
+    expr = expr.replace("$__rate_interval", rate_interval).replace("$__interval", rate_interval)
+    for var in ("cluster", "namespace", "job", "model", "instance"):
+        expr = expr.replace(f"${var}", values.get(var, ".*"))
+    return expr

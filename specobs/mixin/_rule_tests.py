@@ -20,7 +20,7 @@ from typing import Any
 
 from specobs import catalog as c
 from specobs.mixin._config import RULE_FIELDS, MixinConfig
-from specobs.mixin._rules import AlertRule, RuleNames, alert_rules, dump_yaml
+from specobs.mixin._rules import AlertNames, AlertRule, RuleNames, alert_rules, dump_yaml
 
 __all__ = ["ServerState", "detection_times", "engine_series", "render", "server_series"]
 
@@ -337,7 +337,7 @@ def _cases() -> list[_Case]:
     m0 = pod(9, MISTRAL, "mistral")
     server = dict(LABELS)
     cases: list[_Case] = []
-    a = "SpecobsAcceptanceBelowCohort"
+    a = AlertNames.ACCEPTANCE_BELOW_COHORT
     cases += [
         _Case(
             "new pod with a broken draft joins two healthy pods: acceptance below cohort fires",
@@ -349,7 +349,7 @@ def _cases() -> list[_Case]:
             [
                 ("65m30s", a, []),
                 ("66m", a, [(p2, "10%")]),
-                ("90m", "SpecobsAcceptanceRateDrop", []),
+                ("90m", AlertNames.ACCEPTANCE_RATE_DROP, []),
             ],
             fault_at="60m",
         ),
@@ -373,7 +373,7 @@ def _cases() -> list[_Case]:
             [("70m", a, []), ("110m", a, [])],
         ),
     ]
-    a = "SpecobsAcceptanceRateDrop"
+    a = AlertNames.ACCEPTANCE_RATE_DROP
     rollout = fleet(
         series((healthy, 90), labels=p0),
         series((healthy, 90), labels=p1),
@@ -389,7 +389,7 @@ def _cases() -> list[_Case]:
             [
                 ("97m", a, []),
                 ("97m30s", a, [(_cohort(p0), "10%")]),
-                ("120m", "SpecobsAcceptanceBelowCohort", []),
+                ("120m", AlertNames.ACCEPTANCE_BELOW_COHORT, []),
             ],
             fault_at="90m",
         ),
@@ -408,7 +408,7 @@ def _cases() -> list[_Case]:
             [("95m", a, []), ("110m", a, []), ("145m", a, [])],
         ),
     ]
-    a = "SpecobsDecodeThroughputBelowCohort"
+    a = AlertNames.DECODE_THROUGHPUT_BELOW_COHORT
     cases += [
         _Case(
             "one pod's cycle time doubles at the fleet's load: throughput below cohort fires",
@@ -428,7 +428,7 @@ def _cases() -> list[_Case]:
             [("70m", a, []), ("110m", a, [])],
         ),
     ]
-    a = "SpecobsCohortThroughputDrop"
+    a = AlertNames.COHORT_THROUGHPUT_DROP
     cases += [
         _Case(
             "a rollout slows every pod of one model (new pods): cohort throughput drop fires",
@@ -447,7 +447,7 @@ def _cases() -> list[_Case]:
             [("100m", a, []), ("140m", a, [])],
         ),
     ]
-    a = "SpecobsDecodeThroughputDrop"
+    a = AlertNames.DECODE_THROUGHPUT_DROP
     cases += [
         _Case(
             "cycle time doubles at constant load: throughput drop fires",
@@ -469,7 +469,7 @@ def _cases() -> list[_Case]:
             [("75m", a, []), ("90m", a, []), ("115m", a, [])],
         ),
     ]
-    a = "SpecobsSpeculationSlowerThanBaseline"
+    a = AlertNames.SPECULATION_SLOWER_THAN_BASELINE
     cases += [
         _Case(
             "realized per-sequence speed below the baseline: slower than baseline fires",
@@ -489,7 +489,7 @@ def _cases() -> list[_Case]:
             [("14m", a, []), ("29m", a, [])],
         ),
     ]
-    a = "SpecobsPhaseLatencyAboveCohort"
+    a = AlertNames.PHASE_LATENCY_ABOVE_COHORT
     cases += [
         _Case(
             "verify doubles on one pod at the fleet's batch size: phase above cohort fires",
@@ -512,7 +512,7 @@ def _cases() -> list[_Case]:
             [("70m", a, []), ("110m", a, [])],
         ),
     ]
-    a = "SpecobsPhaseLatencyRegression"
+    a = AlertNames.PHASE_LATENCY_REGRESSION
     cases += [
         _Case(
             "verify doubles at constant batch size: phase regression fires",
@@ -529,7 +529,7 @@ def _cases() -> list[_Case]:
             [("80m", a, []), ("90m", a, []), ("115m", a, [])],
         ),
     ]
-    a = "SpecobsDecodingStalled"
+    a = AlertNames.DECODING_STALLED
     host = {**GROUP, "host": "10.0.0.1"}
     quarter = 4 * 30  # 15 s steps: 30 minutes
     for style in ("vllm", "sglang"):
@@ -572,7 +572,7 @@ def _cases() -> list[_Case]:
             interval="15s",
         ),
     ]
-    a = "SpecobsExporterDown"
+    a = AlertNames.EXPORTER_DOWN
     target = {k: v for k, v in server.items() if k not in LLAMA}
     cases += [
         _Case(
@@ -585,7 +585,7 @@ def _cases() -> list[_Case]:
             "scrapes succeed: exporter down does not fire", series((healthy, 30)), [("20m", a, [])]
         ),
     ]
-    a = "SpecobsTargetMissing"
+    a = AlertNames.TARGET_MISSING
     cases += [
         _Case(
             "no specobs target at all: target missing fires",
@@ -599,7 +599,7 @@ def _cases() -> list[_Case]:
             [("20m", a, [])],
         ),
     ]
-    a = "SpecobsExporterDroppingRecords"
+    a = AlertNames.EXPORTER_DROPPING_RECORDS
     cases += [
         _Case(
             "5% of cycle records dropped: dropping records fires",

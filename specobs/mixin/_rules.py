@@ -14,14 +14,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from specobs import catalog as c
 from specobs.mixin._config import MixinConfig
 
 __all__ = [
     "BASELINE_CONFIGURED",
     "ENGINE_REQUEST_GAUGES",
+    "AlertNames",
     "AlertRule",
     "RecordingRule",
     "RuleNames",
@@ -42,6 +41,29 @@ __all__ = [
 ALERT_PREFIX = "Specobs"
 #: ``source`` of a baseline gauge that carries none (set by configuration, not measured).
 BASELINE_CONFIGURED = c.BASELINE_SOURCE_CONFIGURED
+
+
+class AlertNames:
+    """Every alert's name, the one table: :func:`alert_rules`, the promtool rule tests and
+    ``specobs fleet-sim --score`` read it."""
+
+    ACCEPTANCE_BELOW_COHORT = f"{ALERT_PREFIX}AcceptanceBelowCohort"
+    ACCEPTANCE_RATE_DROP = f"{ALERT_PREFIX}AcceptanceRateDrop"
+    DECODE_THROUGHPUT_BELOW_COHORT = f"{ALERT_PREFIX}DecodeThroughputBelowCohort"
+    COHORT_THROUGHPUT_DROP = f"{ALERT_PREFIX}CohortThroughputDrop"
+    DECODE_THROUGHPUT_DROP = f"{ALERT_PREFIX}DecodeThroughputDrop"
+    SPECULATION_SLOWER_THAN_BASELINE = f"{ALERT_PREFIX}SpeculationSlowerThanBaseline"
+    PHASE_LATENCY_ABOVE_COHORT = f"{ALERT_PREFIX}PhaseLatencyAboveCohort"
+    PHASE_LATENCY_REGRESSION = f"{ALERT_PREFIX}PhaseLatencyRegression"
+    DECODING_STALLED = f"{ALERT_PREFIX}DecodingStalled"
+    EXPORTER_DOWN = f"{ALERT_PREFIX}ExporterDown"
+    TARGET_MISSING = f"{ALERT_PREFIX}TargetMissing"
+    EXPORTER_DROPPING_RECORDS = f"{ALERT_PREFIX}ExporterDroppingRecords"
+
+    @classmethod
+    def all(cls) -> tuple[str, ...]:
+        """Every name, in the order of :func:`alert_rules`."""
+        return tuple(v for k, v in vars(cls).items() if k.isupper())
 
 
 @dataclass(frozen=True)
@@ -334,7 +356,7 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
     busy = f"and on ({by})\n({n.drafted} > {config.cohort_min_drafted_per_second:g})"
     return [
         AlertRule(
-            f"{ALERT_PREFIX}AcceptanceBelowCohort",
+            AlertNames.ACCEPTANCE_BELOW_COHORT,
             f"(\n  {n.acceptance}\n  < on ({cby}) group_left ()\n"
             f"  {ratio:g} * {n.cohort_acceptance_median}\n)\n{busy}",
             config.cohort_for,
@@ -345,7 +367,7 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             "mismatched draft, or one bad server.",
         ),
         AlertRule(
-            f"{ALERT_PREFIX}AcceptanceRateDrop",
+            AlertNames.ACCEPTANCE_RATE_DROP,
             f"{n.cohort_acceptance}\n< {config.acceptance_drop_ratio:g} * "
             f"{_past(n.cohort_acceptance, config)}",
             config.acceptance_drop_for,
@@ -357,7 +379,7 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             "that affects every server of the model.",
         ),
         AlertRule(
-            f"{ALERT_PREFIX}DecodeThroughputBelowCohort",
+            AlertNames.DECODE_THROUGHPUT_BELOW_COHORT,
             f"(\n  {n.sequence_speed}\n  < on ({cby}) group_left ()\n"
             f"  {ratio:g} * {n.cohort_speed_median}\n)\n"
             f"unless on ({by})\n(\n  {n.batch_size_mean}\n  > on ({cby}) group_left ()\n"
@@ -370,7 +392,7 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             f"{config.batch_growth_tolerance:g}x theirs.",
         ),
         AlertRule(
-            f"{ALERT_PREFIX}CohortThroughputDrop",
+            AlertNames.COHORT_THROUGHPUT_DROP,
             f"(\n  {n.cohort_speed_median}\n  < {config.throughput_drop_ratio:g} * "
             f"{_past(n.cohort_speed_median, config)}\n)\n"
             f"unless on ({cby})\n(\n  {n.cohort_batch_median}\n  > "
@@ -384,7 +406,7 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             "size: a rollout that slowed every server of the model.",
         ),
         AlertRule(
-            f"{ALERT_PREFIX}DecodeThroughputDrop",
+            AlertNames.DECODE_THROUGHPUT_DROP,
             f"(\n  {n.sequence_speed}\n  < {config.throughput_drop_ratio:g} * "
             f"{_past(n.sequence_speed, config)}\n)\n"
             f"unless on ({by})\n"
@@ -397,7 +419,7 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             "throughput did not rise (so this is not more load sharing the GPU).",
         ),
         AlertRule(
-            f"{ALERT_PREFIX}SpeculationSlowerThanBaseline",
+            AlertNames.SPECULATION_SLOWER_THAN_BASELINE,
             f"{n.speedup_realized} < {config.min_speedup:g}",
             config.slower_than_baseline_for,
             "warning",
@@ -407,7 +429,7 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             f"({{{{ $labels.source }}}}; threshold {config.min_speedup:g}x).",
         ),
         AlertRule(
-            f"{ALERT_PREFIX}PhaseLatencyAboveCohort",
+            AlertNames.PHASE_LATENCY_ABOVE_COHORT,
             f"(\n  {n.phase_mean}\n  > on ({cby}, phase, clock) group_left ()\n"
             f"  {config.phase_regression_ratio:g} * {n.cohort_phase_median}\n)\n"
             f"unless on ({by})\n(\n  {n.batch_size_mean}\n  > on ({cby}) group_left ()\n"
@@ -421,7 +443,7 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             f"no larger than {config.batch_growth_tolerance:g}x theirs.",
         ),
         AlertRule(
-            f"{ALERT_PREFIX}PhaseLatencyRegression",
+            AlertNames.PHASE_LATENCY_REGRESSION,
             f"(\n  {n.phase_mean}\n  > {config.phase_regression_ratio:g} * "
             f"{_past(n.phase_mean, config)}\n)\n"
             f"unless on ({by})\n"
@@ -435,7 +457,7 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             f"{config.phase_regression_ratio:g}x {history}, with no matching growth in batch size.",
         ),
         AlertRule(
-            f"{ALERT_PREFIX}DecodingStalled",
+            AlertNames.DECODING_STALLED,
             f"{n.host_requests} > 0\n"
             f"and on ({hby})\n({n.host_up} == 1)\n"
             f"unless on ({hby})\n"
@@ -448,7 +470,7 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             f"{config.stall_after}.",
         ),
         AlertRule(
-            f"{ALERT_PREFIX}ExporterDown",
+            AlertNames.EXPORTER_DOWN,
             f"up{{{sel}}} == 0",
             config.exporter_down_for,
             "critical",
@@ -456,7 +478,7 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             f"The specobs endpoint {where} has failed every scrape for {config.exporter_down_for}.",
         ),
         AlertRule(
-            f"{ALERT_PREFIX}TargetMissing",
+            AlertNames.TARGET_MISSING,
             f"absent(up{{{sel}}})",
             config.target_missing_for,
             "critical",
@@ -465,7 +487,7 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             f"{config.target_missing_for}: service discovery or the scrape config lost them.",
         ),
         AlertRule(
-            f"{ALERT_PREFIX}ExporterDroppingRecords",
+            AlertNames.EXPORTER_DROPPING_RECORDS,
             f"({n.dropped} > 0)\n/ on ({by}) group_left ()\n"
             f"({_rate(c.CYCLES.name, config, by)} > 0)\n"
             f"> {config.dropped_records_ratio:g}",
@@ -486,22 +508,23 @@ def _seconds(duration: str) -> float:
     )
 
 
-class _Dumper(yaml.SafeDumper):  # type: ignore[misc]
-    pass
-
-
-def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+def _str_presenter(dumper: Any, data: str) -> Any:
     if "\n" in data:
         return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|")
     return dumper.represent_scalar("tag:yaml.org,2002:str", data)
 
 
-_Dumper.add_representer(str, _str_presenter)
-
-
 def dump_yaml(data: Any) -> str:
     """YAML with multi-line strings as literal blocks, keys in the order given."""
-    return str(yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True))
+    # pyyaml (the ``gen`` extra) is imported here: fleet-sim reads the alert names of this
+    # module without it.
+    import yaml
+
+    class Dumper(yaml.SafeDumper):  # type: ignore[misc]
+        pass
+
+    Dumper.add_representer(str, _str_presenter)
+    return str(yaml.dump(data, Dumper=Dumper, sort_keys=False, width=1000, allow_unicode=True))
 
 
 _RULE_NAME = re.compile(r"\b(?:instance|cohort|host):[A-Za-z0-9_]+:[A-Za-z0-9_]+")

@@ -1,4 +1,5 @@
-"""The ``specobs`` commands that read a server from outside, one private module each.
+"""The ``specobs`` commands that read a server from outside: one private module each, and a
+subpackage each for the two largest (``report``, ``fleet``).
 
 ============  ==================================  =============================================
 command       module                              what it does
@@ -6,11 +7,12 @@ command       module                              what it does
 ``top``       :mod:`specobs.tools._top`           live cycle breakdown of a /metrics endpoint or
                                                   a Prometheus server
 ``doctor``    :mod:`specobs.tools._doctor`        one-shot health check of an endpoint
-``report``    :mod:`specobs.tools._report`        self-contained HTML report of a run, or A/B
+``report``    :mod:`specobs.tools.report`         self-contained HTML report of a run, or A/B
 ``load``      :mod:`specobs.tools._load`          load generator for any OpenAI-style
                                                   ``/v1/completions`` endpoint
 ``generate``  :mod:`specobs.tools._generate`      dashboards, rules and docs from the catalog
-``fleet-sim`` :mod:`specobs.tools._fleet`         simulated servers with injected faults
+``fleet-sim`` :mod:`specobs.tools.fleet`          simulated servers with injected faults,
+                                                  and scoring alerts against them
 ============  ==================================  =============================================
 
 Shared parts: :mod:`._http` (bounded GETs: one deadline, a body cap, the one httpx →

@@ -58,7 +58,7 @@ def window_text(seconds: float) -> str:
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
-def _prom_query(
+def prom_query(
     client: Any, base_url: str, promql: str, at: float | None = None,
     limits: Limits = _http.DEFAULT_LIMITS,
 ) -> list[dict[str, Any]]:
@@ -124,12 +124,12 @@ def prometheus_delta(
     counters = Series()
     for name in sorted(COUNTER_SERIES):
         promql = f"increase({name}{{{selector}}}[{window}])"
-        _add_result(counters, name, _prom_query(client, base_url, promql, at, limits))
+        _add_result(counters, name, prom_query(client, base_url, promql, at, limits))
     gauges = Series()
     for m in (catalog.INFO, catalog.BASELINE_SEQUENCE_TOKENS, catalog.SAMPLING_INTERVAL,
               catalog.OVERHEAD_RATIO, *extra_gauges):
         promql = f"{m.name}{{{selector}}}"
-        _add_result(gauges, m.name, _prom_query(client, base_url, promql, at, limits))
+        _add_result(gauges, m.name, prom_query(client, base_url, promql, at, limits))
     if not gauges.has(catalog.INFO.name):
         raise ScrapeError(
             f"Prometheus at {_http.display_url(base_url)} has no "

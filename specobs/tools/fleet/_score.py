@@ -8,6 +8,11 @@ began; every other firing alert is a false positive. Recall counts, for every fa
 (alert, server/host/cohort) pairs that fired; time to fire is from the fault to the first
 evaluation at which the alert was firing.
 
+``specobs fleet-sim --score PROMETHEUS_URL`` asks the Prometheus that scrapes the fleet and
+evaluates the rules when each alert first fired (:func:`first_firing_query`), scores the alerts
+against the faults the run injected and prints the table (:func:`score_table`). Alert names come
+from the rules' one table (:class:`specobs.mixin._rules.AlertNames`).
+
 Also here: :data:`SHORT_WINDOWS`, the rule windows scaled down ~15x so a test or a benchmark sees
 every alert fire within minutes instead of an hour.
 """
@@ -20,28 +25,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ALERT_MAP", "SHORT_WINDOWS", "AlertScore", "FaultEvent", "load_events", "score"]
+from specobs.mixin._rules import ALERT_PREFIX
+from specobs.mixin._rules import AlertNames as A
+
+__all__ = ["ALERT_MAP", "SHORT_WINDOWS", "AlertScore", "FaultEvent", "fault_events",
+           "firing_from_matrix", "firing_from_vector", "first_firing_query", "load_events",
+           "score", "score_table"]
 
 #: fault kind -> (alerts that must fire, alerts that may fire as true symptoms)
 ALERT_MAP: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "acceptance_collapse": (
-        frozenset({"SpecobsAcceptanceBelowCohort"}),
-        frozenset({"SpecobsDecodeThroughputBelowCohort", "SpecobsDecodeThroughputDrop",
-                   "SpecobsSpeculationSlowerThanBaseline", "SpecobsAcceptanceRateDrop"}),
+        frozenset({A.ACCEPTANCE_BELOW_COHORT}),
+        frozenset({A.DECODE_THROUGHPUT_BELOW_COHORT, A.DECODE_THROUGHPUT_DROP,
+                   A.SPECULATION_SLOWER_THAN_BASELINE, A.ACCEPTANCE_RATE_DROP}),
     ),
     "verify_slowdown": (
-        frozenset({"SpecobsPhaseLatencyAboveCohort"}),
-        frozenset({"SpecobsDecodeThroughputBelowCohort", "SpecobsPhaseLatencyRegression",
-                   "SpecobsDecodeThroughputDrop", "SpecobsSpeculationSlowerThanBaseline"}),
+        frozenset({A.PHASE_LATENCY_ABOVE_COHORT}),
+        frozenset({A.DECODE_THROUGHPUT_BELOW_COHORT, A.PHASE_LATENCY_REGRESSION,
+                   A.DECODE_THROUGHPUT_DROP, A.SPECULATION_SLOWER_THAN_BASELINE}),
     ),
-    "stall": (frozenset({"SpecobsDecodingStalled"}), frozenset()),
-    "exporter_down": (frozenset({"SpecobsExporterDown"}), frozenset()),
+    "stall": (frozenset({A.DECODING_STALLED}), frozenset()),
+    "exporter_down": (frozenset({A.EXPORTER_DOWN}), frozenset()),
     # While the replaced pods' rates still cover the rate window, they are the cohort's median,
     # so the new (broken) pods can also fire the below-cohort alerts: right, and named correctly.
     "bad_rollout": (
-        frozenset({"SpecobsAcceptanceRateDrop"}),
-        frozenset({"SpecobsCohortThroughputDrop", "SpecobsSpeculationSlowerThanBaseline",
-                   "SpecobsAcceptanceBelowCohort", "SpecobsDecodeThroughputBelowCohort"}),
+        frozenset({A.ACCEPTANCE_RATE_DROP}),
+        frozenset({A.COHORT_THROUGHPUT_DROP, A.SPECULATION_SLOWER_THAN_BASELINE,
+                   A.ACCEPTANCE_BELOW_COHORT, A.DECODE_THROUGHPUT_BELOW_COHORT}),
     ),
 }
 
@@ -75,15 +85,19 @@ class FaultEvent:
     servers: tuple[dict[str, str], ...]
 
 
-def load_events(path: str | Path) -> list[FaultEvent]:
-    """The fault starts from a fleet-sim events file (restarts and ends are not faults)."""
+def fault_events(records: Iterable[dict[str, Any]]) -> list[FaultEvent]:
+    """The fault starts among fleet-sim's event records (restarts and ends are not faults)."""
     out = []
-    for line in Path(path).read_text().splitlines():
-        rec = json.loads(line)
+    for rec in records:
         kind, _, phase = rec["kind"].partition(":")
         if phase == "start" and kind in ALERT_MAP:
             out.append(FaultEvent(kind, float(rec["t"]), tuple(rec["servers"])))
     return out
+
+
+def load_events(path: str | Path) -> list[FaultEvent]:
+    """The fault starts from a fleet-sim events file."""
+    return fault_events(json.loads(line) for line in Path(path).read_text().splitlines())
 
 
 def _unit(alert_labels: dict[str, str], server: dict[str, str]) -> bool:
@@ -127,9 +141,9 @@ class AlertScore:
 
 
 def _scope(alert: str) -> str:
-    if alert == "SpecobsDecodingStalled":
+    if alert == A.DECODING_STALLED:
         return "host"
-    if alert in ("SpecobsAcceptanceRateDrop", "SpecobsCohortThroughputDrop"):
+    if alert in (A.ACCEPTANCE_RATE_DROP, A.COHORT_THROUGHPUT_DROP):
         return "cohort"
     return "instance"
 
@@ -185,25 +199,42 @@ def firing_from_matrix(result: list[dict[str, Any]]) -> list[tuple[dict[str, str
     return out
 
 
-def dashboard_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
-    """(panel title, PromQL) of every query target of a generated dashboard, in panel order."""
-    out: list[tuple[str, str]] = []
+def first_firing_query(range_seconds: float, step_seconds: float) -> str:
+    """PromQL for the first time (Unix seconds) each specobs alert series was firing over the
+    last ``range_seconds``, evaluated every ``step_seconds`` (an instant query)."""
+    alerts = f'ALERTS{{alertstate="firing", alertname=~"{ALERT_PREFIX}.*"}}'
+    return (f"min_over_time(timestamp({alerts})"
+            f"[{max(round(range_seconds), 1)}s:{max(round(step_seconds), 1)}s])")
 
-    def walk(panels: list[dict[str, Any]]) -> None:
-        for p in panels:
-            walk(p.get("panels", []))
-            for i, t in enumerate(p.get("targets", [])):
-                if t.get("expr"):
-                    out.append((f"{p.get('title', '?')} [{t.get('refId', i)}]", t["expr"]))
 
-    walk(dashboard.get("panels", []))
+def firing_from_vector(result: list[dict[str, Any]]) -> list[tuple[dict[str, str], float]]:
+    """(alert labels, first firing time) per series of :func:`first_firing_query`'s answer."""
+    out = []
+    for series in result:
+        labels = {k: str(v) for k, v in (series.get("metric") or {}).items()
+                  if k not in ("__name__", "alertstate")}
+        if "alertname" in labels:
+            out.append((labels, float(series["value"][1])))
     return out
 
 
-def fill_variables(expr: str, rate_interval: str, values: dict[str, str] | None = None) -> str:
-    """Grafana's variables as a dashboard opened on everything (or on ``values``) sends them."""
-    values = values or {}
-    expr = expr.replace("$__rate_interval", rate_interval).replace("$__interval", rate_interval)
-    for var in ("cluster", "namespace", "job", "model", "instance"):
-        expr = expr.replace(f"${var}", values.get(var, ".*"))
-    return expr
+def score_table(scores: dict[str, AlertScore], faults: list[FaultEvent]) -> str:
+    """The scores as text: per alert fired or expected, precision, recall and time to fire."""
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0%}"
+
+    lines = [f"{len(faults)} faults scored; {'alert':<36} {'TP':>4} {'FP':>4} "
+             f"{'precision':>9} {'recall':>7}  time to fire"]
+    tp = fp = expected = detected = 0
+    for name in sorted(scores):
+        s = scores[name]
+        tp, fp = tp + s.true_positives, fp + s.false_positives
+        expected, detected = expected + s.expected, detected + s.detected
+        delay = (f"{min(s.delays_seconds):.0f}-{max(s.delays_seconds):.0f} s"
+                 if s.delays_seconds else "-")
+        lines.append(f"  {name:<52} {s.true_positives:>4} {s.false_positives:>4} "
+                     f"{pct(s.precision):>9} {pct(s.recall):>7}  {delay}")
+    total = AlertScore("all", tp, fp, expected, detected)
+    lines.append(f"  {'all':<52} {tp:>4} {fp:>4} {pct(total.precision):>9} "
+                 f"{pct(total.recall):>7}")
+    return "\n".join(lines)

@@ -1,48 +1,35 @@
-"""``specobs fleet-sim``: N simulated inference servers' ``/metrics`` from one process.
+"""The simulated fleet of ``specobs fleet-sim``: servers with their spread, faults applied on a
+schedule, restarts and rollouts, served from one loopback port.
 
-For load-testing monitoring before a rollout: every simulated server's exposition is a real
-:class:`specobs.Snapshot` rendered by the Prometheus sink's own collector
-(:class:`specobs.sinks.prometheus.SnapshotCollector`) and ``prometheus_client``'s encoders, with
-content negotiation as the real endpoint does (OpenMetrics for Prometheus) — so the series, names,
-labels and buckets are exactly what a fleet of instrumented engines exports.
-
-The fleet has spread: several models (draft length, per-position acceptance, phase costs), two
-engines, two clusters, per-server batch sizes and speeds, both clocks (the GPU clock on one cycle in
-16), restarts (counters start again from zero with a new ``_created``), occasional failed scrapes,
-and faults from a schedule (:mod:`specobs.tools._fleet_schedule`).
-
-All servers share one loopback port; each has its own path (``/s/<index>/r<generation>/metrics``).
-The simulator writes a Prometheus ``file_sd`` target file whose per-target labels set
-``__metrics_path__``, ``instance``, ``pod``, ``cluster`` and ``namespace`` (what the Prometheus
-Operator would attach), so Prometheus sees N distinct targets; a bad rollout rewrites it with new
-pods. Every fault, restart and rollout is appended to an events file (JSON lines) that
-:mod:`specobs.tools._fleet_score` scores alerts against.
+Every simulated server's exposition is a real :class:`specobs.Snapshot` rendered by the
+Prometheus sink's own collector (:class:`specobs.sinks.prometheus.SnapshotCollector`) and
+``prometheus_client``'s encoders, with content negotiation as the real endpoint does. Every fault,
+restart and rollout is kept in :attr:`Fleet.events` (and appended to the events file when one is
+given) for :mod:`specobs.tools.fleet._score`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import ipaddress
 import json
 import math
 import os
 import random
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specobs import MissingDependencyError, catalog
+from specobs import Settings, catalog
 from specobs._model import CLOCKS
-from specobs.tools._fleet_schedule import Fault, ScheduleError, load_schedule
+from specobs.tools.fleet._schedule import Fault
 
-__all__ = ["CLUSTERS", "ENGINES", "MODELS", "Fleet", "ModelProfile", "SimServer",
-           "add_arguments", "run"]
+__all__ = ["CLUSTERS", "ENGINES", "GPU_SAMPLE_EVERY", "MODELS", "NAMESPACE", "PHASES", "Fleet",
+           "ModelProfile", "SimServer"]
 
-PHASES = ("draft", "verify", "bookkeeping")
+#: The phases of a simulated cycle: specobs's default phases.
+PHASES: tuple[str, ...] = Settings().phases
 #: One cycle in this many is timed on the GPU clock (specobs's default sampling).
 GPU_SAMPLE_EVERY = 16
 NAMESPACE = "inference"
@@ -361,6 +348,8 @@ class Fleet:
         self.restarts_per_hour = restarts_per_hour
         self.restart_downtime_seconds = restart_downtime_seconds
         self.events_path = events_path
+        #: Every fault start and end, restart and rollout, as the events file has them.
+        self.events: list[dict[str, Any]] = []
         self.targets_path = targets_path
         self.address = ""
         now_wall, now_mono = time.time(), time.monotonic()
@@ -383,10 +372,11 @@ class Fleet:
 
     # -- events ------------------------------------------------------------------------------------
     def event(self, kind: str, servers: list[SimServer], **extra: Any) -> None:
-        if self.events_path is None:
-            return
         record = {"t": time.time(), "kind": kind, "servers": [s.labels() for s in servers],
                   **extra}
+        self.events.append(record)
+        if self.events_path is None:
+            return
         with open(self.events_path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -516,99 +506,3 @@ class Fleet:
             while deadline is None or time.monotonic() < deadline:
                 self.tick()
                 await asyncio.sleep(0.25)
-
-
-# -- the command -----------------------------------------------------------------------------------
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``specobs fleet-sim``."""
-    parser.add_argument("--servers", type=int, default=100, help="simulated servers (default 100)")
-    parser.add_argument("--addr", default="127.0.0.1",
-                        help="loopback address to serve on (default 127.0.0.1; only 127.0.0.0/8 "
-                             "and ::1 are accepted)")
-    parser.add_argument("--port", type=int, default=9470, help="port (default 9470; 0: any free)")
-    parser.add_argument("--targets-file", type=Path, default=Path("fleet-sim-targets.json"),
-                        help="Prometheus file_sd target file to write (default "
-                             "fleet-sim-targets.json)")
-    parser.add_argument("--events-file", type=Path, default=None,
-                        help="append faults, restarts and rollouts here as JSON lines (for "
-                             "scoring alerts)")
-    parser.add_argument("--schedule", type=Path, default=None,
-                        help="fault schedule, YAML or JSON (see docs/deploy.md#sizing)")
-    parser.add_argument("--fault", action="append", default=[], metavar="'KIND key=value ...'",
-                        help="a fault, e.g. 'stall servers=3 at=90s' or 'bad_rollout "
-                             "model=llama-3.1-8b at=3m factor=0.3' (repeatable)")
-    parser.add_argument("--duration", type=float, default=0.0,
-                        help="seconds to run (default 0: until interrupted)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--clusters", type=int, default=2, choices=(1, 2),
-                        help="clusters the fleet spans (default 2)")
-    parser.add_argument("--scrape-failure-ratio", type=float, default=0.002,
-                        help="fraction of scrapes answered 503 at random (default 0.002)")
-    parser.add_argument("--restarts-per-hour", type=float, default=0.2,
-                        help="restarts per server per hour: counters reset (default 0.2)")
-    parser.add_argument("--restart-downtime", type=float, default=10.0,
-                        help="seconds a restarting server does not answer (default 10)")
-
-
-def _loopback(addr: str) -> bool:
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return addr == "localhost"
-
-
-def run(args: argparse.Namespace) -> int:
-    """``specobs fleet-sim``."""
-    if not 1 <= args.servers <= 100_000:
-        print(f"specobs fleet-sim: --servers must be in 1..100000, got {args.servers}",
-              file=sys.stderr)
-        return 2
-    if not _loopback(args.addr):
-        print(f"specobs fleet-sim: --addr must be a loopback address (127.0.0.0/8 or ::1), got "
-              f"{args.addr!r}: the simulator is for load-testing monitoring on one machine",
-              file=sys.stderr)
-        return 2
-    for name in ("scrape_failure_ratio",):
-        if not 0 <= getattr(args, name) < 1:
-            print(f"specobs fleet-sim: --{name.replace('_', '-')} must be in [0, 1)",
-                  file=sys.stderr)
-            return 2
-    if args.restarts_per_hour < 0 or args.restart_downtime < 0:
-        print("specobs fleet-sim: --restarts-per-hour and --restart-downtime must be >= 0",
-              file=sys.stderr)
-        return 2
-    try:
-        # The sink's module needs prometheus_client and says which extra installs it.
-        import specobs.sinks.prometheus  # noqa: F401
-    except MissingDependencyError as exc:
-        print(f"specobs fleet-sim: {exc}", file=sys.stderr)
-        return 1
-    try:
-        faults = load_schedule(args.schedule, args.fault, args.servers,
-                               tuple(m.name for m in MODELS))
-    except ScheduleError as exc:
-        print(f"specobs fleet-sim: {exc}", file=sys.stderr)
-        return 2
-    fleet = Fleet(args.servers, faults, seed=args.seed,
-                  scrape_failure_ratio=args.scrape_failure_ratio,
-                  restarts_per_hour=args.restarts_per_hour,
-                  restart_downtime_seconds=args.restart_downtime, clusters=args.clusters,
-                  events_path=args.events_file, targets_path=args.targets_file)
-
-    def ready(f: Fleet) -> None:
-        print(f"specobs fleet-sim: {f.n} servers on http://{f.address}/s/<i>/r<gen>/metrics; "
-              f"targets in {args.targets_file} (file_sd); faults: "
-              + ("; ".join(x.describe() for x in faults) or "none"), flush=True)
-
-    try:
-        asyncio.run(fleet.serve(args.addr, args.port, args.duration, ready))
-    except OSError as exc:
-        print(f"specobs fleet-sim: cannot serve on {args.addr}:{args.port}: "
-              f"{exc.strerror or exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        pass
-    print(f"specobs fleet-sim: {fleet.scrapes} scrapes answered, {fleet.failed_scrapes} failed on "
-          "purpose", flush=True)
-    return 0
