@@ -33,43 +33,45 @@ class Family:
 
 
 def families(s: Snapshot) -> Iterator[Family]:
-    """Every family of the catalog, in ``catalog.CATALOG`` order (the exposition order)."""
+    """Every family of the catalog, in ``catalog.CATALOG`` order (the exposition order). Label
+    names are the catalog's (the info metric's are the snapshot's info keys); a
+    :attr:`catalog.Metric.optional` metric without a value yet is left out."""
     c = catalog
-    yield Family(c.PHASE_DURATION, ("phase", "clock"), [
-        ((phase, clock), s.phase_histograms[(phase, clock)])
-        for phase in s.phases for clock in CLOCKS
-    ])
-    yield Family(c.CYCLE_DURATION, ("clock",),
-                 [((clock,), s.cycle_histograms[clock]) for clock in CLOCKS])
-    yield Family(c.CYCLES, (), [((), s.cycles_total)])
-    yield Family(c.DRAFT_TOKENS, (), [((), s.draft_tokens_total)])
-    yield Family(c.ACCEPTED_TOKENS, (), [((), s.accepted_tokens_total)])
-    yield Family(c.EMITTED_TOKENS, (), [((), s.emitted_tokens_total)])
-    yield Family(c.ACCEPT_LENGTH, (), [((), s.accept_length)])
-    yield Family(c.ACCEPTED_BY_POSITION, ("position",),
-                 [((str(i),), v) for i, v in enumerate(s.accepted_by_position)])
-    yield Family(c.DRAFTED_BY_POSITION, ("position",),
-                 [((str(i),), v) for i, v in enumerate(s.drafted_by_position)])
-    yield Family(c.BATCH_SIZE, (), [((), s.batch_size)])
-    yield Family(c.INFO, tuple(s.info), [(tuple(s.info.values()), 1)])
-    optional: tuple[tuple[catalog.Metric, float | None], ...] = (
-        (c.LAST_CYCLE_TIMESTAMP, s.last_cycle_timestamp_seconds),
-        (c.BASELINE_SEQUENCE_TOKENS, s.baseline_tokens_per_second),
-        (c.REQUESTS_RUNNING, s.requests_running),
-        (c.REQUESTS_WAITING, s.requests_waiting),
+    walk: tuple[tuple[catalog.Metric, list[tuple[tuple[str, ...], Value]] | None], ...] = (
+        (c.PHASE_DURATION, [((phase, clock), s.phase_histograms[(phase, clock)])
+                            for phase in s.phases for clock in CLOCKS]),
+        (c.CYCLE_DURATION, [((clock,), s.cycle_histograms[clock]) for clock in CLOCKS]),
+        (c.CYCLES, _one(s.cycles_total)),
+        (c.DRAFT_TOKENS, _one(s.draft_tokens_total)),
+        (c.ACCEPTED_TOKENS, _one(s.accepted_tokens_total)),
+        (c.EMITTED_TOKENS, _one(s.emitted_tokens_total)),
+        (c.ACCEPT_LENGTH, _one(s.accept_length)),
+        (c.ACCEPTED_BY_POSITION, [((str(i),), v) for i, v in enumerate(s.accepted_by_position)]),
+        (c.DRAFTED_BY_POSITION, [((str(i),), v) for i, v in enumerate(s.drafted_by_position)]),
+        (c.BATCH_SIZE, _one(s.batch_size)),
+        (c.INFO, [(tuple(s.info.values()), 1)]),
+        (c.LAST_CYCLE_TIMESTAMP, _one(s.last_cycle_timestamp_seconds)),
+        (c.BASELINE_SEQUENCE_TOKENS, _one(s.baseline_tokens_per_second)),
+        (c.REQUESTS_RUNNING, _one(s.requests_running)),
+        (c.REQUESTS_WAITING, _one(s.requests_waiting)),
+        (c.DROPPED_RECORDS, [((reason,), s.dropped.get(reason, 0)) for reason in c.DROP_REASONS]),
+        (c.SAMPLED_CYCLES, _one(s.sampled_cycles_total)),
+        (c.SAMPLING_INTERVAL, _one(s.sampling_interval)),
+        (c.OVERHEAD_RATIO, _one(float(s.overhead_ratio))),
+        (c.EXPORTER_CPU, [((comp,), float(s.cpu_seconds[comp])) for comp in sorted(s.cpu_seconds)]),
+        (c.WORKER_THREAD_TIME, [((state,), v) for state, v in s.worker_thread_seconds.items()]
+         or None),
+        (c.ERRORS, [((kind,), s.errors.get(kind, 0)) for kind in c.ERROR_KINDS]),
     )
-    for metric, current in optional:
-        if current is not None:
-            yield Family(metric, (), [((), current)])
-    yield Family(c.DROPPED_RECORDS, ("reason",),
-                 [((reason,), s.dropped.get(reason, 0)) for reason in c.DROP_REASONS])
-    yield Family(c.SAMPLED_CYCLES, (), [((), s.sampled_cycles_total)])
-    yield Family(c.SAMPLING_INTERVAL, (), [((), s.sampling_interval)])
-    yield Family(c.OVERHEAD_RATIO, (), [((), float(s.overhead_ratio))])
-    yield Family(c.EXPORTER_CPU, ("component",),
-                 [((comp,), float(s.cpu_seconds[comp])) for comp in sorted(s.cpu_seconds)])
-    if s.worker_thread_seconds:
-        yield Family(c.WORKER_THREAD_TIME, ("state",),
-                     [((state,), v) for state, v in s.worker_thread_seconds.items()])
-    yield Family(c.ERRORS, ("kind",),
-                 [((kind,), s.errors.get(kind, 0)) for kind in c.ERROR_KINDS])
+    for metric, points in walk:
+        if points is None:
+            if not metric.optional:
+                raise ValueError(f"{metric.name} has no value, and only an optional metric may "
+                                 "be left out (catalog.Metric.optional)")
+            continue
+        yield Family(metric, tuple(s.info) if metric is c.INFO else metric.labels, points)
+
+
+def _one(value: Value | None) -> list[tuple[tuple[str, ...], Value]] | None:
+    """The one point of a metric without labels, or ``None`` for no value yet."""
+    return None if value is None else [((), value)]
