@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from specobs import catalog
 from specobs._model import CLOCKS, HistogramData, Snapshot
 
-__all__ = ["Family", "Value", "families"]
+__all__ = ["Family", "Value", "families", "le_text"]
 
 Value = int | float | HistogramData
 
@@ -70,6 +70,12 @@ def families(s: Snapshot) -> Iterator[Family]:
                                  "be left out (catalog.Metric.optional)")
             continue
         yield Family(metric, tuple(s.info) if metric is c.INFO else metric.labels, points)
+
+
+def le_text(bound: float) -> str:
+    """A bucket's ``le`` label value as Prometheus writes it (``0.005``, ``1.0``, ``+Inf``): the
+    one formatter of the exposition and of the tools reading snapshots in-process."""
+    return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
 def _one(value: Value | None) -> list[tuple[tuple[str, ...], Value]] | None:

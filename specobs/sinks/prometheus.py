@@ -69,12 +69,6 @@ __all__ = ["PrometheusSink", "SnapshotCollector"]
 _log = logging.getLogger("specobs")
 
 
-def _le(bound: float) -> str:
-    if bound == float("inf"):
-        return "+Inf"
-    return repr(float(bound))
-
-
 def _buckets(h: HistogramData, with_exemplars: bool) -> list[Any]:
     out: list[Any] = []
     exemplars = h.exemplars if with_exemplars else ()
@@ -82,14 +76,14 @@ def _buckets(h: HistogramData, with_exemplars: bool) -> list[Any]:
         ex = exemplars[i] if i < len(exemplars) else None
         if ex is not None:
             out.append((
-                _le(bound), acc,
+                _series.le_text(bound), acc,
                 PromExemplar(
                     {"trace_id": ex.trace_id_hex, "span_id": ex.span_id_hex}, ex.value,
                     ex.timestamp_seconds,
                 ),
             ))
         else:
-            out.append((_le(bound), acc))
+            out.append((_series.le_text(bound), acc))
     return out
 
 

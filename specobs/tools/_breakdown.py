@@ -52,7 +52,7 @@ from typing import Any
 
 from specobs import catalog
 from specobs._model import CLOCKS, HistogramData, Snapshot
-from specobs._series import families
+from specobs._series import families, le_text
 from specobs.tools._scrape import CounterReset, Delta, Scrape, Series, difference
 
 __all__ = [
@@ -308,10 +308,6 @@ def speedups(
 # -- in-process snapshots as the source -----------------------------------------------------------
 
 
-def _le(bound: float) -> str:
-    return "+Inf" if bound == math.inf else repr(float(bound))
-
-
 def snapshot_series(snapshot: Snapshot, baseline: float | None = None) -> Series:
     """The series a scrape of ``snapshot`` parses into: the exporters' own walk
     (:func:`specobs._series.families`) with the Prometheus names, labels and values
@@ -325,10 +321,8 @@ def snapshot_series(snapshot: Snapshot, baseline: float | None = None) -> Series
         for values, value in family.points:
             labels = {**dict(zip(family.labels, values, strict=True)), **const}
             if isinstance(value, HistogramData):
-                acc = 0
-                for bound, n in zip((*value.bounds, math.inf), value.counts, strict=True):
-                    acc += n
-                    out.add(f"{m.name}_bucket", {**labels, "le": _le(bound)}, float(acc))
+                for bound, acc in value.cumulative():
+                    out.add(f"{m.name}_bucket", {**labels, "le": le_text(bound)}, float(acc))
                 out.add(f"{m.name}_sum", labels, float(value.sum))
                 out.add(f"{m.name}_count", labels, float(value.count))
             else:
