@@ -150,12 +150,17 @@ typedef struct {
      * sentinel, and for how many polls running. */
     int64_t if_idx, if_polls;
     Py_ssize_t waiting; /* done slots not yet drained */
+    Py_ssize_t nheld;   /* of those, the ones holding events or a copy (what the poll asks) */
     /* Held by a drain while it walks the ring without the GIL, and by whoever else moves the
      * tail or reads the running totals meanwhile (a full ring's begin(), clear_queue, totals);
      * those hold the GIL, the walk never takes it, so the order GIL -> lock cannot deadlock. */
     pthread_mutex_t mu;
     uint64_t mu_gen;
     int64_t nogil_cycles, nogil_walks, nogil_ns;
+    /* The last drain_into's walks, on the thread's CPU clock (what time.thread_time_ns reads):
+     * when it first let go of the GIL, when it last took it back, the longest stretch it held
+     * the GIL between two walks, how many walks (0: it held the GIL throughout). */
+    int64_t walk_cpu_out, walk_cpu_in, walk_hold_ns, walk_count;
     PyObject *slow;
     PyObject *record_fn;
     PyObject *stream;
@@ -642,6 +647,7 @@ make_room(Ring *r)
         if (STATE(old) == SLOT_DONE) {
             r->dropped_queue_full++;
             r->waiting--;
+            r->nheld -= old->ev != NULL || old->copy != NULL;
             dropped = 1;
         }
         else if (STATE(old) == SLOT_OPEN)
@@ -695,6 +701,8 @@ Cycle_end(Cycle *self, PyObject *Py_UNUSED(ignored))
     STATE_SET(s, SLOT_DONE);
     r->enqueued++;
     r->waiting++;
+    if (s->ev != NULL || s->copy != NULL)
+        r->nheld++;
     if (r->waiting >= r->wake_at)
         call_slow(r, s_wake, NULL, 0);
     Py_RETURN_NONE;
@@ -1578,6 +1586,14 @@ Ring_poll(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     if ((limit == -1 || polls_before == -1) && PyErr_Occurred())
         return NULL;
     PyObject *query = args[1];
+    if (r->nheld == 0) {
+        /* Nothing waiting holds events or a copy: every done cycle is complete, and the bound
+         * is the open cycle (the only one that can end, with events, before the drain). */
+        Cycle *cur = (Cycle *)r->current;
+        if (cur != NULL && owns(cur, slot_of(cur)))
+            return PyLong_FromLongLong(cur->seq);
+        return PyLong_FromLongLong(r->begun);
+    }
     Py_ssize_t cap = limit < r->waiting ? limit : r->waiting;
     Held *hv = PyMem_Malloc(sizeof(Held) * (size_t)(cap > 0 ? cap : 1));
     if (hv == NULL)
@@ -1810,6 +1826,7 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
         }
         if (STATE(s) != SLOT_DONE || s->idx >= bound)
             break;
+        r->nheld -= s->ev != NULL || s->copy != NULL;
         int64_t *ts = s->ts;
         for (int i = 0; i < nph; i++) {
             int64_t d = ts[i + 1] - ts[i];
@@ -2094,13 +2111,20 @@ drain_nogil(Ring *r, long long bound, Py_ssize_t limit, PyObject *trace, long lo
     ring_unlock(r);
     Py_BEGIN_ALLOW_THREADS
     cpu = thread_cpu_ns();
+    if (r->walk_count == 0)
+        r->walk_cpu_out = cpu;
+    else if (cpu - r->walk_cpu_in > r->walk_hold_ns)
+        r->walk_hold_ns = cpu - r->walk_cpu_in;
+    r->walk_count++;
     ring_lock(r);
     n = walk_nogil(r, r->totals, bound, cap, next_trace, slow_ns, copy_type, park, &npc,
                    park + cap, &npd, &total);
     ring_unlock(r);
-    cpu = thread_cpu_ns() - cpu;
+    r->walk_cpu_in = thread_cpu_ns();
+    cpu = r->walk_cpu_in - cpu;
     Py_END_ALLOW_THREADS
     r->waiting -= n;
+    r->nheld -= npc; /* every copy the walk read was a held cycle's (it takes none with events) */
     r->nogil_cycles += n;
     r->nogil_walks++;
     r->nogil_ns += cpu;
@@ -2263,6 +2287,7 @@ Ring_drain_into(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     PyObject *details = PyList_New(0), *released = PyList_New(0), *out = NULL;
     int rc = details != NULL && released != NULL ? 0 : -1;
     int walk = !want_all;
+    r->walk_count = r->walk_hold_ns = 0;
     /* Only the cycles begun before this call: one a finalizer run between two rounds begins
      * waits for the next drain, as it does when the drain is one pass. */
     if (bound > r->begun)
@@ -2355,6 +2380,7 @@ Ring_clear_queue(Ring *r, PyObject *Py_UNUSED(ignored))
         STORE64(&r->tail, r->tail + 1);
     }
     r->waiting = 0;
+    r->nheld = 0;
     r->if_idx = -1;
     r->if_polls = 0;
     ring_unlock(r);
@@ -2660,6 +2686,16 @@ static PyMemberDef Ring_members[] = {
      "the cycle whose copy the poll found first in flight by its sentinel (-1: none)"},
     {"in_flight_polls", T_LONGLONG, offsetof(Ring, if_polls), 0,
      "for how many polls running it was first"},
+    {"held_cycles", T_PYSSIZET, offsetof(Ring, nheld), READONLY,
+     "waiting cycles that hold events or a copy (0: the poll has nothing to ask)"},
+    {"walk_cpu_out", T_LONGLONG, offsetof(Ring, walk_cpu_out), READONLY,
+     "the last drain_into: thread CPU ns when it first let go of the GIL"},
+    {"walk_cpu_in", T_LONGLONG, offsetof(Ring, walk_cpu_in), READONLY,
+     "the last drain_into: thread CPU ns when it last took the GIL back"},
+    {"walk_hold_ns", T_LONGLONG, offsetof(Ring, walk_hold_ns), READONLY,
+     "the last drain_into: its longest GIL hold between two walks, in thread CPU ns"},
+    {"walk_count", T_LONGLONG, offsetof(Ring, walk_count), READONLY,
+     "the last drain_into: how many times it let go of the GIL to walk"},
     {"nogil_cycles", T_LONGLONG, offsetof(Ring, nogil_cycles), READONLY,
      "cycles drained with the GIL let go (the common case of drain_into)"},
     {"nogil_walks", T_LONGLONG, offsetof(Ring, nogil_walks), READONLY,

@@ -31,6 +31,12 @@ class Ring:
     tick: int
     in_flight_index: int
     @property
+    def held_cycles(self) -> int: ...
+    walk_cpu_out: int
+    walk_cpu_in: int
+    walk_hold_ns: int
+    walk_count: int
+    @property
     def nogil_cycles(self) -> int: ...
     @property
     def nogil_walks(self) -> int: ...

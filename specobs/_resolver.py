@@ -293,13 +293,20 @@ class Resolver:
                     # waits on this number, so it must not move before the data it stands for
                     # is visible -- and it must move even if something raised, or every later
                     # flush would wait its whole timeout for records that are gone.
-                    all_cpu = time.thread_time_ns() - t_cpu
+                    t_end = time.thread_time_ns()
+                    all_cpu = t_end - t_cpu
                     # What the native core walked with the GIL let go is no hold: a slice's
-                    # holds are its CPU without it (the time before and after the walk).
+                    # CPU under the GIL is its CPU without the walks, and its longest hold the
+                    # longest stretch between two points where it let go (the slice's start,
+                    # the walks, its end; thread CPU clock throughout).
                     cpu = max(0, all_cpu - (getattr(ring, "nogil_ns", 0) - nogil0))
-                    if cpu > self.max_hold_ns:
-                        self.max_hold_ns = cpu
-                    if cpu > 100_000:
+                    hold = cpu
+                    if getattr(ring, "walk_count", 0) and ring.walk_cpu_out >= t_cpu:
+                        hold = max(ring.walk_cpu_out - t_cpu, t_end - ring.walk_cpu_in,
+                                   ring.walk_hold_ns)
+                    if hold > self.max_hold_ns:
+                        self.max_hold_ns = hold
+                    if hold > 100_000:
                         self.long_holds += 1
                     self.agg.add_cpu("resolver", all_cpu / 1e9)
                     self.consumed += taken_box[0]

@@ -309,6 +309,8 @@ class PyCycle:
         s.state = DONE
         r.enqueued += 1
         r._waiting += 1
+        if s.ev is not None or s.copy is not None:
+            r.held_cycles += 1
         if r._waiting >= r.wake_at:
             r._call(r.slow.wake)
 
@@ -377,6 +379,9 @@ class PyRing:
         #: The native core drains the common case with the GIL let go (``nogil_*``: cycles, walks,
         #: thread CPU ns); Python cannot, so these stay 0 here.
         self.nogil_cycles = self.nogil_walks = self.nogil_ns = 0
+        self.walk_cpu_out = self.walk_cpu_in = self.walk_hold_ns = self.walk_count = 0
+        #: Waiting cycles that hold events or a copy: with none, the poll has nothing to ask.
+        self.held_cycles = 0
         self.record_fn: Any = None
         self.stream: Any = None
         #: The clock's pinned-buffer copy type, whose completed copies the drain reads itself.
@@ -488,6 +493,7 @@ class PyRing:
             if old.state == DONE:
                 self.dropped_queue_full += 1
                 self._waiting -= 1
+                self.held_cycles -= old.ev is not None or old.copy is not None
                 dropped = True
             elif old.state == OPEN:
                 self.dropped_queue_full += 1
@@ -626,7 +632,16 @@ class PyRing:
         """Stage 1 of the resolver, the poll, when every event and copy was recorded on one
         stream: the index bound below which the first ``limit`` waiting cycles completed on the
         GPU (events complete in the order they were recorded there). ``query(event)`` is the
-        clock's (None: no clock, nothing to wait for). See :func:`poll_pending`."""
+        clock's (None: no clock, nothing to wait for). See :func:`poll_pending`.
+
+        With no waiting cycle holding events or a copy, every done cycle is complete: the bound
+        is then the open cycle's index (the one cycle that may end, with events, before the
+        drain), or the next index, found without walking the ring."""
+        if self.held_cycles == 0:
+            cur = self._current
+            if cur is not None and cur._owns(cur._slot()):
+                return int(cur._seq)
+            return int(self.begun)
         held, bound = self.pending(limit)
         memory = [self.in_flight_index, self.in_flight_polls]
         out = poll_pending(held, bound, query, polls_before_query, memory)
@@ -674,6 +689,7 @@ class PyRing:
                 continue
             if s.state != DONE or s.idx >= bound:
                 break
+            self.held_cycles -= s.ev is not None or s.copy is not None
             ts = s.ts
             tss.append(ts)
             if (s.copy is not None and s.nseq < 0 and s.acc is None and copy_type is not None
@@ -823,6 +839,7 @@ class PyRing:
             s.clear_objs(grave)
             self._tail += 1
         self._waiting = 0
+        self.held_cycles = 0
         self.in_flight_index, self.in_flight_polls = -1, 0
         return n
 

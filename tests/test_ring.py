@@ -249,7 +249,8 @@ def run_stream(kind: str, seed: int) -> list[Any]:
         else:
             ring.interval = rng.choice([1, 3])
         log.append(("counters", step, ring.begun, ring.enqueued, ring.dropped_queue_full,
-                    ring.discarded, ring.copy_ns, len(ring), ring.current is not None))
+                    ring.discarded, ring.copy_ns, len(ring), ring.current is not None,
+                    ring.held_cycles, len(ring.pending(1 << 30)[0]), ring.poll(8, None, 4)))
     log.append(("final", normalise(ring.drain_into(1 << 60, 1 << 30, [], -1, True))))
     log.append(("totals", normalise(ring.totals()), ring.drained))
     ring.reset_totals()
@@ -265,6 +266,11 @@ def test_native_ring_equals_its_specification(seed):
     assert len(native) == len(python)
     for a, b in zip(native, python, strict=True):
         assert a == b
+    # The count of waiting cycles holding events or a copy (what lets the poll skip its walk)
+    # is what a walk of the ring finds, after every step.
+    counters = [e for e in native if e[0] == "counters"]
+    assert counters and all(e[9] == e[10] for e in counters)
+    assert any(e[9] > 0 for e in counters)
 
 
 def test_the_streams_exercise_every_path():
