@@ -18,7 +18,7 @@ Prometheus and OpenTelemetry metrics and traces.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specobs._config import Settings
 from specobs._errors import (
@@ -32,6 +32,13 @@ from specobs._observer import Observer, configure
 from specobs._recorder import Cycle
 from specobs._version import __version__
 from specobs.sinks import MemorySink, Sink
+
+if TYPE_CHECKING:
+    # The real classes for type checkers and editors. At run time the module __getattr__ below
+    # imports them on first use, so importing this module loads neither prometheus_client nor
+    # opentelemetry.
+    from specobs.sinks.otlp import OtlpSink
+    from specobs.sinks.prometheus import PrometheusSink
 
 __all__ = [
     "ConfigurationError",

@@ -427,3 +427,34 @@ def test_configure_rejects_an_unknown_setting_and_takes_a_settings_object():
         specobs.configure(replica=2, replicas=2, sinks=[], clock="host")
     with pytest.raises(specobs.ConfigurationError, match="SPECOBS_QUEUE_SIZE"):
         specobs.configure(sinks=[], clock="host", env={"SPECOBS_QUEUE_SIZE": "3"})
+
+
+def test_the_facade_gives_type_checkers_the_real_sink_classes(tmp_path: Path):
+    """``specobs.PrometheusSink`` and ``specobs.sinks.OtlpSink`` are the real classes to mypy
+    (a ``TYPE_CHECKING`` import), while importing specobs loads neither SDK."""
+    api = pytest.importorskip("mypy.api")
+    snippet = tmp_path / "uses_the_facade.py"
+    snippet.write_text(
+        "import specobs\nimport specobs.sinks\n"
+        "reveal_type(specobs.PrometheusSink)\nreveal_type(specobs.sinks.OtlpSink)\n"
+        "reveal_type(specobs.OtlpSink)\n"
+        "sink: specobs.PrometheusSink = specobs.PrometheusSink(port='9477')\n"
+    )
+    out, _err, _status = api.run([
+        "--cache-dir", str(tmp_path / "cache"), "--follow-imports=silent",
+        "--ignore-missing-imports", "--no-error-summary", str(snippet)])
+    lines = out.splitlines()
+    assert "-> specobs.sinks.prometheus.PrometheusSink" in lines[0]
+    assert "-> specobs.sinks.otlp.OtlpSink" in lines[1]
+    assert "-> specobs.sinks.otlp.OtlpSink" in lines[2]
+    # A wrong argument is an error now, not Any.
+    assert 'Argument "port" to "PrometheusSink" has incompatible type "str"' in lines[3]
+
+    import subprocess
+    import sys
+
+    code = ("import sys, specobs, specobs.sinks\n"
+            "heavy = [m for m in sys.modules if m.split('.')[0] in "
+            "('prometheus_client', 'opentelemetry')]\n"
+            "assert not heavy, heavy\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
