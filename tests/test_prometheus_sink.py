@@ -164,14 +164,26 @@ def test_the_endpoint_serves_prometheus_client_bytes_from_its_cache(accept):
     values included, and the golden files through the endpoint's own path."""
     from prometheus_client.exposition import choose_encoder
 
-    registry = CollectorRegistry()
-    source, sink = fixed_sink(registry)
+    source = FixedSource(fixed_snapshot())
+    sink = specobs.PrometheusSink(port=0)  # its own registry: the cached encoder serves it
+    sink.attach(source)
+    registry = sink.registry
+    cached = []
+    encode = sink._exposition.encode
+    sink._exposition.encode = lambda *a: cached.append(1) or encode(*a)  # type: ignore[method-assign]
     encoder, _ = choose_encoder(accept)
     for _ in range(2):  # a cold and a warm cache
         source.generation += 1
         _, ctype, body, _ = sink._render(accept, "")
         assert strip_cpu(body.decode()) == strip_cpu(encoder(registry).decode())
-    assert sink.renders == 2
+    assert sink.renders == 2 and len(cached) == 2
+    # Anything else in the registry: prometheus_client encodes it (and sees the other metric).
+    from prometheus_client import Counter
+
+    Counter("server_requests", "the server's own metric", registry=registry)
+    source.generation += 1
+    _, _, body, _ = sink._render(accept, "")
+    assert len(cached) == 2 and "server_requests" in body.decode()
     sink.shutdown(1.0)
     registry = CollectorRegistry()
     _, sink = fixed_sink(registry)

@@ -100,6 +100,32 @@ def _created_series(value: str) -> str:
     return value
 
 
+class _SinkRegistry(CollectorRegistry):
+    """The registry a sink makes for itself, keeping its own list of what is registered.
+
+    The cached encoder may answer for a registry only while it holds nothing but the sink's
+    collector. prometheus_client (0.26, ``registry.py``) has no public way to list a registry's
+    collectors: ``CollectorRegistry`` keeps them in the private ``_collector_to_names`` and its
+    public surface is ``register``, ``unregister``, ``collect``, ``restricted_registry``,
+    ``get_sample_value`` and the target info. ``collect()`` would tell, but only by running every
+    collector (the cost the cache saves). So the sink's own registry overrides the two public
+    registration methods to keep the list; a registry the user passes in is always encoded by
+    prometheus_client itself.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(auto_describe=True)
+        self.collectors: list[Any] = []
+
+    def register(self, collector: Any) -> None:
+        super().register(collector)
+        self.collectors.append(collector)
+
+    def unregister(self, collector: Any) -> None:
+        super().unregister(collector)
+        self.collectors.remove(collector)
+
+
 class SnapshotCollector:
     """A ``prometheus_client`` collector over one :class:`MetricSource` (an observer's
     aggregation): each ``collect()`` renders one snapshot through :func:`specobs._series.families`.
@@ -189,7 +215,7 @@ class PrometheusSink(Sink):
         self._serve = registry is None or port is not None
         self._port_arg = port
         self._addr_arg = addr
-        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.registry = registry if registry is not None else _SinkRegistry()
         self._exemplars = exemplars
         self._created_series = _created_series(created_series)
         self._server: MetricsServer | None = None
@@ -277,11 +303,12 @@ class PrometheusSink(Sink):
         return 200, ctype, body, "gzip" if zipped else ""
 
     def _encode(self, encoder: Any, ctype: str, collector: SnapshotCollector | None) -> bytes:
-        # The endpoint's registry holds only our collector unless someone registered more into
-        # it: then, or for a sample the cached encoder does not handle, prometheus_client
-        # encodes the registry itself.
-        names = getattr(self.registry, "_collector_to_names", None)
-        if collector is not None and names is not None and list(names) == [collector]:
+        # The sink's own registry holding only our collector (see _SinkRegistry) is encoded
+        # from the cached prefixes; anything else (more collectors, a target info, the user's
+        # registry, a sample the cached encoder does not handle) by prometheus_client itself.
+        reg = self.registry
+        if (collector is not None and isinstance(reg, _SinkRegistry)
+                and reg.collectors == [collector] and not reg.get_target_info()):
             try:
                 return self._exposition.encode(list(collector.collect()), encoder, ctype)
             except ValueError as exc:
