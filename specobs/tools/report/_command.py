@@ -1,11 +1,5 @@
-"""``specobs report``: the command (its flags, its sources, writing the file, ``--json``).
-
-    specobs report --from http://127.0.0.1:9477/metrics --duration 60 -o run.html --save run.jsonl
-    specobs report --from run.jsonl -o run.html
-    specobs report --prometheus http://prometheus:9090 --selector '{job="specobs"}' --last 30m
-    specobs report --compare healthy.jsonl faulty.jsonl -o ab.html
-    specobs report --prometheus http://prometheus:9090 --compare '{instance="a:9477"}' \\
-        '{instance="b:9477"}' --last 1h
+"""``specobs report``: the command (its flags, its sources, writing the file, ``--json``); the
+package docstring (:mod:`specobs.tools.report`) shows the command lines and what a report holds.
 
 Sources are read by :mod:`specobs.tools.report._data`. Errors (an unreachable endpoint, an empty
 range, a bad file) are one line on stderr and exit status 1; bad flags exit 2. Credentials in a
