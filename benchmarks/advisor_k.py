@@ -30,7 +30,9 @@ from specobs.tools import _breakdown as bd
 from specobs.tools import _diagnosis as dg
 
 
-def measure(k: int, device: str, steps: int, batch: int, scaling: float) -> dict[str, Any]:
+def measure(k: int, device: str, steps: int, batch: int, scaling: float | None) -> dict[str, Any]:
+    """Tokens/s per sequence at ``k`` and the advice from it; ``scaling`` None: verify's growth
+    with k from the plain step the engine's baseline probe measures (as ``doctor`` does)."""
     clock = "cuda" if device == "cuda" else "host"
     obs = specobs.configure(sinks=[specobs.MemorySink()], clock=clock,
                             sample_every=1 if clock == "cuda" else None, max_draft_length=8,
@@ -38,6 +40,12 @@ def measure(k: int, device: str, steps: int, batch: int, scaling: float) -> dict
     try:
         engine = build_engine(device=device, cache_dir=tempfile.mkdtemp(), observer=obs, k=k,
                               max_batch=batch)
+        from specobs.demo._baseline import BaselineProbe
+
+        probe = BaselineProbe(engine.target, engine.max_batch, every_cycles=4, window_seconds=1e9,
+                              device=engine.device,
+                              cuda_graph_buckets=engine._buckets() if engine.cuda_graphs else ())
+        engine.baseline_probe = probe
         text = engine.models.language.stream(40000, seed=4242)
         prompts = [text[i * 37: i * 37 + 8] for i in range(256)]
         handles: list[Any] = []
@@ -69,10 +77,19 @@ def measure(k: int, device: str, steps: int, batch: int, scaling: float) -> dict
         after = obs.snapshot()
     finally:
         obs.shutdown(10)
-    b = bd.breakdown(bd.snapshot_delta(after, before, elapsed))
-    advice = dg.advise_k(b, scaling)
+    baseline = probe.tokens_per_second()
+    b = bd.breakdown(bd.snapshot_delta(after, before, elapsed, baseline))
+    plain = 1.0 / baseline if baseline else None
+    measured_scaling = dg.verify_scaling(dg.forward_cost(b, plain))
+    advice = dg.advise_k(b, measured_scaling if scaling is None else scaling)
+    threshold = dg.batch_threshold(b, plain)
     return {
-        "k": k, "sequence_tokens_per_second": b.sequence_tokens_per_second,
+        "k": k, "batch": b.mean_batch_size, "baseline_tokens_per_second": baseline,
+        "speedup": None if not baseline else b.sequence_tokens_per_second / baseline,
+        "verify_scaling": measured_scaling,
+        "threshold_batch": None if threshold is None else threshold.evidence["threshold_batch"],
+        "threshold": None if threshold is None else threshold.sentence,
+        "sequence_tokens_per_second": b.sequence_tokens_per_second,
         "emitted_tokens_per_second": b.emitted_tokens_per_second,
         "conditional": [a for _, a in dg.conditional_acceptance(b)],
         "advice": None if advice is None else {
@@ -108,13 +125,27 @@ def main() -> None:
     parser.add_argument("--ks", default="2,3,4,5,6,8")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
-    parser.add_argument("--verify-scaling", type=float, default=0.0)
+    parser.add_argument("--verify-scaling", type=float, default=None,
+                        help="verify's growth with k (default: from the measured plain step)")
+    parser.add_argument("--batches", default=None,
+                        help="instead of ks: k=--k at these batch sizes (the batch threshold)")
+    parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.batches:
+        for i in range(args.rounds):
+            for batch in (int(x) for x in args.batches.split(",")):
+                r = measure(args.k, args.device, args.steps, batch, args.verify_scaling)
+                print(f"round {i} batch {batch} (mean {r['batch']:.2f}): per-sequence tok/s "
+                      f"{r['sequence_tokens_per_second']:.1f}, baseline "
+                      f"{r['baseline_tokens_per_second'] or 0:.1f}, speedup "
+                      f"{r['speedup'] or 0:.3f}; threshold from here: {r['threshold_batch']} "
+                      f"({r['threshold']})", flush=True)
+        return
     ks = [int(x) for x in args.ks.split(",")]
     rounds: dict[int, list[dict[str, Any]]] = {k: [] for k in ks}
     for i in range(args.rounds):
@@ -123,7 +154,8 @@ def main() -> None:
             rounds[k].append(r)
             adv = r["advice"] or {}
             print(f"round {i} k={k} per-sequence tok/s {r['sequence_tokens_per_second']:.1f}  "
-                  f"conditional {[round(a, 2) for a in r['conditional']]}  advice "
+                  f"conditional {[round(a, 2) for a in r['conditional']]}  verify scaling "
+                  f"{r['verify_scaling']:.2f}  advice "
                   f"best_k={adv.get('best_k')} gain={adv.get('predicted_gain', 0) * 100:+.1f}%",
                   flush=True)
     results: dict[int, dict[str, Any]] = {}

@@ -44,15 +44,18 @@ __all__ = [
     "acceptance_profile",
     "advise_k",
     "against_past",
+    "batch_threshold",
     "conditional_acceptance",
     "cycle_bound",
     "diagnose",
     "expected_tokens",
+    "forward_cost",
     "host_bound",
     "saved_run",
     "speedup",
     "stall",
     "status_line",
+    "verify_scaling",
     "window",
     "worst",
 ]
@@ -176,6 +179,7 @@ CODES: dict[str, str] = {
     "SPEC-COHORT-PHASE-SLOWER": "a phase slower than on the other servers of the model",
     "SPEC-COHORT-MATCHES": "the server matches the other servers of its model and engine",
     "SPEC-ADVICE-K": "the speculation length k the measured acceptance and costs favour",
+    "SPEC-ADVICE-BATCH": "the batch size above which speculation stops paying",
 }
 
 
@@ -197,6 +201,9 @@ class Window:
     last_cycle_age_seconds: float | None = None
     #: Drafted tokens at the first draft position (sequence-cycles that drafted).
     drafted_first: float | None = None
+    #: The baseline was measured by the engine on the served batch (its ``source`` label says
+    #: so), not configured: its step time is a plain forward of this batch (:func:`forward_cost`).
+    baseline_measured: bool = False
 
 
 def window(delta: Delta, now_seconds: float | None = None) -> Window:
@@ -204,12 +211,15 @@ def window(delta: Delta, now_seconds: float | None = None) -> Window:
     g = delta.gauges
     last = g.total(catalog.LAST_CYCLE_TIMESTAMP.name)
     age = None if last is None or not last > 0 or now_seconds is None else now_seconds - last
+    sources = {d.get("source") or catalog.BASELINE_SOURCE_CONFIGURED
+               for d in g.labels(catalog.BASELINE_SEQUENCE_TOKENS.name)}
     return Window(
         breakdown=breakdown(delta),
         requests_running=g.total(catalog.REQUESTS_RUNNING.name),
         requests_waiting=g.total(catalog.REQUESTS_WAITING.name),
         last_cycle_age_seconds=age,
         drafted_first=delta.counters.total(catalog.DRAFTED_BY_POSITION.name, position="0"),
+        baseline_measured=bool(sources) and catalog.BASELINE_SOURCE_CONFIGURED not in sources,
     )
 
 
@@ -923,6 +933,122 @@ def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
     )
 
 
+# -- the forward's cost in tokens, and the batch size where speculation stops paying -------------
+
+#: Batch sizes the threshold search looks at, as multiples of the measured mean batch.
+BATCH_SEARCH_MAX_FACTOR = 64.0
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    """A target forward over n tokens costs ``fixed_seconds + per_token_seconds * n``: fitted
+    through the plain decode step (the measured baseline: n = B, one token per sequence) and the
+    verify phase (n = B (k + 1)) at the window's mean batch B."""
+
+    fixed_seconds: float
+    per_token_seconds: float
+    batch: float
+    k: int
+
+
+def forward_cost(b: Breakdown, plain_step_seconds: float | None) -> ForwardCost | None:
+    """The :class:`ForwardCost` of ``b``'s target from ``plain_step_seconds`` (1 / a baseline
+    measured on the served batch) and the measured verify mean (GPU clock first); ``None``
+    without either. A verify no dearer than the plain step gives ``per_token_seconds`` 0: the
+    forward is bound by reading weights or launching kernels, not by the tokens it computes."""
+    clock = _clock(b)
+    k = sum(1 for _, rate in b.position_acceptance if rate is not None)
+    batch = b.mean_batch_size
+    if clock is None or k < 1 or batch is None or not batch > 0 or plain_step_seconds is None \
+            or not plain_step_seconds > 0:
+        return None
+    v = _mean(b, "verify", clock)
+    if v is None or not v > 0:
+        return None
+    per_token = max(0.0, (v - plain_step_seconds) / (batch * k))
+    return ForwardCost(v - per_token * batch * (k + 1), per_token, batch, k)
+
+
+def verify_scaling(cost: ForwardCost | None) -> float:
+    """The part of verify that grows with the positions verified (:func:`advise_k`'s ``s``):
+    0 without a :class:`ForwardCost`."""
+    if cost is None:
+        return 0.0
+    v = cost.fixed_seconds + cost.per_token_seconds * cost.batch * (cost.k + 1)
+    return min(1.0, max(0.0, cost.per_token_seconds * cost.batch * (cost.k + 1) / v))
+
+
+def batch_threshold(b: Breakdown, plain_step_seconds: float | None) -> Finding | None:
+    """The batch size above which speculation stops paying (what vLLM users set as
+    ``disable_by_batch_size``), from the window's :class:`ForwardCost`; ``None`` without one.
+
+    Model: at batch B' a plain step costs f + p B' and verify f + p B' (k + 1), the draft and
+    bookkeeping scale with verify's cost (the draft is a smaller forward over as many sequences),
+    and the tokens per sequence-cycle stay the measured ones. Speculation pays at B' while
+    E / (cycle at B') exceeds 1 / (plain step at B'). The forward's costs are fitted at the one
+    mean batch measured, so a threshold away from it is extrapolated along a straight line (a
+    GPU's cost per token drops as it saturates): a direction and an order of magnitude."""
+    cost = forward_cost(b, plain_step_seconds)
+    clock = _clock(b)
+    host_cycle = b.cycle_mean_seconds.get("host")
+    if cost is None or clock is None or host_cycle is None or b.sequence_tokens_per_second is None:
+        return None
+    assert plain_step_seconds is not None
+    tokens = b.sequence_tokens_per_second * host_cycle
+    means = {p: b.stats[(p, clock)].mean_seconds for p in b.phases if (p, clock) in b.stats}
+    v = means.get("verify") or 0.0
+    others = math.fsum(m for p, m in means.items() if p != "verify" and m)
+    # Time of the host cycle outside the phases on this clock (host overhead) stays fixed.
+    outside = max(0.0, host_cycle - v - others) if clock == "host" else 0.0
+
+    def gain(batch: float) -> float:
+        verify = cost.fixed_seconds + cost.per_token_seconds * batch * (cost.k + 1)
+        cycle = verify * (1 + others / v) + outside if v > 0 else verify + outside
+        plain = cost.fixed_seconds + cost.per_token_seconds * batch
+        return tokens * plain / cycle
+
+    now = gain(cost.batch)
+    evidence: dict[str, float | str | None] = {
+        "clock": clock, "k": float(cost.k), "mean_batch": cost.batch,
+        "plain_step_seconds": plain_step_seconds, "fixed_seconds": cost.fixed_seconds,
+        "per_token_seconds": cost.per_token_seconds, "tokens_per_sequence_cycle": tokens,
+        "modelled_speedup": now,
+    }
+    top = cost.batch * BATCH_SEARCH_MAX_FACTOR
+    if gain(1.0) < 1.0:
+        return Finding(
+            "SPEC-ADVICE-BATCH", "info",
+            f"speculation does not pay at any batch size by the cost model: {tokens:.2f} tokens "
+            f"per sequence-cycle do not cover a cycle of {_ms(host_cycle)} against a plain step "
+            f"of {_ms(plain_step_seconds)} at mean batch {cost.batch:.1f}",
+            {**evidence, "threshold_batch": 1.0}, "see the speedup and acceptance findings",
+        )
+    if cost.per_token_seconds <= 0 or gain(top) >= 1.0:
+        return Finding(
+            "SPEC-ADVICE-BATCH", "ok",
+            f"no batch size up to {top:.0f} where speculation stops paying: verify costs "
+            f"{'no more than' if cost.per_token_seconds <= 0 else 'little more than'} a plain "
+            f"step at mean batch {cost.batch:.1f} ({_ms(v)} against {_ms(plain_step_seconds)}, "
+            f"{clock} clock), so the forward is bound by weights or launches, not tokens",
+            {**evidence, "threshold_batch": None},
+        )
+    lo, hi = 1.0, top  # gain(lo) >= 1 > gain(hi); gain falls with the batch
+    while hi - lo > 0.01 * lo:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if gain(mid) >= 1.0 else (lo, mid)
+    where = ("extrapolated beyond" if lo > cost.batch else "interpolated below")
+    return Finding(
+        "SPEC-ADVICE-BATCH", "info",
+        f"speculation stops paying above batch {lo:.0f} by the cost model ({where} the mean "
+        f"batch {cost.batch:.1f} measured: verify {_ms(v)} against a plain step of "
+        f"{_ms(plain_step_seconds)}, {cost.per_token_seconds * 1e6:.1f} µs per token, "
+        f"{tokens:.2f} tokens per sequence-cycle)",
+        {**evidence, "threshold_batch": lo},
+        f"disable speculation above batch {lo:.0f} (vLLM: disable_by_batch_size) and check it "
+        "by measuring both sides of it",
+    )
+
+
 # -- everything -----------------------------------------------------------------------------------
 
 
@@ -944,9 +1070,18 @@ def diagnose(recent: Window, past: Window | None = None) -> list[Finding]:
         if past.drafted_first is not None and recent.drafted_first is not None:
             pair = (past.drafted_first, recent.drafted_first)
         out.extend(against_past(b, past.breakdown, pair))
-    advice = advise_k(b) if b.cycles >= MIN_SPEEDUP_CYCLES else None
-    if advice is not None:
-        out.append(advice)
+    if b.cycles >= MIN_SPEEDUP_CYCLES:
+        # A baseline measured on the served batch is a plain forward of it: with verify it
+        # tells how the forward's cost grows with tokens (a configured one may be anything).
+        plain = None
+        if recent.baseline_measured and b.baseline_tokens_per_second:
+            plain = 1.0 / b.baseline_tokens_per_second
+        advice = advise_k(b, verify_scaling(forward_cost(b, plain)))
+        if advice is not None:
+            out.append(advice)
+        threshold = batch_threshold(b, plain)
+        if threshold is not None:
+            out.append(threshold)
     return out
 
 
