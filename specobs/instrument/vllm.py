@@ -36,7 +36,12 @@ covers:
   (:func:`valid_draft_lengths`).
 - A step is a cycle when the scheduler sent draft tokens to verify
   (``scheduler_output.scheduled_spec_decode_tokens``). It ends when ``sample_tokens`` returns
-  (or when ``execute_model`` returns an output itself, as releases before the split did).
+  (or when ``execute_model`` returns an output itself, as releases before the split did) --
+  except where the worker runs on the engine core's own thread without async scheduling (one
+  worker, ``UniProcExecutor``): there the cycle stays open until that thread's
+  ``Scheduler.update_from_output`` takes the step's output, so the rows of requests aborted
+  while the step ran, which vLLM skips there, are left out of the counts
+  (:func:`around_update_from_output`).
 - Topology: the TP rank 0 of the last pipeline stage of each data-parallel replica records
   (other ranks see no sampling); replicas carry ``dp_rank`` and use port + ``dp_rank``.
 """
@@ -75,6 +80,10 @@ V2_MODULE = "vllm.v1.worker.gpu.model_runner"
 """Model runner V2, the default for speculative decoding since vLLM 0.33."""
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 WORKER_CLASS = "Worker"
+SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+SCHEDULER_CLASS = "Scheduler"
+"""Where the engine core takes a step's output (``update_from_output``) and skips the rows of
+requests aborted while the step ran."""
 RUNNER_MODULE = V1_MODULE  # the name earlier releases of specobs exported
 
 PLACEHOLDER_TOKEN_ID = -1
@@ -152,8 +161,8 @@ class _Step:
     """The per-thread state of the runner's step in flight."""
 
     __slots__ = (
-        "accepted", "batch_size", "draft_length", "emitted", "grammar", "off", "scheduled",
-        "tracker",
+        "accepted", "batch_size", "draft_length", "emitted", "grammar", "off", "rows",
+        "scheduled", "scheduler_here", "tracker", "waits",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -168,6 +177,12 @@ class _Step:
         # the tokens vLLM keeps of them; None leaves specobs's defaults (every row, 1 + accepted).
         self.batch_size: int | None = None
         self.emitted: int | None = None
+        # The host rows behind those counts: (request id, accepted, drafted, emitted kept).
+        self.rows: list[HostRow] | None = None
+        # This thread runs the scheduler's update_from_output (the engine core's thread, with the
+        # worker in it), and the open cycle waits for it to take the step's output.
+        self.scheduler_here = False
+        self.waits = False
         self.off = False  # this process does not record (not the leader, or a failed start)
 
 
@@ -192,6 +207,8 @@ def _finish(step: _Step) -> None:
     step.draft_length = None
     step.batch_size = None
     step.emitted = None
+    step.rows = None
+    step.waits = False
     step.scheduled = None
     step.grammar = None
 
@@ -200,6 +217,8 @@ def _abort(step: _Step | None) -> None:
     if step is not None and step.tracker is not None:
         step.tracker.abort()
         step.tracker = None
+        step.rows = None
+        step.waits = False
 
 
 def _start(
@@ -400,30 +419,71 @@ def kept_tokens(tokens: list[int], state: Any, max_model_len: int) -> int:
     return len(tokens)
 
 
-def host_counts(
+HostRow = tuple[Any, int, int, int]
+"""One request that decoded in a step: (request id, accepted, drafted, tokens vLLM keeps)."""
+
+
+def host_rows(
     runner: Any, valid: list[list[int]], draft_lengths: list[int]
-) -> tuple[list[int], list[int], int] | None:
-    """Accepted and drafted tokens of the rows that decoded, and the tokens vLLM keeps, from
-    the host token lists ``_bookkeeping_sync`` returns (one list per request of the batch, empty
-    for a request still in chunked prefill, whose sampled token vLLM discards). ``None`` when
-    there are none (async scheduling keeps them on the GPU) or they do not match the batch."""
+) -> list[HostRow] | None:
+    """The rows that decoded, from the host token lists ``_bookkeeping_sync`` returns (one list
+    per request of the batch, empty for a request still in chunked prefill, whose sampled token
+    vLLM discards): request id, accepted and drafted tokens, and the tokens vLLM keeps. ``None``
+    when there are none (async scheduling keeps them on the GPU) or they do not match the
+    batch."""
     if not valid or len(valid) != len(draft_lengths):
         return None
     req_ids = runner.input_batch.req_ids
     requests = runner.requests
     max_model_len = int(runner.max_model_len)
-    accepted: list[int] = []
-    drafted: list[int] = []
-    emitted = 0
+    rows: list[HostRow] = []
     for i, tokens in enumerate(valid):
         n = len(tokens)
         if not n:
             continue
-        accepted.append(n - 1)
-        drafted.append(draft_lengths[i])
-        state = requests.get(req_ids[i]) if i < len(req_ids) else None
-        emitted += kept_tokens(tokens, state, max_model_len) if state is not None else n
-    return accepted, drafted, emitted
+        req_id = req_ids[i] if i < len(req_ids) else None
+        state = requests.get(req_id) if req_id is not None else None
+        kept = kept_tokens(tokens, state, max_model_len) if state is not None else n
+        rows.append((req_id, n - 1, draft_lengths[i], kept))
+    return rows
+
+
+def host_counts(
+    runner: Any, valid: list[list[int]], draft_lengths: list[int]
+) -> tuple[list[int], list[int], int] | None:
+    """Accepted and drafted tokens of the rows that decoded, and the tokens vLLM keeps
+    (:func:`host_rows`, summed)."""
+    rows = host_rows(runner, valid, draft_lengths)
+    if rows is None:
+        return None
+    return [r[1] for r in rows], [r[2] for r in rows], sum(r[3] for r in rows)
+
+
+def _take_rows(step: _Step, rows: list[HostRow]) -> None:
+    step.rows = rows
+    step.accepted = [r[1] for r in rows]
+    step.draft_length = [r[2] for r in rows]
+    step.emitted = sum(r[3] for r in rows)
+    step.batch_size = len(rows)
+
+
+def skipped_by_scheduler(scheduler: Any, req_ids: Any) -> set[Any]:
+    """The requests whose output vLLM's ``Scheduler.update_from_output`` will skip, asked
+    before it runs: gone or finished (aborted while the step ran: the engine core applies the
+    aborts that arrived during the step first), or holding a stale output it drops after a
+    preemption. Mirrors the checks that come before anything is counted there; the one it
+    cannot see beforehand, a failed KV load (KV connectors), stays counted."""
+    requests = scheduler.requests
+    skipped = set()
+    for req_id in req_ids:
+        request = requests.get(req_id)
+        if request is None or request.is_finished():
+            skipped.add(req_id)
+        elif getattr(request, "num_stale_output_tokens", 0) > 0 and getattr(
+            request, "drop_stale_output", False
+        ):
+            skipped.add(req_id)
+    return skipped
 
 
 def around_bookkeeping_sync(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -437,10 +497,9 @@ def around_bookkeeping_sync(original: Callable[..., Any], *args: Any, **kwargs: 
         try:
             valid = result[3] if type(result) is tuple and len(result) > 3 else None
             if type(valid) is list:
-                counts = host_counts(args[0], valid, step.draft_length)
-                if counts is not None:
-                    step.accepted, step.draft_length, step.emitted = counts
-                    step.batch_size = len(counts[0])
+                rows = host_rows(args[0], valid, step.draft_length)
+                if rows is not None:
+                    _take_rows(step, rows)
         except Exception:
             _failed("acceptance (_bookkeeping_sync)")
     return result
@@ -458,11 +517,38 @@ def around_sample_tokens(original: Callable[..., Any], *args: Any, **kwargs: Any
         raise
     step = _local.__dict__.get("step")
     if step is not None and step.tracker is not None:
+        if step.scheduler_here and step.rows is not None:
+            # The engine core's thread, no async scheduling: its update_from_output for this
+            # step comes next, after it applied the aborts that arrived meanwhile.
+            step.waits = True
+        else:
+            try:
+                _finish(step)
+            except Exception:
+                _failed("the cycle end (sample_tokens)")
+    return result
+
+
+def around_update_from_output(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """The engine core takes a step's output. On a thread that runs the worker too, the open
+    cycle of that step ends here, without the rows vLLM is about to skip."""
+    step = _step()
+    step.scheduler_here = True
+    if step.tracker is not None and step.waits:
+        try:
+            scheduler_output = args[1] if len(args) > 1 else kwargs["scheduler_output"]
+            rows = step.rows
+            if rows is not None and scheduler_output is step.scheduled:
+                skipped = skipped_by_scheduler(args[0], [r[0] for r in rows])
+                if skipped:
+                    _take_rows(step, [r for r in rows if r[0] not in skipped])
+        except Exception:
+            _failed("aborted rows (update_from_output)")
         try:
             _finish(step)
         except Exception:
-            _failed("the cycle end (sample_tokens)")
-    return result
+            _failed("the cycle end (update_from_output)")
+    return original(*args, **kwargs)
 
 
 HOOKS_V1: dict[str, Callable[..., Any]] = {
@@ -522,7 +608,7 @@ class VllmInstrumentor(BaseInstrumentor):
         return self._instrument_checked(observer, skip_dep_check)
 
     def _instrument(self) -> None:
-        self._watch((*RUNNERS, WORKER_MODULE))
+        self._watch((*RUNNERS, WORKER_MODULE, SCHEDULER_MODULE))
 
     def _patch_module(self, module: Any) -> None:
         name = module.__name__
@@ -535,6 +621,10 @@ class VllmInstrumentor(BaseInstrumentor):
         elif name == WORKER_MODULE:
             worker = getattr(module, WORKER_CLASS)
             self._patch(worker, "load_model", functools.partial(wrap_around, _check_runner))
+        elif name == SCHEDULER_MODULE:
+            scheduler = getattr(module, SCHEDULER_CLASS)
+            self._patch(scheduler, "update_from_output",
+                        functools.partial(wrap_around, around_update_from_output))  # fmt: skip
 
     def _uninstrument(self) -> None:
         _local.__dict__.pop("step", None)

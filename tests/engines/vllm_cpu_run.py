@@ -239,7 +239,10 @@ def count_step_outputs(path: Path) -> None:
 
     original = sched.Scheduler.update_from_output
     totals: dict[str, Any] = {"spec_step_tokens": 0, "spec_step_rows": 0,
-                              "other_step_tokens": 0, "spec_steps": 0, "requests": {}}  # fmt: skip
+                              "other_step_tokens": 0, "spec_steps": 0, "requests": {},
+                              "skipped_spec_rows": 0, "skipped_draft_tokens": 0,
+                              "skipped_accepted_tokens": 0, "skipped_sampled_tokens": 0,
+                              "skipped_accepted_by_position": {}}  # fmt: skip
     # request id -> [max_tokens, tokens, tokens in speculative steps]
     requests: dict[str, list[int]] = totals["requests"]
 
@@ -250,8 +253,10 @@ def count_step_outputs(path: Path) -> None:
         result = original(self, scheduler_output, model_runner_output)
         speculative = bool(scheduler_output.scheduled_spec_decode_tokens)
         tokens = rows = 0
+        answered = set()
         for outs in result.values():
             for out in outs.outputs:
+                answered.add(out.request_id)
                 n = len(out.new_token_ids or ())
                 tokens += n
                 rows += n > 0
@@ -259,6 +264,22 @@ def count_step_outputs(path: Path) -> None:
                     requests[out.request_id][1] += n
                     requests[out.request_id][2] += n if speculative else 0
         if speculative:
+            # Rows that verified drafts and got no output: vLLM skipped them (aborted mid-step),
+            # counting nothing of them; what the runner had sampled for them.
+            index = model_runner_output.req_id_to_index
+            sampled_rows = model_runner_output.sampled_token_ids
+            for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
+                if req_id in answered:
+                    continue
+                sampled = len(sampled_rows[index[req_id]]) if req_id in index else 0
+                accepted = max(sampled - 1, 0)
+                totals["skipped_spec_rows"] += 1
+                totals["skipped_draft_tokens"] += len(drafts)
+                totals["skipped_accepted_tokens"] += accepted
+                totals["skipped_sampled_tokens"] += sampled
+                by_position = totals["skipped_accepted_by_position"]
+                for position in range(accepted):
+                    by_position[str(position)] = by_position.get(str(position), 0) + 1
             totals["spec_step_tokens"] += tokens
             totals["spec_step_rows"] += rows
             totals["spec_steps"] += 1
@@ -270,6 +291,87 @@ def count_step_outputs(path: Path) -> None:
         return result
 
     sched.Scheduler.update_from_output = update_from_output
+
+
+ABORTED_MAX_TOKENS = 120
+"""The offline request that is aborted inside a speculative step (the others ask --max-tokens)."""
+ABORT_AT_SPEC_STEP = 3
+"""It is aborted in the third step that verifies drafts of it: it was a row of two cycles."""
+
+
+def abort_mid_step(llm: Any, max_tokens: int, at_step: int) -> None:
+    """Abort the request asking for ``max_tokens`` tokens inside the ``at_step``-th step that
+    verifies drafts of it, as a client abort that arrives while the step runs: after sampling,
+    where the engine core applies such aborts (``EngineCore._process_aborts_queue``) before it
+    processes the step's output. Through ``LLMEngine.abort_request``, as ``LLM`` aborts, so the
+    front end forgets the request too (in-process engine core: the call runs right there)."""
+    from vllm.v1.engine import core
+
+    process_aborts = core.EngineCore._process_aborts_queue
+    seen = {"steps": 0, "done": False}
+
+    def aborts_then(self: Any) -> Any:
+        scheduler = self.scheduler
+        output = getattr(scheduler, "specobs_test_last_output", None)
+        if not seen["done"] and output is not None:
+            mine = [r for r in output.scheduled_spec_decode_tokens
+                    if getattr(scheduler.requests.get(r), "max_tokens", None) == max_tokens]
+            if mine:
+                seen["steps"] += 1
+                if seen["steps"] == at_step:
+                    seen["done"] = True
+                    llm.llm_engine.abort_request(mine, internal=True)
+        return process_aborts(self)
+
+    core.EngineCore._process_aborts_queue = aborts_then
+    _remember_scheduled()
+
+
+def _remember_scheduled() -> None:
+    """The scheduler keeps its last output on itself (``specobs_test_last_output``)."""
+    from vllm.v1.core.sched import scheduler as sched
+
+    schedule = sched.Scheduler.schedule
+
+    def scheduled(self: Any, *args: Any, **kwargs: Any) -> Any:
+        output = schedule(self, *args, **kwargs)
+        self.specobs_test_last_output = output
+        return output
+
+    sched.Scheduler.schedule = scheduled
+
+
+HOLD_TIMEOUT_SECONDS = 300.0
+
+
+def hold_for_abort(max_tokens: int, signal: Path) -> None:
+    """Make a client abort land inside a speculative step, every time: the first step that
+    verifies drafts of the request asking for ``max_tokens`` tokens is held, after sampling and
+    before the engine core applies the aborts that arrived meanwhile
+    (``EngineCore._process_aborts_queue``, then ``update_from_output``), until an abort has
+    arrived. ``signal`` is written when the hold starts: the client closes its stream then.
+    Installed in the engine core process (vLLM's in-process scheduler and engine core)."""
+    from vllm.v1.engine import core
+
+    state: dict[str, Any] = {"held": False}
+    process_aborts = core.EngineCore._process_aborts_queue
+
+    def aborts_then(self: Any) -> Any:
+        scheduler = self.scheduler
+        output = getattr(scheduler, "specobs_test_last_output", None)
+        if not state["held"] and output is not None:
+            mine = [r for r in output.scheduled_spec_decode_tokens
+                    if getattr(scheduler.requests.get(r), "max_tokens", None) == max_tokens]
+            if mine:
+                state["held"] = True
+                signal.write_text(json.dumps({"request": mine[0]}))
+                deadline = time.monotonic() + HOLD_TIMEOUT_SECONDS
+                while self.aborts_queue.empty() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+        return process_aborts(self)
+
+    core.EngineCore._process_aborts_queue = aborts_then
+    _remember_scheduled()
 
 
 # -- specobs, scraped from the engine core process -------------------------------------------------
@@ -386,7 +488,13 @@ def main() -> int:
         enforce_eager=True, disable_log_stats=False, seed=0,
     )  # fmt: skip
     t_started = time.perf_counter()
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    # The first prompt's request asks for more and is aborted inside a speculative step.
+    abort_mid_step(llm, ABORTED_MAX_TOKENS, ABORT_AT_SPEC_STEP)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=ABORTED_MAX_TOKENS if i == 0 else
+                       args.max_tokens, ignore_eos=True)
+        for i in range(args.prompts)
+    ]  # fmt: skip
     outputs = llm.generate(prompts(args.prompts), params, use_tqdm=False)
     t_generated = time.perf_counter()
     counters = _vllm_counters(llm.get_metrics())
@@ -399,7 +507,10 @@ def main() -> int:
         "vllm_version": vllm.__version__,
         "specobs_file": specobs.__file__,
         "generated_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+        "finished_requests": len(outputs),
+        "requests": args.prompts,
         "prompt_tokens": [len(o.prompt_token_ids or ()) for o in outputs],
+        "aborted_max_tokens": ABORTED_MAX_TOKENS,
         "vllm": counters,
         "vllm_steps": steps,
         "specobs": scraped,
