@@ -4,7 +4,8 @@ Turn it on with ``SPECOBS_VLLM=1`` (``pip install specobs`` registers the entry 
 ``load_general_plugins()`` runs :func:`vllm_plugin` in every process it starts (API server,
 engine core, workers, a model-inspection subprocess). The plugin imports nothing of vLLM: it
 registers post-import hooks, and the runner classes are patched, in place and restorably, when
-vLLM itself imports them -- which only the processes that run the model do.
+vLLM itself imports them -- which only the processes that run the model do (the scheduler's
+``update_from_output`` too, where vLLM imports the scheduler: one wrapper call per step there).
 
 vLLM has two model runners, and which one a worker builds is decided at run time
 (``VllmConfig.use_v2_model_runner``; model runner V2 is the default for eagle, eagle3, ngram,

@@ -21,7 +21,9 @@ only :func:`prompts` and :func:`scrape_specobs` from it, and the OpenAI server's
    ``vllm:spec_decode_num_accepted_tokens_per_pos`` and ``vllm:generation_tokens``. Two of the
    prompts are longer than a step's token budget (``max_num_batched_tokens``), so they are
    prefilled in chunks in steps where the others verify drafts; ``max_tokens`` is not a multiple
-   of what a step emits, so the scheduler cuts some requests' last step.
+   of what a step emits, so the scheduler cuts some requests' last step. The first prompt's
+   request asks for more and is aborted inside its third speculative step (:func:`abort_mid_step`),
+   so vLLM's scheduler skips its row there; :func:`count_step_outputs` says what it skipped.
 3. Scrapes specobs, which lives in the engine core process, at
    ``http://127.0.0.1:$SPECOBS_PROMETHEUS_PORT/metrics`` until its totals stop changing (the
    resolver publishes every poll interval), while the engine is still up.
