@@ -1590,9 +1590,13 @@ Ring_poll(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         /* Nothing waiting holds events or a copy: every done cycle is complete, and the bound
          * is the open cycle (the only one that can end, with events, before the drain). */
         Cycle *cur = (Cycle *)r->current;
-        if (cur != NULL && owns(cur, slot_of(cur)))
-            return PyLong_FromLongLong(cur->seq);
-        return PyLong_FromLongLong(r->begun);
+        int64_t open = cur != NULL && owns(cur, slot_of(cur)) ? cur->seq : r->begun;
+        /* No further than the first ``limit`` slots: what the bound admits is drained in one
+         * chunk (the resolver picks traced cycles below it, once). A slot's position and its
+         * cycle's index move together (begin() advances both), so the tail's index is known. */
+        int64_t first = (int64_t)r->tail + (r->begun - (int64_t)r->head);
+        int64_t most = first + (int64_t)limit;
+        return PyLong_FromLongLong(open < most ? open : most);
     }
     Py_ssize_t cap = limit < r->waiting ? limit : r->waiting;
     Held *hv = PyMem_Malloc(sizeof(Held) * (size_t)(cap > 0 ? cap : 1));

@@ -36,11 +36,13 @@ values kept as objects, traced, or every cycle when a sink wants them all).
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -165,6 +167,38 @@ def _store_buffer(s: _Slot, obj: Any, k: int) -> bool:
     return _store_lengths(s, values, k)
 
 
+#: Every pure-Python ring, for the fork handler below.
+_RINGS: weakref.WeakSet[PyRing] = weakref.WeakSet()
+
+
+def _new_locks_in_child() -> None:
+    """After fork: the child has only the forking thread, so a lock another thread held at the
+    fork would never be released; each ring gets new ones (the native core does the same with
+    its generation counter)."""
+    for ring in list(_RINGS):
+        ring._lock = threading.Lock()
+        ring._hot = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_locks_in_child)
+
+
+def _serialized(method: Any) -> Any:
+    """The method under its ring's hot-path lock (re-entrant: the recorder's callbacks may call
+    back into the ring). A native call is one step under the GIL; Python code is not, and
+    threads sharing an observer (misuse, counted, but never corrupting counts) would otherwise
+    interleave inside a call at any bytecode."""
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        ring = self if isinstance(self, PyRing) else self._ring
+        with ring._hot:
+            return method(self, *args, **kwargs)
+
+    return call
+
+
 class PyCycle:
     """One speculative decoding cycle in flight. Created by :meth:`Observer.begin`; also a
     context manager (``with observer.cycle() as c: ...`` ends the cycle on exit)."""
@@ -187,6 +221,7 @@ class PyCycle:
         thread close this cycle meanwhile: misuse, an observer is one thread's)."""
         return s.state == OPEN and s.idx == self._seq
 
+    @_serialized
     def mark(self, phase: str) -> None:
         """End the running phase and start ``phase`` (the next one in the configured order)."""
         r = self._ring
@@ -211,6 +246,7 @@ class PyCycle:
         if s.ev is not None:
             r._record(s, i, t)
 
+    @_serialized
     def accept(
         self,
         accepted: Any,
@@ -280,6 +316,7 @@ class PyCycle:
         s.draft = draft_length
         s.emitted = emitted
 
+    @_serialized
     def end(self) -> None:
         """End the last phase and hand the cycle to the resolver."""
         r = self._ring
@@ -317,6 +354,7 @@ class PyCycle:
     def __enter__(self) -> PyCycle:
         return self
 
+    @_serialized
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is not None:
             if not self._closed:
@@ -391,6 +429,10 @@ class PyRing:
         self.in_flight_polls = 0
         self._waiting = 0
         self._lock = threading.Lock()
+        #: Held by the hot path's calls (``_serialized``): one at a time, as the native core's
+        #: are under the GIL.
+        self._hot = threading.RLock()
+        _RINGS.add(self)  # both locks made anew in a forked child (a lost thread may hold one)
         #: Tests: a clock advancing ``tick`` ns per read instead of ``perf_counter_ns`` (0).
         self._now: Any = _perf
         self._tick = 0
@@ -530,6 +572,7 @@ class PyRing:
         s.has_obj_acc = True
 
     # -- the worker's side -----------------------------------------------------------------------
+    @_serialized
     def begin(self, batch_size: Any = None) -> Any:
         """Start a cycle (and its first phase); returns its handle."""
         t = self._now()
@@ -636,12 +679,15 @@ class PyRing:
 
         With no waiting cycle holding events or a copy, every done cycle is complete: the bound
         is then the open cycle's index (the one cycle that may end, with events, before the
-        drain), or the next index, found without walking the ring."""
+        drain), or the next index, but no further than ``limit`` slots from the tail: found
+        without walking the ring."""
         if self.held_cycles == 0:
             cur = self._current
-            if cur is not None and cur._owns(cur._slot()):
-                return int(cur._seq)
-            return int(self.begun)
+            open_ = cur._seq if cur is not None and cur._owns(cur._slot()) else self.begun
+            # No further than the first ``limit`` slots (what one chunk drains; the resolver
+            # picks traced cycles below the bound once). Positions and indices move together.
+            first = self._tail + (self.begun - self._head)
+            return int(min(open_, first + limit))
         held, bound = self.pending(limit)
         memory = [self.in_flight_index, self.in_flight_polls]
         out = poll_pending(held, bound, query, polls_before_query, memory)

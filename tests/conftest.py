@@ -10,10 +10,12 @@ import pytest
 
 pytest_plugins = ["tests._otlp_receiver", "tests._prometheus_server"]
 
-# The suite must never pick up a user's exporter settings (but keeps where its caches live).
+# The suite must never pick up a user's exporter settings (but keeps where its caches live,
+# and SPECOBS_CORE: scripts/check runs the hot path's tests again with SPECOBS_CORE=python, on
+# the pure-Python ring, which the variable must reach; tests/test_ring_choice.py checks it does).
 _KEEP = {
     "SPECOBS_TEST_WEIGHTS_DIR", "SPECOBS_CONTRACTS_CACHE", "SPECOBS_TEST_ENGINE_VENVS",
-    "SPECOBS_KEEP_ENGINE_VENV",
+    "SPECOBS_KEEP_ENGINE_VENV", "SPECOBS_CORE",
 }
 for _var in list(os.environ):
     if _var.startswith(("SPECOBS_", "OTEL_")) and _var not in _KEEP:

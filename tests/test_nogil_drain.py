@@ -13,7 +13,7 @@ import pytest
 import specobs
 from specobs import _ring
 
-pytestmark = pytest.mark.skipif(not _ring.NATIVE, reason="the native core is not built here")
+native_only = pytest.mark.skipif(not _ring.NATIVE, reason="the native core is not built here")
 
 _WORK = bytes(1 << 16)
 
@@ -35,6 +35,7 @@ def run(n: int, capacity: int) -> tuple[specobs.Snapshot, object]:
         obs.shutdown(5)
 
 
+@native_only
 def test_walks_beside_the_worker_count_every_cycle_once() -> None:
     n = 60_000
     s, ring = run(n, 1 << 15)
@@ -46,6 +47,7 @@ def test_walks_beside_the_worker_count_every_cycle_once() -> None:
     assert ring.nogil_cycles > 0  # type: ignore[attr-defined]
 
 
+@native_only
 def test_a_full_ring_drops_beside_a_walk_are_counted_exactly() -> None:
     """A ring of 64 fills while walks take its tail: begin() drops the oldest under the ring's
     lock, so every cycle is either counted or dropped, never both, never neither."""
@@ -55,3 +57,44 @@ def test_a_full_ring_drops_beside_a_walk_are_counted_exactly() -> None:
     assert s.cycles_total + dropped == n, (s.cycles_total, dropped)
     assert s.accepted_tokens_total == 13 * s.cycles_total
     assert sum(s.accept_length.counts) == 8 * s.cycles_total
+
+
+class TraceSink(specobs.MemorySink):
+    """Traces only: the cycles that are not traced are aggregated and never handed over (the
+    native core walks them without the GIL)."""
+
+    def __init__(self) -> None:
+        super().__init__(max_cycles=1 << 20, traces=True)
+        self.wants_cycles = False
+
+
+@pytest.mark.parametrize("every_cycle", [False, True])
+@pytest.mark.parametrize("chunk", [16, 100])
+def test_every_cycle_picked_for_a_trace_is_traced_when_a_backlog_drains_in_chunks(
+        chunk: int, every_cycle: bool) -> None:
+    """With nothing held, the poll bounds a drain without walking the ring: no further than one
+    chunk, or cycles the resolver picked for traces below the bound would be passed over by
+    this chunk and never traced by the next (both rings; with the sink taking every cycle, and
+    with traced cycles only)."""
+    mem = specobs.MemorySink(traces=True) if every_cycle else TraceSink()
+    obs = specobs.configure(sinks=[mem], poll_interval_seconds=3600, trace_head_rate=0.5,
+                            queue_size=4096)
+    rec = obs._recorder
+    rec.wake = lambda: None  # type: ignore[method-assign]  # the test drains, not the thread
+    rec.ring.wake_at = 1 << 30
+    try:
+        for _ in range(1000):
+            with obs.cycle(batch_size=2) as c:
+                c.mark("verify")
+                c.mark("bookkeeping")
+                c.accept([1, 2], draft_length=4)
+        res = obs._resolver
+        res.chunk = chunk
+        res.slice_ns = 1 << 40  # chunks stay this size
+        res.drain()
+        traced = sorted(c.index for c in mem.cycles if c.trace_id is not None)
+        assert obs.snapshot().cycles_total == 1000
+        assert 350 < len(traced) < 650  # about half, at the head rate
+        assert len(traced) == len(set(traced))
+    finally:
+        obs.shutdown(5)
