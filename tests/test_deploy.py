@@ -24,6 +24,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -917,3 +918,18 @@ def test_stack_local_starts_the_demo_itself(tmp_path: Path) -> None:
                 os.killpg(script.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.parametrize("module", ["yaml", "grafanalib"])
+def test_generate_without_its_extra_names_the_extra_in_one_line(module: str) -> None:
+    """grafanalib and pyyaml are the 'gen' extra: without either, one line on stderr names it
+    and the exit status is 1 -- no traceback."""
+    code = (f"import sys; sys.modules[{module!r}] = None\n"
+            "from specobs.cli import main\n"
+            "sys.exit(main(['generate', '--check']))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, cwd=str(ROOT))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'specobs[gen]'" in lines[0], result.stderr

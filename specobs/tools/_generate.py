@@ -58,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from specobs.mixin import MixinConfig, check_all, write_all
     except ImportError as exc:
-        print(f"specobs generate: {exc}", file=sys.stderr)
-        return 1
+        return _needs_extra(exc)
     fields = {f.name: f for f in dataclasses.fields(MixinConfig)}
     values: dict[str, Any] = {}
     for item in args.overrides:
@@ -80,6 +79,23 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"specobs generate: {exc}", file=sys.stderr)
         return 2
+    try:
+        return _render(args, config, check_all, write_all)
+    except ImportError as exc:  # grafanalib and pyyaml are imported as rendering needs them
+        return _needs_extra(exc)
+
+
+def _needs_extra(exc: ImportError) -> int:
+    """One line naming the extra, not a traceback (the rest of specobs runs without it)."""
+    text = str(exc)
+    if "specobs[gen]" not in text:  # the mixin's own message names it already
+        text = (f"specobs generate needs the 'gen' extra (grafanalib, pyyaml): "
+                f"pip install 'specobs[gen]'  (missing: {exc.name or text})")
+    print(text, file=sys.stderr)
+    return 1
+
+
+def _render(args: argparse.Namespace, config: Any, check_all: Any, write_all: Any) -> int:
     if args.check:
         drifted = check_all(args.root, config)
         if args.json:

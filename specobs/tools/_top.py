@@ -575,7 +575,7 @@ def run(args: argparse.Namespace) -> int:
             ):
                 return _loop(source, view, args.interval, count, quit_event)
         except KeyboardInterrupt:
-            return 0
+            return 130  # the shell's convention for a command ended by SIGINT ('q' is 0)
         except BrokenPipeError:
             # `specobs top ... | head`: the reader left; quietly stop.
             try:
