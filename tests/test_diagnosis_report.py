@@ -92,6 +92,23 @@ def test_the_last_window_against_the_run() -> None:
     assert rows["SPEC-ACCEPT-HEALTHY"] == "ok"
 
 
+def test_the_last_window_is_compared_with_the_run_before_it() -> None:
+    """The past the last window is held against is the run up to that window: verify 4x
+    slower in the last of 6 windows reads as 4x (the whole run, which holds the slow window,
+    would read it as 2.7x)."""
+    from specobs.tools.report import _page
+
+    slow = {**HEALTHY, "verify": 4 * HEALTHY["verify"]}
+    r = _run([{"cycles": 200, "host": HEALTHY}] * 5 + [{"cycles": 200, "host": slow}])
+    before = _page.before_last_window(r)
+    assert before.cycles == 1000
+    findings = {f.code: f for f in _page.run_findings(r)}
+    got = findings["SPEC-RECENT-PHASE-SLOWER"].evidence
+    factors = [v for k, v in got.items() if "factor" in k or k == "ratio"]
+    text = findings["SPEC-RECENT-PHASE-SLOWER"].sentence
+    assert "4.0" in text or any(abs(float(f) - 4.0) < 0.05 for f in factors), (text, got)
+
+
 def test_a_healthy_run_says_so() -> None:
     r = _run([{"cycles": 200, "host": HEALTHY, "baseline": 300.0}] * 5)
     page = _report.render_run(r)

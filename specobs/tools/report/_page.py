@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from specobs.tools import _breakdown as bd
 from specobs.tools import _diagnosis as dg
 from specobs.tools import _scrape as scr
 from specobs.tools.report import _data as data
@@ -106,12 +107,25 @@ def _meta(r: data.Run) -> str:
 
 def run_findings(r: data.Run) -> list[dg.Finding]:
     """The diagnosis of a run (docs/diagnosis.md): the whole run's findings, then its last
-    window against the whole run when the run has at least four windows."""
+    window against the run before it when the run has at least four windows."""
     whole = dg.window(r.total_delta, r.end_unix)
     findings = dg.diagnose(whole)
     if len(r.windows) >= 4 and r.total.cycles > 0:
-        findings += dg.against_past(r.windows[-1].breakdown, r.total)
+        findings += dg.against_past(r.windows[-1].breakdown, before_last_window(r))
     return findings
+
+
+def before_last_window(r: data.Run) -> bd.Breakdown:
+    """The run up to its last window, as one breakdown (the counters of the earlier windows
+    added up, the gauges as the last of them read): what the last window is compared with, so
+    a change within it is not diluted by being part of what it is compared with."""
+    earlier = [w.delta for w in r.windows[:-1]]
+    counters: dict[Any, float] = {}
+    for d in earlier:
+        for key, value in d.counters.samples.items():
+            counters[key] = counters.get(key, 0.0) + value
+    return bd.breakdown(scr.Delta(scr.Series(counters), earlier[-1].gauges,
+                                  sum(d.elapsed_seconds for d in earlier)))
 
 
 def findings_section(findings: Sequence[dg.Finding]) -> str:
