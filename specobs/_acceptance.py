@@ -13,14 +13,11 @@ The common case -- every cycle gave a list, one integer draft length, the defaul
 sequence (:func:`batch_acceptance`); anything else, or any bad value, goes through the per-cycle
 path (:func:`cycle_acceptance`).
 
-Records are :class:`Record` objects: what the hot path's ring kept as objects for one cycle
-(specobs/_ring.py: anything it did not count itself). These functions read their fields:
-``_acc`` (the accepted lengths as given, or the record's own reused list they were copied
-into), ``_acc_copy`` (a CUDA copy; the resolver normally reads it into ``_acc`` before calling
-these, so copies take the column path too), ``_draft_len``, ``_emitted``, ``_batch``; and they
-write ``_resolved_acc`` (the validated acceptance of a cycle that took the per-cycle path) and
-normalise ``_draft_len`` / ``_batch``. Records are pooled: a list read from a record may be
-refilled by a later cycle once the record is recycled, so whoever keeps one copies it.
+Records are :class:`Record` tuples: what the hot path's ring kept as objects for one cycle
+(specobs/_ring.py: anything it did not count itself), as the caller gave them. The functions
+only read them, and return what they found (:class:`Validated`): the chunk's acceptance, its
+batch sizes, and the acceptance each cycle shows on its resolved cycle. The resolver owns the
+records; nothing writes a field of one after it is made.
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterable, Mapping, Set
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from specobs import _bucketing
 from specobs._config import MAX_DRAFT_LENGTH
@@ -40,6 +37,7 @@ __all__ = [
     "MAX_DRAFT_LENGTH",
     "Record",
     "Report",
+    "Validated",
     "as_count",
     "batch_acceptance",
     "batch_sizes",
@@ -47,20 +45,33 @@ __all__ = [
     "resolved_acceptance",
 ]
 
-class Record:
-    """One cycle's values as the ring kept them, shaped as the functions below read one:
-    ``_acc`` (as given, or read from ``_acc_copy``, a CUDA copy), ``_draft_len``, ``_emitted``,
-    ``_batch``; the per-cycle validation writes ``_resolved_acc``."""
+class Record(NamedTuple):
+    """One cycle's values as the caller passed them and the ring kept them, never changed."""
 
-    __slots__ = ("_acc", "_acc_copy", "_batch", "_draft_len", "_emitted", "_resolved_acc")
+    #: The accepted lengths as given (a list, a tuple, an array, ...), or None.
+    accepted: Any = None
+    #: ``draft_length`` as given: an int, one per sequence, None (the observer's maximum).
+    draft_length: Any = None
+    #: ``emitted`` as given, or None (accepted + one per sequence).
+    emitted: Any = None
+    #: ``batch_size`` as given, or None (the number of sequences).
+    batch_size: Any = None
+    #: A CUDA copy whose ``read()`` gives the accepted lengths, where ``accepted`` is None (the
+    #: resolver reads copies into ``accepted`` before validating, so they take the column path).
+    copy: Any = None
 
-    def __init__(self, acc: Any, copy: Any, draft: Any, emitted: Any, batch: Any) -> None:
-        self._acc = acc
-        self._acc_copy = copy
-        self._draft_len = draft
-        self._emitted = emitted
-        self._batch = batch
-        self._resolved_acc: Acceptance | None = None
+
+class Validated(NamedTuple):
+    """What the validation of a chunk of records found."""
+
+    #: The chunk's acceptance (None when no cycle gave any valid).
+    acceptance: BatchAcceptance | None
+    #: The batch size of each cycle that has a valid one.
+    batches: list[int]
+    #: Per record, in order, the acceptance its resolved cycle shows (None: none given, or bad
+    #: and reported); None as a whole when every record was read by columns (lists, one draft
+    #: length, default emitted), whose acceptance :func:`resolved_acceptance` derives.
+    cycles: list[Acceptance | None] | None = None
 
 
 #: ``report(kind, message)``: count one bad value of ``kind`` (an ``errors{kind}`` label value).
@@ -72,18 +83,20 @@ MAX_BATCH = 1 << 31
 #: Most sequences one cycle's acceptance may hold (bounds the resolver's work per cycle).
 MAX_SEQUENCES = 1 << 20
 
-_GET_ACC = attrgetter("_acc")
-_GET_EMITTED = attrgetter("_emitted")
-_GET_DRAFT_LEN = attrgetter("_draft_len")
-_GET_BATCH = attrgetter("_batch")
+_GET_ACC = attrgetter("accepted")
+_GET_EMITTED = attrgetter("emitted")
+_GET_DRAFT_LEN = attrgetter("draft_length")
+_GET_BATCH = attrgetter("batch_size")
+_GET_COPY = attrgetter("copy")
 _LIST_ONLY = {list}
 _NONE_ONLY = {None}
 
 
 def batch_acceptance(
     cycles: list[Record], max_draft_length: int, report: Report
-) -> tuple[BatchAcceptance | None, list[int]]:
-    """The acceptance of a chunk (``None`` when no cycle gave any) and its batch sizes.
+) -> Validated:
+    """The acceptance of a chunk (``None`` when no cycle gave any), its batch sizes and what
+    each cycle shows.
 
     By columns when it can: :func:`specobs._bucketing.count_lengths` counts the whole chunk's
     accepted lengths at C speed and raises on a non-int or a value above the draft length
@@ -97,11 +110,11 @@ def batch_acceptance(
     return fast if fast is not None else _each(cycles, max_draft_length, report)
 
 
-def _columns(
-    cycles: list[Record], k_max: int
-) -> tuple[BatchAcceptance, list[int]] | None:
+def _columns(cycles: list[Record], k_max: int) -> Validated | None:
     accs = list(map(_GET_ACC, cycles))
     if set(map(type, accs)) != _LIST_ONLY:
+        return None
+    if set(map(_GET_COPY, cycles)) != _NONE_ONLY:
         return None
     if set(map(_GET_EMITTED, cycles)) != _NONE_ONLY:  # a list there raises TypeError
         return None
@@ -129,44 +142,45 @@ def _columns(
     accepted = 0
     for v in range(1, k + 1):
         accepted += v * counts[v]
-    return BatchAcceptance(counts, accepted, k * sequences, accepted + sequences,
-                           {k: sequences}), batches
+    return Validated(BatchAcceptance(counts, accepted, k * sequences, accepted + sequences,
+                                     {k: sequences}), batches)
 
 
-def _each(
-    cycles: list[Record], k_max: int, report: Report
-) -> tuple[BatchAcceptance | None, list[int]]:
+def _each(cycles: list[Record], k_max: int, report: Report) -> Validated:
     """The chunk in two groups: cycles that gave a list with an int draft length and the default
     emitted count (validated together over their concatenation), and the rest, validated one by
     one (as is the first group when its joint check fails). Batch sizes likewise: a column check,
     then per cycle."""
     fast_lengths: list[int] = []
-    fast: list[Record] = []
+    fast: list[int] = []  # positions of the records validated together
     k_counts: dict[int, int] = {}
     k_min = k_max
-    slow: list[Record] = []
+    slow: list[int] = []
     batches: list[int] = []
-    for c in cycles:
-        acc = c._acc
-        c._resolved_acc = None
-        if acc is None and c._acc_copy is None:
-            if c._batch is not None:
-                batches.append(c._batch)
+    shown: list[Acceptance | None] = [None] * len(cycles)
+    dls: list[Any] = [None] * len(cycles)  # draft lengths, numpy / torch scalars as ints
+    for i, c in enumerate(cycles):
+        acc = c.accepted
+        if acc is None and c.copy is None:
+            if c.batch_size is not None:
+                batches.append(c.batch_size)
             continue
-        dl = c._draft_len  # set by accept(), with _acc / _acc_copy
+        dl = c.draft_length
         if dl is not None and type(dl) is not int:
-            dl = c._draft_len = _as_scalar_count(dl)  # numpy / torch scalars; else as was
-        if type(acc) is list and (dl is None or type(dl) is int) and c._emitted is None:
+            dl = _as_scalar_count(dl)  # numpy / torch scalars; else as was
+        dls[i] = dl
+        if (type(acc) is list and c.copy is None and (dl is None or type(dl) is int)
+                and c.emitted is None):
             k = k_max if dl is None else dl
             n = len(acc)
             fast_lengths += acc
-            fast.append(c)
+            fast.append(i)
             k_counts[k] = k_counts.get(k, 0) + n
             if k < k_min:
                 k_min = k
-            batches.append(n if c._batch is None else c._batch)
+            batches.append(n if c.batch_size is None else c.batch_size)
         else:
-            slow.append(c)
+            slow.append(i)
     width = k_max + 1
     counts = [0] * width  # sequences per accepted length
     accepted = drafted = emitted = 0
@@ -184,16 +198,17 @@ def _each(
             accepted = sum(v * n for v, n in enumerate(counts))
             drafted = sum(k * n for k, n in k_counts.items())
             emitted = accepted + len(fast_lengths)
+            for i in fast:
+                shown[i] = _listed(cycles[i].accepted, k_max if dls[i] is None else dls[i])
         else:  # someone sent bad values: find and count them one by one
             k_counts = {}
             slow = fast + slow
     if slow:
         valid: list[list[int]] = []
-        for c in slow:
-            a = cycle_acceptance(c, k_max, report)
-            c._resolved_acc = a
+        for i in slow:
+            a = cycle_acceptance(cycles[i]._replace(draft_length=dls[i]), k_max, report)
+            shown[i] = a  # None: invalid and counted, not shown on the resolved cycle either
             if a is None:
-                c._acc = None  # invalid and counted: not shown on the resolved cycle either
                 continue
             shape = a.shape
             if isinstance(shape, tuple):
@@ -212,19 +227,29 @@ def _each(
         if valid:  # validated per cycle: ints in 0..max_draft_length
             counts = list(map(operator.add, counts, _bucketing.count_lengths(valid, k_max, width)))
     if slow or not _batches_ok(batches):
-        batches = batch_sizes(cycles, report)
+        batches = batch_sizes(cycles, report, shown)
     if not any(counts) and not k_counts:
-        return None, batches
-    return BatchAcceptance(counts, accepted, drafted, emitted, k_counts), batches
+        return Validated(None, batches, shown)
+    return Validated(BatchAcceptance(counts, accepted, drafted, emitted, k_counts), batches, shown)
 
 
-def batch_sizes(cycles: Iterable[Record], report: Report) -> list[int]:
+def _listed(acc: list[Any], k: int) -> Acceptance:
+    """The acceptance of a list validated with its chunk: counts in 0..k (numpy / torch integer
+    scalars among them made ints)."""
+    if set(map(type, acc)) - {int}:
+        acc = [operator.index(x) for x in acc]
+    n = sum(acc)
+    return Acceptance(acc, n, k * len(acc), n + len(acc), (k, len(acc)))
+
+
+def batch_sizes(cycles: Iterable[Record], report: Report,
+                shown: list[Acceptance | None] | None = None) -> list[int]:
     """Batch size of each cycle that has one (given, or the number of sequences whose acceptance
-    is valid), validated one by one; a bad given size is reported and dropped (the cycle stays).
-    Used only when the column check failed."""
+    is valid: ``shown``, what the validation found per cycle), validated one by one; a bad given
+    size is reported and dropped (the cycle stays). Used only when the column check failed."""
     batches: list[int] = []
-    for c in cycles:
-        b = c._batch
+    for i, c in enumerate(cycles):
+        b = c.batch_size
         if b is not None:
             v = _as_batch(b)
             if v is None:
@@ -233,31 +258,27 @@ def batch_sizes(cycles: Iterable[Record], report: Report) -> list[int]:
                     f"batch_size must be an integer between 0 and {MAX_BATCH}, got "
                     f"{short_repr(b)}; the cycle is kept without a batch size",
                 )
-            c._batch = v
-            if v is not None:
+            else:
                 batches.append(v)
             continue
-        a: Acceptance | None = getattr(c, "_resolved_acc", None)  # the per-cycle path's
+        a = shown[i] if shown is not None else None
         if a is not None:
             batches.append(len(a.lengths))
-        elif type(c._acc) is list:
-            batches.append(len(c._acc))
+        elif shown is None and type(c.accepted) is list:
+            batches.append(len(c.accepted))
     return batches
 
 
-def resolved_acceptance(c: Record, max_draft_length: int) -> Acceptance | None:
-    """One cycle's acceptance for its :class:`ResolvedCycle`, after :func:`batch_acceptance`
-    validated the chunk it belongs to. ``lengths`` may be the record's own reused list: copy it
-    to keep it."""
-    a: Acceptance | None = getattr(c, "_resolved_acc", None)  # set by the per-cycle path
-    if a is not None:
-        return a
-    acc = c._acc
+def resolved_acceptance(validated: Validated, i: int, record: Record,
+                        max_draft_length: int) -> Acceptance | None:
+    """The acceptance the ``i``-th record of a validated chunk shows on its
+    :class:`ResolvedCycle`. ``lengths`` may be the caller's list: copy it to keep it."""
+    if validated.cycles is not None:
+        return validated.cycles[i]
+    acc = record.accepted  # read by columns: a list of ints in 0..k, one int draft length
     if type(acc) is list:
-        dl = c._draft_len
-        k = max_draft_length if dl is None else dl
-        n = sum(acc)
-        return Acceptance(acc, n, k * len(acc), n + len(acc), (k, len(acc)))
+        dl = record.draft_length
+        return _listed(acc, max_draft_length if dl is None else dl)
     return None
 
 
@@ -275,10 +296,9 @@ def cycle_acceptance(c: Record, max_draft_length: int, report: Report) -> Accept
 
 
 def _cycle_acceptance(c: Record, k_max: int, report: Report) -> Acceptance | None:
-    acc = c._acc
-    copy = c._acc_copy
+    acc = c.accepted
+    copy = c.copy
     if copy is not None:
-        c._acc_copy = None
         try:
             acc = copy.read()
         except Exception as exc:
@@ -302,7 +322,7 @@ def _cycle_acceptance(c: Record, k_max: int, report: Report) -> Acceptance | Non
         return None
     lo = min(lengths, default=0)
     hi = max(lengths, default=0)
-    dl = c._draft_len
+    dl = c.draft_length
     if dl is None:
         dl = k_max
     per_seq_k: list[int] | None = None
@@ -335,7 +355,7 @@ def _cycle_acceptance(c: Record, k_max: int, report: Report) -> Acceptance | Non
         report("bad_acceptance", "an accepted length exceeds its draft length")
         return None
     accepted = sum(lengths)
-    em = c._emitted
+    em = c.emitted
     emitted = accepted + len(lengths)
     if em is not None:
         try:

@@ -512,11 +512,13 @@ class Resolver:
 
     def _validate(
         self, details: list[Any], k_max: int
-    ) -> tuple[BatchAcceptance | None, list[int], dict[int, Record]]:
+    ) -> tuple[BatchAcceptance | None, list[int], Callable[[Any], Acceptance | None]]:
         """What the ring kept as objects, validated (:mod:`specobs._acceptance`): acceptance it
-        did not store itself (copies read here), and batch sizes it did not take."""
+        did not store itself (copies read here first, so they are validated by columns too),
+        and batch sizes it did not take. Returns the chunk's acceptance and batch sizes, and
+        what a detail's resolved cycle shows (for the details validated here)."""
         recs: list[Record] = []
-        by_detail: dict[int, Record] = {}
+        position: dict[int, int] = {}  # id(detail) -> its record's position in ``recs``
         rec = self.rec
         for d in details:
             native = d[9]
@@ -525,29 +527,31 @@ class Resolver:
             if native and not bad_batch:
                 continue
             if native:  # counted already: only the batch size needs a verdict
-                recs.append(Record(None, None, None, None, b))
+                recs.append(Record(batch_size=b))
                 continue
             if acc is None and copy is None and not bad_batch:
                 continue
-            r = Record(acc, copy, d[6], d[7], b)
-            recs.append(r)
-            by_detail[id(d)] = r
-        if not recs:
-            return None, [], by_detail
-        for r in recs:
-            copy = r._acc_copy
             if copy is not None:
-                r._acc_copy = None
                 try:
-                    r._acc = copy.read()
+                    acc = copy.read()
                 except Exception as exc:
                     rec.misuse("bad_acceptance", f"could not read the copied acceptance: {exc!r}")
-        acc_b, batches = batch_acceptance(recs, k_max, rec.misuse)
-        return acc_b, batches, by_detail
+                    acc = None
+            position[id(d)] = len(recs)
+            recs.append(Record(acc, d[6], d[7], b))
+        if not recs:
+            return None, [], lambda d: None
+        found = batch_acceptance(recs, k_max, rec.misuse)
+
+        def shown(d: Any) -> Acceptance | None:
+            i = position.get(id(d))
+            return None if i is None else resolved_acceptance(found, i, recs[i], k_max)
+
+        return found.acceptance, found.batches, shown
 
     def _resolved_cycles(
-        self, details: list[Any], gpu: dict[int, list[int]], validated: dict[int, Record],
-        k_max: int,
+        self, details: list[Any], gpu: dict[int, list[int]],
+        validated: Callable[[Any], Acceptance | None], k_max: int,
     ) -> list[ResolvedCycle]:
         """A :class:`ResolvedCycle` for each traced detail (and each one, when a sink wants all)."""
         need_all = self.want_cycles
@@ -581,9 +585,7 @@ class Resolver:
                 s = sum(lens)
                 a = Acceptance(lens, s, k * len(lens), s + len(lens), (k, len(lens)))
             else:
-                v = validated.get(id(d))
-                if v is not None:
-                    a = resolved_acceptance(v, k_max)
+                a = validated(d)
             if a is not None:
                 r.accepted, r.drafted, r.emitted, r.drafted_shape = (
                     a.accepted, a.drafted, a.emitted, a.shape)

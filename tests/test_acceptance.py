@@ -1,6 +1,7 @@
 """Validation of what callers pass to accept() and begin(batch_size): specobs._acceptance.
 
-Pure functions over records; a record here is a stand-in with the recorder's record fields.
+Pure functions over records (specobs._acceptance.Record): they read them and return what
+they found, and never write a field.
 """
 
 from __future__ import annotations
@@ -12,16 +13,10 @@ import pytest
 from specobs import _acceptance as A
 
 
-class Rec:
-    """The record fields the recorder sets (the contract documented on specobs._recorder.Cycle)."""
-
-    def __init__(self, acc=None, draft_length=None, emitted=None, batch=None, copy=None):
-        self._acc = list(acc) if type(acc) in (list, tuple) else acc
-        self._draft_len = draft_length
-        self._emitted = emitted
-        self._batch = batch
-        self._acc_copy = copy
-        self._resolved_acc = None
+def Rec(acc=None, draft_length=None, emitted=None, batch=None, copy=None) -> A.Record:
+    """A record as the resolver makes one from what the ring kept (lists copied)."""
+    return A.Record(list(acc) if type(acc) in (list, tuple) else acc, draft_length, emitted,
+                    batch, copy)
 
 
 class Reports(list):
@@ -42,7 +37,7 @@ class Index:
 def test_one_draft_length_for_all_is_read_by_columns_exactly():
     recs = [Rec([0, 3, 2], 3), Rec([1], 3), Rec([3, 3], 3, batch=4)]
     report = Reports()
-    acc, batches = A.batch_acceptance(recs, 8, report)
+    acc, batches, _ = A.batch_acceptance(recs, 8, report)
     assert report == []
     assert acc is not None
     assert acc.length_counts == [1, 1, 1, 3, 0, 0, 0, 0, 0]  # 0..max_draft_length
@@ -59,7 +54,7 @@ def test_mixed_draft_lengths_and_per_sequence_lengths_are_exact():
         Rec([Index(2)], Index(4)),  # integer scalars of numpy/torch
     ]
     report = Reports()
-    acc, batches = A.batch_acceptance(recs, 8, report)
+    acc, batches, _ = A.batch_acceptance(recs, 8, report)
     assert report == []
     assert acc is not None
     assert (acc.accepted, acc.drafted) == (3 + 4 + 3 + 2, 4 + 10 + 6 + 4)
@@ -83,25 +78,29 @@ def test_mixed_draft_lengths_and_per_sequence_lengths_are_exact():
 def test_a_bad_value_costs_only_its_own_cycle(bad):
     recs = [Rec([1, 2], 4), Rec(bad, 4), Rec([3], 4)]
     report = Reports()
-    acc, _ = A.batch_acceptance(recs, 8, report)
+    found = A.batch_acceptance(recs, 8, report)
+    acc = found.acceptance
     assert [kind for kind, _ in report] == ["bad_acceptance"]
     assert acc is not None
     assert (acc.accepted, acc.drafted) == (6, 12)  # the two good cycles, exactly
-    assert recs[1]._acc is None  # not shown on the resolved cycle either
+    # Not shown on the resolved cycle either; the good ones are; the records are unchanged.
+    assert [A.resolved_acceptance(found, i, r, 8) is None for i, r in enumerate(recs)] == [
+        False, True, False]
+    assert recs[1] == Rec(bad, 4)
 
 
 def test_a_draft_length_over_the_maximum_is_rejected_and_named():
     report = Reports()
-    acc, _ = A.batch_acceptance([Rec([1], 9)], 8, report)
+    acc, _, _ = A.batch_acceptance([Rec([1], 9)], 8, report)
     assert acc is None
     assert report and "max_draft_length=8" in report[0][1]
 
 
 def test_emitted_overrides_the_default_and_a_bad_one_falls_back():
     report = Reports()
-    acc, _ = A.batch_acceptance([Rec([1, 1], 2, emitted=7)], 8, report)
+    acc, _, _ = A.batch_acceptance([Rec([1, 1], 2, emitted=7)], 8, report)
     assert acc is not None and acc.emitted == 7 and report == []
-    acc, _ = A.batch_acceptance([Rec([1, 1], 2, emitted="x")], 8, report)
+    acc, _, _ = A.batch_acceptance([Rec([1, 1], 2, emitted="x")], 8, report)
     assert acc is not None and acc.emitted == 4  # accepted + one per sequence
     assert [k for k, _ in report] == ["bad_acceptance"]
 
@@ -109,11 +108,11 @@ def test_emitted_overrides_the_default_and_a_bad_one_falls_back():
 def test_a_bad_batch_size_is_dropped_and_the_cycle_kept():
     recs = [Rec([1], 2, batch="eight"), Rec([2], 2, batch=3), Rec(None, batch=-1)]
     report = Reports()
-    acc, batches = A.batch_acceptance(recs, 8, report)
+    acc, batches, _ = A.batch_acceptance(recs, 8, report)
     assert acc is not None and acc.accepted == 3
     assert batches == [3]
     assert [k for k, _ in report] == ["bad_batch_size", "bad_batch_size"]
-    assert recs[0]._batch is None
+    assert recs[0].batch_size == "eight"  # the record as given: the verdict is returned
 
 
 def test_a_copy_that_cannot_be_read_is_counted():
@@ -122,15 +121,16 @@ def test_a_copy_that_cannot_be_read_is_counted():
             raise RuntimeError("device gone")
 
     report = Reports()
-    acc, _ = A.batch_acceptance([Rec(None, 2, copy=Broken())], 8, report)
+    acc, _, _ = A.batch_acceptance([Rec(None, 2, copy=Broken())], 8, report)
     assert acc is None
     assert report[0][0] == "bad_acceptance" and "device gone" in report[0][1]
 
 
 def test_the_resolved_view_of_each_cycle_sums_to_the_chunk():
     recs = [Rec([1, 2], 2), Rec([0, 4, 1], [5, 4, 1]), Rec([3], 3)]
-    acc, _ = A.batch_acceptance(recs, 8, Reports())
-    views = [A.resolved_acceptance(r, 8) for r in recs]
+    found = A.batch_acceptance(recs, 8, Reports())
+    acc = found.acceptance
+    views = [A.resolved_acceptance(found, i, r, 8) for i, r in enumerate(recs)]
     assert all(v is not None for v in views)
     assert acc is not None
     assert sum(v.accepted for v in views) == acc.accepted
@@ -147,3 +147,21 @@ def test_as_count_accepts_integral_values(value, count):
 def test_as_count_rejects_the_rest(value):
     with pytest.raises((ValueError, TypeError)):
         A.as_count(value)
+
+
+@pytest.mark.parametrize("records", [
+    [([1, 2], 2), ([0, 1], 2)],  # read by columns
+    [([1, 2], 2), ([0, 4, 1], [5, 4, 1])],  # per cycle
+    [([1, 2], 2), ((Index(1),), Index(2))],  # numpy / torch scalars normalised
+])
+def test_validation_returns_what_it_found_and_changes_no_record(records):
+    """One owner of the record: the functions return their verdicts (the chunk's acceptance,
+    the batch sizes, what each cycle shows) and leave every record as it was given."""
+    recs = [Rec(a, k) for a, k in records]
+    before = [tuple(r) for r in recs]
+    found = A.batch_acceptance(recs, 8, Reports())
+    assert [tuple(r) for r in recs] == before
+    shown = [A.resolved_acceptance(found, i, r, 8) for i, r in enumerate(recs)]
+    assert found.acceptance is not None
+    assert sum(v.accepted for v in shown if v) == found.acceptance.accepted
+    assert len(found.batches) == len(recs)
