@@ -157,10 +157,10 @@ class Observer:
         self.anchor = WallAnchor()
         self._closed = False
         self._lock = threading.Lock()
-        sampling_desc = (
-            f"every_{settings.sample_every}" if settings.sample_every is not None
-            else f"adaptive_{settings.overhead_budget:g}"
-        )
+        # The mode is configuration text; the budget a number (its gauge), given only where
+        # the adaptive sampler holds the cost under it.
+        fixed = settings.sample_every is not None
+        sampling_desc = f"every_{settings.sample_every}" if fixed else "adaptive"
         self.aggregation = Aggregation(
             settings.phases,
             settings.max_draft_length,
@@ -176,6 +176,7 @@ class Observer:
             baseline_tokens_per_second=settings.baseline_tokens_per_second,
             # Cumulative series start when the observer was created (OTLP start time, _created).
             created_unix_nano=self.anchor.wall_ns,
+            sampling_budget_ratio=None if fixed else settings.overhead_budget,
         )
         self._recorder = Recorder(
             settings.phases,
@@ -357,11 +358,7 @@ class Observer:
         rec = self._recorder
         if rec.clock is not None and rec.clock.name == "cuda":
             # CUDA cannot be used in a forked child; keep counting on the host clock.
-            rec.clock = None
-            rec.ring.sampling = 0
-            rec.ring.record_fn = None
-            rec.ring.copy_type = None
-            rec._clock_factory = None
+            rec.drop_clock()
         self._lock = threading.Lock()
         self._resolver.after_fork_in_child(start=False)
         for sink in self.sinks:

@@ -369,6 +369,19 @@ class Recorder:
             ring.set_native_copy(*args)
         self._clock_factory = None
 
+    def drop_clock(self) -> None:
+        """Host clock only from now on (a forked child, where CUDA cannot be used): no sampled
+        events, no acceptance copies (native ones off too), no clock tried again."""
+        self.clock = None
+        ring = self.ring
+        ring.sampling = 0
+        ring.record_fn = None
+        ring.copy_type = None
+        ring.clock_try_at = -1
+        if hasattr(ring, "set_native_copy"):
+            ring.set_native_copy()
+        self._clock_factory = None
+
     # -- slow paths, called by the ring on the worker's thread -----------------------------------
     def try_clock(self, idx: int) -> None:
         """Lazy CUDA start: only once the engine has initialised CUDA itself. Retried every 256

@@ -335,3 +335,25 @@ def test_completed_native_copies_are_read_by_the_walk_without_the_gil() -> None:
         assert len(clock.free) == 256  # every pinned slot came back
     finally:
         obs.shutdown(5)
+
+
+def test_a_dropped_clock_starts_no_copy_and_samples_nothing() -> None:
+    """What a forked child does with a CUDA clock (``Recorder.drop_clock``): the host clock only,
+    no sampled events, no acceptance copy started natively or through the clock."""
+    gpu = FakeGpu()
+    clock = FakeNativeCopyClock(gpu)
+    obs = specobs.configure(sinks=[], clock=clock, sample_every=1, poll_interval_seconds=3600)
+    try:
+        obs._recorder.drop_clock()
+        for _ in range(5):
+            with obs.cycle(batch_size=2) as c:
+                c.mark("verify")
+                c.mark("bookkeeping")
+                c.accept(FakeDeviceArray([1, 2]), draft_length=4)
+        assert obs.force_flush(10)
+        s = obs.snapshot()
+        assert s.cycles_total == 5
+        assert clock.memcpy_calls == 0 and clock.copies == 0 and clock.record_calls == 0
+        assert obs.clock is None
+    finally:
+        obs.shutdown(5)
