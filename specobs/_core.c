@@ -107,6 +107,7 @@ typedef struct {
      * the copy from these, never from the object. */
     void *cptr;
     int32_t cisz, clen, ck;
+    int32_t cfenced; /* the native copy recorded its slot's event (else: the sentinel only) */
 } Slot;
 
 struct Totals;
@@ -751,7 +752,7 @@ slot_fields(PyObject *slot, void **ptr, long *itemsize, void **handle)
  * or the runtime refused the copy); -1: an exception. */
 typedef struct {
     void *ptr; /* the pinned buffer the copy lands in */
-    int32_t isz, len;
+    int32_t isz, len, fenced;
 } NativeCopy;
 
 static int
@@ -855,6 +856,7 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
     nc->ptr = dst;
     nc->isz = (int32_t)isz;
     nc->len = (int32_t)n;
+    nc->fenced = fence;
     if (nfree - 1 < r->nc_low)
         call_slow(r, s_wake, NULL, 0); /* slots come back only once the resolver read them */
     *out = slot;
@@ -874,7 +876,7 @@ accept_cuda(Ring *r, Cycle *c, Slot *s, PyObject *tensor, int32_t ck)
 {
     int64_t t = ring_now(r);
     PyObject *copy = NULL;
-    NativeCopy nc = {NULL, 0, 0};
+    NativeCopy nc = {NULL, 0, 0, 0};
     if (r->nc_memcpy != NULL) {
         int done = native_copy(r, tensor, &copy, &nc);
         if (done < 0) {
@@ -917,6 +919,7 @@ accept_cuda(Ring *r, Cycle *c, Slot *s, PyObject *tensor, int32_t ck)
     s->cptr = nc.ptr; /* NULL for a copy the recorder started */
     s->cisz = nc.isz;
     s->clen = nc.len;
+    s->cfenced = nc.fenced;
     s->ck = ck;
 }
 
@@ -1380,6 +1383,10 @@ typedef struct {
     int64_t idx;
     PyObject *ev;   /* owned, or NULL */
     PyObject *copy; /* owned, or NULL */
+    /* A native copy's pinned buffer (``Slot.cptr``; NULL: ask the object), element size,
+     * length and whether it recorded its event: read with no Python call. */
+    const char *cptr;
+    int32_t cisz, clen, cfenced;
 } Held;
 
 static int
@@ -1446,6 +1453,31 @@ done:
     return rc;
 }
 
+/* Whether a held copy was filled with the sentinel, has landed over it, recorded its event:
+ * from the slot's own fields for a native copy (no Python call), else from the object. */
+static int
+held_sentinel(Held *h)
+{
+    return h->cptr != NULL ? 1 : attr_true(h->copy, s_sentinel);
+}
+
+static int
+held_landed(Ring *r, Held *h)
+{
+    if (h->cptr == NULL)
+        return copy_landed(r, h->copy);
+    for (int32_t i = 0; i < h->clen; i++) /* the top byte of each element decides */
+        if ((signed char)h->cptr[(size_t)h->cisz * (size_t)i + (size_t)h->cisz - 1] < 0)
+            return 0;
+    return 1;
+}
+
+static int
+held_fenced(Held *h)
+{
+    return h->cptr != NULL ? h->cfenced : attr_true(h->copy, s_fenced);
+}
+
 /* Whether the last event a held cycle is told by (its sampled events' last, else its copy's)
  * completed: 1, 0, or -1 on an error. */
 static int
@@ -1484,7 +1516,7 @@ poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long
     for (Py_ssize_t i = 0; i < nh; i++) {
         if (hv[i].copy == NULL)
             continue;
-        int t = attr_true(hv[i].copy, s_sentinel);
+        int t = held_sentinel(&hv[i]);
         if (t < 0)
             goto done;
         if (t)
@@ -1493,7 +1525,7 @@ poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long
     Py_ssize_t lo = 0, hi = nc;
     while (lo < hi) {
         Py_ssize_t mid = (lo + hi) / 2;
-        int t = copy_landed(r, hv[pos[mid]].copy);
+        int t = held_landed(r, &hv[pos[mid]]);
         if (t < 0)
             goto done;
         if (t)
@@ -1512,8 +1544,8 @@ poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long
     }
     Held *first = &hv[start];
     if (first->ev == NULL) {
-        int sent = attr_true(first->copy, s_sentinel);
-        int land = sent > 0 ? copy_landed(r, first->copy) : 0;
+        int sent = held_sentinel(first);
+        int land = sent > 0 ? held_landed(r, first) : 0;
         if (sent < 0 || land < 0)
             goto done;
         if (sent && !land) {
@@ -1534,7 +1566,7 @@ poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long
      * those after it once their values landed over the sentinel. */
     Py_ssize_t nt = 0;
     for (Py_ssize_t i = 0; i < nh; i++) {
-        int t = hv[i].ev != NULL ? 1 : attr_true(hv[i].copy, s_fenced);
+        int t = hv[i].ev != NULL ? 1 : held_fenced(&hv[i]);
         if (t < 0)
             goto done;
         if (t)
@@ -1554,7 +1586,7 @@ poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long
     }
     Py_ssize_t stop = lo < nt ? pos[lo] : nh;
     for (Py_ssize_t i = lo ? pos[lo - 1] + 1 : 0; i < stop; i++) {
-        int t = copy_landed(r, hv[i].copy);
+        int t = held_landed(r, &hv[i]);
         if (t < 0)
             goto done;
         if (!t) {
@@ -1619,6 +1651,10 @@ Ring_poll(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         hv[nh].idx = s->idx;
         hv[nh].ev = s->ev;
         hv[nh].copy = s->copy;
+        hv[nh].cptr = s->copy != NULL && (s->cisz == 4 || s->cisz == 8) ? s->cptr : NULL;
+        hv[nh].cisz = s->cisz;
+        hv[nh].clen = s->clen;
+        hv[nh].cfenced = s->cfenced;
         Py_XINCREF(s->ev);
         Py_XINCREF(s->copy);
         nh++;
