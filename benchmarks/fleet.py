@@ -65,7 +65,7 @@ from specobs.mixin import MixinConfig, render_all
 from specobs.mixin._panels import dashboard_queries, fill_variables
 from specobs.mixin._rules import RuleNames, _seconds, detection_seconds, history_rules
 from specobs.tools.fleet._score import ALERT_MAP, firing_from_matrix, load_events, score
-from specobs.tools.fleet._sim import GPU_SAMPLE_EVERY, MODELS, NAMESPACE, PHASES, Fleet
+from specobs.tools.fleet._sim import MODELS, NAMESPACE, PHASES, Fleet
 
 RULES_PATH = "deploy/prometheus/rules/specobs-rules.yml"
 SCRAPE_SECONDS = 15
@@ -190,8 +190,8 @@ def backfill(fleet: Fleet, config: MixinConfig, end: float, hours: float, step: 
             gpu_mean = {p: s.phase_gpu_seconds[p] for p in PHASES}
             host_mean = {p: g * 1.04 + 0.00003 for p, g in gpu_mean.items()}
             info = {**lab, "version": "fleet-sim", "phases": ",".join(PHASES),
-                    "gpu_clock": "cuda_event", "sampling": f"every_{GPU_SAMPLE_EVERY}",
-                    "integration": s.integration}
+                    "gpu_clock": "cuda_event", "sampling": "adaptive",
+                    "integration": s.integration, "core": "native"}
             if s is not fleet.servers[0]:  # its raw series follow, specobs_info included
                 series("specobs_info", info, 1)
             series(n.up, lab, 1)

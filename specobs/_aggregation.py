@@ -72,6 +72,7 @@ class Aggregation:
         info: dict[str, str] | None = None,
         baseline_tokens_per_second: float | None = None,
         created_unix_nano: int | None = None,
+        sampling_budget_ratio: float | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self.phases = tuple(phases)
@@ -79,6 +80,9 @@ class Aggregation:
         self.labels = dict(labels or {})
         self.info = dict(info or {})
         self.baseline_tokens_per_second = baseline_tokens_per_second
+        #: The adaptive sampler's overhead budget (configured, so set once here beside the
+        #: interval it steers; None when the interval is fixed).
+        self.sampling_budget_ratio = sampling_budget_ratio
         self._zero(time.time_ns() if created_unix_nano is None else created_unix_nano,
                    ("hot_path", "resolver"))
         self._generation = 0
@@ -332,6 +336,7 @@ class Aggregation:
                 errors=dict(self.errors),
                 cpu_seconds=dict(self.cpu_seconds),
                 sampling_interval=self.sampling_interval,
+                sampling_budget_ratio=self.sampling_budget_ratio,
                 overhead_ratio=self.overhead_ratio,
                 created_unix_nano=self.created_unix_nano,
                 worker_thread_seconds=self._thread_time.seconds(),

@@ -137,6 +137,9 @@ class Snapshot:
     #: Seconds the recording thread ran on a CPU and waited for one, by state (``running``,
     #: ``waiting``): empty where the kernel does not say (``specobs_worker_thread_time``).
     worker_thread_seconds: dict[str, float] = field(default_factory=dict)
+    #: The adaptive sampler's overhead budget, a fraction of cycle time
+    #: (``specobs_exporter_sampling_budget_ratio``); ``None`` when the interval is fixed.
+    sampling_budget_ratio: float | None = None
 
     @property
     def created_unix_seconds(self) -> float:

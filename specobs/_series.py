@@ -57,6 +57,7 @@ def families(s: Snapshot) -> Iterator[Family]:
         (c.DROPPED_RECORDS, [((reason,), s.dropped.get(reason, 0)) for reason in c.DROP_REASONS]),
         (c.SAMPLED_CYCLES, _one(s.sampled_cycles_total)),
         (c.SAMPLING_INTERVAL, _one(s.sampling_interval)),
+        (c.SAMPLING_BUDGET, _one(s.sampling_budget_ratio)),
         (c.OVERHEAD_RATIO, _one(float(s.overhead_ratio))),
         (c.EXPORTER_CPU, [((comp,), float(s.cpu_seconds[comp])) for comp in sorted(s.cpu_seconds)]),
         (c.WORKER_THREAD_TIME, [((state,), v) for state, v in s.worker_thread_seconds.items()]

@@ -43,6 +43,7 @@ __all__ = [
     "REQUESTS_RUNNING",
     "REQUESTS_WAITING",
     "SAMPLED_CYCLES",
+    "SAMPLING_BUDGET",
     "SAMPLING_INTERVAL",
     "WORKER_THREAD_TIME",
     "Metric",
@@ -242,10 +243,11 @@ BATCH_SIZE = Metric(
 )  # fmt: skip
 INFO = Metric(
     "specobs.info", "info", "",
-    "specobs build and configuration: version, phases, clock, sampling, and the integration that "
-    "records (manual, vllm_v1, vllm_v2, sglang, transformers; unsupported when the engine built "
-    "something specobs cannot time).",
-    labels=("version", "phases", "gpu_clock", "sampling", "integration"),
+    "specobs build and configuration: version, phases, clock, sampling (adaptive, or every_N for "
+    "a fixed interval), the integration that records (manual, vllm_v1, vllm_v2, sglang, "
+    "transformers; unsupported when the engine built something specobs cannot time) and the "
+    "ring the hot path writes (core: native or python).",
+    labels=("version", "phases", "gpu_clock", "sampling", "integration", "core"),
 )  # fmt: skip
 LAST_CYCLE_TIMESTAMP = Metric(
     "specobs.last_cycle.timestamp", "gauge", "s",
@@ -288,6 +290,12 @@ SAMPLING_INTERVAL = Metric(
     "specobs.exporter.sampling_interval", "gauge", "{cycle}",
     "Current GPU sampling interval: one cycle in this many is timed with CUDA events.",
     self_metric=True,
+)  # fmt: skip
+SAMPLING_BUDGET = Metric(
+    "specobs.exporter.sampling_budget", "gauge", "1",
+    "Overhead budget the adaptive GPU sampler holds the GPU timing's cost under, as a fraction "
+    "of cycle time (configured; absent when the sampling interval is fixed).",
+    self_metric=True, optional=True,
 )  # fmt: skip
 OVERHEAD_RATIO = Metric(
     "specobs.exporter.overhead", "gauge", "1",
@@ -335,6 +343,7 @@ CATALOG: tuple[Metric, ...] = (
     DROPPED_RECORDS,
     SAMPLED_CYCLES,
     SAMPLING_INTERVAL,
+    SAMPLING_BUDGET,
     OVERHEAD_RATIO,
     EXPORTER_CPU,
     WORKER_THREAD_TIME,

@@ -73,6 +73,7 @@ def test_healthy_endpoint(engines: Callable[..., Engine], capsys: pytest.Capture
         checks["specobs endpoint"]["reason"]
     assert checks["contract series"]["data"]["absent_optional"] == [
         catalog.REQUESTS_RUNNING.name, catalog.REQUESTS_WAITING.name,
+        catalog.SAMPLING_BUDGET.name,  # sample_every: a fixed interval, no budget
     ]
     assert checks["cycles advancing"]["data"]["cycles"] > 0
     assert "sampling is fixed (every_1)" in checks["overhead"]["reason"]
@@ -397,10 +398,11 @@ def test_the_overhead_is_judged_against_what_the_design_allows_the_cycle():
     assert _doctor.cost_limit(1e-3) == 0.005
     assert _doctor.cost_limit(2.5e-4) == 0.01
     assert _doctor.cost_limit(None) == 0.005
-    info = {"sampling": "adaptive_0.002"}
+    info = {"sampling": "adaptive"}
 
-    def verdict(ratio: float, cycle: float | None) -> str:
-        s = types.SimpleNamespace(samples={(catalog.OVERHEAD_RATIO.name, ()): ratio})
+    def verdict(ratio: float, cycle: float | None, budget: float = 0.002) -> str:
+        s = types.SimpleNamespace(samples={(catalog.OVERHEAD_RATIO.name, ()): ratio,
+                                           (catalog.SAMPLING_BUDGET.name, ()): budget})
         return _doctor._overhead(s, info, cycle).verdict  # type: ignore[arg-type]
 
     assert verdict(0.007, 0.22e-3) == "OK"  # a 0.22 ms cycle may cost 1 %
@@ -408,3 +410,6 @@ def test_the_overhead_is_judged_against_what_the_design_allows_the_cycle():
     assert verdict(0.007, 1e-3) == "INFO"  # over 0.5 %, within twice it
     assert verdict(0.013, 3e-3) == "WARN"  # over twice 0.3 %: the sampler cannot hold it
     assert verdict(0.0015, None) == "OK"
+    # The budget the endpoint exports (its gauge) where it is above the design's limit.
+    assert verdict(0.015, 3e-3, budget=0.02) == "OK"
+    assert verdict(0.05, 3e-3, budget=0.02) == "WARN"

@@ -43,7 +43,7 @@ def fixed_snapshot() -> specobs.Snapshot:
     return specobs.Snapshot(
         phases=phases, max_draft_length=2, labels={"model": "m", "engine": "e"},
         info={"version": "X", "phases": ",".join(phases), "gpu_clock": "none",
-              "sampling": "adaptive_0.005", "integration": "manual"},
+              "sampling": "adaptive", "integration": "manual", "core": "native"},
         cycles_total=3, draft_tokens_total=12, accepted_tokens_total=7, emitted_tokens_total=13,
         sampled_cycles_total=2, phase_histograms=phase,
         cycle_histograms={"gpu": empty, "host": _hist(d, {10: 3}, 0.05)},
@@ -55,7 +55,7 @@ def fixed_snapshot() -> specobs.Snapshot:
         errors={**dict.fromkeys(catalog.ERROR_KINDS, 0), "wrong_phase_order": 1},
         cpu_seconds={"hot_path": 0.25, "resolver": 0.5}, sampling_interval=4,
         overhead_ratio=0.002, created_unix_nano=1_699_999_990_000_000_000,
-        worker_thread_seconds={"running": 1.5, "waiting": 0.25},
+        worker_thread_seconds={"running": 1.5, "waiting": 0.25}, sampling_budget_ratio=0.005,
     )
 
 

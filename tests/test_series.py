@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+import specobs
 from specobs import _series, catalog
 from tests.test_prometheus_sink import fixed_snapshot
 
@@ -27,7 +28,8 @@ def test_only_optional_metrics_are_left_out_and_only_without_a_value():
     assert present == set(catalog.CATALOG)
     empty = dataclasses.replace(
         full, last_cycle_timestamp_seconds=None, baseline_tokens_per_second=None,
-        requests_running=None, requests_waiting=None, worker_thread_seconds={})
+        requests_running=None, requests_waiting=None, worker_thread_seconds={},
+        sampling_budget_ratio=None)
     left_out = present - {f.metric for f in _series.families(empty)}
     assert left_out == {m for m in catalog.CATALOG if m.optional}
 
@@ -36,3 +38,27 @@ def test_a_required_metric_without_a_value_is_an_error():
     broken = dataclasses.replace(fixed_snapshot(), batch_size=None)
     with pytest.raises(ValueError, match="only an optional metric may be left out"):
         list(_series.families(broken))
+
+
+@pytest.mark.parametrize(("overrides", "sampling", "budget"), [
+    ({"overhead_budget": 0.002}, "adaptive", 0.002),
+    ({"sample_every": 4}, "every_4", None),
+])
+def test_the_observer_exports_the_sampling_budget_as_a_number_and_the_catalogs_info_labels(
+        overrides, sampling, budget):
+    """The adaptive sampler's budget leaves the process as its gauge (absent under a fixed
+    interval, which no budget steers), the mode as the info label; the observer's info labels
+    are the catalog's."""
+    obs = specobs.configure(sinks=[], clock="host", **overrides)
+    try:
+        snap = obs.snapshot()
+    finally:
+        obs.shutdown()
+    assert set(snap.info) == set(catalog.INFO.labels)
+    assert snap.info["sampling"] == sampling
+    assert snap.sampling_budget_ratio == budget
+    fams = {f.metric: f for f in _series.families(snap)}
+    if budget is None:
+        assert catalog.SAMPLING_BUDGET not in fams
+    else:
+        assert fams[catalog.SAMPLING_BUDGET].points == [((), budget)]

@@ -492,9 +492,11 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
     b.timeseries(
         "GPU timing overhead",
         "Self-measured cost of specobs on the worker (event records, phase boundaries, the "
-        "resolver) as a fraction of cycle time; GPU timing adapts to a budget (default 0.2%).",
+        "resolver) as a fraction of cycle time; GPU timing adapts to the budget drawn beside it "
+        "(none under a fixed sampling interval).",
         "percentunit",
-        [(f"max by (instance) ({s(c.OVERHEAD_RATIO.name)})", "{{instance}}")],
+        [(f"max by (instance) ({s(c.OVERHEAD_RATIO.name)})", "{{instance}}"),
+         (f"max by (instance) ({s(c.SAMPLING_BUDGET.name)})", "budget {{instance}}")],
     )
     b.timeseries(
         "GPU sampling interval",

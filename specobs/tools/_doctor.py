@@ -84,8 +84,6 @@ __all__ = [
 
 _PROG = "specobs doctor"
 
-#: The exporter's overhead budget when ``specobs_info`` does not say (``sampling="every_N"``).
-DEFAULT_OVERHEAD_BUDGET = 0.005
 #: DESIGN.md: everything specobs does on the worker's CPU, per cycle, at 1,000 cycles/s.
 CPU_BUDGET_SECONDS_PER_CYCLE = 15e-6
 #: Cycles between the scrapes below which the exporter's CPU per cycle is not judged: the
@@ -174,16 +172,11 @@ def _fmt_count(value: float) -> str:
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.3g}"
 
 
-def _budget(info: dict[str, str]) -> float:
-    sampling = info.get("sampling", "")
-    if sampling.startswith("adaptive_"):
-        try:
-            value = float(sampling.removeprefix("adaptive_"))
-        except ValueError:
-            return DEFAULT_OVERHEAD_BUDGET
-        if value > 0 and math.isfinite(value):
-            return value
-    return DEFAULT_OVERHEAD_BUDGET
+def _budget(s: scr.Series) -> float | None:
+    """The adaptive sampler's overhead budget as the endpoint exports it (its gauge); ``None``
+    under a fixed interval, which no budget steers."""
+    values = [v for (n, _), v in s.samples.items() if n == catalog.SAMPLING_BUDGET.name]
+    return max(values) if values else None
 
 
 @dataclass
@@ -428,7 +421,7 @@ def cost_limit(cycle_seconds: float | None) -> float:
 def _overhead(s: scr.Series, info: dict[str, str], cycle_seconds: float | None = None) -> Check:
     # The sampler's budget covers the event records only; the gauge adds the costs every cycle
     # pays, so it is judged against the larger of the budget and the design's whole-cost limit.
-    budget = max(_budget(info), cost_limit(cycle_seconds))
+    budget = max(_budget(s) or 0.0, cost_limit(cycle_seconds))
     values = [v for (n, _), v in s.samples.items() if n == catalog.OVERHEAD_RATIO.name]
     if not values:
         return Check("overhead", "SKIP", f"no {catalog.OVERHEAD_RATIO.name} series")

@@ -30,8 +30,10 @@ __all__ = ["CLUSTERS", "ENGINES", "GPU_SAMPLE_EVERY", "MODELS", "NAMESPACE", "PH
 
 #: The phases of a simulated cycle: specobs's default phases.
 PHASES: tuple[str, ...] = Settings().phases
-#: One cycle in this many is timed on the GPU clock (specobs's default sampling).
+#: One cycle in this many is timed on the GPU clock (specobs's default sampling: adaptive, here
+#: settled at this interval under specobs's default budget).
 GPU_SAMPLE_EVERY = 16
+SAMPLING_BUDGET: float = Settings().overhead_budget
 NAMESPACE = "inference"
 METRICS_PORT_LABEL = 9477
 
@@ -299,7 +301,7 @@ class SimServer:
             max_draft_length=k,
             labels={"model_name": self.model.name, "serving_engine": self.engine},
             info={"version": "fleet-sim", "phases": ",".join(PHASES), "gpu_clock": "cuda_event",
-                  "sampling": f"every_{GPU_SAMPLE_EVERY}", "integration": self.integration},
+                  "sampling": "adaptive", "integration": self.integration, "core": "native"},
             cycles_total=cycles,
             draft_tokens_total=seqs * k,
             accepted_tokens_total=accepted,
@@ -320,6 +322,7 @@ class SimServer:
             errors=dict.fromkeys(catalog.ERROR_KINDS, 0),
             cpu_seconds=cpu,
             sampling_interval=GPU_SAMPLE_EVERY,
+            sampling_budget_ratio=SAMPLING_BUDGET,
             overhead_ratio=0.002,
             created_unix_nano=int(self.created * 1e9),
             # The engine's thread on a CPU for most of each cycle, waiting for one a little.
