@@ -13,7 +13,7 @@ __all__ = ["doctor_entries", "render"]
 DOCTOR_MIN_CYCLES = 200
 
 # alert name (without the prefix) -> which of doctor's findings (or checks) explain it. The codes
-# are those of specobs/tools/_diagnosis.py (tests/test_diagnosis_runbook.py checks each exists).
+# are those of specobs/tools/_diagnosis/ (tests/test_diagnosis_runbook.py checks each exists).
 _DOCTOR: dict[str, tuple[tuple[str, ...], str]] = {
     "AcceptanceBelowCohort": (
         ("SPEC-ACCEPT-COLLAPSE", "SPEC-ACCEPT-FLAT-LOW", "SPEC-ACCEPT-CHAIN-SHORT"),
