@@ -1,0 +1,109 @@
+"""Where ``specobs top``'s frames come from: a /metrics endpoint (two scrapes differenced) or a
+Prometheus server (``increase()`` over the interval); a :class:`Frame` is the breakdown of one
+interval and its diagnosis."""
+
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from specobs import catalog
+from specobs.tools import _breakdown as bd
+from specobs.tools import _diagnosis as dg
+from specobs.tools import _http
+from specobs.tools import _promapi as pa
+from specobs.tools import _scrape as scr
+
+__all__ = ["EndpointSource", "Frame", "PrometheusSource", "status_text"]
+
+@dataclass(frozen=True)
+class Frame:
+    """What one poll produced: ``kind`` is data, waiting, reset or error."""
+
+    kind: str
+    message: str = ""
+    breakdown: bd.Breakdown | None = None
+    #: The diagnosis of this poll's interval (docs/diagnosis.md): the status line.
+    findings: tuple[dg.Finding, ...] = ()
+
+
+class EndpointSource:
+    """Polls a specobs /metrics endpoint and differences consecutive scrapes."""
+
+    def __init__(self, client: Any, url: str, limits: _http.Limits = _http.DEFAULT_LIMITS
+                 ) -> None:
+        self.client = client
+        self.url = url
+        self.limits = limits
+        self.description = _http.display_url(url)
+        self._prev: scr.Scrape | None = None
+
+    def poll(self) -> Frame:
+        try:
+            cur = scr.scrape(self.client, self.url, limits=self.limits)
+        except scr.ScrapeError as exc:
+            return Frame("error", str(exc))
+        prev, self._prev = self._prev, cur
+        if prev is None:
+            return Frame("waiting", "waiting for a second sample")
+        delta = scr.difference(prev, cur)
+        if isinstance(delta, scr.CounterReset):
+            return Frame("reset", str(delta))
+        window = dg.window(delta, time.time())
+        return _data_frame(window.breakdown, tuple(dg.diagnose(window)))
+
+
+class PrometheusSource:
+    """Queries ``increase(...[window])`` from a Prometheus server on every poll."""
+
+    def __init__(self, client: Any, base_url: str, selector: str, window_seconds: float,
+                 limits: _http.Limits = _http.DEFAULT_LIMITS) -> None:
+        self.client = client
+        self.limits = limits
+        self.base_url = base_url
+        self.selector = selector
+        self.window_seconds = window_seconds
+        self.description = (
+            f"{_http.display_url(base_url)} {{{selector}}} over "
+            f"{scr.format_rate(window_seconds, 0)}s"
+        )
+
+    def poll(self) -> Frame:
+        try:
+            delta = pa.prometheus_delta(
+                self.client, self.base_url, self.selector, self.window_seconds,
+                limits=self.limits,
+            )
+        except scr.ScrapeError as exc:
+            return Frame("error", str(exc))
+        if not delta.counters.has(catalog.CYCLES.name):
+            return Frame(
+                "waiting",
+                f"waiting for Prometheus to hold two samples of {catalog.CYCLES.name} in "
+                f"the last {scr.format_rate(self.window_seconds, 0)} s",
+            )
+        window = dg.window(delta, time.time())
+        return _data_frame(window.breakdown, tuple(dg.diagnose(window)))
+
+
+def _data_frame(b: bd.Breakdown, findings: tuple[dg.Finding, ...] = ()) -> Frame:
+    if not b.cycles > 0:
+        stalled = next((f for f in findings if f.code == "SPEC-STALL"), None)
+        if stalled is not None:
+            return Frame("data", stalled.sentence, b, findings)
+        return Frame("data", f"no cycles in the last {b.elapsed_seconds:.1f} s (idle?)", b,
+                     findings)
+    return Frame("data", "", b, findings)
+
+
+def status_text(findings: tuple[dg.Finding, ...]) -> str:
+    """The status line: the worst severity, the codes that carry it and the worst finding's
+    sentence (``OK: no problem found`` when nothing warns or fails)."""
+    line = dg.status_line(findings)
+    worst = dg.worst(findings)
+    first = next((f for f in findings if f.severity == worst), None)
+    if first is None or worst not in ("warn", "fail"):
+        return line
+    return f"{line}: {first.sentence}"
