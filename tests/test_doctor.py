@@ -403,7 +403,7 @@ def test_the_overhead_is_judged_against_what_the_design_allows_the_cycle():
     def verdict(ratio: float, cycle: float | None, budget: float = 0.002) -> str:
         s = types.SimpleNamespace(samples={(catalog.OVERHEAD_RATIO.name, ()): ratio,
                                            (catalog.SAMPLING_BUDGET.name, ()): budget})
-        return _doctor._overhead(s, info, cycle).verdict  # type: ignore[arg-type]
+        return _doctor._checks._overhead(s, info, cycle).verdict  # type: ignore[arg-type]
 
     assert verdict(0.007, 0.22e-3) == "OK"  # a 0.22 ms cycle may cost 1 %
     assert verdict(0.005, 3e-3) == "INFO"  # over 0.3 %, within twice it
