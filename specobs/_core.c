@@ -1827,6 +1827,53 @@ typedef struct Totals {
     int64_t cycles, accepted, drafted, emitted, bsum, bn, last;
 } Totals;
 
+/* What every drained cycle adds to the totals, on both drains (with the GIL, and the walk
+ * without it): its host times (returns the cycle's), its native acceptance, its batch size. */
+static inline int64_t
+add_host(Ring *r, Totals *t, const int64_t *ts)
+{
+    int nph = r->nph, nb = r->ndb + 1;
+    for (int i = 0; i < nph; i++) {
+        int64_t d = ts[i + 1] - ts[i];
+        t->host[i * nb + bucket_of(r->dbounds, r->ndb, (double)d * 1e-9)]++;
+        t->hsum[i] += d;
+    }
+    int64_t tot = ts[nph] - ts[0];
+    t->host[nph * nb + bucket_of(r->dbounds, r->ndb, (double)tot * 1e-9)]++;
+    t->hsum[nph] += tot;
+    t->last = ts[nph];
+    t->cycles++;
+    return tot;
+}
+
+static inline void
+add_acceptance(Totals *t, const Slot *s)
+{
+    if (s->nseq < 0)
+        return;
+    /* A sequence that drafted nothing (k = 0) emits a token but is no draft: it has no accept
+     * length. */
+    const uint8_t *lens = s->lens;
+    for (int32_t j = 0; s->k > 0 && j < s->nseq; j++)
+        t->lcounts[lens[j]]++;
+    t->accepted += s->accsum;
+    t->drafted += (int64_t)s->k * s->nseq;
+    t->emitted += s->accsum + s->nseq;
+    t->kseq[s->k] += s->nseq;
+    t->kseen[s->k] = 1;
+}
+
+static inline void
+add_batch(Ring *r, Totals *t, const Slot *s)
+{
+    int64_t b = s->batch >= 0 ? s->batch : (s->nseq >= 0 ? s->nseq : -1);
+    if (b >= 0) {
+        t->bcounts[bucket_of(r->bbounds, r->nbb, (double)b)]++;
+        t->bsum += b;
+        t->bn++;
+    }
+}
+
 /* Whether a done cycle is one the walk without the GIL can take, bound, traces and slowness
  * aside: nothing but numbers, or a native copy of the clock's pinned type to read. */
 static inline int
@@ -1848,7 +1895,7 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
            long long slow_ns, int want_all, PyObject *details, PyObject *released,
            Py_ssize_t *n_out, int64_t *total_out, int yield_to_walk)
 {
-    int nph = r->nph, nb = r->ndb + 1;
+    int nph = r->nph;
     int64_t total = 0;
     Py_ssize_t n = 0, ti = 0, nt = PyList_GET_SIZE(trace);
     while (r->tail != r->head && n < limit) {
@@ -1867,46 +1914,19 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
         if (STATE(s) != SLOT_DONE || s->idx >= bound)
             break;
         r->nheld -= s->ev != NULL || s->copy != NULL;
-        int64_t *ts = s->ts;
-        for (int i = 0; i < nph; i++) {
-            int64_t d = ts[i + 1] - ts[i];
-            t->host[i * nb + bucket_of(r->dbounds, r->ndb, (double)d * 1e-9)]++;
-            t->hsum[i] += d;
-        }
-        int64_t tot = ts[nph] - ts[0];
-        t->host[nph * nb + bucket_of(r->dbounds, r->ndb, (double)tot * 1e-9)]++;
-        t->hsum[nph] += tot;
+        int64_t tot = add_host(r, t, s->ts);
         total += tot;
-        t->last = ts[nph];
-        t->cycles++;
         int py_batch = 0;
         if (s->copy != NULL && s->nseq < 0 && s->acc == NULL && r->copy_type != Py_None
             && (PyObject *)Py_TYPE(s->copy) == r->copy_type) {
             if (read_copy(r, s, released) < 0)
                 PyErr_Clear();
         }
-        if (s->nseq >= 0) {
-            /* A sequence that drafted nothing (k = 0) emits a token but is no draft: it has
-             * no accept length. */
-            const uint8_t *lens = s->lens;
-            for (int32_t j = 0; s->k > 0 && j < s->nseq; j++)
-                t->lcounts[lens[j]]++;
-            t->accepted += s->accsum;
-            t->drafted += (int64_t)s->k * s->nseq;
-            t->emitted += s->accsum + s->nseq;
-            t->kseq[s->k] += s->nseq;
-            t->kseen[s->k] = 1;
-        }
+        add_acceptance(t, s);
         if (s->batch_obj != NULL || s->has_obj_acc)
             py_batch = 1; /* sized by the resolver's validation */
-        else {
-            int64_t b = s->batch >= 0 ? s->batch : (s->nseq >= 0 ? s->nseq : -1);
-            if (b >= 0) {
-                t->bcounts[bucket_of(r->bbounds, r->nbb, (double)b)]++;
-                t->bsum += b;
-                t->bn++;
-            }
-        }
+        else
+            add_batch(r, t, s);
         int traced = 0;
         while (ti < nt) {
             long long want = PyLong_AsLongLong(PyList_GET_ITEM(trace, ti));
@@ -2020,7 +2040,6 @@ walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_tra
            int64_t slow_ns, const void *copy_type, PyObject **pc, Py_ssize_t *npc,
            PyObject **pd, Py_ssize_t *npd, int64_t *total_out)
 {
-    int nph = r->nph, nb = r->ndb + 1;
     Py_ssize_t n = 0;
     int64_t total = 0;
     uint64_t head = LOAD64(&r->head);
@@ -2035,8 +2054,6 @@ walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_tra
         }
         if (st != SLOT_DONE || !walk_takes(r, s, bound, next_trace, slow_ns, copy_type))
             break;
-        int64_t *ts = s->ts;
-        int64_t tot = ts[nph] - ts[0];
         if (s->copy != NULL) {
             int32_t m = s->clen;
             if (m > s->lcap) {
@@ -2067,33 +2084,9 @@ walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_tra
                 s->draft = NULL;
             }
         }
-        for (int i = 0; i < nph; i++) {
-            int64_t d = ts[i + 1] - ts[i];
-            t->host[i * nb + bucket_of(r->dbounds, r->ndb, (double)d * 1e-9)]++;
-            t->hsum[i] += d;
-        }
-        t->host[nph * nb + bucket_of(r->dbounds, r->ndb, (double)tot * 1e-9)]++;
-        t->hsum[nph] += tot;
-        total += tot;
-        t->last = ts[nph];
-        t->cycles++;
-        if (s->nseq >= 0) {
-            /* A sequence that drafted nothing (k = 0) emits a token but is no draft. */
-            const uint8_t *lens = s->lens;
-            for (int32_t j = 0; s->k > 0 && j < s->nseq; j++)
-                t->lcounts[lens[j]]++;
-            t->accepted += s->accsum;
-            t->drafted += (int64_t)s->k * s->nseq;
-            t->emitted += s->accsum + s->nseq;
-            t->kseq[s->k] += s->nseq;
-            t->kseen[s->k] = 1;
-        }
-        int64_t b = s->batch >= 0 ? s->batch : (s->nseq >= 0 ? s->nseq : -1);
-        if (b >= 0) {
-            t->bcounts[bucket_of(r->bbounds, r->nbb, (double)b)]++;
-            t->bsum += b;
-            t->bn++;
-        }
+        total += add_host(r, t, s->ts);
+        add_acceptance(t, s);
+        add_batch(r, t, s);
         STATE_SET(s, SLOT_VOID);
         STORE64(&r->tail, r->tail + 1);
         n++;
