@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["EventClock", "EventPool", "PendingCopy", "record_stream_of"]
+__all__ = ["EventClock", "EventPool", "PendingCopy", "PinnedSlot", "record_stream_of"]
 
 
 class PendingCopy:
@@ -43,6 +43,46 @@ class PendingCopy:
         finally:
             self.release()
         return values
+
+
+class PinnedSlot(PendingCopy):
+    """A host buffer with its own event: a :class:`PendingCopy` that is reused (the CUDA
+    clock's pinned buffers and the fake clock's stand-ins for them).
+
+    ``host`` is the same memory as a ``ctypes`` array: slicing it reads the values as a list of
+    ints at C speed. ``ptr``, ``itemsize``, ``handle`` and ``length`` are what the native core
+    and the ring's drain read; ``handle`` is the event's ``cudaEvent_t`` as an int (0: none).
+    Reading hands the slot back to ``free``.
+    """
+
+    __slots__ = ("_free", "_host", "handle", "itemsize", "ptr")
+
+    def __init__(self, buffer: Any, host: Any, ptr: int, itemsize: int, event: Any,
+                 handle: int, free: list[Any]) -> None:
+        super().__init__(buffer, 0, event, self._give_back)
+        self._free = free
+        self._host: Any = host
+        self.ptr = ptr
+        self.itemsize = itemsize
+        self.handle = handle
+
+    def read(self) -> list[int]:
+        try:
+            values: list[int] = self._host[: self.length]
+        finally:
+            self.release()
+        return values
+
+    def landed(self) -> bool:
+        # Accepted counts are never negative; the sentinel, and any element the copy has not
+        # written whole, is (its top byte still 0xFF).
+        n = self.length
+        if not self.sentinel:
+            return False
+        return n == 0 or min(self._host[:n]) >= 0
+
+    def _give_back(self) -> None:
+        self._free.append(self)
 
 
 class EventPool:

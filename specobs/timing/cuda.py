@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from specobs._errors import ConfigurationError, require
-from specobs.timing._base import EventPool, PendingCopy
+from specobs.timing._base import EventPool, PendingCopy, PinnedSlot
 
 __all__ = ["CudaEventClock", "cuda_ready"]
 
@@ -90,55 +90,32 @@ def _runtime_library(*, hold_gil: bool = True) -> Any:
     return lib
 
 
-class _PinnedSlot(PendingCopy):
-    """A pinned host buffer with its own event: a :class:`PendingCopy` that is reused.
-
-    Made once per buffer, so a copy allocates nothing the garbage collector tracks (a copy a
-    cycle used to make a ``PendingCopy``, a closure and an event list). The views
-    ``buffer[:n]`` are cached per length (a slice of a tensor costs about a microsecond).
+class _PinnedSlot(PinnedSlot):
+    """A pinned host buffer with its own event, made once per buffer, so a copy allocates
+    nothing the garbage collector tracks (a copy a cycle used to make a ``PendingCopy``, a
+    closure and an event list). The views ``buffer[:n]`` are cached per length (a slice of a
+    tensor costs about a microsecond).
     """
 
-    __slots__ = ("_free", "_host", "_views", "handle", "itemsize", "ptr")
+    __slots__ = ("_views",)
 
     def __init__(self, buffer: Any, event: Any, free: list[_PinnedSlot]) -> None:
-        super().__init__(buffer, 0, event, self._give_back)
-        self._free = free
-        self._views: dict[int, Any] = {}
-        #: For the direct copy: the host address and the bytes per element.
-        self.ptr: int = buffer.data_ptr()
-        self.itemsize: int = buffer.element_size()
-        #: The event's ``cudaEvent_t`` as an int, for the native core's copy (0: none).
-        self.handle: int = 0
         # The same pinned memory as a ctypes array: slicing it reads the values as a list of
         # ints at C speed, without a tensor view and torch's tolist (microseconds a read).
         import ctypes
 
-        ctype = {8: ctypes.c_int64, 4: ctypes.c_int32}[self.itemsize]  # _PINNED_DTYPES
-        self._host: Any = (ctype * buffer.numel()).from_address(self.ptr)
+        ptr: int = buffer.data_ptr()
+        itemsize: int = buffer.element_size()
+        ctype = {8: ctypes.c_int64, 4: ctypes.c_int32}[itemsize]  # _PINNED_DTYPES
+        host = (ctype * buffer.numel()).from_address(ptr)
+        super().__init__(buffer, host, ptr, itemsize, event, 0, free)
+        self._views: dict[int, Any] = {}
 
     def view(self, n: int) -> Any:
         v = self._views.get(n)
         if v is None:
             v = self._views[n] = self.buffer[:n]
         return v
-
-    def read(self) -> list[int]:
-        try:
-            values: list[int] = self._host[: self.length]
-        finally:
-            self.release()
-        return values
-
-    def landed(self) -> bool:
-        # Accepted counts are never negative; the sentinel, and any element the copy has not
-        # written whole, is (its top byte still 0xFF).
-        n = self.length
-        if not self.sentinel:
-            return False
-        return n == 0 or min(self._host[:n]) >= 0
-
-    def _give_back(self) -> None:
-        self._free.append(self)
 
 
 def cuda_ready() -> bool:

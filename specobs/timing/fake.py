@@ -12,7 +12,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from specobs.timing._base import EventPool, PendingCopy
+from specobs.timing._base import EventPool, PendingCopy, PinnedSlot
 
 __all__ = [
     "FAKE_INT64",
@@ -169,38 +169,17 @@ class FakeEventClock(EventPool):
 
 
 
-class _FakePinnedSlot(PendingCopy):
-    """A host buffer with its own event, as the CUDA clock's pinned slots are (``ptr``,
-    ``itemsize``, ``handle``, ``length``: what the native core and the ring's drain read)."""
+class _FakePinnedSlot(PinnedSlot):
+    """A host buffer with its own event, as the CUDA clock's pinned slots are."""
 
-    __slots__ = ("_free", "_mem", "handle", "itemsize", "ptr")
+    __slots__ = ()
 
     def __init__(self, capacity: int, event: FakeEvent, handle: int,
                  free: list[_FakePinnedSlot]) -> None:
         import ctypes
 
-        self._mem = (ctypes.c_int64 * capacity)()
-        super().__init__(self._mem, 0, event, self._give_back)
-        self._free = free
-        self.ptr = ctypes.addressof(self._mem)
-        self.itemsize = 8
-        self.handle = handle
-
-    def read(self) -> list[int]:
-        try:
-            values: list[int] = self._mem[: self.length]
-        finally:
-            self.release()
-        return values
-
-    def landed(self) -> bool:
-        n = self.length
-        if not self.sentinel:
-            return False
-        return n == 0 or min(self._mem[:n]) >= 0
-
-    def _give_back(self) -> None:
-        self._free.append(self)
+        mem = (ctypes.c_int64 * capacity)()
+        super().__init__(mem, mem, ctypes.addressof(mem), 8, event, handle, free)
 
 
 class FakeNativeCopyClock(FakeEventClock):
