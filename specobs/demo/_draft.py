@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._model import (
+    AttentionStep,
     Block,
     KVCache,
     RMSNorm,
@@ -138,9 +139,11 @@ class DraftHead(nn.Module):
         if attend_len is None:
             attend_len = int(positions.max()) + 1
         x = self.inputs(feature, tokens, fused)
-        rope = self.target.rope(positions)
-        mask = causal_mask(positions, attend_len)
-        h = self.block(x, rope, mask, (cache.k[0], cache.v[0]), slots, positions, attend_len)
+        step = AttentionStep(
+            self.target.rope(positions), causal_mask(positions, attend_len), slots, positions,
+            attend_len,
+        )
+        h = self.block(x, step, (cache.k[0], cache.v[0]))
         return h, self.logits(h)
 
     def train_forward(

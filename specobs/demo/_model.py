@@ -21,12 +21,14 @@ import math
 import random
 import re
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
+    "AttentionStep",
     "KVCache",
     "SyntheticLanguage",
     "TargetConfig",
@@ -135,6 +137,18 @@ def causal_mask(positions: torch.Tensor, attend_len: int) -> torch.Tensor:
     return (keys.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)
 
 
+class AttentionStep(NamedTuple):
+    """What every layer of one forward attends with: the rotary table at the block's positions,
+    the mask, the cache slots ``[B]`` (None without a cache), the positions ``[B, Q]`` and how
+    many of each slot's positions attention covers."""
+
+    rope: tuple[torch.Tensor, torch.Tensor]
+    mask: torch.Tensor
+    slots: torch.Tensor | None
+    positions: torch.Tensor
+    attend_len: int
+
+
 class Attention(nn.Module):
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
@@ -144,15 +158,9 @@ class Attention(nn.Module):
         self.out = nn.Linear(d_model, d_model, bias=False)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        mask: torch.Tensor,
-        cache: tuple[torch.Tensor, torch.Tensor] | None,
-        slots: torch.Tensor | None,
-        positions: torch.Tensor,
-        attend_len: int,
+        self, x: torch.Tensor, step: AttentionStep, cache: tuple[torch.Tensor, torch.Tensor] | None
     ) -> torch.Tensor:
+        rope, mask, slots, positions, attend_len = step
         b, q_len, d = x.shape
         q, k, v = self.qkv(x).view(b, q_len, 3, self.n_heads, self.head_dim).unbind(2)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
@@ -191,16 +199,9 @@ class Block(nn.Module):
         # Scale of this block's updates to the residual stream (TargetConfig.residual_growth).
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        mask: torch.Tensor,
-        cache: tuple[torch.Tensor, torch.Tensor] | None,
-        slots: torch.Tensor | None,
-        positions: torch.Tensor,
-        attend_len: int,
+        self, x: torch.Tensor, step: AttentionStep, cache: tuple[torch.Tensor, torch.Tensor] | None
     ) -> torch.Tensor:
-        a = self.attn(self.attn_norm(x), rope, mask, cache, slots, positions, attend_len)
+        a = self.attn(self.attn_norm(x), step, cache)
         x = x + self.gain * a
         return x + self.gain * self.down(F.silu(self.up(self.mlp_norm(x))))
 
@@ -269,16 +270,16 @@ class TargetModel(nn.Module):
             attend_len = q_len
         elif attend_len is None:
             attend_len = int(positions.max()) + 1
-        rope = self.rope(positions)
         if cache is None:
             mask = causal_mask(torch.arange(q_len, device=tokens.device).unsqueeze(0), q_len)
         else:
             mask = causal_mask(positions, attend_len)
+        step = AttentionStep(self.rope(positions), mask, slots, positions, attend_len)
         x = self.embed(tokens)
         wanted = {layer: None for layer in hidden_layers}
         for i, block in enumerate(self.blocks):
             kv = None if cache is None else (cache.k[i], cache.v[i])
-            x = block(x, rope, mask, kv, slots, positions, attend_len)
+            x = block(x, step, kv)
             if i in wanted:
                 wanted[i] = x
         logits = self.lm_head(self.norm(x))
