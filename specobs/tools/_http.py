@@ -43,6 +43,7 @@ __all__ = [
     "Limits",
     "ScrapeError",
     "add_limit_arguments",
+    "add_source_arguments",
     "display_url",
     "format_bytes",
     "get",
@@ -199,6 +200,15 @@ class _Inflater:
 
 
 # -- the command line ------------------------------------------------------------------------
+
+
+def add_source_arguments(parser: argparse.ArgumentParser, *, prometheus_help: str) -> None:
+    """The positional ``url`` of a specobs endpoint and ``--prometheus``, the other source of
+    the same series (``specobs doctor`` and ``specobs top``)."""
+    parser.add_argument("url", nargs="?", default=None,
+                        help="a specobs /metrics URL, e.g. http://127.0.0.1:9477/metrics "
+                             "(host:port means http://host:port/metrics)")
+    parser.add_argument("--prometheus", metavar="URL", default=None, help=prometheus_help)
 
 
 def add_limit_arguments(parser: argparse.ArgumentParser) -> None:

@@ -101,12 +101,9 @@ _PROG = "specobs doctor"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``specobs doctor``."""
-    parser.add_argument("url", nargs="?", default=None,
-                        help="a specobs /metrics URL, e.g. http://127.0.0.1:9477/metrics "
-                             "(host:port means http://host:port/metrics)")
-    parser.add_argument("--prometheus", metavar="URL", default=None,
-                        help="diagnose one server from a Prometheus server instead: "
-                             "increase() over --window, against the --history before it")
+    _http.add_source_arguments(
+        parser, prometheus_help="diagnose one server from a Prometheus server instead: "
+                                "increase() over --window, against the --history before it")
     parser.add_argument("--instance", default=None, metavar="INSTANCE",
                         help="with --prometheus: the server's instance label (host:port)")
     parser.add_argument("--selector", default="",

@@ -191,18 +191,11 @@ def examine(
         ))
 
     # second scrape, cycles advancing; as OpenMetrics, so it also shows the exemplars
-    time.sleep(max(0.0, wait_seconds))
-    try:
-        second = scr.scrape(client, url, openmetrics=True, limits=limits)
-    except scr.ScrapeError as exc:
-        checks.append(Check("cycles advancing", "FAIL", f"second scrape failed: {exc}",
-                            {"second_scrape_failed": True}))
-        return Report(_skip_rest(checks, "needs two scrapes"))
-    delta = scr.difference(first, second)
-    while (min_cycles > 0 and isinstance(delta, scr.Delta)
-           and (delta.counters.total(catalog.CYCLES.name) or 0.0) < min_cycles
-           and time.monotonic() - t0 + MIN_CYCLES_POLL_SECONDS <= max_wait_seconds):
-        time.sleep(MIN_CYCLES_POLL_SECONDS)
+    # (after --wait; with --min-cycles scraped again every MIN_CYCLES_POLL_SECONDS until enough
+    # cycles ran or the next poll would pass --max-wait)
+    pause = max(0.0, wait_seconds)
+    while True:
+        time.sleep(pause)
         try:
             second = scr.scrape(client, url, openmetrics=True, limits=limits)
         except scr.ScrapeError as exc:
@@ -210,6 +203,11 @@ def examine(
                                 {"second_scrape_failed": True}))
             return Report(_skip_rest(checks, "needs two scrapes"))
         delta = scr.difference(first, second)
+        if not (min_cycles > 0 and isinstance(delta, scr.Delta)
+                and (delta.counters.total(catalog.CYCLES.name) or 0.0) < min_cycles
+                and time.monotonic() - t0 + MIN_CYCLES_POLL_SECONDS <= max_wait_seconds):
+            break
+        pause = MIN_CYCLES_POLL_SECONDS
     b: bd.Breakdown | None = None
     findings: list[dg.Finding] = []
     speed: dg.Finding | None = None

@@ -61,11 +61,8 @@ _PROG = "specobs top"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``specobs top``."""
-    parser.add_argument("url", nargs="?", default=None,
-                        help="a specobs /metrics URL, e.g. http://127.0.0.1:9477/metrics "
-                             "(host:port means http://host:port/metrics)")
-    parser.add_argument("--prometheus", metavar="URL", default=None,
-                        help="read from a Prometheus server instead (increase() over --window)")
+    _http.add_source_arguments(
+        parser, prometheus_help="read from a Prometheus server instead (increase() over --window)")
     parser.add_argument("--selector", default="",
                         help="label matchers for --prometheus, e.g. "
                              "'{job=\"specobs\",instance=\"10.0.0.7:9477\"}'")
