@@ -53,12 +53,12 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 if TYPE_CHECKING:
@@ -163,17 +163,20 @@ def _got(value: object) -> str:
     return f"{_type_name(value)} {text}".rstrip()
 
 
+def _boolean(v: Any) -> Any:
+    if not isinstance(v, bool):
+        raise ValueError(f"expected a boolean, got {_got(v)}")
+    return v
+
+
+#: A JSON boolean and nothing else (pydantic would take "yes" or 1).
+_Boolean = Annotated[bool, BeforeValidator(_boolean)]
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    include_usage: bool = False
-
-    @field_validator("include_usage", mode="before")
-    @classmethod
-    def _bool(cls, v: Any) -> Any:
-        if not isinstance(v, bool):
-            raise ValueError(f"expected a boolean, got {_got(v)}")
-        return v
+    include_usage: _Boolean = False
 
 
 class CompletionRequest(BaseModel):
@@ -184,7 +187,7 @@ class CompletionRequest(BaseModel):
     prompt: str | list[int]
     model: str | None = None
     max_tokens: int = 16
-    stream: bool = False
+    stream: _Boolean = False
     temperature: float | None = None
     stream_options: StreamOptions | None = None
 
@@ -240,13 +243,6 @@ class CompletionRequest(BaseModel):
             raise ValueError(f"expected an integer >= 1, got {_got(v)}")
         if v < 1:
             raise ValueError(f"expected an integer >= 1, got {v}")
-        return v
-
-    @field_validator("stream", mode="before")
-    @classmethod
-    def _stream(cls, v: Any) -> Any:
-        if not isinstance(v, bool):
-            raise ValueError(f"expected a boolean, got {_got(v)}")
         return v
 
     @field_validator("temperature", mode="before")
