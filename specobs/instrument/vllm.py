@@ -290,62 +290,72 @@ around_execute_model_v1 = _make_execute_model(_v1_phases, "vllm_v1")
 around_execute_model_v2 = _make_execute_model(_v2_phases, "vllm_v2")
 
 
-def around_sample_v1(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+_Reader = Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], None]
+
+
+def _after_original(what: str) -> Callable[[_Reader], Callable[..., Any]]:
+    """A hook that calls the original, then ``read(step, result, args, kwargs)`` when a traced
+    step is under way; a failure of ``read`` is logged once as ``what``, never raised into the
+    engine. The hook takes the reader's name and docstring."""
+
+    def make(read: _Reader) -> Callable[..., Any]:
+        def hook(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            step = _local.__dict__.get("step")
+            if step is not None and step.tracker is not None:
+                try:
+                    read(step, result, args, kwargs)
+                except Exception:
+                    _failed(what)
+            return result
+
+        hook.__name__ = hook.__qualname__ = read.__name__
+        hook.__doc__ = read.__doc__
+        return hook
+
+    return make
+
+
+@_after_original("acceptance (_sample)")
+def around_sample_v1(step: Any, result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """V1's rejection sampler: still verify; acceptance per request is read from its output."""
-    result = original(*args, **kwargs)
-    step = _local.__dict__.get("step")
-    if step is not None and step.tracker is not None:
-        try:
-            metadata = args[2] if len(args) > 2 else kwargs.get("spec_decode_metadata")
-            if metadata is not None:
-                sampled = result.sampled_token_ids
-                # Valid tokens per request minus the bonus token: a few tiny kernels queued on
-                # the runner's stream, no sync; specobs copies the result to the host later.
-                accepted = (sampled != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
-                step.accepted = accepted.clamp_(min=0)
-                step.draft_length = valid_draft_lengths(
-                    list(metadata.num_draft_tokens), args[0].input_batch.req_ids,
-                    step.scheduled, step.grammar,
-                )  # fmt: skip
-        except Exception:
-            _failed("acceptance (_sample)")
-    return result
+    metadata = args[2] if len(args) > 2 else kwargs.get("spec_decode_metadata")
+    if metadata is not None:
+        sampled = result.sampled_token_ids
+        # Valid tokens per request minus the bonus token: a few tiny kernels queued on the
+        # runner's stream, no sync; specobs copies the result to the host later.
+        accepted = (sampled != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
+        step.accepted = accepted.clamp_(min=0)
+        step.draft_length = valid_draft_lengths(
+            list(metadata.num_draft_tokens), args[0].input_batch.req_ids,
+            step.scheduled, step.grammar,
+        )  # fmt: skip
 
 
-def around_sample_v2(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+@_after_original("acceptance (sample)")
+def around_sample_v2(step: Any, result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """V2's ``sample()``: verify ends where it returns; bookkeeping starts."""
-    result = original(*args, **kwargs)
-    step = _local.__dict__.get("step")
-    if step is not None and step.tracker is not None:
-        try:
-            input_batch = args[2] if len(args) > 2 else kwargs["input_batch"]
-            drafts = input_batch.num_draft_tokens_per_req
-            if drafts is not None:
-                num_sampled = result[1]
-                # Sampled tokens are the accepted drafts plus the bonus token (0 for a request
-                # still in chunked prefill): one tiny kernel on the runner's stream, no sync.
-                step.accepted = (num_sampled - 1).clamp_(min=0)
-                grammar = args[3] if len(args) > 3 else kwargs.get("grammar_output")
-                step.draft_length = valid_draft_lengths(
-                    [int(d) for d in drafts], getattr(input_batch, "req_ids", None),
-                    step.scheduled, grammar,
-                )  # fmt: skip
-            step.tracker.enter("bookkeeping")
-        except Exception:
-            _failed("acceptance (sample)")
-    return result
+    input_batch = args[2] if len(args) > 2 else kwargs["input_batch"]
+    drafts = input_batch.num_draft_tokens_per_req
+    if drafts is not None:
+        num_sampled = result[1]
+        # Sampled tokens are the accepted drafts plus the bonus token (0 for a request still
+        # in chunked prefill): one tiny kernel on the runner's stream, no sync.
+        step.accepted = (num_sampled - 1).clamp_(min=0)
+        grammar = args[3] if len(args) > 3 else kwargs.get("grammar_output")
+        step.draft_length = valid_draft_lengths(
+            [int(d) for d in drafts], getattr(input_batch, "req_ids", None),
+            step.scheduled, grammar,
+        )  # fmt: skip
+    step.tracker.enter("bookkeeping")
 
 
-def around_postprocess_sampled(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+@_after_original("the draft phase start (postprocess_sampled)")
+def around_postprocess_sampled(
+    step: Any, result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
     """V2's request-state update: bookkeeping ends where it returns; the draft starts."""
-    result = original(*args, **kwargs)
-    step = _local.__dict__.get("step")
-    if step is not None and step.tracker is not None:
-        try:
-            step.tracker.enter("draft")
-        except Exception:
-            _failed("the draft phase start (postprocess_sampled)")
-    return result
+    step.tracker.enter("draft")
 
 
 def _around_phase(phase: str) -> Callable[..., Any]:
