@@ -246,6 +246,19 @@ def boundary_ns(ring_type: Any, phases: tuple[str, ...]) -> float:
     return got
 
 
+class _RingCount:
+    """A count the ring keeps (of the same name), read through the recorder as an ``int``."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, recorder: Recorder, owner: type | None = None) -> int:
+        return int(getattr(recorder.ring, self.name))
+
+    def __set__(self, recorder: Recorder, value: int) -> None:
+        raise AttributeError(f"{self.name} is the ring's count, read-only")
+
+
 class Recorder:
     """Hot-path state of one observer: the ring the worker writes (:mod:`specobs._ring`, native
     where built) and the slow paths it calls (misuse, sampled cycles, the clock starting, CUDA
@@ -331,25 +344,11 @@ class Recorder:
     def stream(self, value: Any) -> None:
         self.ring.stream = value
 
-    @property
-    def begun(self) -> int:
-        return int(self.ring.begun)
-
-    @property
-    def enqueued(self) -> int:
-        return int(self.ring.enqueued)
-
-    @property
-    def dropped_queue_full(self) -> int:
-        return int(self.ring.dropped_queue_full)
-
-    @property
-    def discarded(self) -> int:
-        return int(self.ring.discarded)
-
-    @property
-    def copy_ns(self) -> int:
-        return int(self.ring.copy_ns)
+    begun = _RingCount()
+    enqueued = _RingCount()
+    dropped_queue_full = _RingCount()
+    discarded = _RingCount()
+    copy_ns = _RingCount()
 
     def _set_clock(self, clock: EventClock) -> None:
         self.clock = clock
