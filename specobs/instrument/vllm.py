@@ -168,6 +168,14 @@ class _Step:
 
     def __init__(self) -> None:
         self.tracker: PhaseTracker | None = None
+        # This thread runs the scheduler's update_from_output (the engine core's thread, with the
+        # worker in it).
+        self.scheduler_here = False
+        self.off = False  # this process does not record (not the leader, or a failed start)
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget what the last step read (its cycle ended)."""
         self.draft_length: Any = None
         self.accepted: Any = None
         # The step's scheduler output and the grammar output sample_tokens got: where vLLM says
@@ -180,11 +188,8 @@ class _Step:
         self.emitted: int | None = None
         # The host rows behind those counts: (request id, accepted, drafted, emitted kept).
         self.rows: list[HostRow] | None = None
-        # This thread runs the scheduler's update_from_output (the engine core's thread, with the
-        # worker in it), and the open cycle waits for it to take the step's output.
-        self.scheduler_here = False
+        # The open cycle waits for this thread's update_from_output to take the step's output.
         self.waits = False
-        self.off = False  # this process does not record (not the leader, or a failed start)
 
 
 _local = threading.local()
@@ -204,14 +209,7 @@ def _finish(step: _Step) -> None:
         if step.accepted is not None:
             tracker.accept(step.accepted, step.draft_length, step.batch_size, step.emitted)
         tracker.finish()
-    step.accepted = None
-    step.draft_length = None
-    step.batch_size = None
-    step.emitted = None
-    step.rows = None
-    step.waits = False
-    step.scheduled = None
-    step.grammar = None
+    step.clear()
 
 
 def _abort(step: _Step | None) -> None:
