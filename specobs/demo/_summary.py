@@ -42,6 +42,17 @@ class PhaseTime:
     share: float
 
 
+class _FromBreakdown:
+    """A number of the view's :class:`Breakdown`, read as an attribute of the view."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, view: DemoView, owner: type | None = None) -> float | None:
+        value: float | None = getattr(view.breakdown, self.name)
+        return value
+
+
 @dataclasses.dataclass(frozen=True)
 class DemoView:
     """One window of the demo: the :class:`Breakdown` (the numbers ``specobs top`` and the
@@ -63,13 +74,9 @@ class DemoView:
     def tokens_per_second(self) -> float:
         return self.breakdown.emitted_tokens_per_second or 0.0
 
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.breakdown.acceptance_rate
+    acceptance_rate = _FromBreakdown("acceptance_rate")
 
-    @property
-    def mean_accept_length(self) -> float | None:
-        return self.breakdown.mean_accept_length
+    mean_accept_length = _FromBreakdown("mean_accept_length")
 
     @property
     def per_position(self) -> tuple[float | None, ...]:
@@ -83,17 +90,11 @@ class DemoView:
         the labels ``specobs top`` and the report show."""
         return tuple(p for p, _ in self.breakdown.position_acceptance)
 
-    @property
-    def batch_size_mean(self) -> float | None:
-        return self.breakdown.mean_batch_size
+    batch_size_mean = _FromBreakdown("mean_batch_size")
 
-    @property
-    def sequence_tokens_per_second(self) -> float | None:
-        return self.breakdown.sequence_tokens_per_second
+    sequence_tokens_per_second = _FromBreakdown("sequence_tokens_per_second")
 
-    @property
-    def baseline_tokens_per_second(self) -> float | None:
-        return self.breakdown.baseline_tokens_per_second
+    baseline_tokens_per_second = _FromBreakdown("baseline_tokens_per_second")
 
     @property
     def gpu_sampling_interval(self) -> int:
