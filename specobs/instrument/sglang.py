@@ -430,27 +430,38 @@ class HookTarget:
 _V2, _ML, _FROZEN = V2_MODULE, MULTI_LAYER_MODULE, FROZEN_KV_MTP_MODULE
 _STEP, _EXTEND = "forward_batch_generation", "_draft_extend_for_decode"
 _COORDINATED = "_forward_dp_spec_prefill_coordination"
+
+
+def _hooks(module: str, owner: str, hooks: dict[str, Callable[..., Any]]) -> list[HookTarget]:
+    """The methods of one class specobs wraps: method name -> hook."""
+    return [HookTarget(module, owner, method, hook) for method, hook in hooks.items()]
+
+
 HOOK_TARGETS: tuple[HookTarget, ...] = (
-    HookTarget(_V2, "EAGLEWorkerV2", _STEP, around_decode_step),
-    HookTarget(_V2, "EAGLEWorkerV2", _COORDINATED, around_coordinated_step),
-    HookTarget(_V2, "EAGLEWorkerV2", "verify", around_verify),
-    HookTarget(_V2, "EagleDraftWorker", "draft", around_draft),
-    HookTarget(_V2, "EagleDraftWorker", _EXTEND, around_draft_extend),
-    HookTarget(_ML, "MultiLayerEagleWorkerV2", _STEP, around_plain_step),
-    HookTarget(_ML, "MultiLayerEagleWorkerV2", "verify", around_verify),
-    HookTarget(_ML, "MultiLayerEagleDraftWorker", "draft", around_draft),
-    HookTarget(_ML, "MultiLayerEagleDraftWorker", _EXTEND, around_draft_extend),
+    *_hooks(_V2, "EAGLEWorkerV2", {
+        _STEP: around_decode_step, _COORDINATED: around_coordinated_step, "verify": around_verify,
+    }),
+    *_hooks(_V2, "EagleDraftWorker", {"draft": around_draft, _EXTEND: around_draft_extend}),
+    *_hooks(_ML, "MultiLayerEagleWorkerV2", {_STEP: around_plain_step, "verify": around_verify}),
+    *_hooks(_ML, "MultiLayerEagleDraftWorker", {
+        "draft": around_draft, _EXTEND: around_draft_extend,
+    }),
     # FrozenKVMTPWorkerV2 inherits EAGLEWorkerV2.verify (hooked above: its module imports V2's).
-    HookTarget(_FROZEN, "FrozenKVMTPWorkerV2", _STEP, around_plain_step),
-    HookTarget(_FROZEN, "FrozenKVMTPDraftWorker", "draft", around_draft),
-    HookTarget(_FROZEN, "FrozenKVMTPDraftWorker", _EXTEND, around_draft_extend),
-    HookTarget(NGRAM_MODULE, "NGRAMWorker", _STEP, around_ngram_step),
-    HookTarget(NGRAM_MODULE, "NGRAMWorker", "_prepare_for_speculative_decoding", around_draft),
-    HookTarget(NGRAM_MODULE, "NGRAMWorker", "_update_ngram_corpus", around_draft_extend),
-    HookTarget(V1_MODULE, "EAGLEWorker", _STEP, around_plain_step),
-    HookTarget(V1_MODULE, "EAGLEWorker", "draft", around_draft),
-    HookTarget(V1_MODULE, "EAGLEWorker", "verify", around_verify),
-    HookTarget(V1_MODULE, "EAGLEWorker", "forward_draft_extend_after_decode", around_draft_extend),
+    *_hooks(_FROZEN, "FrozenKVMTPWorkerV2", {_STEP: around_plain_step}),
+    *_hooks(_FROZEN, "FrozenKVMTPDraftWorker", {
+        "draft": around_draft, _EXTEND: around_draft_extend,
+    }),
+    *_hooks(NGRAM_MODULE, "NGRAMWorker", {
+        _STEP: around_ngram_step,
+        "_prepare_for_speculative_decoding": around_draft,
+        "_update_ngram_corpus": around_draft_extend,
+    }),
+    *_hooks(V1_MODULE, "EAGLEWorker", {
+        _STEP: around_plain_step,
+        "draft": around_draft,
+        "verify": around_verify,
+        "forward_draft_extend_after_decode": around_draft_extend,
+    }),
 )
 """Every method specobs wraps, in every release of the supported range that has it."""
 
