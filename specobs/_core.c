@@ -200,11 +200,12 @@ ring_now(Ring *r)
     return now_ns();
 }
 
-/* The ring's lock. Taken with the GIL held, except by the walk, which drain_into lets go of the
- * GIL for after it made sure of the lock here: so a ring whose lock a thread lost in a fork is
- * given a new one by the one thread the child has, before anyone waits on it. */
+/* The ring's lock, made (anew in a forked child, whose lock a lost thread may hold) by
+ * lock_made, always with the GIL held: by ring_lock, which everyone but the walk takes with the
+ * GIL, and by drain_into before it lets go of the GIL for the walk, so one thread makes it
+ * before anyone waits on it. */
 static inline void
-ring_lock(Ring *r)
+lock_made(Ring *r)
 {
     /* mu_gen is 0 until the lock is first made (a new ring is zeroed), then the generation + 1 */
     uint64_t gen = __atomic_load_n(&g_fork_gen, __ATOMIC_RELAXED) + 1;
@@ -212,6 +213,12 @@ ring_lock(Ring *r)
         pthread_mutex_init(&r->mu, NULL);
         r->mu_gen = gen;
     }
+}
+
+static inline void
+ring_lock(Ring *r)
+{
+    lock_made(r);
     pthread_mutex_lock(&r->mu);
 }
 
@@ -1877,13 +1884,14 @@ add_batch(Ring *r, Totals *t, const Slot *s)
 /* Whether a done cycle is one the walk without the GIL can take, bound, traces and slowness
  * aside: nothing but numbers, or a native copy of the clock's pinned type to read. */
 static inline int
-walkable(Ring *r, Slot *s)
+walkable(const Slot *s, const void *copy_type)
 {
     if (s->ev || s->acc || s->emitted || s->batch_obj)
         return 0;
     if (s->copy == NULL)
         return !s->draft && !s->has_obj_acc;
-    return s->cptr != NULL && s->ck >= 0 && (PyObject *)Py_TYPE(s->copy) == r->copy_type;
+    return s->cptr != NULL && s->ck >= 0 && s->nseq < 0 && s->clen <= NATIVE_MAX_SEQ
+           && (s->cisz == 4 || s->cisz == 8) && (const void *)Py_TYPE(s->copy) == copy_type;
 }
 
 /* The drain itself: consume the done cycles with index < bound, at most ``limit``, into ``t``;
@@ -1903,7 +1911,7 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
         /* drain_into: the walk without the GIL takes over again at the next cycle it can
          * take, once this drain took one (so every round takes at least one). */
         if (yield_to_walk && n > 0 && STATE(s) == SLOT_DONE && r->waiting >= NOGIL_MIN
-            && walkable(r, s))
+            && walkable(s, r->copy_type))
             break;
         if (STATE(s) == SLOT_VOID) {
             slot_drop_held(r, s);
@@ -2006,17 +2014,11 @@ static int
 walk_takes(Ring *r, Slot *s, int64_t bound, int64_t next_trace, int64_t slow_ns,
            const void *copy_type)
 {
-    if (s->ev != NULL || s->acc != NULL || s->emitted != NULL || s->batch_obj != NULL
-        || s->idx >= bound || s->idx >= next_trace)
+    if (!walkable(s, copy_type) || s->idx >= bound || s->idx >= next_trace)
         return 0;
     if (slow_ns >= 0 && s->ts[r->nph] - s->ts[0] >= slow_ns)
         return 0; /* traced as slow */
-    if (s->copy == NULL)
-        return s->draft == NULL && !s->has_obj_acc;
-    if (s->cptr == NULL || s->ck < 0 || s->nseq >= 0 || s->clen > NATIVE_MAX_SEQ
-        || (const void *)Py_TYPE(s->copy) != copy_type || (s->cisz != 4 && s->cisz != 8))
-        return 0;
-    for (int32_t i = 0; i < s->clen; i++) {
+    for (int32_t i = 0; s->copy != NULL && i < s->clen; i++) {
         int64_t v = copy_value(s, i);
         if (v < 0 || v > s->ck)
             return 0; /* out of range: the resolver's validation says which */
@@ -2140,8 +2142,7 @@ drain_nogil(Ring *r, long long bound, Py_ssize_t limit, PyObject *trace, long lo
     const void *copy_type = r->copy_type;
     Py_ssize_t npc = 0, npd = 0, n;
     int64_t total = 0, cpu;
-    ring_lock(r); /* here, with the GIL: a new lock after a fork is made by one thread */
-    ring_unlock(r);
+    lock_made(r); /* here, with the GIL: a new lock after a fork is made by one thread */
     Py_BEGIN_ALLOW_THREADS
     cpu = thread_cpu_ns();
     if (r->walk_count == 0)
@@ -2149,7 +2150,7 @@ drain_nogil(Ring *r, long long bound, Py_ssize_t limit, PyObject *trace, long lo
     else if (cpu - r->walk_cpu_in > r->walk_hold_ns)
         r->walk_hold_ns = cpu - r->walk_cpu_in;
     r->walk_count++;
-    ring_lock(r);
+    pthread_mutex_lock(&r->mu); /* made already (lock_made, with the GIL) */
     n = walk_nogil(r, r->totals, bound, cap, next_trace, slow_ns, copy_type, park, &npc,
                    park + cap, &npd, &total);
     ring_unlock(r);
