@@ -335,6 +335,24 @@ def _cases() -> list[_Case]:
 
     p0, p1, p2, p3 = pod(1), pod(2), pod(3), pod(4)
     m0 = pod(9, MISTRAL, "mistral")
+
+    def outlier(changed: ServerState) -> list[dict[str, str]]:
+        """Four pods of one model, healthy for an hour; then the fourth is ``changed``."""
+        return fleet(
+            *(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
+            series((healthy, hour), (changed, hour), labels=p3),
+        )
+
+    def new_pods(changed: ServerState) -> list[dict[str, str]]:
+        """A rollout: two healthy pods of one model for 90 minutes, replaced by two new pods
+        that are ``changed`` for an hour."""
+        return fleet(
+            series((healthy, 90), labels=p0),
+            series((healthy, 90), labels=p1),
+            series((changed, hour), labels=p2, start=90),
+            series((changed, hour), labels=p3, start=90),
+        )
+
     server = dict(LABELS)
     cases: list[_Case] = []
     a = AlertNames.ACCEPTANCE_BELOW_COHORT
@@ -355,10 +373,7 @@ def _cases() -> list[_Case]:
         ),
         _Case(
             "one outlier of four pods loses its draft: acceptance below cohort fires",
-            fleet(
-                *(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
-                series((healthy, hour), (wrong_layers, hour), labels=p3),
-            ),
+            outlier(wrong_layers),
             [("67m", a, []), ("67m30s", a, [(p3, "19%")])],
             fault_at="60m",
         ),
@@ -374,18 +389,11 @@ def _cases() -> list[_Case]:
         ),
     ]
     a = AlertNames.ACCEPTANCE_RATE_DROP
-    rollout = fleet(
-        series((healthy, 90), labels=p0),
-        series((healthy, 90), labels=p1),
-        series((broken, hour), labels=p2, start=90),
-        series((broken, hour), labels=p3, start=90),
-        series((healthy, 150), labels=m0),
-    )
     cases += [
         _Case(
             "a whole rollout degrades one model (new pods, broken draft): acceptance drop fires "
             "for that model only",
-            rollout,
+            fleet(new_pods(broken), series((healthy, 150), labels=m0)),
             [
                 ("97m", a, []),
                 ("97m30s", a, [(_cohort(p0), "10%")]),
@@ -412,19 +420,13 @@ def _cases() -> list[_Case]:
     cases += [
         _Case(
             "one pod's cycle time doubles at the fleet's load: throughput below cohort fires",
-            fleet(
-                *(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
-                series((healthy, hour), (slow, hour), labels=p3),
-            ),
+            outlier(slow),
             [("68m", a, []), ("68m30s", a, [(p3, "150.0")])],
             fault_at="60m",
         ),
         _Case(
             "one pod gets four times the batch (load, not a fault): throughput below cohort silent",
-            fleet(
-                *(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
-                series((healthy, hour), (load_rise, hour), labels=p3),
-            ),
+            outlier(load_rise),
             [("70m", a, []), ("110m", a, [])],
         ),
     ]
@@ -432,12 +434,7 @@ def _cases() -> list[_Case]:
     cases += [
         _Case(
             "a rollout slows every pod of one model (new pods): cohort throughput drop fires",
-            fleet(
-                series((healthy, 90), labels=p0),
-                series((healthy, 90), labels=p1),
-                series((slow, hour), labels=p2, start=90),
-                series((slow, hour), labels=p3, start=90),
-            ),
+            new_pods(slow),
             [("104m", a, []), ("104m30s", a, [(_cohort(p0), "150.0")])],
             fault_at="90m",
         ),
@@ -493,10 +490,7 @@ def _cases() -> list[_Case]:
     cases += [
         _Case(
             "verify doubles on one pod at the fleet's batch size: phase above cohort fires",
-            fleet(
-                *(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
-                series((healthy, hour), (verify_slow, hour), labels=p3),
-            ),
+            outlier(verify_slow),
             [
                 ("67m30s", a, []),
                 ("68m", a, [({**p3, "phase": "verify", "clock": "gpu"}, "12ms")]),
@@ -505,10 +499,7 @@ def _cases() -> list[_Case]:
         ),
         _Case(
             "verify doubles on one pod because its batch doubled: phase above cohort silent",
-            fleet(
-                *(series((healthy, 2 * hour), labels=p) for p in (p0, p1, p2)),
-                series((healthy, hour), (verify_slow_bigger_batch, hour), labels=p3),
-            ),
+            outlier(verify_slow_bigger_batch),
             [("70m", a, []), ("110m", a, [])],
         ),
     ]
