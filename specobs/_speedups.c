@@ -115,6 +115,22 @@ count_list(const Py_ssize_t *counts, Py_ssize_t n)
     return lst;
 }
 
+/* Reads ``bounds_obj`` into ``b`` and returns a zeroed table of ``rows`` rows of b->n + 1 counts
+ * (the last one +Inf); the caller frees both. NULL with an exception set, and nothing to free,
+ * when the bounds are not strictly increasing floats or memory ran out. */
+static Py_ssize_t *
+count_table(PyObject *bounds_obj, Py_ssize_t rows, Bounds *b)
+{
+    if (read_bounds(bounds_obj, b) < 0)
+        return NULL;
+    Py_ssize_t *counts = PyMem_Calloc((size_t)(rows * (b->n + 1)), sizeof(Py_ssize_t));
+    if (counts == NULL) {
+        PyMem_Free(b->v);
+        PyErr_NoMemory();
+    }
+    return counts;
+}
+
 /* (counts list, sum int) from a row of counts and a sum. */
 static PyObject *
 bucketed(const Py_ssize_t *counts, Py_ssize_t nb, long long sum)
@@ -146,14 +162,10 @@ bucket(PyObject *Py_UNUSED(self), PyObject *args)
     if (!PyArg_ParseTuple(args, "O!Od:bucket", &PyList_Type, &values, &bounds_obj, &scale))
         return NULL;
     Bounds b;
-    if (read_bounds(bounds_obj, &b) < 0)
+    Py_ssize_t *counts = count_table(bounds_obj, 1, &b);
+    if (counts == NULL)
         return NULL;
     Py_ssize_t nb = b.n + 1;
-    Py_ssize_t *counts = PyMem_Calloc((size_t)nb, sizeof(Py_ssize_t));
-    if (counts == NULL) {
-        PyMem_Free(b.v);
-        return PyErr_NoMemory();
-    }
     long long sum = 0;
     PyObject *result = NULL;
     Py_ssize_t n = PyList_GET_SIZE(values);
@@ -187,15 +199,15 @@ host_chunk(PyObject *Py_UNUSED(self), PyObject *args)
         PyErr_SetString(PyExc_ValueError, "nphases must be 1..64");
         return NULL;
     }
+    Py_ssize_t nh = nph + 1; /* the phases, then the whole cycle */
     Bounds b;
-    if (read_bounds(bounds_obj, &b) < 0)
+    Py_ssize_t *counts = count_table(bounds_obj, nh, &b);
+    if (counts == NULL)
         return NULL;
     Py_ssize_t nb = b.n + 1;
-    Py_ssize_t nh = nph + 1; /* the phases, then the whole cycle */
-    Py_ssize_t *counts = PyMem_Calloc((size_t)(nh * nb), sizeof(Py_ssize_t));
     long long *sums = PyMem_Calloc((size_t)nh, sizeof(long long));
     PyObject *result = NULL, *hists = NULL;
-    if (counts == NULL || sums == NULL) {
+    if (sums == NULL) {
         PyErr_NoMemory();
         goto done;
     }
