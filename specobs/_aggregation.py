@@ -287,8 +287,10 @@ class Aggregation:
             t = ring.totals() if ring is not None else None
             nph = len(self.phases)
             phase_h: dict[tuple[str, str], HistogramData] = {}
+            # The ring's totals hold the GPU times of the sampled cycles it read itself.
+            gpu_t = t[10] if t is not None and len(t) > 10 else None
             for i, p in enumerate(self.phases):
-                phase_h[(p, "gpu")] = self.phase_gpu[i].freeze()
+                phase_h[(p, "gpu")] = self.phase_gpu[i].freeze(gpu_t[i] if gpu_t else None)
                 phase_h[(p, "host")] = self.phase_host[i].freeze(t[1][i] if t else None)
             cycles, drafted, accepted, emitted = (
                 self.cycles, self.draft_tokens, self.accepted_tokens, self.emitted_tokens)
@@ -297,6 +299,8 @@ class Aggregation:
             accept_length = self.accept_length.freeze()
             batch_size = self.batch_size.freeze()
             cycle_host = self.cycle_host.freeze(t[1][nph] if t else None)
+            cycle_gpu = self.cycle_gpu.freeze(gpu_t[nph] if gpu_t else None)
+            sampled = self.sampled_cycles + (sum(gpu_t[nph][0]) if gpu_t else 0)
             if t is not None:
                 cycles += t[0]
                 accept_length = self.accept_length.freeze((t[2], t[3]), 1.0)
@@ -320,9 +324,9 @@ class Aggregation:
                 draft_tokens_total=drafted,
                 accepted_tokens_total=accepted,
                 emitted_tokens_total=emitted,
-                sampled_cycles_total=self.sampled_cycles,
+                sampled_cycles_total=sampled,
                 phase_histograms=phase_h,
-                cycle_histograms={"gpu": self.cycle_gpu.freeze(), "host": cycle_host},
+                cycle_histograms={"gpu": cycle_gpu, "host": cycle_host},
                 accept_length=accept_length,
                 drafted_by_position=tuple(
                     sum(drafted_by_k[j + 1 :]) for j in range(self.max_draft_length)

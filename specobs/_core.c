@@ -26,6 +26,7 @@
 #include <pthread.h>
 #include <structmember.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 
@@ -108,6 +109,11 @@ typedef struct {
     void *cptr;
     int32_t cisz, clen, ck;
     int32_t cfenced; /* the native copy recorded its slot's event (else: the sentinel only) */
+    /* A sampled cycle's events as the runtime's handles (``cudaEvent_t``), read from the event
+     * objects by the resolver with the GIL (``fill_handles``) so that the walk without it can
+     * read their times: ``evn`` is how many (the phases + 1), 0 not read yet, -1 unusable. */
+    int32_t evn;
+    uint64_t evh[MAX_PHASES + 1];
 } Slot;
 
 struct Totals;
@@ -158,6 +164,14 @@ typedef struct {
     pthread_mutex_t mu;
     uint64_t mu_gen;
     int64_t nogil_cycles, nogil_walks, nogil_ns;
+    /* Sampled cycles' GPU times read here, without Python (``set_native_events``): the
+     * runtime's cudaEventElapsedTime and cudaGetLastError, and the one thread they are read on
+     * (the resolver's, whose current device the clock set). How many cycles were read so, and
+     * the worker's ns recording their events (what the sampler weighs). */
+    int (*ne_elapsed)(float *, void *, void *);
+    int (*ne_lasterr)(void);
+    unsigned long ne_thread;
+    int64_t ne_cycles, ne_cost;
     /* The last drain_into's walks, on the thread's CPU clock (what time.thread_time_ns reads):
      * when it first let go of the GIL, when it last took it back, the longest stretch it held
      * the GIL between two walks, how many walks (0: it held the GIL throughout). */
@@ -228,6 +242,7 @@ ring_unlock(Ring *r)
     pthread_mutex_unlock(&r->mu);
 }
 
+static PyObject *s_cuda_event;
 static PyObject *s_ptr, *s_itemsize, *s_length, *s_fenced, *s_sentinel, *s_free;
 static PyObject *s_misuse, *s_misuse_mark, *s_misuse_end, *s_internal_error, *s_queue_full,
     *s_wake, *s_sample, *s_try_clock, *s_copy_to_host, *s_tolist, *s_is_cuda, *s_numel,
@@ -1235,6 +1250,7 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     s->has_obj_acc = 0;
     s->batch = -1;
     s->cost = 0;
+    s->evn = 0;
     int64_t idx = r->begun++;
     s->idx = idx;
     if (batch != Py_None)
@@ -1827,6 +1843,8 @@ done:
 typedef struct Totals {
     int64_t host[(MAX_PHASES + 1) * (MAX_BOUNDS + 1)];
     int64_t hsum[MAX_PHASES + 1];
+    int64_t gpu[(MAX_PHASES + 1) * (MAX_BOUNDS + 1)]; /* sampled cycles read natively */
+    int64_t gsum[MAX_PHASES + 1];
     int64_t lcounts[256];
     int64_t bcounts[MAX_BOUNDS + 1];
     int64_t kseq[256];
@@ -1851,6 +1869,45 @@ add_host(Ring *r, Totals *t, const int64_t *ts)
     t->last = ts[nph];
     t->cycles++;
     return tot;
+}
+
+/* A sampled cycle's GPU phase times (``g``, their sum ``sum``), read natively. */
+static inline void
+add_gpu(Ring *r, Totals *t, const int64_t *g, int64_t sum)
+{
+    int nph = r->nph, nb = r->ndb + 1;
+    for (int i = 0; i < nph; i++) {
+        t->gpu[i * nb + bucket_of(r->dbounds, r->ndb, (double)g[i] * 1e-9)]++;
+        t->gsum[i] += g[i];
+    }
+    t->gpu[nph * nb + bucket_of(r->dbounds, r->ndb, (double)sum * 1e-9)]++;
+    t->gsum[nph] += sum;
+}
+
+/* A sampled cycle's GPU phase times through the runtime (every event of it completed: the
+ * poll's bound says so), as the clock's ``elapsed_ns`` reads them: milliseconds as a float,
+ * rounded half to even to integer ns. Calls no Python API. -1 when the runtime refuses one
+ * or a time is negative (the resolver reads those in Python, and says why). */
+static int
+read_gpu(Ring *r, const Slot *s, int64_t *g, int64_t *sum)
+{
+    int64_t tot = 0;
+    for (int i = 0; i < r->nph; i++) {
+        float ms = 0.0f;
+        if (r->ne_elapsed(&ms, (void *)(uintptr_t)s->evh[i], (void *)(uintptr_t)s->evh[i + 1])
+            != 0) {
+            if (r->ne_lasterr != NULL)
+                r->ne_lasterr(); /* not left for the engine's next launch check */
+            return -1;
+        }
+        double ns = nearbyint((double)ms * 1e6);
+        if (!(ns >= 0.0 && ns < 9.0e18))
+            return -1;
+        g[i] = (int64_t)ns;
+        tot += g[i];
+    }
+    *sum = tot;
+    return 0;
 }
 
 static inline void
@@ -1882,12 +1939,16 @@ add_batch(Ring *r, Totals *t, const Slot *s)
 }
 
 /* Whether a done cycle is one the walk without the GIL can take, bound, traces and slowness
- * aside: nothing but numbers, or a native copy of the clock's pinned type to read. */
+ * aside: nothing but numbers, or a native copy of the clock's pinned type to read, or events
+ * whose handles it has and times it can read (``nev``: on this thread). */
 static inline int
-walkable(const Slot *s, const void *copy_type)
+walkable(const Ring *r, const Slot *s, int nev)
 {
-    if (s->ev || s->acc || s->emitted || s->batch_obj)
+    if (s->ev && !(nev && s->evn == r->nph + 1))
         return 0;
+    if (s->acc || s->emitted || s->batch_obj)
+        return 0;
+    const void *copy_type = r->copy_type;
     if (s->copy == NULL)
         return !s->draft && !s->has_obj_acc;
     return s->cptr != NULL && s->ck >= 0 && s->nseq < 0 && s->clen <= NATIVE_MAX_SEQ
@@ -1901,7 +1962,7 @@ walkable(const Slot *s, const void *copy_type)
 static int
 drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trace,
            long long slow_ns, int want_all, PyObject *details, PyObject *released,
-           Py_ssize_t *n_out, int64_t *total_out, int yield_to_walk)
+           Py_ssize_t *n_out, int64_t *total_out, int yield_to_walk, int nev)
 {
     int nph = r->nph;
     int64_t total = 0;
@@ -1911,7 +1972,7 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
         /* drain_into: the walk without the GIL takes over again at the next cycle it can
          * take, once this drain took one (so every round takes at least one). */
         if (yield_to_walk && n > 0 && STATE(s) == SLOT_DONE && r->waiting >= NOGIL_MIN
-            && walkable(s, r->copy_type))
+            && walkable(r, s, nev))
             break;
         if (STATE(s) == SLOT_VOID) {
             slot_drop_held(r, s);
@@ -1948,8 +2009,24 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
         }
         if (slow_ns >= 0 && s->ev == NULL && tot >= slow_ns) /* GPU-timed: by GPU time */
             traced = 1;
-        if (want_all || traced || py_batch || s->ev != NULL || s->copy != NULL || s->acc != NULL
-            || s->emitted != NULL) {
+        /* drain_into, on the thread the runtime reads on: a sampled cycle that needs Python
+         * for nothing else has its GPU times read here, into the totals, and its events go
+         * back to the resolver to release (a slow one stays a detail: it is traced). */
+        int gpu_read = 0;
+        if (nev && s->ev != NULL && s->evn == nph + 1 && !want_all && !traced && !py_batch
+            && s->copy == NULL && s->acc == NULL && s->emitted == NULL) {
+            int64_t g[MAX_PHASES], gsum;
+            if (read_gpu(r, s, g, &gsum) == 0 && !(slow_ns >= 0 && gsum >= slow_ns)
+                && PyList_Append(released, s->ev) == 0) {
+                add_gpu(r, t, g, gsum);
+                r->ne_cycles++;
+                r->ne_cost += s->cost;
+                gpu_read = 1;
+            }
+            PyErr_Clear();
+        }
+        if (want_all || traced || py_batch || (s->ev != NULL && !gpu_read) || s->copy != NULL
+            || s->acc != NULL || s->emitted != NULL) {
             PyObject *d = slot_detail(s, nph, traced);
             if (d == NULL || PyList_Append(details, d) < 0) {
                 Py_XDECREF(d);
@@ -1983,16 +2060,6 @@ thread_cpu_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* The drain's common case, walked with the GIL let go and the ring's lock held: the done
- * cycles from the tail that hold nothing but numbers (stamps, a batch size, acceptance stored
- * natively), or a native CUDA acceptance copy (``cptr``) of the clock's pinned type that has
- * completed (index < bound) and whose values are all in 0..its draft length. It stops at the
- * first cycle that needs Python: events, objects kept for validation, a copy it cannot read
- * natively, a cycle picked for a trace (``next_trace``) or slow (``slow_ns``), an open slot. Adds
- * to ``t`` exactly what drain_loop would. Touches no Python object's reference count and calls
- * no Python API: a copy read here, and its draft-length object, are parked in ``pc`` / ``pd``
- * (their references moved there) for the caller to hand back once it holds the GIL again.
- * Returns the cycles taken; ``*total_out`` is the sum of their host cycle times. */
 /* One value of a native copy's pinned buffer. */
 static inline int64_t
 copy_value(const Slot *s, int32_t i)
@@ -2011,12 +2078,16 @@ copy_value(const Slot *s, int32_t i)
  * let go only for a walk that takes one at least) and during the walk. Reads the slot and a
  * native copy's pinned buffer, nothing else. */
 static int
-walk_takes(Ring *r, Slot *s, int64_t bound, int64_t next_trace, int64_t slow_ns,
-           const void *copy_type)
+walk_takes(Ring *r, Slot *s, int64_t bound, int64_t next_trace, int64_t slow_ns, int nev,
+           int64_t *g, int64_t *gsum)
 {
-    if (!walkable(s, copy_type) || s->idx >= bound || s->idx >= next_trace)
+    if (!walkable(r, s, nev) || s->idx >= bound || s->idx >= next_trace)
         return 0;
-    if (slow_ns >= 0 && s->ts[r->nph] - s->ts[0] >= slow_ns)
+    if (s->ev != NULL) { /* sampled: its GPU times, and slow by those */
+        if (read_gpu(r, s, g, gsum) < 0 || (slow_ns >= 0 && *gsum >= slow_ns))
+            return 0;
+    }
+    else if (slow_ns >= 0 && s->ts[r->nph] - s->ts[0] >= slow_ns)
         return 0; /* traced as slow */
     for (int32_t i = 0; s->copy != NULL && i < s->clen; i++) {
         int64_t v = copy_value(s, i);
@@ -2026,21 +2097,29 @@ walk_takes(Ring *r, Slot *s, int64_t bound, int64_t next_trace, int64_t slow_ns,
     return 1;
 }
 
+/* What the walk parks for the caller to hand back once it holds the GIL again: the copies it
+ * read, their draft-length objects, the sampled cycles' event lists (references moved here). */
+typedef struct {
+    PyObject **copies, **drafts, **events;
+    Py_ssize_t ncopies, ndrafts, nevents, nheld;
+} Parked;
+
 /* The drain's common case, walked with the GIL let go and the ring's lock held: the done
  * cycles from the tail that ``walk_takes`` -- nothing but numbers (stamps, a batch size,
- * acceptance stored natively), or a completed native CUDA acceptance copy (index < bound) of
- * the clock's pinned type with every value in 0..its draft length -- stopping at the first
- * cycle that needs Python: events, objects kept for validation, a copy it cannot read, a cycle
- * picked for a trace (``next_trace``) or slow (``slow_ns``), an open slot. Adds to ``t``
- * exactly what drain_loop would. Calls no Python API and touches no reference count: a copy
- * read here, and its draft-length object, are parked in ``pc`` / ``pd`` (their references
+ * acceptance stored natively), a completed native CUDA acceptance copy (index < bound) of the
+ * clock's pinned type with every value in 0..its draft length, a sampled cycle whose events'
+ * handles it has (``nev``: their times are read here, on the thread the runtime was set up
+ * for) -- stopping at the first cycle that needs Python: events it cannot read, objects kept
+ * for validation, a copy it cannot read, a cycle picked for a trace (``next_trace``) or slow
+ * (``slow_ns``: by GPU time when sampled), an open slot. Adds to ``t`` exactly what drain_loop
+ * would. Calls no Python API and touches no reference count: a copy read here, its
+ * draft-length object and a sampled cycle's event list are parked in ``pk`` (their references
  * moved there) for the caller to hand back once it holds the GIL again; a slot's length buffer
  * grows with the raw allocator, which needs no GIL. Returns the cycles taken; ``*total_out``
  * is the sum of their host cycle times. */
 static Py_ssize_t
 walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_trace,
-           int64_t slow_ns, const void *copy_type, PyObject **pc, Py_ssize_t *npc,
-           PyObject **pd, Py_ssize_t *npd, int64_t *total_out)
+           int64_t slow_ns, int nev, Parked *pk, int64_t *total_out)
 {
     Py_ssize_t n = 0;
     int64_t total = 0;
@@ -2054,8 +2133,10 @@ walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_tra
             STORE64(&r->tail, r->tail + 1);
             continue;
         }
-        if (st != SLOT_DONE || !walk_takes(r, s, bound, next_trace, slow_ns, copy_type))
+        int64_t g[MAX_PHASES], gsum = 0;
+        if (st != SLOT_DONE || !walk_takes(r, s, bound, next_trace, slow_ns, nev, g, &gsum))
             break;
+        pk->nheld += s->ev != NULL || s->copy != NULL;
         if (s->copy != NULL) {
             int32_t m = s->clen;
             if (m > s->lcap) {
@@ -2063,8 +2144,10 @@ walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_tra
                 while (cap < m)
                     cap *= 2;
                 uint8_t *p = PyMem_RawRealloc(s->lens, (size_t)cap);
-                if (p == NULL)
+                if (p == NULL) {
+                    pk->nheld -= 1;
                     break; /* the drain with the GIL reads it, and reports the memory */
+                }
                 s->lens = p;
                 s->lcap = cap;
             }
@@ -2078,13 +2161,21 @@ walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_tra
             s->k = s->ck;
             s->accsum = sum;
             s->has_obj_acc = 0;
-            pc[(*npc)++] = s->copy;
+            pk->copies[pk->ncopies++] = s->copy;
             s->copy = NULL;
             s->cptr = NULL;
             if (s->draft != NULL) {
-                pd[(*npd)++] = s->draft;
+                pk->drafts[pk->ndrafts++] = s->draft;
                 s->draft = NULL;
             }
+        }
+        if (s->ev != NULL) {
+            add_gpu(r, t, g, gsum);
+            r->ne_cycles++;
+            r->ne_cost += s->cost;
+            pk->events[pk->nevents++] = s->ev;
+            s->ev = NULL;
+            s->evn = 0;
         }
         total += add_host(r, t, s->ts);
         add_acceptance(t, s);
@@ -2097,12 +2188,52 @@ walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_tra
     return n;
 }
 
+/* With the GIL, before a walk: the runtime's handles of the waiting sampled cycles' events
+ * (at most ``limit`` from the tail), read from the event objects. Reading an attribute may run
+ * Python code, during which the worker may reuse a slot: a handle is kept only if its slot
+ * still holds the same events of the same cycle afterwards. */
+static void
+fill_handles(Ring *r, Py_ssize_t limit)
+{
+    int nph = r->nph;
+    uint64_t p = r->tail;
+    for (Py_ssize_t i = 0; i < limit && p != r->head; i++, p++) {
+        Slot *s = &r->slots[p % (uint64_t)r->nslots];
+        if (s->ev == NULL || s->evn != 0 || STATE(s) != SLOT_DONE)
+            continue;
+        PyObject *ev = s->ev;
+        int64_t idx = s->idx;
+        uint64_t h[MAX_PHASES + 1];
+        int32_t got = PyList_CheckExact(ev) && PyList_GET_SIZE(ev) == nph + 1 ? nph + 1 : -1;
+        Py_INCREF(ev);
+        for (int j = 0; got > 0 && j <= nph; j++) {
+            PyObject *o = PyObject_GetAttr(PyList_GET_ITEM(ev, j), s_cuda_event);
+            unsigned long long v = o != NULL ? PyLong_AsUnsignedLongLong(o) : 0;
+            Py_XDECREF(o);
+            if (PyErr_Occurred() || v == 0) {
+                PyErr_Clear();
+                got = -1;
+            }
+            else
+                h[j] = v;
+            if (PyList_GET_SIZE(ev) != nph + 1)
+                got = -1;
+        }
+        if (s->ev == ev && s->idx == idx && STATE(s) == SLOT_DONE) {
+            if (got > 0)
+                memcpy(s->evh, h, sizeof(uint64_t) * (size_t)got);
+            s->evn = got;
+        }
+        Py_DECREF(ev);
+    }
+}
+
 /* The walk above for drain_into, when enough cycles wait and the first one is for it: the GIL
  * let go for the walk, the parked references handed back after. Returns the cycles taken, or -1
  * on an error (the walk itself cannot fail; allocating its parking can). */
 static Py_ssize_t
 drain_nogil(Ring *r, long long bound, Py_ssize_t limit, PyObject *trace, long long slow_ns,
-            PyObject *released, int64_t *total_out)
+            int nev, PyObject *released, int64_t *total_out)
 {
     *total_out = 0;
     Py_ssize_t cap = limit < r->waiting ? limit : r->waiting;
@@ -2132,15 +2263,16 @@ drain_nogil(Ring *r, long long bound, Py_ssize_t limit, PyObject *trace, long lo
             break;
         }
     }
-    if (!walk_takes(r, first, bound, next_trace, slow_ns, r->copy_type))
+    int64_t g[MAX_PHASES], gsum;
+    if (!walk_takes(r, first, bound, next_trace, slow_ns, nev, g, &gsum))
         return 0;
-    PyObject **park = PyMem_Malloc(sizeof(PyObject *) * 2 * (size_t)cap);
+    PyObject **park = PyMem_Malloc(sizeof(PyObject *) * 3 * (size_t)cap);
     if (park == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    const void *copy_type = r->copy_type;
-    Py_ssize_t npc = 0, npd = 0, n;
+    Parked pk = {park, park + cap, park + 2 * cap, 0, 0, 0, 0};
+    Py_ssize_t n;
     int64_t total = 0, cpu;
     lock_made(r); /* here, with the GIL: a new lock after a fork is made by one thread */
     Py_BEGIN_ALLOW_THREADS
@@ -2151,22 +2283,22 @@ drain_nogil(Ring *r, long long bound, Py_ssize_t limit, PyObject *trace, long lo
         r->walk_hold_ns = cpu - r->walk_cpu_in;
     r->walk_count++;
     pthread_mutex_lock(&r->mu); /* made already (lock_made, with the GIL) */
-    n = walk_nogil(r, r->totals, bound, cap, next_trace, slow_ns, copy_type, park, &npc,
-                   park + cap, &npd, &total);
+    n = walk_nogil(r, r->totals, bound, cap, next_trace, slow_ns, nev, &pk, &total);
     ring_unlock(r);
     r->walk_cpu_in = thread_cpu_ns();
     cpu = r->walk_cpu_in - cpu;
     Py_END_ALLOW_THREADS
     r->waiting -= n;
-    r->nheld -= npc; /* every copy the walk read was a held cycle's (it takes none with events) */
+    r->nheld -= pk.nheld;
     r->nogil_cycles += n;
     r->nogil_walks++;
     r->nogil_ns += cpu;
     int rc = 0;
     /* Back under the GIL: the copies read go back to their pools (what their ``release``
-     * does), else to the resolver; the draft lengths are let go of. */
-    for (Py_ssize_t i = 0; i < npc; i++) {
-        PyObject *copy = park[i];
+     * does), else to the resolver; the events to the resolver, which releases them to the
+     * clock; the draft lengths are let go of. */
+    for (Py_ssize_t i = 0; i < pk.ncopies; i++) {
+        PyObject *copy = pk.copies[i];
         PyObject *pool = PyObject_GetAttr(copy, s_free);
         int back = pool != NULL && PyList_CheckExact(pool) ? PyList_Append(pool, copy)
                                                              : PyList_Append(released, copy);
@@ -2177,8 +2309,13 @@ drain_nogil(Ring *r, long long bound, Py_ssize_t limit, PyObject *trace, long lo
             rc = -1;
         Py_DECREF(copy);
     }
-    for (Py_ssize_t i = 0; i < npd; i++)
-        Py_DECREF(park[cap + i]);
+    for (Py_ssize_t i = 0; i < pk.nevents; i++) {
+        if (PyList_Append(released, pk.events[i]) < 0)
+            rc = -1;
+        Py_DECREF(pk.events[i]);
+    }
+    for (Py_ssize_t i = 0; i < pk.ndrafts; i++)
+        Py_DECREF(pk.drafts[i]);
     PyMem_Free(park);
     *total_out = total;
     return rc < 0 ? -1 : n;
@@ -2280,7 +2417,7 @@ Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     Deferral d;
     defer_begin(&d);
     int rc = drain_loop(r, t, bound, limit, args[2], slow_ns, want_all, details, released, &n,
-                        &total, 0);
+                        &total, 0, 0);
     defer_end(&d);
     if (rc < 0)
         goto done;
@@ -2321,6 +2458,9 @@ Ring_drain_into(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     PyObject *details = PyList_New(0), *released = PyList_New(0), *out = NULL;
     int rc = details != NULL && released != NULL ? 0 : -1;
     int walk = !want_all;
+    /* Sampled cycles' GPU times are read natively only on the thread the clock set up for
+     * them (the resolver's: its current device is the clock's). */
+    int nev = r->ne_elapsed != NULL && r->ne_thread == PyThread_get_thread_ident();
     r->walk_count = r->walk_hold_ns = 0;
     /* Only the cycles begun before this call: one a finalizer run between two rounds begins
      * waits for the next drain, as it does when the drain is one pass. */
@@ -2330,7 +2470,9 @@ Ring_drain_into(Ring *r, PyObject *const *args, Py_ssize_t nargs)
      * need Python, until the chunk is full or nothing more is ready. */
     while (rc == 0 && n < limit) {
         int64_t wtotal = 0, gtotal = 0;
-        Py_ssize_t nw = walk ? drain_nogil(r, bound, limit - n, args[2], slow_ns, released,
+        if (nev && r->nheld > 0)
+            fill_handles(r, limit - n);
+        Py_ssize_t nw = walk ? drain_nogil(r, bound, limit - n, args[2], slow_ns, nev, released,
                                            &wtotal) : 0;
         if (nw < 0) {
             nw = 0;
@@ -2344,7 +2486,7 @@ Ring_drain_into(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         Deferral d;
         defer_begin(&d);
         rc = drain_loop(r, r->totals, bound, limit - n, args[2], slow_ns, want_all, details,
-                        released, &ng, &gtotal, walk);
+                        released, &ng, &gtotal, walk, nev);
         defer_end(&d);
         n += ng;
         total += gtotal;
@@ -2361,7 +2503,7 @@ Ring_drain_into(Ring *r, PyObject *const *args, Py_ssize_t nargs)
 
 /* The running totals of ``drain_into``: (cycles, host, length counts, accepted, drafted,
  * emitted, {draft length: sequences}, batch (counts, sum), batch count, last end stamp or
- * None). */
+ * None, GPU [(counts, sum)] per phase then the cycle: the sampled cycles it read itself). */
 static PyObject *
 Ring_totals(Ring *r, PyObject *Py_UNUSED(ignored))
 {
@@ -2377,11 +2519,25 @@ Ring_totals(Ring *r, PyObject *Py_UNUSED(ignored))
         PyMem_Free(t);
         return NULL;
     }
+    int nph = r->nph, nb = r->ndb + 1;
+    PyObject *gl = PyList_New(nph + 1);
+    for (int i = 0; gl != NULL && i <= nph; i++) {
+        PyObject *b = bucketed(&t->gpu[i * nb], nb, t->gsum[i]);
+        if (b == NULL)
+            Py_CLEAR(gl);
+        else
+            PyList_SET_ITEM(gl, i, b);
+    }
+    if (gl == NULL) {
+        Py_DECREF(tt);
+        PyMem_Free(t);
+        return NULL;
+    }
     PyObject *out = Py_BuildValue(
-        "(LOOOOOOOON)", (long long)t->cycles, PyTuple_GET_ITEM(tt, 0), PyTuple_GET_ITEM(tt, 1),
+        "(LOOOOOOOONN)", (long long)t->cycles, PyTuple_GET_ITEM(tt, 0), PyTuple_GET_ITEM(tt, 1),
         PyTuple_GET_ITEM(tt, 2), PyTuple_GET_ITEM(tt, 3), PyTuple_GET_ITEM(tt, 4),
         PyTuple_GET_ITEM(tt, 5), PyTuple_GET_ITEM(tt, 6), PyTuple_GET_ITEM(tt, 7),
-        t->cycles ? PyLong_FromLongLong(t->last) : (Py_INCREF(Py_None), Py_None));
+        t->cycles ? PyLong_FromLongLong(t->last) : (Py_INCREF(Py_None), Py_None), gl);
     Py_DECREF(tt);
     PyMem_Free(t);
     return out;
@@ -2581,6 +2737,7 @@ Ring_clear(Ring *r)
     Py_CLEAR(r->nc_pools);
     Py_CLEAR(r->nc_stream_fn);
     r->nc_memcpy = NULL;
+    r->ne_elapsed = NULL;
     if (r->slots != NULL) {
         for (Py_ssize_t i = 0; i < r->nslots; i++) {
             Slot *s = &r->slots[i];
@@ -2736,6 +2893,10 @@ static PyMemberDef Ring_members[] = {
      "drains that let go of the GIL to walk the ring"},
     {"nogil_ns", T_LONGLONG, offsetof(Ring, nogil_ns), READONLY,
      "thread CPU those walks took, in ns: none of it with the GIL held"},
+    {"native_gpu_cycles", T_LONGLONG, offsetof(Ring, ne_cycles), READONLY,
+     "sampled cycles whose GPU times drain_into read itself (set_native_events)"},
+    {"native_gpu_cost", T_LONGLONG, offsetof(Ring, ne_cost), READONLY,
+     "the worker's ns recording those cycles' events"},
     {"writer", T_ULONG, offsetof(Ring, writer), READONLY,
      "native id of the thread that began the last cycle (0: none yet, or not known)"},
     {NULL, 0, 0, 0, NULL},
@@ -2786,7 +2947,23 @@ Ring_set_native_copy(Ring *r, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *
+Ring_set_native_events(Ring *r, PyObject *args)
+{
+    unsigned long long elapsed_addr = 0, lasterr_addr = 0;
+    if (!PyArg_ParseTuple(args, "|KK:set_native_events", &elapsed_addr, &lasterr_addr))
+        return NULL;
+    r->ne_elapsed = (int (*)(float *, void *, void *))(uintptr_t)elapsed_addr;
+    r->ne_lasterr = (int (*)(void))(uintptr_t)lasterr_addr;
+    r->ne_thread = PyThread_get_thread_ident();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Ring_methods[] = {
+    {"set_native_events", (PyCFunction)Ring_set_native_events, METH_VARARGS,
+     "set_native_events(elapsed, get_last_error): read sampled cycles' GPU times in drain_into "
+     "through these runtime functions (cudaEventElapsedTime, cudaGetLastError), on the calling "
+     "thread only (0: turn it off)."},
     {"set_native_copy", (PyCFunction)Ring_set_native_copy, METH_VARARGS,
      "Start CUDA acceptance copies in C through these runtime functions (0: turn it off)."},
     {"begin", (PyCFunction)(void (*)(void))Ring_begin, METH_FASTCALL | METH_KEYWORDS,
@@ -2833,7 +3010,46 @@ core_perf_counter_ns(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored))
     return PyLong_FromLongLong(now_ns());
 }
 
+/* -- tests: a fake runtime's event functions -------------------------------------------------
+ * What ``specobs.timing.fake.FakeNativeEventClock`` hands ``set_native_events``: C functions,
+ * so that the walk without the GIL calls no Python (a ``ctypes`` callback would take the GIL
+ * under the ring's lock). A fake event's handle is the address of three int64 fields in memory
+ * its test owns: the timeline position it was recorded at, whether it was, and the address of
+ * the fake GPU's completion frontier. */
+typedef struct {
+    int64_t ts, recorded;
+    const int64_t *completed;
+} FakeEventMem;
+
+static int
+fake_event_elapsed(float *ms, void *start, void *end)
+{
+    const FakeEventMem *a = start, *b = end;
+    if (a == NULL || b == NULL || ms == NULL)
+        return 400; /* cudaErrorInvalidResourceHandle */
+    if (!a->recorded || !b->recorded || a->ts > *a->completed || b->ts > *b->completed)
+        return 600; /* cudaErrorNotReady */
+    *ms = (float)((double)(b->ts - a->ts) / 1e6);
+    return 0;
+}
+
+static int
+fake_last_error(void)
+{
+    return 0;
+}
+
+static PyObject *
+core_fake_event_fns(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("(KK)", (unsigned long long)(uintptr_t)fake_event_elapsed,
+                         (unsigned long long)(uintptr_t)fake_last_error);
+}
+
 static PyMethodDef core_methods[] = {
+    {"_fake_event_fns", core_fake_event_fns, METH_NOARGS,
+     "Tests: (elapsed, get_last_error) of a fake runtime whose event handles point at "
+     "(ts, recorded, &completed) int64 fields."},
     {"now_ns", core_perf_counter_ns, METH_NOARGS,
      "The clock the ring stamps with (CLOCK_MONOTONIC, time.perf_counter_ns on Linux)."},
     {NULL, NULL, 0, NULL},
@@ -2894,6 +3110,7 @@ PyInit__core(void)
     INTERN(s_get_device, "get_device");
     INTERN(s_data_ptr, "data_ptr");
     INTERN(s_handle, "handle");
+    INTERN(s_cuda_event, "cuda_event");
     INTERN(s_copy_event_failed, "copy_event_failed");
     INTERN(s_landed, "landed");
     INTERN(m_begin_open, "begin() while the previous cycle was open; the open cycle was "

@@ -379,6 +379,8 @@ class Recorder:
         ring.clock_try_at = -1
         if hasattr(ring, "set_native_copy"):
             ring.set_native_copy()
+        if hasattr(ring, "set_native_events"):
+            ring.set_native_events()
         self._clock_factory = None
 
     # -- slow paths, called by the ring on the worker's thread -----------------------------------

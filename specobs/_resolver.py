@@ -118,6 +118,11 @@ class Resolver:
         self._read_ewma = 0.0  # resolver ns reading one sampled cycle's events
         self._copy_seen = 0
         self._enqueued_seen = 0
+        #: The clock whose runtime functions the ring reads sampled cycles' GPU times through
+        #: (``set_native_events``, on this thread), and the ring's counts of those cycles and
+        #: of their record cost so far.
+        self._native_events: Any = None
+        self._native_seen = (0, 0)
         self._folded: dict[str, int] = {}
         #: Longest single hold of the GIL by this resolver's work (thread CPU nanoseconds of
         #: one slice, between two points where it releases the GIL), for benchmarks.
@@ -345,6 +350,8 @@ class Resolver:
         clock = rec.clock
         for ev, copy in ring.take_dropped():
             self._release(ev, copy)
+        if clock is not self._native_events:
+            self._read_events_natively(ring, clock)
         bound = self._poll(ring, clock, chunk)
         trace = self._trace_indices(bound)
         # Into the ring's running totals (the aggregation's snapshot reads them): only the
@@ -354,8 +361,13 @@ class Resolver:
                                     self.want_cycles)
         n: int = chunk_out[0]
         taken_box[0] = n
-        for copy in chunk_out[3]:  # read by the drain from pinned memory: back to the pool
-            self._release(None, copy)
+        # What the drain read itself: copies from pinned memory (back to their pool), and the
+        # event lists of the sampled cycles whose GPU times it read (back to the clock).
+        for x in chunk_out[3]:
+            if type(x) is list:
+                self._release(x, None)
+            else:
+                self._release(None, x)
         try:
             out = self._resolve(chunk_out, clock)
         except Exception as exc:
@@ -410,6 +422,32 @@ class Resolver:
                 return int(h[0])
         return int(bound)
 
+    def _read_events_natively(self, ring: Any, clock: Any) -> None:
+        """Have the ring read sampled cycles' GPU times itself, through the runtime's functions
+        the clock hands over once its direct path was checked on this thread (``None`` before):
+        those cycles then need no Python and are drained with the GIL let go."""
+        set_native = getattr(ring, "set_native_events", None)
+        if set_native is None:
+            return
+        args = getattr(clock, "native_event_args", lambda: None)() if clock is not None else None
+        if args is not None:
+            set_native(*args)
+            self._native_events = clock
+        elif self._native_events is not None:
+            set_native()  # the clock it read for is gone (dropped at fork, replaced)
+            self._native_events = None
+
+    def _native_gpu(self) -> tuple[int, int]:
+        """Sampled cycles whose GPU times the ring read itself since the last call, and the
+        worker's ns recording their events."""
+        ring = self.rec.ring
+        now = (getattr(ring, "native_gpu_cycles", 0), getattr(ring, "native_gpu_cost", 0))
+        seen = self._native_seen
+        if now == seen:
+            return 0, 0
+        self._native_seen = now
+        return now[0] - seen[0], now[1] - seen[1]
+
     def _trace_indices(self, bound: int) -> list[int]:
         """Head sampling: the cycle indices below ``bound`` picked for traces, one draw per
         traced cycle (geometric gaps), not one per cycle."""
@@ -447,9 +485,12 @@ class Resolver:
         if not n:
             agg.count(dropped, errors)
             return []
+        # Sampled cycles the ring read itself: their records count against the budget; their
+        # reads do not (made with the GIL let go, they cost the worker nothing).
+        n_native, native_cost = self._native_gpu()
         if not details:  # the common case: nothing for Python but the sampler's figures
             agg.count(dropped, errors)
-            self._adapt(0, 0, total_ns / n, 0)
+            self._adapt(native_cost, n_native, total_ns / n, 0)
             return []
         nph = rec.nphases
         k_max = agg.max_draft_length
@@ -480,7 +521,7 @@ class Resolver:
             last_cycle_timestamp=None,
             traced=[r for r in out if r.trace_id is not None],
         )
-        self._adapt(cost, len(gpu), total_ns / n, read_ns)
+        self._adapt(cost + native_cost, len(gpu) + n_native, total_ns / n, read_ns)
         return out
 
     def _read_gpu(self, details: list[Any], clock: Any) -> tuple[dict[int, list[int]], int, int]:

@@ -418,6 +418,12 @@ class PyRing:
         #: thread CPU ns); Python cannot, so these stay 0 here.
         self.nogil_cycles = self.nogil_walks = self.nogil_ns = 0
         self.walk_cpu_out = self.walk_cpu_in = self.walk_hold_ns = self.walk_count = 0
+        #: Sampled cycles' GPU times read here through the runtime (``set_native_events``): the
+        #: function, the thread it reads on, the cycles read so and their events' record cost.
+        self._ne_elapsed: Any = None
+        self._ne_lasterr: Any = None
+        self._ne_thread = 0
+        self.native_gpu_cycles = self.native_gpu_cost = 0
         #: Waiting cycles that hold events or a copy: with none, the poll has nothing to ask.
         self.held_cycles = 0
         self.record_fn: Any = None
@@ -694,8 +700,54 @@ class PyRing:
         self.in_flight_index, self.in_flight_polls = memory
         return out
 
+    def set_native_events(self, elapsed: int = 0, get_last_error: int = 0) -> None:
+        """Read sampled cycles' GPU times in :meth:`drain_into` through these runtime functions
+        (``cudaEventElapsedTime``, ``cudaGetLastError``, by address), on the calling thread
+        only; 0: turn it off."""
+        if not elapsed:
+            self._ne_elapsed = None
+            return
+        self._ne_elapsed = ctypes.CFUNCTYPE(
+            ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p
+        )(elapsed)
+        self._ne_lasterr = (
+            ctypes.CFUNCTYPE(ctypes.c_int)(get_last_error) if get_last_error else None)
+        self._ne_thread = threading.get_ident()
+
+    def _read_gpu(self, ev: Any) -> list[int] | None:
+        """A sampled cycle's GPU phase times through the runtime (see ``read_gpu`` in
+        specobs/_core.c): ms as a float, rounded half to even to ns; None when a handle cannot
+        be read, the runtime refuses, or a time is negative."""
+        nph = self.nph
+        try:
+            if type(ev) is not list or len(ev) != nph + 1:
+                return None
+            h = [int(e.cuda_event) for e in ev]
+        except Exception:
+            return None
+        if not all(h):
+            return None
+        ms = ctypes.c_float()
+        out = []
+        for i in range(nph):
+            if self._ne_elapsed(ctypes.byref(ms), h[i], h[i + 1]) != 0:
+                if self._ne_lasterr is not None:
+                    self._ne_lasterr()
+                return None
+            ns = round(ms.value * 1e6)
+            if not 0 <= ns < 9_000_000_000_000_000_000:
+                return None
+            out.append(ns)
+        return out
+
     def drain(
         self, bound: int, limit: int, trace: list[int], slow_ns: int, want_all: bool
+    ) -> Chunk:
+        return self._drain_locked(bound, limit, trace, slow_ns, want_all, None)
+
+    def _drain_locked(
+        self, bound: int, limit: int, trace: list[int], slow_ns: int, want_all: bool,
+        gpu: list[list[int]] | None,
     ) -> Chunk:
         if type(trace) is not list:
             raise TypeError("trace must be a list of cycle indices")
@@ -704,14 +756,18 @@ class PyRing:
         # runs inside its walk, see ``drop_ref`` in specobs/_core.c).
         grave: list[Any] = []
         with self._lock:
-            out = self._drain(bound, limit, trace, slow_ns, want_all, grave)
+            out = self._drain(bound, limit, trace, slow_ns, want_all, grave, gpu)
         del grave  # what callers passed is freed here, outside the walk and the lock
         return out
 
     def _drain(
         self, bound: int, limit: int, trace: list[int], slow_ns: int, want_all: bool,
-        grave: list[Any],
+        grave: list[Any], gpu: list[list[int]] | None,
     ) -> Chunk:
+        """``gpu``: drain_into on the thread the runtime reads on (``set_native_events``):
+        sampled cycles that need Python for nothing else have their GPU times read here,
+        appended to it (the phases, then the cycle), and their events handed back in
+        ``released``."""
         nph = self.nph
         w = self.k_max + 1
         tss: list[list[int]] = []
@@ -764,8 +820,19 @@ class PyRing:
                     traced = 1
             if slow_ns >= 0 and s.ev is None and ts[nph] - ts[0] >= slow_ns:
                 traced = 1
-            if (want_all or traced or py_batch or s.ev is not None or s.copy is not None
-                    or s.acc is not None or s.emitted is not None):
+            gpu_read = False
+            if (gpu is not None and s.ev is not None and not want_all and not traced
+                    and not py_batch and s.copy is None and s.acc is None
+                    and s.emitted is None):
+                g = self._read_gpu(s.ev)
+                if g is not None and not (slow_ns >= 0 and sum(g) >= slow_ns):
+                    gpu.append([*g, sum(g)])
+                    released.append(s.ev)
+                    self.native_gpu_cycles += 1
+                    self.native_gpu_cost += s.cost
+                    gpu_read = True
+            if (want_all or traced or py_batch or (s.ev is not None and not gpu_read)
+                    or s.copy is not None or s.acc is not None or s.emitted is not None):
                 native = nseq >= 0
                 batch = s.batch_obj if s.batch_obj is not None else (
                     s.batch if s.batch >= 0 else None)
@@ -800,9 +867,19 @@ class PyRing:
         """:meth:`drain` into the ring's running totals (:meth:`totals`): what the resolver
         calls, so the aggregation is handed nothing for the cycles that need no Python.
         Returns (cycles, sum of their host cycle ns, details, copies to release)."""
+        nev = self._ne_elapsed is not None and threading.get_ident() == self._ne_thread
+        gpu: list[list[int]] | None = [] if nev else None
         (n, host, total, last, lcounts, accepted, drafted, emitted, kseq, batch_b, batch_n,
-         details, released) = self.drain(bound, limit, trace, slow_ns, want_all)
+         details, released) = self._drain_locked(bound, limit, trace, slow_ns, want_all, gpu)
         t = self._totals
+        if gpu:
+            cols = [
+                _columns(_bucketing.bucket, _bucketing.bucket_py, [g[i] for g in gpu],
+                         self._db, 1e-9)
+                for i in range(self.nph + 1)
+            ]
+            t[10] = [([a + b for a, b in zip(c0, c1, strict=True)], s0 + int(s1))
+                     for (c0, s0), (c1, s1) in zip(t[10], cols, strict=True)]
         if n:
             t[0] += n
             t[1] = [([a + b for a, b in zip(c0, c1, strict=True)], s0 + s1)
@@ -824,16 +901,18 @@ class PyRing:
         """The running totals of :meth:`drain_into`: (cycles, host [(counts, sum)] per phase
         then the cycle, sequences per accepted length, accepted, drafted, emitted,
         {draft length: sequences}, batch sizes (counts, sum), batch sizes counted, last end
-        stamp or None)."""
+        stamp or None, GPU [(counts, sum)] per phase then the cycle: the sampled cycles it read
+        itself)."""
         t = self._totals
         return (t[0], [(list(c), sm) for c, sm in t[1]], list(t[2]), t[3], t[4], t[5],
-                {k: t[6][k] for k in sorted(t[6])}, (list(t[7][0]), t[7][1]), t[8], t[9])
+                {k: t[6][k] for k in sorted(t[6])}, (list(t[7][0]), t[7][1]), t[8], t[9],
+                [(list(c), sm) for c, sm in t[10]])
 
     def reset_totals(self) -> None:
         nb, nbb = len(self._db) + 1, len(self._bb) + 1
         self._totals: list[Any] = [
             0, [([0] * nb, 0) for _ in range(self.nph + 1)], [0] * (self.k_max + 1), 0, 0, 0,
-            {}, ([0] * nbb, 0), 0, None,
+            {}, ([0] * nbb, 0), 0, None, [([0] * nb, 0) for _ in range(self.nph + 1)],
         ]
 
     def _read_copy(self, s: _Slot, released: list[Any]) -> None:

@@ -305,6 +305,21 @@ class CudaEventClock(EventPool):
                 address(lib.cudaGetLastError), self._raw_stream, self._device_index,
                 self._pinned, self._pinned_capacity, self._pinned_low, self.copy_fence_every)
 
+    def native_event_args(self) -> tuple[int, int] | None:
+        """The runtime's ``cudaEventElapsedTime`` and ``cudaGetLastError`` by address, for the
+        ring to read sampled cycles' GPU times itself (``Ring.set_native_events``), with the
+        GIL let go: only on the thread bound here (its current device is the clock's), once
+        the direct path was checked there against torch's reading; else None."""
+        if (self._direct_thread != threading.get_ident() or not self._direct_checked
+                or self._lib is None):
+            return None
+        import ctypes
+
+        def address(fn: Any) -> int:
+            return int(ctypes.cast(fn, ctypes.c_void_p).value or 0)
+
+        return address(self._lib.cudaEventElapsedTime), address(self._lib.cudaGetLastError)
+
     def copy_event_failed(self, slot: Any) -> None:
         """The native core's event record after a copy was refused: record it through torch."""
         self._record_through_torch(slot.event)

@@ -8,6 +8,7 @@ without sleeps or races.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = [
     "FakeEventClock",
     "FakeGpu",
     "FakeNativeCopyClock",
+    "FakeNativeEventClock",
 ]
 
 #: The dtype of a :class:`FakeDeviceArray` (what ``tensor.dtype`` is to a pinned-slot pool).
@@ -32,11 +34,20 @@ class FakeGpu:
 
     def __init__(self) -> None:
         self.now_ns = 0
-        self.completed_ns = -1
+        #: The completion frontier, in memory a fake runtime's C functions read too.
+        self.completed_cell = ctypes.c_int64(-1)
         self.capturing = False
         self._lock = threading.Lock()
         #: Device-to-host copies enqueued and not yet run: (timeline position, dst, bytes).
         self._copies: list[tuple[int, int, bytes]] = []
+
+    @property
+    def completed_ns(self) -> int:
+        return int(self.completed_cell.value)
+
+    @completed_ns.setter
+    def completed_ns(self, ns: int) -> None:
+        self.completed_cell.value = ns
 
     def enqueue_copy(self, dst: int, data: bytes) -> None:
         """A copy into host memory at ``dst`` that lands when the work before it completes."""
@@ -76,6 +87,39 @@ class FakeEvent:
     def __init__(self) -> None:
         self.ts = -1
         self.recorded = False
+
+
+class _FakeEventMem(ctypes.Structure):
+    _fields_ = (("ts", ctypes.c_int64), ("recorded", ctypes.c_int64),
+                ("completed", ctypes.c_void_p))
+
+
+class FakeNativeEvent:
+    """A :class:`FakeEvent` whose state lives in C memory, and whose ``cuda_event`` (what a
+    torch event's is: the runtime's handle) is that memory's address: what the fake runtime's
+    functions (``specobs._core._fake_event_fns``) read, with no Python."""
+
+    __slots__ = ("_mem", "cuda_event")
+
+    def __init__(self, gpu: FakeGpu) -> None:
+        self._mem = _FakeEventMem(-1, 0, ctypes.addressof(gpu.completed_cell))
+        self.cuda_event = ctypes.addressof(self._mem)
+
+    @property
+    def ts(self) -> int:
+        return int(self._mem.ts)
+
+    @ts.setter
+    def ts(self, v: int) -> None:
+        self._mem.ts = v
+
+    @property
+    def recorded(self) -> bool:
+        return bool(self._mem.recorded)
+
+    @recorded.setter
+    def recorded(self, v: bool) -> None:
+        self._mem.recorded = int(v)
 
 
 class FakeDeviceArray:
@@ -272,3 +316,33 @@ class FakeNativeCopyClock(FakeEventClock):
     def copy_event_failed(self, slot: Any) -> None:
         self.event_fallbacks += 1
         self.record_fn(slot.event, self.stream)
+
+
+class FakeNativeEventClock(FakeEventClock):
+    """A fake clock whose sampled cycles' GPU times the ring can read itself, as it does on a
+    GPU once the CUDA clock's direct path is checked: ``native_event_args()`` hands it a fake
+    runtime's ``cudaEventElapsedTime`` and ``cudaGetLastError`` written in C (the walk calls
+    them with the GIL let go). ``elapsed_ns`` reads as the runtime does: milliseconds as a
+    32-bit float, rounded to integer ns. ``native=False``: the same clock, read in Python only.
+    """
+
+    def __init__(self, gpu: FakeGpu | None = None, pool_size: int = 64, *,
+                 native: bool = True) -> None:
+        super().__init__(gpu, pool_size)
+        EventPool.__init__(self, [FakeNativeEvent(self.gpu) for _ in range(pool_size)])
+        self.native = native
+
+    def elapsed_ns(self, start: Any, end: Any) -> int:
+        if not (self.query(start) and self.query(end)):
+            raise RuntimeError("elapsed_ns on an event that has not completed")
+        return round(ctypes.c_float((end.ts - start.ts) / 1e6).value * 1e6)
+
+    def native_event_args(self) -> tuple[int, int] | None:
+        if not self.native:
+            return None
+        try:
+            from specobs import _core
+        except ImportError:
+            return None
+        fns: tuple[int, int] = _core._fake_event_fns()
+        return fns
