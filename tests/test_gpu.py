@@ -386,3 +386,45 @@ def test_the_hot_path_calls_the_runtime_with_the_gil_held_and_falls_back_when_re
     assert clock.direct_errors == 4 and refusing.cleared == 4
     # Nothing was left for torch's own launch checks to raise on.
     assert (src + 1).sum().item() == 21
+
+
+
+def test_the_ring_reads_sampled_cycles_itself_as_the_events_beside_read():
+    """With no sink wanting every cycle, the ring reads sampled cycles' GPU times itself
+    (``set_native_events``, once the resolver's direct path was checked) and walks them with
+    the GIL let go: the histograms' sums equal what the test's own events beside read."""
+    torch.cuda.init()
+    obs = specobs.configure(sinks=[], clock="cuda", sample_every=1,
+                            poll_interval_seconds=0.001)
+    try:
+        x = torch.randn(1024, 1024, device="cuda")
+        mine = []
+        n = 400
+        for i in range(n):
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            with obs.cycle() as c:
+                ev[0].record()
+                for _ in range(1 + i % 3):
+                    x @ x
+                ev[1].record()
+                c.mark("verify")
+                for _ in range(4):
+                    x @ x
+                ev[2].record()
+                c.mark("bookkeeping")
+            mine.append(ev)
+            if i % 50 == 49:
+                time.sleep(0.01)  # the resolver drains beside the loop
+        torch.cuda.synchronize()
+        assert obs.force_flush(timeout_seconds=30)
+        ring = obs._recorder.ring
+        s = obs.snapshot()
+        assert s.sampled_cycles_total == n
+        assert ring.native_gpu_cycles > n // 2
+        assert ring.nogil_cycles > 0
+        assert s.errors == dict.fromkeys(s.errors, 0)
+        for j, phase in enumerate(("draft", "verify")):
+            want = sum(e[j].elapsed_time(e[j + 1]) for e in mine) / 1e3
+            assert s.phase_histograms[(phase, "gpu")].sum == pytest.approx(want, rel=0.01)
+    finally:
+        obs.shutdown(timeout_seconds=5)
