@@ -188,38 +188,31 @@ def _buckets(series: Series, name: str, **match: str) -> dict[float, float]:
     return out
 
 
+#: A duration histogram over the interval: observations, mean seconds and (p50, p99) seconds.
+_Durations = tuple[float, float | None, tuple[float | None, float | None]]
+
+
+def _durations(series: Series, name: str, **match: str) -> _Durations:
+    n = series.total(name + "_count", **match) or 0.0
+    buckets = _buckets(series, name, **match)
+    quantiles = (histogram_quantile(0.5, buckets), histogram_quantile(0.99, buckets))
+    return n, ratio(series.total(name + "_sum", **match), n), quantiles
+
+
 def breakdown(delta: Delta) -> Breakdown:
     """The cycle breakdown of one interval; see the module docstring."""
     d, g, elapsed = delta.counters, delta.gauges, delta.elapsed_seconds
-    phase_m, cycle_m = catalog.PHASE_DURATION.name, catalog.CYCLE_DURATION.name
     phases = _phases(d, g)
 
     stats: dict[tuple[str, str], PhaseStats] = {}
-    cycle_mean: dict[str, float | None] = {}
-    cycle_counts: dict[str, float] = {}
-    cycle_quantiles: dict[str, tuple[float | None, float | None]] = {}
     for clock in CLOCKS:
-        means: dict[str, float | None] = {}
-        counts: dict[str, float] = {}
-        for phase in phases:
-            n = d.total(phase_m + "_count", phase=phase, clock=clock) or 0.0
-            counts[phase] = n
-            means[phase] = ratio(d.total(phase_m + "_sum", phase=phase, clock=clock), n)
-        known = [m for m in means.values() if m is not None]
+        on_clock = {p: _durations(d, catalog.PHASE_DURATION.name, phase=p, clock=clock)
+                    for p in phases}
+        known = [mean for _, mean, _ in on_clock.values() if mean is not None]
         whole = math.fsum(known) if known else None
-        for phase in phases:
-            buckets = _buckets(d, phase_m, phase=phase, clock=clock)
-            stats[(phase, clock)] = PhaseStats(
-                phase, clock, counts[phase], means[phase], ratio(means[phase], whole),
-                histogram_quantile(0.5, buckets), histogram_quantile(0.99, buckets),
-            )
-        n = d.total(cycle_m + "_count", clock=clock) or 0.0
-        cycle_counts[clock] = n
-        cycle_mean[clock] = ratio(d.total(cycle_m + "_sum", clock=clock), n)
-        buckets = _buckets(d, cycle_m, clock=clock)
-        cycle_quantiles[clock] = (
-            histogram_quantile(0.5, buckets), histogram_quantile(0.99, buckets)
-        )
+        for phase, (n, mean, (p50, p99)) in on_clock.items():
+            stats[(phase, clock)] = PhaseStats(phase, clock, n, mean, ratio(mean, whole), p50, p99)
+    cycle = {clock: _durations(d, catalog.CYCLE_DURATION.name, clock=clock) for clock in CLOCKS}
 
     cycles = d.total(catalog.CYCLES.name) or 0.0
     drafted = d.total(catalog.DRAFT_TOKENS.name)
@@ -236,7 +229,7 @@ def breakdown(delta: Delta) -> Breakdown:
     drops = {k: v for k, v in d.by(catalog.DROPPED_RECORDS.name, "reason").items() if v > 0}
     # Sequences per cycle, as the rule divides them: cycles that reported no batch count too.
     mean_batch = ratio(d.total(bs + "_sum"), cycles)
-    host_cycle = cycle_mean.get("host")
+    _, host_cycle, _ = cycle["host"]
     seq_tps = ratio(ratio(emitted, d.total(bs + "_sum")), host_cycle)
     cpu = d.total(catalog.EXPORTER_CPU.name)
     thread = d.by(catalog.WORKER_THREAD_TIME.name, "state")
@@ -246,9 +239,9 @@ def breakdown(delta: Delta) -> Breakdown:
         elapsed_seconds=elapsed,
         phases=phases,
         stats=stats,
-        cycle_mean_seconds=cycle_mean,
-        cycle_counts=cycle_counts,
-        cycle_quantiles=cycle_quantiles,
+        cycle_mean_seconds={c: mean for c, (_, mean, _) in cycle.items()},
+        cycle_counts={c: n for c, (n, _, _) in cycle.items()},
+        cycle_quantiles={c: quantiles for c, (_, _, quantiles) in cycle.items()},
         cycles=cycles,
         cycles_per_second=ratio(cycles, elapsed),
         sampled_cycles=d.total(catalog.SAMPLED_CYCLES.name),
