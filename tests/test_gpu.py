@@ -402,6 +402,9 @@ def test_the_ring_reads_sampled_cycles_itself_as_the_events_beside_read():
         n = 400
         for i in range(n):
             ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            # Work queued ahead, so that no event of either side completes on an idle GPU (it
+            # would time the host's moments between the two sides' records, not the GPU's).
+            torch.cuda._sleep(100_000)
             with obs.cycle() as c:
                 ev[0].record()
                 for _ in range(1 + i % 3):
