@@ -389,6 +389,7 @@ def test_the_hot_path_calls_the_runtime_with_the_gil_held_and_falls_back_when_re
 
 
 
+
 def test_the_ring_reads_sampled_cycles_itself_as_the_events_beside_read():
     """With no sink wanting every cycle, the ring reads sampled cycles' GPU times itself
     (``set_native_events``, once the resolver's direct path was checked) and walks them with
@@ -396,10 +397,10 @@ def test_the_ring_reads_sampled_cycles_itself_as_the_events_beside_read():
     torch.cuda.init()
     obs = specobs.configure(sinks=[], clock="cuda", sample_every=1,
                             poll_interval_seconds=0.001)
-    try:
-        x = torch.randn(1024, 1024, device="cuda")
+    x = torch.randn(1024, 1024, device="cuda")
+
+    def cycles(n: int) -> list[list[object]]:
         mine = []
-        n = 400
         for i in range(n):
             ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
             # Work queued ahead, so that no event of either side completes on an idle GPU (it
@@ -420,14 +421,31 @@ def test_the_ring_reads_sampled_cycles_itself_as_the_events_beside_read():
                 time.sleep(0.01)  # the resolver drains beside the loop
         torch.cuda.synchronize()
         assert obs.force_flush(timeout_seconds=30)
+        return mine
+
+    def sums() -> list[float]:
+        s = obs.snapshot()
+        return [s.phase_histograms[(p, "gpu")].sum for p in ("draft", "verify")]
+
+    try:
+        cycles(20)  # the first cycles start the clock and its direct path: host time inside
+        before = sums()
+        n = 400
+        mine = cycles(n)
+        after = sums()
         ring = obs._recorder.ring
         s = obs.snapshot()
-        assert s.sampled_cycles_total == n
+        assert s.sampled_cycles_total == n + 20
         assert ring.native_gpu_cycles > n // 2
         assert ring.nogil_cycles > 0
         assert s.errors == dict.fromkeys(s.errors, 0)
-        for j, phase in enumerate(("draft", "verify")):
-            want = sum(e[j].elapsed_time(e[j + 1]) for e in mine) / 1e3
-            assert s.phase_histograms[(phase, "gpu")].sum == pytest.approx(want, rel=0.01)
+        want = [sum(e[j].elapsed_time(e[j + 1]) for e in mine) / 1e3 for j in range(2)]
+        # Verify: both sides' events bracket the same GPU work back to back, within 1 %.
+        assert after[1] - before[1] == pytest.approx(want[1], rel=0.01)
+        # Draft: specobs's first event is recorded in begin(), before the test's own, and reads
+        # about 4 us a cycle more on the H200 (3.5 % of these 1-3 small matmuls), the same when
+        # the resolver reads the events in Python (a sink wanting every cycle).
+        assert after[0] - before[0] == pytest.approx(want[0], rel=0.05)
+        assert after[0] - before[0] >= want[0]
     finally:
         obs.shutdown(timeout_seconds=5)
