@@ -405,9 +405,12 @@ def test_the_ring_reads_sampled_cycles_itself_as_the_events_beside_read():
             ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
             # Work queued ahead, so that no event of either side completes on an idle GPU (it
             # would time the host's moments between the two sides' records, not the GPU's).
-            torch.cuda._sleep(100_000)
+            torch.cuda._sleep(1_000_000)  # ~0.5 ms, longer than any host delay in between
+            # Each side's interval holds one record of the other's (an event record takes GPU
+            # time too: ~3 us on the H200, 2.5 % of this draft): ev[0] before begin()'s event,
+            # ev[1] before mark()'s.
+            ev[0].record()
             with obs.cycle() as c:
-                ev[0].record()
                 for _ in range(1 + i % 3):
                     x @ x
                 ev[1].record()
@@ -437,15 +440,11 @@ def test_the_ring_reads_sampled_cycles_itself_as_the_events_beside_read():
         s = obs.snapshot()
         assert s.sampled_cycles_total == n + 20
         assert ring.native_gpu_cycles > n // 2
-        assert ring.nogil_cycles > 0
+        if type(ring).__module__ == "specobs._core":  # the pure-Python ring holds the GIL
+            assert ring.nogil_cycles > 0
         assert s.errors == dict.fromkeys(s.errors, 0)
         want = [sum(e[j].elapsed_time(e[j + 1]) for e in mine) / 1e3 for j in range(2)]
-        # Verify: both sides' events bracket the same GPU work back to back, within 1 %.
         assert after[1] - before[1] == pytest.approx(want[1], rel=0.01)
-        # Draft: specobs's first event is recorded in begin(), before the test's own, and reads
-        # about 4 us a cycle more on the H200 (3.5 % of these 1-3 small matmuls), the same when
-        # the resolver reads the events in Python (a sink wanting every cycle).
-        assert after[0] - before[0] == pytest.approx(want[0], rel=0.05)
-        assert after[0] - before[0] >= want[0]
+        assert after[0] - before[0] == pytest.approx(want[0], rel=0.01)
     finally:
         obs.shutdown(timeout_seconds=5)
