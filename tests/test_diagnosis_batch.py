@@ -23,18 +23,6 @@ def measured(d: Delta, tokens_per_second: float, source: str = "demo_measured") 
     return d
 
 
-def modelled_speedup(batch: float, plain_now: float, host: dict[str, float], k: int = 4,
-                     at: float = 4.0) -> float:
-    """The docstring's model, written out: forward(n) = f + p n through the plain step (n = B)
-    and verify (n = B (k + 1)) at batch ``at``; the cycle scales with verify."""
-    v = host["verify"]
-    p = (v - plain_now) / (at * k)
-    f = v - p * at * (k + 1)
-    verify = f + p * batch * (k + 1)
-    cycle = verify * sum(host.values()) / v
-    return E * (f + p * batch) / cycle
-
-
 def test_the_forward_is_fitted_through_the_plain_step_and_verify() -> None:
     b = dg.window(delta(host=HOST, positions=POSITIONS)).breakdown
     cost = dg.forward_cost(b, 2e-3)
@@ -50,44 +38,182 @@ def test_the_forward_is_fitted_through_the_plain_step_and_verify() -> None:
     assert dg.forward_cost(b, None) is None and dg.verify_scaling(None) == 0.0
 
 
-def test_the_threshold_is_where_the_model_crosses_1() -> None:
-    b = dg.window(delta(host=HOST, positions=POSITIONS)).breakdown
-    f = dg.batch_threshold(b, 2e-3)
-    assert f is not None and (f.code, f.severity) == ("SPEC-ADVICE-BATCH", "info")
+# -- the threshold over the batch sizes observed ------------------------------------------------
+
+K = 4
+
+
+def costs(batch: float, *, fixed: float = 1e-3, per: float = 0.1e-3, exponent: float = 0.8,
+          draft: tuple[float, float] = (0.8e-3, 0.03e-3), bookkeeping: float = 0.2e-3
+          ) -> tuple[float, float, float]:
+    """A constructed server: a forward over n tokens costs fixed + per n^exponent (sublinear
+    below 1: the cost per token falls with the batch, as on the CPU demo), the plain step is
+    one over the batch, verify one over batch (k + 1) tokens, the draft d0 + d1 batch^exponent.
+    The plain step, verify and the cycle at ``batch``."""
+    plain = fixed + per * batch ** exponent
+    verify = fixed + per * (batch * (K + 1)) ** exponent
+    return plain, verify, draft[0] + draft[1] * batch ** exponent + verify + bookkeeping
+
+
+def point(batch: float, tokens: float = 3.4, cycles: float = 1000.0, **kw: float
+          ) -> dg.BatchPoint:
+    plain, verify, cycle = costs(batch, **kw)  # type: ignore[arg-type]
+    return dg.BatchPoint(batch, plain, cycle, verify, tokens, K, cycles)
+
+
+def true_threshold(tokens: float = 3.4, **kw: float) -> float:
+    """Where the constructed server's speedup crosses 1, by bisection on its own costs."""
+    lo, hi = 1.0, 1e6
+    assert point(lo, tokens, **kw).speedup >= 1.0 > point(hi, tokens, **kw).speedup
+    while hi - lo > 1e-4 * lo:
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if point(mid, tokens, **kw).speedup >= 1.0 else (lo, mid)
+    return lo
+
+
+def test_the_one_batch_line_errs_low_where_several_batches_do_not() -> None:
+    # Verify grows sublinearly (exponent 0.8): speculation pays 1.56x at batch 1, 1.16x at 16,
+    # and stops paying only at about 61.
+    truth = true_threshold()
+    assert truth == pytest.approx(60.7, rel=0.01)
+    # The straight line through batch 4 alone (the old fit) names 10: 6x too low.
+    line = dg.line_threshold(point(4.0))
+    assert line is not None and line < truth / 4
+    # Fitted over batches 1..16 it is extrapolated 2.5x beyond them and named as such, low.
+    f = dg.batch_threshold([point(b) for b in (1, 2, 4, 8, 16)])
+    assert f is not None and (f.severity, f.evidence["confidence"]) == ("info", "low")
     t = f.evidence["threshold_batch"]
-    assert isinstance(t, float)
-    # 4.26 (1 + 0.25 B) = 1.3667 (1 + 1.25 B): B = 4.50
-    assert t == pytest.approx(4.497, rel=0.01)
-    assert modelled_speedup(0.99 * t, 2e-3, HOST) > 1.0 > modelled_speedup(1.03 * t, 2e-3, HOST)
-    assert f.evidence["modelled_speedup"] == pytest.approx(modelled_speedup(4.0, 2e-3, HOST))
-    assert "stops paying above batch 4 " in f.sentence
-    assert "extrapolated beyond the mean batch 4.0" in f.sentence
+    assert isinstance(t, float) and 0.6 * truth < t < 1.1 * truth
+    assert f.evidence["extrapolation_factor"] == pytest.approx(t / 16)
+    assert "extrapolated from batches 4.0..16.0" in f.sentence
+    assert "x the largest batch observed, confidence low" in f.sentence
+    assert "1.56x at 1.0" in f.sentence and "1.16x at 16.0" in f.sentence
+    # With batch 32 observed too it is 1.9x beyond: medium confidence, and closer.
+    f32 = dg.batch_threshold([point(b) for b in (1, 2, 4, 8, 16, 32)])
+    assert f32 is not None and f32.evidence["confidence"] == "medium"
+    t32 = f32.evidence["threshold_batch"]
+    assert isinstance(t32, float) and abs(t32 - truth) < abs(t - truth)
+
+
+def test_one_batch_size_names_no_threshold() -> None:
+    f = dg.batch_threshold([point(4.0)])
+    assert f is not None and (f.code, f.severity) == ("SPEC-ADVICE-BATCH", "ok")
+    assert f.evidence["threshold_batch"] is None and f.evidence["batches_observed"] == 1.0
+    assert f.sentence.startswith("speculation pays at the one batch size observed (1.39x at "
+                                 "4.0); where it stops paying cannot be told from one batch")
+    assert f"would say {dg.line_threshold(point(4.0)):.0f}, a guess" in f.sentence
+    # Windows within 1.25x of each other's batch are one batch size.
+    same = dg.batch_threshold([point(4.0), point(4.9, cycles=3000.0)])
+    assert same is not None and same.evidence["batches_observed"] == 1.0
+    assert same.evidence["threshold_batch"] is None
+    two = dg.batch_threshold([point(4.0), point(5.1)])
+    assert two is not None and two.evidence["batches_observed"] == 2.0
+
+
+def test_a_crossing_between_batches_observed_is_measured() -> None:
+    # Speculation pays 1.56x at 1 ... 1.07x at 32 and 0.998x at 64; 0.95x at 128.
+    pts = [point(b) for b in (1, 4, 16, 32, 64, 128)]
+    assert pts[3].speedup > 1.0 > pts[4].speedup
+    f = dg.batch_threshold(pts)
+    assert f is not None and (f.severity, f.evidence["confidence"]) == ("info", "measured")
+    t = f.evidence["threshold_batch"]
+    assert isinstance(t, float) and 32 < t < 64
+    assert t == pytest.approx(true_threshold(), rel=0.1)
+    assert f.sentence.startswith("speculation stops paying between batch 32.0 (1.07x) and "
+                                 "64.0 (1.00x), about 61 (measured at batches 1.0..128.0:")
     assert "disable_by_batch_size" in f.advice
-
-
-def test_a_cheaper_plain_step_moves_the_threshold_below_the_batch_measured() -> None:
-    b = dg.window(delta(host=HOST, positions=POSITIONS)).breakdown
-    f = dg.batch_threshold(b, 1.6e-3)
-    assert f is not None
-    t = f.evidence["threshold_batch"]
-    assert isinstance(t, float) and 1.0 < t < 4.0
-    assert modelled_speedup(0.99 * t, 1.6e-3, HOST) > 1.0 > modelled_speedup(1.03 * t, 1.6e-3,
-                                                                              HOST)
-    assert "interpolated below the mean batch 4.0" in f.sentence
-
-
-def test_a_verify_no_dearer_than_a_plain_step_never_stops_paying() -> None:
-    b = dg.window(delta(host=HOST, positions=POSITIONS)).breakdown
-    f = dg.batch_threshold(b, 6.5e-3)
-    assert f is not None and f.severity == "ok" and f.evidence["threshold_batch"] is None
-    assert f.sentence.startswith("no batch size up to 256 where speculation stops paying")
+    # The order the windows come in does not matter.
+    assert dg.batch_threshold(pts[::-1]) == f
 
 
 def test_a_draft_that_pays_at_no_batch_size() -> None:
-    b = dg.window(delta(host=HOST, positions=(0.1, 0.05, 0.0, 0.0))).breakdown
-    f = dg.batch_threshold(b, 2e-3)
+    low = [point(b, tokens=1.2) for b in (1, 4, 16)]
+    f = dg.batch_threshold(low)
     assert f is not None and f.evidence["threshold_batch"] == 1.0
-    assert f.sentence.startswith("speculation does not pay at any batch size")
+    assert f.sentence.startswith("speculation did not pay at any batch size observed")
+    assert f.sentence.endswith("at any batch size")
+    # Not measured below batch 8: no threshold named.
+    f8 = dg.batch_threshold([point(b, tokens=1.2) for b in (8, 16)])
+    assert f8 is not None and f8.evidence["threshold_batch"] is None
+    assert f8.sentence.endswith("below batch 8.0 it was not measured")
+
+
+def test_a_trend_too_far_beyond_the_batches_observed_is_not_named() -> None:
+    # Sublinear costs that keep speculation above 1 far out (E = 4.26): the trend crosses 1
+    # only beyond 4x the largest batch observed, or never within 64x.
+    f = dg.batch_threshold([point(b, tokens=E, exponent=0.9) for b in (1, 2, 4, 8)])
+    assert f is not None and f.severity == "ok" and f.evidence["threshold_batch"] is None
+    far = f.evidence["extrapolated_batch"]
+    assert isinstance(far, float) and far > dg.BATCH_EXTRAPOLATION_MAX * 8
+    assert "too far to name" in f.sentence
+    never = dg.batch_threshold([point(b, tokens=E, exponent=0.5) for b in (1, 2, 4, 8)])
+    assert never is not None and never.evidence["extrapolated_batch"] is None
+    assert "stays above 1 up to 512" in never.sentence
+
+
+def test_a_smaller_batch_that_did_not_pay_is_not_called_paying() -> None:
+    pts = [point(b, exponent=0.0) for b in (4, 16)]
+    slow = dg.BatchPoint(1.0, 1e-3, 5e-3, 3e-3, 3.4, K, 1000.0)  # 0.68x
+    f = dg.batch_threshold([slow, *pts])
+    assert f is not None and f.evidence["threshold_batch"] is None
+    assert f.sentence.startswith("speculation pays at the largest batch size observed (0.68x "
+                                 "at 1.0, ")
+
+
+def test_costs_flat_in_the_batch_never_stop_paying() -> None:
+    # A GPU at small batch: the plain step, verify and the draft do not grow with the batch.
+    flat = [point(b, exponent=0.0) for b in (1, 4, 16)]
+    f = dg.batch_threshold(flat)
+    assert f is not None and f.severity == "ok" and f.evidence["threshold_batch"] is None
+    assert f.evidence["verify_exponent"] == 0.0 and f.evidence["plain_exponent"] == 0.0
+
+
+def test_the_cpu_demos_batches_name_no_threshold() -> None:
+    # Recorded with advisor_k.py --batches on the 2-vCPU VM (docs/diagnosis.md): speculation
+    # paid 2.10x at batch 1 to 1.61x at 64, where the one-batch line named 12 from batch 1.
+    recorded = [  # batch, plain step, host cycle, verify (seconds), tokens per sequence-cycle
+        (1.0, 2.137e-3, 4.577e-3, 2.521e-3, 4.495), (2.0, 2.450e-3, 5.072e-3, 2.825e-3, 4.310),
+        (4.0, 3.053e-3, 6.650e-3, 3.772e-3, 4.376), (8.0, 4.479e-3, 9.875e-3, 5.868e-3, 4.347),
+        (16.0, 6.159e-3, 15.600e-3, 9.483e-3, 4.366),
+        (32.0, 10.787e-3, 27.492e-3, 17.290e-3, 4.371),
+        (64.0, 23.326e-3, 63.499e-3, 40.947e-3, 4.373),
+    ]
+    pts = [dg.BatchPoint(b, p, c, v, e, 4, 600.0) for b, p, c, v, e in recorded]
+    assert [round(p.speedup, 2) for p in pts] == [2.10, 2.08, 2.01, 1.97, 1.72, 1.72, 1.61]
+    assert [round(dg.line_threshold(p) or 0) for p in pts] == [12, 27, 37, 62, 72, 139, 229]
+    # Every prefix of the batches, as a server that served only those would be told: no
+    # threshold, where the one-batch line named one far inside the batches that paid.
+    for n in range(1, len(pts) + 1):
+        f = dg.batch_threshold(pts[:n])
+        assert f is not None and f.severity == "ok" and f.evidence["threshold_batch"] is None
+    assert "extrapolated from batches 16.0..64.0" in f.sentence
+    assert f.evidence["verify_exponent"] == pytest.approx(1.0)
+
+
+def test_windows_of_other_batch_sizes_join_the_fit() -> None:
+    def window_at(batch: float, source: str = "demo_measured") -> dg.Window:
+        plain, verify, cycle = costs(batch)
+        rest = cycle - verify
+        d = delta(batch=batch, positions=(0.75, 0.65, 0.55, 0.45),
+                  host={"draft": rest - 0.2e-3, "verify": verify, "bookkeeping": 0.2e-3})
+        return dg.window(measured(d, 1.0 / plain, source))
+
+    recent = window_at(16.0)
+    p = dg.batch_point(recent)
+    assert p is not None and p.batch == 16.0 and p.tokens == pytest.approx(3.4)
+    assert p.speedup == pytest.approx(point(16.0).speedup)
+    alone = {f.code: f for f in dg.diagnose(recent)}["SPEC-ADVICE-BATCH"]
+    assert alone.evidence["threshold_batch"] is None
+    others = [window_at(b) for b in (1.0, 2.0, 4.0, 8.0)]
+    joined = {f.code: f for f in dg.diagnose(recent, batch_windows=others)}["SPEC-ADVICE-BATCH"]
+    direct = dg.batch_threshold([point(b) for b in (1, 2, 4, 8, 16)])
+    assert direct is not None and joined.sentence == direct.sentence
+    assert joined.evidence["threshold_batch"] == pytest.approx(direct.evidence["threshold_batch"])
+    # A configured baseline may be of any batch: such a window is no point.
+    assert dg.batch_point(window_at(8.0, "configured")) is None
+    few = {f.code: f for f in dg.diagnose(recent, batch_windows=[
+        window_at(b, "configured") for b in (1.0, 2.0)])}["SPEC-ADVICE-BATCH"]
+    assert few.evidence["batches_observed"] == 1.0
 
 
 def test_only_a_baseline_measured_on_the_served_batch_is_a_plain_step() -> None:
@@ -98,7 +224,8 @@ def test_only_a_baseline_measured_on_the_served_batch_is_a_plain_step() -> None:
     # diagnose() gives the threshold and a measured verify scaling only for a measured one.
     found = {f.code: f for f in dg.diagnose(dg.window(measured(
         delta(host=HOST, positions=POSITIONS), 500.0)))}
-    assert found["SPEC-ADVICE-BATCH"].evidence["plain_step_seconds"] == pytest.approx(2e-3)
+    assert found["SPEC-ADVICE-BATCH"].evidence["speedup_batch4.0"] == pytest.approx(
+        E * 2e-3 / sum(HOST.values()))
     assert found["SPEC-ADVICE-K"].evidence["verify_scaling"] == pytest.approx(20 / 24)
     plain = {f.code: f for f in dg.diagnose(dg.window(delta(host=HOST, positions=POSITIONS,
                                                             baseline=500.0)))}

@@ -39,12 +39,19 @@ from collections.abc import Sequence
 from specobs.tools._diagnosis._advice import (
     ADVICE_MAX_K,
     ADVICE_MIN_GAIN,
+    BATCH_CONFIDENT_FACTOR,
+    BATCH_EXTRAPOLATION_MAX,
+    BATCH_FIT_POINTS,
+    BATCH_SAME_FACTOR,
     BATCH_SEARCH_MAX_FACTOR,
+    BatchPoint,
     ForwardCost,
     advise_k,
+    batch_point,
     batch_threshold,
     expected_tokens,
     forward_cost,
+    line_threshold,
     verify_scaling,
 )
 from specobs.tools._diagnosis._compare import (
@@ -104,6 +111,10 @@ __all__ = [
     "ACCEPT_DROP_Z",
     "ADVICE_MAX_K",
     "ADVICE_MIN_GAIN",
+    "BATCH_CONFIDENT_FACTOR",
+    "BATCH_EXTRAPOLATION_MAX",
+    "BATCH_FIT_POINTS",
+    "BATCH_SAME_FACTOR",
     "BATCH_SEARCH_MAX_FACTOR",
     "BOOKKEEPING_MAX_SHARE",
     "BOUNDARY_SPREAD",
@@ -134,6 +145,7 @@ __all__ = [
     "UNIFORM_MIN_SHARE",
     "UNIFORM_SPREAD",
     "WARMING_RISE_MIN",
+    "BatchPoint",
     "Finding",
     "ForwardCost",
     "Reference",
@@ -142,6 +154,7 @@ __all__ = [
     "advise_k",
     "against_cohort",
     "against_past",
+    "batch_point",
     "batch_threshold",
     "conditional_acceptance",
     "cycle_bound",
@@ -149,6 +162,7 @@ __all__ = [
     "expected_tokens",
     "forward_cost",
     "host_bound",
+    "line_threshold",
     "saved_run",
     "speedup",
     "stall",
@@ -162,9 +176,13 @@ __all__ = [
 # -- everything -----------------------------------------------------------------------------------
 
 
-def diagnose(recent: Window, past: Window | None = None) -> list[Finding]:
+def diagnose(recent: Window, past: Window | None = None,
+             batch_windows: Sequence[Window] = ()) -> list[Finding]:
     """Every finding for ``recent``, and against ``past`` (the lifetime before it) when given.
-    A stall is the only finding when there is one: nothing else was measured."""
+    ``batch_windows``: other windows of the same server (the report's windows, ``top``'s
+    intervals, a Prometheus range), each with a baseline measured at its end, from which the
+    batch threshold is fitted over the batch sizes served, not only ``recent``'s. A stall is the
+    only finding when there is one: nothing else was measured."""
     b = recent.breakdown
     stalled = stall(recent)
     if stalled is not None:
@@ -189,7 +207,12 @@ def diagnose(recent: Window, past: Window | None = None) -> list[Finding]:
         advice = advise_k(b, verify_scaling(forward_cost(b, plain)))
         if advice is not None:
             out.append(advice)
-        threshold = batch_threshold(b, plain)
+        # The lifetime is not a point: its baseline gauge was read at its end, on the batch
+        # served then, not on the lifetime's mean batch.
+        points = [p for w in (recent, *batch_windows)
+                  if w.breakdown.cycles >= MIN_SPEEDUP_CYCLES
+                  and (p := batch_point(w)) is not None]
+        threshold = batch_threshold(points)
         if threshold is not None:
             out.append(threshold)
     return out
