@@ -579,14 +579,14 @@ class PyRing:
             self.dropped.append((None, s.copy))
             s.copy = None
 
-    def _hand_on(self, s: _Slot) -> None:
-        """A deferred cycle is done: the resolver may take it."""
+    def _hand_on(self, s: _Slot, wake: bool = True) -> None:
+        """A deferred cycle is done: the resolver may take it (woken by the worker's side)."""
         s.state = DONE
         self.enqueued += 1
         self._waiting += 1
         if s.ev is not None or s.copy is not None:
             self.held_cycles += 1
-        if self._waiting >= self.wake_at:
+        if wake and self._waiting >= self.wake_at:
             self._call(self.slow.wake)
 
     def _discard(self, s: _Slot) -> None:
@@ -1010,7 +1010,7 @@ class PyRing:
                 self.deferred -= 1
                 self.unsettled += 1
                 self._clear_acceptance(s)
-                self._hand_on(s)
+                self._hand_on(s, wake=False)  # the resolver is the caller
                 n += 1
         return n
 
