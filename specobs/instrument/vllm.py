@@ -600,7 +600,7 @@ def _take_pending(step: _Step, scheduler_output: Any) -> Pending | None:
     return None
 
 
-_Before = tuple[set[Any], dict[Any, Any], dict[Any, int], dict[Any, int]]
+_Before = tuple[set[Any], dict[Any, int], dict[Any, Any], dict[Any, int]]
 
 
 def _before_update(scheduler: Any, entry: Pending, model_output: Any) -> _Before | None:
