@@ -20,6 +20,11 @@ logs; a sampled cycle's CUDA events (``slow.sample(t)``); a clock that may start
 dropped and counted (``dropped_queue_full``), its events handed back through
 :meth:`Ring.take_dropped`.
 
+**Deferred acceptance.** ``Cycle.defer()`` ends a cycle whose acceptance is known only later
+(state ``DEFERRED``: the drain stops at it as at an open slot); ``settle(...)``, from any
+thread, gives the acceptance as ``accept`` takes it and hands the cycle on; the resolver's
+``expire(timeout_ns)`` hands on, without tokens (``unsettled``), the ones nobody settled.
+
 **Handles.** The handle of the last ended cycle is kept and reused by the next ``begin`` only if
 nobody else holds it (its reference count), so a steady loop creates no object per cycle and a
 handle kept after ``end()`` stays closed: its calls are counted as misuse and never touch a

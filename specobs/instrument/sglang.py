@@ -29,6 +29,13 @@ sync. Prefill (extend) and idle batches are not speculative cycles and pass stra
 with DP attention and ``SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION=1`` a decode rank's step on a
 batch where a peer prefills is a cycle (it drafts, verifies and extends its own rows).
 
+Counted rows: under overlap scheduling (the default) a request that finished while its step was
+in flight is verified once more in the next step; result processing skips that row. With one
+pipeline stage and 0.5.23's ``SchedulerBatchResultProcessor``, a decode step's cycle ends when
+the worker's step returns with its acceptance deferred, and is settled in
+``process_batch_result_decode`` with the rows SGLang counts and the tokens it keeps
+(:func:`around_process_batch_result_decode`).
+
 Topology (:func:`topology_of`): the process that records is the TP rank 0 of the last pipeline
 stage of each data-parallel replica (with DP attention: of each attention-DP group); replicas are
 told apart by ``dp_rank`` and get port + ``dp_rank``.

@@ -42,7 +42,10 @@ covers:
   worker, ``UniProcExecutor``): there the cycle stays open until that thread's
   ``Scheduler.update_from_output`` takes the step's output, so the rows of requests aborted
   while the step ran, which vLLM skips there, are left out of the counts
-  (:func:`around_update_from_output`).
+  (:func:`around_update_from_output`). With async scheduling (or model runner V2) on that
+  thread the next step begins before this one's output is taken: the cycle ends at
+  ``sample_tokens`` with its acceptance deferred and is settled there with the rows vLLM
+  counts (requests finished or aborted while the step was in flight left out).
 - Topology: the TP rank 0 of the last pipeline stage of each data-parallel replica records
   (other ranks see no sampling); replicas carry ``dp_rank`` and use port + ``dp_rank``.
 """
