@@ -7,9 +7,14 @@ counters for any stream of calls.
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -290,3 +295,50 @@ def test_the_streams_defer_settle_and_expire() -> None:
     assert any(e[8] > 0 for e in counters)  # handed on unsettled
     calls = [c for log in logs for c in log[-1][1]]
     assert ("misuse", "bad_settle") in calls
+
+
+_FORK_SCRIPT = """
+import json, os, sys
+import specobs
+obs = specobs.configure(sinks=[specobs.MemorySink()], clock="host", poll_interval_seconds=0.01)
+def cycle():
+    c = obs.begin(1); c.mark("verify"); c.mark("bookkeeping")
+    return c
+pending = cycle().defer()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    try:
+        out = {"deferred": obs._recorder.ring.deferred}
+        pending.settle([1], draft_length=1)  # the parent's cycle: not the child's to count
+        c = cycle(); c.accept([1], draft_length=1); c.end()
+        out["flushed"] = obs.force_flush(5)
+        s = obs.snapshot()
+        out.update(cycles=s.cycles_total, accepted=s.accepted_tokens_total,
+                   fork=s.dropped["fork"], bad_settle=s.errors["bad_settle"])
+        obs.shutdown(2)
+        os.write(w, json.dumps(out).encode())
+    finally:
+        os._exit(0)
+os.close(w)
+os.waitpid(pid, 0)
+child = json.loads(os.read(r, 4096))
+pending.settle([1], draft_length=1)
+assert obs.force_flush(5)
+s = obs.snapshot()
+print(json.dumps({"child": child, "parent": [s.cycles_total, s.accepted_tokens_total]}))
+obs.shutdown()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+@pytest.mark.parametrize("kind", CORES)
+def test_a_forked_child_drops_the_parents_deferred_cycle_and_counts_it(kind: str) -> None:
+    env = {**os.environ, "SPECOBS_CORE": kind, "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True,
+                          timeout=60, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["child"] == {"deferred": 0, "flushed": True, "cycles": 1, "accepted": 1,
+                            "fork": 1, "bad_settle": 1}  # fmt: skip
+    assert out["parent"] == [1, 1]
