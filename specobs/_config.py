@@ -115,6 +115,9 @@ class Settings:
     labels: Mapping[str, str] = field(default_factory=dict)
     baseline_tokens_per_second: float | None = None
     poll_interval_seconds: float = 0.1
+    #: How long the resolver holds a cycle ended by ``defer()`` for its ``settle()``; then it is
+    #: counted with its times and without its tokens (``dropped_records{reason="unsettled"}``).
+    settle_timeout_seconds: float = 5.0
     trace_head_rate: float = 0.001
     trace_slow_cycle_seconds: float | None = None
     rank: int = 0
@@ -329,6 +332,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("baseline_tokens_per_second", SPECOBS_BASELINE_TOKENS_PER_SECOND,
             _number(0.0, 1e9, open_low=True)),
     Setting("poll_interval_seconds", None, _number(0.0, 86400.0, open_low=True)),
+    Setting("settle_timeout_seconds", None, _number(0.0, 86400.0, open_low=False)),
     Setting("trace_head_rate", SPECOBS_TRACE_HEAD_RATE, _number(0.0, 1.0, open_low=False)),
     Setting("trace_slow_cycle_seconds", SPECOBS_TRACE_SLOW_CYCLE_SECONDS,
             _number(0.0, 3600.0, open_low=True)),

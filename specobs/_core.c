@@ -58,6 +58,15 @@
 #define SLOT_OPEN 1
 #define SLOT_DONE 2
 #define SLOT_VOID 3
+/* Ended by defer(): times final, acceptance to come from settle() or the resolver's timeout
+ * (expire); the drain stops at it as at an open slot. */
+#define SLOT_DEFERRED 4
+/* A handle's deferral (Cycle.settle_state): none, awaiting settle(), settled, nothing to settle
+ * (discarded or begun in graph capture: counted there). */
+#define DEFER_NONE 0
+#define DEFER_AWAITING 1
+#define DEFER_SETTLED 2
+#define DEFER_NOTHING 3
 /* Fewer waiting cycles than this are drained with the GIL held: letting go of it and taking it
  * back costs more than walking a few slots. */
 #define NOGIL_MIN 16
@@ -135,6 +144,7 @@ typedef struct {
     int64_t interval;
     int64_t clock_try_at; /* -1: no clock to try */
     int64_t begun, enqueued, dropped_queue_full, discarded, copy_ns;
+    int64_t deferred, unsettled; /* deferred cycles awaiting settle(); handed on unsettled */
     int64_t tick, fake_now; /* tests: a clock that advances by ``tick`` per read (0: real) */
     unsigned long writer;   /* the native id of the thread that began the last cycle (0: none) */
     /* CUDA acceptance copies started here, through the runtime's own functions (set by the
@@ -199,6 +209,7 @@ typedef struct {
     int64_t seq;   /* the cycle's index, always: its slot holds it while the slot is its own */
     uint64_t pos;  /* the slot's position in the ring */
     int closed;
+    int settle_state; /* DEFER_* */
 } Cycle;
 
 static PyTypeObject RingType;
@@ -249,6 +260,7 @@ static PyObject *s_misuse, *s_misuse_mark, *s_misuse_end, *s_internal_error, *s_
     *s_draft_length, *s_batch_size, *s_emitted, *s_event, *s_dtype, *s_is_contiguous,
     *s_get_device, *s_data_ptr, *s_handle, *s_copy_event_failed, *s_landed;
 static PyObject *m_begin_open, *m_end_twice, *m_accept_closed;
+static PyObject *m_defer_twice, *m_settle_twice, *m_settle_undeferred, *m_settle_late;
 
 /* -- slots --------------------------------------------------------------------------------- */
 
@@ -675,6 +687,10 @@ make_room(Ring *r)
         }
         else if (STATE(old) == SLOT_OPEN)
             r->dropped_queue_full++;
+        else if (STATE(old) == SLOT_DEFERRED) {
+            r->dropped_queue_full++;
+            r->deferred--;
+        }
         STATE_SET(old, SLOT_VOID);
         slot_drop_held(r, old);
         slot_clear_objs(old);
@@ -721,6 +737,11 @@ Cycle_end(Cycle *self, PyObject *Py_UNUSED(ignored))
         report_internal(r);
     if (!owns(self, s))
         Py_RETURN_NONE; /* dropped while the event was recorded (counted there) */
+    if (self->settle_state == DEFER_AWAITING) {
+        STATE_SET(s, SLOT_DEFERRED); /* defer(): handed on by settle() or expire() */
+        r->deferred++;
+        Py_RETURN_NONE;
+    }
     STATE_SET(s, SLOT_DONE);
     r->enqueued++;
     r->waiting++;
@@ -1097,6 +1118,97 @@ Cycle_accept(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
     Py_RETURN_NONE;
 }
 
+/* -- deferred acceptance (see PyCycle.defer / settle in specobs/_ring.py) ------------------ */
+
+/* No tokens and no batch size for this cycle (its times stay). */
+static void
+clear_acceptance(Ring *r, Slot *s)
+{
+    s->nseq = -1;
+    s->has_obj_acc = 0;
+    s->batch = -1;
+    slot_clear_objs(s);
+    if (s->copy != NULL) {
+        PyObject *t = PyTuple_Pack(2, Py_None, s->copy);
+        if (t == NULL || PyList_Append(r->dropped, t) < 0)
+            PyErr_Clear();
+        Py_XDECREF(t);
+        drop_ref(&s->copy);
+    }
+    s->cptr = NULL;
+    s->ck = -1;
+}
+
+/* A deferred cycle is done: the resolver may take it. */
+static void
+hand_on(Ring *r, Slot *s)
+{
+    STATE_SET(s, SLOT_DONE);
+    r->enqueued++;
+    r->waiting++;
+    if (s->ev != NULL || s->copy != NULL)
+        r->nheld++;
+    if (r->waiting >= r->wake_at)
+        call_slow(r, s_wake, NULL, 0);
+}
+
+static PyObject *
+Cycle_defer(Cycle *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->closed) {
+        misuse(self->ring, "end_without_begin", m_defer_twice);
+        return Py_NewRef(self);
+    }
+    self->settle_state = DEFER_AWAITING;
+    PyObject *res = Cycle_end(self, NULL);
+    if (res == NULL)
+        return NULL;
+    Py_DECREF(res);
+    Slot *s = slot_of(self);
+    if (STATE(s) != SLOT_DEFERRED || s->idx != self->seq)
+        self->settle_state = DEFER_NOTHING; /* discarded (counted there), or graph capture */
+    return Py_NewRef(self);
+}
+
+static PyObject *
+Cycle_settle(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    Ring *r = self->ring;
+    if (nargs != 1) {
+        PyErr_Format(PyExc_TypeError, "settle() takes 1 positional argument (%zd given)", nargs);
+        return NULL;
+    }
+    int st = self->settle_state;
+    if (st == DEFER_NOTHING)
+        Py_RETURN_NONE;
+    if (st != DEFER_AWAITING) {
+        misuse(r, "bad_settle", st == DEFER_SETTLED ? m_settle_twice : m_settle_undeferred);
+        Py_RETURN_NONE;
+    }
+    self->settle_state = DEFER_SETTLED;
+    Slot *s = slot_of(self);
+    if (STATE(s) != SLOT_DEFERRED || s->idx != self->seq) {
+        misuse(r, "bad_settle", m_settle_late);
+        Py_RETURN_NONE;
+    }
+    r->deferred--;
+    /* Open again for accept() only: nothing but settle() holds this handle's slot, and the
+     * drain stops at an open slot as at a deferred one. */
+    STATE_SET(s, SLOT_OPEN);
+    self->closed = 0;
+    PyObject *res;
+    if (args[0] == Py_None) {
+        clear_acceptance(r, s);
+        res = Py_NewRef(Py_None);
+    }
+    else
+        res = Cycle_accept(self, args, nargs, kwnames);
+    self->closed = 1;
+    if (owns(self, s))
+        hand_on(r, s); /* else dropped by a full ring meanwhile (counted there) */
+    return res;
+}
+
 static PyObject *
 Cycle_enter(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
@@ -1153,6 +1265,10 @@ static PyMethodDef Cycle_methods[] = {
     {"accept", (PyCFunction)(void (*)(void))Cycle_accept, METH_FASTCALL | METH_KEYWORDS,
      "Record acceptance for this cycle (see specobs.Cycle.accept)."},
     {"end", (PyCFunction)Cycle_end, METH_NOARGS, "End the last phase and hand the cycle on."},
+    {"defer", (PyCFunction)Cycle_defer, METH_NOARGS,
+     "End the cycle with its acceptance to come from settle(); returns the handle."},
+    {"settle", (PyCFunction)(void (*)(void))Cycle_settle, METH_FASTCALL | METH_KEYWORDS,
+     "Give a deferred cycle its acceptance (None: no tokens) and hand it on."},
     {"__enter__", Cycle_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)(void (*)(void))Cycle_exit, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
@@ -1272,6 +1388,7 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     c->seq = idx;
     c->pos = pos;
     c->closed = 0;
+    c->settle_state = DEFER_NONE;
     Py_INCREF(c);
     r->current = (PyObject *)c; /* one reference here, one returned */
     if (was_open)
@@ -2562,7 +2679,7 @@ Ring_clear_queue(Ring *r, PyObject *Py_UNUSED(ignored))
     ring_lock(r);
     while (r->tail != r->head) {
         Slot *s = &r->slots[r->tail % (uint64_t)r->nslots];
-        if (STATE(s) == SLOT_DONE)
+        if (STATE(s) == SLOT_DONE || STATE(s) == SLOT_DEFERRED)
             n++;
         STATE_SET(s, SLOT_VOID); /* an open cycle's end() finds its slot gone */
         slot_drop_held(r, s);
@@ -2571,8 +2688,48 @@ Ring_clear_queue(Ring *r, PyObject *Py_UNUSED(ignored))
     }
     r->waiting = 0;
     r->nheld = 0;
+    r->deferred = 0;
     r->if_idx = -1;
     r->if_polls = 0;
+    ring_unlock(r);
+    defer_end(&d);
+    return PyLong_FromSsize_t(n);
+}
+
+/* Hand on, unsettled, the deferred cycles that ended ``timeout_ns`` or longer ago (see
+ * PyRing.expire); returns how many. */
+static PyObject *
+Ring_expire(Ring *r, PyObject *arg)
+{
+    long long timeout = PyLong_AsLongLong(arg);
+    if (timeout == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = 0;
+    if (r->deferred <= 0)
+        return PyLong_FromSsize_t(0);
+    int64_t now = ring_now(r);
+    Deferral d;
+    defer_begin(&d);
+    ring_lock(r);
+    for (uint64_t p = r->tail; p != r->head; p++) {
+        Slot *s = &r->slots[p % (uint64_t)r->nslots];
+        int st = STATE(s);
+        if (st == SLOT_OPEN)
+            break;
+        if (st != SLOT_DEFERRED)
+            continue;
+        if (now - s->ts[r->nph] < (int64_t)timeout)
+            break;
+        r->deferred--;
+        r->unsettled++;
+        clear_acceptance(r, s);
+        STATE_SET(s, SLOT_DONE);
+        r->enqueued++;
+        r->waiting++;
+        if (s->ev != NULL || s->copy != NULL)
+            r->nheld++;
+        n++;
+    }
     ring_unlock(r);
     defer_end(&d);
     return PyLong_FromSsize_t(n);
@@ -2865,6 +3022,10 @@ static PyMemberDef Ring_members[] = {
     {"enqueued", T_LONGLONG, offsetof(Ring, enqueued), READONLY, NULL},
     {"dropped_queue_full", T_LONGLONG, offsetof(Ring, dropped_queue_full), READONLY, NULL},
     {"discarded", T_LONGLONG, offsetof(Ring, discarded), READONLY, NULL},
+    {"deferred", T_LONGLONG, offsetof(Ring, deferred), READONLY,
+     "cycles ended by defer() awaiting settle()"},
+    {"unsettled", T_LONGLONG, offsetof(Ring, unsettled), READONLY,
+     "deferred cycles the timeout handed on without acceptance"},
     {"copy_ns", T_LONGLONG, offsetof(Ring, copy_ns), READONLY, NULL},
     {"drained", T_LONGLONG, offsetof(Ring, drained), READONLY, NULL},
     {"native_copies", T_LONGLONG, offsetof(Ring, nc_copies), READONLY,
@@ -2978,6 +3139,8 @@ static PyMethodDef Ring_methods[] = {
     {"reset_totals", (PyCFunction)Ring_reset_totals, METH_NOARGS, NULL},
     {"clear_queue", (PyCFunction)Ring_clear_queue, METH_NOARGS, NULL},
     {"take_dropped", (PyCFunction)Ring_take_dropped, METH_NOARGS, NULL},
+    {"expire", (PyCFunction)Ring_expire, METH_O,
+     "expire(timeout_ns): hand on, unsettled, the deferred cycles ended that long ago."},
     {"forget_current", (PyCFunction)Ring_forget_current, METH_NOARGS, NULL},
     {"queued", (PyCFunction)Ring_len, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
@@ -3117,6 +3280,11 @@ PyInit__core(void)
                          "discarded (an observer belongs to one engine thread: configure one "
                          "per thread)");
     INTERN(m_end_twice, "end() on a cycle that already ended");
+    INTERN(m_defer_twice, "defer() on a cycle that already ended");
+    INTERN(m_settle_twice, "settle() twice on one cycle");
+    INTERN(m_settle_undeferred, "settle() on a cycle that was not deferred");
+    INTERN(m_settle_late, "settle() after the cycle's timeout (counted unsettled) or after it "
+                          "was dropped");
     INTERN(m_accept_closed, "accept() after the cycle ended");
     if (PyType_Ready(&RingType) < 0 || PyType_Ready(&CycleType) < 0)
         return NULL;

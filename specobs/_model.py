@@ -51,6 +51,23 @@ class CycleHandle(Protocol):
 
     def end(self) -> None: ...
 
+    def defer(self) -> CycleHandle:
+        """End the cycle with its acceptance to come from :meth:`settle` (any thread); its
+        times are final. Unsettled within ``settle_timeout_seconds``: counted with its times,
+        without tokens (``dropped_records{reason="unsettled"}``)."""
+        ...
+
+    def settle(
+        self,
+        accepted: Any,
+        *,
+        draft_length: Any = None,
+        batch_size: int | None = None,
+        emitted: Any = None,
+    ) -> None:
+        """A deferred cycle's acceptance, as ``accept`` takes it (``None``: no tokens)."""
+        ...
+
     def __enter__(self) -> CycleHandle: ...
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None: ...

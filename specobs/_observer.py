@@ -201,6 +201,7 @@ class Observer:
             want_traces=any(s.wants_traces for s in self.sinks),
             want_cycles=any(s.wants_cycles for s in self.sinks),
         )
+        self._resolver.settle_timeout_ns = int(settings.settle_timeout_seconds * 1e9)
         self._recorder.wake = self._resolver.wake
         # The hot path skips one call layer: ``obs.begin`` *is* the recorder's bound method.
         # The methods below stay for documentation, and a subclass that overrides them keeps

@@ -194,6 +194,12 @@ class _NullCycle:
     def end(self) -> None:
         pass
 
+    def defer(self) -> _NullCycle:
+        return self
+
+    def settle(self, accepted: Any, **kwargs: Any) -> None:
+        pass
+
     def __enter__(self) -> _NullCycle:
         return self
 

@@ -135,6 +135,10 @@ class Resolver:
         self.slice_ns = SLICE_NS
         self.yield_seconds = YIELD_SECONDS
 
+    #: How long a cycle ended by ``defer()`` waits for its ``settle()`` (ring clock ns); the
+    #: observer sets it from ``settle_timeout_seconds``.
+    settle_timeout_ns = 5_000_000_000
+
     def _init_sync_state(self) -> None:
         self.consumed = 0  # cycles taken off the ring by the resolver
         self.drains = 0  # completed drain passes (force_flush waits for one that began later)
@@ -173,6 +177,7 @@ class Resolver:
             "graph_capture": rec.dropped_capture,
             "misuse": rec.discarded,
             "queue_full": rec.dropped_queue_full,
+            "unsettled": rec.ring.unsettled,
             **{"err:" + kind: n for kind, n in list(rec.errors.items())},
         }
         self._cost_ewma = 0.0
@@ -250,6 +255,8 @@ class Resolver:
 
     def shutdown(self, timeout_seconds: float) -> None:
         deadline = time.monotonic() + max(0.0, timeout_seconds)
+        # Recording has stopped: a deferred cycle's settle() would come too late now.
+        self.rec.ring.expire(0)
         self.force_flush(max(0.0, (deadline - time.monotonic()) / 2))
         self._stop.set()
         self._wake.set()
@@ -348,6 +355,7 @@ class Resolver:
         rec = self.rec
         ring = rec.ring
         clock = rec.clock
+        ring.expire(self.settle_timeout_ns)  # deferred cycles nobody settled: on, unsettled
         for ev, copy in ring.take_dropped():
             self._release(ev, copy)
         if clock is not self._native_events:
@@ -648,6 +656,7 @@ class Resolver:
             "graph_capture": rec.dropped_capture,
             "misuse": rec.discarded,
             "queue_full": rec.dropped_queue_full,
+            "unsettled": rec.ring.unsettled,
         }
         dropped: dict[str, int] = {}
         for key, value in cur.items():

@@ -20,6 +20,11 @@ logs; a sampled cycle's CUDA events (``slow.sample(t)``); a clock that may start
 dropped and counted (``dropped_queue_full``), its events handed back through
 :meth:`Ring.take_dropped`.
 
+**Deferred acceptance.** ``Cycle.defer()`` ends a cycle whose acceptance is known only later
+(state ``DEFERRED``: the drain stops at it as at an open slot); ``settle(...)``, from any
+thread, gives the acceptance as ``accept`` takes it and hands the cycle on; the resolver's
+``expire(timeout_ns)`` hands on, without tokens (``unsettled``), the ones nobody settled.
+
 **Handles.** The handle of the last ended cycle is kept and reused by the next ``begin`` only if
 nobody else holds it (its reference count), so a steady loop creates no object per cycle and a
 handle kept after ``end()`` stays closed: its calls are counted as misuse and never touch a
@@ -62,6 +67,13 @@ _perf = time.perf_counter_ns
 #: discarded, begun in graph capture, drained). The resolver drains done slots in order, passes
 #: void ones and stops at an open one.
 OPEN, DONE, VOID = 1, 2, 3
+#: A fourth: ended by ``defer()``, its times final and its acceptance to come from
+#: ``settle()`` (then done), or from nobody within the resolver's timeout (``expire``: done,
+#: counted ``unsettled``, its tokens not counted). The drain stops at it as at an open one.
+DEFERRED = 4
+#: A handle's deferral: none, awaiting ``settle()``, settled, or nothing to settle (the cycle was
+#: discarded or begun in graph capture: counted there).
+_NO_DEFER, _AWAITING, _SETTLED, _NOTHING = 0, 1, 2, 3
 _getrefcount = getattr(sys, "getrefcount", None)
 
 #: (index, stamps, batch, events, cost ns, acceptance, draft length, emitted, copy, native,
@@ -203,7 +215,7 @@ class PyCycle:
     """One speculative decoding cycle in flight. Created by :meth:`Observer.begin`; also a
     context manager (``with observer.cycle() as c: ...`` ends the cycle on exit)."""
 
-    __slots__ = ("_closed", "_pos", "_ring", "_seq", "index")
+    __slots__ = ("_closed", "_pos", "_ring", "_seq", "_settle", "index")
 
     def __init__(self, ring: PyRing, index: int, pos: int) -> None:
         self._ring = ring
@@ -211,6 +223,7 @@ class PyCycle:
         self._seq = index
         self._pos = pos
         self._closed = 0
+        self._settle = _NO_DEFER
 
     def _slot(self) -> _Slot:
         slots = self._ring._slots
@@ -343,6 +356,10 @@ class PyCycle:
             r._record(s, r.nph, t)
         if s.state != OPEN or s.idx != self._seq:
             return  # dropped while the event was recorded (counted there)
+        if self._settle == _AWAITING:
+            s.state = DEFERRED  # defer(): handed on by settle() or expire()
+            r.deferred += 1
+            return
         s.state = DONE
         r.enqueued += 1
         r._waiting += 1
@@ -350,6 +367,65 @@ class PyCycle:
             r.held_cycles += 1
         if r._waiting >= r.wake_at:
             r._call(r.slow.wake)
+
+    @_serialized
+    def defer(self) -> PyCycle:
+        """End the cycle with its acceptance still to come: its phase times are final now, its
+        acceptance is given later by :meth:`settle` (from any thread), and the resolver holds
+        the cycle until then, or until its timeout (``unsettled``: the times counted, the
+        tokens not). Returns this handle: keep it for :meth:`settle`."""
+        if self._closed:
+            self._ring._misuse("end_without_begin", "defer() on a cycle that already ended")
+            return self
+        self._settle = _AWAITING
+        self.end()
+        s = self._slot()
+        if s.state != DEFERRED or s.idx != self._seq:
+            self._settle = _NOTHING  # discarded (counted there) or begun in graph capture
+        return self
+
+    @_serialized
+    def settle(
+        self,
+        accepted: Any,
+        *,
+        draft_length: Any = None,
+        batch_size: Any = None,
+        emitted: Any = None,
+    ) -> None:
+        """Give a deferred cycle its acceptance (as :meth:`accept` takes it; ``None``: count no
+        tokens and no batch) and hand the cycle to the resolver. Twice, without ``defer()``, or
+        after the timeout: counted (``errors{kind="bad_settle"}``), never raised."""
+        r = self._ring
+        st = self._settle
+        if st == _NOTHING:
+            return
+        if st != _AWAITING:
+            r._misuse("bad_settle", "settle() twice on one cycle" if st == _SETTLED
+                      else "settle() on a cycle that was not deferred")
+            return
+        self._settle = _SETTLED
+        s = self._slot()
+        if s.state != DEFERRED or s.idx != self._seq:
+            r._misuse("bad_settle", "settle() after the cycle's timeout (counted unsettled) or "
+                      "after it was dropped")
+            return
+        r.deferred -= 1
+        # Open again for accept() only: nothing but settle() holds this handle's slot, and the
+        # drain stops at an open slot as at a deferred one.
+        s.state = OPEN
+        self._closed = 0
+        try:
+            if accepted is None:
+                r._clear_acceptance(s)
+            else:
+                self.accept(accepted, draft_length=draft_length, batch_size=batch_size,
+                            emitted=emitted)
+        finally:
+            self._closed = 1
+        if not self._owns(s):
+            return  # dropped by a full ring meanwhile (counted there)
+        r._hand_on(s)
 
     def __enter__(self) -> PyCycle:
         return self
@@ -411,6 +487,9 @@ class PyRing:
         #: The native id of the thread that began the last cycle (0: none yet).
         self.writer = 0
         self.enqueued = 0
+        #: Cycles ended by defer() awaiting settle(); cycles the timeout handed on unsettled.
+        self.deferred = 0
+        self.unsettled = 0
         self.dropped_queue_full = 0
         self.discarded = 0
         self.copy_ns = 0
@@ -501,6 +580,26 @@ class PyRing:
         self.dropped.append((s.ev, s.copy))
         s.ev = s.copy = None
 
+    def _clear_acceptance(self, s: _Slot) -> None:
+        """No tokens and no batch size for this cycle (its times stay)."""
+        s.nseq = -1
+        s.has_obj_acc = False
+        s.batch = -1
+        s.acc = s.draft = s.emitted = s.batch_obj = None
+        if s.copy is not None:
+            self.dropped.append((None, s.copy))
+            s.copy = None
+
+    def _hand_on(self, s: _Slot, wake: bool = True) -> None:
+        """A deferred cycle is done: the resolver may take it (woken by the worker's side)."""
+        s.state = DONE
+        self.enqueued += 1
+        self._waiting += 1
+        if s.ev is not None or s.copy is not None:
+            self.held_cycles += 1
+        if wake and self._waiting >= self.wake_at:
+            self._call(self.slow.wake)
+
     def _discard(self, s: _Slot) -> None:
         self.discarded += 1
         s.state = VOID
@@ -545,6 +644,9 @@ class PyRing:
                 dropped = True
             elif old.state == OPEN:
                 self.dropped_queue_full += 1
+            elif old.state == DEFERRED:
+                self.dropped_queue_full += 1
+                self.deferred -= 1
             old.state = VOID
             self._drop_held(old)
             old.clear_objs(grave)
@@ -624,6 +726,7 @@ class PyRing:
             c.index = c._seq = idx
             c._pos = pos
             c._closed = 0
+            c._settle = _NO_DEFER
         else:
             c = PyCycle(self, idx, pos)
         self._current = c
@@ -957,7 +1060,7 @@ class PyRing:
         slots = self._slots
         while self._tail != self._head:
             s = slots[self._tail % len(slots)]
-            if s.state == DONE:
+            if s.state == DONE or s.state == DEFERRED:
                 n += 1
             s.state = VOID  # an open cycle's end() finds its slot gone
             self._drop_held(s)
@@ -965,7 +1068,34 @@ class PyRing:
             self._tail += 1
         self._waiting = 0
         self.held_cycles = 0
+        self.deferred = 0
         self.in_flight_index, self.in_flight_polls = -1, 0
+        return n
+
+    def expire(self, timeout_ns: int) -> int:
+        """Hand on, unsettled, the deferred cycles that ended ``timeout_ns`` or longer ago (on
+        the ring's clock): their times are counted, their tokens and batch size not. Returns how
+        many. Deferred cycles end in order, so the walk stops at the first one still in time."""
+        if not self.deferred:
+            return 0
+        n = 0
+        with self._hot:  # one at a time with the worker's calls and settle()
+            now = self._now()
+            slots = self._slots
+            ns = len(slots)
+            for p in range(self._tail, self._head):
+                s = slots[p % ns]
+                if s.state == OPEN:
+                    break
+                if s.state != DEFERRED:
+                    continue
+                if now - s.ts[self.nph] < timeout_ns:
+                    break
+                self.deferred -= 1
+                self.unsettled += 1
+                self._clear_acceptance(s)
+                self._hand_on(s, wake=False)  # the resolver is the caller
+                n += 1
         return n
 
     def take_dropped(self) -> list[tuple[Any, Any]]:

@@ -80,6 +80,7 @@ DROP_REASONS: tuple[str, ...] = (
     "span_export",  # cycle spans the OTLP exporter dropped (queue full, collector down)
     "metric_export",  # OTLP metric exports that failed (the next export resends cumulative data)
     "resolver_error",  # cycles whose Python stages raised (a specobs bug; logged)
+    "unsettled",  # deferred cycles not settled within the timeout: times counted, tokens not
 )
 
 #: Kinds of hot-path misuse, counted in ``specobs_exporter_errors_total{kind}``.
@@ -92,6 +93,7 @@ ERROR_KINDS: tuple[str, ...] = (
     "bad_acceptance",
     "bad_batch_size",
     "bad_request_counts",
+    "bad_settle",  # settle() twice, without defer(), or after the cycle's timeout
     "unsupported_engine",
     "internal",
 )

@@ -15,6 +15,8 @@ order they rest on.
 from __future__ import annotations
 
 import ast
+import collections
+import contextlib
 import sys
 import threading
 import types
@@ -220,3 +222,344 @@ def test_a_worker_thread_without_the_scheduler_ends_its_cycles_in_sample_tokens(
         "emitted": 8 + 8 + 4, "accept_length": (3 + 3 + 2, 5 + 5 + 2),
         "batch": 3 + 3 + 2, "phases": [3, 3, 3],
     }  # fmt: skip
+
+
+# -- async scheduling: the next step is launched before this one's output is taken ---------------
+
+K = 3
+EOS = 2
+ASYNC_PHASES = ("verify", "draft", "bookkeeping")  # V1 with a drafter on the GPU (EAGLE)
+"""Per request and step, the tokens it samples (accepted drafts plus the bonus token): a ends
+with EOS in its second step; b is aborted while its second step is in flight."""
+ASYNC_SAMPLED = {
+    "a": [[5, 6], [7, EOS, 8], [9, 9, 9, 9], [9]],
+    "b": [[5, 6, 7, 8], [5], [6, 7], [8]],
+    "c": [[5], [6, 7, 8, 9], [5, 6], [7, 8, 9, 10], [11]],
+}
+
+
+def _wheel_engine() -> dict[str, Any]:
+    """0.33.0's own ``EngineCore.step_with_batch_queue`` and ``_process_aborts_queue``,
+    ``UniProcExecutor``'s calls and ``AsyncOutputFuture``, ``Scheduler.update_from_output`` with
+    ``make_spec_decoding_stats`` and ``_update_request_with_output``, ``check_stop`` and
+    ``SpecDecodingStats``: the async engine loop, compiled from the wheel."""
+    import collections
+    import dataclasses
+    import time
+    from concurrent.futures import Future
+
+    from tests.test_instrument_vllm import _function, _real_code
+
+    class AsyncModelRunnerOutput:
+        pass
+
+    class EngineCoreOutput:
+        def __init__(self, **fields: Any) -> None:
+            self.__dict__.update(fields)
+
+    class EngineCoreOutputs:
+        def __init__(self, outputs: Any = None, **fields: Any) -> None:
+            self.outputs = outputs or []
+            self.__dict__.update(fields)
+
+    status = types.SimpleNamespace(
+        RUNNING=1, FINISHED_STOPPED=10, FINISHED_LENGTH_CAPPED=11, FINISHED_ABORTED=12,
+        FINISHED_ERROR=13, FINISHED_REPETITION=14,
+    )  # fmt: skip
+    namespace: dict[str, Any] = {
+        "dataclass": dataclasses.dataclass, "field": dataclasses.field,
+        "defaultdict": collections.defaultdict, "time": time, "Future": Future,
+        "AsyncModelRunnerOutput": AsyncModelRunnerOutput, "EngineCoreOutput": EngineCoreOutput,
+        "EngineCoreOutputs": EngineCoreOutputs, "RequestStatus": status,
+        "remove_all": lambda items, drop: [x for x in items if x not in drop],
+        "run_method": lambda obj, method, args, kwargs: getattr(obj, method)(*args, **kwargs),
+        "cast": lambda kind, value: value, "Any": Any,
+    }  # fmt: skip
+    metrics = _tree("vllm", VERSION, "vllm/v1/spec_decode/metrics.py")
+    assert metrics is not None
+    _real_code("vllm/v1/spec_decode/metrics.py", [_class(metrics, "SpecDecodingStats")],
+               namespace)  # fmt: skip
+    utils = _tree("vllm", VERSION, "vllm/v1/core/sched/utils.py")
+    assert utils is not None
+    check_stop = [n for n in utils.body
+                  if isinstance(n, ast.FunctionDef) and n.name == "check_stop"]  # fmt: skip
+    _real_code("vllm/v1/core/sched/utils.py", check_stop, namespace)
+    uniproc = _tree("vllm", VERSION, "vllm/v1/executor/uniproc_executor.py")
+    assert uniproc is not None
+    _real_code("vllm/v1/executor/uniproc_executor.py", [
+        _class(uniproc, "AsyncOutputFuture"),
+        *(_function(uniproc, "UniProcExecutor", m)
+          for m in ("collective_rpc", "execute_model", "sample_tokens")),
+    ], namespace)  # fmt: skip
+    core = _tree("vllm", VERSION, "vllm/v1/engine/core.py")
+    assert core is not None
+    _real_code("vllm/v1/engine/core.py", [
+        _function(core, "EngineCore", m) for m in ("step_with_batch_queue", "_process_aborts_queue")
+    ], namespace)  # fmt: skip
+    scheduler = _tree("vllm", VERSION, vl_inst.SCHEDULER_MODULE.replace(".", "/") + ".py")
+    assert scheduler is not None
+    _real_code("vllm/v1/core/sched/scheduler.py", [
+        _function(scheduler, "Scheduler", m)
+        for m in ("update_from_output", "make_spec_decoding_stats", "_update_request_with_output")
+    ], namespace)  # fmt: skip
+    return namespace
+
+
+class _AsyncRunner(_Runner):
+    """V1's seams with async scheduling and an EAGLE drafter: ``execute_model`` returns nothing,
+    ``sample_tokens`` keeps the sampled tokens on the device (``_bookkeeping_sync`` returns no
+    host lists) and hands back an async output the engine core resolves later."""
+
+    def __init__(self, async_output: type) -> None:
+        super().__init__()
+        self.speculative_config = types.SimpleNamespace(
+            method="eagle", num_speculative_tokens=K, disable_padded_drafter_batch=False,
+            use_eagle=lambda: True, uses_draft_model=lambda: False,
+            uses_extract_hidden_states=lambda: False, use_ngram_gpu=lambda: False,
+        )  # fmt: skip
+        self.async_output = async_output
+        self.steps: dict[str, int] = {}
+
+    def _sample(self, logits: Any, spec_decode_metadata: Any) -> Any:
+        import torch
+
+        rows = []
+        for r in self.input_batch.req_ids:
+            tokens = ASYNC_SAMPLED[r][self.steps.get(r, 0)]
+            rows.append(tokens + [-1] * (K + 1 - len(tokens)))
+        return types.SimpleNamespace(sampled_token_ids=torch.tensor(rows))
+
+    def _bookkeeping_sync(self, scheduler_output: Any, sampler_output: Any, *args: Any) -> Any:
+        return None, None, None, [], None  # async scheduling: no host lists
+
+    def sample_tokens(self, grammar_output: Any) -> Any:
+        scheduled = self._scheduled
+        ids = list(self.input_batch.req_ids)
+        drafts = scheduled.scheduled_spec_decode_tokens
+        metadata = types.SimpleNamespace(num_draft_tokens=[len(drafts.get(r, ())) for r in ids])
+        sampler_output = self._sample(None, metadata)
+        self.propose_draft_token_ids(scheduled, None)
+        self._bookkeeping_sync(scheduled, sampler_output)
+        sampled = [ASYNC_SAMPLED[r][self.steps.get(r, 0)] for r in ids]
+        for r in ids:
+            self.steps[r] = self.steps.get(r, 0) + 1
+        output = types.SimpleNamespace(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=[list(t) for t in sampled], logprobs=None,
+            prompt_logprobs_dict={}, prompt_token_id_logprobs_dict={}, pooler_output=None,
+            num_nans_in_logits=None, kv_connector_output=None, ec_connector_output=None,
+            cudagraph_stats=None, aux_output_connector_output=None, sampling_masks=None,
+        )  # fmt: skip
+        return type("AsyncOutput", (self.async_output,), {"get_output": lambda s: output})()
+
+
+class _AsyncRequest:
+    """What ``update_from_output``, ``_update_request_with_output`` and ``check_stop`` read."""
+
+    def __init__(self, req_id: str) -> None:
+        self.request_id = req_id
+        self.status = 1
+        self.output_token_ids = [4]  # the prefill step's token
+        self.num_prompt_tokens = 4
+        self.max_tokens = 100
+        self.sampling_params = types.SimpleNamespace(
+            eos_token_id=EOS, stop_token_ids=[], min_tokens=0, repetition_detection=None,
+            num_logprobs=None,
+        )  # fmt: skip
+        self.num_in_flight_tokens = self.num_stale_output_tokens = 0
+        self.drop_stale_output = False
+        self.num_computed_tokens = 5
+        self.num_output_placeholders = 0
+        self.spec_decode_metrics = None
+        self.has_encoder_inputs = False
+        self.pooling_params = None
+        self.client_index = 0
+        self.stop_reason = None
+        self.trace_headers = None
+        self.num_nans_in_logits = 0
+
+    def is_finished(self) -> bool:
+        return self.status >= 10
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + len(self.output_token_ids)
+
+    def append_output_token_ids(self, token: int) -> None:
+        self.output_token_ids.append(token)
+
+    def take_prefill_stats(self) -> None:
+        return None
+
+    def take_events(self) -> None:
+        return None
+
+    def get_finished_reason(self) -> int:
+        return self.status
+
+
+def _async_engine(real: dict[str, Any], runner: Any, abort: dict[int, str]) -> Any:
+    """An engine core with a batch queue of two over the real methods; the scheduler builds
+    each step from the live requests (drafts as placeholders, as the async scheduler does)."""
+    import queue
+
+    scheduler_cls = sys.modules[vl_inst.SCHEDULER_MODULE].Scheduler
+    scheduler = scheduler_cls.__new__(scheduler_cls)
+    nothing = lambda *args, **kwargs: None  # noqa: E731
+    scheduler.__dict__.update(
+        requests={r: _AsyncRequest(r) for r in ASYNC_SAMPLED}, defer_block_free=False,
+        perf_metrics=None, num_sampled_tokens_per_step=1, num_spec_tokens=K, log_stats=True,
+        kv_cache_manager=types.SimpleNamespace(cache_blocks=nothing, take_events=nothing),
+        structured_output_manager=types.SimpleNamespace(accept_tokens=lambda r, t: True),
+        aux_output_connector=None, return_sampling_mask=False, running=[],
+        grammar_compile_error_reqs={}, encoder_cache_mismatch_reqs=set(),
+        recompute_kv_load_failures=False, ec_connector=None, connector=None,
+        finished_req_ids_dict=None, is_mm_encoder_only=False, max_model_len=512,
+        spec_decode_metrics_level=None, stats=[], emitted=[], steps=0,
+    )  # fmt: skip
+    for name in ("make_spec_decoding_stats", "_update_request_with_output"):
+        setattr(scheduler, name, types.MethodType(real[name], scheduler))
+
+    def make_stats(spec_decoding_stats: Any, *args: Any, **kwargs: Any) -> None:
+        scheduler.stats.append(spec_decoding_stats)
+
+    def free(request: Any) -> tuple[None, None]:
+        scheduler.requests.pop(request.request_id, None)
+        return None, None
+
+    def schedule(throttle: Any = None) -> Any:
+        live = [r for r, q in scheduler.requests.items()
+                if not q.is_finished() and scheduler.steps < 5]  # fmt: skip
+        scheduler.steps += 1
+        for r in live:
+            request = scheduler.requests[r]
+            request.num_in_flight_tokens += 1 + K
+            request.num_computed_tokens += 1 + K
+            request.num_output_placeholders += 1 + K
+        return types.SimpleNamespace(
+            scheduled_spec_decode_tokens={r: [-1] * K for r in live},
+            num_scheduled_tokens={r: 1 + K for r in live},
+            total_num_scheduled_tokens=(1 + K) * len(live),
+            pending_structured_output_tokens=False, num_invalid_spec_tokens=None,
+        )  # fmt: skip
+
+    scheduler.__dict__.update(
+        make_stats=make_stats, _free_request=free,
+        _handle_stopped_request=lambda request: True, build=schedule,
+        has_requests=lambda: any(not q.is_finished() for q in scheduler.requests.values())
+        and scheduler.steps < 5,
+        get_grammar_bitmask=lambda scheduler_output: None,
+    )  # fmt: skip
+
+    executor = types.SimpleNamespace(driver_worker=runner)
+    for name in ("collective_rpc", "execute_model", "sample_tokens"):
+        setattr(executor, name, types.MethodType(real[name], executor))
+
+    def abort_requests(ids: list[str]) -> None:
+        for req_id in ids:
+            request = scheduler.requests.pop(req_id, None)
+            if request is not None:
+                request.status = 12
+
+    context = lambda *args: contextlib.nullcontext()  # noqa: E731
+    core = types.SimpleNamespace(
+        batch_queue=collections.deque(), batch_queue_size=2, scheduler=scheduler,
+        model_executor=executor, is_mm_encoder_only=False, is_pooling_model=False,
+        check_for_draft_tokens=False, aborts_queue=queue.Queue(), abort_requests=abort_requests,
+        _should_throttle_prefills=lambda: False, log_error_detail=context,
+        capture_iteration_details=context, _attach_iteration_details=nothing,
+        _attach_weight_version=nothing,
+    )  # fmt: skip
+    for name in ("step_with_batch_queue", "_process_aborts_queue"):
+        setattr(core, name, types.MethodType(real[name], core))
+    for i in range(20):
+        if i in abort:
+            core.aborts_queue.put(abort[i])  # arrives while the queued steps are in flight
+        outputs, _ = core.step_with_batch_queue()
+        for eco in (outputs or {}).values():
+            scheduler.emitted += [len(o.new_token_ids) for o in eco.outputs]
+        if not core.batch_queue and not scheduler.has_requests():
+            break
+    return scheduler
+
+
+@pytest.fixture
+def async_stand_ins(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[dict[str, Any], Any]]:
+    """V1's runner seams (async scheduling) and a Scheduler class carrying 0.33.0's own
+    ``update_from_output``, patched by a fresh instrumentor."""
+    pytest.importorskip("torch")
+    real = _wheel_engine()
+    modules = {
+        "vllm": types.ModuleType("vllm"),
+        vl_inst.V1_MODULE: types.ModuleType(vl_inst.V1_MODULE),
+        vl_inst.SCHEDULER_MODULE: types.ModuleType(vl_inst.SCHEDULER_MODULE),
+    }
+    runner = type("GPUModelRunner", (_AsyncRunner,), {})
+    scheduler = type("Scheduler", (), {
+        "update_from_output": real["update_from_output"],
+        "schedule": lambda self, throttle=False: self.build(throttle),
+    })  # fmt: skip
+    setattr(modules[vl_inst.V1_MODULE], vl_inst.RUNNER_CLASS, runner)
+    setattr(modules[vl_inst.SCHEDULER_MODULE], vl_inst.SCHEDULER_CLASS, scheduler)
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    inst = vl_inst.VllmInstrumentor()
+    inst.uninstrument()
+    inst._observer = None
+    observer = specobs.configure(sinks=[specobs.MemorySink()], clock="host",
+                                 phases=ASYNC_PHASES)  # fmt: skip
+    assert inst.instrument(observer=observer, skip_dep_check=True)
+    try:
+        yield real, runner(real["AsyncModelRunnerOutput"])
+    finally:
+        inst.uninstrument()
+        inst._observer = None
+        observer.shutdown(timeout_seconds=5.0)
+
+
+def test_async_scheduling_rows_of_requests_finished_or_aborted_in_flight_count_as_vllm_counts(
+    async_stand_ins: tuple[dict[str, Any], Any],
+) -> None:
+    """Async scheduling on the engine core's thread (UniProcExecutor): step N+1 is scheduled
+    and launched before step N's output is taken, so a request that finished at N (EOS) or
+    was aborted while N ran is still in N+1; ``update_from_output`` skips its rows and counts
+    nothing of them. specobs defers each step's cycle at ``sample_tokens`` and settles it
+    there with the rows vLLM counted: drafted, accepted, per position, emitted, equal."""
+    real, runner = async_stand_ins
+    # The real Scheduler defines schedule() itself (specobs marks the engine core's thread
+    # there, before the first two steps run without an output taken).
+    tree = _tree("vllm", VERSION, vl_inst.SCHEDULER_MODULE.replace(".", "/") + ".py")
+    assert tree is not None
+    assert _method(_class(tree, vl_inst.SCHEDULER_CLASS), "schedule")
+    scheduler = _async_engine(real, runner, abort={2: "b"})
+    stats = [s for s in scheduler.stats if s is not None]
+    vllm = {
+        "drafts": sum(s.num_drafts for s in stats),
+        "drafted": sum(s.num_draft_tokens for s in stats),
+        "accepted": sum(s.num_accepted_tokens for s in stats),
+        "per_pos": [sum(s.num_accepted_tokens_per_pos[i] for s in stats) for i in range(K)],
+        "emitted": sum(scheduler.emitted),
+    }  # fmt: skip
+    observer = vl_inst.VllmInstrumentor().current_observer
+    snap = _snapshot_of(observer)
+    verified = sum(runner.steps.values())
+    assert verified > vllm["drafts"]  # rows the engine verified and skipped were there
+    assert {
+        "drafts": snap.accept_length.count, "drafted": snap.draft_tokens_total,
+        "accepted": snap.accepted_tokens_total,
+        "per_pos": list(snap.accepted_by_position[:K]),
+        "emitted": snap.emitted_tokens_total,
+    } == vllm  # fmt: skip
+    assert snap.accept_length.sum == vllm["accepted"]
+    assert snap.cycles_total == scheduler.steps
+    assert snap.dropped["unsettled"] == 0
+    assert not any(snap.errors.values()), snap.errors
+
+
+def _snapshot_of(observer: Any) -> Any:
+    assert observer.force_flush(timeout_seconds=5.0)
+    return observer.snapshot()

@@ -530,6 +530,17 @@ class PhaseTracker:
             self.cycle = None
             cycle.__exit__(RuntimeError, None, None)
 
+    def defer(self) -> Any:
+        """Run the remaining phases out and end the cycle with its acceptance to come: returns
+        the handle to ``settle(...)`` (see :meth:`specobs.CycleHandle.defer`), or ``None``."""
+        cycle = self.cycle
+        if cycle is None:
+            return None
+        self.cycle = None
+        for i in range(self._index + 1, len(self._phases)):
+            cycle.mark(self._phases[i])
+        return cycle.defer()
+
     def finish(self) -> None:
         """Run the remaining phases out and end the cycle."""
         cycle = self.cycle

@@ -29,6 +29,13 @@ sync. Prefill (extend) and idle batches are not speculative cycles and pass stra
 with DP attention and ``SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION=1`` a decode rank's step on a
 batch where a peer prefills is a cycle (it drafts, verifies and extends its own rows).
 
+Counted rows: under overlap scheduling (the default) a request that finished while its step was
+in flight is verified once more in the next step; result processing skips that row. With one
+pipeline stage and 0.5.23's ``SchedulerBatchResultProcessor``, a decode step's cycle ends when
+the worker's step returns with its acceptance deferred, and is settled in
+``process_batch_result_decode`` with the rows SGLang counts and the tokens it keeps
+(:func:`around_process_batch_result_decode`).
+
 Topology (:func:`topology_of`): the process that records is the TP rank 0 of the last pipeline
 stage of each data-parallel replica (with DP attention: of each attention-DP group); replicas are
 told apart by ``dp_rank`` and get port + ``dp_rank``.
@@ -71,6 +78,12 @@ MULTI_LAYER_MODULE = _SPEC + "multi_layer_eagle_worker_v2"
 FROZEN_KV_MTP_MODULE = _SPEC + "frozen_kv_mtp_worker_v2"
 NGRAM_MODULE = _SPEC + "ngram_worker"
 SPEC_INFO_MODULE = _SPEC + "spec_info"
+RESULT_PROCESSOR_MODULE = "sglang.srt.managers.scheduler_components.batch_result_processor"
+"""Where the scheduler processes a decode step's result (0.5.23: ``SchedulerBatchResultProcessor.
+process_batch_result_decode``), on the worker's thread: under overlap scheduling after the next
+step was launched. A step's cycle is settled there (:func:`around_process_batch_result_decode`)."""
+_PENDING = "_specobs_pending"
+"""The attribute of a step's ``GenerationBatchResult`` holding its deferred cycle."""
 SPEC_REGISTRY_MODULE = _SPEC + "spec_registry"
 WORKER_FACTORIES = (
     (SPEC_INFO_MODULE, "SpeculativeAlgorithm"),
@@ -350,15 +363,90 @@ def _cycle_hook(
         _local.tracker = None
         try:
             accepted = _accepted(result)
-            if accepted is not None:
-                # Read after the step: adaptive speculation may have changed it for this step.
-                tracker.accept(accepted, draft_length(worker))
-            tracker.finish()
+            # Read after the step: adaptive speculation may have changed it for this step.
+            k = draft_length(worker)
+            pending = getattr(result, "__dict__", None)
+            if pending is not None and _defers(worker, batch):
+                # Times final now; the rows the scheduler's result processing counts (not
+                # those of requests that finished while the step was in flight) come later.
+                pending[_PENDING] = (tracker.defer(), accepted, k)
+            else:
+                if accepted is not None:
+                    tracker.accept(accepted, k)
+                tracker.finish()
         except Exception:
             _failed("the cycle end (forward_batch_generation)")
         return result
 
     return around_step
+
+
+def _defers(worker: Any, batch: Any) -> bool:
+    """Whether this step's cycle waits for the scheduler's result processing: it is hooked in
+    this process, the batch is one it processes as decode, and there is one pipeline stage
+    (under PP the last stage's result reaches the processing as another object)."""
+    if RESULT_PROCESSOR_MODULE not in SGLangInstrumentor()._patched_modules:
+        return False
+    if not batch.forward_mode.is_decode():
+        return False
+    return _pp_size(worker) == 1
+
+
+def _output_len(req: Any) -> int:
+    """The request's output tokens as SGLang returns them: through its stop, when it has one."""
+    through_stop = getattr(req, "output_ids_through_stop", None)
+    return len(through_stop if through_stop is not None else req.output_ids)
+
+
+def _settle(handle: Any, accepted: Any, k: int, rows: list[tuple[Any, bool, int]] | None) -> None:
+    """Give a deferred step the rows SGLang's result processing counted."""
+    if rows is None or type(accepted) is not list or len(accepted) != len(rows):
+        handle.settle(accepted, draft_length=k)  # what the step returned, every row
+        return
+    live = [i for i, row in enumerate(rows) if row[1]]
+    if not live:
+        handle.settle(None)  # every row finished in flight: a cycle without tokens
+        return
+    emitted = sum(_output_len(rows[i][0]) - rows[i][2] for i in live)
+    handle.settle([accepted[i] for i in live], draft_length=k, batch_size=len(live),
+                  emitted=emitted)  # fmt: skip
+
+
+def around_process_batch_result_decode(
+    original: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """The scheduler processes a decode step's result: the step's deferred cycle is settled
+    with the rows it counts. Under overlap scheduling a request that finished while its step
+    was in flight is verified once more in the next step; ``_resolve_spec_v2_tokens`` skips
+    such a row (``req.finished() or req.is_retracted``: no per-request counts, no tokens), and
+    so does specobs. Emitted tokens are the growth of each row's output through its stop."""
+    result = args[2] if len(args) > 2 else kwargs.get("result")
+    pending = getattr(result, "__dict__", {}).pop(_PENDING, None)
+    if pending is None:
+        return original(*args, **kwargs)
+    handle, tentative, k = pending
+    rows = None
+    try:
+        batch = args[1] if len(args) > 1 else kwargs["batch"]
+        # Read before the processing updates the finish states: the rows it skips.
+        rows = [(req, not (req.finished() or req.is_retracted), len(req.output_ids))
+                for req in batch.reqs]  # fmt: skip
+    except Exception:
+        _failed("the rows (process_batch_result_decode)")
+    try:
+        out = original(*args, **kwargs)
+    except BaseException:
+        try:
+            _settle(handle, tentative, k, None)
+        except Exception:
+            _failed("the cycle end (process_batch_result_decode)")
+        raise
+    try:
+        accepted = _accepted(result)
+        _settle(handle, tentative if accepted is None else accepted, k, rows)
+    except Exception:
+        _failed("the cycle end (process_batch_result_decode)")
+    return out
 
 
 def _around_phase(start: str | None, end: str | None) -> Callable[..., Any]:
@@ -456,6 +544,8 @@ HOOK_TARGETS: tuple[HookTarget, ...] = (
         "_prepare_for_speculative_decoding": around_draft,
         "_update_ngram_corpus": around_draft_extend,
     }),
+    HookTarget(RESULT_PROCESSOR_MODULE, "SchedulerBatchResultProcessor",
+               "process_batch_result_decode", around_process_batch_result_decode),
     *_hooks(V1_MODULE, "EAGLEWorker", {
         _STEP: around_plain_step,
         "draft": around_draft,

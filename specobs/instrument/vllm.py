@@ -42,13 +42,17 @@ covers:
   worker, ``UniProcExecutor``): there the cycle stays open until that thread's
   ``Scheduler.update_from_output`` takes the step's output, so the rows of requests aborted
   while the step ran, which vLLM skips there, are left out of the counts
-  (:func:`around_update_from_output`).
+  (:func:`around_update_from_output`). With async scheduling (or model runner V2) on that
+  thread the next step begins before this one's output is taken: the cycle ends at
+  ``sample_tokens`` with its acceptance deferred and is settled there with the rows vLLM
+  counts (requests finished or aborted while the step was in flight left out).
 - Topology: the TP rank 0 of the last pipeline stage of each data-parallel replica records
   (other ranks see no sampling); replicas carry ``dp_rank`` and use port + ``dp_rank``.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import threading
@@ -162,12 +166,16 @@ class _Step:
     """The per-thread state of the runner's step in flight."""
 
     __slots__ = (
-        "accepted", "batch_size", "draft_length", "emitted", "grammar", "off", "rows",
-        "scheduled", "scheduler_here", "tracker", "waits",
+        "accepted", "batch_size", "draft_length", "emitted", "grammar", "off", "pending",
+        "req_ids", "rows", "scheduled", "scheduler_here", "tracker", "waits",
     )  # fmt: skip
 
     def __init__(self) -> None:
         self.tracker: PhaseTracker | None = None
+        # Cycles deferred at sample_tokens, awaiting this thread's update_from_output of their
+        # step (async scheduling, or no host rows): (handle, scheduler output, request ids,
+        # drafts per request, accepted as sampled), oldest first.
+        self.pending: collections.deque[Pending] = collections.deque()
         # This thread runs the scheduler's update_from_output (the engine core's thread, with the
         # worker in it).
         self.scheduler_here = False
@@ -190,6 +198,8 @@ class _Step:
         self.rows: list[HostRow] | None = None
         # The open cycle waits for this thread's update_from_output to take the step's output.
         self.waits = False
+        # The runner's request ids of the step, in its row order.
+        self.req_ids: Any = None
 
 
 _local = threading.local()
@@ -324,9 +334,9 @@ def around_sample_v1(step: Any, result: Any, args: tuple[Any, ...], kwargs: dict
         # runner's stream, no sync; specobs copies the result to the host later.
         accepted = (sampled != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
         step.accepted = accepted.clamp_(min=0)
+        step.req_ids = args[0].input_batch.req_ids
         step.draft_length = valid_draft_lengths(
-            list(metadata.num_draft_tokens), args[0].input_batch.req_ids,
-            step.scheduled, step.grammar,
+            list(metadata.num_draft_tokens), step.req_ids, step.scheduled, step.grammar,
         )  # fmt: skip
 
 
@@ -341,9 +351,9 @@ def around_sample_v2(step: Any, result: Any, args: tuple[Any, ...], kwargs: dict
         # in chunked prefill): one tiny kernel on the runner's stream, no sync.
         step.accepted = (num_sampled - 1).clamp_(min=0)
         grammar = args[3] if len(args) > 3 else kwargs.get("grammar_output")
+        step.req_ids = getattr(input_batch, "req_ids", None)
         step.draft_length = valid_draft_lengths(
-            [int(d) for d in drafts], getattr(input_batch, "req_ids", None),
-            step.scheduled, grammar,
+            [int(d) for d in drafts], step.req_ids, step.scheduled, grammar,
         )  # fmt: skip
     step.tracker.enter("bookkeeping")
 
@@ -530,6 +540,14 @@ def around_sample_tokens(original: Callable[..., Any], *args: Any, **kwargs: Any
             # The engine core's thread, no async scheduling: its update_from_output for this
             # step comes next, after it applied the aborts that arrived meanwhile.
             step.waits = True
+        elif step.scheduler_here:
+            # The engine core's thread without host rows (async scheduling: the next step may
+            # be launched before this one's output is taken; or model runner V2): the times
+            # are final, the rows vLLM counts are settled by its update_from_output.
+            try:
+                _defer(step)
+            except Exception:
+                _failed("the cycle end (sample_tokens)")
         else:
             try:
                 _finish(step)
@@ -538,9 +556,110 @@ def around_sample_tokens(original: Callable[..., Any], *args: Any, **kwargs: Any
     return result
 
 
+def around_schedule(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """The engine core schedules a step: this thread takes the outputs too. Known before its
+    first step runs (with async scheduling two steps run before the first output is taken)."""
+    _step().scheduler_here = True
+    return original(*args, **kwargs)
+
+
+Pending = tuple[Any, Any, "list[Any] | None", Any, Any]
+"""A deferred step: (handle, scheduler output, request ids, drafts per request, accepted)."""
+
+_MAX_PENDING = 8
+"""Deferred steps a thread holds at most (vLLM's batch queue holds two); an older one is
+settled as sampled."""
+
+
+def _defer(step: _Step) -> None:
+    tracker = step.tracker
+    if tracker is None:
+        return
+    step.tracker = None
+    req_ids = step.req_ids
+    entry: Pending = (tracker.defer(), step.scheduled,
+                      list(req_ids) if req_ids is not None else None,
+                      step.draft_length, step.accepted)  # fmt: skip
+    step.clear()
+    step.pending.append(entry)
+    if len(step.pending) > _MAX_PENDING:
+        _settle_as_sampled(step.pending.popleft())
+
+
+def _settle_as_sampled(entry: Pending) -> None:
+    """Every row of the step, as the runner sampled it (what specobs counted before)."""
+    handle, _, _, drafts, accepted = entry
+    if accepted is None:
+        handle.settle(None)
+    else:
+        handle.settle(accepted, draft_length=drafts)
+
+
+def _take_pending(step: _Step, scheduler_output: Any) -> Pending | None:
+    for entry in step.pending:
+        if entry[1] is scheduler_output:
+            step.pending.remove(entry)
+            return entry
+    return None
+
+
+_Before = tuple[set[Any], dict[Any, int], dict[Any, Any], dict[Any, int]]
+
+
+def _before_update(scheduler: Any, entry: Pending, model_output: Any) -> _Before | None:
+    """Asked before ``update_from_output`` runs: the rows it will skip, the tokens each other
+    row sampled (it trims the lists in place at a stop), and the output length of each
+    other row's request (the tokens it keeps are the growth)."""
+    req_ids = entry[2]
+    sampled = getattr(model_output, "sampled_token_ids", None)
+    index = getattr(model_output, "req_id_to_index", None)
+    if req_ids is None or not sampled or index is None:
+        return None
+    skipped = skipped_by_scheduler(scheduler, req_ids)
+    counts = {}
+    for r in req_ids:
+        j = index.get(r)
+        if r not in skipped and j is not None and j < len(sampled):
+            counts[r] = len(sampled[j])
+    requests = {r: scheduler.requests.get(r) for r in counts}
+    lengths = {r: len(q.output_token_ids) for r, q in requests.items() if q is not None}
+    return skipped, counts, requests, lengths
+
+
+def _settle_updated(entry: Pending, before: _Before | None) -> None:
+    """Settle a deferred step with the rows ``update_from_output`` counted: not skipped, with
+    sampled tokens (host lists by then); accepted = tokens - 1, emitted = what it kept."""
+    handle, _, req_ids, drafts, _ = entry
+    if before is None or req_ids is None or type(drafts) is not list or len(drafts) != len(
+        req_ids
+    ):
+        _settle_as_sampled(entry)
+        return
+    _, counts, requests, lengths = before
+    accepted: list[int] = []
+    drafted: list[int] = []
+    emitted = 0
+    for i, req_id in enumerate(req_ids):
+        n = counts.get(req_id, 0)
+        if not n:
+            continue  # skipped, or still in chunked prefill: nothing sampled, nothing counted
+        accepted.append(n - 1)
+        drafted.append(drafts[i])
+        request = requests.get(req_id)
+        if request is not None and req_id in lengths:
+            emitted += len(request.output_token_ids) - lengths[req_id]
+        else:
+            emitted += n
+    if not accepted:
+        handle.settle(None)
+        return
+    handle.settle(accepted, draft_length=drafted, batch_size=len(accepted), emitted=emitted)
+
+
 def around_update_from_output(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The engine core takes a step's output. On a thread that runs the worker too, the open
-    cycle of that step ends here, without the rows vLLM is about to skip."""
+    cycle of that step ends here, without the rows vLLM is about to skip; a cycle deferred at
+    ``sample_tokens`` (async scheduling) is settled here, with the rows vLLM counted."""
     step = _step()
     step.scheduler_here = True
     if step.tracker is not None and step.waits:
@@ -557,7 +676,31 @@ def around_update_from_output(original: Callable[..., Any], *args: Any, **kwargs
             _finish(step)
         except Exception:
             _failed("the cycle end (update_from_output)")
-    return original(*args, **kwargs)
+    if not step.pending:
+        return original(*args, **kwargs)
+    entry = before = None
+    try:
+        entry = _take_pending(step, args[1] if len(args) > 1 else kwargs["scheduler_output"])
+        if entry is not None:
+            model_output = args[2] if len(args) > 2 else kwargs["model_runner_output"]
+            before = _before_update(args[0], entry, model_output)
+    except Exception:
+        _failed("aborted rows (update_from_output)")
+    if entry is None:
+        return original(*args, **kwargs)
+    try:
+        out = original(*args, **kwargs)
+    except BaseException:
+        try:
+            _settle_as_sampled(entry)
+        except Exception:
+            _failed("the cycle end (update_from_output)")
+        raise
+    try:
+        _settle_updated(entry, before)
+    except Exception:
+        _failed("the cycle end (update_from_output)")
+    return out
 
 
 HOOKS_V1: dict[str, Callable[..., Any]] = {
@@ -634,9 +777,16 @@ class VllmInstrumentor(BaseInstrumentor):
             scheduler = getattr(module, SCHEDULER_CLASS)
             self._patch(scheduler, "update_from_output",
                         functools.partial(wrap_around, around_update_from_output))  # fmt: skip
+            if "schedule" in vars(scheduler):
+                self._patch(scheduler, "schedule", functools.partial(wrap_around, around_schedule))
 
     def _uninstrument(self) -> None:
-        _local.__dict__.pop("step", None)
+        step = _local.__dict__.pop("step", None)
+        while step is not None and step.pending:
+            try:
+                _settle_as_sampled(step.pending.popleft())
+            except Exception:
+                _failed("the cycle end (uninstrument)")
 
     def runner_integration(self, runner: Any) -> str | None:
         """``vllm_v1`` / ``vllm_v2`` when ``runner`` is one specobs times, else ``None``."""
