@@ -88,7 +88,7 @@ def test_the_one_batch_line_errs_low_where_several_batches_do_not() -> None:
     assert "extrapolated from batches 4.0..16.0" in f.sentence
     assert "x the largest batch observed, confidence low" in f.sentence
     assert "1.56x at 1.0" in f.sentence and "1.16x at 16.0" in f.sentence
-    # With batch 32 observed too it is 1.9x beyond: medium confidence, and closer.
+    # With batch 32 observed too it is 1.5x beyond: medium confidence, and closer.
     f32 = dg.batch_threshold([point(b) for b in (1, 2, 4, 8, 16, 32)])
     assert f32 is not None and f32.evidence["confidence"] == "medium"
     t32 = f32.evidence["threshold_batch"]
