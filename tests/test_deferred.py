@@ -227,6 +227,9 @@ def run_stream(kind: str, seed: int) -> list[Any]:
     """Random calls, defer/settle/expire among them, straight on a ring."""
     rng = random.Random(seed)
     ring, slow = make(kind, seed, rng.choice([4, 16, 64]))
+    if rng.random() < 0.5:  # sampled cycles: events held by deferred slots too
+        ring.sampling = 1
+        ring.interval = rng.choice([1, 2, 5])
     log: list[Any] = []
     handles: list[Any] = []
     deferred: list[Any] = []
