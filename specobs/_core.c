@@ -30,6 +30,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "_bucket.h"
+
 #if !defined(__linux__)
 #error "the native core reads CLOCK_MONOTONIC, which is perf_counter_ns only on Linux"
 #endif
@@ -1441,45 +1443,7 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 
 /* -- Ring: the resolver's side ------------------------------------------------------------- */
 
-static inline Py_ssize_t
-bucket_of(const double *b, int n, double x)
-{
-    int lo = 0, hi = n;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (b[mid] < x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-static PyObject *
-int64_list(const int64_t *v, Py_ssize_t n)
-{
-    PyObject *l = PyList_New(n);
-    if (l == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *x = PyLong_FromLongLong(v[i]);
-        if (x == NULL) {
-            Py_DECREF(l);
-            return NULL;
-        }
-        PyList_SET_ITEM(l, i, x);
-    }
-    return l;
-}
-
-static PyObject *
-bucketed(const int64_t *counts, int n, int64_t sum)
-{
-    PyObject *c = int64_list(counts, n);
-    if (c == NULL)
-        return NULL;
-    return Py_BuildValue("(NL)", c, (long long)sum);
-}
+/* bucket_of, int64_list, bucketed: specobs/_bucket.h */
 
 /* (first index, [(index, events, copy) for the cycles holding events], bound): the first
  * ``limit`` queued cycles. The resolver asks which of the held ones completed and drains up
@@ -2944,47 +2908,32 @@ set_obj(PyObject **slot, PyObject *v)
     return 0;
 }
 
+/* The Ring's object attributes that are never NULL: the getset closure is the field's offset. */
+#define RING_OBJ(r, closure) ((PyObject **)((char *)(r) + (uintptr_t)(closure)))
+#define RING_OBJ_OFFSET(field) ((void *)(uintptr_t)offsetof(Ring, field))
+
 static PyObject *
-Ring_get_record_fn(Ring *r, void *Py_UNUSED(c))
+Ring_get_obj(Ring *r, void *closure)
 {
-    Py_INCREF(r->record_fn);
-    return r->record_fn;
+    PyObject *v = *RING_OBJ(r, closure);
+    Py_INCREF(v);
+    return v;
 }
 
 static int
-Ring_set_record_fn(Ring *r, PyObject *v, void *Py_UNUSED(c))
+Ring_set_obj(Ring *r, PyObject *v, void *closure)
 {
-    return set_obj(&r->record_fn, v);
-}
-
-static PyObject *
-Ring_get_stream(Ring *r, void *Py_UNUSED(c))
-{
-    Py_INCREF(r->stream);
-    return r->stream;
+    return set_obj(RING_OBJ(r, closure), v);
 }
 
 static int
-Ring_set_stream(Ring *r, PyObject *v, void *Py_UNUSED(c))
-{
-    return set_obj(&r->stream, v);
-}
-
-static PyObject *
-Ring_get_copy_type(Ring *r, void *Py_UNUSED(c))
-{
-    Py_INCREF(r->copy_type);
-    return r->copy_type;
-}
-
-static int
-Ring_set_copy_type(Ring *r, PyObject *v, void *Py_UNUSED(c))
+Ring_set_copy_type(Ring *r, PyObject *v, void *closure)
 {
     if (v != NULL && v != Py_None && !PyType_Check(v)) {
         PyErr_SetString(PyExc_TypeError, "copy_type must be a type or None");
         return -1;
     }
-    return set_obj(&r->copy_type, v);
+    return Ring_set_obj(r, v, closure);
 }
 
 static PyObject *
@@ -3004,9 +2953,10 @@ Ring_forget_current(Ring *r, PyObject *Py_UNUSED(ignored))
 
 static PyGetSetDef Ring_getset[] = {
     {"current", (getter)Ring_get_current, NULL, "the open cycle, or None", NULL},
-    {"record_fn", (getter)Ring_get_record_fn, (setter)Ring_set_record_fn, NULL, NULL},
-    {"stream", (getter)Ring_get_stream, (setter)Ring_set_stream, NULL, NULL},
-    {"copy_type", (getter)Ring_get_copy_type, (setter)Ring_set_copy_type, NULL, NULL},
+    {"record_fn", (getter)Ring_get_obj, (setter)Ring_set_obj, NULL, RING_OBJ_OFFSET(record_fn)},
+    {"stream", (getter)Ring_get_obj, (setter)Ring_set_obj, NULL, RING_OBJ_OFFSET(stream)},
+    {"copy_type", (getter)Ring_get_obj, (setter)Ring_set_copy_type, NULL,
+     RING_OBJ_OFFSET(copy_type)},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

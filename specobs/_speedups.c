@@ -10,60 +10,64 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <stdlib.h>
 
+#include "_bucket.h"
+
+/* A histogram table: the bounds (strictly increasing floats) and ``rows`` rows of nb = n + 1
+ * counts each, the last one +Inf. */
 typedef struct {
     double *v;
     Py_ssize_t n;
-} Bounds;
+    Py_ssize_t nb;
+    int64_t *counts;
+} Table;
 
-static int
-read_bounds(PyObject *obj, Bounds *b)
+static void
+table_free(Table *t)
 {
-    PyObject *seq = PySequence_Fast(obj, "bounds must be a sequence of floats");
+    PyMem_Free(t->counts);
+    PyMem_Free(t->v);
+    t->counts = NULL;
+    t->v = NULL;
+}
+
+/* Reads ``bounds_obj`` into ``t`` with a zeroed table of ``rows`` rows; table_free frees both.
+ * -1 with an exception set, and nothing to free, when the bounds are not strictly increasing
+ * floats or memory ran out. */
+static int
+table_init(Table *t, PyObject *bounds_obj, Py_ssize_t rows)
+{
+    t->v = NULL;
+    t->counts = NULL;
+    PyObject *seq = PySequence_Fast(bounds_obj, "bounds must be a sequence of floats");
     if (seq == NULL)
         return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    b->v = PyMem_Malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
-    if (b->v == NULL) {
-        Py_DECREF(seq);
+    t->n = PySequence_Fast_GET_SIZE(seq);
+    t->nb = t->n + 1;
+    t->v = PyMem_Malloc(sizeof(double) * (size_t)(t->n > 0 ? t->n : 1));
+    t->counts = PyMem_Calloc((size_t)(rows * t->nb), sizeof(int64_t));
+    if (t->v == NULL || t->counts == NULL) {
         PyErr_NoMemory();
-        return -1;
+        goto fail;
     }
-    b->n = n;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < t->n; i++) {
         double x = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
-        if (x == -1.0 && PyErr_Occurred()) {
-            PyMem_Free(b->v);
-            Py_DECREF(seq);
-            return -1;
-        }
-        if (i > 0 && !(x > b->v[i - 1])) {
-            PyMem_Free(b->v);
-            Py_DECREF(seq);
+        if (x == -1.0 && PyErr_Occurred())
+            goto fail;
+        if (i > 0 && !(x > t->v[i - 1])) {
             PyErr_SetString(PyExc_ValueError, "bounds must be strictly increasing");
-            return -1;
+            goto fail;
         }
-        b->v[i] = x;
+        t->v[i] = x;
     }
     Py_DECREF(seq);
     return 0;
-}
-
-/* Index of the first bound >= x; b->n (the +Inf bucket) when there is none. A NaN compares
- * false with every bound and lands in +Inf, as bisect does with it. */
-static inline Py_ssize_t
-bucket_index(const Bounds *b, double x)
-{
-    Py_ssize_t lo = 0, hi = b->n;
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        if (b->v[mid] < x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+fail:
+    Py_DECREF(seq);
+    table_free(t);
+    return -1;
 }
 
 /* An int, or an object with __index__ (as bytes() and the reference take them). */
@@ -97,58 +101,6 @@ add_i64(long long *acc, long long x)
     return 0;
 }
 
-/* A list of the ints in counts[0..n). */
-static PyObject *
-count_list(const Py_ssize_t *counts, Py_ssize_t n)
-{
-    PyObject *lst = PyList_New(n);
-    if (lst == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *c = PyLong_FromSsize_t(counts[i]);
-        if (c == NULL) {
-            Py_DECREF(lst);
-            return NULL;
-        }
-        PyList_SET_ITEM(lst, i, c);
-    }
-    return lst;
-}
-
-/* Reads ``bounds_obj`` into ``b`` and returns a zeroed table of ``rows`` rows of b->n + 1 counts
- * (the last one +Inf); the caller frees both. NULL with an exception set, and nothing to free,
- * when the bounds are not strictly increasing floats or memory ran out. */
-static Py_ssize_t *
-count_table(PyObject *bounds_obj, Py_ssize_t rows, Bounds *b)
-{
-    if (read_bounds(bounds_obj, b) < 0)
-        return NULL;
-    Py_ssize_t *counts = PyMem_Calloc((size_t)(rows * (b->n + 1)), sizeof(Py_ssize_t));
-    if (counts == NULL) {
-        PyMem_Free(b->v);
-        PyErr_NoMemory();
-    }
-    return counts;
-}
-
-/* (counts list, sum int) from a row of counts and a sum. */
-static PyObject *
-bucketed(const Py_ssize_t *counts, Py_ssize_t nb, long long sum)
-{
-    PyObject *lst = count_list(counts, nb);
-    if (lst == NULL)
-        return NULL;
-    PyObject *s = PyLong_FromLongLong(sum);
-    if (s == NULL) {
-        Py_DECREF(lst);
-        return NULL;
-    }
-    PyObject *t = PyTuple_Pack(2, lst, s);
-    Py_DECREF(lst);
-    Py_DECREF(s);
-    return t;
-}
-
 PyDoc_STRVAR(bucket_doc,
 "bucket(values, bounds, scale) -> (counts, sum)\n\n"
 "Counts of the ints in the list ``values`` per bucket of ``bounds`` (value * scale compared,\n"
@@ -159,13 +111,10 @@ bucket(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyObject *values, *bounds_obj;
     double scale;
-    if (!PyArg_ParseTuple(args, "O!Od:bucket", &PyList_Type, &values, &bounds_obj, &scale))
+    Table t;
+    if (!PyArg_ParseTuple(args, "O!Od:bucket", &PyList_Type, &values, &bounds_obj, &scale)
+        || table_init(&t, bounds_obj, 1) < 0)
         return NULL;
-    Bounds b;
-    Py_ssize_t *counts = count_table(bounds_obj, 1, &b);
-    if (counts == NULL)
-        return NULL;
-    Py_ssize_t nb = b.n + 1;
     long long sum = 0;
     PyObject *result = NULL;
     Py_ssize_t n = PyList_GET_SIZE(values);
@@ -173,12 +122,11 @@ bucket(PyObject *Py_UNUSED(self), PyObject *args)
         long long x;
         if (as_i64(PyList_GET_ITEM(values, j), &x) < 0 || add_i64(&sum, x) < 0)
             goto done;
-        counts[bucket_index(&b, (double)x * scale)]++;
+        t.counts[bucket_of(t.v, t.n, (double)x * scale)]++;
     }
-    result = bucketed(counts, nb, sum);
+    result = bucketed(t.counts, t.nb, sum);
 done:
-    PyMem_Free(counts);
-    PyMem_Free(b.v);
+    table_free(&t);
     return result;
 }
 
@@ -200,11 +148,10 @@ host_chunk(PyObject *Py_UNUSED(self), PyObject *args)
         return NULL;
     }
     Py_ssize_t nh = nph + 1; /* the phases, then the whole cycle */
-    Bounds b;
-    Py_ssize_t *counts = count_table(bounds_obj, nh, &b);
-    if (counts == NULL)
+    Table tb;
+    if (table_init(&tb, bounds_obj, nh) < 0)
         return NULL;
-    Py_ssize_t nb = b.n + 1;
+    Py_ssize_t nb = tb.nb;
     long long *sums = PyMem_Calloc((size_t)nh, sizeof(long long));
     PyObject *result = NULL, *hists = NULL;
     if (sums == NULL) {
@@ -232,7 +179,7 @@ host_chunk(PyObject *Py_UNUSED(self), PyObject *args)
             }
             if (add_i64(&sums[i], d) < 0)
                 goto done;
-            counts[i * nb + bucket_index(&b, (double)d * 1e-9)]++;
+            tb.counts[i * nb + bucket_of(tb.v, tb.n, (double)d * 1e-9)]++;
             prev = t;
         }
         long long total;
@@ -241,13 +188,13 @@ host_chunk(PyObject *Py_UNUSED(self), PyObject *args)
                 PyErr_SetString(PyExc_OverflowError, "cycle time overflows");
             goto done;
         }
-        counts[nph * nb + bucket_index(&b, (double)total * 1e-9)]++;
+        tb.counts[nph * nb + bucket_of(tb.v, tb.n, (double)total * 1e-9)]++;
     }
     hists = PyList_New(nh);
     if (hists == NULL)
         goto done;
     for (Py_ssize_t h = 0; h < nh; h++) {
-        PyObject *one = bucketed(counts + h * nb, nb, sums[h]);
+        PyObject *one = bucketed(tb.counts + h * nb, nb, sums[h]);
         if (one == NULL)
             goto done;
         PyList_SET_ITEM(hists, h, one);
@@ -255,9 +202,8 @@ host_chunk(PyObject *Py_UNUSED(self), PyObject *args)
     result = Py_BuildValue("(OL)", hists, sums[nph]);
 done:
     Py_XDECREF(hists);
-    PyMem_Free(counts);
     PyMem_Free(sums);
-    PyMem_Free(b.v);
+    table_free(&tb);
     return result;
 }
 
@@ -277,7 +223,7 @@ count_lengths(PyObject *Py_UNUSED(self), PyObject *args)
         PyErr_SetString(PyExc_ValueError, "need 0 <= k < width <= 4096");
         return NULL;
     }
-    Py_ssize_t *counts = PyMem_Calloc((size_t)width, sizeof(Py_ssize_t));
+    int64_t *counts = PyMem_Calloc((size_t)width, sizeof(int64_t));
     if (counts == NULL)
         return PyErr_NoMemory();
     PyObject *result = NULL;
@@ -305,7 +251,7 @@ count_lengths(PyObject *Py_UNUSED(self), PyObject *args)
             counts[v]++;
         }
     }
-    result = count_list(counts, width);
+    result = int64_list(counts, width);
 done:
     PyMem_Free(counts);
     return result;

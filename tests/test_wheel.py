@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from fnmatch import fnmatch
 from pathlib import Path
@@ -38,26 +39,38 @@ def _has_compiler() -> bool:
     return headers and (shutil.which("cc") is not None or shutil.which("gcc") is not None)
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _build(tmp: Path, kind: str) -> Path:
+    """``python -m build --<kind>`` from a fresh clone under ``tmp``: the one file it made."""
     if not _importable("build"):
         pytest.skip("the build module is not installed (pip install build)")
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
-    if not _has_compiler():
-        pytest.skip("no C compiler and Python headers: the wheel would have no extensions")
-    tmp = tmp_path_factory.mktemp("wheel")
     src, out = tmp / "src", tmp / "dist"
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(src)],
                    check=True, capture_output=True, text=True, timeout=120)
     env = {k: v for k, v in os.environ.items() if k not in ("CC", "CFLAGS", "LDSHARED")}
-    r = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation",
+    r = subprocess.run([sys.executable, "-m", "build", f"--{kind}", "--no-isolation",
                         "--outdir", str(out)], cwd=src, env=env, capture_output=True,
                        text=True, timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    wheels = list(out.glob("specobs-*.whl"))
-    assert len(wheels) == 1, wheels
-    return wheels[0]
+    built = list(out.glob("specobs-*"))
+    assert len(built) == 1, built
+    return built[0]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not _has_compiler():
+        pytest.skip("no C compiler and Python headers: the wheel would have no extensions")
+    return _build(tmp_path_factory.mktemp("wheel"), "wheel")
+
+
+def test_the_sdist_holds_both_extensions_sources_and_their_shared_header(
+    tmp_path: Path,
+) -> None:
+    names = tarfile.open(_build(tmp_path, "sdist")).getnames()
+    for source in ("_core.c", "_speedups.c", "_bucket.h"):
+        assert any(n.endswith(f"/specobs/{source}") for n in names), (source, names)
 
 
 def test_the_wheel_holds_both_extensions_and_the_pure_python_ring(wheel: Path) -> None:
