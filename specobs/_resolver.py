@@ -124,6 +124,13 @@ class Resolver:
         self._native_events: Any = None
         self._native_seen = (0, 0)
         self._folded: dict[str, int] = {}
+        self._fold_seen: tuple[int, ...] = ()
+        self._cpu_pending = 0  # the resolver's thread CPU not yet added to the aggregation
+        self._errors_seen: dict[str, int] = {}
+        #: The sampler's figures since it last ran (cost, sampled, cycles' host ns, cycles,
+        #: read ns): it runs at most every ADAPT_EVERY_NS, not every slice.
+        self._adapt_due = 0
+        self._adapt_pending = [0, 0, 0, 0, 0]
         #: Longest single hold of the GIL by this resolver's work (thread CPU nanoseconds of
         #: one slice, between two points where it releases the GIL), for benchmarks.
         self.max_hold_ns = 0
@@ -320,7 +327,7 @@ class Resolver:
                         self.max_hold_ns = hold
                     if hold > 100_000:
                         self.long_holds += 1
-                    self.agg.add_cpu("resolver", all_cpu / 1e9)
+                    self._cpu_pending += all_cpu  # into the aggregation once a pass
                     self.consumed += taken_box[0]
             self.slices += 1
             if n:
@@ -336,6 +343,9 @@ class Resolver:
             elif cpu > self.slice_ns and n > MIN_CHUNK:
                 self.chunk = max(MIN_CHUNK, n * self.slice_ns // cpu)
             if n < limit or not len(self.rec.ring):
+                with self._drain_lock:
+                    pending, self._cpu_pending = self._cpu_pending, 0
+                self.agg.add_cpu("resolver", pending / 1e9)
                 self.drains += 1
                 with self._cond:
                     self._cond.notify_all()
@@ -497,8 +507,9 @@ class Resolver:
         # reads do not (made with the GIL let go, they cost the worker nothing).
         n_native, native_cost = self._native_gpu()
         if not details:  # the common case: nothing for Python but the sampler's figures
-            agg.count(dropped, errors)
-            self._adapt(native_cost, n_native, total_ns / n, 0)
+            if dropped or errors:
+                agg.count(dropped, errors)
+            self._adapt_some(native_cost, n_native, total_ns, n, 0)
             return []
         nph = rec.nphases
         k_max = agg.max_draft_length
@@ -529,7 +540,7 @@ class Resolver:
             last_cycle_timestamp=None,
             traced=[r for r in out if r.trace_id is not None],
         )
-        self._adapt(cost + native_cost, len(gpu) + n_native, total_ns / n, read_ns)
+        self._adapt_some(cost + native_cost, len(gpu) + n_native, total_ns, n, read_ns)
         return out
 
     def _read_gpu(self, details: list[Any], clock: Any) -> tuple[dict[int, list[int]], int, int]:
@@ -651,13 +662,15 @@ class Resolver:
     def _fold(self) -> tuple[dict[str, int], dict[str, int]]:
         """What the recorder counted since the last fold: drops by reason, errors by kind."""
         rec = self.rec
-        cur = {
-            "event_pool_exhausted": rec.dropped_pool,
-            "graph_capture": rec.dropped_capture,
-            "misuse": rec.discarded,
-            "queue_full": rec.dropped_queue_full,
-            "unsettled": rec.ring.unsettled,
-        }
+        values = (rec.dropped_pool, rec.dropped_capture, rec.discarded, rec.dropped_queue_full,
+                  rec.ring.unsettled)
+        errors_now = rec.errors
+        if values == self._fold_seen and errors_now == self._errors_seen:
+            return _NOTHING, _NOTHING  # the common slice: nothing new, nothing built
+        self._fold_seen = values
+        self._errors_seen = dict(errors_now)
+        cur = dict(zip(("event_pool_exhausted", "graph_capture", "misuse", "queue_full",
+                        "unsettled"), values, strict=True))
         dropped: dict[str, int] = {}
         for key, value in cur.items():
             prev = self._folded.get(key, 0)
@@ -672,6 +685,23 @@ class Resolver:
                 errors[kind] = value - prev
                 self._folded[key] = value
         return dropped, errors
+
+    def _adapt_some(self, cost: int, n_sampled: int, total_ns: int, n: int, read_ns: int) -> None:
+        """One chunk's figures for the sampler, which runs on what gathered since it last ran
+        once ADAPT_EVERY_NS passed (a slice's Python is what holds the GIL: its bookkeeping is
+        paid a few times a second, not once a slice)."""
+        p = self._adapt_pending
+        p[0] += cost
+        p[1] += n_sampled
+        p[2] += total_ns
+        p[3] += n
+        p[4] += read_ns
+        now = _perf()
+        if now < self._adapt_due:
+            return
+        self._adapt_due = now + ADAPT_EVERY_NS
+        self._adapt_pending = [0, 0, 0, 0, 0]
+        self._adapt(p[0], p[1], p[2] / p[3] if p[3] else 0.0, p[4])
 
     def _adapt(self, cost: int, n_sampled: int, mean_cycle: float, read_ns: int = 0) -> None:
         """Update the sampling interval and the self-reported overhead from one chunk.
@@ -725,6 +755,13 @@ class Resolver:
             overhead = per_cycle / self._cycle_ewma
         self.agg.set_sampling(rec.interval, overhead, cost / 1e9 if n_sampled else 0.0)
 
+
+#: How often the sampler re-reads its figures (ns): each run is ~10 µs of Python with the GIL
+#: held; gathered over this long, the figures are steadier too.
+ADAPT_EVERY_NS = 20_000_000
+
+#: What ``_fold`` returns when nothing changed (never written to).
+_NOTHING: dict[str, int] = {}
 
 #: Polls a copy may be first in line, in flight by its sentinel, before the poll also asks the
 #: driver about the events after it (what settles a copy whose values never land).
