@@ -306,6 +306,11 @@ class BaseInstrumentor:
         self._patches.append(_Patch(owner, name, had_own, original))
         setattr(owner, name, replacement)
 
+    def _patch_around(self, owner: Any, name: str, hook: Callable[..., Any]) -> None:
+        """Wrap ``owner.name`` so that a call runs ``hook(original, *args, **kwargs)`` (see
+        :func:`wrap_around`), remembering how to undo it."""
+        self._patch(owner, name, functools.partial(wrap_around, hook))
+
     def _restore_all(self) -> None:
         while self._patches:
             patch = self._patches.pop()

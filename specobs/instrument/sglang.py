@@ -43,7 +43,6 @@ told apart by ``dp_rank`` and get port + ``dp_rank``.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -52,15 +51,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specobs._config import env_flag
-from specobs.instrument._base import (
-    DEFAULT_PHASES,
-    BaseInstrumentor,
-    LogOnce,
-    PhaseTracker,
-    Topology,
-    hook_of,
-    wrap_around,
-)
+from specobs.instrument import _base
 from specobs.instrument._package_sglang import PACKAGE
 
 if TYPE_CHECKING:
@@ -104,7 +95,7 @@ PP_PHASES = ("verify", "bookkeeping", "draft")
 scheduler hands it the verify input relayed from earlier stages, and it drafts the next round's
 chain after the draft extend (the PP tail draft)."""
 
-_failed = LogOnce()
+_failed = _base.LogOnce()
 _log = logging.getLogger("specobs.instrument")
 _local = threading.local()
 
@@ -125,7 +116,7 @@ def topology_from(
     dp_rank: int | None = None,
     dp_ranks: int = 1,
     attn_dp_size: int = 1,
-) -> Topology:
+) -> _base.Topology:
     """Where a scheduler process sits, from SGLang's ranks and widths.
 
     ``dp_ranks`` counts the data-parallel units that each run their own batches: replicas
@@ -143,7 +134,7 @@ def topology_from(
     if replicas > 1:
         replica = dp_rank if dp_rank is not None else tp_rank // group
         replica = min(max(replica, 0), replicas - 1)
-    return Topology(
+    return _base.Topology(
         leader=local_tp == 0 and last_stage,
         rank=pp_rank * group + local_tp,
         replica=replica,
@@ -166,7 +157,7 @@ def _parallel_context() -> Any:
     return parallel
 
 
-def topology_of(worker: Any) -> Topology:
+def topology_of(worker: Any) -> _base.Topology:
     """The topology of the process running ``worker`` (a speculative worker of any release).
 
     Reads SGLang's runtime context when it is published (0.5.23), else the ranks the target
@@ -323,7 +314,7 @@ def _observer_for(worker: Any, draft_length: int, pp_order: bool) -> Observer:
     instrumentor = SGLangInstrumentor()
     observer = instrumentor.current_observer
     if observer is None:
-        phases = PP_PHASES if pp_order and _pp_size(worker) > 1 else DEFAULT_PHASES
+        phases = PP_PHASES if pp_order and _pp_size(worker) > 1 else _base.DEFAULT_PHASES
         observer = instrumentor.observer(
             phases=phases,
             max_draft_length=_max_draft_length(worker, draft_length),
@@ -346,7 +337,7 @@ def _cycle_hook(
             # The guard: a subclass's step that calls super() is still one cycle.
             if _local.__dict__.get("tracker") is None and is_cycle(batch):
                 observer = _observer_for(worker, draft_length(worker), pp_order)
-                tracker = PhaseTracker(observer)
+                tracker = _base.PhaseTracker(observer)
                 tracker.start(int(batch.seq_lens.shape[0]))
                 _local.tracker = tracker
         except Exception:
@@ -619,7 +610,7 @@ def _report_unsupported(cls: type, worker: Any) -> None:
 def is_hooked(worker_class: type) -> bool:
     """Whether ``worker_class``'s decode step resolves to a specobs cycle hook."""
     step = getattr(worker_class, "forward_batch_generation", None)
-    return _is_cycle(hook_of(step))
+    return _is_cycle(_base.hook_of(step))
 
 
 def _create_worker_hook(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -658,7 +649,7 @@ def sglang_plugin() -> None:
         _log.exception("specobs could not instrument SGLang; SGLang runs unchanged.")
 
 
-class SGLangInstrumentor(BaseInstrumentor):
+class SGLangInstrumentor(_base.BaseInstrumentor):
     """Patches SGLang's speculative workers restorably, as SGLang imports them."""
 
     package = PACKAGE
@@ -680,11 +671,11 @@ class SGLangInstrumentor(BaseInstrumentor):
         for factory_module, factory in WORKER_FACTORIES:
             owner = getattr(module, factory, None) if factory_module == name else None
             if owner is not None and "create_worker" in vars(owner):
-                self._patch(owner, "create_worker", _wrapping(_create_worker_hook))
+                self._patch_around(owner, "create_worker", _create_worker_hook)
         for target in HOOK_TARGETS:
             owner = getattr(module, target.owner, None) if target.module == name else None
             if owner is not None and target.method in vars(owner):
-                self._patch(owner, target.method, _wrapping(target.hook))
+                self._patch_around(owner, target.method, target.hook)
 
     def _report_on_first_step(self, worker_class: type) -> None:
         """Wrap an unhooked worker class's step so its first call reports it (restorably)."""
@@ -694,15 +685,11 @@ class SGLangInstrumentor(BaseInstrumentor):
             step = getattr(worker_class, "forward_batch_generation", None)
             if step is None:
                 return
-            if hook_of(step) is _around_first_step_reporting:
+            if _base.hook_of(step) is _around_first_step_reporting:
                 return
-            self._patch(
-                worker_class, "forward_batch_generation", _wrapping(_around_first_step_reporting)
+            self._patch_around(
+                worker_class, "forward_batch_generation", _around_first_step_reporting
             )
-
-
-def _wrapping(hook: Callable[..., Any]) -> Callable[[Any], Any]:
-    return functools.partial(wrap_around, hook)
 
 
 def _is_cycle(hook: Callable[..., Any]) -> bool:

@@ -53,21 +53,13 @@ covers:
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from specobs._config import env_flag
-from specobs.instrument._base import (
-    BaseInstrumentor,
-    LogOnce,
-    PhaseTracker,
-    Topology,
-    hook_of,
-    wrap_around,
-)
+from specobs.instrument import _base
 from specobs.instrument._package_vllm import PACKAGE
 
 if TYPE_CHECKING:
@@ -97,7 +89,7 @@ PLACEHOLDER_TOKEN_ID = -1
 V2_PHASES = ("verify", "bookkeeping", "draft")
 """Model runner V2 always updates its state before it proposes the next drafts."""
 
-_failed = LogOnce()
+_failed = _base.LogOnce()
 _log = logging.getLogger("specobs.instrument")
 
 
@@ -137,7 +129,7 @@ def v1_phase_order(spec_config: Any) -> tuple[str, ...]:
     return ("verify", "bookkeeping", "draft")
 
 
-def topology(runner: Any) -> Topology:
+def topology(runner: Any) -> _base.Topology:
     """Where this runner's process sits: TP rank, last pipeline stage, data-parallel replica."""
     tp_rank = pp_rank = 0
     tp_size = 1
@@ -154,7 +146,7 @@ def topology(runner: Any) -> Topology:
     parallel = getattr(runner, "parallel_config", None)
     replicas = int(getattr(parallel, "data_parallel_size", 1) or 1)
     replica = int(getattr(parallel, "data_parallel_rank", 0) or 0) if replicas > 1 else None
-    return Topology(
+    return _base.Topology(
         leader=last_stage and tp_rank == 0,
         rank=pp_rank * tp_size + tp_rank,
         replica=replica,
@@ -171,7 +163,7 @@ class _Step:
     )  # fmt: skip
 
     def __init__(self) -> None:
-        self.tracker: PhaseTracker | None = None
+        self.tracker: _base.PhaseTracker | None = None
         # Cycles deferred at sample_tokens, awaiting this thread's update_from_output of their
         # step (async scheduling, or no host rows): (handle, scheduler output, request ids,
         # drafts per request, accepted as sampled), oldest first.
@@ -246,7 +238,7 @@ def _start(
     if not observer.settings.enabled:
         step.off = True
         return
-    tracker = PhaseTracker(observer)
+    tracker = _base.PhaseTracker(observer)
     tracker.start(batch_size)
     step.tracker = tracker
 
@@ -743,7 +735,7 @@ def vllm_plugin() -> None:
         _log.exception("specobs could not instrument vLLM; vLLM runs unchanged.")
 
 
-class VllmInstrumentor(BaseInstrumentor):
+class VllmInstrumentor(_base.BaseInstrumentor):
     """Patches vLLM's model runners V1 and V2 when vLLM imports them; ``uninstrument`` restores."""
 
     package = PACKAGE
@@ -769,16 +761,15 @@ class VllmInstrumentor(BaseInstrumentor):
             for method, hook in RUNNERS[name].items():
                 if method == "sample_tokens" and not hasattr(runner, method):
                     continue  # releases that sample inside execute_model
-                self._patch(runner, method, functools.partial(wrap_around, hook))
+                self._patch_around(runner, method, hook)
         elif name == WORKER_MODULE:
             worker = getattr(module, WORKER_CLASS)
-            self._patch(worker, "load_model", functools.partial(wrap_around, _check_runner))
+            self._patch_around(worker, "load_model", _check_runner)
         elif name == SCHEDULER_MODULE:
             scheduler = getattr(module, SCHEDULER_CLASS)
-            self._patch(scheduler, "update_from_output",
-                        functools.partial(wrap_around, around_update_from_output))  # fmt: skip
+            self._patch_around(scheduler, "update_from_output", around_update_from_output)
             if "schedule" in vars(scheduler):
-                self._patch(scheduler, "schedule", functools.partial(wrap_around, around_schedule))
+                self._patch_around(scheduler, "schedule", around_schedule)
 
     def _uninstrument(self) -> None:
         step = _local.__dict__.pop("step", None)
@@ -797,7 +788,7 @@ class VllmInstrumentor(BaseInstrumentor):
                 # A subclass that overrides a seam without calling it would run unobserved.
                 for method, hook in RUNNERS[module].items():
                     bound = getattr(type(runner), method, None)
-                    if bound is not None and hook_of(bound) is not hook:
+                    if bound is not None and _base.hook_of(bound) is not hook:
                         return None
                 return INTEGRATIONS[module]
         return None
