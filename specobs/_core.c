@@ -182,6 +182,7 @@ typedef struct {
      * the worker's ns recording their events (what the sampler weighs). */
     int (*ne_elapsed)(float *, void *, void *);
     int (*ne_lasterr)(void);
+    int (*ne_query)(void *); /* cudaEventQuery: the poll asks sampled cycles' events with it */
     unsigned long ne_thread;
     int64_t ne_cycles, ne_cost;
     /* The last drain_into's walks, on the thread's CPU clock (what time.thread_time_ns reads):
@@ -216,6 +217,7 @@ typedef struct {
 
 static PyTypeObject RingType;
 static PyTypeObject CycleType;
+static void fill_handles(Ring *r, Py_ssize_t limit);
 
 /* The ring's clock: CLOCK_MONOTONIC, or for tests a counter advancing ``tick`` per read (the
  * differential test feeds the same stream to both implementations and compares every ns). */
@@ -1491,6 +1493,7 @@ typedef struct {
      * length and whether it recorded its event: read with no Python call. */
     const char *cptr;
     int32_t cisz, clen, cfenced;
+    uint64_t evlast; /* a sampled cycle's last event's handle, when the ring may query it */
 } Held;
 
 static int
@@ -1585,8 +1588,18 @@ held_fenced(Held *h)
 /* Whether the last event a held cycle is told by (its sampled events' last, else its copy's)
  * completed: 1, 0, or -1 on an error. */
 static int
-held_done(PyObject *query, Held *h)
+held_done(Ring *r, PyObject *query, Held *h)
 {
+    if (h->evlast != 0) { /* through the runtime, no Python (set_native_events) */
+        int rc = r->ne_query((void *)(uintptr_t)h->evlast);
+        if (rc == 0)
+            return 1;
+        if (r->ne_lasterr != NULL)
+            r->ne_lasterr(); /* "not ready" is kept as the last error: not left for the engine */
+        if (rc == 600) /* cudaErrorNotReady */
+            return 0;
+        /* anything else: asked again through the clock, which says what went wrong */
+    }
     PyObject *ev;
     if (h->ev != NULL)
         ev = PySequence_GetItem(h->ev, -1);
@@ -1680,7 +1693,7 @@ poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long
     hi = nt;
     while (lo < hi) { /* the first such cycle whose last event has not completed */
         Py_ssize_t mid = (lo + hi) / 2;
-        int t = held_done(query, &hv[pos[mid]]);
+        int t = held_done(r, query, &hv[pos[mid]]);
         if (t < 0)
             goto done;
         if (t)
@@ -1735,6 +1748,9 @@ Ring_poll(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         return PyLong_FromLongLong(open < most ? open : most);
     }
     Py_ssize_t cap = limit < r->waiting ? limit : r->waiting;
+    int nq = r->ne_query != NULL && r->ne_thread == PyThread_get_thread_ident();
+    if (nq)
+        fill_handles(r, cap); /* may run Python: before any slot is looked at below */
     Held *hv = PyMem_Malloc(sizeof(Held) * (size_t)(cap > 0 ? cap : 1));
     if (hv == NULL)
         return PyErr_NoMemory();
@@ -1759,6 +1775,7 @@ Ring_poll(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         hv[nh].cisz = s->cisz;
         hv[nh].clen = s->clen;
         hv[nh].cfenced = s->cfenced;
+        hv[nh].evlast = nq && s->ev != NULL && s->evn == r->nph + 1 ? s->evh[r->nph] : 0;
         Py_XINCREF(s->ev);
         Py_XINCREF(s->copy);
         nh++;
@@ -3061,20 +3078,23 @@ Ring_set_native_copy(Ring *r, PyObject *args)
 static PyObject *
 Ring_set_native_events(Ring *r, PyObject *args)
 {
-    unsigned long long elapsed_addr = 0, lasterr_addr = 0;
-    if (!PyArg_ParseTuple(args, "|KK:set_native_events", &elapsed_addr, &lasterr_addr))
+    unsigned long long elapsed_addr = 0, lasterr_addr = 0, query_addr = 0;
+    if (!PyArg_ParseTuple(args, "|KKK:set_native_events", &elapsed_addr, &lasterr_addr,
+                          &query_addr))
         return NULL;
     r->ne_elapsed = (int (*)(float *, void *, void *))(uintptr_t)elapsed_addr;
     r->ne_lasterr = (int (*)(void))(uintptr_t)lasterr_addr;
+    r->ne_query = elapsed_addr ? (int (*)(void *))(uintptr_t)query_addr : NULL;
     r->ne_thread = PyThread_get_thread_ident();
     Py_RETURN_NONE;
 }
 
 static PyMethodDef Ring_methods[] = {
     {"set_native_events", (PyCFunction)Ring_set_native_events, METH_VARARGS,
-     "set_native_events(elapsed, get_last_error): read sampled cycles' GPU times in drain_into "
-     "through these runtime functions (cudaEventElapsedTime, cudaGetLastError), on the calling "
-     "thread only (0: turn it off)."},
+     "set_native_events(elapsed, get_last_error[, query]): read sampled cycles' GPU times in "
+     "drain_into, and ask their events in poll, through these runtime functions "
+     "(cudaEventElapsedTime, cudaGetLastError, cudaEventQuery), on the calling thread only "
+     "(0: turn it off)."},
     {"set_native_copy", (PyCFunction)Ring_set_native_copy, METH_VARARGS,
      "Start CUDA acceptance copies in C through these runtime functions (0: turn it off)."},
     {"begin", (PyCFunction)(void (*)(void))Ring_begin, METH_FASTCALL | METH_KEYWORDS,
@@ -3147,6 +3167,15 @@ fake_event_elapsed(float *ms, void *start, void *end)
 }
 
 static int
+fake_event_query(void *event)
+{
+    const FakeEventMem *e = event;
+    if (e == NULL)
+        return 400;
+    return e->recorded && e->ts <= *e->completed ? 0 : 600;
+}
+
+static int
 fake_last_error(void)
 {
     return 0;
@@ -3155,13 +3184,14 @@ fake_last_error(void)
 static PyObject *
 core_fake_event_fns(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored))
 {
-    return Py_BuildValue("(KK)", (unsigned long long)(uintptr_t)fake_event_elapsed,
-                         (unsigned long long)(uintptr_t)fake_last_error);
+    return Py_BuildValue("(KKK)", (unsigned long long)(uintptr_t)fake_event_elapsed,
+                         (unsigned long long)(uintptr_t)fake_last_error,
+                         (unsigned long long)(uintptr_t)fake_event_query);
 }
 
 static PyMethodDef core_methods[] = {
     {"_fake_event_fns", core_fake_event_fns, METH_NOARGS,
-     "Tests: (elapsed, get_last_error) of a fake runtime whose event handles point at "
+     "Tests: (elapsed, get_last_error, query) of a fake runtime whose event handles point at "
      "(ts, recorded, &completed) int64 fields."},
     {"now_ns", core_perf_counter_ns, METH_NOARGS,
      "The clock the ring stamps with (CLOCK_MONOTONIC, time.perf_counter_ns on Linux)."},

@@ -803,10 +803,12 @@ class PyRing:
         self.in_flight_index, self.in_flight_polls = memory
         return out
 
-    def set_native_events(self, elapsed: int = 0, get_last_error: int = 0) -> None:
+    def set_native_events(self, elapsed: int = 0, get_last_error: int = 0, query: int = 0
+                          ) -> None:
         """Read sampled cycles' GPU times in :meth:`drain_into` through these runtime functions
         (``cudaEventElapsedTime``, ``cudaGetLastError``, by address), on the calling thread
-        only; 0: turn it off."""
+        only; 0: turn it off. ``query`` (``cudaEventQuery``) is what the native core's poll asks
+        events with; this poll asks the clock's ``query``, which calls the same function."""
         if not elapsed:
             self._ne_elapsed = None
             return

@@ -153,3 +153,51 @@ def test_only_the_thread_set_up_reads_natively() -> None:
         assert s.phase_histograms[("verify", "gpu")].sum == pytest.approx(50 * 2000 / 1e9)
     finally:
         obs.shutdown(5)
+
+
+def test_the_poll_asks_events_without_python_and_pending_ones_wait() -> None:
+    """The native core's poll asks sampled cycles' events through the runtime's query
+    (``set_native_events``), not the clock's Python ``query``: cycles whose events have not
+    completed still wait, and are drained once they have."""
+    gpu = FakeGpu()
+    clock = FakeNativeEventClock(gpu, pool_size=512)
+    asked = [0]
+    python_query = clock.query
+
+    def counting(event: object) -> bool:
+        asked[0] += 1
+        return python_query(event)
+
+    clock.query = counting  # type: ignore[method-assign]
+    obs = specobs.configure(sinks=[], clock=clock, sample_every=1,
+                            poll_interval_seconds=3600, max_draft_length=4)
+
+    def cycles(n: int) -> int:
+        for _ in range(n):
+            with obs.cycle() as c:
+                gpu.run(1000)
+                c.mark("verify")
+                gpu.run(2000)
+                c.mark("bookkeeping")
+        return gpu.now_ns
+
+    try:
+        cycles(10)
+        gpu.complete()
+        assert obs.force_flush(10)  # the resolver's thread drains, and sets the ring up
+        before = asked[0]
+        half = cycles(10)
+        cycles(10)
+        gpu.complete_until(half)  # the GPU is partway: the last 10 cycles are in flight
+        for _ in range(3):
+            obs._resolver.wake()
+            assert not obs.force_flush(0.3)
+        assert obs.snapshot().cycles_total == 20
+        gpu.complete()
+        assert obs.force_flush(10)
+        s = obs.snapshot()
+        assert s.cycles_total == 30 and s.sampled_cycles_total == 30
+        if type(obs._recorder.ring).__module__ == "specobs._core":
+            assert asked[0] == before  # every question after set-up asked natively
+    finally:
+        obs.shutdown(5)

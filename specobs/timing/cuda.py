@@ -305,11 +305,12 @@ class CudaEventClock(EventPool):
                 address(lib.cudaGetLastError), self._raw_stream, self._device_index,
                 self._pinned, self._pinned_capacity, self._pinned_low, self.copy_fence_every)
 
-    def native_event_args(self) -> tuple[int, int] | None:
-        """The runtime's ``cudaEventElapsedTime`` and ``cudaGetLastError`` by address, for the
-        ring to read sampled cycles' GPU times itself (``Ring.set_native_events``), with the
-        GIL let go: only on the thread bound here (its current device is the clock's), once
-        the direct path was checked there against torch's reading; else None."""
+    def native_event_args(self) -> tuple[int, int, int] | None:
+        """The runtime's ``cudaEventElapsedTime``, ``cudaGetLastError`` and ``cudaEventQuery``
+        by address, for the ring to read sampled cycles' GPU times itself, with the GIL let go,
+        and to ask their events in its poll without Python (``Ring.set_native_events``): only
+        on the thread bound here (its current device is the clock's), once the direct path was
+        checked there against torch's reading; else None."""
         if (self._direct_thread != threading.get_ident() or not self._direct_checked
                 or self._lib is None):
             return None
@@ -318,7 +319,9 @@ class CudaEventClock(EventPool):
         def address(fn: Any) -> int:
             return int(ctypes.cast(fn, ctypes.c_void_p).value or 0)
 
-        return address(self._lib.cudaEventElapsedTime), address(self._lib.cudaGetLastError)
+        lib = self._lib
+        return (address(lib.cudaEventElapsedTime), address(lib.cudaGetLastError),
+                address(lib.cudaEventQuery))
 
     def copy_event_failed(self, slot: Any) -> None:
         """The native core's event record after a copy was refused: record it through torch."""

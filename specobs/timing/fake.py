@@ -321,9 +321,10 @@ class FakeNativeCopyClock(FakeEventClock):
 class FakeNativeEventClock(FakeEventClock):
     """A fake clock whose sampled cycles' GPU times the ring can read itself, as it does on a
     GPU once the CUDA clock's direct path is checked: ``native_event_args()`` hands it a fake
-    runtime's ``cudaEventElapsedTime`` and ``cudaGetLastError`` written in C (the walk calls
-    them with the GIL let go). ``elapsed_ns`` reads as the runtime does: milliseconds as a
-    32-bit float, rounded to integer ns. ``native=False``: the same clock, read in Python only.
+    runtime's ``cudaEventElapsedTime``, ``cudaGetLastError`` and ``cudaEventQuery`` written in
+    C (the walk calls them with the GIL let go, the poll without Python). ``elapsed_ns``
+    reads as the runtime does: milliseconds as a 32-bit float, rounded to integer ns.
+    ``native=False``: the same clock, read in Python only.
     """
 
     def __init__(self, gpu: FakeGpu | None = None, pool_size: int = 64, *,
@@ -337,12 +338,12 @@ class FakeNativeEventClock(FakeEventClock):
             raise RuntimeError("elapsed_ns on an event that has not completed")
         return round(ctypes.c_float((end.ts - start.ts) / 1e6).value * 1e6)
 
-    def native_event_args(self) -> tuple[int, int] | None:
+    def native_event_args(self) -> tuple[int, int, int] | None:
         if not self.native:
             return None
         try:
             from specobs import _core
         except ImportError:
             return None
-        fns: tuple[int, int] = _core._fake_event_fns()
+        fns: tuple[int, int, int] = _core._fake_event_fns()
         return fns
