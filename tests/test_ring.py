@@ -10,7 +10,9 @@ counter and every call into the recorder must be identical.
 from __future__ import annotations
 
 import array
+import ast
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -589,3 +591,23 @@ def test_a_walk_stops_at_a_traced_or_slow_cycle_and_leaves_it_for_python():
     assert ring.nogil_walks == 2
     totals = ring.totals()
     assert totals[0] == 40 and totals[3] == 40 * 3  # every cycle counted, once
+
+
+def test_the_native_ring_has_its_specifications_names_and_only_the_stubs_own_besides():
+    # specobs/_core.pyi types the native Ring as PyRing's names plus the few it declares
+    # itself; a public name on neither is one that stub and specification both lack.
+    if not _ring.BUILT:
+        pytest.skip("the native core is not built")
+    native, _ = make("native", 0, 4)
+    python, _ = make("python", 0, 4)
+
+    def public(obj: Any) -> set[str]:
+        return {name for name in dir(obj) if not name.startswith("_")}
+
+    stub = ast.parse((Path(_ring.__file__).parent / "_core.pyi").read_text())
+    ring = next(n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "Ring")
+    declared = {n.name for n in ring.body if isinstance(n, ast.FunctionDef)}
+    declared |= {n.target.id for n in ring.body
+                 if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    assert public(native) - public(python) == declared - {"__init__", "__len__", "__getattr__"}
+    assert public(native.begin(None)) == public(python.begin(None))
