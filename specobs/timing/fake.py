@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar, overload
 
 from specobs.timing._base import EventPool, PendingCopy, PinnedSlot
 
@@ -29,8 +29,36 @@ __all__ = [
 FAKE_INT64 = "fake.int64"
 
 
+_V = TypeVar("_V")
+
+
+class _CField(Generic[_V]):
+    """An int (or bool) attribute kept in a ctypes field, where the fake runtime's C functions
+    read it: ``_CField("cell", "value", int)`` reads and writes ``obj.cell.value``."""
+
+    def __init__(self, memory: str, field: str, kind: Callable[[int], _V]) -> None:
+        self.memory = memory
+        self.field = field
+        self.kind: Callable[[int], _V] = kind
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _CField[_V]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> _V: ...
+    def __get__(self, obj: object, owner: type | None = None) -> _CField[_V] | _V:
+        if obj is None:
+            return self
+        return self.kind(getattr(getattr(obj, self.memory), self.field))
+
+    def __set__(self, obj: object, value: int) -> None:
+        setattr(getattr(obj, self.memory), self.field, int(value))
+
+
 class FakeGpu:
     """A GPU timeline in nanoseconds with a completion frontier."""
+
+    #: The completion frontier (in ``completed_cell``).
+    completed_ns = _CField("completed_cell", "value", int)
 
     def __init__(self) -> None:
         self.now_ns = 0
@@ -40,14 +68,6 @@ class FakeGpu:
         self._lock = threading.Lock()
         #: Device-to-host copies enqueued and not yet run: (timeline position, dst, bytes).
         self._copies: list[tuple[int, int, bytes]] = []
-
-    @property
-    def completed_ns(self) -> int:
-        return int(self.completed_cell.value)
-
-    @completed_ns.setter
-    def completed_ns(self, ns: int) -> None:
-        self.completed_cell.value = ns
 
     def enqueue_copy(self, dst: int, data: bytes) -> None:
         """A copy into host memory at ``dst`` that lands when the work before it completes."""
@@ -101,25 +121,12 @@ class FakeNativeEvent:
 
     __slots__ = ("_mem", "cuda_event")
 
+    ts = _CField("_mem", "ts", int)
+    recorded = _CField("_mem", "recorded", bool)
+
     def __init__(self, gpu: FakeGpu) -> None:
         self._mem = _FakeEventMem(-1, 0, ctypes.addressof(gpu.completed_cell))
         self.cuda_event = ctypes.addressof(self._mem)
-
-    @property
-    def ts(self) -> int:
-        return int(self._mem.ts)
-
-    @ts.setter
-    def ts(self, v: int) -> None:
-        self._mem.ts = v
-
-    @property
-    def recorded(self) -> bool:
-        return bool(self._mem.recorded)
-
-    @recorded.setter
-    def recorded(self, v: bool) -> None:
-        self._mem.recorded = int(v)
 
 
 class FakeDeviceArray:
