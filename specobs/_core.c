@@ -183,6 +183,7 @@ typedef struct {
     int (*ne_elapsed)(float *, void *, void *);
     int (*ne_lasterr)(void);
     int (*ne_query)(void *); /* cudaEventQuery: the poll asks sampled cycles' events with it */
+    uint64_t fill_pos; /* fill_handles has looked at every done slot before this position */
     unsigned long ne_thread;
     int64_t ne_cycles, ne_cost;
     /* The last drain_into's walks, on the thread's CPU clock (what time.thread_time_ns reads):
@@ -2294,10 +2295,16 @@ static void
 fill_handles(Ring *r, Py_ssize_t limit)
 {
     int nph = r->nph;
-    uint64_t p = r->tail;
+    /* From where the last call stopped: slots end in order, so the done ones before it were
+     * looked at (an open or deferred slot stops the scan until it is done). */
+    uint64_t p = r->fill_pos > r->tail ? r->fill_pos : r->tail;
     for (Py_ssize_t i = 0; i < limit && p != r->head; i++, p++) {
         Slot *s = &r->slots[p % (uint64_t)r->nslots];
-        if (s->ev == NULL || s->evn != 0 || STATE(s) != SLOT_DONE)
+        int st = STATE(s);
+        if (st != SLOT_DONE && st != SLOT_VOID)
+            break;
+        r->fill_pos = p + 1;
+        if (s->ev == NULL || s->evn != 0 || st != SLOT_DONE)
             continue;
         PyObject *ev = s->ev;
         int64_t idx = s->idx;
