@@ -51,7 +51,8 @@ With ``--prometheus`` the same findings come from a Prometheus server instead: `
 over ``--window`` for the servers ``--instance`` and ``--selector`` match (one server, or their
 sum, which the ``one server`` line says), against the ``--history`` before the window; the
 endpoint's checks give way to ``prometheus`` (the query answered, with the servers matched;
-exit 2 when not) and ``history``.
+exit 2 when not), ``history`` and ``batch sizes``: the history split into windows as long as
+``--window``, whose batch sizes ``SPEC-ADVICE-BATCH`` is fitted over with the window's.
 
 Each request has one deadline, ``--timeout`` seconds for connecting, the headers and the whole
 body, and reads at most ``--max-bytes`` of body after decompression (default 16 MiB): an endpoint

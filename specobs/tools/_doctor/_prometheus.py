@@ -1,9 +1,11 @@
 """``specobs doctor --prometheus``: the same findings from a Prometheus server's ``increase()``
-windows instead of two scrapes, and one server against its cohort."""
+windows instead of two scrapes, one server against its cohort, and the batch threshold fitted
+over the batch sizes the history served (:func:`history_windows`)."""
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -14,7 +16,7 @@ from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
 from specobs.tools._doctor._checks import Check, Report
 
-__all__ = ["COHORT_LABELS", "examine_prometheus"]
+__all__ = ["BATCH_WINDOWS_MAX", "COHORT_LABELS", "examine_prometheus", "history_windows"]
 
 _DIAGNOSIS_GAUGES = (catalog.REQUESTS_RUNNING, catalog.REQUESTS_WAITING,
                      catalog.LAST_CYCLE_TIMESTAMP)
@@ -66,12 +68,59 @@ def examine_prometheus(
                                 f"no cycles in the {pa.window_text(history_seconds)} before "
                                 "the window: nothing to compare with"))
     window = dg.window(recent, at)
-    findings = dg.diagnose(window, past)
+    batches = history_windows(client, base_url, selector, window_seconds, history_seconds,
+                              limits, at, checks) if past is not None else []
+    findings = dg.diagnose(window, past, batches)
     if len(instances) == 1 and instances[0] and not any(f.code == "SPEC-STALL"
                                                          for f in findings):
         findings += _against_cohort(client, base_url, recent, window, instances[0],
                                     window_seconds, limits, at, checks)
     return Report(checks, findings, window)
+
+
+#: The history is split into windows as long as ``--window``, or into this many longer ones.
+BATCH_WINDOWS_MAX = 60
+
+
+def history_windows(client: Any, base_url: str, selector: str, window_seconds: float,
+                    history_seconds: float, limits: _http.Limits, at: float,
+                    checks: list[Check]) -> list[dg.Window]:
+    """The history before the recent window split into windows for the batch threshold
+    (``diagnose(..., batch_windows=...)``): consecutive ``increase()`` windows as long as the
+    recent one (longer when that would make more than :data:`BATCH_WINDOWS_MAX`), ending
+    where the recent window begins, each with the baseline read at its end; a window with
+    fewer than 50 cycles joined with the next of the same batch size
+    (:func:`specobs.tools.report._data.batch_windows`). Adds a ``batch sizes`` check saying
+    which batch sizes they served."""
+    from specobs.tools.report import _data as rd  # the report's windows, read the same way
+
+    step = round(max(window_seconds, history_seconds / BATCH_WINDOWS_MAX), 3)
+    n = max(1, math.floor(history_seconds / step + 1e-9))
+    end = round(at - window_seconds, 3)
+    try:
+        split = rd.prometheus_windows(client, base_url, selector, end - n * step, end, step,
+                                      limits=limits)
+    except rd.RunError as exc:
+        checks.append(Check("batch sizes", "INFO", f"the history could not be split: {exc}"))
+        return []
+    windows = rd.batch_windows(split)
+    points = [p for w in windows if (p := dg.batch_point(w)) is not None]
+    length = pa.window_text(step)
+    if not points:
+        checks.append(Check(
+            "batch sizes", "INFO",
+            f"no {length} window of the history holds {dg.MIN_SPEEDUP_CYCLES:.0f} cycles with "
+            "a baseline the engine measured on the served batch: the batch threshold is read "
+            "from the recent window alone", {"windows": len(split), "points": 0}))
+        return []
+    batches = sorted({round(p.batch, 1) for p in points})
+    checks.append(Check(
+        "batch sizes", "OK",
+        f"{len(points)} window{'s' if len(points) != 1 else ''} of the history ({length} "
+        f"each, or joined to {dg.MIN_SPEEDUP_CYCLES:.0f} cycles) served mean batch "
+        f"{', '.join(f'{b:g}' for b in batches)}: the batch threshold is fitted over them and "
+        "the recent window", {"windows": len(split), "points": len(points), "batches": batches}))
+    return windows
 
 
 #: The labels that make a cohort, as the generated rules group servers (MixinConfig's

@@ -11,7 +11,8 @@ The file opens with no network: plotly.js is inlined once and every chart is a p
 At the top, a one-screen summary table of the whole run with the definitions of ``specobs top``
 and the recording rules (the numbers come from :func:`specobs.tools._breakdown.breakdown` and
 :func:`specobs.tools._breakdown.speedups`, nothing is recomputed here), then the findings of
-``specobs doctor``'s diagnosis on the whole run and on its last window against the run
+``specobs doctor``'s diagnosis on the whole run, the batch size above which speculation stops
+paying over the batch sizes its windows served, and its last window against the run
 (:func:`run_findings`, docs/diagnosis.md). Below: the cycle breakdown
 over time on the GPU and host clocks (stacked per phase), phase shares and p50/p99, acceptance
 over time and per draft position (from 0, as the engines count), the accept-length distribution

@@ -24,12 +24,13 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from specobs import catalog
 from specobs.tools import _breakdown as bd
+from specobs.tools import _diagnosis as dg
 from specobs.tools import _http
 from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
@@ -39,8 +40,11 @@ __all__ = [
     "Run",
     "RunError",
     "Window",
+    "batch_windows",
+    "joined",
     "load_snapshots",
     "prometheus_run",
+    "prometheus_windows",
     "run_from_scrapes",
     "sample_endpoint",
     "save_snapshots",
@@ -114,6 +118,56 @@ def per_server(delta: scr.Delta, instance: str) -> bd.Breakdown:
         only(delta.counters, "instance", instance), only(delta.gauges, "instance", instance),
         delta.elapsed_seconds,
     ))
+
+
+def joined(deltas: Sequence[scr.Delta]) -> scr.Delta:
+    """Consecutive deltas as one: the counters added up, the gauges as the last one read them,
+    the seconds summed."""
+    if len(deltas) == 1:
+        return deltas[0]
+    counters: dict[Any, float] = {}
+    for d in deltas:
+        for key, value in d.counters.samples.items():
+            counters[key] = counters.get(key, 0.0) + value
+    return scr.Delta(scr.Series(counters), deltas[-1].gauges,
+                     math.fsum(d.elapsed_seconds for d in deltas))
+
+
+def batch_windows(windows: Sequence[Window],
+                  min_cycles: float = dg.MIN_SPEEDUP_CYCLES) -> list[dg.Window]:
+    """The windows of one server that the batch threshold is fitted over (``diagnose(...,
+    batch_windows=...)``, docs/diagnosis.md): each window as it is when it holds ``min_cycles``
+    cycles (a shorter one is no point), else joined with the windows after it until the join
+    does. A join never spans two batch sizes: a window whose mean batch is more than
+    ``BATCH_SAME_FACTOR`` from the join's starts a new one, and a join left short of
+    ``min_cycles`` is dropped, as are windows without cycles. A join's gauges, the baseline
+    among them, are those at its end."""
+    out: list[dg.Window] = []
+    group: list[scr.Delta] = []
+    cycles = sequences = 0.0
+
+    def close() -> None:
+        nonlocal group, cycles, sequences
+        if group and cycles >= min_cycles:
+            out.append(dg.window(joined(group)))
+        group, cycles, sequences = [], 0.0, 0.0
+
+    for w in windows:
+        b = w.breakdown
+        batch = b.mean_batch_size
+        if not b.cycles > 0 or batch is None or not batch > 0:
+            continue
+        if group:
+            mean = sequences / cycles
+            if max(batch, mean) > dg.BATCH_SAME_FACTOR * min(batch, mean):
+                close()
+        group.append(w.delta)
+        cycles += b.cycles
+        sequences += batch * b.cycles
+        if cycles >= min_cycles:
+            close()
+    close()
+    return out
 
 
 # -- snapshots (a live endpoint or a file) --------------------------------------------------------
@@ -361,6 +415,53 @@ def _add_matrix(
             frames.setdefault(round(t, 3), scr.Series()).add(name, labels, value)
 
 
+def _frames(
+    client: Any, base_url: str, selector: str, start: float, end: float, step: float,
+    limits: _http.Limits,
+) -> tuple[dict[float, scr.Series], dict[float, scr.Series]]:
+    """Counters (``increase(...[step])``) and gauges (as they are) at each ``step`` from
+    ``start + step`` to ``end``, by evaluation time."""
+    window = pa.window_text(step)
+    first = start + step
+    counters: dict[float, scr.Series] = {}
+    for metric in sorted(scr.COUNTER_SERIES):
+        promql = f"increase({metric}{{{selector}}}[{window}])"
+        _add_matrix(counters, metric, _prom_range(client, base_url, promql, first, end, step,
+                                                  limits))
+    gauges: dict[float, scr.Series] = {}
+    for metric in GAUGE_NAMES:
+        _add_matrix(gauges, metric, _prom_range(
+            client, base_url, f"{metric}{{{selector}}}", first, end, step, limits))
+    return counters, gauges
+
+
+def _windows(counters: dict[float, scr.Series], gauges: dict[float, scr.Series], start: float,
+             step: float) -> list[Window]:
+    windows: list[Window] = []
+    for t in sorted(counters):
+        delta = scr.Delta(counters[t], gauges.get(t, scr.Series()), step)
+        windows.append(Window(t - start, delta, bd.breakdown(delta)))
+    return windows
+
+
+def prometheus_windows(
+    client: Any,
+    base_url: str,
+    selector: str,
+    start: float,
+    end: float,
+    step: float,
+    *,
+    limits: _http.Limits = _http.DEFAULT_LIMITS,
+) -> list[Window]:
+    """The windows of ``[start, end]`` (Unix seconds) as :func:`prometheus_run` reads them,
+    without the run's total: ``increase(...[step])`` and the gauges at each ``step`` from
+    ``start + step`` to ``end`` (``end_seconds`` from ``start``), where Prometheus holds
+    counters. Raises :class:`RunError` when Prometheus fails."""
+    counters, gauges = _frames(client, base_url, selector, start, end, step, limits)
+    return _windows(counters, gauges, start, step)
+
+
 def prometheus_run(
     client: Any,
     base_url: str,
@@ -377,17 +478,7 @@ def prometheus_run(
     if not end > start:
         raise RunError(f"the time range is empty: end {end:.0f} is not after start {start:.0f}")
     step = min(step, end - start)
-    window = pa.window_text(step)
-    first = start + step
-    counters: dict[float, scr.Series] = {}
-    for metric in sorted(scr.COUNTER_SERIES):
-        promql = f"increase({metric}{{{selector}}}[{window}])"
-        _add_matrix(counters, metric, _prom_range(client, base_url, promql, first, end, step,
-                                                  limits))
-    gauges: dict[float, scr.Series] = {}
-    for metric in GAUGE_NAMES:
-        _add_matrix(gauges, metric, _prom_range(
-            client, base_url, f"{metric}{{{selector}}}", first, end, step, limits))
+    counters, gauges = _frames(client, base_url, selector, start, end, step, limits)
     up_matrix = _prom_range(client, base_url, f"up{{{selector}}}", start, end, step, limits)
     source = f"{_http.display_url(base_url)} {{{selector}}}"
     if not any(s.has(catalog.CYCLES.name) for s in counters.values()):
@@ -398,10 +489,7 @@ def prometheus_run(
             f"{catalog.CYCLES.name}{{{selector}}} samples between "
             f"{_iso(start)} and {_iso(end)}{seen}"
         )
-    windows: list[Window] = []
-    for t in sorted(counters):
-        delta = scr.Delta(counters[t], gauges.get(t, scr.Series()), step)
-        windows.append(Window(t - start, delta, bd.breakdown(delta)))
+    windows = _windows(counters, gauges, start, step)
     try:
         total_delta = pa.prometheus_delta(client, base_url, selector, end - start,
                                            limits=limits, at=end)

@@ -17,8 +17,8 @@ from specobs.tools.report import _stats as stats
 from specobs.tools.report._charts import figures, section_notes
 from specobs.tools.report._tables import compare_table, fmt, summary_html
 
-__all__ = ["compare_changes", "findings_section", "render_compare", "render_run",
-           "run_findings"]
+__all__ = ["batch_finding", "compare_changes", "findings_section", "render_compare",
+           "render_run", "run_findings"]
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;
@@ -106,26 +106,38 @@ def _meta(r: data.Run) -> str:
 
 
 def run_findings(r: data.Run) -> list[dg.Finding]:
-    """The diagnosis of a run (docs/diagnosis.md): the whole run's findings, then its last
-    window against the run before it when the run has at least four windows."""
+    """The diagnosis of a run (docs/diagnosis.md): the whole run's findings, the batch size
+    above which speculation stops paying fitted over the run's windows (:func:`batch_finding`),
+    then its last window against the run before it when the run has at least four windows."""
     whole = dg.window(r.total_delta, r.end_unix)
-    findings = dg.diagnose(whole)
+    findings = [f for f in dg.diagnose(whole) if f.code != "SPEC-ADVICE-BATCH"]
+    batch = batch_finding(r)
+    if batch is not None:
+        findings.append(batch)
     if len(r.windows) >= 4 and r.total.cycles > 0:
         findings += dg.against_past(r.windows[-1].breakdown, before_last_window(r))
     return findings
+
+
+def batch_finding(r: data.Run) -> dg.Finding | None:
+    """``SPEC-ADVICE-BATCH`` over the batch sizes the run served: one point per window (short
+    ones joined, :func:`specobs.tools.report._data.batch_windows`), each at its mean batch with
+    the baseline read at its end. The whole run is no point of its own: its baseline gauge was
+    read at its end, on the batch served then, not on the run's mean batch. ``None`` without a
+    window of 50 cycles and a baseline measured on the served batch."""
+    windows = data.batch_windows(r.windows)
+    if not windows:
+        return None
+    # diagnose() fits the threshold over its recent window and the others given.
+    found = dg.diagnose(windows[-1], batch_windows=windows[:-1])
+    return next((f for f in found if f.code == "SPEC-ADVICE-BATCH"), None)
 
 
 def before_last_window(r: data.Run) -> bd.Breakdown:
     """The run up to its last window, as one breakdown (the counters of the earlier windows
     added up, the gauges as the last of them read): what the last window is compared with, so
     a change within it is not diluted by being part of what it is compared with."""
-    earlier = [w.delta for w in r.windows[:-1]]
-    counters: dict[Any, float] = {}
-    for d in earlier:
-        for key, value in d.counters.samples.items():
-            counters[key] = counters.get(key, 0.0) + value
-    return bd.breakdown(scr.Delta(scr.Series(counters), earlier[-1].gauges,
-                                  sum(d.elapsed_seconds for d in earlier)))
+    return bd.breakdown(data.joined([w.delta for w in r.windows[:-1]]))
 
 
 def findings_section(findings: Sequence[dg.Finding]) -> str:
@@ -138,8 +150,9 @@ def findings_section(findings: Sequence[dg.Finding]) -> str:
         for f in order
     )
     return (f'<h2>Findings ({html.escape(dg.status_line(findings))})</h2>'
-            '<p class="note">The diagnosis of <code>specobs doctor</code> on the whole run, and '
-            "its last window against the run (docs/diagnosis.md).</p>"
+            '<p class="note">The diagnosis of <code>specobs doctor</code> on the whole run, the '
+            "batch size above which speculation stops paying over the batch sizes its windows "
+            "served, and its last window against the run (docs/diagnosis.md).</p>"
             '<table class="diagnosis"><tr><th>severity</th><th>code</th><th>finding</th>'
             f"<th>what to look at</th></tr>{rows}</table>")
 
