@@ -289,6 +289,7 @@ def run_mode(
         _use_bucketing(_REFERENCE if mode == "reference" else _COMPILED)
         slices0, gc0 = res.slices, dict(GC_IN_THREAD)
         res.max_hold_ns = res.long_holds = 0
+        res.holds.clear()
         t0 = time.perf_counter()
         for _ in range(cycles):
             c = obs.begin(w.batch)
@@ -336,6 +337,10 @@ def run_mode(
         info["slices"] = res.slices - slices0
         info["max_hold_us"] = res.max_hold_ns / 1e3
         info["long_holds"] = res.long_holds
+        hs = sorted(res.holds)
+        info["hold_p50_us"] = hs[len(hs) // 2] / 1e3 if hs else 0.0
+        info["hold_p90_us"] = hs[int(len(hs) * 0.9)] / 1e3 if hs else 0.0
+        info["holds_over_20us"] = sum(h > 20_000 for h in hs)
         info["gc_ms"] = {t: round(GC_IN_THREAD.get(t, 0.0) - gc0.get(t, 0.0), 3)
                          for t in GC_IN_THREAD}
         if own:
@@ -568,7 +573,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{infos[m]['resolver_us_per_cycle']:.1f} us/cycle, self-reported " \
                         f"overhead {infos[m]['overhead_ratio'] * 100:.2f}% (measured " \
                         f"{(1 - ratios[m]) * 100:.2f}%); {infos[m]['slices']} slices, " \
-                        f"longest {infos[m]['max_hold_us']:.0f} us, " \
+                        f"longest {infos[m]['max_hold_us']:.0f} us, p50 " \
+                        f"{infos[m]['hold_p50_us']:.0f} / p90 {infos[m]['hold_p90_us']:.0f} us, " \
+                        f"{infos[m]['holds_over_20us']} over 20 us, " \
                         f"{infos[m]['long_holds']} over 100 us; GC ms {infos[m]['gc_ms']}; " \
                         f"parts % {infos[m].get('overhead_parts_pct')}"
             q1, q3 = spread[m]

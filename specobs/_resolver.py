@@ -19,6 +19,7 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -135,6 +136,8 @@ class Resolver:
         #: one slice, between two points where it releases the GIL), for benchmarks.
         self.max_hold_ns = 0
         self.long_holds = 0  # slices over 100 µs (a garbage collection inside one, say)
+        #: The last slices' holds (thread CPU ns), for benchmarks' percentiles.
+        self.holds: deque[int] = deque(maxlen=4096)
         self._record_ns = 0.0  # EWMA of the resolver's thread CPU per record
         self._cpu_acc = 0  # thread CPU and records since the last _adapt
         self._n_acc = 0
@@ -327,6 +330,7 @@ class Resolver:
                         self.max_hold_ns = hold
                     if hold > 100_000:
                         self.long_holds += 1
+                    self.holds.append(hold)
                     self._cpu_pending += all_cpu  # into the aggregation once a pass
                     self.consumed += taken_box[0]
             self.slices += 1
