@@ -16,7 +16,8 @@ from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
 from specobs.tools._doctor._checks import Check, Report
 
-__all__ = ["BATCH_WINDOWS_MAX", "COHORT_LABELS", "examine_prometheus", "history_windows"]
+__all__ = ["BATCH_WINDOWS_MAX", "COHORT_LABELS", "examine_prometheus", "history_split",
+           "history_windows"]
 
 _DIAGNOSIS_GAUGES = (catalog.REQUESTS_RUNNING, catalog.REQUESTS_WAITING,
                      catalog.LAST_CYCLE_TIMESTAMP)
@@ -82,6 +83,19 @@ def examine_prometheus(
 BATCH_WINDOWS_MAX = 60
 
 
+def history_split(window_seconds: float, history_seconds: float, at: float
+                  ) -> tuple[float, float, float]:
+    """``(start, end, step)`` of the windows :func:`history_windows` reads: as long as the
+    recent window, or ``history / BATCH_WINDOWS_MAX`` when longer (the history itself when
+    shorter), as many as fit in the history, the last ending where the recent window begins
+    (times to the millisecond, as Prometheus is asked)."""
+    step = round(min(max(window_seconds, history_seconds / BATCH_WINDOWS_MAX),
+                     history_seconds), 3)
+    n = max(1, math.floor(history_seconds / step + 1e-9))
+    end = round(at - window_seconds, 3)
+    return end - n * step, end, step
+
+
 def history_windows(client: Any, base_url: str, selector: str, window_seconds: float,
                     history_seconds: float, limits: _http.Limits, at: float,
                     checks: list[Check]) -> list[dg.Window]:
@@ -94,11 +108,9 @@ def history_windows(client: Any, base_url: str, selector: str, window_seconds: f
     which batch sizes they served."""
     from specobs.tools.report import _data as rd  # the report's windows, read the same way
 
-    step = round(max(window_seconds, history_seconds / BATCH_WINDOWS_MAX), 3)
-    n = max(1, math.floor(history_seconds / step + 1e-9))
-    end = round(at - window_seconds, 3)
+    start, end, step = history_split(window_seconds, history_seconds, at)
     try:
-        split = rd.prometheus_windows(client, base_url, selector, end - n * step, end, step,
+        split = rd.prometheus_windows(client, base_url, selector, start, end, step,
                                       limits=limits)
     except rd.RunError as exc:
         checks.append(Check("batch sizes", "INFO", f"the history could not be split: {exc}"))
