@@ -31,6 +31,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv |
 python3 -c 'import torch, sys, os; print("torch", torch.__version__, "python", sys.version.split()[0], "cpus", os.cpu_count())' | tee -a "$OUT/device.txt"
 lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$OUT/device.txt"
 parts=${*:-core tests overhead host engines demotests recipes}
+# Every part measures the native core: build it first on a fresh machine (a run of `overhead`
+# alone there once measured the pure-Python ring).
+if ! python3 -c 'import sys; from specobs import _ring; sys.exit(0 if _ring.NATIVE else 1)' 2>/dev/null; then
+  python3 setup.py build_ext --inplace > "$OUT/core_build.log" 2>&1 || tail -n 20 "$OUT/core_build.log"
+fi
 for part in $parts; do
   case $part in
     core)
