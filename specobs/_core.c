@@ -73,6 +73,9 @@
  * back costs more than walking a few slots. */
 #define NOGIL_MIN 16
 
+/* Entries of a ring's cache of event handles (a power of two; filled to half at most). */
+#define HANDLE_CACHE 8192
+
 /* A slot's state is the one field the worker and a drain walking without the GIL share: the
  * worker writes every other field of its cycle before it stores DONE (release), and the walk
  * reads them only after it loaded DONE (acquire). The head and the tail are read across the
@@ -184,6 +187,12 @@ typedef struct {
     int (*ne_lasterr)(void);
     int (*ne_query)(void *); /* cudaEventQuery: the poll asks sampled cycles' events with it */
     uint64_t fill_pos; /* fill_handles has looked at every done slot before this position */
+    /* The events' handles, by event object (the clock's pool is fixed, and a handle never
+     * changes): open addressing on the object's address, the objects held (so an address is
+     * never reused while it is a key), emptied when set_native_events is called again. */
+    PyObject **hc_key;
+    uint64_t *hc_val;
+    Py_ssize_t hc_n;
     unsigned long ne_thread;
     int64_t ne_cycles, ne_cost;
     /* The last drain_into's walks, on the thread's CPU clock (what time.thread_time_ns reads):
@@ -219,6 +228,7 @@ typedef struct {
 static PyTypeObject RingType;
 static PyTypeObject CycleType;
 static void fill_handles(Ring *r, Py_ssize_t limit);
+static void handles_forget(Ring *r);
 
 /* The ring's clock: CLOCK_MONOTONIC, or for tests a counter advancing ``tick`` per read (the
  * differential test feeds the same stream to both implementations and compares every ns). */
@@ -2291,6 +2301,50 @@ walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_tra
  * (at most ``limit`` from the tail), read from the event objects. Reading an attribute may run
  * Python code, during which the worker may reuse a slot: a handle is kept only if its slot
  * still holds the same events of the same cycle afterwards. */
+/* An event object's handle (its ``cuda_event``): from the cache, else read (which may run
+ * Python) and kept. 0 when it has none. With the GIL. */
+static uint64_t
+handle_of(Ring *r, PyObject *ev)
+{
+    size_t mask = HANDLE_CACHE - 1, h = ((uintptr_t)ev >> 4) & mask;
+    for (size_t i = h; r->hc_key != NULL; i = (i + 1) & mask) {
+        if (r->hc_key[i] == ev)
+            return r->hc_val[i];
+        if (r->hc_key[i] == NULL)
+            break;
+    }
+    PyObject *o = PyObject_GetAttr(ev, s_cuda_event);
+    unsigned long long v = o != NULL ? PyLong_AsUnsignedLongLong(o) : 0;
+    Py_XDECREF(o);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (v == 0 || 2 * (r->hc_n + 1) > HANDLE_CACHE)
+        return v; /* full (at half, for short probes): read each time from here on */
+    if (r->hc_key == NULL) {
+        r->hc_key = PyMem_Calloc(HANDLE_CACHE, sizeof(PyObject *));
+        r->hc_val = PyMem_Calloc(HANDLE_CACHE, sizeof(uint64_t));
+        if (r->hc_key == NULL || r->hc_val == NULL) {
+            PyMem_Free(r->hc_key);
+            PyMem_Free(r->hc_val);
+            r->hc_key = NULL;
+            r->hc_val = NULL;
+            return v;
+        }
+    }
+    size_t i = h; /* probed again: the read above may have run Python that changed the table */
+    while (r->hc_key[i] != NULL && r->hc_key[i] != ev)
+        i = (i + 1) & mask;
+    if (r->hc_key[i] == NULL) {
+        Py_INCREF(ev);
+        r->hc_key[i] = ev;
+        r->hc_n++;
+    }
+    r->hc_val[i] = v;
+    return v;
+}
+
 static void
 fill_handles(Ring *r, Py_ssize_t limit)
 {
@@ -2312,13 +2366,9 @@ fill_handles(Ring *r, Py_ssize_t limit)
         int32_t got = PyList_CheckExact(ev) && PyList_GET_SIZE(ev) == nph + 1 ? nph + 1 : -1;
         Py_INCREF(ev);
         for (int j = 0; got > 0 && j <= nph; j++) {
-            PyObject *o = PyObject_GetAttr(PyList_GET_ITEM(ev, j), s_cuda_event);
-            unsigned long long v = o != NULL ? PyLong_AsUnsignedLongLong(o) : 0;
-            Py_XDECREF(o);
-            if (PyErr_Occurred() || v == 0) {
-                PyErr_Clear();
+            uint64_t v = handle_of(r, PyList_GET_ITEM(ev, j));
+            if (v == 0)
                 got = -1;
-            }
             else
                 h[j] = v;
             if (PyList_GET_SIZE(ev) != nph + 1)
@@ -2852,6 +2902,8 @@ Ring_traverse(Ring *r, visitproc visit, void *arg)
     Py_VISIT(r->copy_type);
     Py_VISIT(r->nc_pools);
     Py_VISIT(r->nc_stream_fn);
+    for (Py_ssize_t i = 0; r->hc_key != NULL && i < HANDLE_CACHE; i++)
+        Py_VISIT(r->hc_key[i]);
     if (r->slots != NULL) {
         for (Py_ssize_t i = 0; i < r->nslots; i++) {
             Slot *s = &r->slots[i];
@@ -2883,6 +2935,7 @@ Ring_clear(Ring *r)
     Py_CLEAR(r->nc_stream_fn);
     r->nc_memcpy = NULL;
     r->ne_elapsed = NULL;
+    handles_forget(r);
     if (r->slots != NULL) {
         for (Py_ssize_t i = 0; i < r->nslots; i++) {
             Slot *s = &r->slots[i];
@@ -3082,6 +3135,21 @@ Ring_set_native_copy(Ring *r, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static void
+handles_forget(Ring *r)
+{
+    if (r->hc_key != NULL) {
+        PyObject **keys = r->hc_key;
+        r->hc_key = NULL; /* before any reference is let go of (that may run Python) */
+        for (Py_ssize_t i = 0; i < HANDLE_CACHE; i++)
+            Py_XDECREF(keys[i]);
+        PyMem_Free(keys);
+    }
+    PyMem_Free(r->hc_val);
+    r->hc_val = NULL;
+    r->hc_n = 0;
+}
+
 static PyObject *
 Ring_set_native_events(Ring *r, PyObject *args)
 {
@@ -3092,6 +3160,7 @@ Ring_set_native_events(Ring *r, PyObject *args)
     r->ne_elapsed = (int (*)(float *, void *, void *))(uintptr_t)elapsed_addr;
     r->ne_lasterr = (int (*)(void))(uintptr_t)lasterr_addr;
     r->ne_query = elapsed_addr ? (int (*)(void *))(uintptr_t)query_addr : NULL;
+    handles_forget(r); /* another clock's events, or none */
     r->ne_thread = PyThread_get_thread_ident();
     Py_RETURN_NONE;
 }

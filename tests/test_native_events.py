@@ -13,7 +13,8 @@ import pytest
 
 import specobs
 from specobs import _ring
-from specobs.timing.fake import FakeGpu, FakeNativeEventClock
+from specobs.timing._base import EventPool
+from specobs.timing.fake import FakeGpu, FakeNativeEvent, FakeNativeEventClock
 
 
 def run(native: bool, n: int = 2000, *, sinks: list[object] | None = None,
@@ -199,5 +200,53 @@ def test_the_poll_asks_events_without_python_and_pending_ones_wait() -> None:
         assert s.cycles_total == 30 and s.sampled_cycles_total == 30
         if type(obs._recorder.ring).__module__ == "specobs._core":
             assert asked[0] == before  # every question after set-up asked natively
+    finally:
+        obs.shutdown(5)
+
+
+class _CountingEvent(FakeNativeEvent):
+    """A fake event that counts reads of its handle."""
+
+    __slots__ = ("_h",)
+    reads = 0
+
+    @property  # type: ignore[override]
+    def cuda_event(self) -> int:
+        _CountingEvent.reads += 1
+        return self._h
+
+    @cuda_event.setter
+    def cuda_event(self, v: int) -> None:
+        self._h = v
+
+
+def test_each_events_handle_is_read_once() -> None:
+    """The native core keeps each event object's handle (the clock's pool is fixed): 300
+    sampled cycles drawing on a pool of 64 events read at most 64 handles, not 900."""
+    gpu = FakeGpu()
+    clock = FakeNativeEventClock(gpu, pool_size=64)
+    EventPool.__init__(clock, [_CountingEvent(gpu) for _ in range(64)])
+    _CountingEvent.reads = 0
+    obs = specobs.configure(sinks=[], clock=clock, sample_every=1,
+                            poll_interval_seconds=0.002, max_draft_length=4)
+    try:
+        for i in range(300):
+            with obs.cycle() as c:
+                gpu.run(1000)
+                c.mark("verify")
+                gpu.run(2000)
+                c.mark("bookkeeping")
+            if i % 10 == 9:
+                gpu.complete()
+                assert obs.force_flush(10)
+        s = obs.snapshot()
+        assert s.cycles_total == 300
+        assert s.sampled_cycles_total + s.dropped.get("event_pool_exhausted", 0) == 300
+        ring = obs._recorder.ring
+        assert ring.native_gpu_cycles == s.sampled_cycles_total
+        if type(ring).__module__ == "specobs._core":
+            assert 0 < _CountingEvent.reads <= 64
+        else:
+            assert _CountingEvent.reads >= 3 * s.sampled_cycles_total  # read at each drain
     finally:
         obs.shutdown(5)
