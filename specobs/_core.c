@@ -228,6 +228,7 @@ typedef struct {
 static PyTypeObject RingType;
 static PyTypeObject CycleType;
 static void fill_handles(Ring *r, Py_ssize_t limit);
+static void hand_on(Ring *r, Slot *s);
 static void handles_forget(Ring *r);
 
 /* The ring's clock: CLOCK_MONOTONIC, or for tests a counter advancing ``tick`` per read (the
@@ -757,13 +758,7 @@ Cycle_end(Cycle *self, PyObject *Py_UNUSED(ignored))
         r->deferred++;
         Py_RETURN_NONE;
     }
-    STATE_SET(s, SLOT_DONE);
-    r->enqueued++;
-    r->waiting++;
-    if (s->ev != NULL || s->copy != NULL)
-        r->nheld++;
-    if (r->waiting >= r->wake_at)
-        call_slow(r, s_wake, NULL, 0);
+    hand_on(r, s);
     Py_RETURN_NONE;
 }
 
@@ -1154,7 +1149,7 @@ clear_acceptance(Ring *r, Slot *s)
     s->ck = -1;
 }
 
-/* A deferred cycle is done: the resolver may take it. */
+/* A cycle is done (ended, or a deferred one settled or expired): the resolver may take it. */
 static void
 hand_on(Ring *r, Slot *s)
 {
@@ -2184,16 +2179,16 @@ copy_value(const Slot *s, int32_t i)
 }
 
 /* Whether the walk takes this done cycle: the same question before the GIL is let go (so it is
- * let go only for a walk that takes one at least) and during the walk. Reads the slot and a
- * native copy's pinned buffer, nothing else. */
+ * let go only for a walk that takes one at least) and during the walk. Reads the slot, a
+ * native copy's pinned buffer and, given ``g``, a sampled cycle's GPU times into it. */
 static int
 walk_takes(Ring *r, Slot *s, int64_t bound, int64_t next_trace, int64_t slow_ns, int nev,
            int64_t *g, int64_t *gsum)
 {
     if (!walkable(r, s, nev) || s->idx >= bound || s->idx >= next_trace)
         return 0;
-    if (s->ev != NULL) { /* sampled: its GPU times, and slow by those */
-        if (read_gpu(r, s, g, gsum) < 0 || (slow_ns >= 0 && *gsum >= slow_ns))
+    if (s->ev != NULL) { /* sampled: its GPU times (g NULL: not read), and slow by those */
+        if (g != NULL && (read_gpu(r, s, g, gsum) < 0 || (slow_ns >= 0 && *gsum >= slow_ns)))
             return 0;
     }
     else if (slow_ns >= 0 && s->ts[r->nph] - s->ts[0] >= slow_ns)
@@ -2418,8 +2413,9 @@ drain_nogil(Ring *r, long long bound, Py_ssize_t limit, PyObject *trace, long lo
             break;
         }
     }
-    int64_t g[MAX_PHASES], gsum;
-    if (!walk_takes(r, first, bound, next_trace, slow_ns, nev, g, &gsum))
+    /* A sampled first cycle's times are read by the walk, not here with the GIL held: one
+     * slow by its GPU time (traced) makes this walk take nothing, which is rare. */
+    if (!walk_takes(r, first, bound, next_trace, slow_ns, nev, NULL, NULL))
         return 0;
     PyObject **park = PyMem_Malloc(sizeof(PyObject *) * 3 * (size_t)cap);
     if (park == NULL) {
