@@ -50,6 +50,16 @@ def run(native: bool, n: int = 2000, *, sinks: list[object] | None = None,
         obs.shutdown(5)
 
 
+def plain_cycles(obs: specobs.Observer, gpu: FakeGpu, n: int) -> None:
+    """``n`` cycles of 1,000 ns of draft and 2,000 ns of verify on the fake GPU, no acceptance."""
+    for _ in range(n):
+        with obs.cycle() as c:
+            gpu.run(1000)
+            c.mark("verify")
+            gpu.run(2000)
+            c.mark("bookkeeping")
+
+
 def gpu_figures(s: specobs.Snapshot) -> list[tuple[tuple[int, ...], float]]:
     hs = [s.phase_histograms[(p, "gpu")] for p in s.phases] + [s.cycle_histograms["gpu"]]
     return [(tuple(h.counts), h.sum) for h in hs]
@@ -126,12 +136,7 @@ def test_only_the_thread_set_up_reads_natively() -> None:
                             poll_interval_seconds=3600, max_draft_length=4)
 
     def cycles(n: int) -> None:
-        for _ in range(n):
-            with obs.cycle() as c:
-                gpu.run(1000)
-                c.mark("verify")
-                gpu.run(2000)
-                c.mark("bookkeeping")
+        plain_cycles(obs, gpu, n)
         gpu.complete()
 
     try:
@@ -174,12 +179,7 @@ def test_the_poll_asks_events_without_python_and_pending_ones_wait() -> None:
                             poll_interval_seconds=3600, max_draft_length=4)
 
     def cycles(n: int) -> int:
-        for _ in range(n):
-            with obs.cycle() as c:
-                gpu.run(1000)
-                c.mark("verify")
-                gpu.run(2000)
-                c.mark("bookkeeping")
+        plain_cycles(obs, gpu, n)
         return gpu.now_ns
 
     try:
@@ -230,15 +230,10 @@ def test_each_events_handle_is_read_once() -> None:
     obs = specobs.configure(sinks=[], clock=clock, sample_every=1,
                             poll_interval_seconds=0.002, max_draft_length=4)
     try:
-        for i in range(300):
-            with obs.cycle() as c:
-                gpu.run(1000)
-                c.mark("verify")
-                gpu.run(2000)
-                c.mark("bookkeeping")
-            if i % 10 == 9:
-                gpu.complete()
-                assert obs.force_flush(10)
+        for _ in range(30):
+            plain_cycles(obs, gpu, 10)
+            gpu.complete()
+            assert obs.force_flush(10)
         s = obs.snapshot()
         assert s.cycles_total == 300
         assert s.sampled_cycles_total + s.dropped.get("event_pool_exhausted", 0) == 300
