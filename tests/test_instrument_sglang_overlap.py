@@ -279,7 +279,27 @@ def test_zombie_rows_under_overlap_scheduling_are_left_out_as_sglang_leaves_them
 ) -> None:
     calls: list[str] = []
     v2 = _real_eagle_v2(monkeypatch, tmp_path, calls, coordination=False, rank=0)
-    v2.EAGLEWorkerV2.verify = _verify
+    torch = pytest.importorskip("torch")
+    arithmetic: list[str] = []
+
+    class Watched(torch.Tensor):
+        """accept_lens that notes any arithmetic made on it (a kernel on the worker's stream,
+        were it on the GPU)."""
+
+        @classmethod
+        def __torch_function__(cls, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:  # fmt: skip
+            name = getattr(func, "__name__", "")
+            if name.strip("_").lstrip("r") in ("sub", "add", "clamp"):
+                arithmetic.append(name)
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    def verify(*args: Any, **kwargs: Any) -> Any:
+        result = _verify(*args, **kwargs)
+        result.accept_lens = result.accept_lens.as_subclass(Watched)
+        return result
+
+    v2.EAGLEWorkerV2.verify = verify
     v2.EAGLEWorkerV2.on_verify_complete_cpu = lambda self, drafts, batch_size: None
     processor_cls = _processor_class(monkeypatch)
     _host_only(monkeypatch)
@@ -290,6 +310,9 @@ def test_zombie_rows_under_overlap_scheduling_are_left_out_as_sglang_leaves_them
     reqs = _requests(_req_class())
     scheduler = _scheduler_class()(worker, processor_cls(worker), reqs, steps=4)
     scheduler.event_loop_overlap()
+    # The acceptance came from the host list the result processing made: specobs launched
+    # nothing on the step's accept_lens (on the GPU, a kernel per step on the worker's stream).
+    assert arithmetic == [], arithmetic
 
     rows = [r for b in scheduler.batches for r in b.rows]
     verified = sum(r.spec_verify_ct for r in reqs)

@@ -353,15 +353,17 @@ def _cycle_hook(
             raise
         _local.tracker = None
         try:
-            accepted = _accepted(result)
             # Read after the step: adaptive speculation may have changed it for this step.
             k = draft_length(worker)
             pending = getattr(result, "__dict__", None)
             if pending is not None and _defers(worker, batch):
                 # Times final now; the rows the scheduler's result processing counts (not
-                # those of requests that finished while the step was in flight) come later.
-                pending[_PENDING] = (tracker.defer(), accepted, k)
+                # those of requests that finished while the step was in flight) come later,
+                # and so does the acceptance: that processing copies it to the host itself,
+                # so nothing is launched on the worker's stream for it here.
+                pending[_PENDING] = (tracker.defer(), k)
             else:
+                accepted = _accepted(result)
                 if accepted is not None:
                     tracker.accept(accepted, k)
                 tracker.finish()
@@ -415,7 +417,7 @@ def around_process_batch_result_decode(
     pending = getattr(result, "__dict__", {}).pop(_PENDING, None)
     if pending is None:
         return original(*args, **kwargs)
-    handle, tentative, k = pending
+    handle, k = pending
     rows = None
     try:
         batch = args[1] if len(args) > 1 else kwargs["batch"]
@@ -428,13 +430,14 @@ def around_process_batch_result_decode(
         out = original(*args, **kwargs)
     except BaseException:
         try:
-            _settle(handle, tentative, k, None)
+            _settle(handle, _accepted(result), k, None)
         except Exception:
             _failed("the cycle end (process_batch_result_decode)")
         raise
     try:
-        accepted = _accepted(result)
-        _settle(handle, tentative if accepted is None else accepted, k, rows)
+        # The host list the processing made (num_correct_drafts_per_req_cpu), else the step's
+        # accept_lens less the bonus token.
+        _settle(handle, _accepted(result), k, rows)
     except Exception:
         _failed("the cycle end (process_batch_result_decode)")
     return out
