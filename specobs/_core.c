@@ -2652,6 +2652,15 @@ Ring_drain_into(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* The counts the resolver folds and the sampler reads after each drain, in one call: (discarded,
+ * dropped_queue_full, unsettled, native_gpu_cycles, native_gpu_cost). */
+static PyObject *
+Ring_counters(Ring *r, PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("(LLLLL)", (long long)r->discarded, (long long)r->dropped_queue_full,
+                         (long long)r->unsettled, (long long)r->ne_cycles, (long long)r->ne_cost);
+}
+
 /* The running totals of ``drain_into``: (cycles, host, length counts, accepted, drafted,
  * emitted, {draft length: sequences}, batch (counts, sum), batch count, last end stamp or
  * None, GPU [(counts, sum)] per phase then the cycle: the sampled cycles it read itself). */
@@ -3162,6 +3171,9 @@ Ring_set_native_events(Ring *r, PyObject *args)
 }
 
 static PyMethodDef Ring_methods[] = {
+    {"counters", (PyCFunction)Ring_counters, METH_NOARGS,
+     "counters(): (discarded, dropped_queue_full, unsettled, native_gpu_cycles, "
+     "native_gpu_cost), read together."},
     {"set_native_events", (PyCFunction)Ring_set_native_events, METH_VARARGS,
      "set_native_events(elapsed, get_last_error[, query]): read sampled cycles' GPU times in "
      "drain_into, and ask their events in poll, through these runtime functions "

@@ -296,6 +296,9 @@ class Recorder:
         self.errors: defaultdict[str, int] = defaultdict(int)
         self.dropped_pool = 0
         self.dropped_capture = 0
+        #: Moves after each change of ``errors``, ``dropped_pool`` or ``dropped_capture``: the
+        #: resolver folds them only when it moved (the ring's own counts it reads in one call).
+        self.changes = 0
         if native is None:
             native = _ring.NATIVE
         if native and not _ring.BUILT:
@@ -408,10 +411,12 @@ class Recorder:
             return None
         if clock.capturing():
             self.dropped_capture += 1
+            self.changes += 1
             return False
         ev = clock.acquire(self.nphases + 1)
         if ev is None:
             self.dropped_pool += 1
+            self.changes += 1
             self.wake()
             return None
         self.ring.record_fn(ev[0], self.ring.stream)
@@ -451,6 +456,7 @@ class Recorder:
         building it costs anything (a caller's value: always through :func:`short_repr`), so
         a suppressed line never builds it."""
         self.errors[kind] += 1
+        self.changes += 1
         self.log.warn(kind, message)
 
     def misuse_value(self, kind: str, before: str, value: Any, after: str = "") -> None:
@@ -487,6 +493,7 @@ class Recorder:
     def internal_error(self, exc: BaseException) -> None:
         try:
             self.errors["internal"] += 1
+            self.changes += 1
             self.log.warn("internal", lambda: "internal error on the hot path, ignored: "
                           + short_repr(exc, 200))
         except Exception:

@@ -125,9 +125,8 @@ class Resolver:
         self._native_events: Any = None
         self._native_seen = (0, 0)
         self._folded: dict[str, int] = {}
-        self._fold_seen: tuple[int, ...] = ()
+        self._fold_seen: tuple[Any, ...] = ()
         self._cpu_pending = 0  # the resolver's thread CPU not yet added to the aggregation
-        self._errors_seen: dict[str, int] = {}
         #: The sampler's figures since it last ran (cost, sampled, cycles' host ns, cycles,
         #: read ns): it runs at most every ADAPT_EVERY_NS, not every slice.
         self._adapt_due = 0
@@ -459,11 +458,10 @@ class Resolver:
             set_native()  # the clock it read for is gone (dropped at fork, replaced)
             self._native_events = None
 
-    def _native_gpu(self) -> tuple[int, int]:
+    def _native_gpu(self, counts: tuple[int, ...]) -> tuple[int, int]:
         """Sampled cycles whose GPU times the ring read itself since the last call, and the
-        worker's ns recording their events."""
-        ring = self.rec.ring
-        now = (getattr(ring, "native_gpu_cycles", 0), getattr(ring, "native_gpu_cost", 0))
+        worker's ns recording their events (``counts``: the ring's ``counters()``)."""
+        now = (counts[3], counts[4])
         seen = self._native_seen
         if now == seen:
             return 0, 0
@@ -503,13 +501,14 @@ class Resolver:
         n, total_ns, details, _released = chunk
         agg = self.agg
         rec = self.rec
-        dropped, errors = self._fold()
+        counts = rec.ring.counters()
+        dropped, errors = self._fold(counts)
         if not n:
             agg.count(dropped, errors)
             return []
         # Sampled cycles the ring read itself: their records count against the budget; their
         # reads do not (made with the GIL let go, they cost the worker nothing).
-        n_native, native_cost = self._native_gpu()
+        n_native, native_cost = self._native_gpu(counts)
         if not details:  # the common case: nothing for Python but the sampler's figures
             if dropped or errors:
                 agg.count(dropped, errors)
@@ -663,18 +662,20 @@ class Resolver:
             out.append(r)
         return out
 
-    def _fold(self) -> tuple[dict[str, int], dict[str, int]]:
-        """What the recorder counted since the last fold: drops by reason, errors by kind."""
+    def _fold(self, counts: tuple[int, ...]) -> tuple[dict[str, int], dict[str, int]]:
+        """What the recorder counted since the last fold: drops by reason, errors by kind.
+        ``counts``: the ring's ``counters()``, read once per chunk with the sampler's figures.
+        Its Python-side counts (errors, the clock's drops) move ``rec.changes``: the common
+        chunk, with nothing new, compares one tuple and builds nothing."""
         rec = self.rec
-        values = (rec.dropped_pool, rec.dropped_capture, rec.discarded, rec.dropped_queue_full,
-                  rec.ring.unsettled)
-        errors_now = rec.errors
-        if values == self._fold_seen and errors_now == self._errors_seen:
-            return _NOTHING, _NOTHING  # the common slice: nothing new, nothing built
-        self._fold_seen = values
-        self._errors_seen = dict(errors_now)
+        seen = (counts, rec.changes)
+        if seen == self._fold_seen:
+            return _NOTHING, _NOTHING
+        self._fold_seen = seen
         cur = dict(zip(("event_pool_exhausted", "graph_capture", "misuse", "queue_full",
-                        "unsettled"), values, strict=True))
+                        "unsettled"),
+                       (rec.dropped_pool, rec.dropped_capture, counts[0], counts[1], counts[2]),
+                       strict=True))
         dropped: dict[str, int] = {}
         for key, value in cur.items():
             prev = self._folded.get(key, 0)

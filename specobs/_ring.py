@@ -1002,6 +1002,12 @@ class PyRing:
             self.drained += n
         return n, total, details, released
 
+    def counters(self) -> tuple[int, int, int, int, int]:
+        """(discarded, dropped_queue_full, unsettled, native_gpu_cycles, native_gpu_cost): the
+        counts the resolver folds and the sampler reads after each drain, read together."""
+        return (self.discarded, self.dropped_queue_full, self.unsettled,
+                self.native_gpu_cycles, self.native_gpu_cost)
+
     def totals(self) -> tuple[Any, ...]:
         """The running totals of :meth:`drain_into`: (cycles, host [(counts, sum)] per phase
         then the cycle, sequences per accepted length, accepted, drafted, emitted,
