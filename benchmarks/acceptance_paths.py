@@ -42,6 +42,7 @@ def main() -> None:
     for batch in (int(b) for b in args.batches.split(",")):
         lens = [i % 5 for i in range(batch)]
         dev = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        plus = dev + 1  # what the engines hold: accepted drafts plus the bonus token
         ways = ("list", "cuda", "sub", "sub+clamp", "sub+cuda")
         times: dict[str, list[int]] = {w: [] for w in ways}
         for i in range(args.cycles + 500):
@@ -56,11 +57,11 @@ def main() -> None:
                 elif way == "cuda":
                     c.accept(dev, draft_length=4)
                 elif way == "sub":
-                    dev - 1
+                    plus - 1
                 elif way == "sub+clamp":
-                    (dev - 1).clamp_(min=0)
+                    (plus - 1).clamp_(min=0)
                 else:
-                    c.accept(dev - 1, draft_length=4)
+                    c.accept(plus - 1, draft_length=4)
                 dt = pc() - t
             if i >= 500:
                 times[way].append(dt)
