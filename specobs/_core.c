@@ -2892,21 +2892,25 @@ Ring_init(Ring *r, PyObject *args, PyObject *kwds)
     return 0;
 }
 
+/* The Ring's own references, in the order tp_traverse visits them and tp_clear lets go of them:
+ * one list, so that no field is visited and never cleared, or cleared and never visited.
+ * REF(field) is one reference, REFS(field, n) an array of n. */
+#define RING_REFS(REF, REFS)                                                                  \
+    REF(slow) REF(phases) REF(record_fn) REF(stream) REF(current) REFS(spares, NSPARES)       \
+    REF(null_cycle) REF(dropped) REF(copy_type) REF(nc_pools) REF(nc_stream_fn)
+#define RING_VISIT(field) Py_VISIT(r->field);
+#define RING_VISIT_ALL(field, n)                                                              \
+    for (Py_ssize_t i = 0; i < (n); i++)                                                      \
+        Py_VISIT(r->field[i]);
+#define RING_CLEAR(field) Py_CLEAR(r->field);
+#define RING_CLEAR_ALL(field, n)                                                              \
+    for (Py_ssize_t i = 0; i < (n); i++)                                                      \
+        Py_CLEAR(r->field[i]);
+
 static int
 Ring_traverse(Ring *r, visitproc visit, void *arg)
 {
-    Py_VISIT(r->slow);
-    Py_VISIT(r->phases);
-    Py_VISIT(r->record_fn);
-    Py_VISIT(r->stream);
-    Py_VISIT(r->current);
-    for (int i = 0; i < NSPARES; i++)
-        Py_VISIT(r->spares[i]);
-    Py_VISIT(r->null_cycle);
-    Py_VISIT(r->dropped);
-    Py_VISIT(r->copy_type);
-    Py_VISIT(r->nc_pools);
-    Py_VISIT(r->nc_stream_fn);
+    RING_REFS(RING_VISIT, RING_VISIT_ALL)
     for (Py_ssize_t i = 0; r->hc_key != NULL && i < HANDLE_CACHE; i++)
         Py_VISIT(r->hc_key[i]);
     if (r->slots != NULL) {
@@ -2926,18 +2930,7 @@ Ring_traverse(Ring *r, visitproc visit, void *arg)
 static int
 Ring_clear(Ring *r)
 {
-    Py_CLEAR(r->slow);
-    Py_CLEAR(r->phases);
-    Py_CLEAR(r->record_fn);
-    Py_CLEAR(r->stream);
-    Py_CLEAR(r->current);
-    for (int i = 0; i < NSPARES; i++)
-        Py_CLEAR(r->spares[i]);
-    Py_CLEAR(r->null_cycle);
-    Py_CLEAR(r->dropped);
-    Py_CLEAR(r->copy_type);
-    Py_CLEAR(r->nc_pools);
-    Py_CLEAR(r->nc_stream_fn);
+    RING_REFS(RING_CLEAR, RING_CLEAR_ALL)
     r->nc_memcpy = NULL;
     r->ne_elapsed = NULL;
     handles_forget(r);

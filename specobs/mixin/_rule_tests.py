@@ -656,54 +656,28 @@ def _expr_tests(config: MixinConfig) -> dict[str, Any]:
     state = ServerState()
     steady = server_series([(state, 20)])
     out = dict(LABELS)
+    # (the rule, with a matcher where it has several series; its labels; its value at 15m)
+    checks: list[tuple[str, dict[str, str], float]] = [
+        (n.sequence_speed, out, 300),
+        (n.speedup_realized, {**out, "source": "configured"}, 3),
+        (n.acceptance, out, 0.5),
+        # 3 measured tokens per sequence-cycle at (2 + 6) / 6 target steps per cycle.
+        (n.speedup_predicted, {**out, "clock": "gpu"}, 2.25),
+        (n.cohort_acceptance, _cohort(out), 0.5),
+        (f'{n.phase_share}{{phase="verify"}}', {**out, "phase": "verify", "clock": "gpu"}, 0.667),
+        (n.batch_size_mean, out, 8),
+    ]
     return {
         "name": "recording rules on a steady server",
         "interval": "1m",
         "input_series": steady,
         "promql_expr_test": [
             {
-                "expr": f"round({n.sequence_speed}, 0.001)",
+                "expr": f"round({rule}, 0.001)",
                 "eval_time": "15m",
-                "exp_samples": [{"labels": _selector("", out), "value": 300}],
-            },
-            {
-                "expr": f"round({n.speedup_realized}, 0.001)",
-                "eval_time": "15m",
-                "exp_samples": [
-                    {"labels": _selector("", {**out, "source": "configured"}), "value": 3}
-                ],
-            },
-            {
-                "expr": f"round({n.acceptance}, 0.001)",
-                "eval_time": "15m",
-                "exp_samples": [{"labels": _selector("", out), "value": 0.5}],
-            },
-            {
-                # 3 measured tokens per sequence-cycle at (2 + 6) / 6 target steps per cycle.
-                "expr": f"round({n.speedup_predicted}, 0.001)",
-                "eval_time": "15m",
-                "exp_samples": [{"labels": _selector("", {**out, "clock": "gpu"}), "value": 2.25}],
-            },
-            {
-                "expr": f"round({n.cohort_acceptance}, 0.001)",
-                "eval_time": "15m",
-                "exp_samples": [{"labels": _selector("", _cohort(out)), "value": 0.5}],
-            },
-            {
-                "expr": f'round({n.phase_share}{{phase="verify"}}, 0.001)',
-                "eval_time": "15m",
-                "exp_samples": [
-                    {
-                        "labels": _selector("", {**out, "phase": "verify", "clock": "gpu"}),
-                        "value": 0.667,
-                    }
-                ],
-            },
-            {
-                "expr": f"round({n.batch_size_mean}, 0.001)",
-                "eval_time": "15m",
-                "exp_samples": [{"labels": _selector("", out), "value": 8}],
-            },
+                "exp_samples": [{"labels": _selector("", labels), "value": value}],
+            }
+            for rule, labels, value in checks
         ],
     }
 

@@ -110,8 +110,8 @@ def history_windows(client: Any, base_url: str, selector: str, window_seconds: f
 
     start, end, step = history_split(window_seconds, history_seconds, at)
     try:
-        split = rd.prometheus_windows(client, base_url, selector, start, end, step,
-                                      limits=limits)
+        split = rd.prometheus_windows(
+            rd.PrometheusRange(client, base_url, selector, start, end, step, limits))
     except rd.RunError as exc:
         checks.append(Check("batch sizes", "INFO", f"the history could not be split: {exc}"))
         return []

@@ -204,8 +204,8 @@ def _prometheus_source(
         step = pa.parse_window(args.step) if args.step else max(15.0, (end - start) / 60)
     except ValueError as exc:
         raise _Usage(str(exc)) from None
-    return data.prometheus_run(client, base, selector, start, end, step,
-                               name=name or spec or "", limits=_http.limits_from(args))
+    rng = data.PrometheusRange(client, base, selector, start, end, step, _http.limits_from(args))
+    return data.prometheus_run(rng, name=name or spec or "")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from specobs import catalog
@@ -37,6 +37,7 @@ from specobs.tools import _scrape as scr
 
 __all__ = [
     "SNAPSHOT_FORMAT",
+    "PrometheusRange",
     "Run",
     "RunError",
     "Window",
@@ -372,15 +373,28 @@ def _snapshot_from_json(path: str, lineno: int, line: str) -> Snapshot:
 # -- Prometheus and a time range ------------------------------------------------------------------
 
 
-def _prom_range(
-    client: Any, base_url: str, promql: str, start: float, end: float, step: float,
-    limits: _http.Limits,
-) -> list[dict[str, Any]]:
-    url = base_url.rstrip("/") + "/api/v1/query_range"
-    shown = _http.display_url(base_url)
-    params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+@dataclass(frozen=True)
+class PrometheusRange:
+    """What a report reads from a Prometheus server: the series of ``selector`` over
+    ``[start, end]`` (Unix seconds) in steps of ``step`` seconds, through ``client`` within
+    ``limits``."""
+
+    client: Any
+    base_url: str
+    selector: str
+    start: float
+    end: float
+    step: float
+    limits: _http.Limits = _http.DEFAULT_LIMITS
+
+
+def _prom_range(r: PrometheusRange, promql: str, start: float) -> list[dict[str, Any]]:
+    url = r.base_url.rstrip("/") + "/api/v1/query_range"
+    shown = _http.display_url(r.base_url)
+    params = {"query": promql, "start": f"{start:.3f}", "end": f"{r.end:.3f}",
+              "step": f"{r.step:g}"}
     try:
-        response = _http.get(client, url, params=params, limits=limits,
+        response = _http.get(r.client, url, params=params, limits=r.limits,
                              headers={"Accept": "application/json"})
     except scr.ScrapeError as exc:
         raise RunError(f"cannot query Prometheus at {shown}: {exc}") from None
@@ -415,84 +429,60 @@ def _add_matrix(
             frames.setdefault(round(t, 3), scr.Series()).add(name, labels, value)
 
 
-def _frames(
-    client: Any, base_url: str, selector: str, start: float, end: float, step: float,
-    limits: _http.Limits,
-) -> tuple[dict[float, scr.Series], dict[float, scr.Series]]:
+def _frames(r: PrometheusRange) -> tuple[dict[float, scr.Series], dict[float, scr.Series]]:
     """Counters (``increase(...[step])``) and gauges (as they are) at each ``step`` from
     ``start + step`` to ``end``, by evaluation time."""
-    window = pa.window_text(step)
-    first = start + step
+    window = pa.window_text(r.step)
+    first = r.start + r.step
     counters: dict[float, scr.Series] = {}
     for metric in sorted(scr.COUNTER_SERIES):
-        promql = f"increase({metric}{{{selector}}}[{window}])"
-        _add_matrix(counters, metric, _prom_range(client, base_url, promql, first, end, step,
-                                                  limits))
+        promql = f"increase({metric}{{{r.selector}}}[{window}])"
+        _add_matrix(counters, metric, _prom_range(r, promql, first))
     gauges: dict[float, scr.Series] = {}
     for metric in GAUGE_NAMES:
-        _add_matrix(gauges, metric, _prom_range(
-            client, base_url, f"{metric}{{{selector}}}", first, end, step, limits))
+        _add_matrix(gauges, metric, _prom_range(r, f"{metric}{{{r.selector}}}", first))
     return counters, gauges
 
 
-def _windows(counters: dict[float, scr.Series], gauges: dict[float, scr.Series], start: float,
-             step: float) -> list[Window]:
+def _windows(counters: dict[float, scr.Series], gauges: dict[float, scr.Series],
+             r: PrometheusRange) -> list[Window]:
     windows: list[Window] = []
     for t in sorted(counters):
-        delta = scr.Delta(counters[t], gauges.get(t, scr.Series()), step)
-        windows.append(Window(t - start, delta, bd.breakdown(delta)))
+        delta = scr.Delta(counters[t], gauges.get(t, scr.Series()), r.step)
+        windows.append(Window(t - r.start, delta, bd.breakdown(delta)))
     return windows
 
 
-def prometheus_windows(
-    client: Any,
-    base_url: str,
-    selector: str,
-    start: float,
-    end: float,
-    step: float,
-    *,
-    limits: _http.Limits = _http.DEFAULT_LIMITS,
-) -> list[Window]:
-    """The windows of ``[start, end]`` (Unix seconds) as :func:`prometheus_run` reads them,
-    without the run's total: ``increase(...[step])`` and the gauges at each ``step`` from
-    ``start + step`` to ``end`` (``end_seconds`` from ``start``), where Prometheus holds
-    counters. Raises :class:`RunError` when Prometheus fails."""
-    counters, gauges = _frames(client, base_url, selector, start, end, step, limits)
-    return _windows(counters, gauges, start, step)
+def prometheus_windows(r: PrometheusRange) -> list[Window]:
+    """The windows of the range as :func:`prometheus_run` reads them, without the run's
+    total: ``increase(...[step])`` and the gauges at each ``step`` from ``start + step`` to
+    ``end`` (``end_seconds`` from ``start``), where Prometheus holds counters. Raises
+    :class:`RunError` when Prometheus fails."""
+    return _windows(*_frames(r), r)
 
 
-def prometheus_run(
-    client: Any,
-    base_url: str,
-    selector: str,
-    start: float,
-    end: float,
-    step: float,
-    *,
-    name: str = "",
-    limits: _http.Limits = _http.DEFAULT_LIMITS,
-) -> Run:
-    """A run from a Prometheus server over ``[start, end]`` (Unix seconds); see the module
-    docstring. Raises :class:`RunError` for an unreachable server or an empty range."""
+def prometheus_run(r: PrometheusRange, *, name: str = "") -> Run:
+    """A run from a Prometheus server over the range; see the module docstring. Raises
+    :class:`RunError` for an unreachable server or an empty range."""
+    start, end, selector = r.start, r.end, r.selector
     if not end > start:
         raise RunError(f"the time range is empty: end {end:.0f} is not after start {start:.0f}")
-    step = min(step, end - start)
-    counters, gauges = _frames(client, base_url, selector, start, end, step, limits)
-    up_matrix = _prom_range(client, base_url, f"up{{{selector}}}", start, end, step, limits)
-    source = f"{_http.display_url(base_url)} {{{selector}}}"
+    r = replace(r, step=min(r.step, end - start))
+    counters, gauges = _frames(r)
+    up_matrix = _prom_range(r, f"up{{{selector}}}", start)
+    source = f"{_http.display_url(r.base_url)} {{{selector}}}"
     if not any(s.has(catalog.CYCLES.name) for s in counters.values()):
         seen = "" if gauges else (" and no specobs series at all: check the selector and that "
                                   "Prometheus scrapes the specobs endpoint")
         raise RunError(
-            f"Prometheus at {_http.display_url(base_url)} has no "
+            f"Prometheus at {_http.display_url(r.base_url)} has no "
             f"{catalog.CYCLES.name}{{{selector}}} samples between "
             f"{_iso(start)} and {_iso(end)}{seen}"
         )
-    windows = _windows(counters, gauges, start, step)
+    windows = _windows(counters, gauges, r)
     try:
-        total_delta = pa.prometheus_delta(client, base_url, selector, end - start,
-                                           limits=limits, at=end)
+        total_delta = pa.prometheus_delta(r.client, r.base_url, selector, end - start,
+                                           limits=r.limits, at=end)
     except scr.ScrapeError as exc:
         raise RunError(str(exc)) from None
     up: dict[str, list[tuple[float, float]]] = {}
