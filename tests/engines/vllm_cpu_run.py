@@ -391,7 +391,7 @@ def scrape_specobs(url: str) -> dict[str, Any] | None:
         "draft_tokens_total": 0.0, "accepted_tokens_total": 0.0, "cycles_total": 0.0,
         "emitted_tokens_total": 0.0, "batch_size_sum": 0.0,
         "accept_length_count": 0.0, "accept_length_sum": 0.0,
-        "phase_counts_host": {}, "info": None, "accepted_by_position": {},
+        "phase_counts_host": {}, "info": None, "accepted_by_position": {}, "unsettled": 0.0,
     }  # fmt: skip
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -417,6 +417,10 @@ def scrape_specobs(url: str) -> dict[str, Any] | None:
                 by_position = out["accepted_by_position"]
                 position = labels["position"]
                 by_position[position] = by_position.get(position, 0.0) + value
+            elif name == "specobs_exporter_dropped_records_total" and labels.get(
+                "reason"
+            ) == "unsettled":
+                out["unsettled"] += value
             elif name == "specobs_info":
                 out["info"] = dict(labels)
     return out
