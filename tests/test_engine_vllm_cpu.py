@@ -371,6 +371,9 @@ CONCURRENT_MAX_TOKENS = (37, 45, 50, 61, 29)
 """Completions sent together (with the aborted stream); the last two have the long prompts."""
 ABORTED_MAX_TOKENS = 400
 """The streamed request the client drops: hundreds of tokens from its end when it is dropped."""
+ABORTED_AT_SPEC_STEP = 3
+"""The streamed request's speculative step the abort is made to land in (``hold_for_abort``): a
+later one than its first, where its row verifies drafts n-gram found in its own output."""
 HOLD_TIMEOUT_SECONDS = 300
 """How long the client waits for the engine core to hold the streamed request's step."""
 
@@ -395,8 +398,8 @@ if _path:
 
         from vllm_cpu_run import hold_for_abort
 
-        max_tokens, signal = _hold.split(":", 1)
-        hold_for_abort(int(max_tokens), Path(signal))
+        max_tokens, at_step, signal = _hold.split(":", 2)
+        hold_for_abort(int(max_tokens), Path(signal), int(at_step))
 
     wrapt.register_post_import_hook(_count_step_outputs, "vllm.v1.core.sched.scheduler")
     if _hold:
@@ -516,7 +519,7 @@ def server_run(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) ->
         VLLM_CPU_KVCACHE_SPACE="1",
         PYTHONPATH=os.pathsep.join((str(site), str(RUN_SCRIPT.parent))),
         SPECOBS_TEST_STEP_COUNTS=str(step_counts),
-        SPECOBS_TEST_HOLD_FOR_ABORT=f"{ABORTED_MAX_TOKENS}:{held}",
+        SPECOBS_TEST_HOLD_FOR_ABORT=f"{ABORTED_MAX_TOKENS}:{ABORTED_AT_SPEC_STEP}:{held}",
     )  # fmt: skip
     target = models / "target"
     spec = {"method": SERVER_METHOD, "num_speculative_tokens": SERVER_NUM_SPECULATIVE_TOKENS,
@@ -663,8 +666,11 @@ def test_server_counts_what_vllm_counts(server_run: dict[str, Any], record_prope
         + server_run["log_tail"]
     )
     assert steps is not None and steps["spec_steps"] > 0, steps
-    # The held step's skipped row is there (test_server_client_abort) and left out below.
+    # The held step's skipped row is there (test_server_client_abort) and left out below; in
+    # its third speculative step the request accepts drafts (greedy n-gram on its own output),
+    # so the row weighs in every counter, accepted and per position included.
     assert steps["skipped_spec_rows"] == 1 and steps["skipped_draft_tokens"] > 0, steps
+    assert steps["skipped_accepted_tokens"] > 0, steps
     assert (specobs["draft_tokens_total"], specobs["accepted_tokens_total"]) == (
         vllm["draft_tokens"], vllm["accepted_tokens"],
     ), (specobs, vllm, steps)  # fmt: skip

@@ -655,8 +655,6 @@ class _Deferred:
             self.waiting = set(scheduled) if scheduled else None
 
 
-Pending = _Deferred  # the name earlier releases of specobs used
-
 _MAX_PENDING = 32
 """Deferred steps a thread holds at most (vLLM's batch queue holds two steps with async
 scheduling, one per stage with pipeline parallelism); an older one is settled as sampled."""
