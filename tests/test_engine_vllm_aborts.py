@@ -4,12 +4,14 @@ vLLM applies the aborts that arrived during a step before it processes the step'
 every scheduling mode (``EngineCore.step``: sample, ``_process_aborts_queue()``, then
 ``Scheduler.update_from_output``, which skips a request that is gone or finished), and counts
 nothing of such a row. Where the worker runs on the engine core's own thread, specobs keeps the
-cycle open until ``update_from_output`` and leaves the row out; where it does not (a worker
-process of its own), the cycle ends when ``sample_tokens`` returns and the row stays counted
-(docs/integrations.md). The real engine runs both layouts in ``tests/test_engine_vllm_cpu.py``
-(offline ``LLM``: the same thread; the CPU build's OpenAI server: a worker process); here
-stand-ins with V1's call order pin the two paths, and vLLM 0.33.0's own ``EngineCore.step`` the
-order they rest on.
+cycle open until ``update_from_output`` (or defers it, with async scheduling) and leaves the row
+out; where it does not (a worker process of its own), the cycle ends deferred when
+``sample_tokens`` returns, and the engine core's counts of the step reach the worker on a later
+scheduler output (docs/integrations.md). The real engine runs both layouts in
+``tests/test_engine_vllm_cpu.py`` (offline ``LLM``: the same thread; the CPU build's OpenAI
+server: a worker process); here stand-ins with V1's call order pin the paths, over vLLM 0.33.0's
+own ``EngineCore.step`` / ``step_with_batch_queue``, ``MultiprocExecutor`` calls,
+``SchedulerOutput`` and ``Scheduler.update_from_output``.
 """
 
 from __future__ import annotations
@@ -206,9 +208,9 @@ def test_on_the_engine_cores_thread_the_row_of_a_request_aborted_mid_step_is_lef
 def test_a_worker_thread_without_the_scheduler_ends_its_cycles_in_sample_tokens(
     stand_ins: tuple[type, type],
 ) -> None:
-    """A worker in a process of its own: nothing waits for a scheduler that never comes, every
-    cycle ends with its step, and the aborted request's row stays counted (the documented
-    difference there)."""
+    """A worker whose engine core does not number its steps (specobs not loaded there, or a
+    scheduler it does not patch): nothing waits for counts that never come, every cycle ends
+    with its step as sampled, and the aborted request's row stays counted."""
     runner_cls, scheduler_cls = stand_ins
     runner, scheduler = runner_cls(), scheduler_cls(["a", "b", "c"])
     worker = threading.Thread(target=_engine_steps, args=(runner, scheduler),
@@ -563,3 +565,335 @@ def test_async_scheduling_rows_of_requests_finished_or_aborted_in_flight_count_a
 def _snapshot_of(observer: Any) -> Any:
     assert observer.force_flush(timeout_seconds=5.0)
     return observer.snapshot()
+
+
+# -- a worker in a process of its own: the engine core's counts travel with the next step ---------
+
+WORKER_SAMPLED = {
+    "a": [[5, 6], [7, EOS, 8]],
+    "b": [[5, 6, 7, 8], [5]],
+    "c": [[5], [6, 7, 8, 9], [5, 6], [7, 8, 9, 10]],
+}
+"""Per request and step, the tokens it samples: a ends with EOS in its second step, b is
+aborted while its second step runs, c reaches ``max_tokens`` (:data:`WORKER_MAX_TOKENS`) inside
+its fourth, whose last tokens vLLM cuts. A row beyond a list (a request still in a step after
+it finished: async scheduling, pipeline stages) samples the bonus token only."""
+WORKER_MAX_TOKENS = {"a": 100, "b": 100, "c": 10}
+
+
+def _wheel_worker_process(real: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """0.33.0's own ``SchedulerOutput`` (a dataclass, pickled to the workers with its instance
+    attributes), ``EngineCore.step`` and ``MultiprocExecutor.execute_model`` /
+    ``sample_tokens``, added to :func:`_wheel_engine`'s; returns the module the
+    ``SchedulerOutput`` class lives in (pickle finds a class by its module)."""
+    import dataclasses
+
+    from tests.test_instrument_vllm import _function, _real_code
+
+    module = types.ModuleType("tests._vllm_wheel_scheduler_output")
+    module.__dict__.update(dataclass=dataclasses.dataclass, field=dataclasses.field)
+    monkeypatch.setitem(sys.modules, module.__name__, module)  # dataclass() looks it up
+    output = _tree("vllm", VERSION, "vllm/v1/core/sched/output.py")
+    assert output is not None
+    _real_code("vllm/v1/core/sched/output.py", [_class(output, "SchedulerOutput")],
+               module.__dict__)  # fmt: skip
+    core = _tree("vllm", VERSION, "vllm/v1/engine/core.py")
+    assert core is not None
+    _real_code("vllm/v1/engine/core.py", [_function(core, "EngineCore", "step")], real)
+    # step_with_batch_queue names it (``cast(Future[ModelRunnerOutput], ...)``) on the empty
+    # step that tells the workers which requests finished.
+    real.setdefault("ModelRunnerOutput", object)
+    multiproc = _tree("vllm", VERSION, "vllm/v1/executor/multiproc_executor.py")
+    assert multiproc is not None
+    methods = [_function(multiproc, "MultiprocExecutor", m)
+               for m in ("execute_model", "sample_tokens")]  # fmt: skip
+    scope: dict[str, Any] = {"envs": types.SimpleNamespace(VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=300)}
+    _real_code("vllm/v1/executor/multiproc_executor.py", methods, scope)
+    real["MultiprocExecutor.execute_model"] = scope["execute_model"]
+    real["MultiprocExecutor.sample_tokens"] = scope["sample_tokens"]
+    return module
+
+
+class _WorkerProcess:
+    """``MultiprocExecutor``'s workers, one of them: every call's arguments are pickled across
+    (as its broadcast queue does) to a thread that never runs the scheduler, which calls the
+    runner and pickles the output back (an async output resolved first, as the worker's output
+    thread does)."""
+
+    def __init__(self, runner: Any) -> None:
+        import pickle
+        import queue
+        from concurrent.futures import Future
+
+        self.calls: queue.Queue[tuple[bytes, Future[Any]] | None] = queue.Queue()
+        self.received: list[Any] = []
+
+        def serve() -> None:
+            while (item := self.calls.get()) is not None:
+                message, future = item
+                method, args, kwargs = pickle.loads(message)
+                try:
+                    if method == "execute_model":
+                        self.received.append(args[0])
+                    result = getattr(runner, method)(*args, **kwargs)
+                    if hasattr(result, "get_output"):
+                        result = result.get_output()
+                    future.set_result(pickle.loads(pickle.dumps(result)))
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+        self.thread = threading.Thread(target=serve, name="vllm-worker-process")
+        self.thread.start()
+
+    def collective_rpc(self, method: str, timeout: Any = None, args: tuple[Any, ...] = (),
+                       kwargs: Any = None, non_block: bool = False, **_: Any) -> Any:
+        import pickle
+        from concurrent.futures import Future
+
+        future: Future[Any] = Future()
+        self.calls.put((pickle.dumps((method, args, kwargs or {})), future))
+        return future if non_block else future.result(timeout=30)
+
+    def close(self) -> None:
+        self.calls.put(None)
+        self.thread.join(30)
+
+
+class _WorkerRunner(_AsyncRunner):
+    """:class:`_AsyncRunner` sampling :data:`WORKER_SAMPLED`; its output pickles."""
+
+    def _sample(self, logits: Any, spec_decode_metadata: Any) -> Any:
+        import torch
+
+        rows = []
+        for r in self.input_batch.req_ids:
+            tokens = self._tokens(r)
+            rows.append(tokens + [-1] * (K + 1 - len(tokens)))
+        return types.SimpleNamespace(sampled_token_ids=torch.tensor(rows))
+
+    def _tokens(self, req_id: str) -> list[int]:
+        steps = WORKER_SAMPLED[req_id]
+        i = self.steps.get(req_id, 0)
+        return list(steps[i]) if i < len(steps) else [9]
+
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
+        super().execute_model(scheduler_output, intermediate_tensors)
+        # Nothing scheduled (the step that only lists finished requests): the runner updates
+        # its state and returns an empty output, sampling nothing.
+        return None if scheduler_output.total_num_scheduled_tokens else self._output([], [])
+
+    def sample_tokens(self, grammar_output: Any) -> Any:
+        scheduled = self._scheduled
+        ids = list(self.input_batch.req_ids)
+        drafts = scheduled.scheduled_spec_decode_tokens
+        metadata = types.SimpleNamespace(num_draft_tokens=[len(drafts.get(r, ())) for r in ids])
+        sampler_output = self._sample(None, metadata)
+        self.propose_draft_token_ids(scheduled, None)
+        self._bookkeeping_sync(scheduled, sampler_output)
+        sampled = [self._tokens(r) for r in ids]
+        for r in ids:
+            self.steps[r] = self.steps.get(r, 0) + 1
+        return self._output(ids, sampled)
+
+    def _output(self, ids: list[str], sampled: list[list[int]]) -> Any:
+        return types.SimpleNamespace(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=sampled, logprobs=None,
+            prompt_logprobs_dict={}, prompt_token_id_logprobs_dict={}, pooler_output=None,
+            num_nans_in_logits=None, kv_connector_output=None, ec_connector_output=None,
+            cudagraph_stats=None, aux_output_connector_output=None, sampling_masks=None,
+        )  # fmt: skip
+
+
+def _engine_with_worker_process(
+    real: dict[str, Any], output_module: Any, worker: _WorkerProcess, queue_size: int,
+    abort: dict[int, str],
+) -> Any:
+    """An engine core over the real methods whose worker is :class:`_WorkerProcess`:
+    ``EngineCore.step`` (``queue_size`` 1: no async scheduling, as the CPU build's OpenAI server
+    and tensor parallelism without it) or ``step_with_batch_queue`` with a queue of
+    ``queue_size`` steps (async scheduling: 2; pipeline stages: one per stage). The scheduler
+    builds each step from its live requests and lists the requests finished since its last
+    step in ``finished_req_ids``, as vLLM's does (that keeps the engine stepping once more after
+    the last request finished: the step that carries the last counts)."""
+    import queue
+
+    scheduler_cls = sys.modules[vl_inst.SCHEDULER_MODULE].Scheduler
+    scheduler = scheduler_cls.__new__(scheduler_cls)
+    nothing = lambda *args, **kwargs: None  # noqa: E731
+    requests = {r: _AsyncRequest(r) for r in WORKER_SAMPLED}
+    for req_id, request in requests.items():
+        request.max_tokens = WORKER_MAX_TOKENS[req_id]
+    scheduler.__dict__.update(
+        requests=requests, defer_block_free=False,
+        perf_metrics=None, num_sampled_tokens_per_step=1, num_spec_tokens=K, log_stats=True,
+        kv_cache_manager=types.SimpleNamespace(cache_blocks=nothing, take_events=nothing),
+        structured_output_manager=types.SimpleNamespace(accept_tokens=lambda r, t: True),
+        aux_output_connector=None, return_sampling_mask=False, running=[],
+        grammar_compile_error_reqs={}, encoder_cache_mismatch_reqs=set(),
+        recompute_kv_load_failures=False, ec_connector=None, connector=None,
+        finished_req_ids_dict=None, is_mm_encoder_only=False, max_model_len=512,
+        spec_decode_metrics_level=None, stats=[], emitted=[], rows=[], steps=0,
+        spec_steps=0, finished_req_ids=set(),
+    )  # fmt: skip
+
+    def make_stats(spec_decoding_stats: Any, *args: Any, **kwargs: Any) -> None:
+        scheduler.stats.append(spec_decoding_stats)
+
+    def free(request: Any) -> tuple[None, None]:
+        scheduler.requests.pop(request.request_id, None)
+        scheduler.finished_req_ids.add(request.request_id)
+        return None, None
+
+    def schedule(throttle: Any = None) -> Any:
+        live = [r for r, q in scheduler.requests.items() if not q.is_finished()]
+        scheduler.steps += 1
+        scheduler.spec_steps += bool(live)
+        for r in live:
+            request = scheduler.requests[r]
+            request.num_in_flight_tokens += 1 + K
+            request.num_computed_tokens += 1 + K
+            request.num_output_placeholders += 1 + K
+        finished, scheduler.finished_req_ids = scheduler.finished_req_ids, set()
+        return output_module.SchedulerOutput(
+            scheduled_new_reqs=[], scheduled_cached_reqs=None,
+            num_scheduled_tokens={r: 1 + K for r in live},
+            total_num_scheduled_tokens=(1 + K) * len(live),
+            scheduled_spec_decode_tokens={r: [7] * K for r in live},
+            scheduled_encoder_inputs={}, finished_req_ids=finished, free_encoder_mm_hashes=[],
+        )  # fmt: skip
+
+    scheduler.__dict__.update(
+        make_stats=make_stats, _free_request=free,
+        _handle_stopped_request=lambda request: True, build=schedule,
+        has_requests=lambda: bool(scheduler.finished_req_ids) or any(
+            not q.is_finished() for q in scheduler.requests.values()),
+        get_grammar_bitmask=lambda scheduler_output: None,
+    )  # fmt: skip
+    executor = types.SimpleNamespace(output_rank=0, kv_output_aggregator=None,
+                                     ec_output_aggregator=None,
+                                     collective_rpc=worker.collective_rpc)  # fmt: skip
+    for name in ("execute_model", "sample_tokens"):
+        setattr(executor, name, types.MethodType(real[f"MultiprocExecutor.{name}"], executor))
+
+    def abort_requests(ids: list[str]) -> None:
+        for req_id in ids:
+            request = scheduler.requests.pop(req_id, None)
+            if request is not None:
+                request.status = 12
+                scheduler.finished_req_ids.add(req_id)
+
+    context = lambda *args: contextlib.nullcontext()  # noqa: E731
+    core = types.SimpleNamespace(
+        batch_queue=collections.deque(), batch_queue_size=queue_size, scheduler=scheduler,
+        model_executor=executor, is_mm_encoder_only=False, is_pooling_model=False,
+        check_for_draft_tokens=False, aborts_queue=queue.Queue(), abort_requests=abort_requests,
+        _should_throttle_prefills=lambda: False, log_error_detail=context,
+        capture_iteration_details=context, _attach_iteration_details=nothing,
+        _attach_weight_version=nothing, async_scheduling=queue_size > 1,
+    )  # fmt: skip
+    for name in ("step", "step_with_batch_queue", "_process_aborts_queue"):
+        setattr(core, name, types.MethodType(real[name], core))
+    step = core.step if queue_size == 1 else core.step_with_batch_queue
+    for i in range(30):
+        if i in abort:
+            core.aborts_queue.put(abort[i])  # arrives while the step(s) in flight run
+        outputs, _ = step()
+        for eco in (outputs or {}).values():
+            handed = [len(o.new_token_ids) for o in eco.outputs]
+            scheduler.emitted += handed
+            scheduler.rows.append(sum(n > 0 for n in handed))
+        if not core.batch_queue and not scheduler.has_requests():
+            break
+    else:
+        raise AssertionError("the engine never went idle")
+    return scheduler
+
+
+@pytest.fixture
+def worker_process_stand_ins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[tuple[dict[str, Any], Any, Any]]:
+    """The engine core's Scheduler class with 0.33.0's own ``update_from_output`` and
+    ``make_spec_decoding_stats`` (patched on the class, where vLLM defines them), V1's runner
+    seams for the worker, patched by a fresh instrumentor."""
+    pytest.importorskip("torch")
+    real = _wheel_engine()
+    output_module = _wheel_worker_process(real, monkeypatch)
+    modules = {
+        "vllm": types.ModuleType("vllm"),
+        vl_inst.V1_MODULE: types.ModuleType(vl_inst.V1_MODULE),
+        vl_inst.SCHEDULER_MODULE: types.ModuleType(vl_inst.SCHEDULER_MODULE),
+    }
+    runner = type("GPUModelRunner", (_WorkerRunner,), {})
+    scheduler = type("Scheduler", (), {
+        "update_from_output": real["update_from_output"],
+        "make_spec_decoding_stats": real["make_spec_decoding_stats"],
+        "_update_request_with_output": real["_update_request_with_output"],
+        "schedule": lambda self, throttle=False: self.build(throttle),
+    })  # fmt: skip
+    setattr(modules[vl_inst.V1_MODULE], vl_inst.RUNNER_CLASS, runner)
+    setattr(modules[vl_inst.SCHEDULER_MODULE], vl_inst.SCHEDULER_CLASS, scheduler)
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    inst = vl_inst.VllmInstrumentor()
+    inst.uninstrument()
+    inst._observer = None
+    observer = specobs.configure(sinks=[specobs.MemorySink()], clock="host",
+                                 phases=ASYNC_PHASES)  # fmt: skip
+    assert inst.instrument(observer=observer, skip_dep_check=True)
+    try:
+        yield real, output_module, runner(real["AsyncModelRunnerOutput"])
+    finally:
+        inst.uninstrument()
+        inst._observer = None
+        observer.shutdown(timeout_seconds=5.0)
+
+
+@pytest.mark.parametrize(("queue_size", "abort_at"), [(1, 2), (2, 2), (3, 3)],
+                         ids=["sync", "async", "three-stage-queue"])  # fmt: skip
+def test_a_worker_process_counts_what_the_engine_core_counted(
+    worker_process_stand_ins: tuple[dict[str, Any], Any, Any], queue_size: int, abort_at: int,
+) -> None:
+    """The worker in a process of its own (``MultiprocExecutor``: tensor parallelism, the CPU
+    build's OpenAI server; pipeline stages; Ray alike): it ends each speculative step's cycle
+    at ``sample_tokens`` with its acceptance deferred; the engine core keeps what its
+    ``update_from_output`` counted of the step (vLLM's own rows, from
+    ``make_spec_decoding_stats``, and the tokens it handed on) and tags the next scheduler
+    output with it, which vLLM pickles to the worker; the worker settles the cycle there. A
+    request aborted while its step ran, one finished in flight (EOS; a ``max_tokens`` cut) and
+    the last step before the engine goes idle: every counter equals vLLM's, no cycle waits for
+    the settle timeout."""
+    real, output_module, runner = worker_process_stand_ins
+    worker = _WorkerProcess(runner)
+    try:
+        scheduler = _engine_with_worker_process(real, output_module, worker, queue_size,
+                                                abort={abort_at: "b"})  # fmt: skip
+    finally:
+        worker.close()
+    stats = [s for s in scheduler.stats if s is not None]
+    vllm = {
+        "drafts": sum(s.num_drafts for s in stats),
+        "drafted": sum(s.num_draft_tokens for s in stats),
+        "accepted": sum(s.num_accepted_tokens for s in stats),
+        "per_pos": [sum(s.num_accepted_tokens_per_pos[i] for s in stats) for i in range(K)],
+        "emitted": sum(scheduler.emitted), "rows": sum(scheduler.rows),
+    }  # fmt: skip
+    verified = sum(runner.steps.values())
+    assert verified > vllm["drafts"]  # rows the engine verified and vLLM skipped were there
+    observer = vl_inst.VllmInstrumentor().current_observer
+    snap = _snapshot_of(observer)
+    assert {
+        "drafts": snap.accept_length.count, "drafted": snap.draft_tokens_total,
+        "accepted": snap.accepted_tokens_total,
+        "per_pos": list(snap.accepted_by_position[:K]),
+        "emitted": snap.emitted_tokens_total, "rows": snap.batch_size.sum,
+    } == vllm  # fmt: skip
+    assert snap.accept_length.sum == vllm["accepted"]
+    assert snap.cycles_total == scheduler.spec_steps
+    assert snap.dropped["unsettled"] == 0
+    assert not any(snap.errors.values()), snap.errors
+    # The scheduler outputs reached the worker as copies, tagged by the engine core.
+    tags = [getattr(o, vl_inst.STEP_ATTRIBUTE, None) for o in worker.received]
+    assert tags == list(range(len(worker.received))), tags
+    assert any(getattr(o, vl_inst.COUNTED_ATTRIBUTE, None) for o in worker.received)

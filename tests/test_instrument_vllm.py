@@ -1099,9 +1099,10 @@ def test_requests_aborted_in_flight_are_skipped_where_vllm_processes_the_output(
     """The facts behind docs/integrations.md's note on requests aborted while their step was in
     flight (0.33.0): the engine core applies the aborts queued during the step and only then
     processes that step's output, whose loop skips a request no longer there or finished before
-    it counts anything -- in the engine core, after the worker's cycle ended (the worker never
-    learns which rows were skipped: the next scheduler output lists every finished request
-    alike). specobs counts those rows; so does nothing of vLLM's."""
+    it counts anything -- in the engine core, after the worker's cycle ended. A worker of its
+    own learns which rows were counted only from the engine core (the next scheduler output
+    lists every finished request alike), which is why the counts travel to it
+    (:func:`test_the_counts_of_a_step_reach_a_worker_of_its_own_on_the_next_scheduler_output`)."""
     core = _tree("vllm", VERSION, "vllm/v1/engine/core.py")
     assert core is not None
     queued = ast.unparse(_method(_class(core, "EngineCore"), "step_with_batch_queue"))
@@ -1117,3 +1118,70 @@ def test_requests_aborted_in_flight_are_skipped_where_vllm_processes_the_output(
     stale = update.index("if output_is_stale and request.drop_stale_output:")
     assert stale < update.index("self.make_spec_decoding_stats(")
     assert update.index("if failed_kv_load_req_ids and req_id in failed_kv_load_req_ids:") < skip
+
+
+def test_the_counts_of_a_step_reach_a_worker_of_its_own_on_the_next_scheduler_output() -> None:
+    """What the worker-process path rests on (0.33.0; docs/integrations.md): vLLM counts each
+    row of a speculative step by calling ``make_spec_decoding_stats`` with keywords specobs
+    reads (grammar-rejected drafts subtracted inside it, a row without drafts not observed);
+    ``SchedulerOutput`` is a plain dataclass (no slots), so the engine core can tag it, and
+    ``MultiprocExecutor`` pickles it whole to the workers; every step the engine core schedules
+    reaches the worker's runner (``Worker.execute_model`` calls it for an empty step too); and
+    the engine core schedules once more after a request finished (``finished_req_ids`` keeps
+    ``has_requests`` true until a schedule hands them on), so the counts of the last step
+    before the engine goes idle have a scheduler output to ride on."""
+    scheduler = _tree("vllm", VERSION, "vllm/v1/core/sched/scheduler.py")
+    assert scheduler is not None
+    cls = _class(scheduler, "Scheduler")
+    stats = _method(cls, "make_spec_decoding_stats")
+    assert _params(stats) == ["self", "spec_decoding_stats", "num_draft_tokens",
+                              "num_accepted_tokens", "num_invalid_spec_tokens", "request_id"]
+    body = ast.unparse(stats)
+    assert "if not self.log_stats or not num_draft_tokens:" in body
+    assert "num_draft_tokens -= num_invalid_spec_tokens.get(request_id, 0)" in body
+    calls = [c for c in ast.walk(_method(cls, "update_from_output"))
+             if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+             and c.func.attr == "make_spec_decoding_stats"]  # fmt: skip
+    assert len(calls) == 1
+    assert [k.arg for k in calls[0].keywords] == ["num_draft_tokens", "num_accepted_tokens",
+                                                  "num_invalid_spec_tokens", "request_id"]
+    assert "self.finished_req_ids.add(request_id)" in ast.unparse(_method(cls, "_free_request"))
+    assert "if self.finished_req_ids:" in ast.unparse(_method(cls, "has_finished_requests"))
+    assert "finished_req_ids=self.finished_req_ids" in ast.unparse(_method(cls, "schedule"))
+    interface = _tree("vllm", VERSION, "vllm/v1/core/sched/interface.py")
+    assert interface is not None
+    has = ast.unparse(_method(_class(interface, "SchedulerInterface"), "has_requests"))
+    assert "self.has_unfinished_requests() or self.has_finished_requests()" in has
+    has = ast.unparse(_method(cls, "has_requests"))
+    assert "self.has_unfinished_requests()" in has and "self.has_finished_requests()" in has
+
+    output = _tree("vllm", VERSION, "vllm/v1/core/sched/output.py")
+    assert output is not None
+    dataclass = _class(output, "SchedulerOutput")
+    assert [ast.unparse(d) for d in dataclass.decorator_list] == ["dataclass"]
+    assert {"finished_req_ids", "num_scheduled_tokens",
+            "scheduled_spec_decode_tokens"} <= _fields(dataclass)  # fmt: skip
+
+    multiproc = _tree("vllm", VERSION, "vllm/v1/executor/multiproc_executor.py")
+    assert multiproc is not None
+    executor = _class(multiproc, "MultiprocExecutor")
+    assert "args=(scheduler_output,)" in ast.unparse(_method(executor, "execute_model"))
+    rpc = ast.unparse(_method(executor, "collective_rpc"))
+    assert "self.rpc_broadcast_mq.enqueue((send_method, args, kwargs, output_rank))" in rpc
+    shm = _tree("vllm", VERSION, "vllm/distributed/device_communicators/shm_broadcast.py")
+    assert shm is not None
+    enqueue = ast.unparse(_method(_class(shm, "MessageQueue"), "enqueue"))
+    assert "pickler.dump(obj)" in enqueue and "pickle.Pickler(" in enqueue
+
+    worker = _tree("vllm", VERSION, "vllm/v1/worker/gpu_worker.py")
+    assert worker is not None
+    execute = _method(_class(worker, "Worker"), "execute_model")
+    runs = [n for n in execute.body
+            if "self.model_runner.execute_model(" in ast.unparse(n)]  # fmt: skip
+    assert runs and isinstance(runs[0], ast.With), "the runner runs for every step"
+
+    core = _tree("vllm", VERSION, "vllm/v1/engine/core.py")
+    assert core is not None
+    step = ast.unparse(_method(_class(core, "EngineCore"), "step"))
+    assert step.index("if not self.scheduler.has_requests():") < step.index(
+        "self.model_executor.execute_model(scheduler_output, non_block=True)")

@@ -36,16 +36,25 @@ covers:
   outputs) are not counted as drafted, as vLLM's scheduler does not count them
   (:func:`valid_draft_lengths`).
 - A step is a cycle when the scheduler sent draft tokens to verify
-  (``scheduler_output.scheduled_spec_decode_tokens``). It ends when ``sample_tokens`` returns
-  (or when ``execute_model`` returns an output itself, as releases before the split did) --
-  except where the worker runs on the engine core's own thread without async scheduling (one
-  worker, ``UniProcExecutor``): there the cycle stays open until that thread's
-  ``Scheduler.update_from_output`` takes the step's output, so the rows of requests aborted
-  while the step ran, which vLLM skips there, are left out of the counts
-  (:func:`around_update_from_output`). With async scheduling (or model runner V2) on that
-  thread the next step begins before this one's output is taken: the cycle ends at
-  ``sample_tokens`` with its acceptance deferred and is settled there with the rows vLLM
-  counts (requests finished or aborted while the step was in flight left out).
+  (``scheduler_output.scheduled_spec_decode_tokens``). Its times end when ``sample_tokens``
+  returns (or when ``execute_model`` returns an output itself, as releases before the split
+  did); its counts are the rows vLLM's ``Scheduler.update_from_output`` counts, in the engine
+  core, which skips the rows of requests aborted (or finished) while the step was in flight:
+  - the worker on the engine core's own thread without async scheduling (one worker,
+    ``UniProcExecutor``): the cycle stays open until that thread's ``update_from_output``
+    takes the step's output, and the skipped rows are left out
+    (:func:`around_update_from_output`);
+  - on that thread with async scheduling (or model runner V2), where the next step begins
+    before this one's output is taken: the cycle ends at ``sample_tokens`` with its acceptance
+    deferred and is settled there with the rows vLLM counts;
+  - a worker in a process of its own (``MultiprocExecutor``: tensor parallelism, pipeline
+    stages, the CPU build's OpenAI server; Ray): the cycle ends at ``sample_tokens`` deferred;
+    the engine core numbers each scheduler output it sends (:func:`around_schedule`), keeps
+    what ``update_from_output`` counted of each speculative step -- vLLM's own rows, as
+    ``make_spec_decoding_stats`` observes them, and the tokens it handed on -- and puts it on
+    the next scheduler output, which vLLM pickles to the workers; the worker settles the cycle
+    when that output arrives (:func:`_settle_counted`). The engine core records nothing itself:
+    the worker's process alone exports, as before.
 - Topology: the TP rank 0 of the last pipeline stage of each data-parallel replica records
   (other ranks see no sampling); replicas carry ``dp_rank`` and use port + ``dp_rank``.
 """
@@ -53,6 +62,7 @@ covers:
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -155,23 +165,33 @@ def topology(runner: Any) -> _base.Topology:
 
 
 class _Step:
-    """The per-thread state of the runner's step in flight."""
+    """The per-thread state of the runner's step in flight (and, on the engine core's thread,
+    of the scheduler's steps whose counts go to a worker of its own)."""
 
     __slots__ = (
-        "accepted", "batch_size", "draft_length", "emitted", "grammar", "off", "pending",
-        "req_ids", "rows", "scheduled", "scheduler_here", "tracker", "waits",
+        "accepted", "batch_size", "collect", "counted", "draft_length", "emitted", "grammar",
+        "key", "next_step", "off", "pending", "req_ids", "rows", "runner_here", "scheduled",
+        "scheduler_here", "tracker", "waits",
     )  # fmt: skip
 
     def __init__(self) -> None:
         self.tracker: _base.PhaseTracker | None = None
-        # Cycles deferred at sample_tokens, awaiting this thread's update_from_output of their
-        # step (async scheduling, or no host rows): (handle, scheduler output, request ids,
-        # drafts per request, accepted as sampled), oldest first.
-        self.pending: collections.deque[Pending] = collections.deque()
-        # This thread runs the scheduler's update_from_output (the engine core's thread, with the
-        # worker in it).
+        # Cycles deferred at sample_tokens, oldest first, awaiting the counts of their step:
+        # from this thread's update_from_output (the engine core's thread: async scheduling, or
+        # no host rows), or from the engine core's tags on a later scheduler output (a worker
+        # of its own).
+        self.pending: collections.deque[_Deferred] = collections.deque()
+        # This thread runs the scheduler's update_from_output (the engine core's thread).
         self.scheduler_here = False
+        # This thread runs a model runner (the engine core's thread too: one worker in it).
+        self.runner_here = False
         self.off = False  # this process does not record (not the leader, or a failed start)
+        # The engine core's thread, its worker elsewhere: the number the next scheduler output
+        # is tagged with, what update_from_output counted of the speculative steps since the
+        # last schedule (for the next one to carry), and the rows of the update in progress.
+        self.next_step = 0
+        self.counted: list[Counted] = []
+        self.collect: list[tuple[int, int]] | None = None
         self.clear()
 
     def clear(self) -> None:
@@ -192,6 +212,9 @@ class _Step:
         self.waits = False
         # The runner's request ids of the step, in its row order.
         self.req_ids: Any = None
+        # The engine core's number of the step (its tag on the scheduler output), when it will
+        # send the step's counts: the key of the deferred cycle.
+        self.key: int | None = None
 
 
 _local = threading.local()
@@ -212,6 +235,15 @@ def _finish(step: _Step) -> None:
             tracker.accept(step.accepted, step.draft_length, step.batch_size, step.emitted)
         tracker.finish()
     step.clear()
+
+
+def _end(step: _Step) -> None:
+    """End the step's cycle where no scheduler on this thread takes its output: deferred when
+    the engine core tagged the step (it sends the counts), else with the counts as sampled."""
+    if step.key is not None:
+        _defer(step)
+    else:
+        _finish(step)
 
 
 def _abort(step: _Step | None) -> None:
@@ -249,18 +281,28 @@ def _make_execute_model(
     def around_execute_model(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The target forward: a speculative step's cycle starts here, in the verify phase."""
         step = _step()
+        step.runner_here = True
         if step.off or kwargs.get("dummy_run"):
             return original(*args, **kwargs)
         try:
             runner = args[0]
             scheduler_output = args[1] if len(args) > 1 else kwargs["scheduler_output"]
+            if step.pending and not step.scheduler_here:
+                # A worker of its own: the engine core's counts of earlier steps ride on this
+                # scheduler output (every output, the empty one after the last step included).
+                try:
+                    _settle_counted(step, scheduler_output)
+                except Exception:
+                    _failed("the engine core's counts (execute_model)")
             if step.tracker is not None:
-                _finish(step)  # the previous step never reached sample_tokens
+                _end(step)  # the previous step never reached sample_tokens
             drafts = scheduler_output.scheduled_spec_decode_tokens
             if runner.speculative_config is not None and drafts:
                 batch = getattr(scheduler_output, "num_scheduled_tokens", None) or drafts
                 _start(step, runner, len(batch), phases_of(runner), integration)
                 step.scheduled = scheduler_output
+                if not step.scheduler_here:
+                    step.key = getattr(scheduler_output, STEP_ATTRIBUTE, None)
         except Exception:
             _failed("the cycle start (execute_model)")
         try:
@@ -270,7 +312,7 @@ def _make_execute_model(
             raise
         if result is not None and step.tracker is not None:
             try:
-                _finish(step)  # sampled inside execute_model, or nothing to sample here
+                _end(step)  # sampled inside execute_model, or nothing to sample here
             except Exception:
                 _failed("the cycle end (execute_model)")
         return result
@@ -541,8 +583,10 @@ def around_sample_tokens(original: Callable[..., Any], *args: Any, **kwargs: Any
             except Exception:
                 _failed("the cycle end (sample_tokens)")
         else:
+            # A worker of its own: deferred until the engine core's counts of this step arrive
+            # on a later scheduler output (when it tags its steps), else ended as sampled.
             try:
-                _finish(step)
+                _end(step)
             except Exception:
                 _failed("the cycle end (sample_tokens)")
     return result
@@ -550,17 +594,70 @@ def around_sample_tokens(original: Callable[..., Any], *args: Any, **kwargs: Any
 
 def around_schedule(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The engine core schedules a step: this thread takes the outputs too. Known before its
-    first step runs (with async scheduling two steps run before the first output is taken)."""
-    _step().scheduler_here = True
-    return original(*args, **kwargs)
+    first step runs (with async scheduling two steps run before the first output is taken).
+
+    Where no model runner runs on this thread (the workers are processes of their own), the
+    scheduler output is tagged before the executor sends it: its step number
+    (:data:`STEP_ATTRIBUTE`) and what ``update_from_output`` counted of the speculative steps
+    taken since the last schedule (:data:`COUNTED_ATTRIBUTE`). vLLM pickles the object to the
+    workers (``MultiprocExecutor``'s broadcast queue, Ray's channels), attributes included."""
+    step = _step()
+    step.scheduler_here = True
+    output = original(*args, **kwargs)
+    if not step.runner_here:
+        try:
+            setattr(output, STEP_ATTRIBUTE, step.next_step)
+            step.next_step += 1
+            if step.counted:
+                setattr(output, COUNTED_ATTRIBUTE, tuple(step.counted))
+                step.counted.clear()
+        except Exception:
+            _failed("the step tag (schedule)")
+    return output
 
 
-Pending = tuple[Any, Any, "list[Any] | None", Any, Any]
-"""A deferred step: (handle, scheduler output, request ids, drafts per request, accepted)."""
+STEP_ATTRIBUTE = "specobs_step"
+"""Set by the engine core on each ``SchedulerOutput``: the step's number in that process. A
+worker of its own keys the cycle it defers by it."""
+COUNTED_ATTRIBUTE = "specobs_counted"
+"""Set by the engine core on a ``SchedulerOutput``: a tuple of :data:`Counted`, one per
+speculative step whose output ``update_from_output`` took since the previous schedule."""
 
-_MAX_PENDING = 8
-"""Deferred steps a thread holds at most (vLLM's batch queue holds two); an older one is
-settled as sampled."""
+Counted = tuple[int, "list[int]", "list[int]", int, int]
+"""What vLLM counted of one speculative step, made in the engine core for a worker of its own:
+(step number, drafts per counted draft, accepted per counted draft -- the rows
+``make_spec_decoding_stats`` observed, as it observed them --, rows handed tokens, tokens
+handed)."""
+
+
+class _Deferred:
+    """A step whose cycle ended with its acceptance to come."""
+
+    __slots__ = ("accepted", "batch_size", "drafts", "emitted", "handle", "key", "req_ids",
+                 "waiting")  # fmt: skip
+
+    def __init__(self, handle: Any, key: Any, step: _Step) -> None:
+        self.handle = handle
+        # The scheduler output (the engine core's thread) or the engine core's step number.
+        self.key = key
+        req_ids = step.req_ids
+        self.req_ids: list[Any] | None = list(req_ids) if req_ids is not None else None
+        # As the runner sampled them: the fallback where no count of vLLM's comes.
+        self.drafts: Any = step.draft_length
+        self.accepted: Any = step.accepted
+        self.batch_size = step.batch_size
+        self.emitted = step.emitted
+        # A worker of its own: the step's requests not yet known to be finished before the
+        # engine core took the step's output (it skips those rows).
+        self.waiting: set[Any] | None = None
+        if not step.scheduler_here:
+            scheduled = getattr(step.scheduled, "num_scheduled_tokens", None)
+            self.waiting = set(scheduled) if scheduled else None
+
+
+_MAX_PENDING = 32
+"""Deferred steps a thread holds at most (vLLM's batch queue holds two steps with async
+scheduling, one per stage with pipeline parallelism); an older one is settled as sampled."""
 
 
 def _defer(step: _Step) -> None:
@@ -568,41 +665,85 @@ def _defer(step: _Step) -> None:
     if tracker is None:
         return
     step.tracker = None
-    req_ids = step.req_ids
-    entry: Pending = (tracker.defer(), step.scheduled,
-                      list(req_ids) if req_ids is not None else None,
-                      step.draft_length, step.accepted)  # fmt: skip
+    key = step.key if step.key is not None else step.scheduled
+    entry = _Deferred(tracker.defer(), key, step)
     step.clear()
     step.pending.append(entry)
     if len(step.pending) > _MAX_PENDING:
         _settle_as_sampled(step.pending.popleft())
 
 
-def _settle_as_sampled(entry: Pending) -> None:
+def _settle_as_sampled(entry: _Deferred) -> None:
     """Every row of the step, as the runner sampled it (what specobs counted before)."""
-    handle, _, _, drafts, accepted = entry
-    if accepted is None:
-        handle.settle(None)
+    if entry.accepted is None:
+        entry.handle.settle(None)
     else:
-        handle.settle(accepted, draft_length=drafts)
+        entry.handle.settle(entry.accepted, draft_length=entry.drafts,
+                            batch_size=entry.batch_size, emitted=entry.emitted)  # fmt: skip
 
 
-def _take_pending(step: _Step, scheduler_output: Any) -> Pending | None:
+def _take_pending(step: _Step, scheduler_output: Any) -> _Deferred | None:
     for entry in step.pending:
-        if entry[1] is scheduler_output:
+        if entry.key is scheduler_output:
             step.pending.remove(entry)
             return entry
     return None
 
 
+def _settle_counted(step: _Step, scheduler_output: Any) -> None:
+    """A worker of its own, at a scheduler output: settle its deferred cycles with the counts
+    the engine core sent for them, and those whose every request the output lists as finished.
+
+    The engine core sends a step's counts on the first output it schedules after its
+    ``update_from_output`` took the step (there is always one: a request it handed tokens is
+    still running, or finished and listed in ``finished_req_ids``, which keeps the engine core
+    stepping). Counts arrive in step order, so a cycle older than one counted never gets its
+    own (a failure in the engine core's hook): it is settled as sampled. A cycle still waiting
+    after this output's counts was not taken when the output was scheduled, so a request the
+    output lists as finished ended before vLLM took the step: vLLM skips its row. When every row
+    is skipped so, the cycle is settled with no tokens now: with async scheduling that is the
+    last step before the engine goes idle (every row finished in the step before), whose counts
+    would come with no later output."""
+    pending = step.pending
+    counted = getattr(scheduler_output, COUNTED_ATTRIBUTE, None)
+    for counts in counted or ():
+        key = counts[0]
+        while pending and isinstance(pending[0].key, int) and pending[0].key < key:
+            _settle_as_sampled(pending.popleft())
+        if pending and pending[0].key == key:
+            _settle_with(pending.popleft(), counts)
+    finished = getattr(scheduler_output, "finished_req_ids", None)
+    if finished:
+        for entry in list(pending):
+            if entry.waiting is not None:
+                entry.waiting.difference_update(finished)
+                if not entry.waiting:
+                    pending.remove(entry)
+                    entry.handle.settle(None)
+
+
+def _settle_with(entry: _Deferred, counts: Counted) -> None:
+    """Settle a worker's deferred cycle with what the engine core counted of its step."""
+    _, drafted, accepted, rows, emitted = counts
+    if not rows and not accepted:
+        entry.handle.settle(None)
+        return
+    lengths = list(accepted)
+    drafts = list(drafted)
+    extra = max(rows - len(lengths), 0)  # rows handed tokens without a draft
+    lengths += [0] * extra
+    drafts += [0] * extra
+    entry.handle.settle(lengths, draft_length=drafts, batch_size=len(lengths), emitted=emitted)
+
+
 _Before = tuple[set[Any], dict[Any, int], dict[Any, Any], dict[Any, int]]
 
 
-def _before_update(scheduler: Any, entry: Pending, model_output: Any) -> _Before | None:
+def _before_update(scheduler: Any, entry: _Deferred, model_output: Any) -> _Before | None:
     """Asked before ``update_from_output`` runs: the rows it will skip, the tokens each other
     row sampled (it trims the lists in place at a stop), and the output length of each
     other row's request (the tokens it keeps are the growth)."""
-    req_ids = entry[2]
+    req_ids = entry.req_ids
     sampled = getattr(model_output, "sampled_token_ids", None)
     index = getattr(model_output, "req_id_to_index", None)
     if req_ids is None or not sampled or index is None:
@@ -618,10 +759,10 @@ def _before_update(scheduler: Any, entry: Pending, model_output: Any) -> _Before
     return skipped, counts, requests, lengths
 
 
-def _settle_updated(entry: Pending, before: _Before | None) -> None:
+def _settle_updated(entry: _Deferred, before: _Before | None) -> None:
     """Settle a deferred step with the rows ``update_from_output`` counted: not skipped, with
     sampled tokens (host lists by then); accepted = tokens - 1, emitted = what it kept."""
-    handle, _, req_ids, drafts, _ = entry
+    req_ids, drafts = entry.req_ids, entry.drafts
     if before is None or req_ids is None or type(drafts) is not list or len(drafts) != len(
         req_ids
     ):
@@ -643,17 +784,99 @@ def _settle_updated(entry: Pending, before: _Before | None) -> None:
         else:
             emitted += n
     if not accepted:
-        handle.settle(None)
+        entry.handle.settle(None)
         return
-    handle.settle(accepted, draft_length=drafted, batch_size=len(accepted), emitted=emitted)
+    entry.handle.settle(accepted, draft_length=drafted, batch_size=len(accepted),
+                        emitted=emitted)  # fmt: skip
+
+
+def counting_rows(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Scheduler.make_spec_decoding_stats`` wrapped: vLLM's scheduler calls it once per row of
+    a speculative step it counts, inside ``update_from_output``. While the engine core counts a
+    step for a worker of its own, the row is kept as vLLM counts it: its drafts less those a
+    grammar rejected, its accepted drafts (:func:`counted_row`). A plain closure, not
+    :func:`~specobs.instrument._base.wrap_around`: it runs per row on the engine core's thread
+    (measured on the 2-core VM: +0.4 us a row against +1.4 us through the generic wrapper)."""
+
+    @functools.wraps(original)
+    def make_spec_decoding_stats(*args: Any, **kwargs: Any) -> Any:
+        step = _local.__dict__.get("step")
+        if step is not None and step.collect is not None:
+            try:
+                row = counted_row(args, kwargs)
+                if row is not None:
+                    step.collect.append(row)
+            except Exception:
+                _failed("a counted row (make_spec_decoding_stats)")
+        return original(*args, **kwargs)
+
+    make_spec_decoding_stats.__specobs_hook__ = counting_rows  # type: ignore[attr-defined]
+    return make_spec_decoding_stats
+
+
+def counted_row(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int] | None:
+    """(drafted, accepted) of one call ``make_spec_decoding_stats(self, stats, num_draft_tokens,
+    num_accepted_tokens[, num_invalid_spec_tokens, request_id])`` as its body counts it; ``None``
+    for a row without drafts, which it does not observe."""
+    drafted = kwargs["num_draft_tokens"] if "num_draft_tokens" in kwargs else args[2]
+    if not drafted:
+        return None
+    accepted = kwargs["num_accepted_tokens"] if "num_accepted_tokens" in kwargs else args[3]
+    invalid = kwargs.get("num_invalid_spec_tokens") if len(args) < 5 else args[4]
+    if invalid:
+        request_id = kwargs.get("request_id") if len(args) < 6 else args[5]
+        drafted -= int(invalid.get(request_id, 0))
+    return max(int(drafted), 0), int(accepted)
+
+
+def _count_for_worker(
+    step: _Step, key: int, original: Callable[..., Any], args: Any, kwargs: Any
+) -> Any:
+    """The engine core takes a speculative step's output for a worker of its own: vLLM's own
+    rows (:func:`counting_rows`) and the tokens it hands on, kept for the
+    next scheduler output to carry (:func:`around_schedule`)."""
+    rows: list[tuple[int, int]] = []
+    step.collect = rows
+    try:
+        out = original(*args, **kwargs)
+    finally:
+        step.collect = None
+    try:
+        scheduler_output = args[1] if len(args) > 1 else kwargs["scheduler_output"]
+        scheduled = scheduler_output.num_scheduled_tokens
+        handed = emitted = 0
+        for outputs in out.values():
+            for output in outputs.outputs:
+                n = len(output.new_token_ids or ())
+                if n and output.request_id in scheduled:
+                    handed += 1
+                    emitted += n
+        step.counted.append((key, [r[0] for r in rows], [r[1] for r in rows], handed, emitted))
+    except Exception:
+        _failed("the counts for the worker (update_from_output)")
+    return out
 
 
 def around_update_from_output(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The engine core takes a step's output. On a thread that runs the worker too, the open
     cycle of that step ends here, without the rows vLLM is about to skip; a cycle deferred at
-    ``sample_tokens`` (async scheduling) is settled here, with the rows vLLM counted."""
+    ``sample_tokens`` (async scheduling) is settled here, with the rows vLLM counted. With the
+    worker in a process of its own, what vLLM counts of a speculative step is kept here for the
+    next scheduler output to carry to it."""
     step = _step()
     step.scheduler_here = True
+    if not step.runner_here:
+        key = None
+        try:
+            scheduler_output = args[1] if len(args) > 1 else kwargs["scheduler_output"]
+            key = getattr(scheduler_output, STEP_ATTRIBUTE, None)
+            if not scheduler_output.scheduled_spec_decode_tokens:
+                key = None
+        except Exception:
+            _failed("the counts for the worker (update_from_output)")
+        if key is None:
+            return original(*args, **kwargs)
+        return _count_for_worker(step, key, original, args, kwargs)
     if step.tracker is not None and step.waits:
         try:
             scheduler_output = args[1] if len(args) > 1 else kwargs["scheduler_output"]
@@ -768,6 +991,8 @@ class VllmInstrumentor(_base.BaseInstrumentor):
         elif name == SCHEDULER_MODULE:
             scheduler = getattr(module, SCHEDULER_CLASS)
             self._patch_around(scheduler, "update_from_output", around_update_from_output)
+            if hasattr(scheduler, "make_spec_decoding_stats"):
+                self._patch(scheduler, "make_spec_decoding_stats", counting_rows)
             if "schedule" in vars(scheduler):
                 self._patch_around(scheduler, "schedule", around_schedule)
 

@@ -346,16 +346,16 @@ def _remember_scheduled() -> None:
 HOLD_TIMEOUT_SECONDS = 300.0
 
 
-def hold_for_abort(max_tokens: int, signal: Path) -> None:
-    """Make a client abort land inside a speculative step, every time: the first step that
-    verifies drafts of the request asking for ``max_tokens`` tokens is held, after sampling and
+def hold_for_abort(max_tokens: int, signal: Path, at_step: int = 1) -> None:
+    """Make a client abort land inside a speculative step, every time: the ``at_step``-th step
+    that verifies drafts of the request asking for ``max_tokens`` tokens is held, after sampling and
     before the engine core applies the aborts that arrived meanwhile
     (``EngineCore._process_aborts_queue``, then ``update_from_output``), until an abort has
     arrived. ``signal`` is written when the hold starts: the client closes its stream then.
     Installed in the engine core process (vLLM's in-process scheduler and engine core)."""
     from vllm.v1.engine import core
 
-    state: dict[str, Any] = {"held": False}
+    state: dict[str, Any] = {"held": False, "steps": 0}
     process_aborts = core.EngineCore._process_aborts_queue
 
     def aborts_then(self: Any) -> Any:
@@ -364,7 +364,8 @@ def hold_for_abort(max_tokens: int, signal: Path) -> None:
         if not state["held"] and output is not None:
             mine = [r for r in output.scheduled_spec_decode_tokens
                     if getattr(scheduler.requests.get(r), "max_tokens", None) == max_tokens]
-            if mine:
+            state["steps"] += bool(mine)
+            if mine and state["steps"] == at_step:
                 state["held"] = True
                 signal.write_text(json.dumps({"request": mine[0]}))
                 deadline = time.monotonic() + HOLD_TIMEOUT_SECONDS
@@ -391,7 +392,7 @@ def scrape_specobs(url: str) -> dict[str, Any] | None:
         "draft_tokens_total": 0.0, "accepted_tokens_total": 0.0, "cycles_total": 0.0,
         "emitted_tokens_total": 0.0, "batch_size_sum": 0.0,
         "accept_length_count": 0.0, "accept_length_sum": 0.0,
-        "phase_counts_host": {}, "info": None, "accepted_by_position": {},
+        "phase_counts_host": {}, "info": None, "accepted_by_position": {}, "unsettled": 0.0,
     }  # fmt: skip
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -417,6 +418,10 @@ def scrape_specobs(url: str) -> dict[str, Any] | None:
                 by_position = out["accepted_by_position"]
                 position = labels["position"]
                 by_position[position] = by_position.get(position, 0.0) + value
+            elif name == "specobs_exporter_dropped_records_total" and labels.get(
+                "reason"
+            ) == "unsettled":
+                out["unsettled"] += value
             elif name == "specobs_info":
                 out["info"] = dict(labels)
     return out
