@@ -29,6 +29,7 @@ import pytest
 
 import specobs
 from specobs.instrument import vllm as vl_inst
+from tests._arithmetic import watching
 from tests.test_instrument_contracts import _class, _method, _tree
 
 VERSION = "0.33.0"
@@ -118,15 +119,17 @@ class _Scheduler:
 
 
 @pytest.fixture
-def stand_ins(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[type, type]]:
-    """Stand-in modules for V1's runner and the scheduler, patched by a fresh instrumentor."""
+def stand_ins(monkeypatch: pytest.MonkeyPatch,
+              request: pytest.FixtureRequest) -> Iterator[tuple[type, type]]:  # fmt: skip
+    """Stand-in modules for V1's runner and the scheduler, patched by a fresh instrumentor
+    (the runner's base: ``_Runner``, or the test's indirect parameter)."""
     pytest.importorskip("torch")
     modules = {
         "vllm": types.ModuleType("vllm"),
         vl_inst.V1_MODULE: types.ModuleType(vl_inst.V1_MODULE),
         vl_inst.SCHEDULER_MODULE: types.ModuleType(vl_inst.SCHEDULER_MODULE),
     }
-    runner = type("GPUModelRunner", (_Runner,), {})
+    runner = type("GPUModelRunner", (getattr(request, "param", _Runner),), {})
     scheduler = type("Scheduler", (_Scheduler,), {})
     setattr(modules[vl_inst.V1_MODULE], vl_inst.RUNNER_CLASS, runner)
     setattr(modules[vl_inst.SCHEDULER_MODULE], vl_inst.SCHEDULER_CLASS, scheduler)
@@ -224,6 +227,57 @@ def test_a_worker_thread_without_the_scheduler_ends_its_cycles_in_sample_tokens(
         "emitted": 8 + 8 + 4, "accept_length": (3 + 3 + 2, 5 + 5 + 2),
         "batch": 3 + 3 + 2, "phases": [3, 3, 3],
     }  # fmt: skip
+
+
+def _watch_tensors(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The stand-in runner's sampled tokens (the only tensors these steps make), watched."""
+    import torch
+
+    seen: list[str] = []
+    tensor = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: watching(tensor(*a, **k), seen))
+    return seen
+
+
+def test_where_host_rows_replace_the_sampled_acceptance_nothing_is_launched_for_it(
+    stand_ins: tuple[type, type], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """V1 without async scheduling hands its tokens to the host (``_bookkeeping_sync``), on the
+    engine core's thread and on a worker's: specobs computes nothing on the runner's sampled
+    tokens (on a GPU, four kernels a step on its stream, 15-25 us of the runner's time each)."""
+    runner_cls, scheduler_cls = stand_ins
+    seen = _watch_tensors(monkeypatch)
+    _engine_steps(runner_cls(), scheduler_cls(["a", "b", "c"]), with_scheduler=True)
+    _engine_steps(runner_cls(), scheduler_cls(["a", "b", "c"]), with_scheduler=False)
+    assert len(seen) == 0, seen
+
+
+class _AsyncRunner(_Runner):
+    """Async scheduling: ``_bookkeeping_sync`` hands no host lists (the tokens stay on the GPU
+    until the next step)."""
+
+    def _bookkeeping_sync(self, scheduler_output: Any, sampler_output: Any, *args: Any) -> Any:
+        super()._bookkeeping_sync(scheduler_output, sampler_output, *args)
+        return None, None, None, [], None
+
+
+@pytest.mark.parametrize("stand_ins", [_AsyncRunner], indirect=True)
+def test_without_host_rows_or_counts_the_sampled_acceptance_is_computed_at_the_cycles_end(
+    stand_ins: tuple[type, type], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker without host rows whose engine core sends no counts: each step's acceptance is
+    computed as sampled (valid tokens less the bonus), once, when its cycle ends."""
+    runner_cls, scheduler_cls = stand_ins
+    seen = _watch_tensors(monkeypatch)
+    worker = threading.Thread(target=_engine_steps,
+                              args=(runner_cls(), scheduler_cls(["a", "b", "c"])),
+                              kwargs={"with_scheduler": False})  # fmt: skip
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive()
+    assert [n.strip("_") for n in seen] == ["ne", "sum", "sub", "clamp"] * 3
+    observer = vl_inst.VllmInstrumentor().current_observer
+    assert _counts(observer)["accepted"] == 5 + 5 + 2
 
 
 # -- async scheduling: the next step is launched before this one's output is taken ---------------

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from specobs.instrument import sglang as sg_inst
+from tests._arithmetic import watching
 from tests.test_instrument_contracts import _method, _package
 from tests.test_instrument_sglang import (
     LATEST,
@@ -279,24 +280,11 @@ def test_zombie_rows_under_overlap_scheduling_are_left_out_as_sglang_leaves_them
 ) -> None:
     calls: list[str] = []
     v2 = _real_eagle_v2(monkeypatch, tmp_path, calls, coordination=False, rank=0)
-    torch = pytest.importorskip("torch")
     arithmetic: list[str] = []
-
-    class Watched(torch.Tensor):
-        """accept_lens that notes any arithmetic made on it (a kernel on the worker's stream,
-        were it on the GPU)."""
-
-        @classmethod
-        def __torch_function__(cls, func: Any, types: Any, args: Any = (),
-                               kwargs: Any = None) -> Any:  # fmt: skip
-            name = getattr(func, "__name__", "")
-            if name.strip("_").lstrip("r") in ("sub", "add", "clamp"):
-                arithmetic.append(name)
-            return super().__torch_function__(func, types, args, kwargs or {})
 
     def verify(*args: Any, **kwargs: Any) -> Any:
         result = _verify(*args, **kwargs)
-        result.accept_lens = result.accept_lens.as_subclass(Watched)
+        result.accept_lens = watching(result.accept_lens, arithmetic)
         return result
 
     v2.EAGLEWorkerV2.verify = verify

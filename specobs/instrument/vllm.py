@@ -227,12 +227,46 @@ def _step() -> _Step:
     return step
 
 
+class _AsSampled:
+    """The step's acceptance as the runner sampled it, on the GPU: computed (a few tiny
+    kernels queued on the runner's stream, no sync) only where specobs counts it, not on every
+    step. Wherever vLLM's own counts reach specobs (the host rows of ``_bookkeeping_sync``, a
+    deferred step's ``update_from_output``, the engine core's counts for a worker of its own)
+    nothing is launched: on an H200 host these kernels cost the runner 15-25 us a step
+    (benchmarks/acceptance_paths.py), several times the acceptance copy itself."""
+
+    __slots__ = ("fn", "tensor")
+
+    def __init__(self, fn: Callable[[Any], Any], tensor: Any) -> None:
+        self.fn = fn
+        self.tensor = tensor
+
+    def __call__(self) -> Any:
+        return self.fn(self.tensor)
+
+
+def _v1_accepted(sampled: Any) -> Any:
+    """V1: valid tokens per request minus the bonus token."""
+    return ((sampled != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1).clamp_(min=0)
+
+
+def _v2_accepted(num_sampled: Any) -> Any:
+    """V2: sampled tokens are the accepted drafts plus the bonus token (0 for a request still
+    in chunked prefill)."""
+    return (num_sampled - 1).clamp_(min=0)
+
+
+def _as_sampled(accepted: Any) -> Any:
+    return accepted() if type(accepted) is _AsSampled else accepted
+
+
 def _finish(step: _Step) -> None:
     tracker = step.tracker
     if tracker is not None:
         step.tracker = None
         if step.accepted is not None:
-            tracker.accept(step.accepted, step.draft_length, step.batch_size, step.emitted)
+            tracker.accept(_as_sampled(step.accepted), step.draft_length, step.batch_size,
+                           step.emitted)  # fmt: skip
         tracker.finish()
     step.clear()
 
@@ -363,11 +397,8 @@ def around_sample_v1(step: Any, result: Any, args: tuple[Any, ...], kwargs: dict
     """V1's rejection sampler: still verify; acceptance per request is read from its output."""
     metadata = args[2] if len(args) > 2 else kwargs.get("spec_decode_metadata")
     if metadata is not None:
-        sampled = result.sampled_token_ids
-        # Valid tokens per request minus the bonus token: a few tiny kernels queued on the
-        # runner's stream, no sync; specobs copies the result to the host later.
-        accepted = (sampled != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
-        step.accepted = accepted.clamp_(min=0)
+        # Computed only if no count of vLLM's replaces it (the host rows, most often).
+        step.accepted = _AsSampled(_v1_accepted, result.sampled_token_ids)
         step.req_ids = args[0].input_batch.req_ids
         step.draft_length = valid_draft_lengths(
             list(metadata.num_draft_tokens), step.req_ids, step.scheduled, step.grammar,
@@ -380,10 +411,8 @@ def around_sample_v2(step: Any, result: Any, args: tuple[Any, ...], kwargs: dict
     input_batch = args[2] if len(args) > 2 else kwargs["input_batch"]
     drafts = input_batch.num_draft_tokens_per_req
     if drafts is not None:
-        num_sampled = result[1]
-        # Sampled tokens are the accepted drafts plus the bonus token (0 for a request still
-        # in chunked prefill): one tiny kernel on the runner's stream, no sync.
-        step.accepted = (num_sampled - 1).clamp_(min=0)
+        # Computed only if no count of vLLM's replaces it (a deferred step's, most often).
+        step.accepted = _AsSampled(_v2_accepted, result[1])
         grammar = args[3] if len(args) > 3 else kwargs.get("grammar_output")
         step.req_ids = getattr(input_batch, "req_ids", None)
         step.draft_length = valid_draft_lengths(
@@ -678,7 +707,7 @@ def _settle_as_sampled(entry: _Deferred) -> None:
     if entry.accepted is None:
         entry.handle.settle(None)
     else:
-        entry.handle.settle(entry.accepted, draft_length=entry.drafts,
+        entry.handle.settle(_as_sampled(entry.accepted), draft_length=entry.drafts,
                             batch_size=entry.batch_size, emitted=entry.emitted)  # fmt: skip
 
 
