@@ -29,8 +29,8 @@ Modes, run side by side in rotating order so drifts in clocks and load hit every
                  before the GIL-held direct calls: torch's record and copy on the worker, reads
                  releasing the GIL around each call
 * ``hostclock``  specobs with the host clock only (no CUDA events at all)
-* ``pinned512``  defaults, with 512 pinned acceptance buffers per dtype (1,024 sequences
-                 each) instead of 64 (4,096 each)
+* ``pinned64`` / ``pinned512``  defaults, with 64 pinned acceptance buffers per dtype (4,096
+                 sequences each: the default before 2026-12-03) / 512 (1,024 each) instead of 256
 * ``fence1``     defaults, with every CUDA acceptance copy recording its event (as before the
                  native core fenced one copy in ``copy_fence_every``)
 * ``reference``  defaults, with the resolver's bucketing in pure Python instead of compiled
@@ -67,7 +67,7 @@ SPECOBS_MODES = (
     "specobs", "every", "chunk32", "slice200", "every200", "slice80", "slice50", "every50",
     "slice20",
     "torchcalls", "everytorch", "readonly", "noresolve", "releasegil", "everyrelease",
-    "hostclock", "reference", "pycore", "budget2", "budget1", "fence1", "pinned512",
+    "hostclock", "reference", "pycore", "budget2", "budget1", "fence1", "pinned64", "pinned512",
 )
 #: ``reference``: the default observer with the resolver's bucketing in pure Python (the
 #: reference in specobs/_bucketing.py) instead of the compiled speedups.
@@ -376,12 +376,13 @@ def make_observer(mode: str) -> specobs.Observer:
         from specobs.timing.cuda import CudaEventClock
 
         clock = CudaEventClock(copy_fence_every=1)
-    if mode == "pinned512":
-        # 512 pinned buffers per dtype instead of 64: the resolver, woken whenever the free ones
-        # run low, then wakes for the ring's count (wake_at) or its poll instead.
+    if mode in ("pinned64", "pinned512"):
+        # The resolver is woken whenever the free pinned buffers run low: with fewer buffers,
+        # more often than for the ring's count (wake_at) or its poll.
         from specobs.timing.cuda import CudaEventClock
 
-        clock = CudaEventClock(pinned_buffers=512, pinned_capacity=1024)
+        clock = (CudaEventClock(pinned_buffers=64) if mode == "pinned64" else
+                 CudaEventClock(pinned_buffers=512, pinned_capacity=1024))
     budget = {"budget2": 0.002, "budget1": 0.001}.get(mode)
     extra: dict[str, Any] = {} if budget is None else {"overhead_budget": budget}
     from specobs import _ring

@@ -150,7 +150,7 @@ class CudaEventClock(EventPool):
         *,
         device: Any = None,
         stream: Any = None,
-        pinned_buffers: int = 64,
+        pinned_buffers: int = 256,
         pinned_capacity: int = 4096,
         release_gil: bool = False,
         copy_fence_every: int = 16,
