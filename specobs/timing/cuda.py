@@ -200,10 +200,14 @@ class CudaEventClock(EventPool):
             for dtype_name in _PINNED_DTYPES:
                 free: list[_PinnedSlot] = []
                 dtype = getattr(torch, dtype_name)
+                # One pinned allocation per dtype, its buffers views of it: one host
+                # registration at the clock's start, not one per buffer.
+                arena = torch.empty(pinned_buffers * pinned_capacity, dtype=dtype,
+                                    pin_memory=True)  # fmt: skip
                 free.extend(
-                    _PinnedSlot(torch.empty(pinned_capacity, dtype=dtype, pin_memory=True),
+                    _PinnedSlot(arena[i * pinned_capacity:(i + 1) * pinned_capacity],
                                 new_event(), free)
-                    for _ in range(pinned_buffers)
+                    for i in range(pinned_buffers)
                 )
                 self._pinned[dtype] = free
         EventPool.__init__(self, events)
