@@ -865,7 +865,7 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
         return -1;
     }
     void *dst = NULL, *handle = NULL;
-    long isz;
+    long isz = 0;
     int ret;
     if (slot_fields(slot, &dst, &isz, &handle) < 0 || (isz != 4 && isz != 8)) {
         if (!PyErr_Occurred())
