@@ -123,7 +123,7 @@ class Resolver:
         #: (``set_native_events``, on this thread), and the ring's counts of those cycles and
         #: of their record cost so far.
         self._native_events: Any = None
-        self._native_seen = (0, 0)
+        self._native_seen: tuple[int, ...] = (0, 0)
         self._folded: dict[str, int] = {}
         self._fold_seen: tuple[Any, ...] = ()
         self._cpu_pending = 0  # the resolver's thread CPU not yet added to the aggregation
@@ -154,6 +154,11 @@ class Resolver:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._cond = threading.Condition()
+        self._flush_waiters = 0  # force_flush calls waiting on _cond
+        #: Thread CPU ns when the resolver's thread last took the GIL back at a point where it
+        #: let go of it (None: not tracked); each stretch from there to the next is one hold.
+        self._held_since: int | None = None
+        self._in_run = False  # drain() called from the resolver's own loop
         self._drain_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -206,7 +211,9 @@ class Resolver:
         bound = None
         next_thread_read = 0.0
         while not self._stop.is_set():
+            self._release_point()
             self._wake.wait(self.poll)
+            self._held_since = time.thread_time_ns()
             self._wake.clear()
             if self._stop.is_set():
                 break
@@ -221,10 +228,13 @@ class Resolver:
                         bind()
                     except Exception as exc:
                         _log.info("specobs: could not bind the resolver to the clock: %r", exc)
+            self._in_run = True
             try:
                 self.drain()
             except Exception as exc:  # keep the thread alive whatever a sink does
                 _log.exception("specobs: resolver error, continuing: %r", exc)
+            finally:
+                self._in_run = False
             now = time.monotonic()
             if now >= next_thread_read:
                 # The recording thread's CPU and wait times from its first cycles on, not only
@@ -259,7 +269,11 @@ class Resolver:
             if remaining <= 0:
                 return False
             with self._cond:
-                self._cond.wait(min(remaining, 0.002))
+                self._flush_waiters += 1  # the resolver notifies only while someone waits
+                try:
+                    self._cond.wait(min(remaining, 0.002))
+                finally:
+                    self._flush_waiters -= 1
         return all(bool(r) for r in _call_sinks(self.sinks, "force_flush", deadline))
 
     def shutdown(self, timeout_seconds: float) -> None:
@@ -304,6 +318,10 @@ class Resolver:
             limit = self.chunk
             with self._drain_lock:
                 t_cpu = time.thread_time_ns()
+                # The stretch under the GIL began where this thread last took it back (the
+                # resolver's wait or sleep returned), or here for a call from elsewhere.
+                since = self._held_since
+                start = since if since is not None and self._in_run else t_cpu
                 nogil0 = getattr(ring, "nogil_ns", 0)
                 taken_box = [0]
                 cpu = 0
@@ -317,19 +335,19 @@ class Resolver:
                     t_end = time.thread_time_ns()
                     all_cpu = t_end - t_cpu
                     # What the native core walked with the GIL let go is no hold: a slice's
-                    # CPU under the GIL is its CPU without the walks, and its longest hold the
-                    # longest stretch between two points where it let go (the slice's start,
-                    # the walks, its end; thread CPU clock throughout).
+                    # CPU under the GIL is its CPU without the walks. Its holds are the
+                    # stretches between two points where this thread let go of the GIL (a
+                    # walk's start and end, a sleep, the wait for work; thread CPU clock): the
+                    # one up to the first walk ends here, the one after the last walk at the
+                    # next sleep or wait (``_release_point``).
                     cpu = max(0, all_cpu - (getattr(ring, "nogil_ns", 0) - nogil0))
-                    hold = cpu
                     if getattr(ring, "walk_count", 0) and ring.walk_cpu_out >= t_cpu:
-                        hold = max(ring.walk_cpu_out - t_cpu, t_end - ring.walk_cpu_in,
-                                   ring.walk_hold_ns)
-                    if hold > self.max_hold_ns:
-                        self.max_hold_ns = hold
-                    if hold > 100_000:
-                        self.long_holds += 1
-                    self.holds.append(hold)
+                        self._note_hold(ring.walk_cpu_out - start)
+                        if ring.walk_hold_ns:
+                            self._note_hold(ring.walk_hold_ns)
+                        self._held_since = ring.walk_cpu_in
+                    else:
+                        self._held_since = start
                     self._cpu_pending += all_cpu  # into the aggregation once a pass
                     self.consumed += taken_box[0]
             self.slices += 1
@@ -350,14 +368,36 @@ class Resolver:
                     pending, self._cpu_pending = self._cpu_pending, 0
                 self.agg.add_cpu("resolver", pending / 1e9)
                 self.drains += 1
+                if self._flush_waiters:
+                    with self._cond:
+                        self._cond.notify_all()
+                if not self._in_run:
+                    self._release_point()  # a call from elsewhere: its stretch ends here
+                return total + n
+            if self._flush_waiters:
                 with self._cond:
                     self._cond.notify_all()
-                return total + n
-            with self._cond:
-                self._cond.notify_all()
             total += n
             # A full slice and more to do: let a worker waiting for the GIL have it first.
+            self._release_point()
             time.sleep(self.yield_seconds)
+            self._held_since = time.thread_time_ns()
+
+    def _note_hold(self, hold: int) -> None:
+        """One stretch of this thread's work with the GIL held (thread CPU ns)."""
+        if hold > self.max_hold_ns:
+            self.max_hold_ns = hold
+        if hold > 100_000:
+            self.long_holds += 1
+        self.holds.append(hold)
+
+    def _release_point(self) -> None:
+        """The thread is about to let go of the GIL (sleep, wait): the stretch since it last
+        took it back ends here."""
+        since = self._held_since
+        if since is not None:
+            self._note_hold(time.thread_time_ns() - since)
+            self._held_since = None
 
     def _drain_locked(self, taken_box: list[int], chunk: int) -> int:
         """Poll, read, validate, bucket and apply one chunk of the ring; hand it to the sinks.
@@ -389,6 +429,19 @@ class Resolver:
                 self._release(x, None)
             else:
                 self._release(None, x)
+        if n and not chunk_out[2]:
+            # The common chunk, inline: nothing for Python, nothing new to fold, no GPU-timed
+            # cycle read, the sampler not due -- its figures gathered, nothing else. This is the
+            # first Python after the walk, on caches the walk emptied: each call and attribute
+            # here costs the GIL's hold several times its warm cost (benchmarks/diag/
+            # hold_floor.py), so the common chunk makes as few as it can.
+            counts = ring.counters()
+            if ((counts, rec.changes) == self._fold_seen and counts[3:] == self._native_seen
+                    and _perf() < self._adapt_due):
+                pending = self._adapt_pending
+                pending[2] += chunk_out[1]
+                pending[3] += n
+                return n
         try:
             out = self._resolve(chunk_out, clock)
         except Exception as exc:
