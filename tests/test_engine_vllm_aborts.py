@@ -106,16 +106,31 @@ class _Runner:
 
 
 class _Scheduler:
-    """``Scheduler.update_from_output``'s skip: requests gone or finished count nothing."""
+    """``Scheduler.update_from_output``'s skip and count: requests gone or finished count
+    nothing; each other row that drafted is observed by ``make_spec_decoding_stats`` (vLLM's
+    per-row count) and every row hands on its sampled tokens."""
 
     def __init__(self, req_ids: list[str]) -> None:
         self.requests = {r: types.SimpleNamespace(is_finished=lambda: False) for r in req_ids}
         self.counted: list[str] = []
 
-    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> None:
+    def make_spec_decoding_stats(self, stats: Any, num_draft_tokens: int,
+                                 num_accepted_tokens: int) -> None:  # fmt: skip
+        pass
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        outputs = []
         for req_id in scheduler_output.num_scheduled_tokens:
-            if self.requests.get(req_id) is not None:
-                self.counted.append(req_id)
+            if self.requests.get(req_id) is None:
+                continue
+            self.counted.append(req_id)
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id, ())
+            if drafts:
+                self.make_spec_decoding_stats(None, num_draft_tokens=len(drafts),
+                                              num_accepted_tokens=len(SAMPLED[req_id]) - 1)
+            outputs.append(types.SimpleNamespace(request_id=req_id,
+                                                 new_token_ids=list(SAMPLED[req_id])))
+        return {0: types.SimpleNamespace(outputs=outputs)}
 
 
 @pytest.fixture
@@ -479,6 +494,9 @@ def _async_engine(real: dict[str, Any], runner: Any, abort: dict[int, str]) -> A
     )  # fmt: skip
     for name in ("make_spec_decoding_stats", "_update_request_with_output"):
         setattr(scheduler, name, types.MethodType(real[name], scheduler))
+    # vLLM defines it on the class, where the instrumentor wraps it; bound here, wrapped here.
+    scheduler.make_spec_decoding_stats = types.MethodType(
+        vl_inst.counting_rows(real["make_spec_decoding_stats"]), scheduler)
 
     def make_stats(spec_decoding_stats: Any, *args: Any, **kwargs: Any) -> None:
         scheduler.stats.append(spec_decoding_stats)

@@ -549,25 +549,6 @@ def _take_rows(step: _Step, rows: list[HostRow]) -> None:
     step.batch_size = len(rows)
 
 
-def skipped_by_scheduler(scheduler: Any, req_ids: Any) -> set[Any]:
-    """The requests whose output vLLM's ``Scheduler.update_from_output`` will skip, asked
-    before it runs: gone or finished (aborted while the step ran: the engine core applies the
-    aborts that arrived during the step first), or holding a stale output it drops after a
-    preemption. Mirrors the checks that come before anything is counted there; the one it
-    cannot see beforehand, a failed KV load (KV connectors), stays counted."""
-    requests = scheduler.requests
-    skipped = set()
-    for req_id in req_ids:
-        request = requests.get(req_id)
-        if request is None or request.is_finished():
-            skipped.add(req_id)
-        elif getattr(request, "num_stale_output_tokens", 0) > 0 and getattr(
-            request, "drop_stale_output", False
-        ):
-            skipped.add(req_id)
-    return skipped
-
-
 def around_bookkeeping_sync(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """V1's host-side update (**bookkeeping**). Without async scheduling it returns every
     request's sampled tokens as host lists: acceptance is read from those (no device copy), the
@@ -765,60 +746,6 @@ def _settle_with(entry: _Deferred, counts: Counted) -> None:
     entry.handle.settle(lengths, draft_length=drafts, batch_size=len(lengths), emitted=emitted)
 
 
-_Before = tuple[set[Any], dict[Any, int], dict[Any, Any], dict[Any, int]]
-
-
-def _before_update(scheduler: Any, entry: _Deferred, model_output: Any) -> _Before | None:
-    """Asked before ``update_from_output`` runs: the rows it will skip, the tokens each other
-    row sampled (it trims the lists in place at a stop), and the output length of each
-    other row's request (the tokens it keeps are the growth)."""
-    req_ids = entry.req_ids
-    sampled = getattr(model_output, "sampled_token_ids", None)
-    index = getattr(model_output, "req_id_to_index", None)
-    if req_ids is None or not sampled or index is None:
-        return None
-    skipped = skipped_by_scheduler(scheduler, req_ids)
-    counts = {}
-    for r in req_ids:
-        j = index.get(r)
-        if r not in skipped and j is not None and j < len(sampled):
-            counts[r] = len(sampled[j])
-    requests = {r: scheduler.requests.get(r) for r in counts}
-    lengths = {r: len(q.output_token_ids) for r, q in requests.items() if q is not None}
-    return skipped, counts, requests, lengths
-
-
-def _settle_updated(entry: _Deferred, before: _Before | None) -> None:
-    """Settle a deferred step with the rows ``update_from_output`` counted: not skipped, with
-    sampled tokens (host lists by then); accepted = tokens - 1, emitted = what it kept."""
-    req_ids, drafts = entry.req_ids, entry.drafts
-    if before is None or req_ids is None or type(drafts) is not list or len(drafts) != len(
-        req_ids
-    ):
-        _settle_as_sampled(entry)
-        return
-    _, counts, requests, lengths = before
-    accepted: list[int] = []
-    drafted: list[int] = []
-    emitted = 0
-    for i, req_id in enumerate(req_ids):
-        n = counts.get(req_id, 0)
-        if not n:
-            continue  # skipped, or still in chunked prefill: nothing sampled, nothing counted
-        accepted.append(n - 1)
-        drafted.append(drafts[i])
-        request = requests.get(req_id)
-        if request is not None and req_id in lengths:
-            emitted += len(request.output_token_ids) - lengths[req_id]
-        else:
-            emitted += n
-    if not accepted:
-        entry.handle.settle(None)
-        return
-    entry.handle.settle(accepted, draft_length=drafted, batch_size=len(accepted),
-                        emitted=emitted)  # fmt: skip
-
-
 def counting_rows(original: Callable[..., Any]) -> Callable[..., Any]:
     """``Scheduler.make_spec_decoding_stats`` wrapped: vLLM's scheduler calls it once per row of
     a speculative step it counts, inside ``update_from_output``. While the engine core counts a
@@ -858,12 +785,13 @@ def counted_row(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int
     return max(int(drafted), 0), int(accepted)
 
 
-def _count_for_worker(
-    step: _Step, key: int, original: Callable[..., Any], args: Any, kwargs: Any
-) -> Any:
-    """The engine core takes a speculative step's output for a worker of its own: vLLM's own
-    rows (:func:`counting_rows`) and the tokens it hands on, kept for the
-    next scheduler output to carry (:func:`around_schedule`)."""
+def _counted_by_vllm(
+    step: _Step, original: Callable[..., Any], args: Any, kwargs: Any
+) -> tuple[Any, tuple[list[int], list[int], int, int] | None]:
+    """Run ``update_from_output`` and keep what it counted of the step: vLLM's own rows
+    (:func:`counting_rows`: drafts per counted draft, accepted per counted draft), the rows it
+    handed tokens and the tokens it handed on. Returns its result and those counts (``None``
+    when they could not be read)."""
     rows: list[tuple[int, int]] = []
     step.collect = rows
     try:
@@ -880,9 +808,21 @@ def _count_for_worker(
                 if n and output.request_id in scheduled:
                     handed += 1
                     emitted += n
-        step.counted.append((key, [r[0] for r in rows], [r[1] for r in rows], handed, emitted))
+        return out, ([r[0] for r in rows], [r[1] for r in rows], handed, emitted)
     except Exception:
-        _failed("the counts for the worker (update_from_output)")
+        _failed("the counted rows (update_from_output)")
+        return out, None
+
+
+def _count_for_worker(
+    step: _Step, key: int, original: Callable[..., Any], args: Any, kwargs: Any
+) -> Any:
+    """The engine core takes a speculative step's output for a worker of its own: what vLLM
+    counted of it (:func:`_counted_by_vllm`), kept for the next scheduler output to carry
+    (:func:`around_schedule`)."""
+    out, counts = _counted_by_vllm(step, original, args, kwargs)
+    if counts is not None:
+        step.counted.append((key, *counts))
     return out
 
 
@@ -907,33 +847,26 @@ def around_update_from_output(original: Callable[..., Any], *args: Any, **kwargs
             return original(*args, **kwargs)
         return _count_for_worker(step, key, original, args, kwargs)
     if step.tracker is not None and step.waits:
+        # The step's times end here, before vLLM takes its output; its rows are settled below
+        # with what vLLM counts of them (not those of requests aborted while it ran, nor a
+        # stale output or a failed KV load), its host rows the fallback.
         try:
-            scheduler_output = args[1] if len(args) > 1 else kwargs["scheduler_output"]
-            rows = step.rows
-            if rows is not None and scheduler_output is step.scheduled:
-                skipped = skipped_by_scheduler(args[0], [r[0] for r in rows])
-                if skipped:
-                    _take_rows(step, [r for r in rows if r[0] not in skipped])
-        except Exception:
-            _failed("aborted rows (update_from_output)")
-        try:
-            _finish(step)
+            _defer(step)
         except Exception:
             _failed("the cycle end (update_from_output)")
     if not step.pending:
         return original(*args, **kwargs)
-    entry = before = None
+    entry = None
     try:
         entry = _take_pending(step, args[1] if len(args) > 1 else kwargs["scheduler_output"])
-        if entry is not None:
-            model_output = args[2] if len(args) > 2 else kwargs["model_runner_output"]
-            before = _before_update(args[0], entry, model_output)
     except Exception:
-        _failed("aborted rows (update_from_output)")
+        _failed("the deferred step (update_from_output)")
     if entry is None:
         return original(*args, **kwargs)
     try:
-        out = original(*args, **kwargs)
+        # The rows vLLM counts, as it counts them (a row gone, finished, stale or whose KV load
+        # failed is never observed), and the tokens it hands on.
+        out, counts = _counted_by_vllm(step, original, args, kwargs)
     except BaseException:
         try:
             _settle_as_sampled(entry)
@@ -941,7 +874,10 @@ def around_update_from_output(original: Callable[..., Any], *args: Any, **kwargs
             _failed("the cycle end (update_from_output)")
         raise
     try:
-        _settle_updated(entry, before)
+        if counts is None:
+            _settle_as_sampled(entry)
+        else:
+            _settle_with(entry, (0, *counts))
     except Exception:
         _failed("the cycle end (update_from_output)")
     return out
