@@ -158,25 +158,26 @@ def populated_observer() -> tuple[specobs.PrometheusSink, specobs.Observer]:
     # Worst case: every duration bucket of every phase and clock, every drop reason and error
     # kind non-zero, applied the way the resolver applies a chunk.
     from specobs import catalog
+    from specobs._aggregation import Chunk
     from specobs._bucketing import bucket_py
 
     agg = obs.aggregation
     every_bucket = [round(b * 0.999e9) for b in catalog.DURATION_BUCKETS_SECONDS] + [10**10]
     one_each = bucket_py(every_bucket, catalog.DURATION_BUCKETS_SECONDS, 1e-9)
-    agg.apply(
+    agg.apply(Chunk(
         dropped=dict.fromkeys(catalog.DROP_REASONS, 1),
         errors=dict.fromkeys(catalog.ERROR_KINDS, 1),
-        cycles=0,
-        host_phases=[one_each] * len(agg.phases),
-        host_cycle=one_each,
         gpu_phases=[one_each] * len(agg.phases),
         gpu_cycle=one_each,
         acceptance=None,
         accept_length_counts=[],
         batch_sizes=None,
-        last_cycle_timestamp=None,
         traced=[],
-    )
+    ))
+    # The host clock's histograms come from the ring's totals, never a chunk: filled directly.
+    for i in range(len(agg.phases)):
+        agg.phase_host[i].add(one_each, 1e-9)
+    agg.cycle_host.add(one_each, 1e-9)
     return prom, obs
 
 

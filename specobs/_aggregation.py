@@ -14,6 +14,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from operator import add
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,31 @@ from specobs._threadtime import WorkerThreadTime
 if TYPE_CHECKING:
     from specobs._model import ResolvedCycle
 
-__all__ = ["Aggregation"]
+__all__ = ["Aggregation", "Chunk"]
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """What the resolver hands the aggregation for one chunk of cycles: validated numbers only,
+    so applying it cannot fail on input, and it is applied whole. Only what needed Python is in
+    it -- the sampled cycles' GPU times, the acceptance and batch sizes of cycles whose values
+    were kept as objects, traced cycles, the recorder's drops and errors since the last chunk;
+    every cycle's host times, and the acceptance and batch sizes the ring counted itself, are in
+    the ring's running totals, which the snapshot reads."""
+
+    #: Records lost by reason, and errors by kind, since the last chunk.
+    dropped: dict[str, int]
+    errors: dict[str, int]
+    #: GPU phase durations, bucketed (ns sums), per phase, and the whole cycle's.
+    gpu_phases: list[Bucketed]
+    gpu_cycle: Bucketed | None
+    #: Drafted / accepted / emitted tokens and sequences by draft length, and sequences by
+    #: accepted length (0..k).
+    acceptance: BatchAcceptance | None
+    accept_length_counts: list[int]
+    batch_sizes: Bucketed | None
+    #: Cycles with a trace id: their exemplars.
+    traced: list[ResolvedCycle]
 
 
 class _Histogram:
@@ -206,56 +231,33 @@ class Aggregation:
             if overhead_ratio is not None:
                 self.overhead_ratio = overhead_ratio
 
-    def apply(
-        self,
-        *,
-        dropped: dict[str, int],
-        errors: dict[str, int],
-        cycles: int,
-        host_phases: list[Bucketed] | None,
-        host_cycle: Bucketed | None,
-        gpu_phases: list[Bucketed],
-        gpu_cycle: Bucketed | None,
-        acceptance: BatchAcceptance | None,
-        accept_length_counts: list[int],
-        batch_sizes: Bucketed | None,
-        last_cycle_timestamp: float | None,
-        traced: list[ResolvedCycle],
-    ) -> None:
-        """Add one resolved chunk: validated numbers only, so nothing here can raise on input
-        and a chunk is applied whole. Durations come bucketed (:mod:`specobs._bucketing`) with
-        nanosecond sums, per phase; ``accept_length_counts`` counts sequences by accepted
-        length (0..k)."""
+    def apply(self, chunk: Chunk) -> None:
+        """Add one resolved :class:`Chunk`, whole."""
         with self._lock:
-            self._count(dropped, errors)
-            self.cycles += cycles
-            for i, b in enumerate(host_phases or ()):
-                self.phase_host[i].add(b, 1e-9)
-            if host_cycle is not None:
-                self.cycle_host.add(host_cycle, 1e-9)
+            self._count(chunk.dropped, chunk.errors)
+            gpu_cycle = chunk.gpu_cycle
             if gpu_cycle is not None:
                 self.sampled_cycles += sum(gpu_cycle[0])
-                for i, b in enumerate(gpu_phases):
+                for i, b in enumerate(chunk.gpu_phases):
                     self.phase_gpu[i].add(b, 1e-9)
                 self.cycle_gpu.add(gpu_cycle, 1e-9)
+            acceptance = chunk.acceptance
             if acceptance is not None:
                 self.draft_tokens += acceptance.drafted
                 self.accepted_tokens += acceptance.accepted
                 self.emitted_tokens += acceptance.emitted
                 al = self.accept_length
                 counts = al.counts
-                for value, n in enumerate(accept_length_counts):
+                for value, n in enumerate(chunk.accept_length_counts):
                     if n:
                         counts[value] += n
                 al.sum += acceptance.accepted
                 dbk = self.drafted_by_k
                 for k, n in acceptance.sequences_by_draft_length.items():
                     dbk[k] += n
-            if batch_sizes is not None:
-                self.batch_size.add(batch_sizes, 1.0)
-            if last_cycle_timestamp is not None:
-                self.last_cycle_timestamp = last_cycle_timestamp
-            for r in traced:
+            if chunk.batch_sizes is not None:
+                self.batch_size.add(chunk.batch_sizes, 1.0)
+            for r in chunk.traced:
                 self._exemplars(r)
             self._generation += 1
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from specobs import _acceptance, _bucketing, catalog, sampling
 from specobs._acceptance import Record, batch_acceptance, resolved_acceptance
+from specobs._aggregation import Chunk
 from specobs._bucketing import Bucketed
 from specobs._model import Acceptance, BatchAcceptance, ResolvedCycle
 
@@ -581,21 +582,17 @@ class Resolver:
             gpu_phases = [_bucket([g[i] for g in gcols], bounds) for i in range(nph)]
             gpu_cycle = _bucket([sum(g) for g in gcols], bounds)
         out = self._resolved_cycles(details, gpu, validated, k_max)
-        agg.apply(
+        agg.apply(Chunk(
             dropped=dropped,
             errors=errors,
-            cycles=0,  # counted in the ring's totals
-            host_phases=None,
-            host_cycle=None,
             gpu_phases=gpu_phases,
             gpu_cycle=gpu_cycle,
             acceptance=acceptance,
             accept_length_counts=acceptance.length_counts if acceptance is not None
             else [0] * (k_max + 1),
             batch_sizes=batches,
-            last_cycle_timestamp=None,
             traced=[r for r in out if r.trace_id is not None],
-        )
+        ))
         self._adapt_some(cost + native_cost, len(gpu) + n_native, total_ns, n, read_ns)
         return out
 
