@@ -133,19 +133,16 @@ class _Scheduler:
         return {0: types.SimpleNamespace(outputs=outputs)}
 
 
-@pytest.fixture
-def stand_ins(monkeypatch: pytest.MonkeyPatch,
-              request: pytest.FixtureRequest) -> Iterator[tuple[type, type]]:  # fmt: skip
-    """Stand-in modules for V1's runner and the scheduler, patched by a fresh instrumentor
-    (the runner's base: ``_Runner``, or the test's indirect parameter)."""
-    pytest.importorskip("torch")
+@contextlib.contextmanager
+def _instrumented(monkeypatch: pytest.MonkeyPatch, runner: type, scheduler: type,
+                  phases: tuple[str, ...]) -> Iterator[None]:  # fmt: skip
+    """``runner`` and ``scheduler`` as vLLM's V1 runner and scheduler classes, in stand-in
+    modules patched by a fresh instrumentor with an in-memory observer of ``phases``."""
     modules = {
         "vllm": types.ModuleType("vllm"),
         vl_inst.V1_MODULE: types.ModuleType(vl_inst.V1_MODULE),
         vl_inst.SCHEDULER_MODULE: types.ModuleType(vl_inst.SCHEDULER_MODULE),
     }
-    runner = type("GPUModelRunner", (getattr(request, "param", _Runner),), {})
-    scheduler = type("Scheduler", (_Scheduler,), {})
     setattr(modules[vl_inst.V1_MODULE], vl_inst.RUNNER_CLASS, runner)
     setattr(modules[vl_inst.SCHEDULER_MODULE], vl_inst.SCHEDULER_CLASS, scheduler)
     for name, module in modules.items():
@@ -153,14 +150,26 @@ def stand_ins(monkeypatch: pytest.MonkeyPatch,
     inst = vl_inst.VllmInstrumentor()
     inst.uninstrument()
     inst._observer = None
-    observer = specobs.configure(sinks=[specobs.MemorySink()], clock="host", phases=PHASES)
+    observer = specobs.configure(sinks=[specobs.MemorySink()], clock="host", phases=phases)
     assert inst.instrument(observer=observer, skip_dep_check=True)
     try:
-        yield runner, scheduler
+        yield
     finally:
         inst.uninstrument()
         inst._observer = None
         observer.shutdown(timeout_seconds=5.0)
+
+
+@pytest.fixture
+def stand_ins(monkeypatch: pytest.MonkeyPatch,
+              request: pytest.FixtureRequest) -> Iterator[tuple[type, type]]:  # fmt: skip
+    """Stand-in modules for V1's runner and the scheduler, patched by a fresh instrumentor
+    (the runner's base: ``_Runner``, or the test's indirect parameter)."""
+    pytest.importorskip("torch")
+    runner = type("GPUModelRunner", (getattr(request, "param", _Runner),), {})
+    scheduler = type("Scheduler", (_Scheduler,), {})
+    with _instrumented(monkeypatch, runner, scheduler, PHASES):
+        yield runner, scheduler
 
 
 def _scheduler_output(drafts: dict[str, list[int]]) -> Any:
@@ -267,7 +276,7 @@ def test_where_host_rows_replace_the_sampled_acceptance_nothing_is_launched_for_
     assert len(seen) == 0, seen
 
 
-class _AsyncRunner(_Runner):
+class _HostlessRunner(_Runner):
     """Async scheduling: ``_bookkeeping_sync`` hands no host lists (the tokens stay on the GPU
     until the next step)."""
 
@@ -276,7 +285,7 @@ class _AsyncRunner(_Runner):
         return None, None, None, [], None
 
 
-@pytest.mark.parametrize("stand_ins", [_AsyncRunner], indirect=True)
+@pytest.mark.parametrize("stand_ins", [_HostlessRunner], indirect=True)
 def test_without_host_rows_or_counts_the_sampled_acceptance_is_computed_at_the_cycles_end(
     stand_ins: tuple[type, type], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -391,12 +400,15 @@ class _AsyncRunner(_Runner):
         self.async_output = async_output
         self.steps: dict[str, int] = {}
 
+    def _tokens(self, req_id: str) -> list[int]:
+        return list(ASYNC_SAMPLED[req_id][self.steps.get(req_id, 0)])
+
     def _sample(self, logits: Any, spec_decode_metadata: Any) -> Any:
         import torch
 
         rows = []
         for r in self.input_batch.req_ids:
-            tokens = ASYNC_SAMPLED[r][self.steps.get(r, 0)]
+            tokens = self._tokens(r)
             rows.append(tokens + [-1] * (K + 1 - len(tokens)))
         return types.SimpleNamespace(sampled_token_ids=torch.tensor(rows))
 
@@ -411,17 +423,20 @@ class _AsyncRunner(_Runner):
         sampler_output = self._sample(None, metadata)
         self.propose_draft_token_ids(scheduled, None)
         self._bookkeeping_sync(scheduled, sampler_output)
-        sampled = [ASYNC_SAMPLED[r][self.steps.get(r, 0)] for r in ids]
+        sampled = [self._tokens(r) for r in ids]
         for r in ids:
             self.steps[r] = self.steps.get(r, 0) + 1
-        output = types.SimpleNamespace(
+        output = self._output(ids, sampled)
+        return type("AsyncOutput", (self.async_output,), {"get_output": lambda s: output})()
+
+    def _output(self, ids: list[str], sampled: list[list[int]]) -> Any:
+        return types.SimpleNamespace(
             req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=[list(t) for t in sampled], logprobs=None,
+            sampled_token_ids=sampled, logprobs=None,
             prompt_logprobs_dict={}, prompt_token_id_logprobs_dict={}, pooler_output=None,
             num_nans_in_logits=None, kv_connector_output=None, ec_connector_output=None,
             cudagraph_stats=None, aux_output_connector_output=None, sampling_masks=None,
         )  # fmt: skip
-        return type("AsyncOutput", (self.async_output,), {"get_output": lambda s: output})()
 
 
 class _AsyncRequest:
@@ -473,16 +488,12 @@ class _AsyncRequest:
         return self.status
 
 
-def _async_engine(real: dict[str, Any], runner: Any, abort: dict[int, str]) -> Any:
-    """An engine core with a batch queue of two over the real methods; the scheduler builds
-    each step from the live requests (drafts as placeholders, as the async scheduler does)."""
-    import queue
-
-    scheduler_cls = sys.modules[vl_inst.SCHEDULER_MODULE].Scheduler
-    scheduler = scheduler_cls.__new__(scheduler_cls)
+def _scheduler_state(scheduler: Any, requests: dict[str, Any], **more: Any) -> None:
+    """What 0.33.0's ``update_from_output`` and the methods it calls read of the scheduler,
+    with nothing connected (no KV or EC connector, no structured output, no encoder cache)."""
     nothing = lambda *args, **kwargs: None  # noqa: E731
     scheduler.__dict__.update(
-        requests={r: _AsyncRequest(r) for r in ASYNC_SAMPLED}, defer_block_free=False,
+        requests=requests, defer_block_free=False,
         perf_metrics=None, num_sampled_tokens_per_step=1, num_spec_tokens=K, log_stats=True,
         kv_cache_manager=types.SimpleNamespace(cache_blocks=nothing, take_events=nothing),
         structured_output_manager=types.SimpleNamespace(accept_tokens=lambda r, t: True),
@@ -490,8 +501,19 @@ def _async_engine(real: dict[str, Any], runner: Any, abort: dict[int, str]) -> A
         grammar_compile_error_reqs={}, encoder_cache_mismatch_reqs=set(),
         recompute_kv_load_failures=False, ec_connector=None, connector=None,
         finished_req_ids_dict=None, is_mm_encoder_only=False, max_model_len=512,
-        spec_decode_metrics_level=None, stats=[], emitted=[], steps=0,
+        spec_decode_metrics_level=None, stats=[], emitted=[], steps=0, **more,
     )  # fmt: skip
+
+
+def _async_engine(real: dict[str, Any], runner: Any, abort: dict[int, str]) -> Any:
+    """An engine core with a batch queue of two over the real methods; the scheduler builds
+    each step from the live requests (drafts as placeholders, as the async scheduler does)."""
+    import queue
+
+    scheduler_cls = sys.modules[vl_inst.SCHEDULER_MODULE].Scheduler
+    scheduler = scheduler_cls.__new__(scheduler_cls)
+    _scheduler_state(scheduler, {r: _AsyncRequest(r) for r in ASYNC_SAMPLED})
+    nothing = lambda *args, **kwargs: None  # noqa: E731
     for name in ("make_spec_decoding_stats", "_update_request_with_output"):
         setattr(scheduler, name, types.MethodType(real[name], scheduler))
     # vLLM defines it on the class, where the instrumentor wraps it; bound here, wrapped here.
@@ -567,32 +589,13 @@ def async_stand_ins(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[dict[str,
     ``update_from_output``, patched by a fresh instrumentor."""
     pytest.importorskip("torch")
     real = _wheel_engine()
-    modules = {
-        "vllm": types.ModuleType("vllm"),
-        vl_inst.V1_MODULE: types.ModuleType(vl_inst.V1_MODULE),
-        vl_inst.SCHEDULER_MODULE: types.ModuleType(vl_inst.SCHEDULER_MODULE),
-    }
     runner = type("GPUModelRunner", (_AsyncRunner,), {})
     scheduler = type("Scheduler", (), {
         "update_from_output": real["update_from_output"],
         "schedule": lambda self, throttle=False: self.build(throttle),
     })  # fmt: skip
-    setattr(modules[vl_inst.V1_MODULE], vl_inst.RUNNER_CLASS, runner)
-    setattr(modules[vl_inst.SCHEDULER_MODULE], vl_inst.SCHEDULER_CLASS, scheduler)
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    inst = vl_inst.VllmInstrumentor()
-    inst.uninstrument()
-    inst._observer = None
-    observer = specobs.configure(sinks=[specobs.MemorySink()], clock="host",
-                                 phases=ASYNC_PHASES)  # fmt: skip
-    assert inst.instrument(observer=observer, skip_dep_check=True)
-    try:
+    with _instrumented(monkeypatch, runner, scheduler, ASYNC_PHASES):
         yield real, runner(real["AsyncModelRunnerOutput"])
-    finally:
-        inst.uninstrument()
-        inst._observer = None
-        observer.shutdown(timeout_seconds=5.0)
 
 
 def test_async_scheduling_rows_of_requests_finished_or_aborted_in_flight_count_as_vllm_counts(
@@ -732,16 +735,8 @@ class _WorkerProcess:
 
 
 class _WorkerRunner(_AsyncRunner):
-    """:class:`_AsyncRunner` sampling :data:`WORKER_SAMPLED`; its output pickles."""
-
-    def _sample(self, logits: Any, spec_decode_metadata: Any) -> Any:
-        import torch
-
-        rows = []
-        for r in self.input_batch.req_ids:
-            tokens = self._tokens(r)
-            rows.append(tokens + [-1] * (K + 1 - len(tokens)))
-        return types.SimpleNamespace(sampled_token_ids=torch.tensor(rows))
+    """:class:`_AsyncRunner` sampling :data:`WORKER_SAMPLED`; its output pickles (a plain
+    ``ModelRunnerOutput``, as a worker of its own sends it)."""
 
     def _tokens(self, req_id: str) -> list[int]:
         steps = WORKER_SAMPLED[req_id]
@@ -755,26 +750,7 @@ class _WorkerRunner(_AsyncRunner):
         return None if scheduler_output.total_num_scheduled_tokens else self._output([], [])
 
     def sample_tokens(self, grammar_output: Any) -> Any:
-        scheduled = self._scheduled
-        ids = list(self.input_batch.req_ids)
-        drafts = scheduled.scheduled_spec_decode_tokens
-        metadata = types.SimpleNamespace(num_draft_tokens=[len(drafts.get(r, ())) for r in ids])
-        sampler_output = self._sample(None, metadata)
-        self.propose_draft_token_ids(scheduled, None)
-        self._bookkeeping_sync(scheduled, sampler_output)
-        sampled = [self._tokens(r) for r in ids]
-        for r in ids:
-            self.steps[r] = self.steps.get(r, 0) + 1
-        return self._output(ids, sampled)
-
-    def _output(self, ids: list[str], sampled: list[list[int]]) -> Any:
-        return types.SimpleNamespace(
-            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=sampled, logprobs=None,
-            prompt_logprobs_dict={}, prompt_token_id_logprobs_dict={}, pooler_output=None,
-            num_nans_in_logits=None, kv_connector_output=None, ec_connector_output=None,
-            cudagraph_stats=None, aux_output_connector_output=None, sampling_masks=None,
-        )  # fmt: skip
+        return super().sample_tokens(grammar_output).get_output()
 
 
 def _engine_with_worker_process(
@@ -792,22 +768,11 @@ def _engine_with_worker_process(
 
     scheduler_cls = sys.modules[vl_inst.SCHEDULER_MODULE].Scheduler
     scheduler = scheduler_cls.__new__(scheduler_cls)
-    nothing = lambda *args, **kwargs: None  # noqa: E731
     requests = {r: _AsyncRequest(r) for r in WORKER_SAMPLED}
     for req_id, request in requests.items():
         request.max_tokens = WORKER_MAX_TOKENS[req_id]
-    scheduler.__dict__.update(
-        requests=requests, defer_block_free=False,
-        perf_metrics=None, num_sampled_tokens_per_step=1, num_spec_tokens=K, log_stats=True,
-        kv_cache_manager=types.SimpleNamespace(cache_blocks=nothing, take_events=nothing),
-        structured_output_manager=types.SimpleNamespace(accept_tokens=lambda r, t: True),
-        aux_output_connector=None, return_sampling_mask=False, running=[],
-        grammar_compile_error_reqs={}, encoder_cache_mismatch_reqs=set(),
-        recompute_kv_load_failures=False, ec_connector=None, connector=None,
-        finished_req_ids_dict=None, is_mm_encoder_only=False, max_model_len=512,
-        spec_decode_metrics_level=None, stats=[], emitted=[], rows=[], steps=0,
-        spec_steps=0, finished_req_ids=set(),
-    )  # fmt: skip
+    _scheduler_state(scheduler, requests, rows=[], spec_steps=0, finished_req_ids=set())
+    nothing = lambda *args, **kwargs: None  # noqa: E731
 
     def make_stats(spec_decoding_stats: Any, *args: Any, **kwargs: Any) -> None:
         scheduler.stats.append(spec_decoding_stats)
@@ -892,11 +857,6 @@ def worker_process_stand_ins(
     pytest.importorskip("torch")
     real = _wheel_engine()
     output_module = _wheel_worker_process(real, monkeypatch)
-    modules = {
-        "vllm": types.ModuleType("vllm"),
-        vl_inst.V1_MODULE: types.ModuleType(vl_inst.V1_MODULE),
-        vl_inst.SCHEDULER_MODULE: types.ModuleType(vl_inst.SCHEDULER_MODULE),
-    }
     runner = type("GPUModelRunner", (_WorkerRunner,), {})
     scheduler = type("Scheduler", (), {
         "update_from_output": real["update_from_output"],
@@ -904,22 +864,8 @@ def worker_process_stand_ins(
         "_update_request_with_output": real["_update_request_with_output"],
         "schedule": lambda self, throttle=False: self.build(throttle),
     })  # fmt: skip
-    setattr(modules[vl_inst.V1_MODULE], vl_inst.RUNNER_CLASS, runner)
-    setattr(modules[vl_inst.SCHEDULER_MODULE], vl_inst.SCHEDULER_CLASS, scheduler)
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    inst = vl_inst.VllmInstrumentor()
-    inst.uninstrument()
-    inst._observer = None
-    observer = specobs.configure(sinks=[specobs.MemorySink()], clock="host",
-                                 phases=ASYNC_PHASES)  # fmt: skip
-    assert inst.instrument(observer=observer, skip_dep_check=True)
-    try:
+    with _instrumented(monkeypatch, runner, scheduler, ASYNC_PHASES):
         yield real, output_module, runner(real["AsyncModelRunnerOutput"])
-    finally:
-        inst.uninstrument()
-        inst._observer = None
-        observer.shutdown(timeout_seconds=5.0)
 
 
 @pytest.mark.parametrize(("queue_size", "abort_at"), [(1, 2), (2, 2), (3, 3)],
