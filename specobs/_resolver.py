@@ -242,6 +242,7 @@ class Resolver:
                 # from the first scrape: a lifetime the doctor can compare a recent window with.
                 next_thread_read = now + THREAD_TIME_READ_SECONDS
                 self.agg.read_thread_time()
+                self._add_cpu()
 
     def force_flush(self, timeout_seconds: float) -> bool:
         """Wait until every record enqueued before this call is resolved and handed to sinks.
@@ -275,6 +276,7 @@ class Resolver:
                     self._cond.wait(min(remaining, 0.002))
                 finally:
                     self._flush_waiters -= 1
+        self._add_cpu()  # what the loop has not added yet: a flush's snapshot sees it
         return all(bool(r) for r in _call_sinks(self.sinks, "force_flush", deadline))
 
     def shutdown(self, timeout_seconds: float) -> None:
@@ -349,7 +351,7 @@ class Resolver:
                         self._held_since = ring.walk_cpu_in
                     else:
                         self._held_since = start
-                    self._cpu_pending += all_cpu  # into the aggregation once a pass
+                    self._cpu_pending += all_cpu  # added every 100 ms and at each flush
                     self.consumed += taken_box[0]
             self.slices += 1
             if n:
@@ -365,9 +367,8 @@ class Resolver:
             elif cpu > self.slice_ns and n > MIN_CHUNK:
                 self.chunk = max(MIN_CHUNK, n * self.slice_ns // cpu)
             if n < limit or not len(self.rec.ring):
-                with self._drain_lock:
-                    pending, self._cpu_pending = self._cpu_pending, 0
-                self.agg.add_cpu("resolver", pending / 1e9)
+                if not self._in_run:
+                    self._add_cpu()  # the loop adds it with the thread times, every 100 ms
                 self.drains += 1
                 if self._flush_waiters:
                     with self._cond:
@@ -383,6 +384,13 @@ class Resolver:
             self._release_point()
             time.sleep(self.yield_seconds)
             self._held_since = time.thread_time_ns()
+
+    def _add_cpu(self) -> None:
+        """The resolver's thread CPU since the last call, into the aggregation."""
+        with self._drain_lock:
+            pending, self._cpu_pending = self._cpu_pending, 0
+        if pending:
+            self.agg.add_cpu("resolver", pending / 1e9)
 
     def _note_hold(self, hold: int) -> None:
         """One stretch of this thread's work with the GIL held (thread CPU ns)."""
