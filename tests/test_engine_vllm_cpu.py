@@ -48,6 +48,7 @@ Skipped only when the package index cannot be reached; any other failure fails.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -202,6 +203,10 @@ def engine_python() -> Iterator[Path]:
     venv = VENVS / f"{ENGINE_DIST}-{ENGINE_VERSION}"
     marker = venv / COMPLETE_MARKER
     VENVS.mkdir(parents=True, exist_ok=True)
+    # Another run on this machine (a second suite) builds, uses and removes the same venv:
+    # one at a time, or pip fails half-way through a venv the other is building or removing.
+    lock = (VENVS / f"{venv.name}.lock").open("w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
     try:
         t0 = time.perf_counter()
         reused = marker.exists() and marker.read_text() == RECIPE
@@ -221,6 +226,7 @@ def engine_python() -> Iterator[Path]:
         # Also after a skip or a failed build: a half-built venv can hold gigabytes.
         if not KEEP_VENV:
             shutil.rmtree(venv, ignore_errors=True)
+        lock.close()  # lets the next run in
 
 
 # -- the runs --------------------------------------------------------------------------------------
