@@ -159,7 +159,8 @@ class Resolver:
         #: Thread CPU ns when the resolver's thread last took the GIL back at a point where it
         #: let go of it (None: not tracked); each stretch from there to the next is one hold.
         self._held_since: int | None = None
-        self._in_run = False  # drain() called from the resolver's own loop
+        self._in_run = False  # drain() called from the resolver's own loop (its thread)
+        self._run_ident = 0
         self._drain_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -209,6 +210,7 @@ class Resolver:
         self._wake.set()
 
     def _run(self) -> None:
+        self._run_ident = threading.get_ident()
         bound = None
         next_thread_read = 0.0
         while not self._stop.is_set():
@@ -323,8 +325,9 @@ class Resolver:
                 t_cpu = time.thread_time_ns()
                 # The stretch under the GIL began where this thread last took it back (the
                 # resolver's wait or sleep returned), or here for a call from elsewhere.
+                in_run = self._in_run and threading.get_ident() == self._run_ident
                 since = self._held_since
-                start = since if since is not None and self._in_run else t_cpu
+                start = since if since is not None and in_run else t_cpu
                 nogil0 = getattr(ring, "nogil_ns", 0)
                 taken_box = [0]
                 cpu = 0
@@ -344,7 +347,11 @@ class Resolver:
                     # one up to the first walk ends here, the one after the last walk at the
                     # next sleep or wait (``_release_point``).
                     cpu = max(0, all_cpu - (getattr(ring, "nogil_ns", 0) - nogil0))
-                    if getattr(ring, "walk_count", 0) and ring.walk_cpu_out >= t_cpu:
+                    walked = getattr(ring, "walk_count", 0) and ring.walk_cpu_out >= t_cpu
+                    if not in_run:  # a call from another thread: the slice's own stretches
+                        self._note_hold(max(ring.walk_cpu_out - t_cpu, t_end - ring.walk_cpu_in,
+                                            ring.walk_hold_ns) if walked else cpu)
+                    elif walked:
                         self._note_hold(ring.walk_cpu_out - start)
                         if ring.walk_hold_ns:
                             self._note_hold(ring.walk_hold_ns)
@@ -367,23 +374,23 @@ class Resolver:
             elif cpu > self.slice_ns and n > MIN_CHUNK:
                 self.chunk = max(MIN_CHUNK, n * self.slice_ns // cpu)
             if n < limit or not len(self.rec.ring):
-                if not self._in_run:
+                if not in_run:
                     self._add_cpu()  # the loop adds it with the thread times, every 100 ms
                 self.drains += 1
                 if self._flush_waiters:
                     with self._cond:
                         self._cond.notify_all()
-                if not self._in_run:
-                    self._release_point()  # a call from elsewhere: its stretch ends here
                 return total + n
             if self._flush_waiters:
                 with self._cond:
                     self._cond.notify_all()
             total += n
             # A full slice and more to do: let a worker waiting for the GIL have it first.
-            self._release_point()
+            if in_run:
+                self._release_point()
             time.sleep(self.yield_seconds)
-            self._held_since = time.thread_time_ns()
+            if in_run:
+                self._held_since = time.thread_time_ns()
 
     def _add_cpu(self) -> None:
         """The resolver's thread CPU since the last call, into the aggregation."""
