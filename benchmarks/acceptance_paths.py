@@ -21,10 +21,53 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 import specobs
+
+#: Cycles run before any is timed (the clock's start, first launches).
+WARMUP = 500
+
+
+def time_ways(obs: specobs.Observer, ways: dict[str, Callable[[Any], Any]], n: int, *,
+              batch: int, work: Callable[[], Any],
+              sync: Callable[[], Any]) -> dict[str, float]:  # fmt: skip
+    """Median host ns of each way, a callable given the open cycle: ``n`` cycles after
+    :data:`WARMUP`, the ways taking turns cycle by cycle (the machine's drift falls on all
+    alike), ``work`` launched before each cycle so the device stays ahead of the host, ``sync``
+    every 64 cycles so the launch queue stays short (launches, not back-pressure)."""
+    pc = time.perf_counter_ns
+    names = list(ways)
+    times: dict[str, list[int]] = {w: [] for w in names}
+    for i in range(n + WARMUP):
+        way = names[i % len(names)]
+        work()
+        with obs.cycle(batch_size=batch) as c:
+            c.mark("verify")
+            c.mark("bookkeeping")
+            t = pc()
+            ways[way](c)
+            dt = pc() - t
+        if i >= WARMUP:
+            times[way].append(dt)
+        if i % 64 == 0:
+            sync()
+    return {w: statistics.median(v) for w, v in times.items()}
+
+
+def _ways(lens: list[int], dev: Any, plus: Any) -> dict[str, Callable[[Any], Any]]:
+    """The ways of handing one batch's acceptance (``plus``: what the engines hold, accepted
+    drafts plus the bonus token)."""
+    return {
+        "list": lambda c: c.accept(lens, draft_length=4),
+        "cuda": lambda c: c.accept(dev, draft_length=4),
+        "sub": lambda c: plus - 1,
+        "sub+clamp": lambda c: (plus - 1).clamp_(min=0),
+        "sub+cuda": lambda c: c.accept(plus - 1, draft_length=4),
+    }
 
 
 def main() -> None:
@@ -34,7 +77,6 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device")
-    pc = time.perf_counter_ns
     work = torch.randn(1024, 1024, device="cuda")
     obs = specobs.configure(sinks=[], clock="cuda")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; host ns per call, "
@@ -42,32 +84,9 @@ def main() -> None:
     for batch in (int(b) for b in args.batches.split(",")):
         lens = [i % 5 for i in range(batch)]
         dev = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        plus = dev + 1  # what the engines hold: accepted drafts plus the bonus token
-        ways = ("list", "cuda", "sub", "sub+clamp", "sub+cuda")
-        times: dict[str, list[int]] = {w: [] for w in ways}
-        for i in range(args.cycles + 500):
-            way = ways[i % len(ways)]
-            work @ work  # the GPU stays ahead of the host, as in an engine's loop
-            with obs.cycle(batch_size=batch) as c:
-                c.mark("verify")
-                c.mark("bookkeeping")
-                t = pc()
-                if way == "list":
-                    c.accept(lens, draft_length=4)
-                elif way == "cuda":
-                    c.accept(dev, draft_length=4)
-                elif way == "sub":
-                    plus - 1
-                elif way == "sub+clamp":
-                    (plus - 1).clamp_(min=0)
-                else:
-                    c.accept(plus - 1, draft_length=4)
-                dt = pc() - t
-            if i >= 500:
-                times[way].append(dt)
-            if i % 64 == 0:
-                torch.cuda.synchronize()  # the queue stays short: launches, not back-pressure
-        med = {w: statistics.median(v) for w, v in times.items()}
+        ways = _ways(lens, dev, dev + 1)
+        med = time_ways(obs, ways, args.cycles, batch=batch, work=lambda: work @ work,
+                        sync=torch.cuda.synchronize)  # fmt: skip
         row = ", ".join(f"{w} {med[w] / 1e3:.2f} us" for w in ways)
         print(f"batch {batch}: {row}; sub / cuda {med['sub'] / med['cuda']:.2f}, "
               f"sub+clamp / cuda {med['sub+clamp'] / med['cuda']:.2f}")

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import statistics
-import time
+import os
+import sys
 
 import torch
 
 import specobs
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from acceptance_paths import time_ways
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=20000)
     args = ap.parse_args()
-    pc = time.perf_counter_ns
     work = torch.randn(1024, 1024, device="cuda")
     obs = specobs.configure(sinks=[], clock="cuda")
     with obs.cycle() as c:  # starts the clock (its runtime functions, pinned slots)
@@ -60,30 +62,17 @@ def main() -> None:
     def nothing() -> None:
         pass
 
-    ways = {"nothing": nothing, "attrs": attrs, "memcpy": copy, "memcpy+record": copy_record}
-    times: dict[str, list[int]] = {w: [] for w in [*ways, "accept(cuda)", "accept(list)"]}
-    names = list(times)
-    for i in range(args.n + 500):
-        way = names[i % len(names)]
-        work @ work
-        with obs.cycle(batch_size=8) as c:
-            c.mark("verify")
-            c.mark("bookkeeping")
-            t = pc()
-            if way == "accept(cuda)":
-                c.accept(dev, draft_length=4)
-            elif way == "accept(list)":
-                c.accept(lens, draft_length=4)
-            else:
-                ways[way]()
-            dt = pc() - t
-        if i >= 500:
-            times[way].append(dt)
-        if i % 64 == 0:
-            torch.cuda.synchronize()
-    print(f"{torch.cuda.get_device_name()}: host ns per call, median of {args.n // len(names)}")
-    for w, v in times.items():
-        print(f"  {w:16s} {statistics.median(v):8.0f}")
+    ways = {
+        "nothing": lambda c: nothing(), "attrs": lambda c: attrs(), "memcpy": lambda c: copy(),
+        "memcpy+record": lambda c: copy_record(),
+        "accept(cuda)": lambda c: c.accept(dev, draft_length=4),
+        "accept(list)": lambda c: c.accept(lens, draft_length=4),
+    }
+    med = time_ways(obs, ways, args.n, batch=8, work=lambda: work @ work,
+                    sync=torch.cuda.synchronize)  # fmt: skip
+    print(f"{torch.cuda.get_device_name()}: host ns per call, median of {args.n // len(ways)}")
+    for w, v in med.items():
+        print(f"  {w:16s} {v:8.0f}")
     obs.shutdown(5)
 
 
