@@ -159,8 +159,7 @@ class Resolver:
         #: Thread CPU ns when the resolver's thread last took the GIL back at a point where it
         #: let go of it (None: not tracked); each stretch from there to the next is one hold.
         self._held_since: int | None = None
-        self._in_run = False  # drain() called from the resolver's own loop (its thread)
-        self._run_ident = 0
+        self._run_ident = 0  # the resolver's thread while it runs its loop
         self._drain_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -210,7 +209,13 @@ class Resolver:
         self._wake.set()
 
     def _run(self) -> None:
-        self._run_ident = threading.get_ident()
+        self._run_ident = threading.get_ident()  # drain() on this thread is the loop's
+        try:
+            self._loop()
+        finally:
+            self._run_ident = 0
+
+    def _loop(self) -> None:
         bound = None
         next_thread_read = 0.0
         while not self._stop.is_set():
@@ -231,13 +236,10 @@ class Resolver:
                         bind()
                     except Exception as exc:
                         _log.info("specobs: could not bind the resolver to the clock: %r", exc)
-            self._in_run = True
             try:
                 self.drain()
             except Exception as exc:  # keep the thread alive whatever a sink does
                 _log.exception("specobs: resolver error, continuing: %r", exc)
-            finally:
-                self._in_run = False
             now = time.monotonic()
             if now >= next_thread_read:
                 # The recording thread's CPU and wait times from its first cycles on, not only
@@ -325,7 +327,7 @@ class Resolver:
                 t_cpu = time.thread_time_ns()
                 # The stretch under the GIL began where this thread last took it back (the
                 # resolver's wait or sleep returned), or here for a call from elsewhere.
-                in_run = self._in_run and threading.get_ident() == self._run_ident
+                in_run = threading.get_ident() == self._run_ident
                 since = self._held_since
                 start = since if since is not None and in_run else t_cpu
                 nogil0 = getattr(ring, "nogil_ns", 0)
