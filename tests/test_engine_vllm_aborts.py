@@ -613,24 +613,12 @@ def test_async_scheduling_rows_of_requests_finished_or_aborted_in_flight_count_a
     assert tree is not None
     assert _method(_class(tree, vl_inst.SCHEDULER_CLASS), "schedule")
     scheduler = _async_engine(real, runner, abort={2: "b"})
-    stats = [s for s in scheduler.stats if s is not None]
-    vllm = {
-        "drafts": sum(s.num_drafts for s in stats),
-        "drafted": sum(s.num_draft_tokens for s in stats),
-        "accepted": sum(s.num_accepted_tokens for s in stats),
-        "per_pos": [sum(s.num_accepted_tokens_per_pos[i] for s in stats) for i in range(K)],
-        "emitted": sum(scheduler.emitted),
-    }  # fmt: skip
+    vllm = _vllm_counted(scheduler)
     observer = vl_inst.VllmInstrumentor().current_observer
     snap = _snapshot_of(observer)
     verified = sum(runner.steps.values())
     assert verified > vllm["drafts"]  # rows the engine verified and skipped were there
-    assert {
-        "drafts": snap.accept_length.count, "drafted": snap.draft_tokens_total,
-        "accepted": snap.accepted_tokens_total,
-        "per_pos": list(snap.accepted_by_position[:K]),
-        "emitted": snap.emitted_tokens_total,
-    } == vllm  # fmt: skip
+    assert _specobs_counted(snap) == vllm
     assert snap.accept_length.sum == vllm["accepted"]
     assert snap.cycles_total == scheduler.steps
     assert snap.dropped["unsettled"] == 0
@@ -640,6 +628,35 @@ def test_async_scheduling_rows_of_requests_finished_or_aborted_in_flight_count_a
 def _snapshot_of(observer: Any) -> Any:
     assert observer.force_flush(timeout_seconds=5.0)
     return observer.snapshot()
+
+
+def _vllm_counted(scheduler: Any, *, rows: bool = False) -> dict[str, Any]:
+    """What vLLM counted: its SpecDecodingStats summed, the tokens it handed on (and the rows
+    it handed them to)."""
+    stats = [s for s in scheduler.stats if s is not None]
+    out = {
+        "drafts": sum(s.num_drafts for s in stats),
+        "drafted": sum(s.num_draft_tokens for s in stats),
+        "accepted": sum(s.num_accepted_tokens for s in stats),
+        "per_pos": [sum(s.num_accepted_tokens_per_pos[i] for s in stats) for i in range(K)],
+        "emitted": sum(scheduler.emitted),
+    }  # fmt: skip
+    if rows:
+        out["rows"] = sum(scheduler.rows)
+    return out
+
+
+def _specobs_counted(snap: Any, *, rows: bool = False) -> dict[str, Any]:
+    """The same quantities as specobs exports them (:func:`_vllm_counted`)."""
+    out = {
+        "drafts": snap.accept_length.count, "drafted": snap.draft_tokens_total,
+        "accepted": snap.accepted_tokens_total,
+        "per_pos": list(snap.accepted_by_position[:K]),
+        "emitted": snap.emitted_tokens_total,
+    }  # fmt: skip
+    if rows:
+        out["rows"] = snap.batch_size.sum
+    return out
 
 
 # -- a worker in a process of its own: the engine core's counts travel with the next step ---------
@@ -889,24 +906,12 @@ def test_a_worker_process_counts_what_the_engine_core_counted(
                                                 abort={abort_at: "b"})  # fmt: skip
     finally:
         worker.close()
-    stats = [s for s in scheduler.stats if s is not None]
-    vllm = {
-        "drafts": sum(s.num_drafts for s in stats),
-        "drafted": sum(s.num_draft_tokens for s in stats),
-        "accepted": sum(s.num_accepted_tokens for s in stats),
-        "per_pos": [sum(s.num_accepted_tokens_per_pos[i] for s in stats) for i in range(K)],
-        "emitted": sum(scheduler.emitted), "rows": sum(scheduler.rows),
-    }  # fmt: skip
+    vllm = _vllm_counted(scheduler, rows=True)
     verified = sum(runner.steps.values())
     assert verified > vllm["drafts"]  # rows the engine verified and vLLM skipped were there
     observer = vl_inst.VllmInstrumentor().current_observer
     snap = _snapshot_of(observer)
-    assert {
-        "drafts": snap.accept_length.count, "drafted": snap.draft_tokens_total,
-        "accepted": snap.accepted_tokens_total,
-        "per_pos": list(snap.accepted_by_position[:K]),
-        "emitted": snap.emitted_tokens_total, "rows": snap.batch_size.sum,
-    } == vllm  # fmt: skip
+    assert _specobs_counted(snap, rows=True) == vllm
     assert snap.accept_length.sum == vllm["accepted"]
     assert snap.cycles_total == scheduler.spec_steps
     assert snap.dropped["unsettled"] == 0
