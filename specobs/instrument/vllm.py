@@ -42,8 +42,8 @@ covers:
   core, which skips the rows of requests aborted (or finished) while the step was in flight:
   - the worker on the engine core's own thread without async scheduling (one worker,
     ``UniProcExecutor``): the cycle stays open until that thread's ``update_from_output``
-    takes the step's output, and the skipped rows are left out
-    (:func:`around_update_from_output`);
+    begins, and is settled with the rows it counts, as ``make_spec_decoding_stats`` observes
+    them (:func:`around_update_from_output`);
   - on that thread with async scheduling (or model runner V2), where the next step begins
     before this one's output is taken: the cycle ends at ``sample_tokens`` with its acceptance
     deferred and is settled there with the rows vLLM counts;
@@ -643,15 +643,12 @@ handed)."""
 class _Deferred:
     """A step whose cycle ended with its acceptance to come."""
 
-    __slots__ = ("accepted", "batch_size", "drafts", "emitted", "handle", "key", "req_ids",
-                 "waiting")  # fmt: skip
+    __slots__ = ("accepted", "batch_size", "drafts", "emitted", "handle", "key", "waiting")
 
     def __init__(self, handle: Any, key: Any, step: _Step) -> None:
         self.handle = handle
         # The scheduler output (the engine core's thread) or the engine core's step number.
         self.key = key
-        req_ids = step.req_ids
-        self.req_ids: list[Any] | None = list(req_ids) if req_ids is not None else None
         # As the runner sampled them: the fallback where no count of vLLM's comes.
         self.drafts: Any = step.draft_length
         self.accepted: Any = step.accepted
@@ -828,8 +825,8 @@ def _count_for_worker(
 
 def around_update_from_output(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The engine core takes a step's output. On a thread that runs the worker too, the open
-    cycle of that step ends here, without the rows vLLM is about to skip; a cycle deferred at
-    ``sample_tokens`` (async scheduling) is settled here, with the rows vLLM counted. With the
+    cycle of that step ends here and, like a cycle deferred at ``sample_tokens`` (async
+    scheduling), is settled with the rows this call counts (:func:`_counted_by_vllm`). With the
     worker in a process of its own, what vLLM counts of a speculative step is kept here for the
     next scheduler output to carry to it."""
     step = _step()
