@@ -76,6 +76,17 @@
 /* Entries of a ring's cache of event handles (a power of two; filled to half at most). */
 #define HANDLE_CACHE 8192
 
+/* The pump: what wakes it (pump_flag), and how many references of each kind it parks before it
+ * comes back for Python to hand them back (copies to their pinned pool, events to the clock's):
+ * a quarter of either pool's default size, so neither runs dry meanwhile. */
+#define PUMP_PASS 1
+#define PUMP_RETURN 2
+#define PUMP_YIELD 4 /* another walker waits for ``wk``: let go of it, and go on after */
+#define PARK_CAP 64
+/* Passes a copy may be first in line with its values not landed before the pump leaves it to the
+ * resolver's poll (which asks the driver: what settles a copy whose values never land). */
+#define PUMP_POLLS_BEFORE_PYTHON 4
+
 /* A slot's state is the one field the worker and a drain walking without the GIL share: the
  * worker writes every other field of its cycle before it stores DONE (release), and the walk
  * reads them only after it loaded DONE (acquire). The head and the tail are read across the
@@ -84,6 +95,9 @@
 #define STATE_SET(s, v) __atomic_store_n(&(s)->state, (v), __ATOMIC_RELEASE)
 #define LOAD64(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define STORE64(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+/* ``waiting`` and ``nheld`` are moved by the worker with the GIL and by the pump without it. */
+#define ADDN(p, d) __atomic_add_fetch((p), (d), __ATOMIC_RELAXED)
+#define LOADN(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 
 /* Bumped in a forked child (pthread_atfork): a ring's lock may have been held by a thread the
  * child does not have; the ring makes a new one the first time it is locked there. */
@@ -199,6 +213,23 @@ typedef struct {
      * when it first let go of the GIL, when it last took it back, the longest stretch it held
      * the GIL between two walks, how many walks (0: it held the GIL throughout). */
     int64_t walk_cpu_out, walk_cpu_in, walk_hold_ns, walk_count;
+    /* The pump (Ring.pump): the resolver's thread inside one C call that waits for work, polls
+     * and walks with the GIL let go, and comes back to Python only for what needs it. ``pm``
+     * guards ``pump_flag`` (PUMP_PASS: walk now; PUMP_RETURN: come back), ``pc`` is what the
+     * pump waits on; ``wk`` is held by the pump for its whole call and by every other walker of
+     * the tail (drain, drain_into, poll, pending), taken with the GIL let go while it waits. All
+     * three are made by pump_made, with the GIL, anew in a forked child. ``pumping``: a thread
+     * is inside pump() (read with the GIL). What the pump walked, and the references it let go
+     * of (parked until the next drain_into hands them back, with the GIL): */
+    pthread_mutex_t pm, wk;
+    pthread_cond_t pc;
+    uint64_t pm_gen;
+    int pump_flag, pumping;
+    int wk_wanted; /* walkers waiting for ``wk`` (the pump lets go of it while any does) */
+    int64_t pump_cycles, pump_total; /* not handed to a drain_into yet */
+    int64_t pump_calls, pump_passes, pump_walked, pump_ns, pump_cpu_in;
+    PyObject **pk_buf; /* PARK_CAP copies, then drafts, then event lists */
+    Py_ssize_t pk_ncopies, pk_ndrafts, pk_nevents;
     PyObject *slow;
     PyObject *record_fn;
     PyObject *stream;
@@ -267,6 +298,74 @@ static inline void
 ring_unlock(Ring *r)
 {
     pthread_mutex_unlock(&r->mu);
+}
+
+/* The pump's locks and condition (see Ring), made with the GIL, anew in a forked child: no
+ * thread is inside pump() there. ``wk`` is recursive: Python code a walker runs (a clock's query)
+ * may call another walker on the same thread. */
+static void
+pump_made(Ring *r)
+{
+    uint64_t gen = __atomic_load_n(&g_fork_gen, __ATOMIC_RELAXED) + 1;
+    if (r->pm_gen == gen)
+        return;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->pc, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&r->wk, &ma);
+    pthread_mutexattr_destroy(&ma);
+    pthread_mutex_init(&r->pm, NULL);
+    r->pump_flag = 0;
+    r->pumping = 0;
+    r->wk_wanted = 0;
+    r->pm_gen = gen;
+}
+
+/* Whether a thread is inside pump(); with the GIL. */
+static inline int
+pump_active(Ring *r)
+{
+    pump_made(r);
+    return r->pumping;
+}
+
+/* Wake the pump (PUMP_PASS: walk now; PUMP_RETURN: come back to Python). A flag set while no
+ * thread pumps is kept for the next pump() call. */
+static void
+pump_signal(Ring *r, int flag)
+{
+    pump_made(r);
+    pthread_mutex_lock(&r->pm);
+    r->pump_flag |= flag;
+    pthread_cond_signal(&r->pc);
+    pthread_mutex_unlock(&r->pm);
+}
+
+/* With the GIL, before a walker of the tail (a drain, the poll) reads the ring: the pump is
+ * asked to come back, and its lock is waited for with the GIL let go. */
+static void
+walker_take(Ring *r)
+{
+    pump_made(r);
+    if (pthread_mutex_trylock(&r->wk) == 0)
+        return;
+    __atomic_add_fetch(&r->wk_wanted, 1, __ATOMIC_SEQ_CST);
+    pump_signal(r, PUMP_YIELD);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&r->wk);
+    Py_END_ALLOW_THREADS
+    __atomic_sub_fetch(&r->wk_wanted, 1, __ATOMIC_SEQ_CST);
+}
+
+static inline void
+walker_give(Ring *r)
+{
+    pthread_mutex_unlock(&r->wk);
 }
 
 static PyObject *s_cuda_event;
@@ -697,8 +796,8 @@ make_room(Ring *r)
         Slot *old = &r->slots[r->tail % (uint64_t)r->nslots];
         if (STATE(old) == SLOT_DONE) {
             r->dropped_queue_full++;
-            r->waiting--;
-            r->nheld -= old->ev != NULL || old->copy != NULL;
+            ADDN(&r->waiting, -1);
+            ADDN(&r->nheld, -(Py_ssize_t)(old->ev != NULL || old->copy != NULL));
             dropped = 1;
         }
         else if (STATE(old) == SLOT_OPEN)
@@ -1155,11 +1254,14 @@ hand_on(Ring *r, Slot *s)
 {
     STATE_SET(s, SLOT_DONE);
     r->enqueued++;
-    r->waiting++;
     if (s->ev != NULL || s->copy != NULL)
-        r->nheld++;
-    if (r->waiting >= r->wake_at)
-        call_slow(r, s_wake, NULL, 0);
+        ADDN(&r->nheld, 1);
+    if (ADDN(&r->waiting, 1) >= r->wake_at) {
+        if (pump_active(r))
+            pump_signal(r, PUMP_PASS); /* the pump walks now; no Python is needed */
+        else
+            call_slow(r, s_wake, NULL, 0);
+    }
 }
 
 static PyObject *
@@ -1457,7 +1559,7 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
  * ``limit`` queued cycles. The resolver asks which of the held ones completed and drains up
  * to the first that has not (``bound`` when all have). */
 static PyObject *
-Ring_pending(Ring *r, PyObject *arg)
+pending_walked(Ring *r, PyObject *arg)
 {
     Py_ssize_t limit = PyLong_AsSsize_t(arg);
     if (limit == -1 && PyErr_Occurred())
@@ -1730,7 +1832,7 @@ done:
  * search's log2(n) queries at most, and nothing while the newest copies' values are landing
  * over the sentinel. specobs/_ring.py's ``poll`` is the specification. */
 static PyObject *
-Ring_poll(Ring *r, PyObject *const *args, Py_ssize_t nargs)
+poll_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "poll(limit, query, polls_before_query)");
@@ -1741,7 +1843,7 @@ Ring_poll(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     if ((limit == -1 || polls_before == -1) && PyErr_Occurred())
         return NULL;
     PyObject *query = args[1];
-    if (r->nheld == 0) {
+    if (LOADN(&r->nheld) == 0) {
         /* Nothing waiting holds events or a copy: every done cycle is complete, and the bound
          * is the open cycle (the only one that can end, with events, before the drain). */
         Cycle *cur = (Cycle *)r->current;
@@ -1753,7 +1855,7 @@ Ring_poll(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         int64_t most = first + (int64_t)limit;
         return PyLong_FromLongLong(open < most ? open : most);
     }
-    Py_ssize_t cap = limit < r->waiting ? limit : r->waiting;
+    Py_ssize_t cap = limit < LOADN(&r->waiting) ? limit : LOADN(&r->waiting);
     int nq = r->ne_query != NULL && r->ne_thread == PyThread_get_thread_ident();
     if (nq)
         fill_handles(r, cap); /* may run Python: before any slot is looked at below */
@@ -2075,7 +2177,7 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
         Slot *s = &r->slots[r->tail % (uint64_t)r->nslots];
         /* drain_into: the walk without the GIL takes over again at the next cycle it can
          * take, once this drain took one (so every round takes at least one). */
-        if (yield_to_walk && n > 0 && STATE(s) == SLOT_DONE && r->waiting >= NOGIL_MIN
+        if (yield_to_walk && n > 0 && STATE(s) == SLOT_DONE && LOADN(&r->waiting) >= NOGIL_MIN
             && walkable(r, s, nev))
             break;
         if (STATE(s) == SLOT_VOID) {
@@ -2086,7 +2188,7 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
         }
         if (STATE(s) != SLOT_DONE || s->idx >= bound)
             break;
-        r->nheld -= s->ev != NULL || s->copy != NULL;
+        ADDN(&r->nheld, -(Py_ssize_t)(s->ev != NULL || s->copy != NULL));
         int64_t tot = add_host(r, t, s->ts);
         total += tot;
         int py_batch = 0;
@@ -2144,7 +2246,7 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
         slot_clear_objs(s);
         STATE_SET(s, SLOT_VOID);
         STORE64(&r->tail, r->tail + 1);
-        r->waiting--;
+        ADDN(&r->waiting, -1);
         n++;
     }
     *n_out = n;
@@ -2292,6 +2394,37 @@ walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_tra
     return n;
 }
 
+/* Back under the GIL, what a walk parked: the copies read go back to their pools (what their
+ * ``release`` does), else to the resolver (``released``); the events to the resolver, which
+ * releases them to the clock; the draft lengths are let go of. -1 if an append failed (every
+ * reference is let go of either way). */
+static int
+unpark(Parked *pk, PyObject *released)
+{
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < pk->ncopies; i++) {
+        PyObject *copy = pk->copies[i];
+        PyObject *pool = PyObject_GetAttr(copy, s_free);
+        int back = pool != NULL && PyList_CheckExact(pool) ? PyList_Append(pool, copy)
+                                                             : PyList_Append(released, copy);
+        if (pool == NULL)
+            PyErr_Clear();
+        Py_XDECREF(pool);
+        if (back < 0)
+            rc = -1;
+        Py_DECREF(copy);
+    }
+    for (Py_ssize_t i = 0; i < pk->nevents; i++) {
+        if (PyList_Append(released, pk->events[i]) < 0)
+            rc = -1;
+        Py_DECREF(pk->events[i]);
+    }
+    for (Py_ssize_t i = 0; i < pk->ndrafts; i++)
+        Py_DECREF(pk->drafts[i]);
+    pk->ncopies = pk->nevents = pk->ndrafts = 0;
+    return rc;
+}
+
 /* With the GIL, before a walk: the runtime's handles of the waiting sampled cycles' events
  * (at most ``limit`` from the tail), read from the event objects. Reading an attribute may run
  * Python code, during which the worker may reuse a slot: a handle is kept only if its slot
@@ -2386,7 +2519,7 @@ drain_nogil(Ring *r, long long bound, Py_ssize_t limit, PyObject *trace, long lo
             int nev, PyObject *released, int64_t *total_out)
 {
     *total_out = 0;
-    Py_ssize_t cap = limit < r->waiting ? limit : r->waiting;
+    Py_ssize_t cap = limit < LOADN(&r->waiting) ? limit : LOADN(&r->waiting);
     if (cap < NOGIL_MIN)
         return 0;
     /* Is the first waiting cycle one the walk takes? (Else the GIL would be let go for
@@ -2439,34 +2572,12 @@ drain_nogil(Ring *r, long long bound, Py_ssize_t limit, PyObject *trace, long lo
     r->walk_cpu_in = thread_cpu_ns();
     cpu = r->walk_cpu_in - cpu;
     Py_END_ALLOW_THREADS
-    r->waiting -= n;
-    r->nheld -= pk.nheld;
+    ADDN(&r->waiting, -n);
+    ADDN(&r->nheld, -pk.nheld);
     r->nogil_cycles += n;
     r->nogil_walks++;
     r->nogil_ns += cpu;
-    int rc = 0;
-    /* Back under the GIL: the copies read go back to their pools (what their ``release``
-     * does), else to the resolver; the events to the resolver, which releases them to the
-     * clock; the draft lengths are let go of. */
-    for (Py_ssize_t i = 0; i < pk.ncopies; i++) {
-        PyObject *copy = pk.copies[i];
-        PyObject *pool = PyObject_GetAttr(copy, s_free);
-        int back = pool != NULL && PyList_CheckExact(pool) ? PyList_Append(pool, copy)
-                                                             : PyList_Append(released, copy);
-        if (pool == NULL)
-            PyErr_Clear();
-        Py_XDECREF(pool);
-        if (back < 0)
-            rc = -1;
-        Py_DECREF(copy);
-    }
-    for (Py_ssize_t i = 0; i < pk.nevents; i++) {
-        if (PyList_Append(released, pk.events[i]) < 0)
-            rc = -1;
-        Py_DECREF(pk.events[i]);
-    }
-    for (Py_ssize_t i = 0; i < pk.ndrafts; i++)
-        Py_DECREF(pk.drafts[i]);
+    int rc = unpark(&pk, released);
     PyMem_Free(park);
     *total_out = total;
     return rc < 0 ? -1 : n;
@@ -2550,7 +2661,7 @@ totals_tuple(Ring *r, const Totals *t)
  * (index in ``trace``, a sorted list, or a host cycle time >= slow_ns), or all when want_all.
  * Their host times and native acceptance are in the totals already. */
 static PyObject *
-Ring_drain(Ring *r, PyObject *const *args, Py_ssize_t nargs)
+drain_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
 {
     long long bound, slow_ns;
     Py_ssize_t limit, n = 0;
@@ -2598,7 +2709,7 @@ done:
  * which hands the aggregation nothing for the cycles that need no Python. Returns
  * (cycles, total ns, details, copies read here to release). */
 static PyObject *
-Ring_drain_into(Ring *r, PyObject *const *args, Py_ssize_t nargs)
+drain_into_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
 {
     long long bound, slow_ns;
     Py_ssize_t limit, n = 0;
@@ -2609,6 +2720,18 @@ Ring_drain_into(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     PyObject *details = PyList_New(0), *released = PyList_New(0), *out = NULL;
     int rc = details != NULL && released != NULL ? 0 : -1;
     int walk = !want_all;
+    /* What the pump walked since the last call (its cycles are in the totals already), and the
+     * references it parked, handed back now: counted in this drain's cycles and host time. */
+    Py_ssize_t pumped = (Py_ssize_t)r->pump_cycles;
+    int64_t pumped_ns = r->pump_total;
+    r->pump_cycles = r->pump_total = 0;
+    if (rc == 0 && r->pk_buf != NULL) {
+        Parked pk = {r->pk_buf, r->pk_buf + PARK_CAP, r->pk_buf + 2 * PARK_CAP,
+                     r->pk_ncopies, r->pk_ndrafts, r->pk_nevents, 0};
+        r->pk_ncopies = r->pk_ndrafts = r->pk_nevents = 0;
+        if (unpark(&pk, released) < 0)
+            PyErr_Clear(); /* a reference not handed back is let go of: its pool is smaller */
+    }
     /* Sampled cycles' GPU times are read natively only on the thread the clock set up for
      * them (the resolver's: its current device is the clock's). */
     int nev = r->ne_elapsed != NULL && r->ne_thread == PyThread_get_thread_ident();
@@ -2621,7 +2744,7 @@ Ring_drain_into(Ring *r, PyObject *const *args, Py_ssize_t nargs)
      * need Python, until the chunk is full or nothing more is ready. */
     while (rc == 0 && n < limit) {
         int64_t wtotal = 0, gtotal = 0;
-        if (nev && r->nheld > 0)
+        if (nev && LOADN(&r->nheld) > 0)
             fill_handles(r, limit - n);
         Py_ssize_t nw = walk ? drain_nogil(r, bound, limit - n, args[2], slow_ns, nev, released,
                                            &wtotal) : 0;
@@ -2644,6 +2767,8 @@ Ring_drain_into(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         if (ng == 0)
             break;
     }
+    n += pumped;
+    total += pumped_ns;
     if (rc == 0)
         out = Py_BuildValue("(nLOO)", n, (long long)total, details, released);
     r->drained += n;
@@ -2651,6 +2776,261 @@ Ring_drain_into(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     Py_XDECREF(released);
     return out;
 }
+
+/* -- the pump ------------------------------------------------------------------------------ */
+
+/* Whether entry ``i`` of the pump's parking holds a reference (the counts say how many of each
+ * kind; entries past them are stale). */
+static inline int
+parked_at(const Ring *r, Py_ssize_t i)
+{
+    Py_ssize_t kind = i / PARK_CAP, j = i % PARK_CAP;
+    return j < (kind == 0 ? r->pk_ncopies : kind == 1 ? r->pk_ndrafts : r->pk_nevents);
+}
+
+static PyObject *s_pump_woken, *s_pump_python, *s_pump_expire, *s_pump_parked, *s_pump_counts,
+    *s_pump_tick;
+
+/* Whether a native copy's values all landed over the sentinel (the top byte of each element
+ * decides: counts are never negative). */
+static int
+slot_landed(const Slot *s)
+{
+    const char *p = (const char *)s->cptr;
+    for (int32_t i = 0; i < s->clen; i++)
+        if ((signed char)p[(size_t)s->cisz * (size_t)i + (size_t)s->cisz - 1] < 0)
+            return 0;
+    return 1;
+}
+
+/* Without the GIL: a sampled cycle's event handles from the ring's cache, where every one of its
+ * events is there (the clock's pool is fixed: after the first cycles, all are). Else the slot
+ * is left for fill_handles, with the GIL. Reads the event list's items, which nobody writes
+ * while the slot holds it, and the cache, which only the resolver's thread writes (with the GIL,
+ * outside pump()). */
+static void
+handles_cached(Ring *r, Slot *s)
+{
+    PyObject *ev = s->ev;
+    int nph = r->nph;
+    if (r->hc_key == NULL || !PyList_CheckExact(ev) || PyList_GET_SIZE(ev) != nph + 1)
+        return;
+    uint64_t h[MAX_PHASES + 1];
+    size_t mask = HANDLE_CACHE - 1;
+    for (int j = 0; j <= nph; j++) {
+        PyObject *e = PyList_GET_ITEM(ev, j);
+        size_t i = ((uintptr_t)e >> 4) & mask;
+        while (r->hc_key[i] != NULL && r->hc_key[i] != e)
+            i = (i + 1) & mask;
+        if (r->hc_key[i] == NULL || r->hc_val[i] == 0)
+            return;
+        h[j] = r->hc_val[i];
+    }
+    memcpy(s->evh, h, sizeof(uint64_t) * (size_t)(nph + 1));
+    s->evn = nph + 1;
+}
+
+/* One pass of the pump, with the ring's lock held and the GIL let go: from the tail, every done
+ * cycle whose GPU work completed -- a sampled one asked through the runtime (cudaEventQuery on
+ * its last event), a native copy by its values landed -- that walk_nogil takes. NULL when it
+ * caught up or waits (for the GPU, an open or a deferred cycle); else why Python is needed: a
+ * cycle the walk does not take (traced, slow, kept objects, values out of range, handles not
+ * cached, an event that reports an error, a copy that never lands), a deferred cycle past its
+ * settle timeout (the resolver's expire), or the parking full. */
+static PyObject *
+pump_walk(Ring *r, int64_t next_trace, int64_t slow_ns, int64_t settle_ns, int nev)
+{
+    int nph = r->nph;
+    for (;;) {
+        if (r->tail == LOAD64(&r->head))
+            return NULL;
+        Slot *s = &r->slots[r->tail % (uint64_t)r->nslots];
+        int st = STATE(s);
+        if (st == SLOT_OPEN)
+            return NULL;
+        if (st == SLOT_DEFERRED) {
+            int64_t now = r->tick ? r->fake_now : now_ns();
+            return settle_ns >= 0 && now - s->ts[nph] >= settle_ns ? s_pump_expire : NULL;
+        }
+        if (st == SLOT_VOID) {
+            if (s->ev || s->acc || s->emitted || s->batch_obj || s->copy || s->draft)
+                return s_pump_python; /* references let go of with the GIL */
+            STORE64(&r->tail, r->tail + 1);
+            continue;
+        }
+        if (s->ev != NULL) { /* its last event completed: so did everything before it */
+            if (!nev)
+                return s_pump_python;
+            if (s->evn == 0)
+                handles_cached(r, s);
+            if (s->evn != nph + 1)
+                return s_pump_python;
+            int q = r->ne_query((void *)(uintptr_t)s->evh[nph]);
+            if (q != 0) {
+                if (r->ne_lasterr != NULL)
+                    r->ne_lasterr(); /* not left for the engine to find */
+                return q == 600 ? NULL : s_pump_python; /* cudaErrorNotReady: not yet */
+            }
+            if (r->pk_nevents >= PARK_CAP)
+                return s_pump_parked;
+        }
+        else if (s->copy != NULL) {
+            if (s->cptr == NULL || (s->cisz != 4 && s->cisz != 8))
+                return s_pump_python;
+            if (!slot_landed(s)) {
+                r->if_polls = r->if_idx == s->idx ? r->if_polls + 1 : 1;
+                r->if_idx = s->idx;
+                return r->if_polls >= PUMP_POLLS_BEFORE_PYTHON ? s_pump_python : NULL;
+            }
+        }
+        if (s->copy != NULL && (r->pk_ncopies >= PARK_CAP || r->pk_ndrafts >= PARK_CAP))
+            return s_pump_parked;
+        Parked pk = {r->pk_buf, r->pk_buf + PARK_CAP, r->pk_buf + 2 * PARK_CAP,
+                     r->pk_ncopies, r->pk_ndrafts, r->pk_nevents, 0};
+        int64_t total = 0;
+        Py_ssize_t n = walk_nogil(r, r->totals, s->idx + 1, 1, next_trace, slow_ns, nev, &pk,
+                                  &total);
+        r->pk_ncopies = pk.ncopies;
+        r->pk_ndrafts = pk.ndrafts;
+        r->pk_nevents = pk.nevents;
+        if (n == 0)
+            return s_pump_python;
+        ADDN(&r->waiting, -n);
+        ADDN(&r->nheld, -pk.nheld);
+        r->pump_cycles += n;
+        r->pump_total += total;
+        r->pump_walked += n;
+    }
+}
+
+/* pump(poll_ns, next_trace, slow_ns, settle_ns, return_after_ns): the resolver's thread waits,
+ * polls and walks here with the GIL let go, a pass every poll_ns or when woken (pump_wake, a
+ * ring filling up), and comes back only for what needs Python; returns why (see pump_walk):
+ * "woken", "python", "expire", "parked", "counts" (a drop or misuse was counted), "tick"
+ * (return_after_ns passed; -1: never). next_trace: the first cycle picked for a trace (-1:
+ * none); slow_ns, settle_ns: -1 for none. */
+static PyObject *
+Ring_pump(Ring *r, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "pump(poll_ns, next_trace, slow_ns, settle_ns, return_after_ns)");
+        return NULL;
+    }
+    long long a[5];
+    for (int i = 0; i < 5; i++)
+        a[i] = PyLong_AsLongLong(args[i]);
+    if (PyErr_Occurred())
+        return NULL;
+    int64_t poll_ns = a[0] < 1000 ? 1000 : a[0], next_trace = a[1] < 0 ? INT64_MAX : a[1];
+    int64_t slow_ns = a[2], settle_ns = a[3], after_ns = a[4];
+    if (r->slots == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the ring is not initialised");
+        return NULL;
+    }
+    pump_made(r);
+    lock_made(r);
+    if (r->pumping) {
+        PyErr_SetString(PyExc_RuntimeError, "pump() is running on another thread");
+        return NULL;
+    }
+    if (r->pk_buf == NULL) {
+        r->pk_buf = PyMem_RawCalloc(3 * PARK_CAP, sizeof(PyObject *));
+        if (r->pk_buf == NULL)
+            return PyErr_NoMemory();
+    }
+    int nev = r->ne_elapsed != NULL && r->ne_query != NULL
+              && r->ne_thread == PyThread_get_thread_ident();
+    int64_t c0 = r->discarded, c1 = r->dropped_queue_full, c2 = r->unsettled;
+    PyObject *why = NULL;
+    int64_t passes = 0, cpu0, cpu1;
+    r->pumping = 1;
+    r->pump_calls++;
+    Py_BEGIN_ALLOW_THREADS
+    cpu0 = thread_cpu_ns();
+    pthread_mutex_lock(&r->wk);
+    int64_t start = now_ns();
+    for (;;) {
+        int64_t deadline = now_ns() + poll_ns;
+        if (after_ns >= 0 && deadline > start + after_ns)
+            deadline = start + after_ns;
+        struct timespec ts = {(time_t)(deadline / 1000000000), (long)(deadline % 1000000000)};
+        pthread_mutex_lock(&r->pm);
+        while (r->pump_flag == 0 && pthread_cond_timedwait(&r->pc, &r->pm, &ts) == 0)
+            ;
+        int flag = r->pump_flag;
+        r->pump_flag = 0;
+        pthread_mutex_unlock(&r->pm);
+        if (flag & PUMP_RETURN) {
+            why = s_pump_woken;
+            break;
+        }
+        if (__atomic_load_n(&r->wk_wanted, __ATOMIC_SEQ_CST) > 0) {
+            /* Another thread's drain or poll: it walks, then the pump goes on waiting. */
+            pthread_mutex_unlock(&r->wk);
+            while (__atomic_load_n(&r->wk_wanted, __ATOMIC_SEQ_CST) > 0) {
+                struct timespec pause = {0, 20000};
+                nanosleep(&pause, NULL);
+            }
+            pthread_mutex_lock(&r->wk);
+            continue;
+        }
+        pthread_mutex_lock(&r->mu);
+        why = pump_walk(r, next_trace, slow_ns, settle_ns, nev);
+        pthread_mutex_unlock(&r->mu);
+        passes++;
+        if (why != NULL)
+            break;
+        if (__atomic_load_n(&r->discarded, __ATOMIC_RELAXED) != c0
+            || __atomic_load_n(&r->dropped_queue_full, __ATOMIC_RELAXED) != c1
+            || __atomic_load_n(&r->unsettled, __ATOMIC_RELAXED) != c2) {
+            why = s_pump_counts;
+            break;
+        }
+        if (after_ns >= 0 && now_ns() - start >= after_ns) {
+            why = s_pump_tick;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&r->wk);
+    cpu1 = thread_cpu_ns();
+    Py_END_ALLOW_THREADS
+    r->pumping = 0;
+    r->pump_passes += passes;
+    r->pump_ns += cpu1 - cpu0;
+    r->pump_cpu_in = cpu1;
+    return Py_NewRef(why);
+}
+
+static PyObject *
+Ring_pump_wake(Ring *r, PyObject *Py_UNUSED(ignored))
+{
+    pump_signal(r, PUMP_RETURN);
+    Py_RETURN_NONE;
+}
+
+/* The resolver's stages that walk the tail, each with the walker's lock (walker_take): the
+ * pump, if one runs, comes back first. */
+static PyObject *
+Ring_pending(Ring *r, PyObject *arg)
+{
+    walker_take(r);
+    PyObject *out = pending_walked(r, arg);
+    walker_give(r);
+    return out;
+}
+
+#define WALKER_FASTCALL(name, body)                                                           \
+    static PyObject *name(Ring *r, PyObject *const *args, Py_ssize_t nargs)                  \
+    {                                                                                         \
+        walker_take(r);                                                                       \
+        PyObject *out = body(r, args, nargs);                                                 \
+        walker_give(r);                                                                       \
+        return out;                                                                           \
+    }
+WALKER_FASTCALL(Ring_poll, poll_walked)
+WALKER_FASTCALL(Ring_drain, drain_walked)
+WALKER_FASTCALL(Ring_drain_into, drain_into_walked)
 
 /* The counts the resolver folds and the sampler reads after each drain, in one call: (discarded,
  * dropped_queue_full, unsettled, native_gpu_cycles, native_gpu_cost). */
@@ -2729,8 +3109,13 @@ Ring_clear_queue(Ring *r, PyObject *Py_UNUSED(ignored))
         slot_clear_objs(s);
         STORE64(&r->tail, r->tail + 1);
     }
-    r->waiting = 0;
-    r->nheld = 0;
+    for (Py_ssize_t i = 0; r->pk_buf != NULL && i < 3 * PARK_CAP; i++)
+        if (parked_at(r, i))
+            drop_ref(&r->pk_buf[i]); /* what the pump parked: lost to its pool */
+    r->pk_ncopies = r->pk_ndrafts = r->pk_nevents = 0;
+    r->pump_cycles = r->pump_total = 0; /* the resolver starts its count anew */
+    __atomic_store_n(&r->waiting, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->nheld, 0, __ATOMIC_RELAXED);
     r->deferred = 0;
     r->if_idx = -1;
     r->if_polls = 0;
@@ -2768,9 +3153,9 @@ Ring_expire(Ring *r, PyObject *arg)
         clear_acceptance(r, s);
         STATE_SET(s, SLOT_DONE);
         r->enqueued++;
-        r->waiting++;
+        ADDN(&r->waiting, 1);
         if (s->ev != NULL || s->copy != NULL)
-            r->nheld++;
+            ADDN(&r->nheld, 1);
         n++;
     }
     ring_unlock(r);
@@ -2822,13 +3207,13 @@ read_bounds_into(PyObject *obj, double *out, int *n)
 static PyObject *
 Ring_len(Ring *r, PyObject *Py_UNUSED(ignored))
 {
-    return PyLong_FromSsize_t(r->waiting);
+    return PyLong_FromSsize_t(LOADN(&r->waiting));
 }
 
 static Py_ssize_t
 Ring_sq_len(Ring *r)
 {
-    return r->waiting;
+    return LOADN(&r->waiting);
 }
 
 /* -- Ring: construction -------------------------------------------------------------------- */
@@ -2913,6 +3298,9 @@ Ring_traverse(Ring *r, visitproc visit, void *arg)
     RING_REFS(RING_VISIT, RING_VISIT_ALL)
     for (Py_ssize_t i = 0; r->hc_key != NULL && i < HANDLE_CACHE; i++)
         Py_VISIT(r->hc_key[i]);
+    for (Py_ssize_t i = 0; r->pk_buf != NULL && i < 3 * PARK_CAP; i++)
+        if (parked_at(r, i))
+            Py_VISIT(r->pk_buf[i]);
     if (r->slots != NULL) {
         for (Py_ssize_t i = 0; i < r->nslots; i++) {
             Slot *s = &r->slots[i];
@@ -2934,6 +3322,10 @@ Ring_clear(Ring *r)
     r->nc_memcpy = NULL;
     r->ne_elapsed = NULL;
     handles_forget(r);
+    for (Py_ssize_t i = 0; r->pk_buf != NULL && i < 3 * PARK_CAP; i++)
+        if (parked_at(r, i))
+            Py_CLEAR(r->pk_buf[i]);
+    r->pk_ncopies = r->pk_ndrafts = r->pk_nevents = 0;
     if (r->slots != NULL) {
         for (Py_ssize_t i = 0; i < r->nslots; i++) {
             Slot *s = &r->slots[i];
@@ -2960,6 +3352,13 @@ Ring_dealloc(Ring *r)
     r->totals = NULL;
     if (r->mu_gen != 0)
         pthread_mutex_destroy(&r->mu);
+    if (r->pm_gen != 0) {
+        pthread_mutex_destroy(&r->pm);
+        pthread_mutex_destroy(&r->wk);
+        pthread_cond_destroy(&r->pc);
+    }
+    PyMem_RawFree(r->pk_buf);
+    r->pk_buf = NULL;
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
@@ -3083,6 +3482,17 @@ static PyMemberDef Ring_members[] = {
      "sampled cycles whose GPU times drain_into read itself (set_native_events)"},
     {"native_gpu_cost", T_LONGLONG, offsetof(Ring, ne_cost), READONLY,
      "the worker's ns recording those cycles' events"},
+    {"pump_calls", T_LONGLONG, offsetof(Ring, pump_calls), READONLY,
+     "calls of pump(): each a return to Python"},
+    {"pump_passes", T_LONGLONG, offsetof(Ring, pump_passes), READONLY,
+     "passes the pump made over the ring with the GIL let go"},
+    {"pump_walked", T_LONGLONG, offsetof(Ring, pump_walked), READONLY,
+     "cycles the pump walked"},
+    {"pump_ns", T_LONGLONG, offsetof(Ring, pump_ns), READONLY,
+     "thread CPU inside pump(), in ns: none of it with the GIL held"},
+    {"pump_cpu_in", T_LONGLONG, offsetof(Ring, pump_cpu_in), READONLY,
+     "thread CPU ns when the last pump() took the GIL back"},
+    {"pumping", T_INT, offsetof(Ring, pumping), READONLY, "a thread is inside pump()"},
     {"writer", T_ULONG, offsetof(Ring, writer), READONLY,
      "native id of the thread that began the last cycle (0: none yet, or not known)"},
     {NULL, 0, 0, 0, NULL},
@@ -3155,11 +3565,13 @@ Ring_set_native_events(Ring *r, PyObject *args)
     if (!PyArg_ParseTuple(args, "|KKK:set_native_events", &elapsed_addr, &lasterr_addr,
                           &query_addr))
         return NULL;
+    walker_take(r); /* the pump reads these and the handle cache */
     r->ne_elapsed = (int (*)(float *, void *, void *))(uintptr_t)elapsed_addr;
     r->ne_lasterr = (int (*)(void))(uintptr_t)lasterr_addr;
     r->ne_query = elapsed_addr ? (int (*)(void *))(uintptr_t)query_addr : NULL;
     handles_forget(r); /* another clock's events, or none */
     r->ne_thread = PyThread_get_thread_ident();
+    walker_give(r);
     Py_RETURN_NONE;
 }
 
@@ -3189,6 +3601,11 @@ static PyMethodDef Ring_methods[] = {
     {"expire", (PyCFunction)Ring_expire, METH_O,
      "expire(timeout_ns): hand on, unsettled, the deferred cycles ended that long ago."},
     {"forget_current", (PyCFunction)Ring_forget_current, METH_NOARGS, NULL},
+    {"pump", (PyCFunction)(void (*)(void))Ring_pump, METH_FASTCALL,
+     "pump(poll_ns, next_trace, slow_ns, settle_ns, return_after_ns): wait, poll and walk with "
+     "the GIL let go until Python is needed; returns why."},
+    {"pump_wake", (PyCFunction)Ring_pump_wake, METH_NOARGS,
+     "Have pump() come back to Python (now, or at once the next time it is called)."},
     {"queued", (PyCFunction)Ring_len, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
@@ -3333,6 +3750,12 @@ PyInit__core(void)
     INTERN(s_cuda_event, "cuda_event");
     INTERN(s_copy_event_failed, "copy_event_failed");
     INTERN(s_landed, "landed");
+    INTERN(s_pump_woken, "woken");
+    INTERN(s_pump_python, "python");
+    INTERN(s_pump_expire, "expire");
+    INTERN(s_pump_parked, "parked");
+    INTERN(s_pump_counts, "counts");
+    INTERN(s_pump_tick, "tick");
     INTERN(m_begin_open, "begin() while the previous cycle was open; the open cycle was "
                          "discarded (an observer belongs to one engine thread: configure one "
                          "per thread)");

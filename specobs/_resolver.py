@@ -144,6 +144,11 @@ class Resolver:
         self.slices = 0  # GIL holds taken (slices of work), for benchmarks
         self.slice_ns = SLICE_NS
         self.yield_seconds = YIELD_SECONDS
+        #: Wait and walk inside the native ring's ``pump`` (the GIL let go) where the ring has
+        #: one; False: the loop of waits and drains alone (benchmarks compare the two).
+        self.use_pump = True
+        self.pump_returns: dict[str, int] = {}  # why each pump() came back, for benchmarks
+        self._pump_seen = 0  # the ring's pump CPU already added
 
     #: How long a cycle ended by ``defer()`` waits for its ``settle()`` (ring clock ns); the
     #: observer sets it from ``settle_timeout_seconds``.
@@ -207,6 +212,9 @@ class Resolver:
 
     def wake(self) -> None:
         self._wake.set()
+        pump_wake = getattr(self.rec.ring, "pump_wake", None)
+        if pump_wake is not None:
+            pump_wake()
 
     def _run(self) -> None:
         self._run_ident = threading.get_ident()  # drain() on this thread is the loop's
@@ -218,13 +226,8 @@ class Resolver:
     def _loop(self) -> None:
         bound = None
         next_thread_read = 0.0
+        self._held_since = time.thread_time_ns()
         while not self._stop.is_set():
-            self._release_point()
-            self._wake.wait(self.poll)
-            self._held_since = time.thread_time_ns()
-            self._wake.clear()
-            if self._stop.is_set():
-                break
             clock = self.rec.clock
             if clock is not bound and clock is not None:
                 # A CUDA clock reads its events through the runtime directly on this thread
@@ -236,6 +239,28 @@ class Resolver:
                         bind()
                     except Exception as exc:
                         _log.info("specobs: could not bind the resolver to the clock: %r", exc)
+            ring = self.rec.ring
+            pump = getattr(ring, "pump", None)
+            self._release_point()
+            if (pump is not None and self.use_pump and not self.want_cycles
+                    and not getattr(clock, "stream_switched", False)):
+                # The steady state in C: waits, polls and walks with the GIL let go, back here
+                # only for what needs Python (see Ring.pump).
+                why = pump(
+                    int(self.poll * 1e9),
+                    self._next_trace if self.want_traces and self.head_rate > 0.0 else -1,
+                    -1 if self.slow_ns is None else self.slow_ns,
+                    self.settle_timeout_ns,
+                    PUMP_PYTHON_EVERY_NS,
+                )
+                self._held_since = ring.pump_cpu_in
+                self.pump_returns[why] = self.pump_returns.get(why, 0) + 1
+            else:
+                self._wake.wait(self.poll)
+                self._held_since = time.thread_time_ns()
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             try:
                 self.drain()
             except Exception as exc:  # keep the thread alive whatever a sink does
@@ -264,7 +289,7 @@ class Resolver:
                 self.drain()
                 self.drain()
             else:
-                self._wake.set()
+                self.wake()
             if (
                 self.consumed + self.rec.dropped_queue_full >= target
                 and not len(self.rec.ring)
@@ -289,7 +314,7 @@ class Resolver:
         self.rec.ring.expire(0)
         self.force_flush(max(0.0, (deadline - time.monotonic()) / 2))
         self._stop.set()
-        self._wake.set()
+        self.wake()
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(max(0.0, min(1.0, deadline - time.monotonic())))
@@ -398,6 +423,9 @@ class Resolver:
         """The resolver's thread CPU since the last call, into the aggregation."""
         with self._drain_lock:
             pending, self._cpu_pending = self._cpu_pending, 0
+            pumped = getattr(self.rec.ring, "pump_ns", 0)
+            pending += pumped - self._pump_seen  # the pump's CPU: the GIL let go throughout
+            self._pump_seen = pumped
         if pending:
             self.agg.add_cpu("resolver", pending / 1e9)
 
@@ -827,6 +855,10 @@ class Resolver:
             overhead = per_cycle / self._cycle_ewma
         self.agg.set_sampling(rec.interval, overhead, cost / 1e9 if n_sampled else 0.0)
 
+
+#: The longest the pump stays in C (ns): then the resolver's Python runs once (the sampler,
+#: the recording thread's times, counts Python made) even when nothing else needs it.
+PUMP_PYTHON_EVERY_NS = 1_000_000_000
 
 #: How often the sampler re-reads its figures (ns): each run is ~10 µs of Python with the GIL
 #: held; gathered over this long, the figures are steadier too.
