@@ -10,10 +10,11 @@ report the same numbers. Bucket boundaries and names come from :mod:`specobs.cat
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import add
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from specobs._model import ResolvedCycle
 
 __all__ = ["Aggregation", "Chunk"]
+
+_log = logging.getLogger("specobs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +117,8 @@ class Aggregation:
         #: The hot path's ring, whose running totals (every cycle's host times, the acceptance
         #: and batch sizes it counted itself) the snapshot adds in; None before one attaches.
         self._ring: Any = None
+        #: Called before each snapshot, outside the lock: the resolver's ``catch_up``.
+        self.catch_up: Callable[[], None] | None = None
         #: The recording thread's time on and off a CPU, read at each snapshot.
         self._thread_time = WorkerThreadTime()
         self._ring_offset_ns = 0
@@ -283,6 +288,12 @@ class Aggregation:
         """Copy everything under the lock, the ring's running totals added in: O(buckets), a
         few microseconds. The totals are read in one call, under the GIL, which the resolver's
         drain holds from its first cycle to its last: a snapshot never sees half a chunk."""
+        catch_up = self.catch_up
+        if catch_up is not None:
+            try:
+                catch_up()
+            except Exception as exc:  # the snapshot goes on with what is counted already
+                _log.warning("specobs: the resolver's catch-up before a snapshot failed: %r", exc)
         self.read_thread_time()
         with self._lock:
             ring = self._ring

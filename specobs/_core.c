@@ -2789,7 +2789,7 @@ parked_at(const Ring *r, Py_ssize_t i)
 }
 
 static PyObject *s_pump_woken, *s_pump_python, *s_pump_expire, *s_pump_parked, *s_pump_counts,
-    *s_pump_tick;
+    *s_pump_writer, *s_pump_tick;
 
 /* Whether a native copy's values all landed over the sentinel (the top byte of each element
  * decides: counts are never negative). */
@@ -2900,14 +2900,15 @@ pump_walk(Ring *r, int64_t next_trace, int64_t slow_ns, int64_t settle_ns, int n
         r->pump_cycles += n;
         r->pump_total += total;
         r->pump_walked += n;
+        r->nogil_cycles += n;
     }
 }
 
 /* pump(poll_ns, next_trace, slow_ns, settle_ns, return_after_ns): the resolver's thread waits,
  * polls and walks here with the GIL let go, a pass every poll_ns or when woken (pump_wake, a
  * ring filling up), and comes back only for what needs Python; returns why (see pump_walk):
- * "woken", "python", "expire", "parked", "counts" (a drop or misuse was counted), "tick"
- * (return_after_ns passed; -1: never). next_trace: the first cycle picked for a trace (-1:
+ * "woken", "python", "expire", "parked", "counts" (a drop or misuse was counted), "writer" (another
+ * thread began a cycle), "tick" (return_after_ns passed; -1: never). next_trace: the first cycle picked for a trace (-1:
  * none); slow_ns, settle_ns: -1 for none. */
 static PyObject *
 Ring_pump(Ring *r, PyObject *const *args, Py_ssize_t nargs)
@@ -2942,6 +2943,7 @@ Ring_pump(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     int nev = r->ne_elapsed != NULL && r->ne_query != NULL
               && r->ne_thread == PyThread_get_thread_ident();
     int64_t c0 = r->discarded, c1 = r->dropped_queue_full, c2 = r->unsettled;
+    unsigned long w0 = r->writer;
     PyObject *why = NULL;
     int64_t passes = 0, cpu0, cpu1;
     r->pumping = 1;
@@ -2985,6 +2987,10 @@ Ring_pump(Ring *r, PyObject *const *args, Py_ssize_t nargs)
             || __atomic_load_n(&r->dropped_queue_full, __ATOMIC_RELAXED) != c1
             || __atomic_load_n(&r->unsettled, __ATOMIC_RELAXED) != c2) {
             why = s_pump_counts;
+            break;
+        }
+        if (__atomic_load_n(&r->writer, __ATOMIC_RELAXED) != w0) {
+            why = s_pump_writer; /* the resolver reads the new thread's times from here on */
             break;
         }
         if (after_ns >= 0 && now_ns() - start >= after_ns) {
@@ -3755,6 +3761,7 @@ PyInit__core(void)
     INTERN(s_pump_expire, "expire");
     INTERN(s_pump_parked, "parked");
     INTERN(s_pump_counts, "counts");
+    INTERN(s_pump_writer, "writer");
     INTERN(s_pump_tick, "tick");
     INTERN(m_begin_open, "begin() while the previous cycle was open; the open cycle was "
                          "discarded (an observer belongs to one engine thread: configure one "

@@ -98,6 +98,7 @@ class Resolver:
     ) -> None:
         self.rec = recorder
         self.agg = aggregation
+        aggregation.catch_up = self.catch_up
         self.sinks = list(sinks)
         self.anchor = anchor
         self.poll = poll_interval_seconds
@@ -147,6 +148,7 @@ class Resolver:
         #: Wait and walk inside the native ring's ``pump`` (the GIL let go) where the ring has
         #: one; False: the loop of waits and drains alone (benchmarks compare the two).
         self.use_pump = True
+        self.pump_python_every_ns = PUMP_PYTHON_EVERY_NS
         self.pump_returns: dict[str, int] = {}  # why each pump() came back, for benchmarks
         self._pump_seen = 0  # the ring's pump CPU already added
 
@@ -251,7 +253,7 @@ class Resolver:
                     self._next_trace if self.want_traces and self.head_rate > 0.0 else -1,
                     -1 if self.slow_ns is None else self.slow_ns,
                     self.settle_timeout_ns,
-                    PUMP_PYTHON_EVERY_NS,
+                    self.pump_python_every_ns,
                 )
                 self._held_since = ring.pump_cpu_in
                 self.pump_returns[why] = self.pump_returns.get(why, 0) + 1
@@ -338,6 +340,27 @@ class Resolver:
         _call_sinks(self.sinks, "shutdown", deadline)
 
     # -- the work --------------------------------------------------------------------------------
+    def catch_up(self) -> None:
+        """Before a snapshot, on the export path's thread: while the pump keeps the resolver's
+        thread in C, what its Python would have done by now -- the cycles the pump walked
+        handed over (``force_flush``'s count, the sampler's figures), the references it parked
+        handed back, counts made in Python folded in, its CPU added. Walks nothing (the pump
+        lets go of the ring for the one call that takes these, and goes on). Nothing when the
+        resolver's own loop is not pumping."""
+        ring = self.rec.ring
+        if not getattr(ring, "pumping", 0) or threading.get_ident() == self._run_ident:
+            return
+        with self._drain_lock:
+            chunk = ring.drain_into(0, 0, [], -1, False)
+            self.consumed += chunk[0]
+            for x in chunk[3]:
+                if type(x) is list:
+                    self._release(x, None)
+                else:
+                    self._release(None, x)
+            self._resolve(chunk, self.rec.clock)
+        self._add_cpu()
+
     def drain(self) -> int:
         """Resolve every record whose events completed. Returns how many were resolved.
 
@@ -856,9 +879,10 @@ class Resolver:
         self.agg.set_sampling(rec.interval, overhead, cost / 1e9 if n_sampled else 0.0)
 
 
-#: The longest the pump stays in C (ns): then the resolver's Python runs once (the sampler,
-#: the recording thread's times, counts Python made) even when nothing else needs it.
-PUMP_PYTHON_EVERY_NS = 1_000_000_000
+#: The longest the pump stays in C (ns; -1: as long as nothing needs Python). What the
+#: resolver's Python does besides the cycles that need it -- the sampler's figures, counts made
+#: in Python, the resolver's CPU -- the export path does before each snapshot (``catch_up``).
+PUMP_PYTHON_EVERY_NS = -1
 
 #: How often the sampler re-reads its figures (ns): each run is ~10 µs of Python with the GIL
 #: held; gathered over this long, the figures are steadier too.
