@@ -76,13 +76,13 @@
 /* Entries of a ring's cache of event handles (a power of two; filled to half at most). */
 #define HANDLE_CACHE 8192
 
-/* The pump: what wakes it (pump_flag), and how many references of each kind it parks before it
- * comes back for Python to hand them back (copies to their pinned pool, events to the clock's):
- * a quarter of either pool's default size, so neither runs dry meanwhile. */
+/* The pump: what wakes it (pump_flag), and how many references of each kind it parks at most
+ * before it comes back for Python to hand them back (events to the clock's pool, copies to
+ * their pinned pool, though the worker takes parked copies back itself first). */
 #define PUMP_PASS 1
 #define PUMP_RETURN 2
 #define PUMP_YIELD 4 /* another walker waits for ``wk``: let go of it, and go on after */
-#define PARK_CAP 64
+#define PARK_CAP 128
 /* Passes a copy may be first in line with its values not landed before the pump leaves it to the
  * resolver's poll (which asks the driver: what settles a copy whose values never land). */
 #define PUMP_POLLS_BEFORE_PYTHON 4
@@ -137,6 +137,7 @@ typedef struct {
     void *cptr;
     int32_t cisz, clen, ck;
     int32_t cfenced; /* the native copy recorded its slot's event (else: the sentinel only) */
+    PyObject *cpool;  /* its pool (borrowed), which the pump parks it with for the worker */
     /* A sampled cycle's events as the runtime's handles (``cudaEvent_t``), read from the event
      * objects by the resolver with the GIL (``fill_handles``) so that the walk without it can
      * read their times: ``evn`` is how many (the phases + 1), 0 not read yet, -1 unusable. */
@@ -229,7 +230,10 @@ typedef struct {
     int64_t pump_cycles, pump_total; /* not handed to a drain_into yet */
     int64_t pump_calls, pump_passes, pump_walked, pump_ns, pump_cpu_in;
     PyObject **pk_buf; /* PARK_CAP copies, then drafts, then event lists */
+    PyObject **pk_cpool; /* each parked copy's pool (borrowed), for the worker (parked_copy) */
     Py_ssize_t pk_ncopies, pk_ndrafts, pk_nevents;
+    Py_ssize_t park_events; /* event lists parked before the pump comes back (<= PARK_CAP) */
+    Py_ssize_t park_copies; /* copies likewise: a quarter of the smallest pinned pool */
     PyObject *slow;
     PyObject *record_fn;
     PyObject *stream;
@@ -905,7 +909,31 @@ slot_fields(PyObject *slot, void **ptr, long *itemsize, void **handle)
 typedef struct {
     void *ptr; /* the pinned buffer the copy lands in */
     int32_t isz, len, fenced;
+    PyObject *pool; /* the pool it came from (borrowed: the ring's pools hold it) */
 } NativeCopy;
+
+/* A copy the pump read and parked, of ``pool``: the worker takes it back here, under the ring's
+ * lock (the pump parks under it), instead of waiting for the resolver to return it to its pool.
+ * A new reference (moved from the parking), or NULL. */
+static PyObject *
+parked_copy(Ring *r, PyObject *pool)
+{
+    if (r->pk_cpool == NULL || __atomic_load_n(&r->pk_ncopies, __ATOMIC_RELAXED) == 0)
+        return NULL;
+    PyObject *slot = NULL;
+    ring_lock(r);
+    for (Py_ssize_t i = r->pk_ncopies - 1; i >= 0; i--)
+        if (r->pk_cpool[i] == pool) {
+            Py_ssize_t last = r->pk_ncopies - 1;
+            slot = r->pk_buf[i];
+            r->pk_buf[i] = r->pk_buf[last];
+            r->pk_cpool[i] = r->pk_cpool[last];
+            r->pk_ncopies = last;
+            break;
+        }
+    ring_unlock(r);
+    return slot;
+}
 
 static int
 native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
@@ -955,13 +983,22 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
         return -1;
     /* No Python code runs from here to the pop: the pool cannot change under it. */
     Py_ssize_t nfree = PyList_GET_SIZE(pool);
-    if (nfree == 0)
+    PyObject *slot = parked_copy(r, pool);
+    if (slot != NULL)
+        nfree++; /* as if it had been handed back to the pool first */
+    nfree += __atomic_load_n(&r->pk_ncopies, __ATOMIC_RELAXED); /* free too, for the worker */
+    if (slot != NULL)
+        ;
+    else if (PyList_GET_SIZE(pool) == 0)
         return 0;
-    PyObject *slot = PyList_GET_ITEM(pool, nfree - 1);
-    Py_INCREF(slot);
-    if (PyList_SetSlice(pool, nfree - 1, nfree, NULL) < 0) {
-        Py_DECREF(slot);
-        return -1;
+    else {
+        Py_ssize_t last = PyList_GET_SIZE(pool);
+        slot = PyList_GET_ITEM(pool, last - 1);
+        Py_INCREF(slot);
+        if (PyList_SetSlice(pool, last - 1, last, NULL) < 0) {
+            Py_DECREF(slot);
+            return -1;
+        }
     }
     void *dst = NULL, *handle = NULL;
     long isz = 0;
@@ -1009,8 +1046,15 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
     nc->isz = (int32_t)isz;
     nc->len = (int32_t)n;
     nc->fenced = fence;
-    if (nfree - 1 < r->nc_low)
-        call_slow(r, s_wake, NULL, 0); /* slots come back only once the resolver read them */
+    nc->pool = pool;
+    if (nfree - 1 < r->nc_low) {
+        /* Slots come back only once read: the pump reads them and parks them for this
+         * function to take back (no Python needed), else the resolver's drain. */
+        if (pump_active(r))
+            pump_signal(r, PUMP_PASS);
+        else
+            call_slow(r, s_wake, NULL, 0);
+    }
     *out = slot;
     return 1;
 
@@ -1028,7 +1072,7 @@ accept_cuda(Ring *r, Cycle *c, Slot *s, PyObject *tensor, int32_t ck)
 {
     int64_t t = ring_now(r);
     PyObject *copy = NULL;
-    NativeCopy nc = {NULL, 0, 0, 0};
+    NativeCopy nc = {NULL, 0, 0, 0, NULL};
     if (r->nc_memcpy != NULL) {
         int done = native_copy(r, tensor, &copy, &nc);
         if (done < 0) {
@@ -1072,6 +1116,7 @@ accept_cuda(Ring *r, Cycle *c, Slot *s, PyObject *tensor, int32_t ck)
     s->cisz = nc.isz;
     s->clen = nc.len;
     s->cfenced = nc.fenced;
+    s->cpool = nc.pool;
     s->ck = ck;
 }
 
@@ -2308,6 +2353,7 @@ walk_takes(Ring *r, Slot *s, int64_t bound, int64_t next_trace, int64_t slow_ns,
 typedef struct {
     PyObject **copies, **drafts, **events;
     Py_ssize_t ncopies, ndrafts, nevents, nheld;
+    PyObject **cpools; /* each copy's pool, when the pump parks (else NULL) */
 } Parked;
 
 /* The drain's common case, walked with the GIL let go and the ring's lock held: the done
@@ -2367,6 +2413,8 @@ walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_tra
             s->k = s->ck;
             s->accsum = sum;
             s->has_obj_acc = 0;
+            if (pk->cpools != NULL)
+                pk->cpools[pk->ncopies] = s->cpool;
             pk->copies[pk->ncopies++] = s->copy;
             s->copy = NULL;
             s->cptr = NULL;
@@ -2555,7 +2603,7 @@ drain_nogil(Ring *r, long long bound, Py_ssize_t limit, PyObject *trace, long lo
         PyErr_NoMemory();
         return -1;
     }
-    Parked pk = {park, park + cap, park + 2 * cap, 0, 0, 0, 0};
+    Parked pk = {park, park + cap, park + 2 * cap, 0, 0, 0, 0, NULL};
     Py_ssize_t n;
     int64_t total = 0, cpu;
     lock_made(r); /* here, with the GIL: a new lock after a fork is made by one thread */
@@ -2727,7 +2775,7 @@ drain_into_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     r->pump_cycles = r->pump_total = 0;
     if (rc == 0 && r->pk_buf != NULL) {
         Parked pk = {r->pk_buf, r->pk_buf + PARK_CAP, r->pk_buf + 2 * PARK_CAP,
-                     r->pk_ncopies, r->pk_ndrafts, r->pk_nevents, 0};
+                     r->pk_ncopies, r->pk_ndrafts, r->pk_nevents, 0, NULL};
         r->pk_ncopies = r->pk_ndrafts = r->pk_nevents = 0;
         if (unpark(&pk, released) < 0)
             PyErr_Clear(); /* a reference not handed back is let go of: its pool is smaller */
@@ -2871,7 +2919,7 @@ pump_walk(Ring *r, int64_t next_trace, int64_t slow_ns, int64_t settle_ns, int n
                     r->ne_lasterr(); /* not left for the engine to find */
                 return q == 600 ? NULL : s_pump_python; /* cudaErrorNotReady: not yet */
             }
-            if (r->pk_nevents >= PARK_CAP)
+            if (r->pk_nevents >= (r->park_events < PARK_CAP ? r->park_events : PARK_CAP))
                 return s_pump_parked;
         }
         else if (s->copy != NULL) {
@@ -2883,10 +2931,12 @@ pump_walk(Ring *r, int64_t next_trace, int64_t slow_ns, int64_t settle_ns, int n
                 return r->if_polls >= PUMP_POLLS_BEFORE_PYTHON ? s_pump_python : NULL;
             }
         }
-        if (s->copy != NULL && (r->pk_ncopies >= PARK_CAP || r->pk_ndrafts >= PARK_CAP))
+        if (s->copy != NULL
+            && (r->pk_ncopies >= (r->park_copies < PARK_CAP ? r->park_copies : PARK_CAP)
+                || r->pk_ndrafts >= PARK_CAP))
             return s_pump_parked;
         Parked pk = {r->pk_buf, r->pk_buf + PARK_CAP, r->pk_buf + 2 * PARK_CAP,
-                     r->pk_ncopies, r->pk_ndrafts, r->pk_nevents, 0};
+                     r->pk_ncopies, r->pk_ndrafts, r->pk_nevents, 0, r->pk_cpool};
         int64_t total = 0;
         Py_ssize_t n = walk_nogil(r, r->totals, s->idx + 1, 1, next_trace, slow_ns, nev, &pk,
                                   &total);
@@ -2936,9 +2986,13 @@ Ring_pump(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     if (r->pk_buf == NULL) {
-        r->pk_buf = PyMem_RawCalloc(3 * PARK_CAP, sizeof(PyObject *));
-        if (r->pk_buf == NULL)
+        PyObject **cp = PyMem_RawCalloc(PARK_CAP, sizeof(PyObject *));
+        r->pk_buf = cp != NULL ? PyMem_RawCalloc(3 * PARK_CAP, sizeof(PyObject *)) : NULL;
+        if (r->pk_buf == NULL) {
+            PyMem_RawFree(cp);
             return PyErr_NoMemory();
+        }
+        r->pk_cpool = cp;
     }
     int nev = r->ne_elapsed != NULL && r->ne_query != NULL
               && r->ne_thread == PyThread_get_thread_ident();
@@ -3006,6 +3060,23 @@ Ring_pump(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     r->pump_ns += cpu1 - cpu0;
     r->pump_cpu_in = cpu1;
     return Py_NewRef(why);
+}
+
+/* cache_handles(events): read these event objects' handles into the cache now (the clock's
+ * pool, when the native reads are set up), so that the pump finds every sampled cycle's
+ * handles there from the first cycles on. Returns how many the cache holds. */
+static PyObject *
+Ring_cache_handles(Ring *r, PyObject *events)
+{
+    PyObject *seq = PySequence_Fast(events, "cache_handles() takes a sequence of events");
+    if (seq == NULL)
+        return NULL;
+    walker_take(r);
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++)
+        handle_of(r, PySequence_Fast_GET_ITEM(seq, i));
+    walker_give(r);
+    Py_DECREF(seq);
+    return PyLong_FromSsize_t(r->hc_n);
 }
 
 static PyObject *
@@ -3265,6 +3336,8 @@ Ring_init(Ring *r, PyObject *args, PyObject *kwds)
     r->enabled = 1;
     r->interval = 1;
     r->clock_try_at = -1;
+    r->park_events = PARK_CAP;
+    r->park_copies = PARK_CAP;
     r->dropped = PyList_New(0);
     if (r->dropped == NULL)
         return -1;
@@ -3365,6 +3438,8 @@ Ring_dealloc(Ring *r)
     }
     PyMem_RawFree(r->pk_buf);
     r->pk_buf = NULL;
+    PyMem_RawFree(r->pk_cpool);
+    r->pk_cpool = NULL;
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
@@ -3499,6 +3574,12 @@ static PyMemberDef Ring_members[] = {
     {"pump_cpu_in", T_LONGLONG, offsetof(Ring, pump_cpu_in), READONLY,
      "thread CPU ns when the last pump() took the GIL back"},
     {"pumping", T_INT, offsetof(Ring, pumping), READONLY, "a thread is inside pump()"},
+    {"park_copies", T_PYSSIZET, offsetof(Ring, park_copies), READONLY,
+     "native copies the pump parks before it comes back to hand them to their pool (the "
+     "worker takes parked ones back itself): the smallest pool (at most 128)"},
+    {"park_events", T_PYSSIZET, offsetof(Ring, park_events), 0,
+     "sampled cycles' event lists the pump parks before it comes back to hand them to the "
+     "clock (at most 128): a quarter of the clock's pool"},
     {"writer", T_ULONG, offsetof(Ring, writer), READONLY,
      "native id of the thread that began the last cycle (0: none yet, or not known)"},
     {NULL, 0, 0, 0, NULL},
@@ -3515,6 +3596,20 @@ Ring_set_native_copy(Ring *r, PyObject *args)
                           &lasterr_addr, &stream_fn, &device, &pools, &capacity, &low,
                           &fence_every))
         return NULL;
+    if (r->pk_buf != NULL && r->pk_ncopies > 0) {
+        /* Parked copies name their pools: back to those before the pools may change. */
+        PyObject *lost = PyList_New(0);
+        if (lost == NULL)
+            return NULL;
+        walker_take(r);
+        Parked pk = {r->pk_buf, NULL, NULL, r->pk_ncopies, 0, 0, 0, NULL};
+        r->pk_ncopies = 0;
+        int rc = unpark(&pk, lost);
+        walker_give(r);
+        Py_DECREF(lost);
+        if (rc < 0)
+            PyErr_Clear();
+    }
     if (memcpy_addr == 0) { /* off: every copy through copy_to_host */
         r->nc_memcpy = NULL;
         r->nc_record = NULL;
@@ -3540,6 +3635,14 @@ Ring_set_native_copy(Ring *r, PyObject *args)
     Py_INCREF(pools);
     Py_XSETREF(r->nc_pools, pools);
     r->nc_device = device;
+    /* The worker takes the copies the pump parked back itself (parked_copy): a whole pool may
+     * be parked; with the pool's free ones they are what the low-water mark counts. */
+    Py_ssize_t pos = 0, smallest = PARK_CAP * 4;
+    PyObject *key, *value;
+    while (PyDict_Next(pools, &pos, &key, &value))
+        if (PyList_Check(value) && PyList_GET_SIZE(value) < smallest)
+            smallest = PyList_GET_SIZE(value);
+    r->park_copies = smallest > 1 ? smallest : 1;
     r->nc_capacity = capacity;
     r->nc_low = low;
     r->nc_fence_every = fence_every;
@@ -3610,6 +3713,8 @@ static PyMethodDef Ring_methods[] = {
     {"pump", (PyCFunction)(void (*)(void))Ring_pump, METH_FASTCALL,
      "pump(poll_ns, next_trace, slow_ns, settle_ns, return_after_ns): wait, poll and walk with "
      "the GIL let go until Python is needed; returns why."},
+    {"cache_handles", (PyCFunction)Ring_cache_handles, METH_O,
+     "cache_handles(events): read these events' handles into the ring's cache now."},
     {"pump_wake", (PyCFunction)Ring_pump_wake, METH_NOARGS,
      "Have pump() come back to Python (now, or at once the next time it is called)."},
     {"queued", (PyCFunction)Ring_len, METH_NOARGS, NULL},

@@ -576,6 +576,16 @@ class Resolver:
         if args is not None:
             set_native(*args)
             self._native_events = clock
+            # The pump parks the event lists it read until it comes back: a quarter of the
+            # clock's pool at most, so the worker never finds it dry meanwhile.
+            events = getattr(clock, "pool_events", 0)
+            ring.park_events = max(1, min(128, events // (self.rec.nphases + 1) // 4))
+            # Every pooled event's handle now, once: the pump finds each sampled cycle's
+            # handles in the ring's cache from the first cycles on (else it comes back for
+            # each cycle drawing events never seen, until the pool went round once).
+            pooled = [*getattr(clock, "_free", ()), *getattr(clock, "_returned", ())]
+            if pooled:
+                ring.cache_handles(pooled)
         elif self._native_events is not None:
             set_native()  # the clock it read for is gone (dropped at fork, replaced)
             self._native_events = None

@@ -10,6 +10,7 @@ through ``copy_to_host`` and the same totals come out."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -109,13 +110,25 @@ def test_tensors_the_core_cannot_copy_are_left_to_the_python_path(tensor: Any) -
         assert clock.copies == 1 and cycles[0].accept_lengths == [1, 2]
 
 
-def test_the_resolver_is_woken_when_the_free_slots_run_low() -> None:
+@pytest.mark.parametrize("pump", [False, True])
+def test_the_resolver_is_woken_when_the_free_slots_run_low(pump: bool) -> None:
     """Slots come back only once the resolver has read them: the copy that leaves fewer than a
-    quarter free wakes it at once, on both paths (8 slots: the 7th copy)."""
+    quarter free wakes it at once, on both paths (8 slots: the 7th copy). Where the native
+    ring's pump runs, the copy wakes the pump for a pass instead (no Python on the worker):
+    it parks the slots it read, and the next copies take them back."""
     gpu = FakeGpu()
     clock = FakeNativeCopyClock(gpu, buffers=8)
     obs = specobs.configure(sinks=[], clock=clock, poll_interval_seconds=3600)
     rec = obs._recorder
+    ring = rec.ring
+    pumping = pump and hasattr(ring, "pump")
+    if not pumping:
+        obs._resolver.use_pump = False
+        obs._resolver.wake()
+    deadline = time.monotonic() + 10
+    while getattr(ring, "pumping", 0) != pumping and time.monotonic() < deadline:
+        time.sleep(0.005)
+    passes = getattr(ring, "pump_passes", 0)
     wakes: list[int] = []
     wake = rec.wake
 
@@ -133,7 +146,13 @@ def test_the_resolver_is_woken_when_the_free_slots_run_low() -> None:
             c.accept(FakeDeviceArray([i % 4]), draft_length=4)
             c.mark("bookkeeping")
             c.end()
-        assert wakes[:1] == [1]
+        if pumping:
+            assert wakes == []
+            while ring.pump_passes == passes and time.monotonic() < deadline + 10:
+                time.sleep(0.005)
+            assert ring.pump_passes > passes
+        else:
+            assert wakes[:1] == [1]
         gpu.complete()
         assert obs.force_flush(10)
         assert len(clock.free) == 8 and obs.snapshot().cycles_total == 7

@@ -100,6 +100,8 @@ class EventPool:
     def __init__(self, events: list[Any]) -> None:
         self._free: list[Any] = list(events)
         self._returned: deque[Any] = deque()
+        #: Events in the pool, taken or not.
+        self.pool_events = len(events)
 
     def acquire(self, n: int) -> list[Any] | None:
         """Take ``n`` events, or ``None`` when fewer are free. Worker thread."""
