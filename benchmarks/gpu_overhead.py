@@ -68,6 +68,7 @@ SPECOBS_MODES = (
     "slice20",
     "torchcalls", "everytorch", "readonly", "noresolve", "releasegil", "everyrelease",
     "hostclock", "reference", "pycore", "budget2", "budget1", "fence1", "pinned64", "pinned512",
+    "nopump",
 )
 #: ``reference``: the default observer with the resolver's bucketing in pure Python (the
 #: reference in specobs/_bucketing.py) instead of the compiled speedups.
@@ -396,6 +397,9 @@ def make_observer(mode: str) -> specobs.Observer:
         _ring.NATIVE = native
     if mode in ("torchcalls", "everytorch"):
         obs.clock.bind_thread = lambda: False  # type: ignore[union-attr]
+    if mode == "nopump":  # the resolver's loop of waits and drains, without the native pump
+        obs._resolver.use_pump = False
+        obs._resolver.wake()
     if mode == "chunk32":
         obs._resolver.chunk = 32
         obs._resolver.poll = 0.05

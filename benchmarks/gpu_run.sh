@@ -42,7 +42,7 @@ for part in $parts; do
       python3 setup.py build_ext --inplace > "$OUT/core_build.log" 2>&1 || tail -n 20 "$OUT/core_build.log"
       python3 -c 'from specobs import _ring; print("native core:", _ring.NATIVE)' | tee -a "$OUT/device.txt"
       python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_ring.py tests/test_handles.py tests/test_native_copy.py tests/test_native_events.py tests/test_nogil_drain.py \
-        tests/test_core_memory.py 2>&1 | tee "$OUT/core_tests.log" | tail -n 5
+        tests/test_core_memory.py tests/test_pump.py 2>&1 | tee "$OUT/core_tests.log" | tail -n 5
       SPECOBS_CORE=python python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_gpu.py \
         2>&1 | tee "$OUT/gpu_tests_pycore.log" | tail -n 5 ;;
     tests)
