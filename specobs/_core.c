@@ -1515,8 +1515,11 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     uint64_t pos = r->head;
     s->cptr = NULL;
     s->ck = -1;
-    STORE64(&r->head, pos + 1);
+    /* Open before the head passes it: a walk without the GIL (the pump's, drain_into's) reads
+     * every slot below the head, and would skip this one as void (the state a walk left it in)
+     * and move the tail past the cycle for good. */
     STATE_SET(s, SLOT_OPEN);
+    STORE64(&r->head, pos + 1);
     s->ts[0] = t;
     s->nts = 1;
     s->nseq = -1;
