@@ -1992,6 +1992,21 @@ slot_detail(Slot *s, int nph, int traced)
                          traced);
 }
 
+/* A read copy's pinned slot back to its free list (what its ``release`` does: a member read
+ * and an append, no Python code), else to ``released`` for the resolver. -1 if an append
+ * failed. With the GIL. */
+static int
+copy_back(PyObject *copy, PyObject *released)
+{
+    PyObject *pool = PyObject_GetAttr(copy, s_free);
+    int back = pool != NULL && PyList_CheckExact(pool) ? PyList_Append(pool, copy)
+                                                         : PyList_Append(released, copy);
+    if (pool == NULL)
+        PyErr_Clear();
+    Py_XDECREF(pool);
+    return back;
+}
+
 /* A completed copy of the clock's pinned-buffer type (``copy_type``: its ``ptr``, ``itemsize``
  * and ``length`` are member slots, read with no Python code run), read straight from pinned
  * memory: stored as native acceptance when every value is in 0..k and the draft length is an
@@ -2077,15 +2092,8 @@ done:
     Py_XDECREF(lo);
     if (rc < 0)
         return rc; /* the copy stays: the resolver reads it in Python and reports why not */
-    /* Read: the slot goes back to its free list here (what its ``release`` does, a member slot
-     * read and an append, no Python code), else to the resolver. */
-    PyObject *pool = PyObject_GetAttr(copy, s_free);
-    int back = pool != NULL && PyList_CheckExact(pool) ? PyList_Append(pool, copy)
-                                                         : PyList_Append(released, copy);
-    if (pool == NULL)
-        PyErr_Clear();
-    Py_XDECREF(pool);
-    if (back < 0)
+    /* Read: the slot goes back to its free list here, else to the resolver. */
+    if (copy_back(copy, released) < 0)
         return -1;
     drop_ref(&s->copy);
     return rc;
@@ -2455,13 +2463,7 @@ unpark(Parked *pk, PyObject *released)
     int rc = 0;
     for (Py_ssize_t i = 0; i < pk->ncopies; i++) {
         PyObject *copy = pk->copies[i];
-        PyObject *pool = PyObject_GetAttr(copy, s_free);
-        int back = pool != NULL && PyList_CheckExact(pool) ? PyList_Append(pool, copy)
-                                                             : PyList_Append(released, copy);
-        if (pool == NULL)
-            PyErr_Clear();
-        Py_XDECREF(pool);
-        if (back < 0)
+        if (copy_back(copy, released) < 0)
             rc = -1;
         Py_DECREF(copy);
     }

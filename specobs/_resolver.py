@@ -353,6 +353,9 @@ class Resolver:
         with self._drain_lock:
             chunk = ring.drain_into(0, 0, [], -1, False)
             self.consumed += chunk[0]
+            # Records the resolver's thread spent no GIL on: the sampler's per-record figure
+            # (its CPU under the GIL over the records it handed on) counts them.
+            self._n_acc += chunk[0]
             for x in chunk[3]:
                 if type(x) is list:
                     self._release(x, None)
