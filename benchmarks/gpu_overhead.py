@@ -340,6 +340,7 @@ def run_mode(
         info["slices"] = res.slices - slices0
         info["max_hold_us"] = res.max_hold_ns / 1e3
         info["long_holds"] = res.long_holds
+        info["pump_returns"] = dict(res.pump_returns)  # why the pump came back, since it began
         hs = sorted(res.holds)
         info["hold_p50_us"] = hs[len(hs) // 2] / 1e3 if hs else 0.0
         info["hold_p90_us"] = hs[int(len(hs) * 0.9)] / 1e3 if hs else 0.0
@@ -590,7 +591,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{infos[m]['hold_p50_us']:.0f} / p90 {infos[m]['hold_p90_us']:.0f} us, " \
                         f"{infos[m]['holds_over_20us']} over 20 us, " \
                         f"{infos[m]['long_holds']} over 100 us; GC ms {infos[m]['gc_ms']}; " \
-                        f"parts % {infos[m].get('overhead_parts_pct')}"
+                        f"parts % {infos[m].get('overhead_parts_pct')}; pump returns " \
+                        f"{infos[m].get('pump_returns')}"
             q1, q3 = spread[m]
             print(f"{m:<10} {1 / statistics.median(times[m]):9.0f} {ratios[m]:7.4f} "
                   f"{q1:6.3f}-{q3:6.3f}   {cols}{extra}")
