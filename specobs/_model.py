@@ -29,6 +29,13 @@ __all__ = [
 CLOCKS: tuple[str, str] = ("gpu", "host")
 
 
+def _unix_seconds(unix_nano: int) -> float:
+    """Integer Unix nanoseconds as float seconds: the whole seconds added exactly, so the float
+    is the one nearest the integer time (``unix_nano / 1e9`` rounds twice and can miss it)."""
+    whole, nanos = divmod(unix_nano, 1_000_000_000)
+    return whole + nanos / 1e9
+
+
 class CycleHandle(Protocol):
     """What :meth:`Observer.begin` returns: a cycle in flight (or a no-op when recording is off).
 
@@ -96,9 +103,8 @@ class Exemplar:
 
     @property
     def timestamp_seconds(self) -> float:
-        """Unix seconds, the float nearest the integer time (whole seconds added exactly)."""
-        whole, nanos = divmod(self.time_unix_nano, 1_000_000_000)
-        return whole + nanos / 1e9
+        """Unix seconds, the float nearest the integer time (see :func:`_unix_seconds`)."""
+        return _unix_seconds(self.time_unix_nano)
 
 
 @dataclass(frozen=True)
@@ -160,8 +166,7 @@ class Snapshot:
 
     @property
     def created_unix_seconds(self) -> float:
-        whole, nanos = divmod(self.created_unix_nano, 1_000_000_000)
-        return whole + nanos / 1e9
+        return _unix_seconds(self.created_unix_nano)
 
     def phase(self, phase: str, clock: str) -> HistogramData:
         """The ``specobs_phase_duration_seconds{phase, clock}`` histogram."""
