@@ -82,7 +82,7 @@
 #define PUMP_PASS 1
 #define PUMP_RETURN 2
 #define PUMP_YIELD 4 /* another walker waits for ``wk``: let go of it, and go on after */
-#define PARK_CAP 128
+#define PARK_CAP 512 /* the CUDA clock's 256 pinned buffers, twice */
 /* Passes a copy may be first in line with its values not landed before the pump leaves it to the
  * resolver's poll (which asks the driver: what settles a copy whose values never land). */
 #define PUMP_POLLS_BEFORE_PYTHON 4
@@ -3581,10 +3581,10 @@ static PyMemberDef Ring_members[] = {
     {"pumping", T_INT, offsetof(Ring, pumping), READONLY, "a thread is inside pump()"},
     {"park_copies", T_PYSSIZET, offsetof(Ring, park_copies), READONLY,
      "native copies the pump parks before it comes back to hand them to their pool (the "
-     "worker takes parked ones back itself): the smallest pool (at most 128)"},
+     "worker takes parked ones back itself): the smallest pool (at most 512)"},
     {"park_events", T_PYSSIZET, offsetof(Ring, park_events), 0,
      "sampled cycles' event lists the pump parks before it comes back to hand them to the "
-     "clock (at most 128): a quarter of the clock's pool"},
+     "clock (at most 512): a quarter of the clock's pool"},
     {"writer", T_ULONG, offsetof(Ring, writer), READONLY,
      "native id of the thread that began the last cycle (0: none yet, or not known)"},
     {NULL, 0, 0, 0, NULL},

@@ -582,7 +582,7 @@ class Resolver:
             # The pump parks the event lists it read until it comes back: a quarter of the
             # clock's pool at most, so the worker never finds it dry meanwhile.
             events = getattr(clock, "pool_events", 0)
-            ring.park_events = max(1, min(128, events // (self.rec.nphases + 1) // 4))
+            ring.park_events = max(1, min(512, events // (self.rec.nphases + 1) // 4))
             # Every pooled event's handle now, once: the pump finds each sampled cycle's
             # handles in the ring's cache from the first cycles on (else it comes back for
             # each cycle drawing events never seen, until the pool went round once).
