@@ -228,7 +228,9 @@ def _each(cycles: list[Record], k_max: int, report: Report) -> Validated:
             counts = list(map(operator.add, counts, _bucketing.count_lengths(valid, k_max, width)))
     if slow or not _batches_ok(batches):
         batches = batch_sizes(cycles, report, shown)
-    if not any(counts) and not k_counts:
+    # A chunk whose only acceptance is tokens emitted without drafts (``accept([],
+    # emitted=n)``) still has them: the same count alone in its chunk as beside others.
+    if not any(counts) and not k_counts and not emitted:
         return Validated(None, batches, shown)
     return Validated(BatchAcceptance(counts, accepted, drafted, emitted, k_counts), batches, shown)
 

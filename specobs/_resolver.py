@@ -637,14 +637,14 @@ class Resolver:
         agg = self.agg
         rec = self.rec
         counts = rec.ring.counters()
-        dropped, errors = self._fold(counts)
         if not n:
-            agg.count(dropped, errors)
+            agg.count(*self._fold(counts))
             return []
         # Sampled cycles the ring read itself: their records count against the budget; their
         # reads do not (made with the GIL let go, they cost the worker nothing).
         n_native, native_cost = self._native_gpu(counts)
         if not details:  # the common case: nothing for Python but the sampler's figures
+            dropped, errors = self._fold(counts)
             if dropped or errors:
                 agg.count(dropped, errors)
             self._adapt_some(native_cost, n_native, total_ns, n, 0)
@@ -653,6 +653,10 @@ class Resolver:
         k_max = agg.max_draft_length
         gpu, cost, read_ns = self._read_gpu(details, clock)
         acceptance, py_batches, validated = self._validate(details, k_max)
+        # Folded after the validation, whose bad values are counted in this chunk's apply: a
+        # flush that waits for a pass to end then sees them (folded before, they waited for
+        # the next pass, which a flush had no reason to wait for).
+        dropped, errors = self._fold(counts)
         batches: Bucketed | None = (
             _bucket(py_batches, catalog.BATCH_SIZE_BUCKETS, 1.0) if py_batches else None)
         gcols = list(gpu.values())

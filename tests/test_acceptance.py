@@ -165,3 +165,19 @@ def test_validation_returns_what_it_found_and_changes_no_record(records):
     assert found.acceptance is not None
     assert sum(v.accepted for v in shown if v) == found.acceptance.accepted
     assert len(found.batches) == len(recs)
+
+
+def test_tokens_emitted_without_drafts_count_alone_in_a_chunk_as_beside_others() -> None:
+    """``accept([], emitted=1)`` (a cycle that drafted nothing and emitted one token): its token
+    counts whether its chunk holds other acceptance or not -- chunks are the resolver's, and a
+    total must not depend on where they fell (found by tests/test_pump.py's random streams)."""
+    from specobs._acceptance import Record, batch_acceptance
+
+    empty = Record([], [], 1)
+    other = Record([1, 2], 4)
+    alone = batch_acceptance([empty], 6, lambda *a: None).acceptance
+    beside = batch_acceptance([empty, other], 6, lambda *a: None).acceptance
+    other_alone = batch_acceptance([other], 6, lambda *a: None).acceptance
+    assert alone is not None and alone.emitted == 1 and alone.drafted == 0
+    assert beside is not None and other_alone is not None
+    assert beside.emitted == other_alone.emitted + 1

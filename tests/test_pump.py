@@ -345,3 +345,75 @@ def test_a_worker_filling_the_ring_wakes_a_pass_not_python() -> None:
         assert s.cycles_total == 20_010 and s.dropped_total() == 0
     finally:
         obs.shutdown(5)
+
+
+def random_stream(obs: specobs.Observer, seed: int) -> None:
+    """Cycles of every accept input form (good and bad values, keywords, batch sizes), misuse of
+    every kind, and the worker letting go of the GIL now and then so the pump walks beside it."""
+    import random
+
+    from tests.test_ring import acceptance_input
+
+    rng = random.Random(seed)
+    for i in range(1500):
+        u = rng.random()
+        c = obs.begin(batch_size=rng.choice([None, 4, 8, -1, "8"])) if u < 0.3 else obs.begin()
+        if rng.random() < 0.03:
+            obs.begin().end()  # begin while open: the first is discarded (misuse)
+            continue
+        c.mark("verify")
+        if rng.random() > 0.02:
+            c.mark("bookkeeping")  # else: end() before the last phase (misuse)
+        if rng.random() < 0.9:
+            acc, kw = acceptance_input(rng)
+            c.accept(acc, **kw)
+        c.end()
+        if rng.random() < 0.02:
+            c.end()  # twice
+        if rng.random() < 0.02:
+            c.accept([1], draft_length=2)  # after the end
+        if i % 7 == 0:
+            hashlib.sha256(_WORK).digest()
+
+
+def snapshot_of_stream(native: bool, seed: int) -> dict[str, Any]:
+    old = _ring.NATIVE
+    _ring.NATIVE = native
+    try:
+        obs = specobs.configure(sinks=[], clock="host", poll_interval_seconds=0.001,
+                                max_draft_length=6, queue_size=1 << 14)
+    finally:
+        _ring.NATIVE = old
+    ring = obs._recorder.ring
+    assert (type(ring).__module__ == "specobs._core") == native
+    ring.tick = 997  # every clock read advances 997 ns: the same stream, the same times
+    try:
+        random_stream(obs, seed)
+        assert obs.force_flush(20)
+        s = obs.snapshot()
+        if native:
+            assert ring.pump_walked > 0
+    finally:
+        obs.shutdown(5)
+    return {
+        "cycles": s.cycles_total,
+        "tokens": (s.draft_tokens_total, s.accepted_tokens_total, s.emitted_tokens_total),
+        "histograms": {k: (h.counts, h.sum) for k, h in s.phase_histograms.items()},
+        "cycle": {k: (h.counts, h.sum) for k, h in s.cycle_histograms.items()},
+        "accept_length": (s.accept_length.counts, s.accept_length.sum),
+        "batch": (s.batch_size.counts, s.batch_size.sum),
+        "dropped": s.dropped,
+        "errors": s.errors,
+    }
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_streams_through_the_pump_equal_the_specification(seed: int) -> None:
+    """The same random stream through an observer on the native ring, whose pump walks beside
+    the worker, and on the pure-Python ring (the specification, no pump): every count, every
+    histogram bucket and sum, every drop and error the same (a counting clock makes the host
+    times the same)."""
+    native = snapshot_of_stream(True, seed)
+    python = snapshot_of_stream(False, seed)
+    assert native == python
+    assert native["cycles"] > 1000 and sum(native["errors"].values()) > 0
