@@ -350,7 +350,11 @@ class Resolver:
         ring = self.rec.ring
         if not getattr(ring, "pumping", 0) or threading.get_ident() == self._run_ident:
             return
-        with self._drain_lock:
+        # Busy: a drain is running (the pump came back), which does all this itself. Never
+        # waited for: a snapshot must not wait on a sink the drain may be stuck in.
+        if not self._drain_lock.acquire(blocking=False):
+            return
+        try:
             chunk = ring.drain_into(0, 0, [], -1, False)
             self.consumed += chunk[0]
             # Records the resolver's thread spent no GIL on: the sampler's per-record figure
@@ -362,7 +366,9 @@ class Resolver:
                 else:
                     self._release(None, x)
             self._resolve(chunk, self.rec.clock)
-        self._add_cpu()
+            self._add_cpu_locked()
+        finally:
+            self._drain_lock.release()
 
     def drain(self) -> int:
         """Resolve every record whose events completed. Returns how many were resolved.
@@ -448,10 +454,14 @@ class Resolver:
     def _add_cpu(self) -> None:
         """The resolver's thread CPU since the last call, into the aggregation."""
         with self._drain_lock:
-            pending, self._cpu_pending = self._cpu_pending, 0
-            pumped = getattr(self.rec.ring, "pump_ns", 0)
-            pending += pumped - self._pump_seen  # the pump's CPU: the GIL let go throughout
-            self._pump_seen = pumped
+            self._add_cpu_locked()
+
+    def _add_cpu_locked(self) -> None:
+        """``_add_cpu`` with the drain lock held by the caller."""
+        pending, self._cpu_pending = self._cpu_pending, 0
+        pumped = getattr(self.rec.ring, "pump_ns", 0)
+        pending += pumped - self._pump_seen  # the pump's CPU: the GIL let go throughout
+        self._pump_seen = pumped
         if pending:
             self.agg.add_cpu("resolver", pending / 1e9)
 
