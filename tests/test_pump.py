@@ -41,9 +41,17 @@ def host_cycles(obs: specobs.Observer, n: int) -> None:
 
 def settled(obs: specobs.Observer) -> None:
     """After a flush: its last wakes brought the pump back once more; wait until it is in C
-    again, so what follows sees only what the stream makes it do."""
-    time.sleep(0.1)
-    assert wait_for(lambda: obs._recorder.ring.pumping == 1)
+    again and has stayed there for 0.3 s, so what follows sees only what the stream makes it do
+    (however slowly a loaded machine runs the resolver's thread)."""
+    res = obs._resolver
+    ring = obs._recorder.ring
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        before = dict(res.pump_returns)
+        time.sleep(0.3)
+        if ring.pumping == 1 and res.pump_returns == before:
+            return
+    raise AssertionError(f"the pump never settled: {res.pump_returns}")
 
 
 def wait_for(cond: Callable[[], bool], seconds: float = 20.0) -> bool:
@@ -194,7 +202,10 @@ def gpu_cycles(obs: specobs.Observer, gpu: FakeGpu, n: int, acc: Callable[[int],
             gpu.run(300)
         if i % 40 == 39:
             gpu.complete()
-            time.sleep(0.001)  # the resolver walks what completed, as the worker goes on
+            # The resolver walks what completed before the worker goes on: on a loaded machine
+            # a resolver that lags would otherwise let the event pool run dry (drops), and the
+            # runs compared would differ by what they dropped.
+            assert wait_for(lambda: len(obs._recorder.ring) == 0)
 
 
 def run_events(pump: bool, n: int, pool: int) -> tuple[specobs.Snapshot, dict[str, int], Any]:
