@@ -1663,6 +1663,18 @@ attr_true(PyObject *o, PyObject *name)
     return t;
 }
 
+/* Whether ``n`` elements of ``isz`` bytes at ``p`` were all written over the sentinel: accepted
+ * counts are never negative; the sentinel, and an element a copy has not written whole, is (its
+ * top byte still 0xFF), so the top byte of each element decides. No Python call. */
+static int
+bytes_landed(const char *p, size_t isz, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((signed char)p[isz * i + isz - 1] < 0)
+            return 0;
+    return 1;
+}
+
 /* Whether a copy filled with the sentinel has every value written over it (1), not yet or
  * without a sentinel (0), or an error (-1): what its ``landed()`` says, read here from pinned
  * memory for the clock's own copy type, without a Python call. */
@@ -1699,16 +1711,7 @@ copy_landed(Ring *r, PyObject *copy)
         PyErr_SetString(PyExc_ValueError, "a pinned copy with no buffer, or of a bad shape");
         goto done;
     }
-    rc = 1;
-    /* Accepted counts are never negative; the sentinel, and an element the copy has not
-     * written whole, is (its top byte still 0xFF): the top byte of each element decides. */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        signed char top = (signed char)ptr[isz * i + isz - 1];
-        if (top < 0) {
-            rc = 0;
-            break;
-        }
-    }
+    rc = bytes_landed(ptr, (size_t)isz, (size_t)n);
 done:
     Py_XDECREF(po);
     Py_XDECREF(io);
@@ -1729,10 +1732,7 @@ held_landed(Ring *r, Held *h)
 {
     if (h->cptr == NULL)
         return copy_landed(r, h->copy);
-    for (int32_t i = 0; i < h->clen; i++) /* the top byte of each element decides */
-        if ((signed char)h->cptr[(size_t)h->cisz * (size_t)i + (size_t)h->cisz - 1] < 0)
-            return 0;
-    return 1;
+    return bytes_landed(h->cptr, (size_t)h->cisz, (size_t)h->clen);
 }
 
 static int
@@ -2478,6 +2478,16 @@ unpark(Parked *pk, PyObject *released)
     return rc;
 }
 
+/* The pump's parking as a Parked (its counts copied in; ``cpools``: where the walk notes each
+ * copy's pool, NULL where nobody reads them back). */
+static inline Parked
+parking_of(Ring *r, PyObject **cpools)
+{
+    Parked pk = {r->pk_buf, r->pk_buf + PARK_CAP, r->pk_buf + 2 * PARK_CAP,
+                 r->pk_ncopies, r->pk_ndrafts, r->pk_nevents, 0, cpools};
+    return pk;
+}
+
 /* With the GIL, before a walk: the runtime's handles of the waiting sampled cycles' events
  * (at most ``limit`` from the tail), read from the event objects. Reading an attribute may run
  * Python code, during which the worker may reuse a slot: a handle is kept only if its slot
@@ -2485,15 +2495,25 @@ unpark(Parked *pk, PyObject *released)
 /* An event object's handle (its ``cuda_event``): from the cache, else read (which may run
  * Python) and kept. 0 when it has none. With the GIL. */
 static uint64_t
-handle_of(Ring *r, PyObject *ev)
+handle_cached(const Ring *r, PyObject *ev)
 {
-    size_t mask = HANDLE_CACHE - 1, h = ((uintptr_t)ev >> 4) & mask;
-    for (size_t i = h; r->hc_key != NULL; i = (i + 1) & mask) {
+    size_t mask = HANDLE_CACHE - 1;
+    for (size_t i = ((uintptr_t)ev >> 4) & mask; r->hc_key != NULL; i = (i + 1) & mask) {
         if (r->hc_key[i] == ev)
             return r->hc_val[i];
         if (r->hc_key[i] == NULL)
             break;
     }
+    return 0;
+}
+
+static uint64_t
+handle_of(Ring *r, PyObject *ev)
+{
+    uint64_t cached = handle_cached(r, ev);
+    if (cached != 0)
+        return cached;
+    size_t mask = HANDLE_CACHE - 1, h = ((uintptr_t)ev >> 4) & mask;
     PyObject *o = PyObject_GetAttr(ev, s_cuda_event);
     unsigned long long v = o != NULL ? PyLong_AsUnsignedLongLong(o) : 0;
     Py_XDECREF(o);
@@ -2779,8 +2799,7 @@ drain_into_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     int64_t pumped_ns = r->pump_total;
     r->pump_cycles = r->pump_total = 0;
     if (rc == 0 && r->pk_buf != NULL) {
-        Parked pk = {r->pk_buf, r->pk_buf + PARK_CAP, r->pk_buf + 2 * PARK_CAP,
-                     r->pk_ncopies, r->pk_ndrafts, r->pk_nevents, 0, NULL};
+        Parked pk = parking_of(r, NULL);
         r->pk_ncopies = r->pk_ndrafts = r->pk_nevents = 0;
         if (unpark(&pk, released) < 0)
             PyErr_Clear(); /* a reference not handed back is let go of: its pool is smaller */
@@ -2844,18 +2863,6 @@ parked_at(const Ring *r, Py_ssize_t i)
 static PyObject *s_pump_woken, *s_pump_python, *s_pump_expire, *s_pump_parked, *s_pump_counts,
     *s_pump_writer, *s_pump_tick;
 
-/* Whether a native copy's values all landed over the sentinel (the top byte of each element
- * decides: counts are never negative). */
-static int
-slot_landed(const Slot *s)
-{
-    const char *p = (const char *)s->cptr;
-    for (int32_t i = 0; i < s->clen; i++)
-        if ((signed char)p[(size_t)s->cisz * (size_t)i + (size_t)s->cisz - 1] < 0)
-            return 0;
-    return 1;
-}
-
 /* Without the GIL: a sampled cycle's event handles from the ring's cache, where every one of its
  * events is there (the clock's pool is fixed: after the first cycles, all are). Else the slot
  * is left for fill_handles, with the GIL. Reads the event list's items, which nobody writes
@@ -2869,16 +2876,9 @@ handles_cached(Ring *r, Slot *s)
     if (r->hc_key == NULL || !PyList_CheckExact(ev) || PyList_GET_SIZE(ev) != nph + 1)
         return;
     uint64_t h[MAX_PHASES + 1];
-    size_t mask = HANDLE_CACHE - 1;
-    for (int j = 0; j <= nph; j++) {
-        PyObject *e = PyList_GET_ITEM(ev, j);
-        size_t i = ((uintptr_t)e >> 4) & mask;
-        while (r->hc_key[i] != NULL && r->hc_key[i] != e)
-            i = (i + 1) & mask;
-        if (r->hc_key[i] == NULL || r->hc_val[i] == 0)
+    for (int j = 0; j <= nph; j++)
+        if ((h[j] = handle_cached(r, PyList_GET_ITEM(ev, j))) == 0)
             return;
-        h[j] = r->hc_val[i];
-    }
     memcpy(s->evh, h, sizeof(uint64_t) * (size_t)(nph + 1));
     s->evn = nph + 1;
 }
@@ -2930,7 +2930,7 @@ pump_walk(Ring *r, int64_t next_trace, int64_t slow_ns, int64_t settle_ns, int n
         else if (s->copy != NULL) {
             if (s->cptr == NULL || (s->cisz != 4 && s->cisz != 8))
                 return s_pump_python;
-            if (!slot_landed(s)) {
+            if (!bytes_landed(s->cptr, (size_t)s->cisz, (size_t)s->clen)) {
                 r->if_polls = r->if_idx == s->idx ? r->if_polls + 1 : 1;
                 r->if_idx = s->idx;
                 return r->if_polls >= PUMP_POLLS_BEFORE_PYTHON ? s_pump_python : NULL;
@@ -2940,8 +2940,7 @@ pump_walk(Ring *r, int64_t next_trace, int64_t slow_ns, int64_t settle_ns, int n
             && (r->pk_ncopies >= (r->park_copies < PARK_CAP ? r->park_copies : PARK_CAP)
                 || r->pk_ndrafts >= PARK_CAP))
             return s_pump_parked;
-        Parked pk = {r->pk_buf, r->pk_buf + PARK_CAP, r->pk_buf + 2 * PARK_CAP,
-                     r->pk_ncopies, r->pk_ndrafts, r->pk_nevents, 0, r->pk_cpool};
+        Parked pk = parking_of(r, r->pk_cpool);
         int64_t total = 0;
         Py_ssize_t n = walk_nogil(r, r->totals, s->idx + 1, 1, next_trace, slow_ns, nev, &pk,
                                   &total);
