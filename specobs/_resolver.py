@@ -360,11 +360,7 @@ class Resolver:
             # Records the resolver's thread spent no GIL on: the sampler's per-record figure
             # (its CPU under the GIL over the records it handed on) counts them.
             self._n_acc += chunk[0]
-            for x in chunk[3]:
-                if type(x) is list:
-                    self._release(x, None)
-                else:
-                    self._release(None, x)
+            self._release_read(chunk[3])
             self._resolve(chunk, self.rec.clock)
             self._add_cpu_locked()
         finally:
@@ -504,13 +500,7 @@ class Resolver:
                                     self.want_cycles)
         n: int = chunk_out[0]
         taken_box[0] = n
-        # What the drain read itself: copies from pinned memory (back to their pool), and the
-        # event lists of the sampled cycles whose GPU times it read (back to the clock).
-        for x in chunk_out[3]:
-            if type(x) is list:
-                self._release(x, None)
-            else:
-                self._release(None, x)
+        self._release_read(chunk_out[3])
         if n and not chunk_out[2]:
             # The common chunk, inline: nothing for Python, nothing new to fold, no GPU-timed
             # cycle read, the sampler not due -- its figures gathered, nothing else. This is the
@@ -596,9 +586,9 @@ class Resolver:
             # Every pooled event's handle now, once: the pump finds each sampled cycle's
             # handles in the ring's cache from the first cycles on (else it comes back for
             # each cycle drawing events never seen, until the pool went round once).
-            pooled = [*getattr(clock, "_free", ()), *getattr(clock, "_returned", ())]
-            if pooled:
-                ring.cache_handles(pooled)
+            idle = getattr(clock, "idle_events", None)
+            if idle is not None:
+                ring.cache_handles(idle())
         elif self._native_events is not None:
             set_native()  # the clock it read for is gone (dropped at fork, replaced)
             self._native_events = None
@@ -625,6 +615,16 @@ class Resolver:
             nxt += 1 + sampling.geometric_gap(self._rng.random(), self.head_rate)
         self._next_trace = nxt
         return out
+
+    def _release_read(self, released: list[Any]) -> None:
+        """What a drain read itself (``drain_into``'s last item): copies from pinned memory back
+        to their pool, the event lists of the sampled cycles whose GPU times it read back to the
+        clock."""
+        for x in released:
+            if type(x) is list:
+                self._release(x, None)
+            else:
+                self._release(None, x)
 
     def _release(self, ev: Any, copy: Any) -> None:
         clock = self.rec.clock

@@ -123,6 +123,11 @@ class EventPool:
     def free_events(self) -> int:
         return len(self._free) + len(self._returned)
 
+    def idle_events(self) -> list[Any]:
+        """The events in the pool now (free or handed back), for a reader to learn their
+        handles before any cycle draws them."""
+        return [*self._free, *self._returned]
+
 
 def record_stream_of(clock: Any) -> Any:
     """What ``clock.record_fn`` takes as its stream: ``record_stream``, which a clock may leave
