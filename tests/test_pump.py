@@ -22,21 +22,16 @@ import specobs
 from specobs import _ring
 from specobs.timing import FakeDeviceArray, FakeGpu, FakeNativeCopyClock
 from specobs.timing.fake import FakeNativeEventClock
+from tests import test_nogil_drain as nogil_drain
 
 pytestmark = pytest.mark.skipif(not _ring.NATIVE, reason="the pump is the native ring's")
 
 _WORK = bytes(1 << 14)
-ACC = [1, 2, 0, 3, 4, 1, 0, 2]
 
 
 def host_cycles(obs: specobs.Observer, n: int) -> None:
-    for i in range(n):
-        with obs.cycle(batch_size=8) as c:
-            c.mark("verify")
-            c.mark("bookkeeping")
-            c.accept(ACC, draft_length=4)
-        if i % 4 == 0:
-            hashlib.sha256(_WORK).digest()  # the GIL let go, as a wait on the GPU
+    """tests/test_nogil_drain.py's stream (13 of 32 tokens a cycle), a shorter wait."""
+    nogil_drain.host_cycles(obs, n, _WORK)
 
 
 def settled(obs: specobs.Observer) -> None:
@@ -63,15 +58,25 @@ def wait_for(cond: Callable[[], bool], seconds: float = 20.0) -> bool:
     return cond()
 
 
+def settled_observer(warm: int) -> specobs.Observer:
+    """A host-clock observer that ran ``warm`` cycles, flushed, and whose pump settled in C."""
+    obs = specobs.configure(sinks=[], clock="host", poll_interval_seconds=0.001)
+    try:
+        host_cycles(obs, warm)
+        assert obs.force_flush(10)
+        settled(obs)
+    except BaseException:
+        obs.shutdown(5)
+        raise
+    return obs
+
+
 def test_the_steady_state_stays_in_c_and_counts_every_cycle_once() -> None:
     n = 30_000
-    obs = specobs.configure(sinks=[], clock="host", poll_interval_seconds=0.001)
+    obs = settled_observer(500)
     res = obs._resolver
     ring = obs._recorder.ring
     try:
-        host_cycles(obs, 500)
-        assert obs.force_flush(10)
-        settled(obs)
         returns = dict(res.pump_returns)
         holds = len(res.holds)
         walked = ring.pump_walked
@@ -98,13 +103,10 @@ def test_the_steady_state_stays_in_c_and_counts_every_cycle_once() -> None:
 def test_a_snapshot_catches_up_what_the_resolver_would_have_done() -> None:
     """Counts made in Python on the worker, the pump's cycles for force_flush's count and the
     sampler's figures reach a snapshot without the resolver's thread coming back to Python."""
-    obs = specobs.configure(sinks=[], clock="host", poll_interval_seconds=0.001)
+    obs = settled_observer(200)
     res = obs._resolver
     ring = obs._recorder.ring
     try:
-        host_cycles(obs, 200)
-        assert obs.force_flush(10)
-        settled(obs)
         returns = dict(res.pump_returns)
         consumed = res.consumed
         host_cycles(obs, 3000)
