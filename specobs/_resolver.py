@@ -148,7 +148,6 @@ class Resolver:
         #: Wait and walk inside the native ring's ``pump`` (the GIL let go) where the ring has
         #: one; False: the loop of waits and drains alone (benchmarks compare the two).
         self.use_pump = True
-        self.pump_python_every_ns = PUMP_PYTHON_EVERY_NS
         self.pump_returns: dict[str, int] = {}  # why each pump() came back, for benchmarks
         self._pump_seen = 0  # the ring's pump CPU already added
 
@@ -253,7 +252,10 @@ class Resolver:
                     self._next_trace if self.want_traces and self.head_rate > 0.0 else -1,
                     -1 if self.slow_ns is None else self.slow_ns,
                     self.settle_timeout_ns,
-                    self.pump_python_every_ns,
+                    # No periodic return: what the resolver's Python does besides the cycles
+                    # that need it (the sampler's figures, counts made in Python, its CPU), the
+                    # export path does before each snapshot (``catch_up``).
+                    -1,
                 )
                 self._held_since = ring.pump_cpu_in
                 self.pump_returns[why] = self.pump_returns.get(why, 0) + 1
@@ -905,11 +907,6 @@ class Resolver:
             overhead = per_cycle / self._cycle_ewma
         self.agg.set_sampling(rec.interval, overhead, cost / 1e9 if n_sampled else 0.0)
 
-
-#: The longest the pump stays in C (ns; -1: as long as nothing needs Python). What the
-#: resolver's Python does besides the cycles that need it -- the sampler's figures, counts made
-#: in Python, the resolver's CPU -- the export path does before each snapshot (``catch_up``).
-PUMP_PYTHON_EVERY_NS = -1
 
 #: How often the sampler re-reads its figures (ns): each run is ~10 µs of Python with the GIL
 #: held; gathered over this long, the figures are steadier too.
