@@ -161,11 +161,13 @@ def result(c: Config, scaling: float | None) -> dict[str, Any]:
     advice = dg.advise_k(b, measured_scaling if scaling is None else scaling)
     point = dg.batch_point(w)
     means = {p: s.mean_seconds for (p, clock), s in b.stats.items() if clock == "host"}
+    gpu_means = {p: s.mean_seconds for (p, clock), s in b.stats.items()
+                 if clock == "gpu" and s.mean_seconds is not None}
     host_cycle = b.cycle_mean_seconds.get("host")
     return {
         "k": c.k, "batch": b.mean_batch_size, "baseline_tokens_per_second": baseline,
         "plain_step_seconds": plain, "host_cycle_seconds": host_cycle,
-        "phase_seconds": means, "cycles": b.cycles,
+        "phase_seconds": means, "gpu_phase_seconds": gpu_means, "cycles": b.cycles,
         "tokens_per_sequence_cycle": None if b.sequence_tokens_per_second is None
         or host_cycle is None else b.sequence_tokens_per_second * host_cycle,
         "speedup": None if not baseline or b.sequence_tokens_per_second is None
@@ -285,7 +287,9 @@ def main() -> None:
         print(f"k={k} per-sequence tok/s median {r['sequence_tokens_per_second']:.1f} (rounds "
               f"{[round(x) for x in r['rounds']]})  draft {ph.get('draft', 0) * 1e3:.3f} "
               f"verify {ph.get('verify', 0) * 1e3:.3f} bookkeeping "
-              f"{ph.get('bookkeeping', 0) * 1e3:.3f} ms, plain step "
+              f"{ph.get('bookkeeping', 0) * 1e3:.3f} ms (GPU clock: "
+              f"{', '.join(f'{p} {v * 1e3:.3f}' for p, v in r['gpu_phase_seconds'].items())}), "
+              f"plain step "
               f"{(r['plain_step_seconds'] or 0) * 1e3:.3f} ms, E "
               f"{r['tokens_per_sequence_cycle'] or 0:.3f}, conditional "
               f"{[round(a, 2) for a in r['conditional']]}, verify scaling "

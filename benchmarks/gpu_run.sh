@@ -11,6 +11,7 @@
 #   demotests the demo engine's CUDA-graph test (tests/test_demo_engine.py -k cuda)
 #   recipes   benchmarks/demo_recipes.py: the demo's shipped training recipe over 8 seeds on the
 #             host's CPU cores (how far wrong-hidden-layers drops acceptance, seed by seed)
+#   advisor   benchmarks/advisor_k.py at k = 1..8 on the GPU and on one pinned host core at once
 #   profile   benchmarks/diag/resolver_profile.py: where the resolver's time goes inside the GPU
 #             loop (each CUDA call timed, a cProfile of its thread, py-spy if it can attach)
 # Usage: OUT=dir benchmarks/gpu_run.sh [tests] [overhead] [host] [engines] [demotests]
@@ -72,6 +73,16 @@ for part in $parts; do
     profile)
       python3 benchmarks/diag/resolver_profile.py --workloads ${PROFILE_WORKLOADS:-small-graph,small-graph-cudaacc} \
         --cycles 3000 --pyspy 5 --out "$OUT" 2>&1 | tee "$OUT/resolver_profile.log" ;;
+    advisor)  # SPEC-ADVICE-K against measured tokens/s: the demo at k = 1..8 on the GPU and, at
+      # the same time, on one pinned core of the host's CPU (one torch thread, its own cores)
+      taskset -c 8 python3 benchmarks/advisor_k.py --device cpu --ks 1,2,3,4,5,6,7,8 \
+        --steps ${ADVISOR_CPU_STEPS:-100} --rounds ${ADVISOR_CPU_ROUNDS:-12} --threads 1 \
+        --time running --json "$OUT/advisor_cpu.json" > "$OUT/advisor_cpu.log" 2>&1 &
+      cpu_pid=$!
+      taskset -c 0-3 python3 benchmarks/advisor_k.py --device cuda --ks 1,2,3,4,5,6,7,8 \
+        --steps ${ADVISOR_STEPS:-400} --rounds ${ADVISOR_ROUNDS:-8} \
+        --json "$OUT/advisor_gpu.json" 2>&1 | tee "$OUT/advisor_gpu.log" | tail -n 30
+      wait $cpu_pid; tail -n 30 "$OUT/advisor_cpu.log" ;;
     recipes)
       python3 benchmarks/demo_recipes.py --jobs 8 --threads 2 --seeds 0 1 2 3 4 5 6 7 \
         --recipe shipped '{}' 2>&1 | tee "$OUT/demo_recipes.jsonl" ;;

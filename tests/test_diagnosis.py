@@ -6,6 +6,8 @@ number goes through the same :func:`specobs.tools._breakdown.breakdown` the tool
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Mapping, Sequence
 
 import pytest
@@ -583,6 +585,67 @@ def test_the_current_k_when_it_is_the_models_best() -> None:
     assert f is not None and (f.code, f.severity) == ("SPEC-ADVICE-K", "ok")
     assert f.evidence["best_k"] == 4.0 and f.evidence["predicted_gain"] == 0.0
     assert f.sentence.startswith("k=4 is the best speculation length")
+
+
+def markov_acceptance(k: int, cycles: int, seed: int) -> list[float]:
+    """Conditional acceptance per position, as the counters give it, of cycles drafting ``k``
+    over a text whose tokens the draft gets right 96% of the time after one it got right and
+    60% after one it got wrong (hard text comes in runs): a rejected token is hard, and the
+    next cycle starts right after it; a cycle accepted whole adds the target's bonus token."""
+    rnd, easy = random.Random(seed), True
+    drafted, accepted = [0] * k, [0] * k
+
+    def token() -> bool:
+        nonlocal easy
+        easy = rnd.random() < (0.96 if easy else 0.60)
+        return easy
+
+    for _ in range(cycles):
+        for i in range(k):
+            drafted[i] += 1
+            if not token():
+                break
+            accepted[i] += 1
+        else:
+            token()
+    return [accepted[0] / drafted[0], *(accepted[i] / accepted[i - 1] for i in range(1, k))]
+
+
+def test_the_first_positions_rate_moves_with_k_as_full_cycles_become_rarer() -> None:
+    at4, at8, at2 = (markov_acceptance(k, 60_000, seed) for k, seed in ((4, 1), (8, 2), (2, 3)))
+    first = dg.FirstPosition.fit(at4, 4)
+    assert first is not None
+    assert first.after_full == pytest.approx(0.96, abs=0.01)
+    # The text's 0.60, read low: after a whole cycle the bonus token comes first (0.9456, not
+    # the 0.96 the fit takes), so the fit gives the rejected starts the difference.
+    assert first.after_rejection == pytest.approx(0.56, abs=0.03)
+    assert first.at(4) == pytest.approx(at4[0])
+    # Held fixed, a_0 at k = 8 would be off by the drop itself (~0.05); the mix tracks it.
+    assert at4[0] - at8[0] > 0.04
+    assert first.at(8) == pytest.approx(at8[0], abs=0.015)
+    assert first.at(2) == pytest.approx(at2[0], abs=0.015)
+
+
+def test_no_first_position_mix_where_it_cannot_be_told() -> None:
+    assert dg.FirstPosition.fit([0.8], 1) is None  # no in-cycle rate at k = 1
+    assert dg.FirstPosition.fit([0.9, 0.8, 0.8], 3) is None  # a_0 above the later rates
+    assert dg.FirstPosition.fit([0.8, 0.9], 3) is None  # fewer rates than k
+
+
+def test_the_advice_counts_the_first_positions_fall_at_a_longer_k() -> None:
+    cond = markov_acceptance(4, 60_000, 1)
+    positions = tuple(math.prod(cond[: i + 1]) for i in range(4))
+    host = {"draft": 0.4e-3, "verify": 2e-3, "bookkeeping": 0.1e-3}
+    f = dg.advise_k(brk(positions=positions, host=host))
+    assert f is not None
+    first = dg.FirstPosition.fit(cond, 4)
+    assert first is not None
+    assert f.evidence["first_position_after_rejection"] == pytest.approx(first.after_rejection)
+    cost8 = 0.1e-3 + 2e-3 + 0.4e-3 * 8 / 4
+    assert f.evidence["predicted_tokens_per_second_k8"] == pytest.approx(
+        dg.expected_tokens([first.at(8), *cond[1:]], 8) / cost8, rel=1e-6)
+    # Below the rate that held a_0 fixed would predict.
+    assert f.evidence["predicted_tokens_per_second_k8"] < dg.expected_tokens(cond, 8) / cost8
 
 
 def test_no_advice_without_phase_costs() -> None:

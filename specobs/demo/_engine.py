@@ -32,7 +32,13 @@ import specobs
 from specobs.tools._breakdown import ratio
 
 from ._draft import DraftHead
-from ._model import TargetModel, WordTokenizer, validate_max_tokens, validate_prompt
+from ._model import (
+    TargetModel,
+    WordTokenizer,
+    serving_matmuls,
+    validate_max_tokens,
+    validate_prompt,
+)
 
 __all__ = ["FAULTS", "EngineStats", "RequestHandle", "SpecDecodeEngine"]
 
@@ -464,7 +470,7 @@ class SpecDecodeEngine:
     def step(self) -> bool:
         """Prefill newly admitted requests, then run one speculative cycle over all active
         sequences. Returns whether a cycle ran."""
-        with self._step_lock, torch.inference_mode():
+        with self._step_lock, torch.inference_mode(), serving_matmuls(self.device):
             fault = self._fault
             if fault == "stall":
                 return False
@@ -797,12 +803,12 @@ def capture_cuda_graph(run: Callable[[], Any], device: Any) -> tuple[Any, Any]:
     """
     side = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side), torch.inference_mode():
+    with torch.cuda.stream(side), torch.inference_mode(), serving_matmuls(device):
         for _ in range(2):
             run()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.inference_mode():
+    with torch.cuda.graph(graph), torch.inference_mode(), serving_matmuls(device):
         out = run()
     torch.cuda.current_stream(device).synchronize()
     return graph, out

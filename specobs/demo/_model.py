@@ -14,13 +14,14 @@ shapes when ``attend_len`` is fixed).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import math
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import torch
@@ -35,6 +36,7 @@ __all__ = [
     "TargetModel",
     "WordTokenizer",
     "greedy_generate",
+    "serving_matmuls",
 ]
 
 
@@ -328,6 +330,28 @@ def validate_max_tokens(max_tokens: object) -> int:
     return max_tokens
 
 
+@contextlib.contextmanager
+def serving_matmuls(device: torch.device) -> Iterator[None]:
+    """Float32 matmuls on CUDA in TF32, as fp32 models are served, for the block inside.
+
+    Every forward the demo runs on CUDA (its cycles, their CUDA-graph captures, the baseline's
+    plain step, the greedy reference) runs inside this, so they compare alike. In full fp32,
+    cuBLAS picks a kernel for 8 to 16 rows (a batch of 4 verifying k = 1..3) that costs six times
+    the one for 4 or 20 rows, which doubled the demo's verify at k <= 3 on an H200 against
+    k >= 4 (benchmarks/diag/demo_forward_cost.py); in TF32 the forward costs the same from 4 to
+    36 rows. The setting is process-wide while the block runs (torch has no per-thread one);
+    the previous one is restored after. CPU: unchanged."""
+    if device.type != "cuda":
+        yield
+        return
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 @torch.inference_mode()
 def greedy_generate(
     target: TargetModel,
@@ -352,7 +376,8 @@ def greedy_generate(
     out: list[int] = []
     length = len(ids)
     while True:
-        logits, _ = target(tokens, positions, cache=cache, slots=slots)
+        with serving_matmuls(device):
+            logits, _ = target(tokens, positions, cache=cache, slots=slots)
         nxt = int(logits[0, -1].argmax())
         if nxt == eos_id:
             break

@@ -14,7 +14,7 @@ from specobs.tools._diagnosis._window import conditional_acceptance
 __all__ = [
     "ADVICE_MAX_K", "ADVICE_MIN_GAIN", "BATCH_CONFIDENT_FACTOR", "BATCH_EXTRAPOLATION_MAX",
     "BATCH_FIT_POINTS", "BATCH_SAME_FACTOR", "BATCH_SEARCH_MAX_FACTOR", "BatchPoint",
-    "ForwardCost", "advise_k", "batch_point", "batch_threshold", "expected_tokens",
+    "FirstPosition", "ForwardCost", "advise_k", "batch_point", "batch_threshold", "expected_tokens",
     "forward_cost", "line_threshold", "verify_scaling",
 ]
 
@@ -38,6 +38,43 @@ def expected_tokens(conditional: Sequence[float], k: int) -> float:
     return total
 
 
+@dataclass(frozen=True)
+class FirstPosition:
+    """The first draft position's acceptance as a mix of two starts: a cycle that follows one
+    whose drafts were all accepted starts after text the draft predicted (accepted at
+    ``after_full``, taken as the in-cycle rate after an accepted draft: the geometric mean of
+    a_1 .. a_(k-1)); one that follows a rejection starts where the draft just failed (accepted
+    at ``after_rejection``, solved from the measured a_0 and the measured share of full
+    cycles). The share of full cycles falls as k grows, and with it a_0: :meth:`at` gives a_0 at
+    another k, the fixed point of a_0 = r + (f - r) a_0 P(k'), P(k') = a_1 ... a_(k'-1)."""
+
+    after_full: float
+    after_rejection: float
+    conditional: tuple[float, ...]
+
+    @classmethod
+    def fit(cls, conditional: Sequence[float], k: int) -> FirstPosition | None:
+        """From the rates measured at ``k``; ``None`` where the mix cannot be told: k = 1 (no
+        in-cycle rate), or a first position accepted at least as often as the later ones."""
+        cond = tuple(conditional)
+        if k < 2 or len(cond) < k or not all(0 < a <= 1 for a in cond[:k]):
+            return None
+        later = cond[1:k]
+        after_full = math.exp(math.fsum(math.log(a) for a in later) / len(later))
+        full = cond[0] * math.prod(later)
+        if not cond[0] < after_full or not full < 1:
+            return None
+        after_rejection = max(0.0, (cond[0] - full * after_full) / (1 - full))
+        return cls(after_full, after_rejection, cond)
+
+    def at(self, k: int) -> float:
+        """a_0 at ``k``: the share of full cycles there from the measured a_1 .. (the last
+        extrapolated beyond the measured k)."""
+        cond = self.conditional
+        later = math.prod(cond[min(i, len(cond) - 1)] for i in range(1, k))
+        return self.after_rejection / (1 - (self.after_full - self.after_rejection) * later)
+
+
 def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
     """The k that maximizes tokens/s per sequence under a stated cost model, from the measured
     conditional acceptance and phase costs (GPU clock first); ``None`` without the data.
@@ -47,10 +84,11 @@ def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
     ``verify_scaling`` the part of verify that grows with the positions verified (0: verify
     costs the same for any k', true where verify is memory- or launch-bound, as on a GPU at small
     batch; 1: proportional to the k' + 1 positions). Tokens per cycle are
-    :func:`expected_tokens`, the measured conditional rates held fixed: beyond the measured k
-    the last rate is extrapolated, and the first position's rate itself moves with k (where
-    cycles start depends on k: docs/diagnosis.md), so a recommendation away from the measured k
-    is a direction to try, not a promise."""
+    :func:`expected_tokens` with the measured conditional rates a_1 .. held fixed (beyond the
+    measured k the last one extrapolated) and a_0 moved with k by :class:`FirstPosition` (held
+    at its measured value where that cannot be fitted). The draft's cost is taken in proportion
+    to k, which over-states it where a part does not grow with k (docs/diagnosis.md), so a
+    recommendation away from the measured k is a direction to try, not a promise."""
     clock = _clock(b)
     cond = [a for _, a in conditional_acceptance(b)]
     k = sum(1 for _, rate in b.position_acceptance if rate is not None)
@@ -61,10 +99,12 @@ def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
     if d is None or v is None or not v > 0:
         return None
     rest = math.fsum(m for p, m in means.items() if p not in ("draft", "verify") and m)
+    first = FirstPosition.fit(cond, k)
 
     def rate(kk: int) -> float:
         cost = rest + v * (1 + verify_scaling * (kk - k) / (k + 1)) + d * kk / k
-        return expected_tokens(cond, kk) / cost
+        rates = cond if first is None or kk == k else [first.at(kk), *cond[1:]]
+        return expected_tokens(rates, kk) / cost
 
     current = rate(k)
     best = max(range(1, ADVICE_MAX_K + 1), key=rate)
@@ -72,6 +112,8 @@ def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
     evidence: dict[str, float | str | None] = {
         "clock": clock, "k": float(k), "best_k": float(best), "predicted_gain": gain,
         "verify_scaling": verify_scaling,
+        "first_position_after_full": None if first is None else first.after_full,
+        "first_position_after_rejection": None if first is None else first.after_rejection,
         **{f"predicted_tokens_per_second_k{kk}": rate(kk) for kk in range(1, ADVICE_MAX_K + 1)},
     }
     if best == k or gain < ADVICE_MIN_GAIN:
@@ -85,9 +127,9 @@ def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
         f"k={best} is predicted {gain * 100:+.0f}% tokens/s per sequence against the k={k} "
         f"measured{beyond}, from the conditional acceptance and the {clock} phase costs",
         evidence,
-        f"try k={best} and compare; the model holds the conditional acceptance fixed per "
-        "position (the first position's tends to fall as k grows) and the draft's cost in "
-        "proportion to k",
+        f"try k={best} and compare; the model holds the later positions' conditional "
+        "acceptance fixed, moves the first position's with the share of cycles accepted whole, "
+        "and takes the draft's cost in proportion to k",
     )
 
 
