@@ -74,12 +74,15 @@ for part in $parts; do
       python3 benchmarks/diag/resolver_profile.py --workloads ${PROFILE_WORKLOADS:-small-graph,small-graph-cudaacc} \
         --cycles 3000 --pyspy 5 --out "$OUT" 2>&1 | tee "$OUT/resolver_profile.log" ;;
     advisor)  # SPEC-ADVICE-K against measured tokens/s: the demo at k = 1..8 on the GPU and, at
-      # the same time, on one pinned core of the host's CPU (one torch thread, its own cores)
-      taskset -c 8 python3 benchmarks/advisor_k.py --device cpu --ks 1,2,3,4,5,6,7,8 \
+      # the same time, on one host core whose SMT siblings run nothing else (one torch thread)
+      gpu_cpus=$(cat /sys/devices/system/cpu/cpu{0,1}/topology/thread_siblings_list | paste -sd,)
+      cpu_cpu=$(python3 -c 'import os,sys; busy=set(); [busy.update(int(x) for x in open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list").read().replace("-",",").split(",")) for c in (0,1)]; free=[c for c in sorted(os.sched_getaffinity(0)) if c not in busy]; print(free[len(free)//2])')
+      echo "GPU run on CPUs $gpu_cpus, CPU run on CPU $cpu_cpu (siblings $(cat /sys/devices/system/cpu/cpu$cpu_cpu/topology/thread_siblings_list))" | tee "$OUT/advisor_pins.txt"
+      taskset -c "$cpu_cpu" python3 benchmarks/advisor_k.py --device cpu --ks 1,2,3,4,5,6,7,8 \
         --steps ${ADVISOR_CPU_STEPS:-100} --rounds ${ADVISOR_CPU_ROUNDS:-12} --threads 1 \
         --time running --json "$OUT/advisor_cpu.json" > "$OUT/advisor_cpu.log" 2>&1 &
       cpu_pid=$!
-      taskset -c 0-3 python3 benchmarks/advisor_k.py --device cuda --ks 1,2,3,4,5,6,7,8 \
+      taskset -c "$gpu_cpus" python3 benchmarks/advisor_k.py --device cuda --ks 1,2,3,4,5,6,7,8 \
         --steps ${ADVISOR_STEPS:-400} --rounds ${ADVISOR_ROUNDS:-8} \
         --json "$OUT/advisor_gpu.json" 2>&1 | tee "$OUT/advisor_gpu.log" | tail -n 30
       wait $cpu_pid; tail -n 30 "$OUT/advisor_cpu.log" ;;

@@ -641,7 +641,7 @@ def test_the_advice_counts_the_first_positions_fall_at_a_longer_k() -> None:
     first = dg.FirstPosition.fit(cond, 4)
     assert first is not None
     assert f.evidence["first_position_after_rejection"] == pytest.approx(first.after_rejection)
-    cost8 = 0.1e-3 + 2e-3 + 0.4e-3 * 8 / 4
+    cost8 = 0.1e-3 + 2e-3 + 0.4e-3 * (8 + dg.DRAFT_FIXED_STEPS) / (4 + dg.DRAFT_FIXED_STEPS)
     assert f.evidence["predicted_tokens_per_second_k8"] == pytest.approx(
         dg.expected_tokens([first.at(8), *cond[1:]], 8) / cost8, rel=1e-6)
     # Below the rate that held a_0 fixed would predict.

@@ -13,15 +13,19 @@ from specobs.tools._diagnosis._window import conditional_acceptance
 
 __all__ = [
     "ADVICE_MAX_K", "ADVICE_MIN_GAIN", "BATCH_CONFIDENT_FACTOR", "BATCH_EXTRAPOLATION_MAX",
-    "BATCH_FIT_POINTS", "BATCH_SAME_FACTOR", "BATCH_SEARCH_MAX_FACTOR", "BatchPoint",
-    "FirstPosition", "ForwardCost", "advise_k", "batch_point", "batch_threshold", "expected_tokens",
-    "forward_cost", "line_threshold", "verify_scaling",
+    "BATCH_FIT_POINTS", "BATCH_SAME_FACTOR", "BATCH_SEARCH_MAX_FACTOR", "DRAFT_FIXED_STEPS",
+    "BatchPoint", "FirstPosition", "ForwardCost", "advise_k", "batch_point", "batch_threshold",
+    "expected_tokens", "forward_cost", "line_threshold", "verify_scaling",
 ]
 
 #: The advisor considers k from 1 to this, and names another k only for a predicted gain of at
 #: least ADVICE_MIN_GAIN.
 ADVICE_MAX_K = 8
 ADVICE_MIN_GAIN = 0.03
+#: The draft's part that does not grow with k, in draft steps: the draft phase of k is taken to
+#: cost k + DRAFT_FIXED_STEPS steps (docs/diagnosis.md: measured on the demo, 0.84 steps on an
+#: H200, 0.3-0.5 on CPUs).
+DRAFT_FIXED_STEPS = 1.0
 
 
 # -- the advisor ----------------------------------------------------------------------------------
@@ -80,15 +84,16 @@ def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
     conditional acceptance and phase costs (GPU clock first); ``None`` without the data.
 
     Cost model: a cycle drafting k' costs t_bookkeeping + t_verify * (1 + s * (k' - k) / (k + 1))
-    + t_draft * k' / k, where k is the length measured, t_* the measured means and s =
+    + t_draft * (k' + c) / (k + c), where k is the length measured, t_* the measured means,
+    c = :data:`DRAFT_FIXED_STEPS` the draft's set-up counted in steps (its first step over the
+    accepted block, input preparation: what does not grow with k) and s =
     ``verify_scaling`` the part of verify that grows with the positions verified (0: verify
     costs the same for any k', true where verify is memory- or launch-bound, as on a GPU at small
     batch; 1: proportional to the k' + 1 positions). Tokens per cycle are
     :func:`expected_tokens` with the measured conditional rates a_1 .. held fixed (beyond the
     measured k the last one extrapolated) and a_0 moved with k by :class:`FirstPosition` (held
-    at its measured value where that cannot be fitted). The draft's cost is taken in proportion
-    to k, which over-states it where a part does not grow with k (docs/diagnosis.md), so a
-    recommendation away from the measured k is a direction to try, not a promise."""
+    at its measured value where that cannot be fitted). A recommendation away from the measured
+    k is a direction to try, not a promise (docs/diagnosis.md has the model's measured errors)."""
     clock = _clock(b)
     cond = [a for _, a in conditional_acceptance(b)]
     k = sum(1 for _, rate in b.position_acceptance if rate is not None)
@@ -102,7 +107,8 @@ def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
     first = FirstPosition.fit(cond, k)
 
     def rate(kk: int) -> float:
-        cost = rest + v * (1 + verify_scaling * (kk - k) / (k + 1)) + d * kk / k
+        cost = rest + v * (1 + verify_scaling * (kk - k) / (k + 1)) \
+            + d * (kk + DRAFT_FIXED_STEPS) / (k + DRAFT_FIXED_STEPS)
         rates = cond if first is None or kk == k else [first.at(kk), *cond[1:]]
         return expected_tokens(rates, kk) / cost
 
@@ -129,7 +135,7 @@ def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
         evidence,
         f"try k={best} and compare; the model holds the later positions' conditional "
         "acceptance fixed, moves the first position's with the share of cycles accepted whole, "
-        "and takes the draft's cost in proportion to k",
+        f"and takes the draft as k + {DRAFT_FIXED_STEPS:g} steps",
     )
 
 
