@@ -865,6 +865,31 @@ Cycle_end(Cycle *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* The truth of ``v``, a new reference (or NULL with an exception set: -1), which it lets go of:
+ * 1, 0, or -1 on an error. What a Python call's or an attribute's result is asked, in one
+ * place. */
+static int
+take_truth(PyObject *v)
+{
+    if (v == NULL)
+        return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* ``o``, a new reference (or NULL with an exception set), read as an address into ``*out`` and let
+ * go of: 0, or -1 with an exception set (a NULL address is one where no error was raised). */
+static int
+take_ptr(PyObject *o, void **out)
+{
+    if (o == NULL)
+        return -1;
+    *out = PyLong_AsVoidPtr(o);
+    Py_DECREF(o);
+    return *out == NULL && PyErr_Occurred() ? -1 : 0;
+}
+
 /* ``o.name()`` as a C integer; -1 with an exception set on failure (``*ok`` says which). */
 static long long
 call_ll(PyObject *o, PyObject *name, int *ok)
@@ -953,11 +978,7 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
         return -1;
     if (n < 0 || n > r->nc_capacity)
         return 0;
-    PyObject *contig = PyObject_CallMethodNoArgs(tensor, s_is_contiguous);
-    if (contig == NULL)
-        return -1;
-    int c = PyObject_IsTrue(contig);
-    Py_DECREF(contig);
+    int c = take_truth(PyObject_CallMethodNoArgs(tensor, s_is_contiguous));
     if (c != 1)
         return c < 0 ? -1 : 0;
     long long dev = call_ll(tensor, s_get_device, &ok);
@@ -965,21 +986,14 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
         return -1;
     if (dev != r->nc_device)
         return 0;
-    PyObject *dp = PyObject_CallMethodNoArgs(tensor, s_data_ptr);
-    if (dp == NULL)
-        return -1;
-    void *src = PyLong_AsVoidPtr(dp);
-    Py_DECREF(dp);
-    if (src == NULL && PyErr_Occurred())
+    void *src;
+    if (take_ptr(PyObject_CallMethodNoArgs(tensor, s_data_ptr), &src) < 0)
         return -1;
     PyObject *devo = PyLong_FromLongLong(dev);
     PyObject *so = devo ? PyObject_CallOneArg(r->nc_stream_fn, devo) : NULL;
     Py_XDECREF(devo);
-    if (so == NULL)
-        return -1;
-    void *stream = PyLong_AsVoidPtr(so);
-    Py_DECREF(so);
-    if (stream == NULL && PyErr_Occurred())
+    void *stream;
+    if (take_ptr(so, &stream) < 0)
         return -1;
     /* No Python code runs from here to the pop: the pool cannot change under it. */
     Py_ssize_t nfree = PyList_GET_SIZE(pool);
@@ -1652,15 +1666,11 @@ typedef struct {
     uint64_t evlast; /* a sampled cycle's last event's handle, when the ring may query it */
 } Held;
 
+/* Whether ``o.name`` is true: 1, 0, or -1 on an error. */
 static int
 attr_true(PyObject *o, PyObject *name)
 {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL)
-        return -1;
-    int t = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return t;
+    return take_truth(PyObject_GetAttr(o, name));
 }
 
 /* Whether ``n`` elements of ``isz`` bytes at ``p`` were all written over the sentinel: accepted
@@ -1681,14 +1691,8 @@ bytes_landed(const char *p, size_t isz, size_t n)
 static int
 copy_landed(Ring *r, PyObject *copy)
 {
-    if (r->copy_type == NULL || Py_TYPE(copy) != (PyTypeObject *)r->copy_type) {
-        PyObject *v = PyObject_CallMethodNoArgs(copy, s_landed);
-        if (v == NULL)
-            return -1;
-        int t = PyObject_IsTrue(v);
-        Py_DECREF(v);
-        return t;
-    }
+    if (r->copy_type == NULL || Py_TYPE(copy) != (PyTypeObject *)r->copy_type)
+        return take_truth(PyObject_CallMethodNoArgs(copy, s_landed));
     int sent = attr_true(copy, s_sentinel);
     if (sent <= 0)
         return sent;
@@ -1765,11 +1769,7 @@ held_done(Ring *r, PyObject *query, Held *h)
         return -1;
     PyObject *v = PyObject_CallOneArg(query, ev);
     Py_DECREF(ev);
-    if (v == NULL)
-        return -1;
-    int t = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return t;
+    return take_truth(v);
 }
 
 /* The poll on one stream (see Ring.poll): the index bound, or -1 on an error. */
