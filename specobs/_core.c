@@ -905,24 +905,56 @@ call_ll(PyObject *o, PyObject *name, int *ok)
     return x;
 }
 
-/* A pinned slot's address, element size and event handle (member slots, no Python code). */
+/* A pinned slot's (or copy's: the clock's copy type) address and element size, and one more
+ * member: its event handle when ``handle`` is given (starting a copy), else its length (reading
+ * one). Member slots, no Python code. 0, or -1 with an exception set. */
 static int
-slot_fields(PyObject *slot, void **ptr, long *itemsize, void **handle)
+pinned_fields(PyObject *slot, void **ptr, long *itemsize, void **handle, Py_ssize_t *length)
 {
     PyObject *po = PyObject_GetAttr(slot, s_ptr);
     PyObject *io = po ? PyObject_GetAttr(slot, s_itemsize) : NULL;
-    PyObject *ho = io ? PyObject_GetAttr(slot, s_handle) : NULL;
+    PyObject *xo = io ? PyObject_GetAttr(slot, handle != NULL ? s_handle : s_length) : NULL;
     int rc = -1;
-    if (ho != NULL) {
+    if (xo != NULL) {
         *ptr = PyLong_AsVoidPtr(po);
         *itemsize = PyLong_AsLong(io);
-        *handle = PyLong_AsVoidPtr(ho);
+        if (handle != NULL)
+            *handle = PyLong_AsVoidPtr(xo);
+        else
+            *length = PyLong_AsSsize_t(xo);
         rc = PyErr_Occurred() ? -1 : 0;
     }
     Py_XDECREF(po);
     Py_XDECREF(io);
-    Py_XDECREF(ho);
+    Py_XDECREF(xo);
     return rc;
+}
+
+/* Whether a copy's pinned buffer, read by pinned_fields, can be read: an address, 4 or 8 byte
+ * elements, at most 2**20 of them. 0, or -1 with a ValueError set. */
+static int
+pinned_shape(const void *ptr, long isz, Py_ssize_t n)
+{
+    if (ptr == NULL || (isz != 4 && isz != 8) || n < 0 || n > (1 << 20)) {
+        PyErr_SetString(PyExc_ValueError, "a pinned copy with no buffer, or of a bad shape");
+        return -1;
+    }
+    return 0;
+}
+
+/* Value ``i`` of a pinned buffer of ``isz`` (4 or 8) byte integers: how a native copy's values
+ * are read, by the drain with the GIL and the walk without it. No Python call. */
+static inline int64_t
+pinned_value(const void *ptr, long isz, Py_ssize_t i)
+{
+    if (isz == 8) {
+        int64_t v;
+        memcpy(&v, (const char *)ptr + 8 * (size_t)i, 8);
+        return v;
+    }
+    int32_t x;
+    memcpy(&x, (const char *)ptr + 4 * (size_t)i, 4);
+    return x;
 }
 
 /* Start the copy of a CUDA acceptance tensor into a free pinned slot, on the stream current for
@@ -1017,7 +1049,7 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
     void *dst = NULL, *handle = NULL;
     long isz = 0;
     int ret;
-    if (slot_fields(slot, &dst, &isz, &handle) < 0 || (isz != 4 && isz != 8)) {
+    if (pinned_fields(slot, &dst, &isz, &handle, NULL) < 0 || (isz != 4 && isz != 8)) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "a pinned slot of a bad element size");
         ret = -1; /* the slot goes back; the error is reported either way */
@@ -1696,31 +1728,16 @@ copy_landed(Ring *r, PyObject *copy)
     int sent = attr_true(copy, s_sentinel);
     if (sent <= 0)
         return sent;
-    PyObject *po = PyObject_GetAttr(copy, s_ptr);
-    PyObject *io = po ? PyObject_GetAttr(copy, s_itemsize) : NULL;
-    PyObject *lo = io ? PyObject_GetAttr(copy, s_length) : NULL;
-    int rc = -1;
-    if (lo == NULL)
-        goto done;
-    const char *ptr = PyLong_AsVoidPtr(po);
-    long isz = PyLong_AsLong(io);
-    Py_ssize_t n = PyLong_AsSsize_t(lo);
-    if (PyErr_Occurred())
-        goto done;
-    if (n == 0) {
-        rc = 1;
-        goto done;
-    }
-    if (ptr == NULL || (isz != 4 && isz != 8) || n < 0 || n > (1 << 20)) {
-        PyErr_SetString(PyExc_ValueError, "a pinned copy with no buffer, or of a bad shape");
-        goto done;
-    }
-    rc = bytes_landed(ptr, (size_t)isz, (size_t)n);
-done:
-    Py_XDECREF(po);
-    Py_XDECREF(io);
-    Py_XDECREF(lo);
-    return rc;
+    void *ptr;
+    long isz;
+    Py_ssize_t n;
+    if (pinned_fields(copy, &ptr, &isz, NULL, &n) < 0)
+        return -1;
+    if (n == 0)
+        return 1;
+    if (pinned_shape(ptr, isz, n) < 0)
+        return -1;
+    return bytes_landed(ptr, (size_t)isz, (size_t)n);
 }
 
 /* Whether a held copy was filled with the sentinel, has landed over it, recorded its event:
@@ -2017,21 +2034,13 @@ static int
 read_copy(Ring *r, Slot *s, PyObject *released)
 {
     PyObject *copy = s->copy;
-    PyObject *po = PyObject_GetAttr(copy, s_ptr);
-    PyObject *io = po ? PyObject_GetAttr(copy, s_itemsize) : NULL;
-    PyObject *lo = io ? PyObject_GetAttr(copy, s_length) : NULL;
+    void *ptr;
+    long isz;
+    Py_ssize_t n;
+    /* On an error the copy stays: the resolver reads it in Python and reports why not. */
+    if (pinned_fields(copy, &ptr, &isz, NULL, &n) < 0 || pinned_shape(ptr, isz, n) < 0)
+        return -1;
     int rc = -1;
-    if (lo == NULL)
-        goto done;
-    void *ptr = PyLong_AsVoidPtr(po);
-    long isz = PyLong_AsLong(io);
-    Py_ssize_t n = PyLong_AsSsize_t(lo);
-    if (PyErr_Occurred())
-        goto done;
-    if (ptr == NULL || (isz != 4 && isz != 8) || n < 0 || n > (1 << 20)) {
-        PyErr_SetString(PyExc_ValueError, "a pinned copy with no buffer, or of a bad shape");
-        goto done;
-    }
     int64_t k = r->k_max;
     int native = s->emitted == NULL
                  && (s->draft == NULL || exact_int_in(s->draft, 0, r->k_max, &k));
@@ -2040,14 +2049,7 @@ read_copy(Ring *r, Slot *s, PyObject *released)
     native = native && n <= NATIVE_MAX_SEQ;
     int64_t sum = 0;
     for (Py_ssize_t i = 0; native && i < n; i++) {
-        int64_t v;
-        if (isz == 8)
-            memcpy(&v, (const char *)ptr + 8 * i, 8);
-        else {
-            int32_t x;
-            memcpy(&x, (const char *)ptr + 4 * i, 4);
-            v = x;
-        }
+        int64_t v = pinned_value(ptr, isz, i);
         if (v < 0 || v > k)
             native = 0;
         else {
@@ -2068,15 +2070,7 @@ read_copy(Ring *r, Slot *s, PyObject *released)
         if (values == NULL)
             goto done;
         for (Py_ssize_t i = 0; i < n; i++) {
-            int64_t v;
-            if (isz == 8)
-                memcpy(&v, (const char *)ptr + 8 * i, 8);
-            else {
-                int32_t x;
-                memcpy(&x, (const char *)ptr + 4 * i, 4);
-                v = x;
-            }
-            PyObject *o = PyLong_FromLongLong(v);
+            PyObject *o = PyLong_FromLongLong(pinned_value(ptr, isz, i));
             if (o == NULL) {
                 Py_DECREF(values);
                 goto done;
@@ -2087,9 +2081,6 @@ read_copy(Ring *r, Slot *s, PyObject *released)
         rc = 0;
     }
 done:
-    Py_XDECREF(po);
-    Py_XDECREF(io);
-    Py_XDECREF(lo);
     if (rc < 0)
         return rc; /* the copy stays: the resolver reads it in Python and reports why not */
     /* Read: the slot goes back to its free list here, else to the resolver. */
@@ -2322,19 +2313,6 @@ thread_cpu_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* One value of a native copy's pinned buffer. */
-static inline int64_t
-copy_value(const Slot *s, int32_t i)
-{
-    if (s->cisz == 8) {
-        int64_t v;
-        memcpy(&v, (const char *)s->cptr + 8 * (size_t)i, 8);
-        return v;
-    }
-    int32_t x;
-    memcpy(&x, (const char *)s->cptr + 4 * (size_t)i, 4);
-    return x;
-}
 
 /* Whether the walk takes this done cycle: the same question before the GIL is let go (so it is
  * let go only for a walk that takes one at least) and during the walk. Reads the slot, a
@@ -2352,7 +2330,7 @@ walk_takes(Ring *r, Slot *s, int64_t bound, int64_t next_trace, int64_t slow_ns,
     else if (slow_ns >= 0 && s->ts[r->nph] - s->ts[0] >= slow_ns)
         return 0; /* traced as slow */
     for (int32_t i = 0; s->copy != NULL && i < s->clen; i++) {
-        int64_t v = copy_value(s, i);
+        int64_t v = pinned_value(s->cptr, s->cisz, i);
         if (v < 0 || v > s->ck)
             return 0; /* out of range: the resolver's validation says which */
     }
@@ -2416,7 +2394,7 @@ walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_tra
             }
             int64_t sum = 0;
             for (int32_t i = 0; i < m; i++) {
-                int64_t v = copy_value(s, i);
+                int64_t v = pinned_value(s->cptr, s->cisz, i);
                 s->lens[i] = (uint8_t)v;
                 sum += v;
             }
