@@ -1166,14 +1166,39 @@ accept_cuda(Ring *r, Cycle *c, Slot *s, PyObject *tensor, int32_t ck)
     s->ck = ck;
 }
 
+/* accept() and settle() take their acceptance as their one positional argument: 0, or -1 with
+ * a TypeError set (``what`` names the method). */
+static int
+one_positional(const char *what, Py_ssize_t nargs)
+{
+    if (nargs != 1) {
+        PyErr_Format(PyExc_TypeError, "%s() takes 1 positional argument (%zd given)", what, nargs);
+        return -1;
+    }
+    return 0;
+}
+
+/* A cycle's draft length and emitted tokens, given with its acceptance (Py_None: not given),
+ * kept on its slot (new references) for the resolver's validation. */
+static void
+keep_draft_emitted(Slot *s, PyObject *draft, PyObject *emitted)
+{
+    if (draft != Py_None) {
+        Py_INCREF(draft);
+        s->draft = draft;
+    }
+    if (emitted != Py_None) {
+        Py_INCREF(emitted);
+        s->emitted = emitted;
+    }
+}
+
 static PyObject *
 Cycle_accept(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     Ring *r = self->ring;
-    if (nargs != 1) {
-        PyErr_Format(PyExc_TypeError, "accept() takes 1 positional argument (%zd given)", nargs);
+    if (one_positional("accept", nargs) < 0)
         return NULL;
-    }
     PyObject *accepted = args[0];
     PyObject *draft = Py_None, *batch = Py_None, *emitted = Py_None;
     if (kwnames != NULL) {
@@ -1245,14 +1270,7 @@ Cycle_accept(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
         if (!owns(self, s) || self->closed)
             Py_RETURN_NONE;
         if (cuda) {
-            if (draft != Py_None) {
-                Py_INCREF(draft);
-                s->draft = draft;
-            }
-            if (emitted != Py_None) {
-                Py_INCREF(emitted);
-                s->emitted = emitted;
-            }
+            keep_draft_emitted(s, draft, emitted);
             accept_cuda(r, self, s, accepted, native_k && emitted == Py_None ? (int32_t)k : -1);
             Py_RETURN_NONE;
         }
@@ -1307,14 +1325,7 @@ Cycle_accept(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
     }
     s->acc = keep;
     s->has_obj_acc = 1;
-    if (draft != Py_None) {
-        Py_INCREF(draft);
-        s->draft = draft;
-    }
-    if (emitted != Py_None) {
-        Py_INCREF(emitted);
-        s->emitted = emitted;
-    }
+    keep_draft_emitted(s, draft, emitted);
     Py_RETURN_NONE;
 }
 
@@ -1377,10 +1388,8 @@ static PyObject *
 Cycle_settle(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     Ring *r = self->ring;
-    if (nargs != 1) {
-        PyErr_Format(PyExc_TypeError, "settle() takes 1 positional argument (%zd given)", nargs);
+    if (one_positional("settle", nargs) < 0)
         return NULL;
-    }
     int st = self->settle_state;
     if (st == DEFER_NOTHING)
         Py_RETURN_NONE;
