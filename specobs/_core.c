@@ -1520,6 +1520,19 @@ writer_id(void)
 #endif
 }
 
+/* The open cycle's handle (``r->current``, not NULL) marked closed, no call made: its slot where
+ * the cycle still holds it, else NULL. The handle stays ``current``: what becomes of it and of
+ * the slot is the caller's (begin() discards and keeps it as a spare; after fork, it is voided
+ * and let go of). */
+static inline Slot *
+current_closed(Ring *r)
+{
+    Cycle *cur = (Cycle *)r->current;
+    cur->closed = 1;
+    Slot *s = slot_of(cur);
+    return owns(cur, s) ? s : NULL;
+}
+
 static PyObject *
 Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -1549,10 +1562,8 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     int was_open = 0;
     if (r->current != NULL) {
         /* Closed before any call: whoever closes a cycle first is the only one. */
-        Cycle *cur = (Cycle *)r->current;
-        cur->closed = 1;
-        Slot *old = slot_of(cur);
-        if (owns(cur, old))
+        Slot *old = current_closed(r);
+        if (old != NULL)
             discard(r, old);
         close_current(r);
         was_open = 1;
@@ -3487,10 +3498,8 @@ Ring_forget_current(Ring *r, PyObject *Py_UNUSED(ignored))
 {
     /* After fork: the parent's open cycle is not the child's (its handle stays closed). */
     if (r->current != NULL) {
-        Cycle *c = (Cycle *)r->current;
-        c->closed = 1;
-        Slot *s = slot_of(c);
-        if (owns(c, s))
+        Slot *s = current_closed(r);
+        if (s != NULL)
             STATE_SET(s, SLOT_VOID);
         Py_CLEAR(r->current);
     }
