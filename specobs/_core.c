@@ -3343,18 +3343,12 @@ Ring_init(Ring *r, PyObject *args, PyObject *kwds)
     r->dropped = PyList_New(0);
     if (r->dropped == NULL)
         return -1;
-    Py_INCREF(slow);
-    r->slow = slow;
-    Py_INCREF(phases);
-    r->phases = phases;
-    Py_INCREF(null_cycle);
-    r->null_cycle = null_cycle;
-    Py_INCREF(Py_None);
-    r->record_fn = Py_None;
-    Py_INCREF(Py_None);
-    r->stream = Py_None;
-    Py_INCREF(Py_None);
-    r->copy_type = Py_None;
+    r->slow = Py_NewRef(slow);
+    r->phases = Py_NewRef(phases);
+    r->null_cycle = Py_NewRef(null_cycle);
+    r->record_fn = Py_NewRef(Py_None);
+    r->stream = Py_NewRef(Py_None);
+    r->copy_type = Py_NewRef(Py_None);
     return 0;
 }
 
