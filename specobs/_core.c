@@ -1669,6 +1669,22 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 
 /* bucket_of, int64_list, bucketed: specobs/_bucket.h */
 
+/* The next done slot from position ``*p`` (left at it), passing void ones; NULL at the head or
+ * at a slot not done (open, deferred): where the waiting cycles stop being drainable in order.
+ * How ``pending`` and the poll walk the first queued cycles, with the GIL and as the tail's
+ * walker (nothing moves the ring meanwhile). */
+static inline Slot *
+next_done(Ring *r, uint64_t *p)
+{
+    for (; *p != r->head; (*p)++) {
+        Slot *s = &r->slots[*p % (uint64_t)r->nslots];
+        if (STATE(s) == SLOT_VOID)
+            continue;
+        return STATE(s) == SLOT_DONE ? s : NULL;
+    }
+    return NULL;
+}
+
 /* (first index, [(index, events, copy) for the cycles holding events], bound): the first
  * ``limit`` queued cycles. The resolver asks which of the held ones completed and drains up
  * to the first that has not (``bound`` when all have). */
@@ -1683,12 +1699,8 @@ pending_walked(Ring *r, PyObject *arg)
         return NULL;
     int64_t bound = 0;
     Py_ssize_t n = 0;
-    for (uint64_t p = r->tail; p != r->head && n < limit; p++) {
-        Slot *s = &r->slots[p % (uint64_t)r->nslots];
-        if (STATE(s) == SLOT_VOID)
-            continue;
-        if (STATE(s) != SLOT_DONE)
-            break;
+    uint64_t p = r->tail;
+    for (Slot *s; n < limit && (s = next_done(r, &p)) != NULL; p++) {
         n++;
         bound = s->idx + 1;
         if (s->ev == NULL && s->copy == NULL)
@@ -1951,12 +1963,8 @@ poll_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t n = 0, nh = 0;
     /* References taken now: the query is Python code, during which the worker may run and
      * move the ring (the cycles looked at stay alive, and the drain re-reads the ring). */
-    for (uint64_t p = r->tail; p != r->head && n < limit && nh < cap; p++) {
-        Slot *s = &r->slots[p % (uint64_t)r->nslots];
-        if (STATE(s) == SLOT_VOID)
-            continue;
-        if (STATE(s) != SLOT_DONE)
-            break;
+    uint64_t p = r->tail;
+    for (Slot *s; n < limit && nh < cap && (s = next_done(r, &p)) != NULL; p++) {
         n++;
         bound = s->idx + 1;
         if (s->ev == NULL && s->copy == NULL)
