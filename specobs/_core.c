@@ -1821,6 +1821,36 @@ held_done(Ring *r, PyObject *query, Held *h)
     return take_truth(v);
 }
 
+/* What the poll asks of a held cycle, in stream order (once false, false for every later one):
+ * held_landed (``query`` unused) or held_done. 1, 0, or -1 on an error. */
+typedef int (*HeldTest)(Ring *r, PyObject *query, Held *h);
+
+static int
+held_landed_test(Ring *r, PyObject *Py_UNUSED(query), Held *h)
+{
+    return held_landed(r, h);
+}
+
+/* The poll's binary search: the first of the held cycles ``hv[pos[0..n)]`` that ``test`` is
+ * false of (``n`` when it holds of all), or -1 on an error. It asks log2(n) of them at most. */
+static inline Py_ssize_t
+held_first_not(Ring *r, PyObject *query, Held *hv, const Py_ssize_t *pos, Py_ssize_t n,
+               HeldTest test)
+{
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        int t = test(r, query, &hv[pos[mid]]);
+        if (t < 0)
+            return -1;
+        if (t)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* The poll on one stream (see Ring.poll): the index bound, or -1 on an error. */
 static int64_t
 poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long polls_before)
@@ -1844,17 +1874,9 @@ poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long
         if (t)
             pos[nc++] = i;
     }
-    Py_ssize_t lo = 0, hi = nc;
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        int t = held_landed(r, &hv[pos[mid]]);
-        if (t < 0)
-            goto done;
-        if (t)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    Py_ssize_t lo = held_first_not(r, query, hv, pos, nc, held_landed_test);
+    if (lo < 0)
+        goto done;
     Py_ssize_t start = 0;
     if (lo > 0) {
         Py_ssize_t j = pos[lo - 1];
@@ -1894,18 +1916,10 @@ poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long
         if (t)
             pos[nt++] = i;
     }
-    lo = 0;
-    hi = nt;
-    while (lo < hi) { /* the first such cycle whose last event has not completed */
-        Py_ssize_t mid = (lo + hi) / 2;
-        int t = held_done(r, query, &hv[pos[mid]]);
-        if (t < 0)
-            goto done;
-        if (t)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    /* The first such cycle whose last event has not completed. */
+    lo = held_first_not(r, query, hv, pos, nt, held_done);
+    if (lo < 0)
+        goto done;
     Py_ssize_t stop = lo < nt ? pos[lo] : nh;
     for (Py_ssize_t i = lo ? pos[lo - 1] + 1 : 0; i < stop; i++) {
         int t = held_landed(r, &hv[i]);
