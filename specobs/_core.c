@@ -2676,18 +2676,27 @@ drain_nogil(Ring *r, long long bound, Py_ssize_t limit, PyObject *trace, long lo
     return rc < 0 ? -1 : n;
 }
 
+/* What drain and drain_into are called with: (bound, limit, trace, slow_ns, want_all). */
+typedef struct {
+    long long bound, slow_ns;
+    Py_ssize_t limit;
+    PyObject *trace; /* borrowed: a list of cycle indices */
+    int want_all;
+} DrainArgs;
+
+/* Read a drain's arguments into ``a``: 0, or -1 with an exception set. */
 static int
-drain_args(PyObject *const *args, Py_ssize_t nargs, long long *bound, Py_ssize_t *limit,
-           long long *slow_ns, int *want_all)
+drain_args(PyObject *const *args, Py_ssize_t nargs, DrainArgs *a)
 {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "drain(bound, limit, trace, slow_ns, want_all)");
         return -1;
     }
-    *bound = PyLong_AsLongLong(args[0]);
-    *limit = PyLong_AsSsize_t(args[1]);
-    *slow_ns = PyLong_AsLongLong(args[3]);
-    *want_all = PyObject_IsTrue(args[4]);
+    a->bound = PyLong_AsLongLong(args[0]);
+    a->limit = PyLong_AsSsize_t(args[1]);
+    a->trace = args[2];
+    a->slow_ns = PyLong_AsLongLong(args[3]);
+    a->want_all = PyObject_IsTrue(args[4]);
     if (PyErr_Occurred())
         return -1;
     if (!PyList_Check(args[2])) {
@@ -2756,11 +2765,8 @@ totals_tuple(Ring *r, const Totals *t)
 static PyObject *
 drain_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
 {
-    long long bound, slow_ns;
-    Py_ssize_t limit, n = 0;
-    int want_all;
-    int64_t total = 0;
-    if (drain_args(args, nargs, &bound, &limit, &slow_ns, &want_all) < 0)
+    DrainArgs a;
+    if (drain_args(args, nargs, &a) < 0)
         return NULL;
     Totals *t = PyMem_Calloc(1, sizeof(Totals));
     PyObject *details = PyList_New(0), *released = PyList_New(0), *out = NULL;
@@ -2769,10 +2775,12 @@ drain_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
             PyErr_NoMemory();
         goto done;
     }
+    Py_ssize_t n = 0;
+    int64_t total = 0;
     Deferral d;
     defer_begin(&d);
-    int rc = drain_loop(r, t, bound, limit, args[2], slow_ns, want_all, details, released, &n,
-                        &total, 0, 0);
+    int rc = drain_loop(r, t, a.bound, a.limit, a.trace, a.slow_ns, a.want_all, details,
+                        released, &n, &total, 0, 0);
     defer_end(&d);
     if (rc < 0)
         goto done;
@@ -2804,15 +2812,12 @@ done:
 static PyObject *
 drain_into_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
 {
-    long long bound, slow_ns;
-    Py_ssize_t limit, n = 0;
-    int want_all;
-    int64_t total = 0;
-    if (drain_args(args, nargs, &bound, &limit, &slow_ns, &want_all) < 0)
+    DrainArgs a;
+    if (drain_args(args, nargs, &a) < 0)
         return NULL;
     PyObject *details = PyList_New(0), *released = PyList_New(0), *out = NULL;
     int rc = details != NULL && released != NULL ? 0 : -1;
-    int walk = !want_all;
+    int walk = !a.want_all;
     /* What the pump walked since the last call (its cycles are in the totals already), and the
      * references it parked, handed back now: counted in this drain's cycles and host time. */
     Py_ssize_t pumped = (Py_ssize_t)r->pump_cycles;
@@ -2830,29 +2835,31 @@ drain_into_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     r->walk_count = r->walk_hold_ns = 0;
     /* Only the cycles begun before this call: one a finalizer run between two rounds begins
      * waits for the next drain, as it does when the drain is one pass. */
-    if (bound > r->begun)
-        bound = r->begun;
+    if (a.bound > r->begun)
+        a.bound = r->begun;
     /* Rounds: the walk without the GIL takes the common case, the drain with it the cycles that
      * need Python, until the chunk is full or nothing more is ready. */
-    while (rc == 0 && n < limit) {
+    Py_ssize_t n = 0;
+    int64_t total = 0;
+    while (rc == 0 && n < a.limit) {
         int64_t wtotal = 0, gtotal = 0;
         if (nev && LOADN(&r->nheld) > 0)
-            fill_handles(r, limit - n);
-        Py_ssize_t nw = walk ? drain_nogil(r, bound, limit - n, args[2], slow_ns, nev, released,
-                                           &wtotal) : 0;
+            fill_handles(r, a.limit - n);
+        Py_ssize_t nw = walk ? drain_nogil(r, a.bound, a.limit - n, a.trace, a.slow_ns, nev,
+                                           released, &wtotal) : 0;
         if (nw < 0) {
             nw = 0;
             PyErr_Clear(); /* nothing was walked: the drain below takes the cycles instead */
         }
         n += nw;
         total += wtotal;
-        if (n >= limit)
+        if (n >= a.limit)
             break;
         Py_ssize_t ng = 0;
         Deferral d;
         defer_begin(&d);
-        rc = drain_loop(r, r->totals, bound, limit - n, args[2], slow_ns, want_all, details,
-                        released, &ng, &gtotal, walk, nev);
+        rc = drain_loop(r, r->totals, a.bound, a.limit - n, a.trace, a.slow_ns, a.want_all,
+                        details, released, &ng, &gtotal, walk, nev);
         defer_end(&d);
         n += ng;
         total += gtotal;
