@@ -865,9 +865,8 @@ Cycle_end(Cycle *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-/* The truth of ``v``, a new reference (or NULL with an exception set: -1), which it lets go of:
- * 1, 0, or -1 on an error. What a Python call's or an attribute's result is asked, in one
- * place. */
+/* The truth of ``v``, a call's or an attribute's result (a new reference, or NULL with an
+ * exception set), which it lets go of: 1, 0, or -1 on an error (NULL included). */
 static int
 take_truth(PyObject *v)
 {
