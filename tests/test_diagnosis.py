@@ -630,6 +630,11 @@ def test_no_first_position_mix_where_it_cannot_be_told() -> None:
     assert dg.FirstPosition.fit([0.8], 1) is None  # no in-cycle rate at k = 1
     assert dg.FirstPosition.fit([0.9, 0.8, 0.8], 3) is None  # a_0 above the later rates
     assert dg.FirstPosition.fit([0.8, 0.9], 3) is None  # fewer rates than k
+    # All or nothing after the first token (a mis-wired draft on a short window): the starts
+    # after a rejection would be accepted at 0, and a_0 at another k is not defined.
+    assert dg.FirstPosition.fit([0.5, 1.0, 1.0], 3) is None
+    f = dg.advise_k(brk(positions=(0.5, 0.5, 0.5, 0.5)))
+    assert f is not None and f.evidence["first_position_after_rejection"] is None
 
 
 def test_the_advice_counts_the_first_positions_fall_at_a_longer_k() -> None:

@@ -59,7 +59,8 @@ class FirstPosition:
     @classmethod
     def fit(cls, conditional: Sequence[float], k: int) -> FirstPosition | None:
         """From the rates measured at ``k``; ``None`` where the mix cannot be told: k = 1 (no
-        in-cycle rate), or a first position accepted at least as often as the later ones."""
+        in-cycle rate), a first position accepted at least as often as the later ones, or one
+        the whole cycles before it account for entirely."""
         cond = tuple(conditional)
         if k < 2 or len(cond) < k or not all(0 < a <= 1 for a in cond[:k]):
             return None
@@ -68,7 +69,12 @@ class FirstPosition:
         full = cond[0] * math.prod(later)
         if not cond[0] < after_full or not full < 1:
             return None
-        after_rejection = max(0.0, (cond[0] - full * after_full) / (1 - full))
+        after_rejection = (cond[0] - full * after_full) / (1 - full)
+        if not after_rejection > 0:
+            # Every first-position acceptance explained by whole cycles before it: a draft that
+            # never recovers after a rejection, which the mix cannot extrapolate (and its fixed
+            # point would divide by zero where the later rates are all 1).
+            return None
         return cls(after_full, after_rejection, cond)
 
     def at(self, k: int) -> float:
