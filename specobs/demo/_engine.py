@@ -10,7 +10,8 @@ One speculative cycle over the active sequences (``step()``):
 
 New requests are prefilled before the cycle (prefill is not a speculative cycle). Greedy output is
 token-for-token the target's plain greedy decoding (:func:`greedy_generate`). On CUDA the draft
-chain and the verify forward are captured as CUDA graphs per batch bucket.
+chain and the verify forward are captured as CUDA graphs per batch bucket, and every forward
+runs its float32 matmuls in TF32 (:func:`~specobs.demo._model.serving_matmuls`).
 """
 
 from __future__ import annotations
