@@ -1,4 +1,5 @@
-"""Stress the pump: N times, 60,000 cycles beside a worker that lets go of the GIL, then a flush.
+"""Stress the pump: N times, 60,000 cycles beside a worker that lets go of the GIL (the tests'
+stream, tests/test_nogil_drain.py), then a flush.
 
     PYTHONPATH=. python benchmarks/diag/pump_stress.py N [cuda]
 
@@ -12,13 +13,10 @@ so the default clock is the CUDA one.
 from __future__ import annotations
 
 import faulthandler
-import hashlib
 import sys
 
 import specobs
-
-_WORK = bytes(1 << 16)
-ACC = [1, 2, 0, 3, 4, 1, 0, 2]
+from tests.test_nogil_drain import host_cycles
 
 
 def main() -> int:
@@ -29,13 +27,7 @@ def main() -> int:
     faulthandler.dump_traceback_later(40 * int(sys.argv[1]), exit=True)
     for k in range(int(sys.argv[1])):
         obs = specobs.configure(sinks=[], poll_interval_seconds=0.001, queue_size=1 << 15)
-        for i in range(60_000):
-            with obs.cycle(batch_size=8) as c:
-                c.mark("verify")
-                c.mark("bookkeeping")
-                c.accept(ACC, draft_length=4)
-            if i % 4 == 0:
-                hashlib.sha256(_WORK).digest()
+        host_cycles(obs, 60_000)  # the stream the drain's and the pump's tests run
         if not obs.force_flush(10):
             r = obs._resolver
             ring = r.rec.ring
