@@ -375,18 +375,18 @@ def greedy_generate(
     positions = torch.arange(len(ids), device=device).unsqueeze(0)
     out: list[int] = []
     length = len(ids)
-    while True:
-        with serving_matmuls(device):
+    with serving_matmuls(device):
+        while True:
             logits, _ = target(tokens, positions, cache=cache, slots=slots)
-        nxt = int(logits[0, -1].argmax())
-        if nxt == eos_id:
-            break
-        out.append(nxt)
-        if len(out) >= max_tokens or length >= c.max_seq_len:
-            break
-        tokens = torch.tensor([[nxt]], device=device)
-        positions = torch.tensor([[length]], device=device)
-        length += 1
+            nxt = int(logits[0, -1].argmax())
+            if nxt == eos_id:
+                break
+            out.append(nxt)
+            if len(out) >= max_tokens or length >= c.max_seq_len:
+                break
+            tokens = torch.tensor([[nxt]], device=device)
+            positions = torch.tensor([[length]], device=device)
+            length += 1
     return out
 
 

@@ -31,12 +31,18 @@ DRAFT_FIXED_STEPS = 1.0
 # -- the advisor ----------------------------------------------------------------------------------
 
 
+def _rate_at(conditional: Sequence[float], i: int) -> float:
+    """The conditional rate a_i, beyond the measured positions the last one measured."""
+    return conditional[min(i, len(conditional) - 1)]
+
+
 def expected_tokens(conditional: Sequence[float], k: int) -> float:
     """Tokens one sequence gains per cycle drafting ``k``: 1 + a_0 + a_0 a_1 + ... +
-    a_0 ... a_(k-1), with the conditional rates beyond the measured ones taken as the last one."""
+    a_0 ... a_(k-1), with the conditional rates beyond the measured ones taken as the last one
+    (:func:`_rate_at`)."""
     total, survive = 1.0, 1.0
     for i in range(k):
-        a = conditional[min(i, len(conditional) - 1)]
+        a = _rate_at(conditional, i)
         survive *= a
         total += survive
     return total
@@ -50,7 +56,8 @@ class FirstPosition:
     a_1 .. a_(k-1)); one that follows a rejection starts where the draft just failed (accepted
     at ``after_rejection``, solved from the measured a_0 and the measured share of full
     cycles). The share of full cycles falls as k grows, and with it a_0: :meth:`at` gives a_0 at
-    another k, the fixed point of a_0 = r + (f - r) a_0 P(k'), P(k') = a_1 ... a_(k'-1)."""
+    another k, the fixed point of a_0 = r + (h - r) a_0 P(k'), with h = ``after_full``, r =
+    ``after_rejection`` and P(k') = a_1 ... a_(k'-1)."""
 
     after_full: float
     after_rejection: float
@@ -80,8 +87,7 @@ class FirstPosition:
     def at(self, k: int) -> float:
         """a_0 at ``k``: the share of full cycles there from the measured a_1 .. (the last
         extrapolated beyond the measured k)."""
-        cond = self.conditional
-        later = math.prod(cond[min(i, len(cond) - 1)] for i in range(1, k))
+        later = math.prod(_rate_at(self.conditional, i) for i in range(1, k))
         return self.after_rejection / (1 - (self.after_full - self.after_rejection) * later)
 
 
