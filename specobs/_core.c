@@ -865,30 +865,6 @@ Cycle_end(Cycle *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-/* The truth of ``v``, a call's or an attribute's result (a new reference, or NULL with an
- * exception set), which it lets go of: 1, 0, or -1 on an error (NULL included). */
-static int
-take_truth(PyObject *v)
-{
-    if (v == NULL)
-        return -1;
-    int t = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return t;
-}
-
-/* ``o``, a new reference (or NULL with an exception set), read as an address into ``*out`` and let
- * go of: 0, or -1 with an exception set (a NULL address is one where no error was raised). */
-static int
-take_ptr(PyObject *o, void **out)
-{
-    if (o == NULL)
-        return -1;
-    *out = PyLong_AsVoidPtr(o);
-    Py_DECREF(o);
-    return *out == NULL && PyErr_Occurred() ? -1 : 0;
-}
-
 /* ``o.name()`` as a C integer; -1 with an exception set on failure (``*ok`` says which). */
 static long long
 call_ll(PyObject *o, PyObject *name, int *ok)
@@ -904,56 +880,24 @@ call_ll(PyObject *o, PyObject *name, int *ok)
     return x;
 }
 
-/* A pinned slot's (or copy's: the clock's copy type) address and element size, and one more
- * member: its event handle when ``handle`` is given (starting a copy), else its length (reading
- * one). Member slots, no Python code. 0, or -1 with an exception set. */
+/* A pinned slot's address, element size and event handle (member slots, no Python code). */
 static int
-pinned_fields(PyObject *slot, void **ptr, long *itemsize, void **handle, Py_ssize_t *length)
+slot_fields(PyObject *slot, void **ptr, long *itemsize, void **handle)
 {
     PyObject *po = PyObject_GetAttr(slot, s_ptr);
     PyObject *io = po ? PyObject_GetAttr(slot, s_itemsize) : NULL;
-    PyObject *xo = io ? PyObject_GetAttr(slot, handle != NULL ? s_handle : s_length) : NULL;
+    PyObject *ho = io ? PyObject_GetAttr(slot, s_handle) : NULL;
     int rc = -1;
-    if (xo != NULL) {
+    if (ho != NULL) {
         *ptr = PyLong_AsVoidPtr(po);
         *itemsize = PyLong_AsLong(io);
-        if (handle != NULL)
-            *handle = PyLong_AsVoidPtr(xo);
-        else
-            *length = PyLong_AsSsize_t(xo);
+        *handle = PyLong_AsVoidPtr(ho);
         rc = PyErr_Occurred() ? -1 : 0;
     }
     Py_XDECREF(po);
     Py_XDECREF(io);
-    Py_XDECREF(xo);
+    Py_XDECREF(ho);
     return rc;
-}
-
-/* Whether a copy's pinned buffer, read by pinned_fields, can be read: an address, 4 or 8 byte
- * elements, at most 2**20 of them. 0, or -1 with a ValueError set. */
-static int
-pinned_shape(const void *ptr, long isz, Py_ssize_t n)
-{
-    if (ptr == NULL || (isz != 4 && isz != 8) || n < 0 || n > (1 << 20)) {
-        PyErr_SetString(PyExc_ValueError, "a pinned copy with no buffer, or of a bad shape");
-        return -1;
-    }
-    return 0;
-}
-
-/* Value ``i`` of a pinned buffer of ``isz`` (4 or 8) byte integers: how a native copy's values
- * are read, by the drain with the GIL and the walk without it. No Python call. */
-static inline int64_t
-pinned_value(const void *ptr, long isz, Py_ssize_t i)
-{
-    if (isz == 8) {
-        int64_t v;
-        memcpy(&v, (const char *)ptr + 8 * (size_t)i, 8);
-        return v;
-    }
-    int32_t x;
-    memcpy(&x, (const char *)ptr + 4 * (size_t)i, 4);
-    return x;
 }
 
 /* Start the copy of a CUDA acceptance tensor into a free pinned slot, on the stream current for
@@ -1009,7 +953,11 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
         return -1;
     if (n < 0 || n > r->nc_capacity)
         return 0;
-    int c = take_truth(PyObject_CallMethodNoArgs(tensor, s_is_contiguous));
+    PyObject *contig = PyObject_CallMethodNoArgs(tensor, s_is_contiguous);
+    if (contig == NULL)
+        return -1;
+    int c = PyObject_IsTrue(contig);
+    Py_DECREF(contig);
     if (c != 1)
         return c < 0 ? -1 : 0;
     long long dev = call_ll(tensor, s_get_device, &ok);
@@ -1017,14 +965,21 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
         return -1;
     if (dev != r->nc_device)
         return 0;
-    void *src;
-    if (take_ptr(PyObject_CallMethodNoArgs(tensor, s_data_ptr), &src) < 0)
+    PyObject *dp = PyObject_CallMethodNoArgs(tensor, s_data_ptr);
+    if (dp == NULL)
+        return -1;
+    void *src = PyLong_AsVoidPtr(dp);
+    Py_DECREF(dp);
+    if (src == NULL && PyErr_Occurred())
         return -1;
     PyObject *devo = PyLong_FromLongLong(dev);
     PyObject *so = devo ? PyObject_CallOneArg(r->nc_stream_fn, devo) : NULL;
     Py_XDECREF(devo);
-    void *stream;
-    if (take_ptr(so, &stream) < 0)
+    if (so == NULL)
+        return -1;
+    void *stream = PyLong_AsVoidPtr(so);
+    Py_DECREF(so);
+    if (stream == NULL && PyErr_Occurred())
         return -1;
     /* No Python code runs from here to the pop: the pool cannot change under it. */
     Py_ssize_t nfree = PyList_GET_SIZE(pool);
@@ -1048,7 +1003,7 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
     void *dst = NULL, *handle = NULL;
     long isz = 0;
     int ret;
-    if (pinned_fields(slot, &dst, &isz, &handle, NULL) < 0 || (isz != 4 && isz != 8)) {
+    if (slot_fields(slot, &dst, &isz, &handle) < 0 || (isz != 4 && isz != 8)) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "a pinned slot of a bad element size");
         ret = -1; /* the slot goes back; the error is reported either way */
@@ -1165,39 +1120,14 @@ accept_cuda(Ring *r, Cycle *c, Slot *s, PyObject *tensor, int32_t ck)
     s->ck = ck;
 }
 
-/* accept() and settle() take their acceptance as their one positional argument: 0, or -1 with
- * a TypeError set (``what`` names the method). */
-static int
-one_positional(const char *what, Py_ssize_t nargs)
-{
-    if (nargs != 1) {
-        PyErr_Format(PyExc_TypeError, "%s() takes 1 positional argument (%zd given)", what, nargs);
-        return -1;
-    }
-    return 0;
-}
-
-/* A cycle's draft length and emitted tokens, given with its acceptance (Py_None: not given),
- * kept on its slot (new references) for the resolver's validation. */
-static void
-keep_draft_emitted(Slot *s, PyObject *draft, PyObject *emitted)
-{
-    if (draft != Py_None) {
-        Py_INCREF(draft);
-        s->draft = draft;
-    }
-    if (emitted != Py_None) {
-        Py_INCREF(emitted);
-        s->emitted = emitted;
-    }
-}
-
 static PyObject *
 Cycle_accept(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     Ring *r = self->ring;
-    if (one_positional("accept", nargs) < 0)
+    if (nargs != 1) {
+        PyErr_Format(PyExc_TypeError, "accept() takes 1 positional argument (%zd given)", nargs);
         return NULL;
+    }
     PyObject *accepted = args[0];
     PyObject *draft = Py_None, *batch = Py_None, *emitted = Py_None;
     if (kwnames != NULL) {
@@ -1269,7 +1199,14 @@ Cycle_accept(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
         if (!owns(self, s) || self->closed)
             Py_RETURN_NONE;
         if (cuda) {
-            keep_draft_emitted(s, draft, emitted);
+            if (draft != Py_None) {
+                Py_INCREF(draft);
+                s->draft = draft;
+            }
+            if (emitted != Py_None) {
+                Py_INCREF(emitted);
+                s->emitted = emitted;
+            }
             accept_cuda(r, self, s, accepted, native_k && emitted == Py_None ? (int32_t)k : -1);
             Py_RETURN_NONE;
         }
@@ -1324,7 +1261,14 @@ Cycle_accept(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
     }
     s->acc = keep;
     s->has_obj_acc = 1;
-    keep_draft_emitted(s, draft, emitted);
+    if (draft != Py_None) {
+        Py_INCREF(draft);
+        s->draft = draft;
+    }
+    if (emitted != Py_None) {
+        Py_INCREF(emitted);
+        s->emitted = emitted;
+    }
     Py_RETURN_NONE;
 }
 
@@ -1387,8 +1331,10 @@ static PyObject *
 Cycle_settle(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     Ring *r = self->ring;
-    if (one_positional("settle", nargs) < 0)
+    if (nargs != 1) {
+        PyErr_Format(PyExc_TypeError, "settle() takes 1 positional argument (%zd given)", nargs);
         return NULL;
+    }
     int st = self->settle_state;
     if (st == DEFER_NOTHING)
         Py_RETURN_NONE;
@@ -1519,19 +1465,6 @@ writer_id(void)
 #endif
 }
 
-/* The open cycle's handle (``r->current``, not NULL) marked closed, no call made: its slot where
- * the cycle still holds it, else NULL. The handle stays ``current``: what becomes of it and of
- * the slot is the caller's (begin() discards and keeps it as a spare; after fork, it is voided
- * and let go of). */
-static inline Slot *
-current_closed(Ring *r)
-{
-    Cycle *cur = (Cycle *)r->current;
-    cur->closed = 1;
-    Slot *s = slot_of(cur);
-    return owns(cur, s) ? s : NULL;
-}
-
 static PyObject *
 Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -1561,8 +1494,10 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     int was_open = 0;
     if (r->current != NULL) {
         /* Closed before any call: whoever closes a cycle first is the only one. */
-        Slot *old = current_closed(r);
-        if (old != NULL)
+        Cycle *cur = (Cycle *)r->current;
+        cur->closed = 1;
+        Slot *old = slot_of(cur);
+        if (owns(cur, old))
             discard(r, old);
         close_current(r);
         was_open = 1;
@@ -1668,22 +1603,6 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 
 /* bucket_of, int64_list, bucketed: specobs/_bucket.h */
 
-/* The next done slot from position ``*p`` (left at it), passing void ones; NULL at the head or
- * at a slot not done (open, deferred): where the waiting cycles stop being drainable in order.
- * How ``pending`` and the poll walk the first queued cycles, with the GIL and as the tail's
- * walker (nothing moves the ring meanwhile). */
-static inline Slot *
-next_done(Ring *r, uint64_t *p)
-{
-    for (; *p != r->head; (*p)++) {
-        Slot *s = &r->slots[*p % (uint64_t)r->nslots];
-        if (STATE(s) == SLOT_VOID)
-            continue;
-        return STATE(s) == SLOT_DONE ? s : NULL;
-    }
-    return NULL;
-}
-
 /* (first index, [(index, events, copy) for the cycles holding events], bound): the first
  * ``limit`` queued cycles. The resolver asks which of the held ones completed and drains up
  * to the first that has not (``bound`` when all have). */
@@ -1698,8 +1617,12 @@ pending_walked(Ring *r, PyObject *arg)
         return NULL;
     int64_t bound = 0;
     Py_ssize_t n = 0;
-    uint64_t p = r->tail;
-    for (Slot *s; n < limit && (s = next_done(r, &p)) != NULL; p++) {
+    for (uint64_t p = r->tail; p != r->head && n < limit; p++) {
+        Slot *s = &r->slots[p % (uint64_t)r->nslots];
+        if (STATE(s) == SLOT_VOID)
+            continue;
+        if (STATE(s) != SLOT_DONE)
+            break;
         n++;
         bound = s->idx + 1;
         if (s->ev == NULL && s->copy == NULL)
@@ -1729,11 +1652,15 @@ typedef struct {
     uint64_t evlast; /* a sampled cycle's last event's handle, when the ring may query it */
 } Held;
 
-/* Whether ``o.name`` is true: 1, 0, or -1 on an error. */
 static int
 attr_true(PyObject *o, PyObject *name)
 {
-    return take_truth(PyObject_GetAttr(o, name));
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
 }
 
 /* Whether ``n`` elements of ``isz`` bytes at ``p`` were all written over the sentinel: accepted
@@ -1754,21 +1681,42 @@ bytes_landed(const char *p, size_t isz, size_t n)
 static int
 copy_landed(Ring *r, PyObject *copy)
 {
-    if (r->copy_type == NULL || Py_TYPE(copy) != (PyTypeObject *)r->copy_type)
-        return take_truth(PyObject_CallMethodNoArgs(copy, s_landed));
+    if (r->copy_type == NULL || Py_TYPE(copy) != (PyTypeObject *)r->copy_type) {
+        PyObject *v = PyObject_CallMethodNoArgs(copy, s_landed);
+        if (v == NULL)
+            return -1;
+        int t = PyObject_IsTrue(v);
+        Py_DECREF(v);
+        return t;
+    }
     int sent = attr_true(copy, s_sentinel);
     if (sent <= 0)
         return sent;
-    void *ptr;
-    long isz;
-    Py_ssize_t n;
-    if (pinned_fields(copy, &ptr, &isz, NULL, &n) < 0)
-        return -1;
-    if (n == 0)
-        return 1;
-    if (pinned_shape(ptr, isz, n) < 0)
-        return -1;
-    return bytes_landed(ptr, (size_t)isz, (size_t)n);
+    PyObject *po = PyObject_GetAttr(copy, s_ptr);
+    PyObject *io = po ? PyObject_GetAttr(copy, s_itemsize) : NULL;
+    PyObject *lo = io ? PyObject_GetAttr(copy, s_length) : NULL;
+    int rc = -1;
+    if (lo == NULL)
+        goto done;
+    const char *ptr = PyLong_AsVoidPtr(po);
+    long isz = PyLong_AsLong(io);
+    Py_ssize_t n = PyLong_AsSsize_t(lo);
+    if (PyErr_Occurred())
+        goto done;
+    if (n == 0) {
+        rc = 1;
+        goto done;
+    }
+    if (ptr == NULL || (isz != 4 && isz != 8) || n < 0 || n > (1 << 20)) {
+        PyErr_SetString(PyExc_ValueError, "a pinned copy with no buffer, or of a bad shape");
+        goto done;
+    }
+    rc = bytes_landed(ptr, (size_t)isz, (size_t)n);
+done:
+    Py_XDECREF(po);
+    Py_XDECREF(io);
+    Py_XDECREF(lo);
+    return rc;
 }
 
 /* Whether a held copy was filled with the sentinel, has landed over it, recorded its event:
@@ -1817,37 +1765,11 @@ held_done(Ring *r, PyObject *query, Held *h)
         return -1;
     PyObject *v = PyObject_CallOneArg(query, ev);
     Py_DECREF(ev);
-    return take_truth(v);
-}
-
-/* What the poll asks of a held cycle, in stream order (once false, false for every later one):
- * held_landed (``query`` unused) or held_done. 1, 0, or -1 on an error. */
-typedef int (*HeldTest)(Ring *r, PyObject *query, Held *h);
-
-static int
-held_landed_test(Ring *r, PyObject *Py_UNUSED(query), Held *h)
-{
-    return held_landed(r, h);
-}
-
-/* The poll's binary search: the first of the held cycles ``hv[pos[0..n)]`` that ``test`` is
- * false of (``n`` when it holds of all), or -1 on an error. It asks log2(n) of them at most. */
-static inline Py_ssize_t
-held_first_not(Ring *r, PyObject *query, Held *hv, const Py_ssize_t *pos, Py_ssize_t n,
-               HeldTest test)
-{
-    Py_ssize_t lo = 0, hi = n;
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        int t = test(r, query, &hv[pos[mid]]);
-        if (t < 0)
-            return -1;
-        if (t)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+    if (v == NULL)
+        return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
 }
 
 /* The poll on one stream (see Ring.poll): the index bound, or -1 on an error. */
@@ -1873,9 +1795,17 @@ poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long
         if (t)
             pos[nc++] = i;
     }
-    Py_ssize_t lo = held_first_not(r, query, hv, pos, nc, held_landed_test);
-    if (lo < 0)
-        goto done;
+    Py_ssize_t lo = 0, hi = nc;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        int t = held_landed(r, &hv[pos[mid]]);
+        if (t < 0)
+            goto done;
+        if (t)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
     Py_ssize_t start = 0;
     if (lo > 0) {
         Py_ssize_t j = pos[lo - 1];
@@ -1915,10 +1845,18 @@ poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long
         if (t)
             pos[nt++] = i;
     }
-    /* The first such cycle whose last event has not completed. */
-    lo = held_first_not(r, query, hv, pos, nt, held_done);
-    if (lo < 0)
-        goto done;
+    lo = 0;
+    hi = nt;
+    while (lo < hi) { /* the first such cycle whose last event has not completed */
+        Py_ssize_t mid = (lo + hi) / 2;
+        int t = held_done(r, query, &hv[pos[mid]]);
+        if (t < 0)
+            goto done;
+        if (t)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
     Py_ssize_t stop = lo < nt ? pos[lo] : nh;
     for (Py_ssize_t i = lo ? pos[lo - 1] + 1 : 0; i < stop; i++) {
         int t = held_landed(r, &hv[i]);
@@ -1976,8 +1914,12 @@ poll_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t n = 0, nh = 0;
     /* References taken now: the query is Python code, during which the worker may run and
      * move the ring (the cycles looked at stay alive, and the drain re-reads the ring). */
-    uint64_t p = r->tail;
-    for (Slot *s; n < limit && nh < cap && (s = next_done(r, &p)) != NULL; p++) {
+    for (uint64_t p = r->tail; p != r->head && n < limit && nh < cap; p++) {
+        Slot *s = &r->slots[p % (uint64_t)r->nslots];
+        if (STATE(s) == SLOT_VOID)
+            continue;
+        if (STATE(s) != SLOT_DONE)
+            break;
         n++;
         bound = s->idx + 1;
         if (s->ev == NULL && s->copy == NULL)
@@ -2075,13 +2017,21 @@ static int
 read_copy(Ring *r, Slot *s, PyObject *released)
 {
     PyObject *copy = s->copy;
-    void *ptr;
-    long isz;
-    Py_ssize_t n;
-    /* On an error the copy stays: the resolver reads it in Python and reports why not. */
-    if (pinned_fields(copy, &ptr, &isz, NULL, &n) < 0 || pinned_shape(ptr, isz, n) < 0)
-        return -1;
+    PyObject *po = PyObject_GetAttr(copy, s_ptr);
+    PyObject *io = po ? PyObject_GetAttr(copy, s_itemsize) : NULL;
+    PyObject *lo = io ? PyObject_GetAttr(copy, s_length) : NULL;
     int rc = -1;
+    if (lo == NULL)
+        goto done;
+    void *ptr = PyLong_AsVoidPtr(po);
+    long isz = PyLong_AsLong(io);
+    Py_ssize_t n = PyLong_AsSsize_t(lo);
+    if (PyErr_Occurred())
+        goto done;
+    if (ptr == NULL || (isz != 4 && isz != 8) || n < 0 || n > (1 << 20)) {
+        PyErr_SetString(PyExc_ValueError, "a pinned copy with no buffer, or of a bad shape");
+        goto done;
+    }
     int64_t k = r->k_max;
     int native = s->emitted == NULL
                  && (s->draft == NULL || exact_int_in(s->draft, 0, r->k_max, &k));
@@ -2090,7 +2040,14 @@ read_copy(Ring *r, Slot *s, PyObject *released)
     native = native && n <= NATIVE_MAX_SEQ;
     int64_t sum = 0;
     for (Py_ssize_t i = 0; native && i < n; i++) {
-        int64_t v = pinned_value(ptr, isz, i);
+        int64_t v;
+        if (isz == 8)
+            memcpy(&v, (const char *)ptr + 8 * i, 8);
+        else {
+            int32_t x;
+            memcpy(&x, (const char *)ptr + 4 * i, 4);
+            v = x;
+        }
         if (v < 0 || v > k)
             native = 0;
         else {
@@ -2111,7 +2068,15 @@ read_copy(Ring *r, Slot *s, PyObject *released)
         if (values == NULL)
             goto done;
         for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *o = PyLong_FromLongLong(pinned_value(ptr, isz, i));
+            int64_t v;
+            if (isz == 8)
+                memcpy(&v, (const char *)ptr + 8 * i, 8);
+            else {
+                int32_t x;
+                memcpy(&x, (const char *)ptr + 4 * i, 4);
+                v = x;
+            }
+            PyObject *o = PyLong_FromLongLong(v);
             if (o == NULL) {
                 Py_DECREF(values);
                 goto done;
@@ -2122,6 +2087,9 @@ read_copy(Ring *r, Slot *s, PyObject *released)
         rc = 0;
     }
 done:
+    Py_XDECREF(po);
+    Py_XDECREF(io);
+    Py_XDECREF(lo);
     if (rc < 0)
         return rc; /* the copy stays: the resolver reads it in Python and reports why not */
     /* Read: the slot goes back to its free list here, else to the resolver. */
@@ -2354,6 +2322,19 @@ thread_cpu_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+/* One value of a native copy's pinned buffer. */
+static inline int64_t
+copy_value(const Slot *s, int32_t i)
+{
+    if (s->cisz == 8) {
+        int64_t v;
+        memcpy(&v, (const char *)s->cptr + 8 * (size_t)i, 8);
+        return v;
+    }
+    int32_t x;
+    memcpy(&x, (const char *)s->cptr + 4 * (size_t)i, 4);
+    return x;
+}
 
 /* Whether the walk takes this done cycle: the same question before the GIL is let go (so it is
  * let go only for a walk that takes one at least) and during the walk. Reads the slot, a
@@ -2371,7 +2352,7 @@ walk_takes(Ring *r, Slot *s, int64_t bound, int64_t next_trace, int64_t slow_ns,
     else if (slow_ns >= 0 && s->ts[r->nph] - s->ts[0] >= slow_ns)
         return 0; /* traced as slow */
     for (int32_t i = 0; s->copy != NULL && i < s->clen; i++) {
-        int64_t v = pinned_value(s->cptr, s->cisz, i);
+        int64_t v = copy_value(s, i);
         if (v < 0 || v > s->ck)
             return 0; /* out of range: the resolver's validation says which */
     }
@@ -2435,7 +2416,7 @@ walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_tra
             }
             int64_t sum = 0;
             for (int32_t i = 0; i < m; i++) {
-                int64_t v = pinned_value(s->cptr, s->cisz, i);
+                int64_t v = copy_value(s, i);
                 s->lens[i] = (uint8_t)v;
                 sum += v;
             }
@@ -2675,27 +2656,18 @@ drain_nogil(Ring *r, long long bound, Py_ssize_t limit, PyObject *trace, long lo
     return rc < 0 ? -1 : n;
 }
 
-/* What drain and drain_into are called with: (bound, limit, trace, slow_ns, want_all). */
-typedef struct {
-    long long bound, slow_ns;
-    Py_ssize_t limit;
-    PyObject *trace; /* borrowed: a list of cycle indices */
-    int want_all;
-} DrainArgs;
-
-/* Read a drain's arguments into ``a``: 0, or -1 with an exception set. */
 static int
-drain_args(PyObject *const *args, Py_ssize_t nargs, DrainArgs *a)
+drain_args(PyObject *const *args, Py_ssize_t nargs, long long *bound, Py_ssize_t *limit,
+           long long *slow_ns, int *want_all)
 {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "drain(bound, limit, trace, slow_ns, want_all)");
         return -1;
     }
-    a->bound = PyLong_AsLongLong(args[0]);
-    a->limit = PyLong_AsSsize_t(args[1]);
-    a->trace = args[2];
-    a->slow_ns = PyLong_AsLongLong(args[3]);
-    a->want_all = PyObject_IsTrue(args[4]);
+    *bound = PyLong_AsLongLong(args[0]);
+    *limit = PyLong_AsSsize_t(args[1]);
+    *slow_ns = PyLong_AsLongLong(args[3]);
+    *want_all = PyObject_IsTrue(args[4]);
     if (PyErr_Occurred())
         return -1;
     if (!PyList_Check(args[2])) {
@@ -2764,8 +2736,11 @@ totals_tuple(Ring *r, const Totals *t)
 static PyObject *
 drain_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
 {
-    DrainArgs a;
-    if (drain_args(args, nargs, &a) < 0)
+    long long bound, slow_ns;
+    Py_ssize_t limit, n = 0;
+    int want_all;
+    int64_t total = 0;
+    if (drain_args(args, nargs, &bound, &limit, &slow_ns, &want_all) < 0)
         return NULL;
     Totals *t = PyMem_Calloc(1, sizeof(Totals));
     PyObject *details = PyList_New(0), *released = PyList_New(0), *out = NULL;
@@ -2774,12 +2749,10 @@ drain_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
             PyErr_NoMemory();
         goto done;
     }
-    Py_ssize_t n = 0;
-    int64_t total = 0;
     Deferral d;
     defer_begin(&d);
-    int rc = drain_loop(r, t, a.bound, a.limit, a.trace, a.slow_ns, a.want_all, details,
-                        released, &n, &total, 0, 0);
+    int rc = drain_loop(r, t, bound, limit, args[2], slow_ns, want_all, details, released, &n,
+                        &total, 0, 0);
     defer_end(&d);
     if (rc < 0)
         goto done;
@@ -2811,12 +2784,15 @@ done:
 static PyObject *
 drain_into_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
 {
-    DrainArgs a;
-    if (drain_args(args, nargs, &a) < 0)
+    long long bound, slow_ns;
+    Py_ssize_t limit, n = 0;
+    int want_all;
+    int64_t total = 0;
+    if (drain_args(args, nargs, &bound, &limit, &slow_ns, &want_all) < 0)
         return NULL;
     PyObject *details = PyList_New(0), *released = PyList_New(0), *out = NULL;
     int rc = details != NULL && released != NULL ? 0 : -1;
-    int walk = !a.want_all;
+    int walk = !want_all;
     /* What the pump walked since the last call (its cycles are in the totals already), and the
      * references it parked, handed back now: counted in this drain's cycles and host time. */
     Py_ssize_t pumped = (Py_ssize_t)r->pump_cycles;
@@ -2834,31 +2810,29 @@ drain_into_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     r->walk_count = r->walk_hold_ns = 0;
     /* Only the cycles begun before this call: one a finalizer run between two rounds begins
      * waits for the next drain, as it does when the drain is one pass. */
-    if (a.bound > r->begun)
-        a.bound = r->begun;
+    if (bound > r->begun)
+        bound = r->begun;
     /* Rounds: the walk without the GIL takes the common case, the drain with it the cycles that
      * need Python, until the chunk is full or nothing more is ready. */
-    Py_ssize_t n = 0;
-    int64_t total = 0;
-    while (rc == 0 && n < a.limit) {
+    while (rc == 0 && n < limit) {
         int64_t wtotal = 0, gtotal = 0;
         if (nev && LOADN(&r->nheld) > 0)
-            fill_handles(r, a.limit - n);
-        Py_ssize_t nw = walk ? drain_nogil(r, a.bound, a.limit - n, a.trace, a.slow_ns, nev,
-                                           released, &wtotal) : 0;
+            fill_handles(r, limit - n);
+        Py_ssize_t nw = walk ? drain_nogil(r, bound, limit - n, args[2], slow_ns, nev, released,
+                                           &wtotal) : 0;
         if (nw < 0) {
             nw = 0;
             PyErr_Clear(); /* nothing was walked: the drain below takes the cycles instead */
         }
         n += nw;
         total += wtotal;
-        if (n >= a.limit)
+        if (n >= limit)
             break;
         Py_ssize_t ng = 0;
         Deferral d;
         defer_begin(&d);
-        rc = drain_loop(r, r->totals, a.bound, a.limit - n, a.trace, a.slow_ns, a.want_all,
-                        details, released, &ng, &gtotal, walk, nev);
+        rc = drain_loop(r, r->totals, bound, limit - n, args[2], slow_ns, want_all, details,
+                        released, &ng, &gtotal, walk, nev);
         defer_end(&d);
         n += ng;
         total += gtotal;
@@ -3371,12 +3345,18 @@ Ring_init(Ring *r, PyObject *args, PyObject *kwds)
     r->dropped = PyList_New(0);
     if (r->dropped == NULL)
         return -1;
-    r->slow = Py_NewRef(slow);
-    r->phases = Py_NewRef(phases);
-    r->null_cycle = Py_NewRef(null_cycle);
-    r->record_fn = Py_NewRef(Py_None);
-    r->stream = Py_NewRef(Py_None);
-    r->copy_type = Py_NewRef(Py_None);
+    Py_INCREF(slow);
+    r->slow = slow;
+    Py_INCREF(phases);
+    r->phases = phases;
+    Py_INCREF(null_cycle);
+    r->null_cycle = null_cycle;
+    Py_INCREF(Py_None);
+    r->record_fn = Py_None;
+    Py_INCREF(Py_None);
+    r->stream = Py_None;
+    Py_INCREF(Py_None);
+    r->copy_type = Py_None;
     return 0;
 }
 
@@ -3520,8 +3500,10 @@ Ring_forget_current(Ring *r, PyObject *Py_UNUSED(ignored))
 {
     /* After fork: the parent's open cycle is not the child's (its handle stays closed). */
     if (r->current != NULL) {
-        Slot *s = current_closed(r);
-        if (s != NULL)
+        Cycle *c = (Cycle *)r->current;
+        c->closed = 1;
+        Slot *s = slot_of(c);
+        if (owns(c, s))
             STATE_SET(s, SLOT_VOID);
         Py_CLEAR(r->current);
     }
