@@ -14,8 +14,9 @@ from specobs.tools._diagnosis._window import conditional_acceptance
 __all__ = [
     "ADVICE_MAX_K", "ADVICE_MIN_GAIN", "BATCH_CONFIDENT_FACTOR", "BATCH_EXTRAPOLATION_MAX",
     "BATCH_FIT_POINTS", "BATCH_SAME_FACTOR", "BATCH_SEARCH_MAX_FACTOR", "DRAFT_FIXED_STEPS",
-    "BatchPoint", "FirstPosition", "ForwardCost", "advise_k", "batch_point", "batch_threshold",
-    "expected_tokens", "forward_cost", "line_threshold", "verify_scaling",
+    "TREND_MIN_RATES", "BatchPoint", "FirstPosition", "ForwardCost", "advise_k", "batch_point",
+    "batch_threshold", "expected_tokens", "extended_rates", "forward_cost", "line_threshold",
+    "verify_scaling",
 ]
 
 #: The advisor considers k from 1 to this, and names another k only for a predicted gain of at
@@ -31,18 +32,46 @@ DRAFT_FIXED_STEPS = 1.0
 # -- the advisor ----------------------------------------------------------------------------------
 
 
-def _rate_at(conditional: Sequence[float], i: int) -> float:
-    """The conditional rate a_i, beyond the measured positions the last one measured."""
-    return conditional[min(i, len(conditional) - 1)]
+#: Beyond the measured positions the in-cycle rates' trend is taken from at least this many of
+#: them (k >= 4); from fewer, their level alone.
+TREND_MIN_RATES = 3
+
+
+def extended_rates(conditional: Sequence[float], n: int) -> list[float]:
+    """The conditional rates a_0 .. a_(n-1): the measured ones, and beyond them the in-cycle
+    rates' (a_1 ..) straight line, fitted weighted by how many drafts each position judged (the
+    share of cycles that reach it, a_0 ... a_(i-1)), held level where it rises (a draft does not
+    get better further from its last verified token) and from fewer than
+    :data:`TREND_MIN_RATES` rates; with a_0 alone measured (k = 1), a_0 (docs/diagnosis.md)."""
+    rates = list(conditional[:n])
+    if len(rates) >= n or not conditional:
+        return rates
+    inner = list(conditional[1:])
+    if not inner:
+        return rates + [conditional[0]] * (n - len(rates))
+    xs = range(1, len(conditional))
+    weights = [math.prod(conditional[:i]) for i in xs]
+    total = math.fsum(weights)
+    if not total > 0:
+        return rates + [inner[-1]] * (n - len(rates))
+    mean_x = math.fsum(w * x for w, x in zip(weights, xs, strict=True)) / total
+    level = math.fsum(w * a for w, a in zip(weights, inner, strict=True)) / total
+    slope = 0.0
+    if len(inner) >= TREND_MIN_RATES:
+        spread = math.fsum(w * (x - mean_x) ** 2 for w, x in zip(weights, xs, strict=True))
+        if spread > 0:
+            slope = min(0.0, math.fsum(w * (x - mean_x) * (a - level) for w, x, a
+                                       in zip(weights, xs, inner, strict=True)) / spread)
+    return rates + [min(1.0, max(0.0, level + slope * (i - mean_x)))
+                    for i in range(len(rates), n)]
 
 
 def expected_tokens(conditional: Sequence[float], k: int) -> float:
     """Tokens one sequence gains per cycle drafting ``k``: 1 + a_0 + a_0 a_1 + ... +
-    a_0 ... a_(k-1), with the conditional rates beyond the measured ones taken as the last one
-    (:func:`_rate_at`)."""
+    a_0 ... a_(k-1), the conditional rates beyond the measured ones extrapolated
+    (:func:`extended_rates`)."""
     total, survive = 1.0, 1.0
-    for i in range(k):
-        a = _rate_at(conditional, i)
+    for a in extended_rates(conditional, k):
         survive *= a
         total += survive
     return total
@@ -85,9 +114,9 @@ class FirstPosition:
         return cls(after_full, after_rejection, cond)
 
     def at(self, k: int) -> float:
-        """a_0 at ``k``: the share of full cycles there from the measured a_1 .. (the last
-        extrapolated beyond the measured k)."""
-        later = math.prod(_rate_at(self.conditional, i) for i in range(1, k))
+        """a_0 at ``k``: the share of full cycles there from the measured a_1 .. (extrapolated
+        beyond the measured k by :func:`extended_rates`)."""
+        later = math.prod(extended_rates(self.conditional, k)[1:])
         return self.after_rejection / (1 - (self.after_full - self.after_rejection) * later)
 
 
@@ -103,9 +132,10 @@ def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
     costs the same for any k', true where verify is memory- or launch-bound, as on a GPU at small
     batch; 1: proportional to the k' + 1 positions). Tokens per cycle are
     :func:`expected_tokens` with the measured conditional rates a_1 .. held fixed (beyond the
-    measured k the last one extrapolated) and a_0 moved with k by :class:`FirstPosition` (held
-    at its measured value where that cannot be fitted). A recommendation away from the measured
-    k is a direction to try, not a promise (docs/diagnosis.md has the model's measured errors)."""
+    measured k their trend, :func:`extended_rates`) and a_0 moved with k by
+    :class:`FirstPosition` (held at its measured value where that cannot be fitted). A
+    recommendation away from the measured k is a direction to try, not a promise
+    (docs/diagnosis.md has the model's measured errors)."""
     clock = _clock(b)
     cond = [a for _, a in conditional_acceptance(b)]
     k = sum(1 for _, rate in b.position_acceptance if rate is not None)
@@ -146,8 +176,9 @@ def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
         f"measured{beyond}, from the conditional acceptance and the {clock} phase costs",
         evidence,
         f"try k={best} and compare; the model holds the later positions' conditional "
-        "acceptance fixed, moves the first position's with the share of cycles accepted whole, "
-        f"and takes the draft as k + {DRAFT_FIXED_STEPS:g} steps",
+        "acceptance as measured (beyond them, their trend, never rising), moves the first "
+        "position's with the share of cycles accepted whole, and takes the draft as "
+        f"k + {DRAFT_FIXED_STEPS:g} steps",
     )
 
 
