@@ -696,6 +696,34 @@ def test_the_advice_counts_the_first_positions_fall_at_a_longer_k() -> None:
     assert f.evidence["predicted_tokens_per_second_k8"] < dg.expected_tokens(cond, 8) / cost8
 
 
+def test_on_the_gpu_clock_the_drafts_fixed_part_is_the_hosts_draft_time() -> None:
+    # The demo on an H200 (run of 2026-12-04, k = 4): the GPU waits through the host's 0.08 ms
+    # of draft preparation, then runs 0.1685 ms of kernels a position. At k = 8 it measured
+    # 1.436 ms; k + 1 steps would have said 1.357.
+    host = {"draft": 0.080e-3, "verify": 0.060e-3, "bookkeeping": 1.636e-3}
+    gpu = {"draft": 0.754e-3, "verify": 0.872e-3, "bookkeeping": 0.144e-3}
+    b = brk(positions=(0.888, 0.854, 0.824, 0.802), host=host, gpu=gpu, gpu_cycles=1000)
+    assert dg.draft_fixed(b, "gpu", 0.754e-3, 4) == (pytest.approx(0.080e-3), "host")
+    f = dg.advise_k(b)
+    assert f is not None and f.evidence["draft_fixed_from"] == "host"
+    per = f.evidence["draft_per_position_seconds"]
+    assert per == pytest.approx((0.754e-3 - 0.080e-3) / 4)
+    assert 0.080e-3 + 8 * per == pytest.approx(1.428e-3, abs=0.01e-3)
+    rest = 0.872e-3 + 0.144e-3
+    cond = [a for _, a in dg.conditional_acceptance(b)]
+    first = dg.FirstPosition.fit(cond, 4)
+    assert first is not None
+    assert f.evidence["predicted_tokens_per_second_k8"] == pytest.approx(
+        dg.expected_tokens([first.at(8), *cond[1:]], 8) / (rest + 0.080e-3 + 8 * per))
+    assert "grows the draft by 0.169 ms a position over 0.080 ms" in f.advice
+    # The host clock has nothing to split by: c steps of k + c. Nor has a host draft longer
+    # than the GPU's (an engine whose host runs ahead of its GPU).
+    assert dg.draft_fixed(b, "host", 0.080e-3, 4) == (
+        pytest.approx(0.080e-3 * dg.DRAFT_FIXED_STEPS / (4 + dg.DRAFT_FIXED_STEPS)), "steps")
+    ahead = brk(host={**host, "draft": 0.9e-3}, gpu=gpu, gpu_cycles=1000)
+    assert dg.draft_fixed(ahead, "gpu", 0.754e-3, 4)[1] == "steps"
+
+
 def test_no_advice_without_phase_costs() -> None:
     assert dg.advise_k(brk(cycles=0)) is None
 

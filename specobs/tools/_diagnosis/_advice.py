@@ -15,8 +15,8 @@ __all__ = [
     "ADVICE_MAX_K", "ADVICE_MIN_GAIN", "BATCH_CONFIDENT_FACTOR", "BATCH_EXTRAPOLATION_MAX",
     "BATCH_FIT_POINTS", "BATCH_SAME_FACTOR", "BATCH_SEARCH_MAX_FACTOR", "DRAFT_FIXED_STEPS",
     "TREND_MIN_RATES", "BatchPoint", "FirstPosition", "ForwardCost", "advise_k", "batch_point",
-    "batch_threshold", "expected_tokens", "extended_rates", "forward_cost", "line_threshold",
-    "verify_scaling",
+    "batch_threshold", "draft_fixed", "expected_tokens", "extended_rates", "forward_cost",
+    "line_threshold", "verify_scaling",
 ]
 
 #: The advisor considers k from 1 to this, and names another k only for a predicted gain of at
@@ -120,14 +120,31 @@ class FirstPosition:
         return self.after_rejection / (1 - (self.after_full - self.after_rejection) * later)
 
 
+def draft_fixed(b: Breakdown, clock: str, draft: float, k: int) -> tuple[float, str]:
+    """The part of the draft phase's mean ``draft`` (on ``clock``, drafting ``k``) that does not
+    grow with k, and what it was read from. On the GPU clock: the host's time in the draft phase,
+    where that is shorter. An engine that waits for its tokens at the end of each cycle leaves
+    the GPU idle while the host prepares the next draft, and the GPU-clock draft phase begins
+    with that wait; then its kernels, one step a position (docs/diagnosis.md: on the demo the
+    GPU draft less the host's is 0.165-0.168 ms a position at every k from 1 to 8, in each of
+    four runs whose host draft ranged 0.08 to 0.18 ms). Otherwise
+    :data:`DRAFT_FIXED_STEPS` steps of k + DRAFT_FIXED_STEPS."""
+    if clock == "gpu":
+        host = _mean(b, "draft", "host")
+        if host is not None and 0 <= host < draft:
+            return host, "host"
+    return draft * DRAFT_FIXED_STEPS / (k + DRAFT_FIXED_STEPS), "steps"
+
+
 def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
     """The k that maximizes tokens/s per sequence under a stated cost model, from the measured
     conditional acceptance and phase costs (GPU clock first); ``None`` without the data.
 
     Cost model: a cycle drafting k' costs t_bookkeeping + t_verify * (1 + s * (k' - k) / (k + 1))
-    + t_draft * (k' + c) / (k + c), where k is the length measured, t_* the measured means,
-    c = :data:`DRAFT_FIXED_STEPS` the draft's set-up counted in steps (its first step over the
-    accepted block, input preparation: what does not grow with k) and s =
+    + f + (t_draft - f) * k' / k, where k is the length measured, t_* the measured means, f the
+    draft's part that does not grow with k (:func:`draft_fixed`: on the GPU clock the host's
+    draft time the GPU waits through; else c / (k + c) of it, c = :data:`DRAFT_FIXED_STEPS`) and
+    s =
     ``verify_scaling`` the part of verify that grows with the positions verified (0: verify
     costs the same for any k', true where verify is memory- or launch-bound, as on a GPU at small
     batch; 1: proportional to the k' + 1 positions). Tokens per cycle are
@@ -146,11 +163,12 @@ def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
     if d is None or v is None or not v > 0:
         return None
     rest = math.fsum(m for p, m in means.items() if p not in ("draft", "verify") and m)
+    fixed, fixed_from = draft_fixed(b, clock, d, k)
+    per_position = (d - fixed) / k
     first = FirstPosition.fit(cond, k)
 
     def rate(kk: int) -> float:
-        cost = rest + v * (1 + verify_scaling * (kk - k) / (k + 1)) \
-            + d * (kk + DRAFT_FIXED_STEPS) / (k + DRAFT_FIXED_STEPS)
+        cost = rest + v * (1 + verify_scaling * (kk - k) / (k + 1)) + fixed + per_position * kk
         rates = cond if first is None or kk == k else [first.at(kk), *cond[1:]]
         return expected_tokens(rates, kk) / cost
 
@@ -160,6 +178,8 @@ def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
     evidence: dict[str, float | str | None] = {
         "clock": clock, "k": float(k), "best_k": float(best), "predicted_gain": gain,
         "verify_scaling": verify_scaling,
+        "draft_fixed_seconds": fixed, "draft_per_position_seconds": per_position,
+        "draft_fixed_from": fixed_from,
         "first_position_after_full": None if first is None else first.after_full,
         "first_position_after_rejection": None if first is None else first.after_rejection,
         **{f"predicted_tokens_per_second_k{kk}": rate(kk) for kk in range(1, ADVICE_MAX_K + 1)},
@@ -177,8 +197,8 @@ def advise_k(b: Breakdown, verify_scaling: float = 0.0) -> Finding | None:
         evidence,
         f"try k={best} and compare; the model holds the later positions' conditional "
         "acceptance as measured (beyond them, their trend, never rising), moves the first "
-        "position's with the share of cycles accepted whole, and takes the draft as "
-        f"k + {DRAFT_FIXED_STEPS:g} steps",
+        "position's with the share of cycles accepted whole, and grows the draft by "
+        f"{per_position * 1e3:.3f} ms a position over {fixed * 1e3:.3f} ms that does not grow",
     )
 
 
