@@ -14,7 +14,7 @@ realized) - 1| <= 0.15; the stricter reading as gains and every round's own real
 printed too).
 
     PYTHONPATH=. python3 benchmarks/advisor_k.py --device cuda [--steps 400] [--batch 4]
-        [--ks 2,3,4,5,6,8] [--rounds 1] [--threads N] [--time wall|running]
+        [--ks 2,3,4,5,6,8] [--rounds 1] [--builds 1] [--threads N] [--time wall|running]
         [--verify-scaling S] [--batches 1,2,4,...  --k 4] [--json out.json]
 """
 
@@ -41,8 +41,9 @@ from specobs.tools._scrape import Delta, Series
 class Config:
     """One engine (a k at a batch) on the shared observer, and the deltas of its chunks."""
 
-    def __init__(self, engine: Any, probe: Any, k: int, batch: int, prompts: list[str]) -> None:
-        self.engine, self.probe, self.k, self.batch = engine, probe, k, batch
+    def __init__(self, engine: Any, probe: Any, k: int, batch: int, prompts: list[str],
+                 build: int = 0) -> None:
+        self.engine, self.probe, self.k, self.batch, self.build = engine, probe, k, batch, build
         self.prompts = prompts
         self.handles: list[Any] = []
         self.submitted = 0
@@ -77,7 +78,7 @@ def schedstat() -> tuple[int, int] | None:
     return int(run), int(wait)
 
 
-def build(obs: Any, k: int, batch: int, device: str) -> Config:
+def build(obs: Any, k: int, batch: int, device: str, index: int = 0) -> Config:
     """The demo engine at ``k`` and ``batch`` on ``obs``, with the baseline probe doctor reads
     (a plain decode step of the served batch every 4 cycles, outside the cycle)."""
     from specobs.demo._baseline import BaselineProbe
@@ -89,7 +90,8 @@ def build(obs: Any, k: int, batch: int, device: str) -> Config:
                           cuda_graph_buckets=engine._buckets() if engine.cuda_graphs else ())
     engine.baseline_probe = probe
     text = engine.models.language.stream(40000, seed=4242)
-    return Config(engine, probe, k, batch, [text[i * 37: i * 37 + 8] for i in range(256)])
+    return Config(engine, probe, k, batch, [text[i * 37: i * 37 + 8] for i in range(256)],
+                  index)
 
 
 def summed(deltas: list[Delta], baseline: float | None) -> Delta:
@@ -107,22 +109,25 @@ def summed(deltas: list[Delta], baseline: float | None) -> Delta:
 
 
 def measure_all(keys: list[tuple[int, int]], device: str, steps: int, rounds: int,
-                warmup: int = 50) -> dict[tuple[int, int], Config]:
-    """Every (k, batch) of ``keys`` built once on one observer, then ``rounds`` rounds of
-    ``steps`` cycles each, the configurations interleaved and their order rotated every round,
-    so that a drift of the machine touches every configuration alike. Each chunk is a
-    :class:`Delta` of the shared observer's snapshots around it (one engine steps at a time)."""
+                warmup: int = 50, builds: int = 1) -> dict[tuple[int, int], list[Config]]:
+    """Every (k, batch) of ``keys`` built ``builds`` times (separate engines: their phase costs
+    differ by a few percent from build to build, as a server's do between restarts) on one
+    observer, then ``rounds`` rounds of ``steps`` cycles each, every engine interleaved and
+    their order rotated every round, so that a drift of the machine touches every configuration
+    alike. Each chunk is a :class:`Delta` of the shared observer's snapshots around it (one
+    engine steps at a time)."""
     clock = "cuda" if device == "cuda" else "host"
     obs = specobs.configure(sinks=[specobs.MemorySink()], clock=clock,
                             sample_every=1 if clock == "cuda" else None, max_draft_length=8,
                             env={})
     try:
-        configs = {key: build(obs, key[0], key[1], device) for key in keys}
-        for c in configs.values():
+        configs = {key: [build(obs, key[0], key[1], device, i) for i in range(builds)]
+                   for key in keys}
+        engines = [c for cs in configs.values() for c in cs]
+        for c in engines:
             c.run(warmup)
         for i in range(rounds):
-            order = list(configs.values())
-            order = order[i % len(order):] + order[: i % len(order)]
+            order = engines[i % len(engines):] + engines[: i % len(engines)]
             for c in order:
                 assert obs.force_flush(10)
                 before = obs.snapshot()
@@ -136,25 +141,31 @@ def measure_all(keys: list[tuple[int, int]], device: str, steps: int, rounds: in
                 if sched0 is not None and sched1 is not None:
                     c.sched.append((sched1[0] - sched0[0], sched1[1] - sched0[1]))
             print(f"round {i}: " + ", ".join(
-                f"k={c.k} b={c.batch} "
+                f"k={c.k} b={c.batch}{f' #{c.build}' if builds > 1 else ''} "
                 f"{bd.breakdown(c.deltas[-1]).sequence_tokens_per_second or 0:.0f}"
-                for c in configs.values()), flush=True)
+                for c in engines), flush=True)
     finally:
         obs.shutdown(10)
     return configs
 
 
-def result(c: Config, scaling: float | None) -> dict[str, Any]:
-    """Tokens/s per sequence of every round, and the advice and costs from all rounds summed;
-    ``scaling`` None: verify's growth with k from the probe's plain step (as ``doctor`` does)."""
-    baseline = c.probe.tokens_per_second()
-    per_round = [bd.breakdown(d).sequence_tokens_per_second or 0.0 for d in c.deltas]
+def result(cs: list[Config], scaling: float | None) -> dict[str, Any]:
+    """Tokens/s per sequence of every round of every build of one configuration, and the
+    advice and costs from all of them summed; ``scaling`` None: verify's growth with k from the
+    probe's plain step (as ``doctor`` does)."""
+    c = cs[0]
+    baselines = [x.probe.tokens_per_second() for x in cs]
+    measured = [x for x in baselines if x]
+    baseline = statistics.fmean(measured) if measured else None
+    deltas = [d for x in cs for d in x.deltas]
+    per_round = [bd.breakdown(d).sequence_tokens_per_second or 0.0 for d in deltas]
+    sched = [t for x in cs for t in x.sched]
     # The same with the time the engine's thread waited for a CPU taken out: what the chunk
     # would have run at alone on the machine (with one torch thread the engine's work is this
     # thread's). Other work on a 2-vCPU machine otherwise spreads the rounds of one k 10x.
-    running = [r * (run + wait) / run for r, (run, wait) in zip(per_round, c.sched, strict=True)
-               if run > 0] if len(c.sched) == len(per_round) else []
-    w = dg.window(summed(c.deltas, baseline))
+    running = [r * (run + wait) / run for r, (run, wait) in zip(per_round, sched, strict=True)
+               if run > 0] if len(sched) == len(per_round) else []
+    w = dg.window(summed(deltas, baseline))
     b = w.breakdown
     plain = 1.0 / baseline if baseline else None
     measured_scaling = dg.verify_scaling(dg.forward_cost(b, plain))
@@ -178,8 +189,12 @@ def result(c: Config, scaling: float | None) -> dict[str, Any]:
         "rounds": per_round,
         "running_rounds": running,
         "running_sequence_tokens_per_second": statistics.median(running) if running else None,
-        "waited_fraction": None if not c.sched else math.fsum(w for _, w in c.sched)
-        / max(1, sum(r + w for r, w in c.sched)),
+        "waited_fraction": None if not sched else math.fsum(w for _, w in sched)
+        / max(1, sum(r + w for r, w in sched)),
+        "builds": len(cs),
+        "build_sequence_tokens_per_second": [
+            statistics.median(bd.breakdown(d).sequence_tokens_per_second or 0.0
+                              for d in x.deltas) for x in cs],
         "conditional": [a for _, a in dg.conditional_acceptance(b)],
         "point": None if point is None else dataclasses.asdict(point),
         "advice": None if advice is None else {
@@ -225,8 +240,9 @@ def batch_main(args: argparse.Namespace) -> None:
     ``SPEC-ADVICE-BATCH`` fitted over the batches up to each one (what a server that has served
     only those batch sizes would be told), against the speedups measured above them."""
     batches = [int(x) for x in args.batches.split(",")]
-    configs = measure_all([(args.k, bb) for bb in batches], args.device, args.steps, args.rounds)
-    results = [result(c, args.verify_scaling) for c in configs.values()]
+    configs = measure_all([(args.k, bb) for bb in batches], args.device, args.steps, args.rounds,
+                          builds=args.builds)
+    results = [result(cs, args.verify_scaling) for cs in configs.values()]
     points = [dg.BatchPoint(**r["point"]) for r in results if r["point"]]
     for r in results:
         p = r["point"]
@@ -260,6 +276,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--ks", default="2,3,4,5,6,8")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--builds", type=int, default=1,
+                        help="engines built per configuration, their rounds pooled")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
     parser.add_argument("--verify-scaling", type=float, default=None,
                         help="verify's growth with k (default: from the measured plain step)")
@@ -279,7 +297,8 @@ def main() -> None:
         batch_main(args)
         return
     ks = [int(x) for x in args.ks.split(",")]
-    configs = measure_all([(k, args.batch) for k in ks], args.device, args.steps, args.rounds)
+    configs = measure_all([(k, args.batch) for k in ks], args.device, args.steps, args.rounds,
+                          builds=args.builds)
     results = {k: result(configs[(k, args.batch)], args.verify_scaling) for k in ks}
     for k, r in results.items():
         adv = r["advice"] or {}

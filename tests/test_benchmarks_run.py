@@ -30,7 +30,7 @@ RUNS = [
      "/metrics HTTP round trip"),
     (["demo_engine.py", "--device", "cpu", "--seconds", "1", "--faults", "none"], "\nnone "),
     (["advisor_k.py", "--device", "cpu", "--ks", "3,4", "--steps", "20", "--rounds", "1",
-      "--threads", "1"], "from k=4: recommended k="),
+      "--builds", "2", "--threads", "1"], "from k=4: recommended k="),
 ]
 
 

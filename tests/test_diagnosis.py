@@ -657,16 +657,16 @@ def test_the_first_positions_rate_moves_with_k_as_full_cycles_become_rarer() -> 
     at4, at8, at2 = (markov_acceptance(k, 60_000, seed) for k, seed in ((4, 1), (8, 2), (2, 3)))
     first = dg.FirstPosition.fit(at4, 4)
     assert first is not None
-    assert first.after_full == pytest.approx(0.96, abs=0.01)
-    # The text's 0.60, read low: after a whole cycle the bonus token comes first (0.9456, not
-    # the 0.96 the fit takes), so the fit gives the rejected starts the difference.
-    assert first.after_rejection == pytest.approx(0.56, abs=0.03)
+    # After a whole cycle the target's bonus token comes first: easy with chance 0.96, so the
+    # first draft after it is accepted at 0.96 * 0.96 + 0.04 * 0.60 = 0.9456; after a
+    # rejection at the text's 0.60.
+    assert first.after_full == pytest.approx(0.9456, abs=0.005)
+    assert first.after_rejection == pytest.approx(0.60, abs=0.01)
     assert first.at(4) == pytest.approx(at4[0])
-    # Held fixed, a_0 at k = 8 would be off by the drop itself (~0.05); the mix tracks it
-    # (0.796 against 0.811: the low after_rejection above).
+    # Held fixed, a_0 at k = 8 would be off by the drop itself (~0.05); the mix tracks it.
     assert at4[0] - at8[0] > 0.04
-    assert first.at(8) == pytest.approx(at8[0], abs=0.02)
-    assert first.at(2) == pytest.approx(at2[0], abs=0.015)
+    assert first.at(8) == pytest.approx(at8[0], abs=0.005)
+    assert first.at(2) == pytest.approx(at2[0], abs=0.005)
 
 
 def test_no_first_position_mix_where_it_cannot_be_told() -> None:

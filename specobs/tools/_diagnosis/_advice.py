@@ -80,13 +80,14 @@ def expected_tokens(conditional: Sequence[float], k: int) -> float:
 @dataclass(frozen=True)
 class FirstPosition:
     """The first draft position's acceptance as a mix of two starts: a cycle that follows one
-    whose drafts were all accepted starts after text the draft predicted (accepted at
-    ``after_full``, taken as the in-cycle rate after an accepted draft: the geometric mean of
-    a_1 .. a_(k-1)); one that follows a rejection starts where the draft just failed (accepted
-    at ``after_rejection``, solved from the measured a_0 and the measured share of full
-    cycles). The share of full cycles falls as k grows, and with it a_0: :meth:`at` gives a_0 at
-    another k, the fixed point of a_0 = r + (h - r) a_0 P(k'), with h = ``after_full``, r =
-    ``after_rejection`` and P(k') = a_1 ... a_(k'-1)."""
+    whose drafts were all accepted starts after text the draft predicted, then the target's
+    bonus token (accepted at ``after_full``); one that follows a rejection starts where the
+    draft just failed (accepted at ``after_rejection``). With g the in-cycle rate after an
+    accepted draft (the geometric mean of a_1 .. a_(k-1)), the bonus token is easy text with
+    chance g and hard otherwise, so h = ``after_full`` = g^2 + (1 - g) r; r is solved from the
+    measured a_0 and the measured share of full cycles f: a_0 = f h + (1 - f) r. The share of
+    full cycles falls as k grows, and with it a_0: :meth:`at` gives a_0 at another k, the fixed
+    point of a_0 = r + (h - r) a_0 P(k'), with P(k') = a_1 ... a_(k'-1)."""
 
     after_full: float
     after_rejection: float
@@ -101,16 +102,18 @@ class FirstPosition:
         if k < 2 or len(cond) < k or not all(0 < a <= 1 for a in cond[:k]):
             return None
         later = cond[1:k]
-        after_full = math.exp(math.fsum(math.log(a) for a in later) / len(later))
+        in_cycle = math.exp(math.fsum(math.log(a) for a in later) / len(later))
         full = cond[0] * math.prod(later)
-        if not cond[0] < after_full or not full < 1:
+        if not cond[0] < in_cycle or not full < 1:
             return None
-        after_rejection = (cond[0] - full * after_full) / (1 - full)
+        # a_0 = f (g^2 + (1 - g) r) + (1 - f) r, solved for r.
+        after_rejection = (cond[0] - full * in_cycle**2) / (1 - full * in_cycle)
         if not after_rejection > 0:
             # Every first-position acceptance explained by whole cycles before it: a draft that
             # never recovers after a rejection, which the mix cannot extrapolate (and its fixed
             # point would divide by zero where the later rates are all 1).
             return None
+        after_full = in_cycle**2 + (1 - in_cycle) * after_rejection
         return cls(after_full, after_rejection, cond)
 
     def at(self, k: int) -> float:
