@@ -80,7 +80,7 @@ for part in $parts; do
       echo "GPU run on CPUs $gpu_cpus, CPU run on CPU $cpu_cpu (siblings $(cat /sys/devices/system/cpu/cpu$cpu_cpu/topology/thread_siblings_list))" | tee "$OUT/advisor_pins.txt"
       taskset -c "$cpu_cpu" python3 benchmarks/advisor_k.py --device cpu --ks 1,2,3,4,5,6,7,8 \
         --steps ${ADVISOR_CPU_STEPS:-100} --rounds ${ADVISOR_CPU_ROUNDS:-12} --builds ${ADVISOR_BUILDS:-1} --threads 1 \
-        --time running --json "$OUT/advisor_cpu.json" > "$OUT/advisor_cpu.log" 2>&1 &
+        --time running --speed median --json "$OUT/advisor_cpu.json" > "$OUT/advisor_cpu.log" 2>&1 &
       cpu_pid=$!
       taskset -c "$gpu_cpus" python3 benchmarks/advisor_k.py --device cuda --ks 1,2,3,4,5,6,7,8 \
         --steps ${ADVISOR_STEPS:-400} --rounds ${ADVISOR_ROUNDS:-8} --builds ${ADVISOR_BUILDS:-1} \
