@@ -23,10 +23,10 @@ __all__ = [
 #: least ADVICE_MIN_GAIN.
 ADVICE_MAX_K = 8
 ADVICE_MIN_GAIN = 0.03
-#: The draft's part that does not grow with k, in draft steps: the draft phase of k is taken to
-#: cost k + DRAFT_FIXED_STEPS steps (docs/diagnosis.md: measured on the demo, 0.84 steps on an
-#: H200, 0.3-0.5 on CPUs).
-DRAFT_FIXED_STEPS = 1.0
+#: The draft's part that does not grow with k, in draft steps, where the host's draft time does
+#: not give it (:func:`draft_fixed`): the draft phase of k is taken to cost k + DRAFT_FIXED_STEPS
+#: steps (docs/diagnosis.md: on the demo's CPU runs a line through the draft gives 0.37-0.58).
+DRAFT_FIXED_STEPS = 0.5
 
 
 # -- the advisor ----------------------------------------------------------------------------------
