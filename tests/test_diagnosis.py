@@ -372,6 +372,68 @@ def test_a_drop_within_the_noise_of_few_tokens_is_not_reported() -> None:
     assert "SPEC-RECENT-ACCEPT-DOWN" not in codes(out)
 
 
+def observed(per_phase: Mapping[str, Sequence[float]], **kw: object) -> bd.Breakdown:
+    """The breakdown of a window whose host-clock phases took ``per_phase`` seconds, cycle by
+    cycle, with their histograms' buckets (catalog.DURATION_BUCKETS_SECONDS) as a scrape gives."""
+    n = {len(v) for v in per_phase.values()}
+    assert len(n) == 1
+    d = delta(cycles=float(n.pop()), host={p: statistics.fmean(v) for p, v in per_phase.items()},
+              **kw)  # type: ignore[arg-type]
+    for p, values in per_phase.items():
+        for le in (*catalog.DURATION_BUCKETS_SECONDS, math.inf):
+            d.counters.add(catalog.PHASE_DURATION.name + "_bucket",
+                           {"phase": p, "clock": "host", "le": "+Inf" if le == math.inf
+                            else repr(le)}, float(sum(1 for v in values if v <= le)))
+    return dg.window(d).breakdown
+
+
+def test_a_stall_in_one_phase_is_not_that_phase_getting_slower() -> None:
+    # 80 cycles like the 3000 before them but for one 200 ms stall inside verify (a loaded
+    # 2-core machine, a collection pause): verify's mean 1.27x the past one's and 2.4 ms more,
+    # past SLOWER_RATIO and SLOWER_CYCLE_FRACTION; but the rise is one cycle in a distant
+    # bucket, 1.1 standard errors of the difference, not a phase that got slower.
+    past = observed({"draft": [8e-3] * 3000, "verify": [9e-3] * 3000,
+                     "bookkeeping": [0.3e-3] * 3000})
+    stalled = observed({"draft": [8e-3] * 80, "verify": [9e-3] * 79 + [0.2],
+                        "bookkeeping": [0.3e-3] * 80})
+    verify = stalled.stats[("verify", "host")]
+    assert verify.mean_seconds / 9e-3 >= dg.SLOWER_RATIO  # type: ignore[operator]
+    z = dg.shift_z(past.stats[("verify", "host")], verify)
+    assert z is not None and 0.5 < z < dg.SLOWER_Z
+    out = dg.against_past(stalled, past)
+    assert codes(out) == ["SPEC-RECENT-STEADY"], out
+    # Every cycle's verify 1.28x slower (a bucket further up): named, its z without bound.
+    slower = observed({"draft": [8e-3] * 80, "verify": [11.5e-3] * 80,
+                       "bookkeeping": [0.3e-3] * 80})
+    out = dg.against_past(slower, past)
+    assert codes(out)[0] == "SPEC-RECENT-PHASE-SLOWER" and out[0].evidence["phase"] == "verify"
+    assert dg.shift_z(past.stats[("verify", "host")], slower.stats[("verify", "host")]) \
+        == math.inf and out[0].evidence["verify_shift_z"] is None
+    # Three stalls of 200 ms: 1.8x the mean, 2.0 standard errors: still the machine, not verify.
+    stalls = observed({"draft": [8e-3] * 80, "verify": [9e-3] * 77 + [0.2] * 3,
+                       "bookkeeping": [0.3e-3] * 80})
+    assert "SPEC-RECENT-PHASE-SLOWER" not in codes(dg.against_past(stalls, past))
+    # A slowdown that stands out of its own spread: every cycle 1.2x and a fifth of them at 30 ms
+    # (two buckets up), 6.3 standard errors.
+    mixed = observed({"draft": [8e-3] * 80, "verify": [10.8e-3] * 64 + [30e-3] * 16,
+                      "bookkeeping": [0.3e-3] * 80})
+    z = dg.shift_z(past.stats[("verify", "host")], mixed.stats[("verify", "host")])
+    assert z is not None and dg.SLOWER_Z < z < math.inf
+    assert codes(dg.against_past(mixed, past))[0] == "SPEC-RECENT-PHASE-SLOWER"
+
+
+def test_histogram_stdev_counts_buckets_apart_not_within() -> None:
+    inf = math.inf
+    assert bd.histogram_stdev({0.005: 0.0, 0.01: 80.0, inf: 80.0}) == 0.0
+    # One observation of 80 at the 0.1-0.25 bucket's midpoint, 79 at 7.5 ms.
+    got = bd.histogram_stdev({0.005: 0.0, 0.01: 79.0, 0.1: 79.0, 0.25: 80.0, inf: 80.0})
+    mids = [0.0075] * 79 + [0.175]
+    assert got == pytest.approx(statistics.pstdev(mids))
+    # The +Inf bucket sits at the highest finite bound; no buckets, no spread.
+    assert bd.histogram_stdev({1.0: 1.0, inf: 2.0}) == pytest.approx(0.25)
+    assert bd.histogram_stdev({}) is None and bd.histogram_stdev({1.0: 0.0, inf: 0.0}) is None
+
+
 def test_one_phase_slower_names_it() -> None:
     slow = {**HEALTHY, "verify": 4 * HEALTHY["verify"]}
     out = dg.against_past(brk(cycles=300, host=slow), brk(cycles=3000, host=HEALTHY))

@@ -61,6 +61,7 @@ __all__ = [
     "PhaseStats",
     "breakdown",
     "histogram_quantile",
+    "histogram_stdev",
     "ratio",
     "snapshot_delta",
     "snapshot_series",
@@ -110,6 +111,31 @@ def histogram_quantile(q: float, cumulative: Mapping[float, float]) -> float | N
     return lower + (bounds[i] - lower) * (rank - below) / in_bucket
 
 
+def histogram_stdev(cumulative: Mapping[float, float]) -> float | None:
+    """The spread of the observations over cumulative bucket counts keyed by ``le``: each
+    bucket's observations taken at its midpoint (the lowest bucket from 0, the +Inf bucket at the
+    highest finite bound), so observations that share a bucket count as alike and only those in
+    distant buckets spread it. ``None`` without observations or an +Inf bucket."""
+    if not cumulative:
+        return None
+    bounds = sorted(cumulative)
+    if bounds[-1] != math.inf:
+        return None
+    mids: list[tuple[float, float]] = []
+    below, lower = 0.0, 0.0
+    for b in bounds:
+        count = max(0.0, cumulative[b] - below)
+        below = max(below, cumulative[b])
+        mids.append((lower if b == math.inf else (lower + b) / 2, count))
+        if b != math.inf:
+            lower = b
+    total = math.fsum(c for _, c in mids)
+    if not total > 0:
+        return None
+    mean = math.fsum(m * c for m, c in mids) / total
+    return math.sqrt(math.fsum(c * (m - mean) ** 2 for m, c in mids) / total)
+
+
 @dataclass(frozen=True)
 class PhaseStats:
     """One phase on one clock over the interval; times in seconds, ``None`` when unknown."""
@@ -121,6 +147,8 @@ class PhaseStats:
     share: float | None
     p50_seconds: float | None
     p99_seconds: float | None
+    #: The spread of one observation (:func:`histogram_stdev`); ``None`` without buckets.
+    stdev_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -211,7 +239,10 @@ def breakdown(delta: Delta) -> Breakdown:
         known = [mean for _, mean, _ in on_clock.values() if mean is not None]
         whole = math.fsum(known) if known else None
         for phase, (n, mean, (p50, p99)) in on_clock.items():
-            stats[(phase, clock)] = PhaseStats(phase, clock, n, mean, ratio(mean, whole), p50, p99)
+            spread = histogram_stdev(_buckets(d, catalog.PHASE_DURATION.name, phase=phase,
+                                              clock=clock))
+            stats[(phase, clock)] = PhaseStats(phase, clock, n, mean, ratio(mean, whole), p50, p99,
+                                               spread)
     cycle = {clock: _durations(d, catalog.CYCLE_DURATION.name, clock=clock) for clock in CLOCKS}
 
     cycles = d.total(catalog.CYCLES.name) or 0.0

@@ -75,6 +75,7 @@ from specobs.tools._diagnosis._compare import (
     NOT_THE_SPECULATION,
     SLOWER_CYCLE_FRACTION,
     SLOWER_RATIO,
+    SLOWER_Z,
     THROUGHPUT_DROP,
     UNIFORM_MIN_SHARE,
     UNIFORM_SPREAD,
@@ -82,6 +83,7 @@ from specobs.tools._diagnosis._compare import (
     against_cohort,
     against_past,
     saved_run,
+    shift_z,
 )
 from specobs.tools._diagnosis._findings import (
     CODES,
@@ -147,6 +149,7 @@ __all__ = [
     "SEVERITIES",
     "SLOWER_CYCLE_FRACTION",
     "SLOWER_RATIO",
+    "SLOWER_Z",
     "THROUGHPUT_DROP",
     "TREND_MIN_RATES",
     "UNIFORM_MIN_SHARE",
@@ -174,6 +177,7 @@ __all__ = [
     "host_bound",
     "line_threshold",
     "saved_run",
+    "shift_z",
     "speedup",
     "stall",
     "status_line",

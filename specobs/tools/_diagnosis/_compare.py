@@ -7,15 +7,15 @@ import math
 from dataclasses import dataclass
 from statistics import median
 
-from specobs.tools._breakdown import Breakdown
+from specobs.tools._breakdown import Breakdown, PhaseStats
 from specobs.tools._diagnosis._findings import MIN_CLOCK_CYCLES, Finding, _mean, _ms, _pct
 
 __all__ = [
     "ACCEPT_DROP_MIN", "ACCEPT_DROP_Z", "BOUNDARY_SPREAD", "COHORT_BATCH_TOLERANCE",
     "COHORT_PHASE_RATIO", "DOMINANT_FRACTION", "EVERY_PHASE_MIN_RATIO", "HOST_WAIT_EXPLAINS",
     "LIFETIME", "MACHINE_SPREAD", "MIN_PAST_CYCLES", "MIN_RECENT_CYCLES", "NOT_THE_SPECULATION",
-    "SLOWER_CYCLE_FRACTION", "SLOWER_RATIO", "THROUGHPUT_DROP", "UNIFORM_MIN_SHARE",
-    "UNIFORM_SPREAD", "Reference", "against_cohort", "against_past", "saved_run",
+    "SLOWER_CYCLE_FRACTION", "SLOWER_RATIO", "SLOWER_Z", "THROUGHPUT_DROP", "UNIFORM_MIN_SHARE",
+    "UNIFORM_SPREAD", "Reference", "against_cohort", "against_past", "saved_run", "shift_z",
 ]
 
 #: Cycles the past (the lifetime before the window) and the recent window each need to compare.
@@ -27,6 +27,10 @@ ACCEPT_DROP_Z = 4.0
 #: A phase slower than its past mean by this factor (and by this fraction of the past cycle).
 SLOWER_RATIO = 1.25
 SLOWER_CYCLE_FRACTION = 0.10
+#: ... and by at least this many standard errors of the difference of the two means, where the
+#: histograms give a spread (:func:`shift_z`): a rise that a few slow cycles in distant buckets
+#: make (a stall of the machine) is not a phase that got slower.
+SLOWER_Z = 4.0
 #: The whole machine slowed only if the phases holding at least UNIFORM_MIN_SHARE of the past
 #: cycle slowed by factors within UNIFORM_SPREAD of each other.
 UNIFORM_MIN_SHARE = 0.01
@@ -153,12 +157,35 @@ def _z(pa: float, ra: float, drafted: tuple[float, float] | None) -> float | Non
     return math.inf if se == 0 else (pa - ra) / se
 
 
+def shift_z(past: PhaseStats | None, recent: PhaseStats | None) -> float | None:
+    """How many standard errors the recent mean stands above the past one, from each side's
+    spread (:func:`~specobs.tools._breakdown.histogram_stdev`) and count; ``None`` where either
+    spread is unknown, ``inf`` where both sides' observations each share one bucket."""
+    if past is None or recent is None or past.mean_seconds is None \
+            or recent.mean_seconds is None or past.stdev_seconds is None \
+            or recent.stdev_seconds is None or not past.count > 0 or not recent.count > 0:
+        return None
+    se = math.sqrt(past.stdev_seconds ** 2 / past.count
+                   + recent.stdev_seconds ** 2 / recent.count)
+    diff = recent.mean_seconds - past.mean_seconds
+    if se == 0:
+        return math.inf if diff > 0 else (0.0 if diff == 0 else -math.inf)
+    return diff / se
+
+
+def _beyond_noise(z: float | None) -> bool:
+    """A rise of at least SLOWER_Z standard errors, or one whose spread is unknown."""
+    return z is None or z >= SLOWER_Z
+
+
 def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, clock: str,
                    past: Breakdown, recent: Breakdown, ref: Reference) -> list[Finding]:
     ratios = {p: b / a for p, (a, b) in changes.items()}
     added = {p: b - a for p, (a, b) in changes.items()}
+    zs = {p: shift_z(past.stats.get((p, clock)), recent.stats.get((p, clock))) for p in changes}
     slowed = [p for p in changes if ratios[p] >= SLOWER_RATIO
-              and added[p] >= SLOWER_CYCLE_FRACTION * past_cycle]
+              and added[p] >= SLOWER_CYCLE_FRACTION * past_cycle
+              and _beyond_noise(zs[p])]
     if not slowed:
         return []
     evidence: dict[str, float | str | None] = {"clock": clock,
@@ -167,6 +194,9 @@ def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, c
     for p, (a, b) in changes.items():
         evidence[f"{p}_past_seconds"] = a
         evidence[f"{p}_recent_seconds"] = b
+        z = zs[p]
+        # JSON has no infinity: a rise over two spreads of 0 is reported without a z.
+        evidence[f"{p}_shift_z"] = z if z is not None and math.isfinite(z) else None
     each = ", ".join(f"{p} {_ms(changes[p][0])} → {_ms(changes[p][1])}" for p in changes)
     busy = _host_busy(changes, clock, past, recent, each, evidence, ref)
     if busy is not None:
