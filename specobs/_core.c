@@ -376,8 +376,8 @@ static PyObject *s_cuda_event;
 static PyObject *s_ptr, *s_itemsize, *s_length, *s_fenced, *s_sentinel, *s_free;
 static PyObject *s_misuse, *s_misuse_mark, *s_misuse_end, *s_internal_error, *s_queue_full,
     *s_wake, *s_sample, *s_try_clock, *s_copy_to_host, *s_tolist, *s_is_cuda, *s_numel,
-    *s_draft_length, *s_batch_size, *s_emitted, *s_event, *s_dtype, *s_is_contiguous,
-    *s_get_device, *s_data_ptr, *s_handle, *s_copy_event_failed, *s_landed;
+    *s_accepted, *s_draft_length, *s_batch_size, *s_emitted, *s_event, *s_dtype,
+    *s_is_contiguous, *s_get_device, *s_data_ptr, *s_handle, *s_copy_event_failed, *s_landed;
 static PyObject *m_begin_open, *m_end_twice, *m_accept_closed;
 static PyObject *m_defer_twice, *m_settle_twice, *m_settle_undeferred, *m_settle_late;
 
@@ -1120,34 +1120,67 @@ accept_cuda(Ring *r, Cycle *c, Slot *s, PyObject *tensor, int32_t ck)
     s->ck = ck;
 }
 
-static PyObject *
-Cycle_accept(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+/* What accept() and settle() take, as specobs/_model.py's CycleHandle states it: ``accepted``
+ * by position or by name, then ``draft_length``, ``batch_size`` and ``emitted`` by name only
+ * (None when not given). Borrowed references. */
+typedef struct {
+    PyObject *accepted, *draft, *batch, *emitted;
+} AcceptArgs;
+
+static int
+kw_is(PyObject *name, PyObject *interned)
 {
-    Ring *r = self->ring;
-    if (nargs != 1) {
-        PyErr_Format(PyExc_TypeError, "accept() takes 1 positional argument (%zd given)", nargs);
-        return NULL;
+    return name == interned || PyUnicode_Compare(name, interned) == 0;
+}
+
+/* The arguments of ``fn`` (accept or settle) read into ``a``: 0, or -1 with the TypeError
+ * Python's own binding would raise, before the call changes anything. */
+static int
+parse_accept_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                  AcceptArgs *a)
+{
+    if (nargs > 1) {
+        PyErr_Format(PyExc_TypeError, "%s() takes 1 positional argument (%zd given)", fn, nargs);
+        return -1;
     }
-    PyObject *accepted = args[0];
-    PyObject *draft = Py_None, *batch = Py_None, *emitted = Py_None;
-    if (kwnames != NULL) {
-        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
-        for (Py_ssize_t i = 0; i < nk; i++) {
-            PyObject *name = PyTuple_GET_ITEM(kwnames, i);
-            PyObject *v = args[1 + i];
-            if (name == s_draft_length || PyUnicode_Compare(name, s_draft_length) == 0)
-                draft = v;
-            else if (name == s_batch_size || PyUnicode_Compare(name, s_batch_size) == 0)
-                batch = v;
-            else if (name == s_emitted || PyUnicode_Compare(name, s_emitted) == 0)
-                emitted = v;
-            else {
-                PyErr_Format(PyExc_TypeError, "accept() got an unexpected keyword argument %R",
-                             name);
-                return NULL;
-            }
+    a->accepted = nargs == 1 ? args[0] : NULL;
+    a->draft = a->batch = a->emitted = Py_None;
+    Py_ssize_t nk = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        PyObject *v = args[nargs + i];
+        if (kw_is(name, s_draft_length))
+            a->draft = v;
+        else if (kw_is(name, s_batch_size))
+            a->batch = v;
+        else if (kw_is(name, s_emitted))
+            a->emitted = v;
+        else if (kw_is(name, s_accepted) && a->accepted == NULL)
+            a->accepted = v;
+        else if (kw_is(name, s_accepted)) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument 'accepted'", fn);
+            return -1;
+        }
+        else {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", fn,
+                         name);
+            return -1;
         }
     }
+    if (a->accepted == NULL) {
+        PyErr_Format(PyExc_TypeError, "%s() missing 1 required argument: 'accepted'", fn);
+        return -1;
+    }
+    return 0;
+}
+
+/* accept() with its arguments read: what a caller passed is counted, never raised. */
+static PyObject *
+accept_parsed(Cycle *self, const AcceptArgs *a)
+{
+    Ring *r = self->ring;
+    PyObject *accepted = a->accepted, *draft = a->draft, *batch = a->batch;
+    PyObject *emitted = a->emitted;
     if (self->closed) {
         misuse(r, "bad_acceptance", m_accept_closed);
         Py_RETURN_NONE;
@@ -1272,6 +1305,15 @@ Cycle_accept(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
     Py_RETURN_NONE;
 }
 
+static PyObject *
+Cycle_accept(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    AcceptArgs a;
+    if (parse_accept_args("accept", args, nargs, kwnames, &a) < 0)
+        return NULL;
+    return accept_parsed(self, &a);
+}
+
 /* -- deferred acceptance (see PyCycle.defer / settle in specobs/_ring.py) ------------------ */
 
 /* No tokens and no batch size for this cycle (its times stay). */
@@ -1331,10 +1373,9 @@ static PyObject *
 Cycle_settle(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     Ring *r = self->ring;
-    if (nargs != 1) {
-        PyErr_Format(PyExc_TypeError, "settle() takes 1 positional argument (%zd given)", nargs);
+    AcceptArgs a;
+    if (parse_accept_args("settle", args, nargs, kwnames, &a) < 0)
         return NULL;
-    }
     int st = self->settle_state;
     if (st == DEFER_NOTHING)
         Py_RETURN_NONE;
@@ -1354,12 +1395,12 @@ Cycle_settle(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
     STATE_SET(s, SLOT_OPEN);
     self->closed = 0;
     PyObject *res;
-    if (args[0] == Py_None) {
+    if (a.accepted == Py_None) {
         clear_acceptance(r, s);
         res = Py_NewRef(Py_None);
     }
     else
-        res = Cycle_accept(self, args, nargs, kwnames);
+        res = accept_parsed(self, &a);
     self->closed = 1;
     if (owns(self, s))
         hand_on(r, s); /* else dropped by a full ring meanwhile (counted there) */
@@ -3847,6 +3888,7 @@ PyInit__core(void)
     INTERN(s_tolist, "tolist");
     INTERN(s_is_cuda, "is_cuda");
     INTERN(s_numel, "numel");
+    INTERN(s_accepted, "accepted");
     INTERN(s_draft_length, "draft_length");
     INTERN(s_batch_size, "batch_size");
     INTERN(s_emitted, "emitted");

@@ -180,7 +180,8 @@ class RateLimitedLog:
 
 
 class _NullCycle:
-    """What the hot path returns before configure and after shutdown: every call a no-op."""
+    """What the hot path returns before configure and after shutdown: every call a no-op, with
+    the arguments every handle takes (a call a configured cycle refuses is refused here too)."""
 
     __slots__ = ()
     index = -1
@@ -188,7 +189,14 @@ class _NullCycle:
     def mark(self, phase: str) -> None:
         pass
 
-    def accept(self, accepted: Any, **kwargs: Any) -> None:
+    def accept(
+        self,
+        accepted: Any,
+        *,
+        draft_length: Any = None,
+        batch_size: int | None = None,
+        emitted: Any = None,
+    ) -> None:
         pass
 
     def end(self) -> None:
@@ -197,8 +205,8 @@ class _NullCycle:
     def defer(self) -> _NullCycle:
         return self
 
-    def settle(self, accepted: Any, **kwargs: Any) -> None:
-        pass
+    #: A deferred cycle's acceptance: the same nothing, from the same arguments.
+    settle = accept
 
     def __enter__(self) -> _NullCycle:
         return self

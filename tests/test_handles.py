@@ -7,6 +7,7 @@ and its pure-Python specification, specobs/_ring.py).
 from __future__ import annotations
 
 import gc
+import inspect
 
 import pytest
 
@@ -290,3 +291,74 @@ def test_a_sequence_that_drafted_nothing_has_no_accept_length():
     assert s.emitted_tokens_total == (3 + 3) + (0 + 2) + (5 + 2)
     assert s.drafted_by_position == (2 + 2, 2 + 2, 2 + 2, 1 + 2)
     obs.shutdown()
+
+
+def _parameters(fn):
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+def test_every_handle_states_accept_and_settle_as_the_protocol_does():
+    # specobs/_model.py's CycleHandle is the one statement of what accept() and settle() take;
+    # each implementation restates it (the native cycle's is checked by calls below).
+    from specobs._model import CycleHandle
+    from specobs._observer import Observer
+    from specobs._recorder import _NullCycle
+
+    want = _parameters(CycleHandle.accept)
+    assert [p[0] for p in want] == ["self", "accepted", "draft_length", "batch_size", "emitted"]
+    for fn in (CycleHandle.settle, Observer.accept, _ring.PyCycle.accept, _ring.PyCycle.settle,
+               _NullCycle.accept, _NullCycle.settle):
+        assert _parameters(fn) == want, fn.__qualname__
+
+
+def test_accept_and_settle_take_accepted_by_name_and_refuse_a_wrong_call_before_anything(core):
+    obs, mem, gpu = make()
+
+    def cycle():
+        c = obs.begin()
+        gpu.run(100)
+        c.mark("verify")
+        gpu.run(300)
+        c.mark("bookkeeping")
+        gpu.run(50)
+        return c
+
+    c = cycle()
+    c.accept(accepted=[2, 1], draft_length=3, batch_size=2)
+    c.end()
+
+    c = cycle()
+    for bad, words in [
+        (lambda: c.accept(), "accepted"),
+        (lambda: c.accept([1], [2]), "positional"),
+        (lambda: c.accept([1], accepted=[1]), "multiple values"),
+        (lambda: c.accept([1], draft=3), "draft"),
+    ]:
+        with pytest.raises(TypeError, match=words) as raised:
+            bad()
+        assert "accept()" in str(raised.value)
+    c.accept([1], draft_length=3)
+    c.end()
+
+    handle = cycle().defer()
+    with pytest.raises(TypeError, match=r"settle\(\) got an unexpected keyword argument 'bogus'"):
+        handle.settle([9], bogus=1)
+    with pytest.raises(TypeError, match="settle"):
+        handle.settle(None, draft_length=3, extra=1)
+    handle.settle(accepted=[3], draft_length=3)  # still awaiting: the refused calls changed nothing
+
+    gpu.complete()
+    assert obs.force_flush()
+    s = obs.snapshot()
+    assert [c.accept_lengths for c in mem.cycles] == [[2, 1], [1], [3]]
+    assert s.accepted_tokens_total == 7
+    assert s.draft_tokens_total == 12
+    assert not any(s.errors.values()), s.errors
+    obs.shutdown()
+
+    # After shutdown the handle is the no-op one: it takes the same arguments and refuses alike.
+    null = obs.begin()
+    null.accept(accepted=[1], draft_length=2, batch_size=1, emitted=[2])
+    null.defer().settle(accepted=None)
+    with pytest.raises(TypeError):
+        null.accept([1], bogus=1)
