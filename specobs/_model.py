@@ -45,7 +45,7 @@ class CycleHandle(Protocol):
 
     index: int
 
-    def mark(self, phase: str) -> None: ...
+    def mark(self, phase: str, /) -> None: ...
 
     def accept(
         self,

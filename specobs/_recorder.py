@@ -186,7 +186,7 @@ class _NullCycle:
     __slots__ = ()
     index = -1
 
-    def mark(self, phase: str) -> None:
+    def mark(self, phase: str, /) -> None:
         pass
 
     def accept(

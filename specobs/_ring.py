@@ -235,7 +235,7 @@ class PyCycle:
         return s.state == OPEN and s.idx == self._seq
 
     @_serialized
-    def mark(self, phase: str) -> None:
+    def mark(self, phase: str, /) -> None:
         """End the running phase and start ``phase`` (the next one in the configured order)."""
         r = self._ring
         t = r._now()

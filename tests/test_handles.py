@@ -309,6 +309,11 @@ def test_every_handle_states_accept_and_settle_as_the_protocol_does():
     for fn in (CycleHandle.settle, Observer.accept, _ring.PyCycle.accept, _ring.PyCycle.settle,
                _NullCycle.accept, _NullCycle.settle):
         assert _parameters(fn) == want, fn.__qualname__
+    # mark() takes its phase by position only: the native cycle's is a one-argument C call.
+    want = _parameters(CycleHandle.mark)
+    assert want[1][:2] == ("phase", inspect.Parameter.POSITIONAL_ONLY)
+    for fn in (_ring.PyCycle.mark, _NullCycle.mark):
+        assert _parameters(fn) == want, fn.__qualname__
 
 
 def test_accept_and_settle_take_accepted_by_name_and_refuse_a_wrong_call_before_anything(core):
@@ -338,6 +343,8 @@ def test_accept_and_settle_take_accepted_by_name_and_refuse_a_wrong_call_before_
             bad()
         assert "accept()" in str(raised.value)
     c.accept([1], draft_length=3)
+    with pytest.raises(TypeError):
+        c.mark(phase="verify")
     c.end()
 
     handle = cycle().defer()
