@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from specobs import catalog
 from specobs._bucketing import Bucketed
 from specobs._model import BatchAcceptance, Exemplar, HistogramData, Snapshot
+from specobs._ring import RingTotals
 from specobs._threadtime import WorkerThreadTime
 
 if TYPE_CHECKING:
@@ -297,36 +298,36 @@ class Aggregation:
         self.read_thread_time()
         with self._lock:
             ring = self._ring
-            t = ring.totals() if ring is not None else None
+            t = RingTotals._make(ring.totals()) if ring is not None else None
             nph = len(self.phases)
             phase_h: dict[tuple[str, str], HistogramData] = {}
             # The ring's totals hold the GPU times of the sampled cycles it read itself.
-            gpu_t = t[10] if t is not None and len(t) > 10 else None
             for i, p in enumerate(self.phases):
-                phase_h[(p, "gpu")] = self.phase_gpu[i].freeze(gpu_t[i] if gpu_t else None)
-                phase_h[(p, "host")] = self.phase_host[i].freeze(t[1][i] if t else None)
+                phase_h[(p, "gpu")] = self.phase_gpu[i].freeze(t.gpu[i] if t else None)
+                phase_h[(p, "host")] = self.phase_host[i].freeze(t.host[i] if t else None)
             cycles, drafted, accepted, emitted = (
                 self.cycles, self.draft_tokens, self.accepted_tokens, self.emitted_tokens)
             drafted_by_k = self.drafted_by_k
             last = self.last_cycle_timestamp
             accept_length = self.accept_length.freeze()
             batch_size = self.batch_size.freeze()
-            cycle_host = self.cycle_host.freeze(t[1][nph] if t else None)
-            cycle_gpu = self.cycle_gpu.freeze(gpu_t[nph] if gpu_t else None)
-            sampled = self.sampled_cycles + (sum(gpu_t[nph][0]) if gpu_t else 0)
+            cycle_host = self.cycle_host.freeze(t.host[nph] if t else None)
+            cycle_gpu = self.cycle_gpu.freeze(t.gpu[nph] if t else None)
+            sampled = self.sampled_cycles + (sum(t.gpu[nph][0]) if t else 0)
             if t is not None:
-                cycles += t[0]
-                accept_length = self.accept_length.freeze((t[2], t[3]), 1.0)
-                accepted += t[3]
-                drafted += t[4]
-                emitted += t[5]
-                if t[6]:
+                cycles += t.cycles
+                accept_length = self.accept_length.freeze(
+                    (t.sequences_by_accepted, t.accepted), 1.0)
+                accepted += t.accepted
+                drafted += t.drafted
+                emitted += t.emitted
+                if t.sequences_by_draft_length:
                     drafted_by_k = list(drafted_by_k)
-                    for k, n in t[6].items():
+                    for k, n in t.sequences_by_draft_length.items():
                         drafted_by_k[k] += n
-                batch_size = self.batch_size.freeze(t[7], 1.0)
-                if t[9] is not None:
-                    native_last = (self._ring_offset_ns + t[9]) / 1e9
+                batch_size = self.batch_size.freeze(t.batch, 1.0)
+                if t.last_end_ns is not None:
+                    native_last = (self._ring_offset_ns + t.last_end_ns) / 1e9
                     last = native_last if last is None else max(last, native_last)
             return Snapshot(
                 phases=self.phases,

@@ -49,7 +49,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from specobs import _bucketing
 
@@ -209,6 +209,32 @@ def _serialized(method: Any) -> Any:
             return method(self, *args, **kwargs)
 
     return call
+
+
+class RingTotals(NamedTuple):
+    """The running totals :meth:`PyRing.drain_into` (and the native ring's walk) keep of the
+    cycles they count without Python: what ``totals()`` returns, by name. A histogram is
+    ``(counts per bucket, raw sum)`` (durations in the clock's ns); the per-phase ones list the
+    phases, then the whole cycle."""
+
+    cycles: int
+    #: Host-clock durations, per phase then the cycle.
+    host: list[_bucketing.Bucketed]
+    #: Sequences per accepted length 0..k_max.
+    sequences_by_accepted: list[int]
+    accepted: int
+    drafted: int
+    emitted: int
+    #: Sequences per draft length (only the lengths seen).
+    sequences_by_draft_length: dict[int, int]
+    #: Batch sizes: (counts per bucket, sum).
+    batch: _bucketing.Bucketed
+    #: Cycles whose batch size was counted.
+    batches: int
+    #: The last counted cycle's end stamp (the ring's clock, ns), or None.
+    last_end_ns: int | None
+    #: GPU-clock durations of the sampled cycles the ring read itself, per phase then the cycle.
+    gpu: list[_bucketing.Bucketed]
 
 
 class PyCycle:
@@ -1008,16 +1034,13 @@ class PyRing:
         return (self.discarded, self.dropped_queue_full, self.unsettled,
                 self.native_gpu_cycles, self.native_gpu_cost)
 
-    def totals(self) -> tuple[Any, ...]:
-        """The running totals of :meth:`drain_into`: (cycles, host [(counts, sum)] per phase
-        then the cycle, sequences per accepted length, accepted, drafted, emitted,
-        {draft length: sequences}, batch sizes (counts, sum), batch sizes counted, last end
-        stamp or None, GPU [(counts, sum)] per phase then the cycle: the sampled cycles it read
-        itself)."""
+    def totals(self) -> RingTotals:
+        """The running totals of :meth:`drain_into`, copied (the native ring's is the same
+        tuple, unnamed: read it with ``RingTotals._make``)."""
         t = self._totals
-        return (t[0], [(list(c), sm) for c, sm in t[1]], list(t[2]), t[3], t[4], t[5],
-                {k: t[6][k] for k in sorted(t[6])}, (list(t[7][0]), t[7][1]), t[8], t[9],
-                [(list(c), sm) for c, sm in t[10]])
+        return RingTotals(t[0], [(list(c), sm) for c, sm in t[1]], list(t[2]), t[3], t[4], t[5],
+                          {k: t[6][k] for k in sorted(t[6])}, (list(t[7][0]), t[7][1]), t[8],
+                          t[9], [(list(c), sm) for c, sm in t[10]])
 
     def reset_totals(self) -> None:
         nb, nbb = len(self._db) + 1, len(self._bb) + 1
