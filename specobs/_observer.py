@@ -27,7 +27,7 @@ from specobs._config import (
 )
 from specobs._errors import ConfigurationError, ObserverClosedError
 from specobs._model import CycleHandle, Snapshot
-from specobs._recorder import Cycle, Recorder
+from specobs._recorder import Recorder
 from specobs._resolver import Resolver
 from specobs._version import __version__ as _version
 from specobs.sinks._base import Sink
@@ -241,9 +241,9 @@ class Observer:
         return c
 
     @property
-    def current(self) -> Cycle | None:
-        """The open cycle, if any."""
-        c: Cycle | None = self._recorder.current
+    def current(self) -> CycleHandle | None:
+        """The open cycle, if any: the handle :meth:`begin` returned."""
+        c: CycleHandle | None = self._recorder.current
         return c
 
     def mark(self, phase: str) -> None:
@@ -264,7 +264,7 @@ class Observer:
         batch_size: int | None = None,
         emitted: Any = None,
     ) -> None:
-        """Record acceptance on the current cycle (see :meth:`Cycle.accept`)."""
+        """Record acceptance on the current cycle (see :meth:`CycleHandle.accept`)."""
         c = self._recorder.current
         if c is None:
             if self._recorder.enabled:

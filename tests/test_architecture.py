@@ -431,7 +431,8 @@ def test_configure_rejects_an_unknown_setting_and_takes_a_settings_object():
 
 def test_the_facade_gives_type_checkers_the_real_sink_classes(tmp_path: Path):
     """``specobs.PrometheusSink`` and ``specobs.sinks.OtlpSink`` are the real classes to mypy
-    (a ``TYPE_CHECKING`` import), while importing specobs loads neither SDK."""
+    (a ``TYPE_CHECKING`` import), while importing specobs loads neither SDK; the open cycle is
+    typed as the handle ``begin()`` returns."""
     api = pytest.importorskip("mypy.api")
     snippet = tmp_path / "uses_the_facade.py"
     snippet.write_text(
@@ -439,6 +440,8 @@ def test_the_facade_gives_type_checkers_the_real_sink_classes(tmp_path: Path):
         "reveal_type(specobs.PrometheusSink)\nreveal_type(specobs.sinks.OtlpSink)\n"
         "reveal_type(specobs.OtlpSink)\n"
         "sink: specobs.PrometheusSink = specobs.PrometheusSink(port='9477')\n"
+        "obs = specobs.configure(sinks=[])\n"
+        "reveal_type(obs.begin())\nreveal_type(obs.current)\n"
     )
     out, _err, _status = api.run([
         "--cache-dir", str(tmp_path / "cache"), "--follow-imports=silent",
@@ -449,6 +452,9 @@ def test_the_facade_gives_type_checkers_the_real_sink_classes(tmp_path: Path):
     assert "-> specobs.sinks.otlp.OtlpSink" in lines[2]
     # A wrong argument is an error now, not Any.
     assert 'Argument "port" to "PrometheusSink" has incompatible type "str"' in lines[3]
+    # One name for the handle: what begin() returns is what current holds.
+    assert lines[4].endswith('Revealed type is "specobs._model.CycleHandle"'), lines[4]
+    assert lines[5].endswith('Revealed type is "specobs._model.CycleHandle | None"'), lines[5]
 
     import subprocess
     import sys
