@@ -438,7 +438,7 @@ class Recorder:
             return None
         copy = clock.copy_to_host(tensor)
         if getattr(clock, "buffers_low", False):
-            clock.buffers_low = False  # type: ignore[attr-defined]
+            clock.buffers_low = False
             self.wake()
         if copy is None:
             # Pinned buffers come back when the resolver reads them: ask it to run now (at

@@ -1,7 +1,8 @@
 """OTLP export of the observer's aggregation (metrics) and of sampled cycles (traces).
 
 Metrics
-    The one aggregation, read with :meth:`Observer.snapshot` and turned into the SDK's export data
+    The one aggregation, read through the source the sink is attached to (its ``snapshot()``:
+    sinks never see the observer) and turned into the SDK's export data
     types (``MetricsData`` → ``ResourceMetrics`` → ``ScopeMetrics`` → ``Metric`` with ``Sum``,
     ``Gauge`` and ``Histogram`` points), handed to the official ``OTLPMetricExporter``. No SDK
     instrument is ever called per value: one export builds O(series) points from one snapshot.

@@ -96,6 +96,15 @@ class EventPool:
     #: Set by a clock whose pinned copy buffers run low (the recorder then wakes the resolver,
     #: which hands them back) and cleared by the recorder.
     buffers_low = False
+    #: Set once events were recorded on more than one stream: they need not complete in the
+    #: order recorded, and the resolver asks each one instead of searching for a prefix.
+    stream_switched = False
+
+    def bind_thread(self) -> bool:
+        """Prepare the calling (resolver) thread to read events; True if it reads them some
+        faster way than :meth:`query` and :meth:`elapsed_ns` (the CUDA clock: the runtime,
+        directly). Nothing to do here."""
+        return False
 
     def __init__(self, events: list[Any]) -> None:
         self._free: list[Any] = list(events)
@@ -145,6 +154,14 @@ class EventClock(Protocol):
     stream: Any
     #: What ``record_fn`` takes as its stream argument (optional; ``stream`` if absent).
     record_stream: Any
+    #: See :class:`EventPool`, which every clock of specobs's own builds on; the recorder and
+    #: resolver read these three with a default, for a clock that has none of them.
+    buffers_low: bool
+    stream_switched: bool
+
+    def bind_thread(self) -> bool:
+        """Prepare the resolver's thread to read events (see :meth:`EventPool.bind_thread`)."""
+        ...
 
     def acquire(self, n: int) -> list[Any] | None:
         """Take ``n`` events from the pool, or ``None`` when it is dry. Worker thread."""
