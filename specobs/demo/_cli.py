@@ -388,17 +388,76 @@ def _start_load(
     return thread
 
 
+class _Run:
+    """One ``specobs demo`` run's parts, started stage by stage by :func:`run`;
+    :func:`_shut_down` stops those that were started."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.started = time.monotonic()
+        self.threads_before = set(threading.enumerate())
+        self.engine: SpecDecodeEngine | None = None
+        self.observer: Observer | None = None
+        self.prom: PrometheusSink | None = None
+        self.server: Any = None
+        self.probe: BaselineProbe | None = None
+        self.baseline_note = ""
+        self.load_thread: threading.Thread | None = None
+        self.load_stop = threading.Event()
+        self.load_summary: LoadSummary | None = None
+        #: The observer's snapshot where serving began and where it ended, and when.
+        self.first: Any = None
+        self.first_at = self.started
+        self.final: Any = None
+        self.final_at = self.started
+
+    def baseline(self) -> float | None:
+        return None if self.probe is None else self.probe.tokens_per_second()
+
+
 def run(args: argparse.Namespace) -> int:
-    """``specobs demo``."""
+    """``specobs demo``: checks, models, serving, the live summary, shutdown, final summary."""
+    checked = _preflight(args)
+    if isinstance(checked, int):
+        return checked
+    admin_token, limits = checked
+
+    # SIGTERM (docker stop, a supervisor) shuts down as cleanly as Ctrl-C.
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    with contextlib.suppress(ValueError):  # not the main thread (tests calling run())
+        signal.signal(signal.SIGTERM, on_term)
+
+    r = _Run(args)
+    interrupted = False
+    try:
+        r.engine = _load_models(args)
+        where = _start_serving(r, admin_token, limits)
+        if isinstance(where, int):
+            return where
+        _summarize_live(r, where, live=sys.stdout.isatty() and not args.plain)
+    except _Stop:
+        pass
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        _shut_down(r)
+    return _final_summary(r, interrupted)
+
+
+def _preflight(args: argparse.Namespace) -> tuple[str | None, Any] | int:
+    """What is checked before minutes of loading or training: the demo's dependencies, the admin
+    token, the device and the metrics port. (admin token, server limits), or an exit status."""
     try:
         import torch
 
         import specobs  # noqa: F401
-        from specobs.demo import build_engine
-        from specobs.tools._load import LoadSummary
+        from specobs.demo import build_engine  # noqa: F401
+        from specobs.tools._load import LoadSummary  # noqa: F401
 
-        from . import _summary
-        from ._server import ServerThread, create_app
+        from . import _summary  # noqa: F401
+        from ._server import ServerThread, create_app  # noqa: F401
     except ImportError as exc:
         return _fail(f"{exc}. Install the demo's dependencies: pip install 'specobs[demo]'")
 
@@ -414,241 +473,246 @@ def run(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         return _fail("--device cuda was asked for, but torch sees no CUDA device "
                      f"(torch {torch.__version__}); run with --device cpu", code=2)
-    live = sys.stdout.isatty() and not args.plain
-    started = time.monotonic()
-    threads_before = set(threading.enumerate())
     if args.metrics_port is None:
-        # Checked before minutes of first-run training, not after.
         from specobs import ConfigurationError
 
         try:
             _env_metrics_port()
         except ConfigurationError as exc:
             return _fail(f"cannot start the specobs exporter: {exc}", code=2)
+    return admin_token, limits
 
-    # SIGTERM (docker stop, a supervisor) shuts down as cleanly as Ctrl-C.
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
 
-    with contextlib.suppress(ValueError):  # not the main thread (tests calling run())
-        signal.signal(signal.SIGTERM, on_term)
+def _load_models(args: argparse.Namespace) -> SpecDecodeEngine:
+    """The engine with the demo's target and draft head: from the shipped weights or the cache,
+    or, on a first run, the target trained now and the draft head left to train while serving."""
+    from specobs.demo import build_engine
 
-    engine = observer = server = None
-    first: Any = None
-    final: Any = None
-    first_at = final_at = started
-    baseline_note = ""
-    probe: BaselineProbe | None = None
-    load_thread: threading.Thread | None = None
-    load_stop = threading.Event()
-    load_summary: LoadSummary | None = None
-    interrupted = False
+    from ._train import target_progress
+
+    settings = _train_settings(args.quick_train)
+    found = _weights_found(args.cache_dir, args.seed, settings)
+    if found is not None:
+        from ._train import SHIPPED_DIR
+
+        _say("loading the demo target and draft head shipped with specobs"
+             if found.parent == SHIPPED_DIR
+             else "loading the demo target and draft head from the weight cache")
+    else:
+        # Measured on 2 vCPUs: target 30-48 s idle, 127-475 s with both cores busy; draft
+        # head 28-33 s idle (benchmarks/RESULTS.md).
+        _say("first run: training the demo target (30-45 s on 2 idle CPU cores, minutes on "
+             "busy ones, 10 s on 16); the draft head then trains in the background while "
+             "the demo serves, so acceptance climbs during the first minute (weights cached "
+             "afterwards)")
+    t0 = time.perf_counter()
+    with target_progress(_TrainingProgress()):
+        engine: SpecDecodeEngine = build_engine(
+            device=args.device, k=args.k, seed=args.seed, cache_dir=args.cache_dir,
+            max_batch=args.max_batch, train_settings=settings, draft_in_background=True,
+        )  # fmt: skip
+    pending = engine.models.pending
+    took = time.perf_counter() - t0
+    # What took the time, and only that: "models target trained, draft head to train in
+    # 332.9 s" read as if the draft head would take 332.9 s.
+    done = (f"models loaded in {took:.1f} s" if engine.models.from_cache
+            else f"target trained in {took:.1f} s, the draft head trains next while the "
+                 "demo serves" if pending is not None
+            else f"models trained and cached in {took:.1f} s")  # fmt: skip
+    _say(f"{done} (target {engine.config.n_layers} layers d_model {engine.config.d_model}, "
+         f"vocab {engine.config.vocab_size}, draft reads layers {engine.layer_ids}, "
+         f"k={args.k}, device {args.device})")
+    return engine
+
+
+def _start_serving(r: _Run, admin_token: str | None, limits: Any) -> list[str] | int:
+    """The baseline, specobs, the engine, the completions server and the built-in load, in that
+    order: the lines that say where each is, or an exit status when one cannot start."""
+    from specobs.tools._load import LoadSummary
+
+    from . import _summary
+    from ._server import ServerThread, create_app
+
+    args, engine = r.args, r.engine
+    assert engine is not None
+    baseline, r.baseline_note, r.probe = _choose_baseline(args, engine)
     try:
-        # -- models ---------------------------------------------------------------------------
-        settings = _train_settings(args.quick_train)
-        found = _weights_found(args.cache_dir, args.seed, settings)
-        if found is not None:
-            from ._train import SHIPPED_DIR
+        r.observer, r.prom = _configure_observer(args, baseline, r.probe)
+    except Exception as exc:
+        bind = exc.__cause__
+        if args.metrics_port is not None and isinstance(bind, OSError):
+            # The port came from the command line: say the flag, not the variable the
+            # demo passed it on in.
+            return _fail(f"cannot serve specobs metrics on port {args.metrics_port}: "
+                         f"{bind.strerror or bind}; pick another --metrics-port (0: any "
+                         "free port)")
+        return _fail(f"cannot start the specobs exporter: {exc}")
+    engine.observer = r.observer
+    if args.fault != "none":
+        engine.fault = args.fault
+    engine.start()
+    pending = engine.models.pending
+    if pending is not None:
+        pending.start(engine.load_draft_state)
+        _say(f"draft head training in the background ({pending.total} steps; the engine "
+             f"takes its weights every {pending.publish_every} steps)")
 
-            _say("loading the demo target and draft head shipped with specobs"
-                 if found.parent == SHIPPED_DIR
-                 else "loading the demo target and draft head from the weight cache")
-        else:
-            # Measured on 2 vCPUs: target 30-48 s idle, 127-475 s with both cores busy; draft
-            # head 28-33 s idle (benchmarks/RESULTS.md).
-            _say("first run: training the demo target (30-45 s on 2 idle CPU cores, minutes on "
-                 "busy ones, 10 s on 16); the draft head then trains in the background while "
-                 "the demo serves, so acceptance climbs during the first minute (weights cached "
-                 "afterwards)")
-        t0 = time.perf_counter()
-        from ._train import target_progress
+    app = create_app(engine, r.observer, admin_token=admin_token, limits=limits)
+    try:
+        r.server = ServerThread(app, args.host, args.port, limits=limits).start()
+    except OSError as exc:
+        return _fail(f"cannot serve completions on {args.host}:{args.port}: "
+                     f"{exc.strerror or exc}; pick another --port")
+    prom = r.prom
+    metrics_url = prom.url if prom is not None else None
+    target = None
+    if prom is not None:
+        host = "127.0.0.1" if prom.addr in ("0.0.0.0", "", "::") else prom.addr
+        target = f"{host}:{prom.port}"
+    where = _summary.where_lines(metrics_url, r.server.url, target,
+                                 admin=admin_token is not None)
+    _say(f"serving completions on {r.server.url}/v1/completions")
+    _say(f"admin endpoints on {r.server.url}/admin/fault (Authorization: Bearer <token>)"
+         if admin_token is not None else
+         f"admin endpoints off (--admin-token or {SPECOBS_DEMO_ADMIN_TOKEN} turns them on)")
+    if metrics_url:
+        _say(f"specobs metrics on {metrics_url}")
 
-        with target_progress(_TrainingProgress()):
-            engine = build_engine(
-                device=args.device, k=args.k, seed=args.seed, cache_dir=args.cache_dir,
-                max_batch=args.max_batch, train_settings=settings, draft_in_background=True,
-            )  # fmt: skip
-        pending = engine.models.pending
-        took = time.perf_counter() - t0
-        # What took the time, and only that: "models target trained, draft head to train in
-        # 332.9 s" read as if the draft head would take 332.9 s.
-        done = (f"models loaded in {took:.1f} s" if engine.models.from_cache
-                else f"target trained in {took:.1f} s, the draft head trains next while the "
-                     "demo serves" if pending is not None
-                else f"models trained and cached in {took:.1f} s")  # fmt: skip
-        _say(f"{done} (target {engine.config.n_layers} layers d_model {engine.config.d_model}, "
-             f"vocab {engine.config.vocab_size}, draft reads layers {engine.layer_ids}, "
-             f"k={args.k}, device {args.device})")
+    if not args.no_load:
+        r.load_summary = LoadSummary(r.server.url)
+        r.load_thread = _start_load(args, engine, r.server.url, r.load_summary, r.load_stop)
+    return where
 
-        # -- baseline -------------------------------------------------------------------------
-        baseline, baseline_note, probe = _choose_baseline(args, engine)
 
-        # -- specobs --------------------------------------------------------------------------
-        try:
-            observer, prom = _configure_observer(args, baseline, probe)
-        except Exception as exc:
-            bind = exc.__cause__
-            if args.metrics_port is not None and isinstance(bind, OSError):
-                # The port came from the command line: say the flag, not the variable the
-                # demo passed it on in.
-                return _fail(f"cannot serve specobs metrics on port {args.metrics_port}: "
-                             f"{bind.strerror or bind}; pick another --metrics-port (0: any "
-                             "free port)")
-            return _fail(f"cannot start the specobs exporter: {exc}")
-        engine.observer = observer
-        if args.fault != "none":
-            engine.fault = args.fault
-        engine.start()
-        if pending is not None:
-            pending.start(engine.load_draft_state)
-            _say(f"draft head training in the background ({pending.total} steps; the engine "
-                 f"takes its weights every {pending.publish_every} steps)")
+def _summarize_live(r: _Run, where: list[str], *, live: bool) -> None:
+    """The summary while serving: a rich view on a terminal, a line every few seconds
+    otherwise, of the rates over the last few seconds; until ``--duration`` has passed
+    (:class:`_Stop`) or Ctrl-C (``KeyboardInterrupt``)."""
+    from . import _summary
 
-        # -- HTTP server ----------------------------------------------------------------------
-        app = create_app(engine, observer, admin_token=admin_token, limits=limits)
-        try:
-            server = ServerThread(app, args.host, args.port, limits=limits).start()
-        except OSError as exc:
-            return _fail(f"cannot serve completions on {args.host}:{args.port}: "
-                         f"{exc.strerror or exc}; pick another --port")
-        metrics_url = prom.url if prom is not None else None
-        target = None
-        if prom is not None:
-            host = "127.0.0.1" if prom.addr in ("0.0.0.0", "", "::") else prom.addr
-            target = f"{host}:{prom.port}"
-        where = _summary.where_lines(
-            metrics_url, server.url, target, admin=admin_token is not None
-        )
-        _say(f"serving completions on {server.url}/v1/completions")
-        _say(f"admin endpoints on {server.url}/admin/fault (Authorization: Bearer <token>)"
-             if admin_token is not None else
-             f"admin endpoints off (--admin-token or {SPECOBS_DEMO_ADMIN_TOKEN} turns them on)")
-        if metrics_url:
-            _say(f"specobs metrics on {metrics_url}")
+    args, engine, observer = r.args, r.engine, r.observer
+    assert engine is not None and observer is not None
+    # --duration counts from here: serving and load, not start-up.
+    r.first = first = observer.snapshot()
+    r.first_at = first_at = time.monotonic()
+    deadline = None if args.duration is None else first_at + args.duration
+    title = (f"specobs demo — {args.device}, k={args.k}, max batch {args.max_batch}"
+             + ("" if args.duration is None else f", {args.duration:g} s")
+             + " — Ctrl-C stops")
+    if not live:
+        for line in where:
+            _say(line)
 
-        # -- load -----------------------------------------------------------------------------
-        if not args.no_load:
-            load_summary = LoadSummary(server.url)
-            load_thread = _start_load(args, engine, server.url, load_summary, load_stop)
+    def wait_until(t: float) -> None:
+        while True:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise _Stop
+            if now >= t:
+                return
+            time.sleep(min(0.2, t - now))
 
-        # -- live summary ---------------------------------------------------------------------
-        # --duration counts from here: serving and load, not start-up.
-        first = observer.snapshot()
-        first_at = time.monotonic()
-        deadline = None if args.duration is None else first_at + args.duration
-        title = (f"specobs demo — {args.device}, k={args.k}, max batch {args.max_batch}"
-                 + ("" if args.duration is None else f", {args.duration:g} s")
-                 + " — Ctrl-C stops")
-        if not live:
-            for line in where:
-                _say(line)
+    # Rates over the last few seconds: steady, yet current after a fault switch.
+    history: collections.deque[tuple[float, Any]] = collections.deque([(first_at, first)])
+    window = 5.0
+    interval = _LIVE_INTERVAL_SECONDS if live else _PLAIN_INTERVAL_SECONDS
 
-        def wait_until(t: float) -> None:
-            while True:
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    raise _Stop
-                if now >= t:
-                    return
-                time.sleep(min(0.2, t - now))
+    def frame() -> tuple[Any, str]:
+        snap, now = observer.snapshot(), time.monotonic()
+        while len(history) > 1 and now - history[1][0] >= window:
+            history.popleft()
+        then, old = history[0]
+        history.append((now, snap))
+        return _summary.compute_view(snap, old, now - then, r.baseline()), _requests_text(
+            engine, r.load_summary)
 
-        # Rates over the last few seconds: steady, yet current after a fault switch.
-        history: collections.deque[tuple[float, Any]] = collections.deque([(first_at, first)])
-        window = 5.0
-        interval = _LIVE_INTERVAL_SECONDS if live else _PLAIN_INTERVAL_SECONDS
+    next_at = first_at
+    if live:
+        from rich.live import Live
 
-        def _baseline() -> float | None:
-            return None if probe is None else probe.tokens_per_second()
-
-        def frame() -> tuple[Any, str]:
-            snap, now = observer.snapshot(), time.monotonic()
-            while len(history) > 1 and now - history[1][0] >= window:
-                history.popleft()
-            then, old = history[0]
-            history.append((now, snap))
-            return _summary.compute_view(snap, old, now - then, _baseline()), _requests_text(
-                engine, load_summary)
-
-        next_at = first_at
-        if live:
-            from rich.live import Live
-
-            with Live(refresh_per_second=4, transient=False) as view_live:
-                while True:
-                    next_at += interval
-                    wait_until(next_at)
-                    view, requests = frame()
-                    view_live.update(_summary.render_rich(
-                        view, title=title, fault=engine.fault, requests=requests, where=where,
-                        baseline_note=baseline_note,
-                    ))  # fmt: skip
-        else:
-            next_at += min(_FIRST_PLAIN_SECONDS, interval) - interval
+        with Live(refresh_per_second=4, transient=False) as view_live:
             while True:
                 next_at += interval
                 wait_until(next_at)
                 view, requests = frame()
-                _say(f"[{time.monotonic() - started:6.1f} s] " + _summary.plain_line(
-                    view, fault=engine.fault, requests=requests))
-    except _Stop:
-        pass
+                view_live.update(_summary.render_rich(
+                    view, title=title, fault=engine.fault, requests=requests, where=where,
+                    baseline_note=r.baseline_note,
+                ))  # fmt: skip
+    else:
+        next_at += min(_FIRST_PLAIN_SECONDS, interval) - interval
+        while True:
+            next_at += interval
+            wait_until(next_at)
+            view, requests = frame()
+            _say(f"[{time.monotonic() - r.started:6.1f} s] " + _summary.plain_line(
+                view, fault=engine.fault, requests=requests))
+
+
+def _shut_down(r: _Run) -> None:
+    """Load first (no new requests), then the server, the engine and specobs (its last
+    snapshot kept for the final summary); an unfinished draft head's training is completed."""
+    r.load_stop.set()
+    if r.load_thread is not None:
+        r.load_thread.join(10)
+    if r.server is not None:
+        r.server.stop()
+    engine = r.engine
+    if engine is not None:
+        engine.close()
+    pending = None if engine is None else engine.models.pending
+    if pending is not None:
+        # The engine is closed: the training must not copy weights into it any more
+        # (on a GPU that is a CUDA call from the training thread during teardown).
+        pending.detach()
+    if r.observer is not None:
+        with contextlib.suppress(Exception):
+            r.observer.force_flush(5)
+        r.final = r.observer.snapshot()
+        r.final_at = time.monotonic()
+        r.observer.shutdown(5)
+    if pending is not None and pending.error is None and not pending.done.is_set():
+        _finish_draft_head(pending)
+    _join_demo_threads(r.args.device, before=r.threads_before)
+    if pending is not None and pending.done.is_set() and not pending.stopped:
+        if pending.error is None:
+            _say(f"draft head trained and cached in {pending.path}")
+        else:
+            _say(f"draft head training failed ({pending.error!r}); the next start retries")
+
+
+def _finish_draft_head(pending: Any) -> None:
+    """Nothing else runs now, so the rest is quick; without it the next start would train
+    everything again. Ctrl-C skips it."""
+    _say(f"finishing the draft head's training ({pending.step}/{pending.total} steps) so "
+         "that the next start loads it; Ctrl-C skips")
+    t_join, step0 = time.monotonic(), pending.step
+    try:
+        while not pending.join(_PLAIN_INTERVAL_SECONDS):
+            spent = time.monotonic() - t_join
+            rate = (pending.step - step0) / spent
+            left = (f", about {(pending.total - pending.step) / rate:.0f} s left"
+                    if rate > 0 else "")
+            _say(f"  draft head: step {pending.step}/{pending.total}, {spent:.0f} s "
+                 f"elapsed{left}")
     except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        # -- shutdown: load first (no new requests), then the server, the engine, specobs -----
-        load_stop.set()
-        if load_thread is not None:
-            load_thread.join(10)
-        if server is not None:
-            server.stop()
-        if engine is not None:
-            engine.close()
-        pending = None if engine is None else engine.models.pending
-        if pending is not None:
-            # The engine is closed: the training must not copy weights into it any more
-            # (on a GPU that is a CUDA call from the training thread during teardown).
-            pending.detach()
-        if observer is not None:
-            with contextlib.suppress(Exception):
-                observer.force_flush(5)
-            final = observer.snapshot()
-            final_at = time.monotonic()
-            observer.shutdown(5)
-        pending = None if engine is None else engine.models.pending
-        if pending is not None and pending.error is None and not pending.done.is_set():
-            # Nothing else runs now, so the rest is quick; without it the next start would
-            # train everything again.
-            _say(f"finishing the draft head's training ({pending.step}/{pending.total} steps) so "
-                 "that the next start loads it; Ctrl-C skips")
-            t_join, step0 = time.monotonic(), pending.step
-            try:
-                while not pending.join(_PLAIN_INTERVAL_SECONDS):
-                    spent = time.monotonic() - t_join
-                    rate = (pending.step - step0) / spent
-                    left = (f", about {(pending.total - pending.step) / rate:.0f} s left"
-                            if rate > 0 else "")
-                    _say(f"  draft head: step {pending.step}/{pending.total}, {spent:.0f} s "
-                         f"elapsed{left}")
-            except KeyboardInterrupt:
-                pending.stop()
-                pending.join(30)
-                _say("skipped: the next start trains afresh")
-        _join_demo_threads(args.device, before=threads_before)
-        if pending is not None and pending.done.is_set() and not pending.stopped:
-            if pending.error is None:
-                _say(f"draft head trained and cached in {pending.path}")
-            else:
-                _say(f"draft head training failed ({pending.error!r}); the next start retries")
-    if final is None or engine is None or first is None:
+        pending.stop()
+        pending.join(30)
+        _say("skipped: the next start trains afresh")
+
+
+def _final_summary(r: _Run, interrupted: bool) -> int:
+    """The whole serving window's summary, and the exit status."""
+    from . import _summary
+
+    if r.final is None or r.engine is None or r.first is None:
         return 130 if interrupted else 1
-    seconds = final_at - first_at
-    view = _summary.compute_view(
-        final, first, seconds, None if probe is None else probe.tokens_per_second()
-    )
+    seconds = r.final_at - r.first_at
+    view = _summary.compute_view(r.final, r.first, seconds, r.baseline())
     _say("")
     for line in _summary.final_lines(
-        view, seconds=seconds, fault=engine.fault, baseline_note=baseline_note,
-        requests=_requests_text(engine, load_summary),
+        view, seconds=seconds, fault=r.engine.fault, baseline_note=r.baseline_note,
+        requests=_requests_text(r.engine, r.load_summary),
     ):  # fmt: skip
         _say(line)
     if interrupted:
