@@ -164,6 +164,7 @@ typedef struct {
     int64_t interval;
     int64_t clock_try_at; /* -1: no clock to try */
     int64_t begun, enqueued, dropped_queue_full, discarded, copy_ns;
+    int64_t excepted; /* cycles discarded because the engine raised inside ``with`` */
     int64_t deferred, unsettled; /* deferred cycles awaiting settle(); handed on unsettled */
     int64_t tick, fake_now; /* tests: a clock that advances by ``tick`` per read (0: real) */
     unsigned long writer;   /* the native id of the thread that began the last cycle (0: none) */
@@ -521,11 +522,18 @@ record_event(Ring *r, Slot *s, Py_ssize_t i, int64_t t)
 }
 
 static void
+void_slot(Ring *r, Slot *s)
+{
+    STATE_SET(s, SLOT_VOID);
+    slot_drop_held(r, s);
+}
+
+/* A cycle called out of order: counted as misuse. */
+static void
 discard(Ring *r, Slot *s)
 {
     r->discarded++;
-    STATE_SET(s, SLOT_VOID);
-    slot_drop_held(r, s);
+    void_slot(r, s);
 }
 
 /* The open handle goes to the spares (kept for reuse), in the first place that is empty or
@@ -1425,8 +1433,10 @@ Cycle_exit(Cycle *self, PyObject *const *args, Py_ssize_t nargs)
             if (r->current == (PyObject *)self)
                 close_current(r);
             Slot *s = slot_of(self);
-            if (owns(self, s))
-                discard(r, s);
+            if (owns(self, s)) {
+                r->excepted++; /* not misuse: counted under a reason of its own */
+                void_slot(r, s);
+            }
         }
         Py_RETURN_NONE;
     }
@@ -3042,6 +3052,7 @@ Ring_pump(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     int nev = r->ne_elapsed != NULL && r->ne_query != NULL
               && r->ne_thread == PyThread_get_thread_ident();
     int64_t c0 = r->discarded, c1 = r->dropped_queue_full, c2 = r->unsettled;
+    int64_t c3 = r->excepted;
     unsigned long w0 = r->writer;
     PyObject *why = NULL;
     int64_t passes = 0, cpu0, cpu1;
@@ -3084,7 +3095,8 @@ Ring_pump(Ring *r, PyObject *const *args, Py_ssize_t nargs)
             break;
         if (__atomic_load_n(&r->discarded, __ATOMIC_RELAXED) != c0
             || __atomic_load_n(&r->dropped_queue_full, __ATOMIC_RELAXED) != c1
-            || __atomic_load_n(&r->unsettled, __ATOMIC_RELAXED) != c2) {
+            || __atomic_load_n(&r->unsettled, __ATOMIC_RELAXED) != c2
+            || __atomic_load_n(&r->excepted, __ATOMIC_RELAXED) != c3) {
             why = s_pump_counts;
             break;
         }
@@ -3155,12 +3167,13 @@ WALKER_FASTCALL(Ring_drain, drain_walked)
 WALKER_FASTCALL(Ring_drain_into, drain_into_walked)
 
 /* The counts the resolver folds and the sampler reads after each drain, in one call: (discarded,
- * dropped_queue_full, unsettled, native_gpu_cycles, native_gpu_cost). */
+ * dropped_queue_full, unsettled, native_gpu_cycles, native_gpu_cost, excepted). */
 static PyObject *
 Ring_counters(Ring *r, PyObject *Py_UNUSED(ignored))
 {
-    return Py_BuildValue("(LLLLL)", (long long)r->discarded, (long long)r->dropped_queue_full,
-                         (long long)r->unsettled, (long long)r->ne_cycles, (long long)r->ne_cost);
+    return Py_BuildValue("(LLLLLL)", (long long)r->discarded, (long long)r->dropped_queue_full,
+                         (long long)r->unsettled, (long long)r->ne_cycles, (long long)r->ne_cost,
+                         (long long)r->excepted);
 }
 
 /* The running totals of ``drain_into``: (cycles, host, length counts, accepted, drafted,
@@ -3572,6 +3585,7 @@ static PyMemberDef Ring_members[] = {
     {"enqueued", T_LONGLONG, offsetof(Ring, enqueued), READONLY, NULL},
     {"dropped_queue_full", T_LONGLONG, offsetof(Ring, dropped_queue_full), READONLY, NULL},
     {"discarded", T_LONGLONG, offsetof(Ring, discarded), READONLY, NULL},
+    {"excepted", T_LONGLONG, offsetof(Ring, excepted), READONLY, NULL},
     {"deferred", T_LONGLONG, offsetof(Ring, deferred), READONLY,
      "cycles ended by defer() awaiting settle()"},
     {"unsettled", T_LONGLONG, offsetof(Ring, unsettled), READONLY,
@@ -3732,7 +3746,7 @@ Ring_set_native_events(Ring *r, PyObject *args)
 static PyMethodDef Ring_methods[] = {
     {"counters", (PyCFunction)Ring_counters, METH_NOARGS,
      "counters(): (discarded, dropped_queue_full, unsettled, native_gpu_cycles, "
-     "native_gpu_cost), read together."},
+     "native_gpu_cost, excepted), read together."},
     {"set_native_events", (PyCFunction)Ring_set_native_events, METH_VARARGS,
      "set_native_events(elapsed, get_last_error[, query]): read sampled cycles' GPU times in "
      "drain_into, and ask their events in poll, through these runtime functions "

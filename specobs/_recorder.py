@@ -365,6 +365,7 @@ class Recorder:
     enqueued = _RingCount()
     dropped_queue_full = _RingCount()
     discarded = _RingCount()
+    excepted = _RingCount()
     copy_ns = _RingCount()
 
     def _set_clock(self, clock: EventClock) -> None:

@@ -197,6 +197,7 @@ class Resolver:
             "event_pool_exhausted": rec.dropped_pool,
             "graph_capture": rec.dropped_capture,
             "misuse": rec.discarded,
+            "exception": rec.excepted,
             "queue_full": rec.dropped_queue_full,
             "unsettled": rec.ring.unsettled,
             **{"err:" + kind: n for kind, n in list(rec.errors.items())},
@@ -820,8 +821,9 @@ class Resolver:
             return _NOTHING, _NOTHING
         self._fold_seen = seen
         cur = dict(zip(("event_pool_exhausted", "graph_capture", "misuse", "queue_full",
-                        "unsettled"),
-                       (rec.dropped_pool, rec.dropped_capture, counts[0], counts[1], counts[2]),
+                        "unsettled", "exception"),
+                       (rec.dropped_pool, rec.dropped_capture, counts[0], counts[1], counts[2],
+                        counts[5]),
                        strict=True))
         dropped: dict[str, int] = {}
         for key, value in cur.items():

@@ -459,6 +459,8 @@ class PyCycle:
     @_serialized
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is not None:
+            # The engine raised mid-cycle: the phase times are meaningless, discard quietly
+            # (counted under a reason of its own, not as misuse).
             if not self._closed:
                 r = self._ring
                 self._closed = 1
@@ -466,7 +468,8 @@ class PyCycle:
                     r._close_current()
                 s = self._slot()
                 if self._owns(s):
-                    r._discard(s)
+                    r.excepted += 1
+                    r._void(s)
             return
         if not self._closed:
             self.end()
@@ -518,6 +521,8 @@ class PyRing:
         self.unsettled = 0
         self.dropped_queue_full = 0
         self.discarded = 0
+        #: Cycles discarded because the engine raised inside ``with`` (not misuse).
+        self.excepted = 0
         self.copy_ns = 0
         #: The native core drains the common case with the GIL let go (``nogil_*``: cycles, walks,
         #: thread CPU ns); Python cannot, so these stay 0 here.
@@ -626,10 +631,14 @@ class PyRing:
         if wake and self._waiting >= self.wake_at:
             self._call(self.slow.wake)
 
-    def _discard(self, s: _Slot) -> None:
-        self.discarded += 1
+    def _void(self, s: _Slot) -> None:
         s.state = VOID
         self._drop_held(s)
+
+    def _discard(self, s: _Slot) -> None:
+        """A cycle called out of order: counted as misuse."""
+        self.discarded += 1
+        self._void(s)
 
     def _close_current(self) -> None:
         cur = self._current
@@ -1028,11 +1037,12 @@ class PyRing:
             self.drained += n
         return n, total, details, released
 
-    def counters(self) -> tuple[int, int, int, int, int]:
-        """(discarded, dropped_queue_full, unsettled, native_gpu_cycles, native_gpu_cost): the
-        counts the resolver folds and the sampler reads after each drain, read together."""
+    def counters(self) -> tuple[int, int, int, int, int, int]:
+        """(discarded, dropped_queue_full, unsettled, native_gpu_cycles, native_gpu_cost,
+        excepted): the counts the resolver folds and the sampler reads after each drain, read
+        together."""
         return (self.discarded, self.dropped_queue_full, self.unsettled,
-                self.native_gpu_cycles, self.native_gpu_cost)
+                self.native_gpu_cycles, self.native_gpu_cost, self.excepted)
 
     def totals(self) -> RingTotals:
         """The running totals of :meth:`drain_into`, copied (the native ring's is the same

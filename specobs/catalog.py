@@ -75,6 +75,7 @@ DROP_REASONS: tuple[str, ...] = (
     "event_pool_exhausted",  # no free CUDA event: the cycle was counted but not GPU-timed
     "graph_capture",  # the cycle ran while a CUDA graph was being captured
     "misuse",  # the hot path was called out of order; the cycle was discarded
+    "exception",  # the engine raised inside ``with observer.cycle()``; the cycle was discarded
     "shutdown",  # records still pending when shutdown() ran out of time
     "fork",  # records inherited from the parent process after fork()
     "span_export",  # cycle spans the OTLP exporter dropped (queue full, collector down)

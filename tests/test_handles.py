@@ -369,3 +369,24 @@ def test_accept_and_settle_take_accepted_by_name_and_refuse_a_wrong_call_before_
     null.defer().settle(accepted=None)
     with pytest.raises(TypeError):
         null.accept([1], bogus=1)
+
+
+def test_a_cycle_the_engine_raised_in_is_dropped_as_an_exception_not_as_misuse(core):
+    # Dropped records say why: an exception inside ``with`` is the engine's failure, where
+    # misuse is a wrong call into specobs (also counted as an error of its kind).
+    obs, mem, gpu = make()
+    for _ in range(3):
+        with pytest.raises(RuntimeError), obs.cycle() as c:
+            gpu.run(100)
+            c.mark("verify")
+            raise RuntimeError("the engine's step failed")
+    c = obs.begin()
+    c.end()  # ended at its first phase: misuse
+    one(obs, gpu, 0, [1], draft_length=2)
+    gpu.complete()
+    assert obs.force_flush()
+    s = obs.snapshot()
+    assert s.cycles_total == 1
+    assert {k: v for k, v in s.dropped.items() if v} == {"exception": 3, "misuse": 1}
+    assert {k: v for k, v in s.errors.items() if v} == {"wrong_phase_order": 1}
+    obs.shutdown()
