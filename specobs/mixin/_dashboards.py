@@ -456,7 +456,8 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
     b.timeseries(
         "Dropped records and errors",
         "Cycle records specobs dropped or could not GPU-time, by reason, and hot-path misuse by "
-        "kind, per second. Anything but a trickle means the metrics undercount.",
+        "kind, per second. Anything but a trickle means the metrics undercount, except "
+        "`exception`: cycles the engine raised in, discarded.",
         "short",
         [
             (srate("reason", c.DROPPED_RECORDS.name), "dropped: {{reason}}"),

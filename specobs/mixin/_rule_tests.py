@@ -68,6 +68,8 @@ class ServerState:
     running: float | None = 8.0
     up: float = 1.0
     dropped_per_second: float = 0.0
+    #: The ``reason`` of those drops.
+    drop_reason: str = "queue_full"
 
     @property
     def emitted(self) -> float:
@@ -181,10 +183,11 @@ def server_series(
             [s.cycles_per_second * s.phase_gpu_seconds[phase] for s in steps],
         )
         counter(_selector(f"{c.PHASE_DURATION.name}_count", gpu), cycles)
-    counter(
-        _selector(c.DROPPED_RECORDS.name, {**labels, "reason": "queue_full"}),
-        [s.dropped_per_second for s in steps],
-    )
+    for reason in dict.fromkeys(s.drop_reason for s in steps):
+        counter(
+            _selector(c.DROPPED_RECORDS.name, {**labels, "reason": reason}),
+            [s.dropped_per_second if s.drop_reason == reason else 0.0 for s in steps],
+        )
     # The last cycle's end: the sample's own time while cycles run, frozen when they stop.
     last: list[float | None] = []
     seen: float | None = None
@@ -319,6 +322,7 @@ def _cases() -> list[_Case]:
     down = replace(healthy, up=0.0)
     dropping = replace(healthy, dropped_per_second=5.0)
     trickle = replace(healthy, dropped_per_second=0.1)
+    raising = replace(healthy, dropped_per_second=5.0, drop_reason="exception")
     unbaselined = replace(below_baseline, baseline=None)
     below_measured = replace(below_baseline, baseline_source="demo_measured")
     engine_only = replace(healthy, waiting=None, running=None)
@@ -602,6 +606,11 @@ def _cases() -> list[_Case]:
             "0.1% of cycle records dropped: dropping records does not fire",
             series((trickle, 30)),
             [("25m", a, [])],
+        ),
+        _Case(
+            "5% of cycles raised in the engine (reason exception): not specobs dropping records",
+            series((healthy, 10), (raising, 30)),
+            [("26m30s", a, []), ("39m", a, [])],
         ),
     ]
     every = [alert.alert for alert in alert_rules(MixinConfig())]

@@ -286,8 +286,9 @@ _ENTRIES: dict[str, tuple[str, list[str]]] = {
             "check *specobs CPU time per cycle* and raise the sampling interval.",
             "`event_pool_exhausted`: GPU events complete too slowly to be recycled; a stalled GPU "
             "or a very deep queue of work.",
-            "`exception`: the engine's step raised inside `with observer.cycle()`, and the "
-            "cycle was discarded (its times mean nothing): look at the engine's log, not at "
+            "`exception` does not raise this alert: the engine's step raised inside `with "
+            "observer.cycle()` and the cycle was discarded (its times mean nothing). The "
+            "*Dropped records and errors* panel shows it; look at the engine's log, not at "
             "specobs.",
             "`graph_capture`, `misuse`, `fork`, `shutdown`: see docs/metrics.md for the meaning; "
             "`misuse` also counts in `specobs_exporter_errors_total{kind}`.",
