@@ -5,6 +5,7 @@ time and peak memory."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable
@@ -209,6 +210,25 @@ def test_drops_and_misuse(engines: Callable[..., Engine], capsys: pytest.Capture
     assert checks["exporter errors"]["verdict"] == "WARN"
     assert checks["exporter errors"]["reason"].startswith("mark_without_begin 1")
     assert checks["gpu clock"]["reason"].startswith("1 cycles timed on the GPU clock")
+
+
+def test_cycles_the_engine_raised_in_are_the_engines_failure_not_specobs_drops(
+    engines: Callable[..., Engine], capsys: pytest.CaptureFixture[str]
+):
+    eng = engines()
+    eng.run(8)
+    for _ in range(2):
+        with contextlib.suppress(RuntimeError), eng.obs.cycle() as c:
+            c.mark("verify")
+            raise RuntimeError("the engine's step failed")
+    assert eng.obs.force_flush(5)
+    rc, _, checks = doctor_json(capsys, eng.url)
+    drops = checks["dropped records"]
+    assert drops["verdict"] == "WARN" and rc == 1
+    assert drops["reason"] == (
+        "none dropped by specobs; 2 cycles discarded because the engine raised inside them "
+        "(25.00% of 8 cycles): the engine's failure, see its log")
+    assert drops["data"]["by_reason"] == {} and drops["data"]["engine_raised"] == 2
 
 
 def test_missing_contract_series_are_listed(

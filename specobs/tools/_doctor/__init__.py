@@ -21,7 +21,8 @@ contract series    every catalog series is exposed (the missing ones are listed)
 cycles advancing   ``specobs_cycles_total`` grew between the two scrapes; no cycle while
                    requests run or wait fails (a stall, as the generated alert pages)
 gpu clock          GPU-clock series with a count > 0, or why not (clock=host, CUDA not up)
-dropped records    records dropped, by reason, as a fraction of cycles
+dropped records    records dropped, by reason, as a fraction of cycles; cycles the engine
+                   raised in (``reason="exception"``) are named apart: its failure, not specobs's
 exporter errors    hot-path misuse counted by the exporter, by kind
 overhead           ``specobs_exporter_overhead_ratio`` against the overhead budget
 exporter cpu       the exporter's CPU seconds per cycle between the scrapes (budget 15 µs)

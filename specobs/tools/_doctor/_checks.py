@@ -279,22 +279,34 @@ def _gpu_clock(s: scr.Series, info: dict[str, str], cycles_total: float) -> Chec
     )
 
 
+#: The drop reason that is the engine's failure, not specobs's: a cycle the engine raised in.
+ENGINE_DROP_REASON = "exception"
+
+
 def _drops(s: scr.Series, cycles_total: float) -> Check:
     by_reason = {k: v for k, v in s.by(catalog.DROPPED_RECORDS.name, "reason").items() if v > 0}
+    raised = by_reason.pop(ENGINE_DROP_REASON, 0.0)
     total = math.fsum(by_reason.values())
-    data = {"by_reason": by_reason, "cycles": cycles_total}
+    data: dict[str, Any] = {"by_reason": by_reason, "cycles": cycles_total,
+                            "engine_raised": raised}
+
+    def of_cycles(n: float) -> str:
+        f = bd.ratio(n, cycles_total)
+        return (f"{scr.format_percent(f, 2)} of {_fmt_count(cycles_total)} cycles"
+                if f is not None else "no cycles counted")
+
+    engine = (f"{_fmt_count(raised)} cycles discarded because the engine raised inside them "
+              f"({of_cycles(raised)}): the engine's failure, see its log") if raised else ""
     if total <= 0:
+        if raised:
+            return Check("dropped records", "WARN", f"none dropped by specobs; {engine}", data)
         return Check("dropped records", "OK", "none dropped", data)
     fraction = bd.ratio(total, cycles_total)
     parts = ", ".join(f"{k} {_fmt_count(v)}" for k, v in sorted(by_reason.items()))
-    frac_text = (
-        f"{scr.format_percent(fraction, 2)} of {_fmt_count(cycles_total)} cycles"
-        if fraction is not None else "no cycles counted"
-    )
     verdict = "FAIL" if fraction is None or fraction > DROP_FAIL_FRACTION else "WARN"
     data["fraction"] = fraction
-    return Check("dropped records", verdict, f"{_fmt_count(total)} dropped ({parts}), {frac_text}",
-                 data)
+    reason = f"{_fmt_count(total)} dropped ({parts}), {of_cycles(total)}"
+    return Check("dropped records", verdict, f"{reason}; {engine}" if raised else reason, data)
 
 
 def _errors(s: scr.Series) -> Check:
