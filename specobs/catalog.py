@@ -31,6 +31,7 @@ __all__ = [
     "DRAFT_TOKENS",
     "DROPPED_RECORDS",
     "DROP_REASONS",
+    "DROP_REASON_EXCEPTION",
     "DURATION_BUCKETS_SECONDS",
     "EMITTED_TOKENS",
     "ERRORS",
@@ -69,13 +70,16 @@ DURATION_BUCKETS_SECONDS: tuple[float, ...] = (
 #: Batch size buckets: powers of two up to 1024 sequences.
 BATCH_SIZE_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(11))
 
+#: The drop reason that is the engine's failure, not specobs's: a cycle the engine raised in,
+#: discarded. The dropped-records alert and ``doctor`` leave it out of specobs's own drops.
+DROP_REASON_EXCEPTION = "exception"
 #: Why a cycle record was dropped before it reached the aggregation.
 DROP_REASONS: tuple[str, ...] = (
     "queue_full",  # the worker produced records faster than the resolver drained them
     "event_pool_exhausted",  # no free CUDA event: the cycle was counted but not GPU-timed
     "graph_capture",  # the cycle ran while a CUDA graph was being captured
     "misuse",  # the hot path was called out of order; the cycle was discarded
-    "exception",  # the engine raised inside ``with observer.cycle()``; the cycle was discarded
+    DROP_REASON_EXCEPTION,  # the engine raised inside ``with observer.cycle()``: discarded
     "shutdown",  # records still pending when shutdown() ran out of time
     "fork",  # records inherited from the parent process after fork()
     "span_export",  # cycle spans the OTLP exporter dropped (queue full, collector down)

@@ -322,7 +322,7 @@ def _cases() -> list[_Case]:
     down = replace(healthy, up=0.0)
     dropping = replace(healthy, dropped_per_second=5.0)
     trickle = replace(healthy, dropped_per_second=0.1)
-    raising = replace(healthy, dropped_per_second=5.0, drop_reason="exception")
+    raising = replace(healthy, dropped_per_second=5.0, drop_reason=c.DROP_REASON_EXCEPTION)
     unbaselined = replace(below_baseline, baseline=None)
     below_measured = replace(below_baseline, baseline_source="demo_measured")
     engine_only = replace(healthy, waiting=None, running=None)

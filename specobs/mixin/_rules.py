@@ -489,7 +489,8 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
         AlertRule(
             AlertNames.EXPORTER_DROPPING_RECORDS,
             # A cycle the engine raised in is the engine's failure, not specobs losing data.
-            f'({n.dropped}{{reason!="exception"}} > 0)\n/ on ({by}) group_left ()\n'
+            f'({n.dropped}{{reason!="{c.DROP_REASON_EXCEPTION}"}} > 0)\n'
+            f"/ on ({by}) group_left ()\n"
             f"({_rate(c.CYCLES.name, config, by)} > 0)\n"
             f"> {config.dropped_records_ratio:g}",
             config.dropped_records_for,

@@ -279,13 +279,9 @@ def _gpu_clock(s: scr.Series, info: dict[str, str], cycles_total: float) -> Chec
     )
 
 
-#: The drop reason that is the engine's failure, not specobs's: a cycle the engine raised in.
-ENGINE_DROP_REASON = "exception"
-
-
 def _drops(s: scr.Series, cycles_total: float) -> Check:
     by_reason = {k: v for k, v in s.by(catalog.DROPPED_RECORDS.name, "reason").items() if v > 0}
-    raised = by_reason.pop(ENGINE_DROP_REASON, 0.0)
+    raised = by_reason.pop(catalog.DROP_REASON_EXCEPTION, 0.0)
     total = math.fsum(by_reason.values())
     data: dict[str, Any] = {"by_reason": by_reason, "cycles": cycles_total,
                             "engine_raised": raised}
