@@ -628,7 +628,9 @@ def test_generate_rewrites_the_derived_k8s_files_and_removes_stale_copies(
     changed = tmp_path / "deploy/k8s/base/dashboards" / DASHBOARDS[0].name
     changed.write_text("{}\n")
     assert main(["generate", "--root", str(tmp_path), "--check"]) == 1
-    capsys.readouterr()
+    err = capsys.readouterr().err
+    assert f"deploy/k8s/base/dashboards/{DASHBOARDS[0].name}\n" in err
+    assert "None of them" not in err
     assert main(["generate", "--root", str(tmp_path), "--check", "--json"]) == 1
     assert json.loads(capsys.readouterr().out) == {"check": True, "drifted": sorted([
         f"deploy/k8s/base/dashboards/{DASHBOARDS[0].name}", "deploy/k8s/base/dashboards/old.json"])}
@@ -640,6 +642,17 @@ def test_generate_rewrites_the_derived_k8s_files_and_removes_stale_copies(
     assert not stale.exists()
     assert changed.read_text() == DASHBOARDS[0].read_text()
     assert main(["generate", "--root", str(tmp_path), "--check"]) == 0
+
+
+def test_generate_check_outside_a_checkout_says_where_it_looked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specobs.cli import main
+
+    assert main(["generate", "--root", str(tmp_path), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "docs/metrics.md (missing)" in err
+    assert f"None of them is under {tmp_path.resolve()}: run it from the checkout's root" in err
 
 
 # -- yamllint --------------------------------------------------------------------------------------

@@ -102,8 +102,14 @@ def _render(args: argparse.Namespace, config: Any, check_all: Any, write_all: An
             print(json.dumps({"check": True, "drifted": sorted(drifted)}))
             return 1 if drifted else 0
         if drifted:
-            print("These generated files are out of date:\n  " + "\n  ".join(drifted)
-                  + "\nRegenerate them with: specobs generate", file=sys.stderr)
+            missing = {p for p in drifted if not (args.root / p).exists()}
+            print("These generated files are out of date:\n  " + "\n  ".join(
+                f"{p} (missing)" if p in missing else p for p in drifted)
+                + "\nRegenerate them with: specobs generate", file=sys.stderr)
+            if len(missing) == len(drifted):
+                # Nothing generated under the root at all: most likely not a checkout's root.
+                print(f"None of them is under {args.root.resolve()}: run it from the "
+                      "checkout's root, or pass --root DIR.", file=sys.stderr)
             return 1
         print("generated files are up to date")
         return 0
