@@ -31,6 +31,7 @@ RUNS = [
     (["demo_engine.py", "--device", "cpu", "--seconds", "1", "--faults", "none"], "\nnone "),
     (["advisor_k.py", "--device", "cpu", "--ks", "3,4", "--steps", "20", "--rounds", "1",
       "--builds", "2", "--threads", "1"], "from k=4: recommended k="),
+    (["accept_call.py", "--calls", "2000", "--rounds", "1"], "this checkout ("),
     (["advisor_replay.py", str(ROOT / "benchmarks" / "runs" / "advisor" / "h200-run9-gpu.json")],
      "mean error (predicted - realized), points: k=2 "),
 ]
