@@ -41,11 +41,16 @@ class CycleHandle(Protocol):
 
     ``mark(phase)`` ends the running phase and starts the next, ``accept(...)`` records acceptance,
     ``end()`` ends the last phase; also a context manager that ends the cycle on exit.
+
+    The calls' arguments are stated here once: the no-op handle (what ``begin`` returns before
+    ``configure`` and after ``shutdown``) subclasses this protocol and keeps its bodies, which do
+    nothing, so it refuses exactly the calls a recording handle refuses.
     """
 
     index: int
 
-    def mark(self, phase: str, /) -> None: ...
+    def mark(self, phase: str, /) -> None:
+        return None
 
     def accept(
         self,
@@ -54,9 +59,11 @@ class CycleHandle(Protocol):
         draft_length: Any = None,
         batch_size: int | None = None,
         emitted: Any = None,
-    ) -> None: ...
+    ) -> None:
+        return None
 
-    def end(self) -> None: ...
+    def end(self) -> None:
+        return None
 
     def defer(self) -> CycleHandle:
         """End the cycle with its acceptance to come from :meth:`settle` (any thread); its
@@ -73,11 +80,12 @@ class CycleHandle(Protocol):
         emitted: Any = None,
     ) -> None:
         """A deferred cycle's acceptance, as ``accept`` takes it (``None``: no tokens)."""
-        ...
+        return None
 
     def __enter__(self) -> CycleHandle: ...
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None: ...
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -92,14 +100,6 @@ class Exemplar:
     trace_id: int
     span_id: int
     time_unix_nano: int
-
-    @property
-    def trace_id_hex(self) -> str:
-        return f"{self.trace_id:032x}"
-
-    @property
-    def span_id_hex(self) -> str:
-        return f"{self.span_id:016x}"
 
     @property
     def timestamp_seconds(self) -> float:

@@ -25,6 +25,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from specobs import _ring, catalog
+from specobs._model import CycleHandle
 from specobs.timing._base import record_stream_of
 
 if TYPE_CHECKING:
@@ -179,40 +180,17 @@ class RateLimitedLog:
         _log.warning("specobs: %s%s", message, extra)
 
 
-class _NullCycle:
-    """What the hot path returns before configure and after shutdown: every call a no-op, with
-    the arguments every handle takes (a call a configured cycle refuses is refused here too)."""
+class _NullCycle(CycleHandle):
+    """What the hot path returns before configure and after shutdown: the protocol's own no-op
+    bodies, so it takes exactly the arguments every handle takes."""
 
-    __slots__ = ()
     index = -1
-
-    def mark(self, phase: str, /) -> None:
-        pass
-
-    def accept(
-        self,
-        accepted: Any,
-        *,
-        draft_length: Any = None,
-        batch_size: int | None = None,
-        emitted: Any = None,
-    ) -> None:
-        pass
-
-    def end(self) -> None:
-        pass
 
     def defer(self) -> _NullCycle:
         return self
 
-    #: A deferred cycle's acceptance: the same nothing, from the same arguments.
-    settle = accept
-
     def __enter__(self) -> _NullCycle:
         return self
-
-    def __exit__(self, *args: Any) -> None:
-        pass
 
 
 NULL_CYCLE = _NullCycle()

@@ -259,7 +259,7 @@ def test_grafana_links_exemplars_to_the_tempo_datasource() -> None:
     # The Prometheus sink's exemplar label (specobs/sinks/prometheus.py) is trace_id.
     assert destinations == [{"name": "trace_id", "datasourceUid": sources["tempo"]["uid"]}]
     assert (
-        'PromExemplar(\n                    {"trace_id": ex.trace_id_hex'
+        '{"trace_id": f"{ex.trace_id:032x}"'
         in (ROOT / "specobs/sinks/prometheus.py").read_text()
     )
     for path in DASHBOARDS:

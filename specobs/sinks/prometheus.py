@@ -78,8 +78,9 @@ def _buckets(h: HistogramData, with_exemplars: bool) -> list[Any]:
             out.append((
                 _series.le_text(bound), acc,
                 PromExemplar(
-                    {"trace_id": ex.trace_id_hex, "span_id": ex.span_id_hex}, ex.value,
-                    ex.timestamp_seconds,
+                    # W3C trace-context hex, the text Tempo and Jaeger look traces up by.
+                    {"trace_id": f"{ex.trace_id:032x}", "span_id": f"{ex.span_id:016x}"},
+                    ex.value, ex.timestamp_seconds,
                 ),
             ))
         else:

@@ -79,7 +79,6 @@ class LoadSummary:
     requests_ok: int = 0
     requests_failed: int = 0
     completion_tokens: int = 0
-    prompt_tokens: int = 0
     elapsed_seconds: float = 0.0
     latencies_seconds: list[float] = dataclasses.field(default_factory=list)
     errors: Counter[str] = dataclasses.field(default_factory=Counter)
