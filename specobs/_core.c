@@ -448,16 +448,24 @@ slot_clear_objs(Slot *s)
     drop_ref(&s->batch_obj);
 }
 
-/* Hand a dropped slot's events and copy to the resolver (it releases them to their pools). */
+/* Hand events and a copy the worker no longer holds (either may be NULL) to the resolver, which
+ * releases them to their pools. On an error they are lost to the pool; nothing else is. */
+static void
+hand_back(Ring *r, PyObject *ev, PyObject *copy)
+{
+    PyObject *t = PyTuple_Pack(2, ev ? ev : Py_None, copy ? copy : Py_None);
+    if (t == NULL || PyList_Append(r->dropped, t) < 0)
+        PyErr_Clear();
+    Py_XDECREF(t);
+}
+
+/* Hand a dropped slot's events and copy to the resolver. */
 static void
 slot_drop_held(Ring *r, Slot *s)
 {
     if (s->ev == NULL && s->copy == NULL)
         return;
-    PyObject *t = PyTuple_Pack(2, s->ev ? s->ev : Py_None, s->copy ? s->copy : Py_None);
-    if (t == NULL || PyList_Append(r->dropped, t) < 0)
-        PyErr_Clear(); /* the events are lost to the pool; nothing else is */
-    Py_XDECREF(t);
+    hand_back(r, s->ev, s->copy);
     drop_ref(&s->ev);
     drop_ref(&s->copy);
 }
@@ -888,23 +896,28 @@ call_ll(PyObject *o, PyObject *name, int *ok)
     return x;
 }
 
-/* A pinned slot's address, element size and event handle (member slots, no Python code). */
+/* A pinned copy's address and element size, with its event handle or its length (whichever
+ * pointer is not NULL): member slots of the clock's copy type, read with no Python code run.
+ * 0, or -1 with the error set. */
 static int
-slot_fields(PyObject *slot, void **ptr, long *itemsize, void **handle)
+pinned_fields(PyObject *o, void **ptr, long *itemsize, void **handle, Py_ssize_t *length)
 {
-    PyObject *po = PyObject_GetAttr(slot, s_ptr);
-    PyObject *io = po ? PyObject_GetAttr(slot, s_itemsize) : NULL;
-    PyObject *ho = io ? PyObject_GetAttr(slot, s_handle) : NULL;
+    PyObject *po = PyObject_GetAttr(o, s_ptr);
+    PyObject *io = po ? PyObject_GetAttr(o, s_itemsize) : NULL;
+    PyObject *xo = io ? PyObject_GetAttr(o, handle != NULL ? s_handle : s_length) : NULL;
     int rc = -1;
-    if (ho != NULL) {
+    if (xo != NULL) {
         *ptr = PyLong_AsVoidPtr(po);
         *itemsize = PyLong_AsLong(io);
-        *handle = PyLong_AsVoidPtr(ho);
+        if (handle != NULL)
+            *handle = PyLong_AsVoidPtr(xo);
+        else
+            *length = PyLong_AsSsize_t(xo);
         rc = PyErr_Occurred() ? -1 : 0;
     }
     Py_XDECREF(po);
     Py_XDECREF(io);
-    Py_XDECREF(ho);
+    Py_XDECREF(xo);
     return rc;
 }
 
@@ -1011,7 +1024,7 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
     void *dst = NULL, *handle = NULL;
     long isz = 0;
     int ret;
-    if (slot_fields(slot, &dst, &isz, &handle) < 0 || (isz != 4 && isz != 8)) {
+    if (pinned_fields(slot, &dst, &isz, &handle, NULL) < 0 || (isz != 4 && isz != 8)) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "a pinned slot of a bad element size");
         ret = -1; /* the slot goes back; the error is reported either way */
@@ -1096,12 +1109,8 @@ accept_cuda(Ring *r, Cycle *c, Slot *s, PyObject *tensor, int32_t ck)
         return;
     }
     if (!owns(c, s) || c->closed) { /* closed by another thread meanwhile */
-        if (copy != Py_None) {
-            PyObject *tup = PyTuple_Pack(2, Py_None, copy);
-            if (tup == NULL || PyList_Append(r->dropped, tup) < 0)
-                PyErr_Clear();
-            Py_XDECREF(tup);
-        }
+        if (copy != Py_None)
+            hand_back(r, NULL, copy);
         Py_DECREF(copy);
         return;
     }
@@ -1182,6 +1191,21 @@ parse_accept_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyObj
     return 0;
 }
 
+/* The draft length and emitted counts a cycle's acceptance came with (``None``: not given),
+ * kept for the resolver's validation; the slot holds none before. */
+static void
+keep_draft_emitted(Slot *s, PyObject *draft, PyObject *emitted)
+{
+    if (draft != Py_None) {
+        Py_INCREF(draft);
+        s->draft = draft;
+    }
+    if (emitted != Py_None) {
+        Py_INCREF(emitted);
+        s->emitted = emitted;
+    }
+}
+
 /* accept() with its arguments read: what a caller passed is counted, never raised. */
 static PyObject *
 accept_parsed(Cycle *self, const AcceptArgs *a)
@@ -1206,10 +1230,7 @@ accept_parsed(Cycle *self, const AcceptArgs *a)
     Py_CLEAR(s->emitted);
     if (s->copy != NULL) {
         /* A copy already in flight for this cycle: the resolver releases it. */
-        PyObject *t = PyTuple_Pack(2, Py_None, s->copy);
-        if (t == NULL || PyList_Append(r->dropped, t) < 0)
-            PyErr_Clear();
-        Py_XDECREF(t);
+        hand_back(r, NULL, s->copy);
         Py_CLEAR(s->copy);
     }
     int64_t k = r->k_max;
@@ -1240,14 +1261,7 @@ accept_parsed(Cycle *self, const AcceptArgs *a)
         if (!owns(self, s) || self->closed)
             Py_RETURN_NONE;
         if (cuda) {
-            if (draft != Py_None) {
-                Py_INCREF(draft);
-                s->draft = draft;
-            }
-            if (emitted != Py_None) {
-                Py_INCREF(emitted);
-                s->emitted = emitted;
-            }
+            keep_draft_emitted(s, draft, emitted);
             accept_cuda(r, self, s, accepted, native_k && emitted == Py_None ? (int32_t)k : -1);
             Py_RETURN_NONE;
         }
@@ -1302,14 +1316,7 @@ accept_parsed(Cycle *self, const AcceptArgs *a)
     }
     s->acc = keep;
     s->has_obj_acc = 1;
-    if (draft != Py_None) {
-        Py_INCREF(draft);
-        s->draft = draft;
-    }
-    if (emitted != Py_None) {
-        Py_INCREF(emitted);
-        s->emitted = emitted;
-    }
+    keep_draft_emitted(s, draft, emitted);
     Py_RETURN_NONE;
 }
 
@@ -1333,10 +1340,7 @@ clear_acceptance(Ring *r, Slot *s)
     s->batch = -1;
     slot_clear_objs(s);
     if (s->copy != NULL) {
-        PyObject *t = PyTuple_Pack(2, Py_None, s->copy);
-        if (t == NULL || PyList_Append(r->dropped, t) < 0)
-            PyErr_Clear();
-        Py_XDECREF(t);
+        hand_back(r, NULL, s->copy);
         drop_ref(&s->copy);
     }
     s->cptr = NULL;
@@ -1628,12 +1632,8 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
             report_internal(r);
         else if (!owns(c, s) || c->closed) {
             /* Closed by another thread meanwhile: the events go back. */
-            if (PyList_CheckExact(ev)) {
-                PyObject *tup = PyTuple_Pack(2, ev, Py_None);
-                if (tup == NULL || PyList_Append(r->dropped, tup) < 0)
-                    PyErr_Clear();
-                Py_XDECREF(tup);
-            }
+            if (PyList_CheckExact(ev))
+                hand_back(r, ev, NULL);
             Py_DECREF(ev);
         }
         else if (ev == Py_False) {
@@ -1654,6 +1654,19 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 
 /* bucket_of, int64_list, bucketed: specobs/_bucket.h */
 
+/* The next cycle waiting to be drained from queue position ``*p`` on (void slots passed over),
+ * or NULL at the head or at a slot still open: cycles drain in order. */
+static inline Slot *
+next_done(Ring *r, uint64_t *p)
+{
+    for (; *p != r->head; (*p)++) {
+        Slot *s = &r->slots[*p % (uint64_t)r->nslots];
+        if (STATE(s) != SLOT_VOID)
+            return STATE(s) == SLOT_DONE ? s : NULL;
+    }
+    return NULL;
+}
+
 /* (first index, [(index, events, copy) for the cycles holding events], bound): the first
  * ``limit`` queued cycles. The resolver asks which of the held ones completed and drains up
  * to the first that has not (``bound`` when all have). */
@@ -1668,12 +1681,8 @@ pending_walked(Ring *r, PyObject *arg)
         return NULL;
     int64_t bound = 0;
     Py_ssize_t n = 0;
-    for (uint64_t p = r->tail; p != r->head && n < limit; p++) {
-        Slot *s = &r->slots[p % (uint64_t)r->nslots];
-        if (STATE(s) == SLOT_VOID)
-            continue;
-        if (STATE(s) != SLOT_DONE)
-            break;
+    Slot *s;
+    for (uint64_t p = r->tail; n < limit && (s = next_done(r, &p)) != NULL; p++) {
         n++;
         bound = s->idx + 1;
         if (s->ev == NULL && s->copy == NULL)
@@ -1703,15 +1712,22 @@ typedef struct {
     uint64_t evlast; /* a sampled cycle's last event's handle, when the ring may query it */
 } Held;
 
+/* The truth of a new reference, which it releases: 1, 0, or -1 on an error (``v`` NULL: the
+ * call that made it failed). */
 static int
-attr_true(PyObject *o, PyObject *name)
+truth_of(PyObject *v)
 {
-    PyObject *v = PyObject_GetAttr(o, name);
     if (v == NULL)
         return -1;
     int t = PyObject_IsTrue(v);
     Py_DECREF(v);
     return t;
+}
+
+static int
+attr_true(PyObject *o, PyObject *name)
+{
+    return truth_of(PyObject_GetAttr(o, name));
 }
 
 /* Whether ``n`` elements of ``isz`` bytes at ``p`` were all written over the sentinel: accepted
@@ -1726,48 +1742,52 @@ bytes_landed(const char *p, size_t isz, size_t n)
     return 1;
 }
 
+/* Whether a copy's buffer cannot be read (no buffer, elements of neither 4 nor 8 bytes, a length
+ * out of 0..2**20): 1 with a ValueError set, else 0. */
+static int
+bad_buffer(const void *ptr, long isz, Py_ssize_t n)
+{
+    if (ptr != NULL && (isz == 4 || isz == 8) && n >= 0 && n <= (1 << 20))
+        return 0;
+    PyErr_SetString(PyExc_ValueError, "a pinned copy with no buffer, or of a bad shape");
+    return 1;
+}
+
+/* Element ``i`` of a buffer of 8- or 4-byte signed integers. */
+static inline int64_t
+element_at(const void *ptr, long isz, Py_ssize_t i)
+{
+    if (isz == 8) {
+        int64_t v;
+        memcpy(&v, (const char *)ptr + 8 * i, 8);
+        return v;
+    }
+    int32_t x;
+    memcpy(&x, (const char *)ptr + 4 * i, 4);
+    return x;
+}
+
 /* Whether a copy filled with the sentinel has every value written over it (1), not yet or
  * without a sentinel (0), or an error (-1): what its ``landed()`` says, read here from pinned
  * memory for the clock's own copy type, without a Python call. */
 static int
 copy_landed(Ring *r, PyObject *copy)
 {
-    if (r->copy_type == NULL || Py_TYPE(copy) != (PyTypeObject *)r->copy_type) {
-        PyObject *v = PyObject_CallMethodNoArgs(copy, s_landed);
-        if (v == NULL)
-            return -1;
-        int t = PyObject_IsTrue(v);
-        Py_DECREF(v);
-        return t;
-    }
+    if (r->copy_type == NULL || Py_TYPE(copy) != (PyTypeObject *)r->copy_type)
+        return truth_of(PyObject_CallMethodNoArgs(copy, s_landed));
     int sent = attr_true(copy, s_sentinel);
     if (sent <= 0)
         return sent;
-    PyObject *po = PyObject_GetAttr(copy, s_ptr);
-    PyObject *io = po ? PyObject_GetAttr(copy, s_itemsize) : NULL;
-    PyObject *lo = io ? PyObject_GetAttr(copy, s_length) : NULL;
-    int rc = -1;
-    if (lo == NULL)
-        goto done;
-    const char *ptr = PyLong_AsVoidPtr(po);
-    long isz = PyLong_AsLong(io);
-    Py_ssize_t n = PyLong_AsSsize_t(lo);
-    if (PyErr_Occurred())
-        goto done;
-    if (n == 0) {
-        rc = 1;
-        goto done;
-    }
-    if (ptr == NULL || (isz != 4 && isz != 8) || n < 0 || n > (1 << 20)) {
-        PyErr_SetString(PyExc_ValueError, "a pinned copy with no buffer, or of a bad shape");
-        goto done;
-    }
-    rc = bytes_landed(ptr, (size_t)isz, (size_t)n);
-done:
-    Py_XDECREF(po);
-    Py_XDECREF(io);
-    Py_XDECREF(lo);
-    return rc;
+    void *ptr;
+    long isz;
+    Py_ssize_t n;
+    if (pinned_fields(copy, &ptr, &isz, NULL, &n) < 0)
+        return -1;
+    if (n == 0)
+        return 1;
+    if (bad_buffer(ptr, isz, n))
+        return -1;
+    return bytes_landed(ptr, (size_t)isz, (size_t)n);
 }
 
 /* Whether a held copy was filled with the sentinel, has landed over it, recorded its event:
@@ -1816,11 +1836,34 @@ held_done(Ring *r, PyObject *query, Held *h)
         return -1;
     PyObject *v = PyObject_CallOneArg(query, ev);
     Py_DECREF(ev);
-    if (v == NULL)
-        return -1;
-    int t = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return t;
+    return truth_of(v);
+}
+
+static int
+held_landed_test(Ring *r, PyObject *query, Held *h)
+{
+    (void)query;
+    return held_landed(r, h);
+}
+
+/* The first of the held cycles ``hv[pos[0..n)]`` that ``test`` is false for (``n`` when none),
+ * where it is true for a prefix of them: a binary search. -1 on an error. */
+static Py_ssize_t
+first_false(Ring *r, PyObject *query, Held *hv, const Py_ssize_t *pos, Py_ssize_t n,
+            int (*test)(Ring *, PyObject *, Held *))
+{
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        int t = test(r, query, &hv[pos[mid]]);
+        if (t < 0)
+            return -1;
+        if (t)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
 }
 
 /* The poll on one stream (see Ring.poll): the index bound, or -1 on an error. */
@@ -1846,17 +1889,9 @@ poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long
         if (t)
             pos[nc++] = i;
     }
-    Py_ssize_t lo = 0, hi = nc;
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        int t = held_landed(r, &hv[pos[mid]]);
-        if (t < 0)
-            goto done;
-        if (t)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    Py_ssize_t lo = first_false(r, query, hv, pos, nc, held_landed_test);
+    if (lo < 0)
+        goto done;
     Py_ssize_t start = 0;
     if (lo > 0) {
         Py_ssize_t j = pos[lo - 1];
@@ -1896,18 +1931,9 @@ poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long
         if (t)
             pos[nt++] = i;
     }
-    lo = 0;
-    hi = nt;
-    while (lo < hi) { /* the first such cycle whose last event has not completed */
-        Py_ssize_t mid = (lo + hi) / 2;
-        int t = held_done(r, query, &hv[pos[mid]]);
-        if (t < 0)
-            goto done;
-        if (t)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    lo = first_false(r, query, hv, pos, nt, held_done); /* the first whose event is to come */
+    if (lo < 0)
+        goto done;
     Py_ssize_t stop = lo < nt ? pos[lo] : nh;
     for (Py_ssize_t i = lo ? pos[lo - 1] + 1 : 0; i < stop; i++) {
         int t = held_landed(r, &hv[i]);
@@ -1965,12 +1991,8 @@ poll_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t n = 0, nh = 0;
     /* References taken now: the query is Python code, during which the worker may run and
      * move the ring (the cycles looked at stay alive, and the drain re-reads the ring). */
-    for (uint64_t p = r->tail; p != r->head && n < limit && nh < cap; p++) {
-        Slot *s = &r->slots[p % (uint64_t)r->nslots];
-        if (STATE(s) == SLOT_VOID)
-            continue;
-        if (STATE(s) != SLOT_DONE)
-            break;
+    Slot *s;
+    for (uint64_t p = r->tail; n < limit && nh < cap && (s = next_done(r, &p)) != NULL; p++) {
         n++;
         bound = s->idx + 1;
         if (s->ev == NULL && s->copy == NULL)
@@ -2068,21 +2090,12 @@ static int
 read_copy(Ring *r, Slot *s, PyObject *released)
 {
     PyObject *copy = s->copy;
-    PyObject *po = PyObject_GetAttr(copy, s_ptr);
-    PyObject *io = po ? PyObject_GetAttr(copy, s_itemsize) : NULL;
-    PyObject *lo = io ? PyObject_GetAttr(copy, s_length) : NULL;
+    void *ptr;
+    long isz;
+    Py_ssize_t n;
     int rc = -1;
-    if (lo == NULL)
+    if (pinned_fields(copy, &ptr, &isz, NULL, &n) < 0 || bad_buffer(ptr, isz, n))
         goto done;
-    void *ptr = PyLong_AsVoidPtr(po);
-    long isz = PyLong_AsLong(io);
-    Py_ssize_t n = PyLong_AsSsize_t(lo);
-    if (PyErr_Occurred())
-        goto done;
-    if (ptr == NULL || (isz != 4 && isz != 8) || n < 0 || n > (1 << 20)) {
-        PyErr_SetString(PyExc_ValueError, "a pinned copy with no buffer, or of a bad shape");
-        goto done;
-    }
     int64_t k = r->k_max;
     int native = s->emitted == NULL
                  && (s->draft == NULL || exact_int_in(s->draft, 0, r->k_max, &k));
@@ -2091,14 +2104,7 @@ read_copy(Ring *r, Slot *s, PyObject *released)
     native = native && n <= NATIVE_MAX_SEQ;
     int64_t sum = 0;
     for (Py_ssize_t i = 0; native && i < n; i++) {
-        int64_t v;
-        if (isz == 8)
-            memcpy(&v, (const char *)ptr + 8 * i, 8);
-        else {
-            int32_t x;
-            memcpy(&x, (const char *)ptr + 4 * i, 4);
-            v = x;
-        }
+        int64_t v = element_at(ptr, isz, i);
         if (v < 0 || v > k)
             native = 0;
         else {
@@ -2119,15 +2125,7 @@ read_copy(Ring *r, Slot *s, PyObject *released)
         if (values == NULL)
             goto done;
         for (Py_ssize_t i = 0; i < n; i++) {
-            int64_t v;
-            if (isz == 8)
-                memcpy(&v, (const char *)ptr + 8 * i, 8);
-            else {
-                int32_t x;
-                memcpy(&x, (const char *)ptr + 4 * i, 4);
-                v = x;
-            }
-            PyObject *o = PyLong_FromLongLong(v);
+            PyObject *o = PyLong_FromLongLong(element_at(ptr, isz, i));
             if (o == NULL) {
                 Py_DECREF(values);
                 goto done;
@@ -2138,9 +2136,6 @@ read_copy(Ring *r, Slot *s, PyObject *released)
         rc = 0;
     }
 done:
-    Py_XDECREF(po);
-    Py_XDECREF(io);
-    Py_XDECREF(lo);
     if (rc < 0)
         return rc; /* the copy stays: the resolver reads it in Python and reports why not */
     /* Read: the slot goes back to its free list here, else to the resolver. */
