@@ -218,8 +218,6 @@ async def run_load(
     ``prompt_source(rng, n_tokens)`` makes each prompt (text or token ids); the default is
     ``n_tokens`` English words. Pass ``summary`` to watch counts grow while it runs.
     """
-    import httpx
-
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if rate is not None and not rate > 0:
@@ -230,46 +228,76 @@ async def run_load(
     if not 1 <= lo <= hi:
         raise ValueError(f"prompt_tokens must be MIN:MAX with 1 <= MIN <= MAX, got {lo}:{hi}")
     endpoint = completions_url(url)
-    make_prompt = prompt_source or _word_prompt
-    rng = random.Random(seed)
     out = summary if summary is not None else LoadSummary(endpoint)
     out.url = endpoint
-    issued = 0
-    in_flight = 0
-    start = time.monotonic()
-    deadline = None if duration_seconds is None else start + duration_seconds
+    run = _LoadRun(
+        endpoint, out, concurrency=concurrency, rate=rate, poisson=arrival == "poisson",
+        duration_seconds=duration_seconds, requests=requests, prompt_tokens=(lo, hi),
+        max_tokens=max_tokens, rng=random.Random(seed), model=model,
+        prompt_source=prompt_source or _word_prompt, stop_event=stop_event,
+    )  # fmt: skip
+    await run.run(timeout_seconds, on_progress, progress_interval_seconds)
+    return out
 
-    def more() -> bool:
-        if stop_event is not None and stop_event.is_set():
+
+class _LoadRun:
+    """One load run's settings and counts; :func:`run_load` validates what it is given."""
+
+    def __init__(
+        self, endpoint: str, out: LoadSummary, *, concurrency: int, rate: float | None,
+        poisson: bool, duration_seconds: float | None, requests: int | None,
+        prompt_tokens: tuple[int, int], max_tokens: int, rng: random.Random, model: str | None,
+        prompt_source: PromptSource, stop_event: threading.Event | None,
+    ) -> None:  # fmt: skip
+        self.endpoint = endpoint
+        self.out = out
+        self.concurrency = concurrency
+        self.rate = rate
+        self.poisson = poisson
+        self.duration_seconds = duration_seconds
+        self.requests = requests
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.rng = rng
+        self.model = model
+        self.make_prompt = prompt_source
+        self.stop_event = stop_event
+        self.issued = 0
+        self.in_flight = 0
+        self.start = time.monotonic()
+        self.deadline = None if duration_seconds is None else self.start + duration_seconds
+
+    def more(self) -> bool:
+        """Whether to send another request: no stop, no deadline passed, requests left."""
+        if self.stop_event is not None and self.stop_event.is_set():
             return False
-        if deadline is not None and time.monotonic() >= deadline:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
             return False
-        return requests is None or issued < requests
+        return self.requests is None or self.issued < self.requests
 
-    def fail(kind: str, detail: str) -> None:
-        out.requests_failed += 1
-        out.errors[kind] += 1
-        out.error_examples.setdefault(kind, detail[:200])
+    def fail(self, kind: str, detail: str) -> None:
+        self.out.requests_failed += 1
+        self.out.errors[kind] += 1
+        self.out.error_examples.setdefault(kind, detail[:200])
 
-    async def one(client: httpx.AsyncClient) -> bool:
+    async def one(self, client: Any) -> bool:
         """One request; returns whether it succeeded."""
-        nonlocal in_flight
         body: dict[str, Any] = {
-            "prompt": make_prompt(rng, rng.randint(lo, hi)),
-            "max_tokens": max_tokens,
+            "prompt": self.make_prompt(self.rng, self.rng.randint(*self.prompt_tokens)),
+            "max_tokens": self.max_tokens,
             "temperature": 0,
         }
-        if model is not None:
-            body["model"] = model
-        in_flight += 1
+        if self.model is not None:
+            body["model"] = self.model
+        self.in_flight += 1
         t0 = time.monotonic()
         try:
-            resp = await client.post(endpoint, json=body)
+            resp = await client.post(self.endpoint, json=body)
         except Exception as exc:
-            fail(_error_kind(exc), f"{type(exc).__name__}: {exc}")
+            self.fail(_error_kind(exc), f"{type(exc).__name__}: {exc}")
             return False
         finally:
-            in_flight -= 1
+            self.in_flight -= 1
         latency = time.monotonic() - t0
         if resp.status_code != 200:
             detail = resp.text
@@ -277,13 +305,14 @@ async def run_load(
                 detail = resp.json()["error"]["message"]
             except Exception:
                 pass
-            fail(f"http_{resp.status_code}", detail)
+            self.fail(f"http_{resp.status_code}", detail)
             return False
         try:
             tokens, from_text = _count_tokens(resp.json())
         except ValueError as exc:
-            fail("bad_response", str(exc))
+            self.fail("bad_response", str(exc))
             return False
+        out = self.out
         out.requests_ok += 1
         out.completion_tokens += tokens
         if from_text:
@@ -291,33 +320,32 @@ async def run_load(
         out.latencies_seconds.append(latency)
         return True
 
-    async def worker(client: httpx.AsyncClient) -> None:
-        nonlocal issued
-        while more():
-            issued += 1
-            if not await one(client):
+    async def closed_loop(self, client: Any) -> None:
+        """One of ``concurrency`` workers, each sending its next request when one answers."""
+        while self.more():
+            self.issued += 1
+            if not await self.one(client):
                 # A dead server answers at once: do not spin.
                 await asyncio.sleep(0.05)
 
-    async def open_loop(client: httpx.AsyncClient) -> None:
-        nonlocal issued
-        assert rate is not None
-        slots = asyncio.Semaphore(concurrency)
+    async def open_loop(self, client: Any) -> None:
+        """Requests at ``rate`` (Poisson or fixed gaps), at most ``concurrency`` in flight."""
+        assert self.rate is not None
+        slots = asyncio.Semaphore(self.concurrency)
         tasks: set[asyncio.Task[Any]] = set()
         next_at = time.monotonic()
-        while more():
-            gap = rng.expovariate(rate) if arrival == "poisson" else 1.0 / rate
-            next_at += gap
-            while more() and time.monotonic() < next_at:
+        while self.more():
+            next_at += self.rng.expovariate(self.rate) if self.poisson else 1.0 / self.rate
+            while self.more() and time.monotonic() < next_at:
                 await asyncio.sleep(min(0.05, max(0.0, next_at - time.monotonic())))
-            if not more():
+            if not self.more():
                 break
             await slots.acquire()
-            issued += 1
+            self.issued += 1
 
             async def fire() -> None:
                 try:
-                    await one(client)
+                    await self.one(client)
                 finally:
                     slots.release()
 
@@ -327,38 +355,46 @@ async def run_load(
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def reporter() -> None:
-        while True:
-            await asyncio.sleep(progress_interval_seconds)
-            if on_progress is not None:
-                on_progress(progress())
-
-    def progress() -> LoadProgress:
+    def progress(self) -> LoadProgress:
         return LoadProgress(
-            elapsed_seconds=time.monotonic() - start,
-            requests_ok=out.requests_ok,
-            requests_failed=out.requests_failed,
-            in_flight=in_flight,
-            completion_tokens=out.completion_tokens,
-            target_requests=requests,
-            duration_seconds=duration_seconds,
+            elapsed_seconds=time.monotonic() - self.start,
+            requests_ok=self.out.requests_ok,
+            requests_failed=self.out.requests_failed,
+            in_flight=self.in_flight,
+            completion_tokens=self.out.completion_tokens,
+            target_requests=self.requests,
+            duration_seconds=self.duration_seconds,
         )
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    timeout = httpx.Timeout(timeout_seconds, connect=min(10.0, timeout_seconds))
-    report = asyncio.create_task(reporter())
-    try:
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-            if rate is None:
-                await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-            else:
-                await open_loop(client)
-    finally:
-        report.cancel()
-        out.elapsed_seconds = time.monotonic() - start
-    if on_progress is not None:
-        on_progress(progress())
-    return out
+    async def run(
+        self,
+        timeout_seconds: float,
+        on_progress: Callable[[LoadProgress], None] | None,
+        progress_interval_seconds: float,
+    ) -> None:
+        import httpx
+
+        async def reporter() -> None:
+            while True:
+                await asyncio.sleep(progress_interval_seconds)
+                if on_progress is not None:
+                    on_progress(self.progress())
+
+        n = self.concurrency
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+        timeout = httpx.Timeout(timeout_seconds, connect=min(10.0, timeout_seconds))
+        report = asyncio.create_task(reporter())
+        try:
+            async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+                if self.rate is None:
+                    await asyncio.gather(*(self.closed_loop(client) for _ in range(n)))
+                else:
+                    await self.open_loop(client)
+        finally:
+            report.cancel()
+            self.out.elapsed_seconds = time.monotonic() - self.start
+        if on_progress is not None:
+            on_progress(self.progress())
 
 
 # -- command line -----------------------------------------------------------------------------
