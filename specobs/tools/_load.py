@@ -234,38 +234,36 @@ async def run_load(
         endpoint, out, concurrency=concurrency, rate=rate, poisson=arrival == "poisson",
         duration_seconds=duration_seconds, requests=requests, prompt_tokens=(lo, hi),
         max_tokens=max_tokens, rng=random.Random(seed), model=model,
-        prompt_source=prompt_source or _word_prompt, stop_event=stop_event,
+        make_prompt=prompt_source or _word_prompt, stop_event=stop_event,
     )  # fmt: skip
     await run.run(timeout_seconds, on_progress, progress_interval_seconds)
     return out
 
 
+@dataclasses.dataclass
 class _LoadRun:
     """One load run's settings and counts; :func:`run_load` validates what it is given."""
 
-    def __init__(
-        self, endpoint: str, out: LoadSummary, *, concurrency: int, rate: float | None,
-        poisson: bool, duration_seconds: float | None, requests: int | None,
-        prompt_tokens: tuple[int, int], max_tokens: int, rng: random.Random, model: str | None,
-        prompt_source: PromptSource, stop_event: threading.Event | None,
-    ) -> None:  # fmt: skip
-        self.endpoint = endpoint
-        self.out = out
-        self.concurrency = concurrency
-        self.rate = rate
-        self.poisson = poisson
-        self.duration_seconds = duration_seconds
-        self.requests = requests
-        self.prompt_tokens = prompt_tokens
-        self.max_tokens = max_tokens
-        self.rng = rng
-        self.model = model
-        self.make_prompt = prompt_source
-        self.stop_event = stop_event
-        self.issued = 0
-        self.in_flight = 0
-        self.start = time.monotonic()
-        self.deadline = None if duration_seconds is None else self.start + duration_seconds
+    endpoint: str
+    out: LoadSummary
+    concurrency: int
+    rate: float | None
+    poisson: bool
+    duration_seconds: float | None
+    requests: int | None
+    prompt_tokens: tuple[int, int]
+    max_tokens: int
+    rng: random.Random
+    model: str | None
+    make_prompt: PromptSource
+    stop_event: threading.Event | None
+    issued: int = 0
+    in_flight: int = 0
+    start: float = dataclasses.field(default_factory=time.monotonic)
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.duration_seconds is None else self.start + self.duration_seconds
 
     def more(self) -> bool:
         """Whether to send another request: no stop, no deadline passed, requests left."""
