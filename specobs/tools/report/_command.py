@@ -208,22 +208,65 @@ def _prometheus_source(
     return data.prometheus_run(rng, name=name or spec or "")
 
 
+def _bad_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line's sources and windows, or ``None``."""
+    if (args.source is None) == (args.compare is None) and args.prometheus is None:
+        return "give --from URL|FILE, --compare A B, or --prometheus URL"
+    if args.source is not None and args.compare is not None:
+        return "give --from or --compare, not both"
+    if args.prometheus is not None and args.source is not None:
+        return ("--from and --prometheus are two sources; give one (with --prometheus, "
+                "--compare takes selectors or ranges)")
+    if not (0 < args.duration < math.inf) or not (0 < args.interval < math.inf):
+        return "--duration and --interval must be positive numbers of seconds"
+    if args.interval > args.duration / 2:
+        return (f"--interval {args.interval:g} leaves fewer than two windows in "
+                f"--duration {args.duration:g}")
+    if not 0 <= args.min_change < 10:
+        return "--min-change is a fraction, e.g. 0.1 for 10%"
+    return None
+
+
+def _load_runs(args: argparse.Namespace, client: Any, progress: _Progress) -> list[data.Run]:
+    """The one or two runs the command line names, sampled, read or queried (raises _Usage for
+    what it cannot read as a source, ``data.RunError`` for a source that fails)."""
+    names = list(args.names or ("", ""))
+    if args.prometheus is not None:
+        try:
+            base = scr.normalize_url(args.prometheus, default_path="")
+        except ValueError as exc:
+            raise _Usage(str(exc)) from None
+        specs: list[str | None] = list(args.compare) if args.compare else [None]
+        return [_prometheus_source(s, args, client, base, names[i] if args.compare
+                                   else (args.title or ""))
+                for i, s in enumerate(specs)]
+    if args.compare is not None:
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(_load_source, spec, args, client, names[i],
+                                   "ab"[i] if args.save else "", progress)
+                       for i, spec in enumerate(args.compare)]
+            runs = [f.result() for f in futures]
+        if any(_is_url(s) for s in args.compare):
+            progress.done("sampling done")
+        return runs
+    runs = [_load_source(args.source, args, client, "", "", progress)]
+    if _is_url(args.source):
+        progress.done(f"sampled {runs[0].source} for {runs[0].duration_seconds:.0f} s")
+    return runs
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def run(args: argparse.Namespace) -> int:
     """``specobs report``; see the module docstring."""
-    if (args.source is None) == (args.compare is None) and args.prometheus is None:
-        return _usage("give --from URL|FILE, --compare A B, or --prometheus URL")
-    if args.source is not None and args.compare is not None:
-        return _usage("give --from or --compare, not both")
-    if args.prometheus is not None and args.source is not None:
-        return _usage("--from and --prometheus are two sources; give one (with --prometheus, "
-                      "--compare takes selectors or ranges)")
-    if not (0 < args.duration < math.inf) or not (0 < args.interval < math.inf):
-        return _usage("--duration and --interval must be positive numbers of seconds")
-    if args.interval > args.duration / 2:
-        return _usage(f"--interval {args.interval:g} leaves fewer than two windows in "
-                      f"--duration {args.duration:g}")
-    if not 0 <= args.min_change < 10:
-        return _usage("--min-change is a fraction, e.g. 0.1 for 10%")
+    bad = _bad_args(args)
+    if bad is not None:
+        return _usage(bad)
     try:
         import httpx  # noqa: F401
         import plotly  # noqa: F401
@@ -232,32 +275,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{_PROG}: {exc.name or exc} is missing: pip install 'specobs[report]'",
               file=sys.stderr)
         return 1
-    progress = _Progress()
-    names = list(args.names or ("", ""))
     try:
         with _http.http_client(args) as client:
-            if args.prometheus is not None:
-                try:
-                    base = scr.normalize_url(args.prometheus, default_path="")
-                except ValueError as exc:
-                    return _usage(str(exc))
-                specs: list[str | None] = list(args.compare) if args.compare else [None]
-                runs = [_prometheus_source(s, args, client, base, names[i] if args.compare
-                                           else (args.title or ""))
-                        for i, s in enumerate(specs)]
-            elif args.compare is not None:
-                with ThreadPoolExecutor(2) as pool:
-                    futures = [pool.submit(_load_source, spec, args, client, names[i],
-                                           "ab"[i] if args.save else "", progress)
-                               for i, spec in enumerate(args.compare)]
-                    runs = [f.result() for f in futures]
-                if any(_is_url(s) for s in args.compare):
-                    progress.done("sampling done")
-            else:
-                runs = [_load_source(args.source, args, client, "", "", progress)]
-                if _is_url(args.source):
-                    progress.done(f"sampled {runs[0].source} for "
-                                  f"{runs[0].duration_seconds:.0f} s")
+            runs = _load_runs(args, client, _Progress())
     except _Usage as exc:
         return _usage(str(exc))
     except data.RunError as exc:
@@ -279,10 +299,7 @@ def run(args: argparse.Namespace) -> int:
                                   min_change=args.min_change)
         regressed = stats.regressions(changes)
     try:
-        tmp = f"{args.output}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, args.output)
+        _write_atomically(args.output, text)
     except OSError as exc:
         print(f"{_PROG}: cannot write {args.output}: {exc}", file=sys.stderr)
         return 1
