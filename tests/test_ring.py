@@ -458,6 +458,51 @@ def test_completed_pinned_copies_are_read_by_the_drain_itself(kind):
     assert all(c.released == 0 for c in copies.values())  # the resolver releases them
 
 
+@pytest.mark.parametrize("pinned_type", [True, False], ids=["pinned-type", "landed-method"])
+def test_the_poll_reads_recorder_started_copies_landing_over_the_sentinel(pinned_type):
+    """Copies the recorder started (not the native core) and filled with the sentinel: the poll
+    counts a cycle complete once its copy's values landed over it, and the cycles before it
+    with it (stream order). For the clock's pinned type the native core reads the buffer
+    itself (its ptr, itemsize and length), for any other copy it asks ``landed()``; both rings
+    give the same bounds as the copies land one by one, and neither asks the driver."""
+    from specobs.timing.fake import FakeEvent, _FakePinnedSlot
+
+    bounds = {}
+    for kind in ("native", "python"):
+        free: list[Any] = []
+        slots = [_FakePinnedSlot(4, FakeEvent(), 1000 + i, free) for i in range(3)]
+        for slot in slots:
+            slot.length = 2
+            slot.sentinel = True
+            slot.fenced = False
+            slot._host[0] = slot._host[1] = -1  # every byte 0xFF: nothing landed
+        slow = Slow(random.Random(0))
+        started = iter(slots)
+        slow.copy_to_host = lambda tensor, it=started: next(it)  # type: ignore[method-assign]
+        cls = _ring.NativeRing if kind == "native" else _ring.PyRing
+        ring = cls(slow, PHASES, 16, K_MAX, 1 << 20, catalog.DURATION_BUCKETS_SECONDS,
+                   catalog.BATCH_SIZE_BUCKETS, NULL_CYCLE)
+        slow.ring = ring
+        if pinned_type:
+            ring.copy_type = _FakePinnedSlot
+        for _ in slots:
+            with ring.begin(2) as c:
+                c.mark("verify")
+                c.mark("bookkeeping")
+                c.accept(FakeCuda([0, 0]))
+        asked: list[Any] = []
+        query = lambda event, asked=asked: asked.append(event) or False  # noqa: E731
+        seen = [ring.poll(8, query, 1 << 20)]
+        for slot, values in zip(slots, ([1, 0], [2, 2], [0, 3]), strict=True):
+            slot._host[0] = values[0]  # half the copy: still in flight
+            seen.append(ring.poll(8, query, 1 << 20))
+            slot._host[1] = values[1]
+            seen.append(ring.poll(8, query, 1 << 20))
+        assert asked == [], kind
+        bounds[kind] = seen
+    assert bounds["native"] == bounds["python"] == [0, 0, 1, 1, 2, 2, 3]
+
+
 def test_pinned_copies_give_the_same_chunks_on_both_rings():
     outs = []
     for kind in ("native", "python"):
