@@ -458,6 +458,37 @@ def test_completed_pinned_copies_are_read_by_the_drain_itself(kind):
     assert all(c.released == 0 for c in copies.values())  # the resolver releases them
 
 
+@pytest.mark.parametrize("kind", ["native", "python"])
+@pytest.mark.parametrize("bad", ["itemsize", "ptr", "length"])
+def test_a_pinned_copy_the_drain_cannot_read_stays_for_the_resolver(kind, bad):
+    """A copy of the pinned type with no buffer, 2-byte elements or a length past 2**20 is not
+    read from memory: it stays on its cycle for the resolver (which reads it in Python and
+    says why not), is not released by the drain, and the good copy beside it is read."""
+    good, broken = PinnedCopy([1, 2], 8), PinnedCopy([3, 1], 8)
+    if bad == "itemsize":
+        broken.itemsize = 2
+    elif bad == "ptr":
+        broken.ptr = 0
+    else:
+        broken.length = (1 << 20) + 1
+    ring, slow = make(kind, 3, 8)
+    ring.record_fn = None  # no sampled cycle: only the copies
+    started = iter([good, broken])
+    slow.copy_to_host = lambda tensor, it=started: next(it)  # type: ignore[method-assign]
+    ring.copy_type = PinnedCopy
+    for _ in range(2):
+        with ring.begin(2) as c:
+            c.mark("verify")
+            c.mark("bookkeeping")
+            c.accept(FakeCuda([0, 0]))
+    out = ring.drain(1 << 60, 8, [], -1, False)
+    n, accepted, details, released = out[0], out[5], out[11], out[12]
+    assert n == 2
+    assert accepted == 3  # the good copy's, read natively
+    assert [d[8] for d in details] == [broken]  # left to read
+    assert released == [good]
+
+
 @pytest.mark.parametrize("pinned_type", [True, False], ids=["pinned-type", "landed-method"])
 def test_the_poll_reads_recorder_started_copies_landing_over_the_sentinel(pinned_type):
     """Copies the recorder started (not the native core) and filled with the sentinel: the poll
