@@ -36,6 +36,8 @@ __all__ = [
     "EMITTED_TOKENS",
     "ERRORS",
     "ERROR_KINDS",
+    "EXEMPLAR_SPAN_ID_LABEL",
+    "EXEMPLAR_TRACE_ID_LABEL",
     "EXPORTER_CPU",
     "INFO",
     "LAST_CYCLE_TIMESTAMP",
@@ -69,6 +71,12 @@ DURATION_BUCKETS_SECONDS: tuple[float, ...] = (
 
 #: Batch size buckets: powers of two up to 1024 sequences.
 BATCH_SIZE_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(11))
+
+#: The labels of the exemplars on the duration histograms (OpenMetrics): the traced cycle's ids
+#: as W3C trace-context hex. Grafana finds a trace by the first (its Prometheus datasource's
+#: ``exemplarTraceIdDestinations``, deploy/grafana/provisioning/datasources/specobs.yml).
+EXEMPLAR_TRACE_ID_LABEL = "trace_id"
+EXEMPLAR_SPAN_ID_LABEL = "span_id"
 
 #: The drop reason that is the engine's failure, not specobs's: a cycle the engine raised in,
 #: discarded. The dropped-records alert and ``doctor`` leave it out of specobs's own drops.

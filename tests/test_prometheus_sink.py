@@ -351,7 +351,8 @@ def test_real_prometheus_scrapes_values_and_exemplars(prometheus_server):
     now = time.time()
     ex = server.query_exemplars('specobs_phase_duration_seconds_bucket{clock="gpu"}',
                                 now - 600, now + 60)
-    got = {e["labels"]["trace_id"] for series in ex for e in series["exemplars"]}
+    label = catalog.EXEMPLAR_TRACE_ID_LABEL
+    got = {e["labels"][label] for series in ex for e in series["exemplars"]}
     traced = {f"{c.trace_id:032x}" for c in mem.cycles if c.trace_id and c.gpu_ns}
     assert got and got <= traced
     obs.shutdown()

@@ -121,8 +121,6 @@ class MixinConfig:
     runbook_base_url: str = "https://github.com/specobs/specobs/blob/main/docs/runbook.md"
     #: Grafana uid of a trace datasource (Tempo, Jaeger); exemplars on latency panels link to it.
     trace_datasource_uid: str | None = None
-    #: Exemplar label that carries the trace id.
-    exemplar_trace_label: str = "trace_id"
     #: How many servers the fleet dashboard's top/bottom-k outlier panels show.
     outlier_count: int = 10
 
@@ -213,7 +211,6 @@ RULE_FIELDS: tuple[str, ...] = tuple(
         "dashboard_tags",
         "engine_dashboard_tags",
         "trace_datasource_uid",
-        "exemplar_trace_label",
         "runbook_base_url",
         "outlier_count",
     }

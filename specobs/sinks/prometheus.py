@@ -79,7 +79,8 @@ def _buckets(h: HistogramData, with_exemplars: bool) -> list[Any]:
                 _series.le_text(bound), acc,
                 PromExemplar(
                     # W3C trace-context hex, the text Tempo and Jaeger look traces up by.
-                    {"trace_id": f"{ex.trace_id:032x}", "span_id": f"{ex.span_id:016x}"},
+                    {catalog.EXEMPLAR_TRACE_ID_LABEL: f"{ex.trace_id:032x}",
+                     catalog.EXEMPLAR_SPAN_ID_LABEL: f"{ex.span_id:016x}"},
                     ex.value, ex.timestamp_seconds,
                 ),
             ))
