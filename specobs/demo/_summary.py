@@ -165,10 +165,6 @@ def _f(v: float | None, fmt: str, none: str = "-") -> str:
     return none if v is None else format(v, fmt)
 
 
-def _phase_cell(p: PhaseTime | None) -> str:
-    return "-" if p is None else f"{p.ms_per_cycle:7.2f} ms {p.share:4.0%}"
-
-
 def plain_line(view: DemoView, *, fault: str | None, requests: str = "") -> str:
     """One line: rates, acceptance and the per-phase split on each clock."""
     parts = [

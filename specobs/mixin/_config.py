@@ -194,11 +194,6 @@ class MixinConfig:
         """The grouping that joins a host's engine gauges with its specobs series."""
         return ", ".join((*self.group_labels, "host"))
 
-    @property
-    def window_suffix(self) -> str:
-        """The rate window as it appears in rule names: ``5m``."""
-        return self.rate_window
-
 
 #: Fields the rule file depends on; the generated promtool tests assume their defaults.
 RULE_FIELDS: tuple[str, ...] = tuple(
