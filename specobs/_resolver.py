@@ -194,12 +194,7 @@ class Resolver:
         self.agg.after_fork_in_child()
         # What the recorder counted before the fork belongs to the parent: fold from here on.
         self._folded = {
-            "event_pool_exhausted": rec.dropped_pool,
-            "graph_capture": rec.dropped_capture,
-            "misuse": rec.discarded,
-            "exception": rec.excepted,
-            "queue_full": rec.dropped_queue_full,
-            "unsettled": rec.ring.unsettled,
+            **self._drops_now(rec.ring.counters()),
             **{"err:" + kind: n for kind, n in list(rec.errors.items())},
         }
         self._cost_ewma = 0.0
@@ -810,6 +805,19 @@ class Resolver:
             out.append(r)
         return out
 
+    def _drops_now(self, counts: tuple[int, ...]) -> dict[str, int]:
+        """Every drop reason the recorder and its ring count, at its running total (``counts``:
+        the ring's ``counters()``): what :meth:`_fold` takes the differences of."""
+        rec = self.rec
+        return {
+            "event_pool_exhausted": rec.dropped_pool,
+            "graph_capture": rec.dropped_capture,
+            "misuse": counts[0],
+            "queue_full": counts[1],
+            "unsettled": counts[2],
+            catalog.DROP_REASON_EXCEPTION: counts[5],
+        }
+
     def _fold(self, counts: tuple[int, ...]) -> tuple[dict[str, int], dict[str, int]]:
         """What the recorder counted since the last fold: drops by reason, errors by kind.
         ``counts``: the ring's ``counters()``, read once per chunk with the sampler's figures.
@@ -820,13 +828,8 @@ class Resolver:
         if seen == self._fold_seen:
             return _NOTHING, _NOTHING
         self._fold_seen = seen
-        cur = dict(zip(("event_pool_exhausted", "graph_capture", "misuse", "queue_full",
-                        "unsettled", "exception"),
-                       (rec.dropped_pool, rec.dropped_capture, counts[0], counts[1], counts[2],
-                        counts[5]),
-                       strict=True))
         dropped: dict[str, int] = {}
-        for key, value in cur.items():
+        for key, value in self._drops_now(counts).items():
             prev = self._folded.get(key, 0)
             if value != prev:
                 dropped[key] = value - prev
