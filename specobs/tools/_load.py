@@ -27,9 +27,12 @@ import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specobs.tools._http import display_url
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["LoadProgress", "LoadSummary", "add_arguments", "completions_url", "run", "run_load"]
 
@@ -260,10 +263,11 @@ class _LoadRun:
     issued: int = 0
     in_flight: int = 0
     start: float = dataclasses.field(default_factory=time.monotonic)
+    deadline: float | None = dataclasses.field(init=False)
 
-    @property
-    def deadline(self) -> float | None:
-        return None if self.duration_seconds is None else self.start + self.duration_seconds
+    def __post_init__(self) -> None:
+        self.deadline = (None if self.duration_seconds is None
+                         else self.start + self.duration_seconds)
 
     def more(self) -> bool:
         """Whether to send another request: no stop, no deadline passed, requests left."""
@@ -278,7 +282,7 @@ class _LoadRun:
         self.out.errors[kind] += 1
         self.out.error_examples.setdefault(kind, detail[:200])
 
-    async def one(self, client: Any) -> bool:
+    async def one(self, client: httpx.AsyncClient) -> bool:
         """One request; returns whether it succeeded."""
         body: dict[str, Any] = {
             "prompt": self.make_prompt(self.rng, self.rng.randint(*self.prompt_tokens)),
@@ -318,7 +322,7 @@ class _LoadRun:
         out.latencies_seconds.append(latency)
         return True
 
-    async def closed_loop(self, client: Any) -> None:
+    async def closed_loop(self, client: httpx.AsyncClient) -> None:
         """One of ``concurrency`` workers, each sending its next request when one answers."""
         while self.more():
             self.issued += 1
@@ -326,7 +330,7 @@ class _LoadRun:
                 # A dead server answers at once: do not spin.
                 await asyncio.sleep(0.05)
 
-    async def open_loop(self, client: Any) -> None:
+    async def open_loop(self, client: httpx.AsyncClient) -> None:
         """Requests at ``rate`` (Poisson or fixed gaps), at most ``concurrency`` in flight."""
         assert self.rate is not None
         slots = asyncio.Semaphore(self.concurrency)
