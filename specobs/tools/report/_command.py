@@ -255,13 +255,6 @@ def _load_runs(args: argparse.Namespace, client: Any, progress: _Progress) -> li
     return runs
 
 
-def _write_atomically(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def run(args: argparse.Namespace) -> int:
     """``specobs report``; see the module docstring."""
     bad = _bad_args(args)
@@ -299,7 +292,8 @@ def run(args: argparse.Namespace) -> int:
                                   min_change=args.min_change)
         regressed = stats.regressions(changes)
     try:
-        _write_atomically(args.output, text)
+        with data.replacing(args.output) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
     except OSError as exc:
         print(f"{_PROG}: cannot write {args.output}: {exc}", file=sys.stderr)
         return 1

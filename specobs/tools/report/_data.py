@@ -18,13 +18,14 @@ Every window and the total become :class:`specobs.tools._breakdown.Breakdown` th
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
@@ -297,13 +298,21 @@ def sample_endpoint(
     return snapshots
 
 
+@contextlib.contextmanager
+def replacing(path: str) -> Iterator[str]:
+    """A name beside ``path`` to write the new file under: it replaces ``path`` once the block
+    ends without an error, so a reader never sees half a file."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    yield tmp
+    os.replace(tmp, path)
+
+
 def save_snapshots(path: str, source: str, snapshots: Iterable[Snapshot]) -> None:
     """Write snapshots as JSON Lines (gzip when ``path`` ends in ``.gz``), atomically.
 
     The file is meant to be shared: credentials in a ``source`` URL are left out."""
-    tmp = f"{path}.tmp-{os.getpid()}"
     opener: Any = gzip.open if path.endswith(".gz") else open
-    with opener(tmp, "wt", encoding="utf-8") as f:
+    with replacing(path) as tmp, opener(tmp, "wt", encoding="utf-8") as f:
         f.write(json.dumps({"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION,
                             "source": _http.display_url(source)}) + "\n")
         for s in snapshots:
@@ -315,7 +324,6 @@ def save_snapshots(path: str, source: str, snapshots: Iterable[Snapshot]) -> Non
                 row["samples"] = [[name, dict(labels), value]
                                   for (name, labels), value in sorted(s.series.samples.items())]
             f.write(json.dumps(row, separators=(",", ":")) + "\n")
-    os.replace(tmp, path)
 
 
 def load_snapshots(path: str) -> tuple[str, list[Snapshot]]:
