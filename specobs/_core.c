@@ -1473,13 +1473,16 @@ Cycle_dealloc(Cycle *self)
 
 static PyMethodDef Cycle_methods[] = {
     {"mark", (PyCFunction)Cycle_mark, METH_O,
+     "mark($self, phase, /)\n--\n\n"
      "End the running phase and start ``phase`` (the next one in the configured order)."},
     {"accept", (PyCFunction)(void (*)(void))Cycle_accept, METH_FASTCALL | METH_KEYWORDS,
-     "Record acceptance for this cycle (see specobs.Cycle.accept)."},
+     "accept($self, accepted, *, draft_length=None, batch_size=None, emitted=None)\n--\n\n"
+     "Record acceptance for this cycle (see specobs.CycleHandle.accept)."},
     {"end", (PyCFunction)Cycle_end, METH_NOARGS, "End the last phase and hand the cycle on."},
     {"defer", (PyCFunction)Cycle_defer, METH_NOARGS,
      "End the cycle with its acceptance to come from settle(); returns the handle."},
     {"settle", (PyCFunction)(void (*)(void))Cycle_settle, METH_FASTCALL | METH_KEYWORDS,
+     "settle($self, accepted, *, draft_length=None, batch_size=None, emitted=None)\n--\n\n"
      "Give a deferred cycle its acceptance (None: no tokens) and hand it on."},
     {"__enter__", Cycle_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)(void (*)(void))Cycle_exit, METH_FASTCALL, NULL},

@@ -60,9 +60,22 @@ class CycleHandle(Protocol):
         batch_size: int | None = None,
         emitted: Any = None,
     ) -> None:
+        """Record this cycle's acceptance; counted when the resolver takes the cycle.
+
+        ``accepted``: each sequence's accepted draft tokens, not counting the bonus token (a
+        list, tuple, numpy array, CPU or CUDA tensor; a CUDA tensor is copied to the host
+        asynchronously, never synchronized). ``draft_length``: the tokens drafted for each
+        sequence, an int or one per sequence (default: the observer's ``max_draft_length``).
+        ``batch_size``: the sequences in the batch (default: how many lengths ``accepted`` holds).
+        ``emitted``: the tokens the cycle gave its requests, a count or one per sequence
+        (default: accepted + 1 per sequence). A value that cannot be read as counts is counted
+        as ``errors{kind="bad_acceptance"}`` and leaves this cycle without tokens; the call
+        itself never raises but for a call Python cannot bind (a ``TypeError``).
+        """
         return None
 
     def end(self) -> None:
+        """End the cycle's last phase (once; again: counted as ``end_without_begin``)."""
         return None
 
     def defer(self) -> CycleHandle:

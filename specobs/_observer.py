@@ -8,12 +8,13 @@ aggregation and sinks.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 from specobs import _ring
 from specobs._aggregation import Aggregation
@@ -27,7 +28,7 @@ from specobs._config import (
 )
 from specobs._errors import ConfigurationError, ObserverClosedError
 from specobs._model import CycleHandle, Snapshot
-from specobs._recorder import Recorder
+from specobs._recorder import NULL_CYCLE, Recorder
 from specobs._resolver import Resolver
 from specobs._version import __version__ as _version
 from specobs.sinks._base import Sink
@@ -120,6 +121,34 @@ def _shutdown_all(observers: list[Observer], deadline: float) -> None:
                 "and %d metric exports (counted in specobs_exporter_dropped_records_total)",
                 share, lost["shutdown"], lost["span_export"], lost["metric_export"],
             )
+
+
+_P = ParamSpec("_P")
+
+
+def _on_current_cycle(
+    method: Callable[Concatenate[CycleHandle, _P], None], kind: str
+) -> Callable[Concatenate[Observer, _P], None]:
+    """``Observer.<method>``: the method called on the observer's current cycle, taking what the
+    protocol's takes; with no cycle open, the no-op handle's (a call Python cannot bind raises
+    there too), counted as ``errors{kind}``."""
+    name = method.__name__
+    no_cycle = f"{name}() with no open cycle"
+
+    def on_current(self: Observer, /, *args: _P.args, **kwargs: _P.kwargs) -> None:
+        c = self._recorder.current
+        if c is None:
+            getattr(NULL_CYCLE, name)(*args, **kwargs)
+            if self._recorder.enabled:
+                self._recorder.misuse(kind, no_cycle)
+            return
+        getattr(c, name)(*args, **kwargs)
+
+    functools.update_wrapper(on_current, method)  # help() shows the protocol's signature
+    on_current.__module__ = __name__
+    on_current.__qualname__ = f"Observer.{name}"
+    on_current.__doc__ = f"On the current cycle (:meth:`CycleHandle.{name}`): {method.__doc__}"
+    return on_current
 
 
 class Observer:
@@ -256,30 +285,9 @@ class Observer:
             return
         c.mark(phase)
 
-    def accept(
-        self,
-        accepted: Any,
-        *,
-        draft_length: Any = None,
-        batch_size: int | None = None,
-        emitted: Any = None,
-    ) -> None:
-        """Record acceptance on the current cycle (see :meth:`CycleHandle.accept`)."""
-        c = self._recorder.current
-        if c is None:
-            if self._recorder.enabled:
-                self._recorder.misuse("bad_acceptance", "accept() with no open cycle")
-            return
-        c.accept(accepted, draft_length=draft_length, batch_size=batch_size, emitted=emitted)
-
-    def end(self) -> None:
-        """End the current cycle."""
-        c = self._recorder.current
-        if c is None:
-            if self._recorder.enabled:
-                self._recorder.misuse("end_without_begin", "end() with no open cycle")
-            return
-        c.end()
+    # The current cycle's own methods, so their arguments are the protocol's by construction.
+    accept = _on_current_cycle(CycleHandle.accept, "bad_acceptance")
+    end = _on_current_cycle(CycleHandle.end, "end_without_begin")
 
     def set_requests(self, *, running: float | None = None, waiting: float | None = None) -> None:
         """Report the engine's running and waiting request counts (for the stall alert).

@@ -294,7 +294,7 @@ class PyCycle:
         batch_size: Any = None,
         emitted: Any = None,
     ) -> None:
-        """Record acceptance for this cycle (see :meth:`specobs.Observer.accept`)."""
+        """Record acceptance for this cycle (see :meth:`specobs.CycleHandle.accept`)."""
         r = self._ring
         if self._closed:
             r._misuse("bad_acceptance", "accept() after the cycle ended")

@@ -309,11 +309,16 @@ def test_every_handle_states_accept_and_settle_as_the_protocol_does():
     for fn in (CycleHandle.settle, Observer.accept, _ring.PyCycle.accept, _ring.PyCycle.settle,
                _NullCycle.accept, _NullCycle.settle):
         assert _parameters(fn) == want, fn.__qualname__
+    # The native cycle's help() states the same (its self is positional-only, as C's is).
+    native = [getattr(_ring._NativeCycle, m) for m in ("accept", "settle")] if _ring.BUILT else []
+    for fn in native:
+        assert _parameters(fn)[1:] == want[1:], fn
     # mark() takes its phase by position only: the native cycle's is a one-argument C call.
     want = _parameters(CycleHandle.mark)
     assert want[1][:2] == ("phase", inspect.Parameter.POSITIONAL_ONLY)
-    for fn in (_ring.PyCycle.mark, _NullCycle.mark):
-        assert _parameters(fn) == want, fn.__qualname__
+    natives = [_ring._NativeCycle.mark] if _ring.BUILT else []
+    for fn in (_ring.PyCycle.mark, _NullCycle.mark, *natives):
+        assert _parameters(fn)[1:] == want[1:], fn
 
 
 def test_accept_and_settle_take_accepted_by_name_and_refuse_a_wrong_call_before_anything(core):
@@ -369,6 +374,45 @@ def test_accept_and_settle_take_accepted_by_name_and_refuse_a_wrong_call_before_
     null.defer().settle(accepted=None)
     with pytest.raises(TypeError):
         null.accept([1], bogus=1)
+
+
+def test_the_observers_accept_and_end_are_the_current_cycles_and_bind_as_the_protocol(core):
+    # Observer.accept and Observer.end are made from the protocol's methods: a wrong call raises
+    # whether a cycle is open or not, before anything is counted; a right one with no cycle open
+    # is counted as misuse; help() shows the protocol's arguments and their meaning.
+    from specobs._model import CycleHandle
+
+    obs, mem, gpu = make()
+    with pytest.raises(TypeError, match="draft"):
+        obs.accept([1], draft=3)
+    with pytest.raises(TypeError):
+        obs.end(1)
+    obs.accept([1])
+    obs.end()
+    c = obs.begin()
+    gpu.run(100)
+    with pytest.raises(TypeError, match="positional"):
+        obs.accept([1], [2])
+    obs.mark("verify")
+    gpu.run(300)
+    obs.mark("bookkeeping")
+    obs.accept(accepted=[2, 0], draft_length=3, batch_size=2, emitted=[3, 1])
+    obs.end()
+    assert obs.current is None and c is not None
+    gpu.complete()
+    assert obs.force_flush()
+    s = obs.snapshot()
+    assert (s.cycles_total, s.accepted_tokens_total, s.draft_tokens_total,
+            s.emitted_tokens_total) == (1, 2, 6, 4)
+    assert s.errors["bad_acceptance"] == 1 and s.errors["end_without_begin"] == 1
+    assert sum(s.errors.values()) == 2, s.errors
+    assert [cy.accept_lengths for cy in mem.cycles] == [[2, 0]]
+    obs.shutdown()
+
+    assert "draft_length" in specobs.Observer.accept.__doc__
+    assert CycleHandle.accept.__doc__ in specobs.Observer.accept.__doc__
+    assert specobs.Observer.accept.__qualname__ == "Observer.accept"
+    assert specobs.Observer.end.__module__ == "specobs._observer"
 
 
 def test_a_cycle_the_engine_raised_in_is_dropped_as_an_exception_not_as_misuse(core):
