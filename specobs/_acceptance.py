@@ -151,88 +151,133 @@ def _each(cycles: list[Record], k_max: int, report: Report) -> Validated:
     emitted count (validated together over their concatenation), and the rest, validated one by
     one (as is the first group when its joint check fails). Batch sizes likewise: a column check,
     then per cycle."""
-    fast_lengths: list[int] = []
-    fast: list[int] = []  # positions of the records validated together
-    k_counts: dict[int, int] = {}
-    k_min = k_max
-    slow: list[int] = []
-    batches: list[int] = []
+    g = _grouped(cycles, k_max)
     shown: list[Acceptance | None] = [None] * len(cycles)
-    dls: list[Any] = [None] * len(cycles)  # draft lengths, numpy / torch scalars as ints
-    for i, c in enumerate(cycles):
-        acc = c.accepted
-        if acc is None and c.copy is None:
-            if c.batch_size is not None:
-                batches.append(c.batch_size)
-            continue
-        dl = c.draft_length
-        if dl is not None and type(dl) is not int:
-            dl = _as_scalar_count(dl)  # numpy / torch scalars; else as was
-        dls[i] = dl
-        if (type(acc) is list and c.copy is None and (dl is None or type(dl) is int)
-                and c.emitted is None):
-            k = k_max if dl is None else dl
-            n = len(acc)
-            fast_lengths += acc
-            fast.append(i)
-            k_counts[k] = k_counts.get(k, 0) + n
-            if k < k_min:
-                k_min = k
-            batches.append(n if c.batch_size is None else c.batch_size)
+    total = _Total([0] * (k_max + 1), {}, 0, 0, 0)
+    slow = g.slow
+    if g.fast:
+        joint = _joint(g, k_max)
+        if joint is None:  # someone sent bad values: find and count them one by one
+            slow = g.fast + slow
         else:
-            slow.append(i)
-    width = k_max + 1
-    counts = [0] * width  # sequences per accepted length
-    accepted = drafted = emitted = 0
-    if fast:
-        ok = k_min >= 0 and max(k_counts) <= k_max
-        if ok and fast_lengths:
-            try:  # raises on any element that is not an int in 0..k_min
-                counts = _bucketing.count_lengths([fast_lengths], k_min, width)
-            except (TypeError, ValueError, OverflowError):
-                ok = False
-        if ok:
-            # Sequences of cycles that drafted nothing (k = 0, so every value was 0) are no
-            # drafts: they emit a token each but have no accept length.
-            counts[0] -= k_counts.get(0, 0)
-            accepted = sum(v * n for v, n in enumerate(counts))
-            drafted = sum(k * n for k, n in k_counts.items())
-            emitted = accepted + len(fast_lengths)
-            for i in fast:
-                shown[i] = _listed(cycles[i].accepted, k_max if dls[i] is None else dls[i])
-        else:  # someone sent bad values: find and count them one by one
-            k_counts = {}
-            slow = fast + slow
+            total = joint
+            for i in g.fast:
+                shown[i] = _listed(cycles[i].accepted, k_max if g.dls[i] is None else g.dls[i])
     if slow:
-        valid: list[list[int]] = []
-        for i in slow:
-            a = cycle_acceptance(cycles[i]._replace(draft_length=dls[i]), k_max, report)
-            shown[i] = a  # None: invalid and counted, not shown on the resolved cycle either
-            if a is None:
-                continue
-            shape = a.shape
-            if isinstance(shape, tuple):
-                if shape[0] > 0:
-                    valid.append(a.lengths)
-            else:  # only the sequences that drafted something have an accept length
-                valid.append([v for v, kk in zip(a.lengths, shape, strict=True) if kk > 0])
-            accepted += a.accepted
-            drafted += a.drafted
-            emitted += a.emitted
-            if isinstance(shape, tuple):
-                k_counts[shape[0]] = k_counts.get(shape[0], 0) + shape[1]
-            else:
-                for kk in shape:
-                    k_counts[kk] = k_counts.get(kk, 0) + 1
-        if valid:  # validated per cycle: ints in 0..max_draft_length
-            counts = list(map(operator.add, counts, _bucketing.count_lengths(valid, k_max, width)))
+        total = _one_by_one(cycles, slow, g.dls, k_max, report, shown, total)
+    batches = g.batches
     if slow or not _batches_ok(batches):
         batches = batch_sizes(cycles, report, shown)
+    counts, k_counts, accepted, drafted, emitted = total
     # A chunk whose only acceptance is tokens emitted without drafts (``accept([],
     # emitted=n)``) still has them: the same count alone in its chunk as beside others.
     if not any(counts) and not k_counts and not emitted:
         return Validated(None, batches, shown)
     return Validated(BatchAcceptance(counts, accepted, drafted, emitted, k_counts), batches, shown)
+
+
+class _Groups(NamedTuple):
+    """A chunk sorted for :func:`_each`: the positions of the cycles validated together (lists,
+    an int draft length, the default emitted count) with their joint figures, and the rest."""
+
+    fast: list[int]
+    #: The fast group's accepted lengths, concatenated.
+    lengths: list[int]
+    #: Sequences per draft length in the fast group, and its smallest draft length.
+    k_counts: dict[int, int]
+    k_min: int
+    slow: list[int]
+    #: The batch sizes the fast group and the cycles without acceptance gave or imply.
+    batches: list[int]
+    #: Per cycle, its draft length with numpy / torch scalars made ints.
+    dls: list[Any]
+
+
+class _Total(NamedTuple):
+    """What a chunk's valid acceptance adds up to."""
+
+    counts: list[int]  # sequences per accepted length
+    k_counts: dict[int, int]  # sequences per draft length
+    accepted: int
+    drafted: int
+    emitted: int
+
+
+def _grouped(cycles: list[Record], k_max: int) -> _Groups:
+    g = _Groups([], [], {}, k_max, [], [], [None] * len(cycles))
+    k_min = k_max
+    for i, c in enumerate(cycles):
+        acc = c.accepted
+        if acc is None and c.copy is None:
+            if c.batch_size is not None:
+                g.batches.append(c.batch_size)
+            continue
+        dl = c.draft_length
+        if dl is not None and type(dl) is not int:
+            dl = _as_scalar_count(dl)  # numpy / torch scalars; else as was
+        g.dls[i] = dl
+        if (type(acc) is list and c.copy is None and (dl is None or type(dl) is int)
+                and c.emitted is None):
+            k = k_max if dl is None else dl
+            n = len(acc)
+            g.lengths.extend(acc)
+            g.fast.append(i)
+            g.k_counts[k] = g.k_counts.get(k, 0) + n
+            k_min = min(k_min, k)
+            g.batches.append(n if c.batch_size is None else c.batch_size)
+        else:
+            g.slow.append(i)
+    return g._replace(k_min=k_min)
+
+
+def _joint(g: _Groups, k_max: int) -> _Total | None:
+    """The fast group's total, checked in one pass over its concatenated lengths (None: some
+    value is not an int in 0..its draft length)."""
+    width = k_max + 1
+    if g.k_min < 0 or max(g.k_counts) > k_max:
+        return None
+    counts = [0] * width
+    if g.lengths:
+        try:  # raises on any element that is not an int in 0..k_min
+            counts = _bucketing.count_lengths([g.lengths], g.k_min, width)
+        except (TypeError, ValueError, OverflowError):
+            return None
+    # Sequences of cycles that drafted nothing (k = 0, so every value was 0) are no drafts:
+    # they emit a token each but have no accept length.
+    counts[0] -= g.k_counts.get(0, 0)
+    accepted = sum(v * n for v, n in enumerate(counts))
+    drafted = sum(k * n for k, n in g.k_counts.items())
+    return _Total(counts, dict(g.k_counts), accepted, drafted, accepted + len(g.lengths))
+
+
+def _one_by_one(cycles: list[Record], positions: list[int], dls: list[Any], k_max: int,
+                report: Report, shown: list[Acceptance | None], total: _Total) -> _Total:
+    """``total`` with the cycles at ``positions`` validated one by one; each one's acceptance
+    goes to ``shown`` (None: invalid and counted, not shown on its resolved cycle either)."""
+    counts, k_counts, accepted, drafted, emitted = total
+    k_counts = dict(k_counts)
+    valid: list[list[int]] = []
+    for i in positions:
+        a = cycle_acceptance(cycles[i]._replace(draft_length=dls[i]), k_max, report)
+        shown[i] = a
+        if a is None:
+            continue
+        shape = a.shape
+        if isinstance(shape, tuple):
+            if shape[0] > 0:
+                valid.append(a.lengths)
+            k_counts[shape[0]] = k_counts.get(shape[0], 0) + shape[1]
+        else:  # only the sequences that drafted something have an accept length
+            valid.append([v for v, kk in zip(a.lengths, shape, strict=True) if kk > 0])
+            for kk in shape:
+                k_counts[kk] = k_counts.get(kk, 0) + 1
+        accepted += a.accepted
+        drafted += a.drafted
+        emitted += a.emitted
+    if valid:  # validated per cycle: ints in 0..max_draft_length
+        more = _bucketing.count_lengths(valid, k_max, len(counts))
+        counts = list(map(operator.add, counts, more))
+    return _Total(counts, k_counts, accepted, drafted, emitted)
 
 
 def _listed(acc: list[Any], k: int) -> Acceptance:
