@@ -58,6 +58,14 @@ def test_schedule_from_yaml_and_flags(tmp_path: Path) -> None:
         ('{"faults": [{"kind": "stall", "servers": [1], "at": "soon"}]}', "expected a duration"),
         ('{"faults": [{"kind": "stall", "servers": [1], "at": 1, "factor": 2}]}',
          "takes no factor"),
+        ('{"faults": [{"kind": "verify_slowdown", "servers": [1], "at": 1, "factor": "x"}]}',
+         "factor: expected a number, got 'x'"),
+        ('{"faults": [{"kind": "verify_slowdown", "servers": [1], "at": 1, "factor": 0}]}',
+         r"factor: must be > 0, got 0"),
+        ('{"faults": [{"kind": "stall", "servers": [], "at": 1}]}', "expected a list of server"),
+        ('{"faults": [{"kind": "stall", "servers": true, "at": 1}]}', "expected a list of server"),
+        ('{"faults": [{"kind": "stall", "servers": [1, false], "at": 1}]}',
+         "False is not a server index"),
         ('{"faults": [{"kind": "bad_rollout", "model": "gpt-9", "at": 1}]}', "fleet's models"),
         ('{"faults": [{"kind": "stall", "model": "x", "servers": [1], "at": 1}]}', "takes servers"),
         ('{"faults": [{"kind": "stall", "servers": [1], "at": 1, "when": 2}]}', "unknown field"),
@@ -70,6 +78,16 @@ def test_schedule_errors_are_clear(tmp_path: Path, text: str, message: str) -> N
     path.write_text(text)
     with pytest.raises(ScheduleError, match=message):
         load_schedule(path, [], 10, MODEL_NAMES)
+
+
+def test_a_schedule_takes_one_server_or_several_and_a_kinds_own_factor(tmp_path: Path) -> None:
+    path = tmp_path / "faults.json"
+    path.write_text('{"faults": [{"kind": "verify_slowdown", "servers": 3, "at": "2m"},'
+                    ' {"kind": "acceptance_collapse", "servers": [7, 2, 7], "at": 1,'
+                    ' "factor": 0.5}]}')
+    slow, collapse = load_schedule(path, [], 10, MODEL_NAMES)
+    assert (slow.servers, slow.factor, slow.at_seconds) == ((3,), 2.5, 120.0)
+    assert (collapse.servers, collapse.factor) == ((2, 7), 0.5)
 
 
 def test_bad_flags_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

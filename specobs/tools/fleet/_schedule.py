@@ -107,19 +107,7 @@ def _fault(raw: object, where: str, n_servers: int, models: tuple[str, ...]) -> 
     at = parse_duration(raw["at"], f"{where}.at")
     duration = (parse_duration(raw["duration"], f"{where}.duration")
                 if raw.get("duration") is not None else None)
-    factor: float | None = None
-    if "factor" in raw:
-        if FAULT_KINDS[kind] is None:
-            raise ScheduleError(f"{where}: kind {kind} takes no factor")
-        try:
-            factor = float(raw["factor"])
-        except (TypeError, ValueError):
-            raise ScheduleError(f"{where}.factor: expected a number, got {raw['factor']!r}"
-                                ) from None
-        if not factor > 0:
-            raise ScheduleError(f"{where}.factor: must be > 0, got {factor:g}")
-    else:
-        factor = FAULT_KINDS[kind]
+    factor = _factor(raw, kind, where)
     if kind == "bad_rollout":
         model = raw.get("model")
         if "servers" in raw:
@@ -130,7 +118,27 @@ def _fault(raw: object, where: str, n_servers: int, models: tuple[str, ...]) -> 
         return Fault(kind, at, model=str(model), factor=factor, duration_seconds=duration)
     if "model" in raw:
         raise ScheduleError(f"{where}: {kind} takes servers, not model")
-    servers = raw.get("servers")
+    return Fault(kind, at, servers=_servers(raw.get("servers"), where, n_servers), factor=factor,
+                 duration_seconds=duration)
+
+
+def _factor(raw: dict[str, Any], kind: str, where: str) -> float | None:
+    """The fault's factor: as given (a number > 0, for a kind that takes one), or its kind's."""
+    if "factor" not in raw:
+        return FAULT_KINDS[kind]
+    if FAULT_KINDS[kind] is None:
+        raise ScheduleError(f"{where}: kind {kind} takes no factor")
+    try:
+        factor = float(raw["factor"])
+    except (TypeError, ValueError):
+        raise ScheduleError(f"{where}.factor: expected a number, got {raw['factor']!r}") from None
+    if not factor > 0:
+        raise ScheduleError(f"{where}.factor: must be > 0, got {factor:g}")
+    return factor
+
+
+def _servers(servers: object, where: str, n_servers: int) -> tuple[int, ...]:
+    """The server indexes a fault hits: one index or a non-empty list, each in 0..n-1."""
     if isinstance(servers, int) and not isinstance(servers, bool):
         servers = [servers]
     if not isinstance(servers, list) or not servers:
@@ -139,8 +147,7 @@ def _fault(raw: object, where: str, n_servers: int, models: tuple[str, ...]) -> 
         if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < n_servers:
             raise ScheduleError(
                 f"{where}.servers: {s!r} is not a server index in 0..{n_servers - 1}")
-    return Fault(kind, at, servers=tuple(sorted(set(servers))), factor=factor,
-                 duration_seconds=duration)
+    return tuple(sorted(set(servers)))
 
 
 def parse_fault_flag(text: str) -> dict[str, Any]:
