@@ -425,6 +425,40 @@ def _port_offset(settings: Settings) -> int:
     return replica + settings.replicas * rank
 
 
+def _with_rank_labels(settings: Settings) -> Settings:
+    """``dp_rank`` on the series of a replica of several, ``rank`` on every rank's when all
+    record."""
+    extra: dict[str, str] = {}
+    if settings.replica is not None and settings.replicas > 1:
+        extra["dp_rank"] = str(settings.replica)
+    if settings.all_ranks:
+        extra["rank"] = str(settings.rank)
+    if not extra:
+        return settings
+    from dataclasses import replace
+
+    return replace(settings, labels={**settings.labels, **extra})
+
+
+def _sinks_from_env(settings: Settings, env: Mapping[str, str]) -> list[Sink]:
+    """The sinks ``SPECOBS_EXPORTERS`` names; the Prometheus port moved by the process's
+    offset (:func:`_port_offset`)."""
+    built: list[Sink] = []
+    for name in exporters(env):
+        if name == "prometheus":
+            from specobs.sinks.prometheus import PrometheusSink
+
+            port = prometheus_port(env)
+            if port:
+                port += _port_offset(settings)
+            built.append(PrometheusSink(port=port, addr=prometheus_addr(env)))
+        elif name == "otlp":
+            from specobs.sinks.otlp import OtlpSink
+
+            built.append(OtlpSink())
+    return built
+
+
 def configure(
     settings: Settings | None = None,
     *,
@@ -479,32 +513,10 @@ def configure(
         from dataclasses import replace
 
         return Observer(replace(settings, enabled=False))
-    extra: dict[str, str] = {}
-    if settings.replica is not None and settings.replicas > 1:
-        extra["dp_rank"] = str(settings.replica)
-    if settings.all_ranks:
-        extra["rank"] = str(settings.rank)
-    if extra:
-        from dataclasses import replace
-
-        settings = replace(settings, labels={**settings.labels, **extra})
+    settings = _with_rank_labels(settings)
     if not settings.enabled:
         return Observer(settings)
-    env_map = os.environ if env is None else env
     if sinks is None:
-        built: list[Sink] = []
-        for name in exporters(env_map):
-            if name == "prometheus":
-                from specobs.sinks.prometheus import PrometheusSink
-
-                port = prometheus_port(env_map)
-                if port:
-                    port += _port_offset(settings)
-                built.append(PrometheusSink(port=port, addr=prometheus_addr(env_map)))
-            elif name == "otlp":
-                from specobs.sinks.otlp import OtlpSink
-
-                built.append(OtlpSink())
-        sinks = built
+        sinks = _sinks_from_env(settings, os.environ if env is None else env)
     clk, factory, clock_name = _make_clock(settings, clock)
     return Observer(settings, sinks, clock=clk, clock_factory=factory, clock_name=clock_name)
