@@ -202,31 +202,8 @@ class MetricsServer:
                 now = time.monotonic()
                 if not self._listening and now >= self._resume_at:
                     self._listen()
-                timeout = 1.0
-                if not self._listening:
-                    timeout = min(timeout, self._resume_at - now)
-                if self._conns:
-                    nearest = min(c.deadline for c in self._conns.values())
-                    timeout = min(timeout, nearest - now)
-                events = self._sel.select(max(0.0, timeout))
-                accept = False
-                for key, mask in events:
-                    data = key.data
-                    if data is None:
-                        accept = True
-                    elif data == "wake":
-                        try:
-                            self._wake_r.recv(64)
-                        except OSError:
-                            pass
-                    elif data.closed:  # evicted earlier in this turn
-                        continue
-                    elif mask & selectors.EVENT_READ and not data.writing:
-                        self._read(data)
-                    elif mask & selectors.EVENT_WRITE:
-                        self._write(data)
                 # Newcomers last: a head that arrived in this turn counts before an eviction.
-                if accept:
+                if self._serve(self._sel.select(self._timeout(now))):
                     self._accept()
                 now = time.monotonic()
                 for c in [c for c in self._conns.values() if c.deadline <= now]:
@@ -241,6 +218,36 @@ class MetricsServer:
                 # a thread that ends later (a loaded machine) closes them itself, or they would
                 # be freed open with the thread's frame.
                 self._close_all()
+
+    def _timeout(self, now: float) -> float:
+        """How long one turn may wait: until the listener resumes or a connection's deadline,
+        at most 1 s."""
+        timeout = 1.0
+        if not self._listening:
+            timeout = min(timeout, self._resume_at - now)
+        if self._conns:
+            timeout = min(timeout, min(c.deadline for c in self._conns.values()) - now)
+        return max(0.0, timeout)
+
+    def _serve(self, events: list[tuple[selectors.SelectorKey, int]]) -> bool:
+        """Read and write what is ready; True when the listener has a newcomer waiting."""
+        accept = False
+        for key, mask in events:
+            data = key.data
+            if data is None:
+                accept = True
+            elif data == "wake":
+                try:
+                    self._wake_r.recv(64)
+                except OSError:
+                    pass
+            elif data.closed:  # evicted earlier in this turn
+                continue
+            elif mask & selectors.EVENT_READ and not data.writing:
+                self._read(data)
+            elif mask & selectors.EVENT_WRITE:
+                self._write(data)
+        return accept
 
     def _accept(self) -> None:
         for _ in range(_ACCEPTS_PER_TURN):
