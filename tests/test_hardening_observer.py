@@ -116,11 +116,11 @@ def test_shutdown_returns_in_time_while_a_sink_blocks_in_on_cycles() -> None:
         _run_cycles(obs, 20)  # queued behind the wedged resolver
         t0 = time.monotonic()
         flushed = obs.force_flush(0.5)
-        assert flushed is False and time.monotonic() - t0 < 3
+        assert flushed is False and time.monotonic() - t0 < 0.5 + 5  # room for a loaded machine
         t0 = time.monotonic()
         obs.shutdown(1.0)
         took = time.monotonic() - t0
-        assert took < 3, took  # never returned before
+        assert took < 1.0 + 5, took  # never returned before
         snap = obs.snapshot()
         # What was aggregated before the sink wedged is kept; the rest is counted, not lost.
         lost = snap.dropped.get("shutdown", 0)
@@ -139,12 +139,12 @@ def test_flush_and_shutdown_are_bounded_when_a_sink_ignores_its_timeout(where: s
         _run_cycles(obs, 7)
         t0 = time.monotonic()
         ok = obs.force_flush(0.5)
-        assert time.monotonic() - t0 < 3
+        assert time.monotonic() - t0 < 0.5 + 5  # bounded (the sink blocks for good)
         assert ok is (where != "force_flush")
         assert sum(c.batch_size or 0 for c in healthy.cycles) == 14  # the other sink got all
         t0 = time.monotonic()
         obs.shutdown(0.5)
-        assert time.monotonic() - t0 < 3
+        assert time.monotonic() - t0 < 0.5 + 5
         assert obs.closed
     finally:
         sink.release.set()

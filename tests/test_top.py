@@ -818,7 +818,9 @@ def test_the_deadline_holds_for_any_client(hostile_server: _hostile.HostileServe
         with pytest.raises(scr.ScrapeError, match=r"did not finish answering within 0.5 s"):
             _http.get(client, hostile_server.url(f"/{mode}"), limits=limits)
         elapsed = time.monotonic() - started
-    assert 0.5 <= elapsed < 2.0, elapsed
+    # Cut at the deadline: far below the 30 s a read-by-read timeout would allow, with room
+    # for a loaded machine.
+    assert 0.5 <= elapsed < 0.5 + 8.0, elapsed
 
 
 def test_a_small_gzip_body_is_inflated(engines: Callable[..., Engine]):
