@@ -314,8 +314,9 @@ SAMPLING_BUDGET = Metric(
 )  # fmt: skip
 OVERHEAD_RATIO = Metric(
     "specobs.exporter.overhead", "gauge", "1",
-    "Self-measured cost of specobs on the worker (GPU event records, phase boundaries, "
-    "resolver CPU) as a fraction of cycle time.",
+    "Self-measured cost of specobs on the worker (GPU event records, phase boundaries, CUDA "
+    "acceptance copies, resolver CPU) as a fraction of cycle time: an estimate from host "
+    "clocks (docs/metrics.md says how near the measured loss it reads).",
     self_metric=True,
 )  # fmt: skip
 EXPORTER_CPU = Metric(

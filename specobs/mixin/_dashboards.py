@@ -492,9 +492,11 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
     )
     b.timeseries(
         "GPU timing overhead",
-        "Self-measured cost of specobs on the worker (event records, phase boundaries, the "
-        "resolver) as a fraction of cycle time; GPU timing adapts to the budget drawn beside it "
-        "(none under a fixed sampling interval).",
+        "Self-measured cost of specobs on the worker (event records, phase boundaries, CUDA "
+        "acceptance copies, the resolver) as a fraction of cycle time, estimated from host "
+        "clocks; GPU timing adapts to the budget drawn beside it (none under a fixed sampling "
+        "interval). It reads low for CUDA acceptance on sub-millisecond cycles and high on "
+        "multi-millisecond ones (docs/metrics.md).",
         "percentunit",
         [(f"max by (instance) ({s(c.OVERHEAD_RATIO.name)})", "{{instance}}"),
          (f"max by (instance) ({s(c.SAMPLING_BUDGET.name)})", "budget {{instance}}")],
