@@ -150,6 +150,7 @@ class Resolver:
         self.use_pump = True
         self.pump_returns: dict[str, int] = {}  # why each pump() came back, for benchmarks
         self._pump_seen = 0  # the ring's pump CPU already added
+        self._copy_added = 0  # the worker's acceptance-copy time already added (ring ns)
 
     #: How long a cycle ended by ``defer()`` waits for its ``settle()`` (ring clock ns); the
     #: observer sets it from ``settle_timeout_seconds``.
@@ -201,7 +202,7 @@ class Resolver:
         self._cycle_ewma = 0.0
         self._copy_ewma = 0.0
         self._read_ewma = 0.0
-        self._copy_seen = rec.copy_ns
+        self._copy_seen = self._copy_added = rec.copy_ns
         self._enqueued_seen = rec.enqueued
         self.agg.count_dropped("fork", lost)
         if start:
@@ -458,6 +459,12 @@ class Resolver:
         self._pump_seen = pumped
         if pending:
             self.agg.add_cpu("resolver", pending / 1e9)
+        # The worker's time in CUDA acceptance copies (the runtime calls the ring makes, or the
+        # clock's copy through torch): specobs's work, on the engine's own thread.
+        copied = self.rec.copy_ns
+        if copied > self._copy_added:
+            self.agg.add_cpu("acceptance_copy", (copied - self._copy_added) / 1e9)
+            self._copy_added = copied
 
     def _note_hold(self, hold: int) -> None:
         """One stretch of this thread's work with the GIL held (thread CPU ns)."""

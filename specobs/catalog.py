@@ -322,6 +322,7 @@ OVERHEAD_RATIO = Metric(
 EXPORTER_CPU = Metric(
     "specobs.exporter.cpu.time", "counter", "s",
     "CPU time specobs spent, by component (hot_path: event recording on sampled cycles; "
+    "acceptance_copy: copying CUDA acceptance tensors to the host, on the engine's thread; "
     "resolver; prometheus: scrapes; otlp: exports).",
     labels=("component",), self_metric=True,
 )  # fmt: skip

@@ -63,6 +63,32 @@ def _run(obs: specobs.Observer, n: int) -> None:
     assert obs.force_flush(5)
 
 
+class _Frozen:
+    """A metric source that always answers the same snapshot."""
+
+    def __init__(self, snapshot: specobs.Snapshot) -> None:
+        self._snapshot = snapshot
+
+    def snapshot(self) -> specobs.Snapshot:
+        return self._snapshot
+
+    def add_cpu(self, component: str, seconds: float) -> None:
+        pass
+
+
+def _scrape(snapshot: specobs.Snapshot, at: float) -> scr.Scrape:
+    """``snapshot`` read as top and doctor read an endpoint: its Prometheus exposition."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from specobs.sinks.prometheus import SnapshotCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    collector = SnapshotCollector(_Frozen(snapshot), exemplars=False)  # type: ignore[arg-type]
+    collector.outer.counting = True  # the snapshot's CPU seconds stay as they are
+    registry.register(collector)
+    return scr.Scrape(scr.parse_exposition(generate_latest(registry).decode()), at)
+
+
 def test_demo_summary_uses_the_recording_rules_definitions(observer: specobs.Observer) -> None:
     from specobs.demo import _summary
 
@@ -107,45 +133,41 @@ def test_demo_summary_uses_the_recording_rules_definitions(observer: specobs.Obs
 def test_demo_and_top_agree_number_for_number_on_the_same_snapshots(
     observer: specobs.Observer,
 ) -> None:
-    from prometheus_client import CollectorRegistry, generate_latest
-
     from specobs.demo import _summary
-    from specobs.sinks.prometheus import SnapshotCollector
-
-    class Frozen:
-        """A metric source that always answers the same snapshot."""
-
-        def __init__(self, snapshot: specobs.Snapshot) -> None:
-            self._snapshot = snapshot
-
-        def snapshot(self) -> specobs.Snapshot:
-            return self._snapshot
-
-        def add_cpu(self, component: str, seconds: float) -> None:
-            pass
-
-    def scrape(snapshot: specobs.Snapshot, at: float) -> scr.Scrape:
-        registry = CollectorRegistry(auto_describe=False)
-        collector = SnapshotCollector(Frozen(snapshot), exemplars=False)  # type: ignore[arg-type]
-        collector.outer.counting = True  # the snapshot's CPU seconds stay as they are
-        registry.register(collector)
-        return scr.Scrape(scr.parse_exposition(generate_latest(registry).decode()), at)
 
     _run(observer, 5)
     old = observer.snapshot()
     _run(observer, 20)
     new = observer.snapshot()
 
-    delta = scr.difference(scrape(old, 100.0), scrape(new, 103.5))
+    delta = scr.difference(_scrape(old, 100.0), _scrape(new, 103.5))
     assert isinstance(delta, scr.Delta)
     top = bd.breakdown(delta)
     demo = _summary.compute_view(new, old, 3.5).breakdown
     assert dataclasses.asdict(demo) == dataclasses.asdict(top)
     assert top.cycles == 20 and top.position_acceptance[1] == ("1", pytest.approx(0.5))
     # Since the start, too (the demo's exit summary).
-    first = bd.breakdown(scr.difference(scr.Scrape(scr.Series(), 0.0), scrape(new, 3.5)))
+    first = bd.breakdown(scr.difference(scr.Scrape(scr.Series(), 0.0), _scrape(new, 3.5)))
     assert dataclasses.asdict(_summary.compute_view(new, None, 3.5).breakdown) \
         == dataclasses.asdict(first)
+
+
+def test_the_acceptance_copies_time_per_cycle_is_read_apart_from_the_rest(
+    observer: specobs.Observer,
+) -> None:
+    _run(observer, 5)
+    old = dataclasses.replace(observer.snapshot(), cpu_seconds={"resolver": 1.0})
+    _run(observer, 20)
+    new = dataclasses.replace(observer.snapshot(), cpu_seconds={
+        "resolver": 1.0 + 20 * 3e-6, "acceptance_copy": 20 * 5e-6})
+    b = bd.breakdown(scr.difference(_scrape(old, 10.0), _scrape(new, 12.0)))
+    assert b.cycles == 20
+    assert b.acceptance_copy_seconds_per_cycle == pytest.approx(5e-6)
+    assert b.exporter_cpu_seconds_per_cycle == pytest.approx(8e-6)
+    # Acceptance as host data: no such component, no copy time.
+    b = bd.breakdown(scr.difference(_scrape(old, 10.0), _scrape(
+        dataclasses.replace(new, cpu_seconds={"resolver": 1.1}), 12.0)))
+    assert b.acceptance_copy_seconds_per_cycle == 0.0
 
 
 def test_a_measured_baseline_replaces_the_configured_gauge(observer: specobs.Observer) -> None:

@@ -73,6 +73,45 @@ def test_the_native_copy_counts_what_the_python_copy_counts() -> None:
         assert (native.memcpy_calls, native.copies) == (0, 60)
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_the_engine_threads_copy_time_is_exported_as_specobs_cpu(native: bool) -> None:
+    # specobs_exporter_cpu_time_seconds_total{component="acceptance_copy"}: the worker's time in
+    # the copies, all of it, from the first copy on; absent while acceptance is host data.
+    gpu = FakeGpu()
+    clock = FakeNativeCopyClock(gpu, native=native)
+    obs = specobs.configure(sinks=[], clock=clock, sample_every=8, poll_interval_seconds=3600)
+    try:
+        def cycles(accs: list[Any]) -> Any:
+            for i, acc in enumerate(accs):
+                with obs.cycle() as c:
+                    gpu.run(10)
+                    c.mark("verify")
+                    gpu.run(5)
+                    c.mark("bookkeeping")
+                    c.accept(acc, draft_length=4)
+                if i % 7 == 6:  # the resolver reads copies and hands the slots back
+                    gpu.complete()
+                    assert obs.force_flush(10)
+            gpu.complete()
+            assert obs.force_flush(10)
+            return obs.snapshot()
+
+        s = cycles([[1, 2], [4]] * 10)
+        assert "acceptance_copy" not in s.cpu_seconds and s.cpu_seconds["resolver"] > 0
+        s = cycles(ACCS[:20])
+        copied = obs._recorder.copy_ns
+        assert copied > 0
+        assert s.cpu_seconds["acceptance_copy"] == pytest.approx(copied / 1e9, rel=1e-9)
+        s = cycles(ACCS[20:40])
+        assert obs._recorder.copy_ns > copied
+        assert s.cpu_seconds["acceptance_copy"] == pytest.approx(
+            obs._recorder.copy_ns / 1e9, rel=1e-9)
+        assert s.accepted_tokens_total == 70 + sum(sum(a.values) for a in ACCS[:40])
+        assert not any(s.errors.values()), s.errors
+    finally:
+        obs.shutdown(5)
+
+
 @pytest.mark.skipif(not native_ring(), reason="the pure-Python ring starts no copy itself")
 def test_a_refused_copy_goes_through_the_python_path_and_a_refused_event_through_the_clock(
 ) -> None:

@@ -181,6 +181,9 @@ class Breakdown:
     #: (``specobs_worker_thread_time``; ``None`` where the kernel does not say).
     worker_running_seconds_per_cycle: float | None = None
     worker_waiting_seconds_per_cycle: float | None = None
+    #: The engine thread's time copying CUDA acceptance tensors to the host, per cycle (part of
+    #: ``exporter_cpu_seconds_per_cycle``; 0 where acceptance came as host data).
+    acceptance_copy_seconds_per_cycle: float | None = None
 
     @property
     def mean_acceptance_length(self) -> float | None:
@@ -291,6 +294,8 @@ def breakdown(delta: Delta) -> Breakdown:
         info=info_labels[0] if info_labels else {},
         worker_running_seconds_per_cycle=ratio(thread.get("running"), cycles),
         worker_waiting_seconds_per_cycle=ratio(thread.get("waiting"), cycles),
+        acceptance_copy_seconds_per_cycle=ratio(
+            d.total(catalog.EXPORTER_CPU.name, component="acceptance_copy") or 0.0, cycles),
     )
 
 

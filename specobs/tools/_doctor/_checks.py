@@ -244,7 +244,8 @@ def examine(
     checks.append(_gpu_clock(s2, info, cycles_total))
     checks.append(_drops(s2, cycles_total))
     checks.append(_errors(s2))
-    checks.append(_overhead(s2, info, b.cycle_mean_seconds.get("host") if b else None))
+    checks.append(_overhead(s2, info, b.cycle_mean_seconds.get("host") if b else None,
+                            b.acceptance_copy_seconds_per_cycle if b else None))
     checks.append(_cpu(b))
     checks.append(_exemplars(second))
     checks.append(_baseline(b, s2, speed))
@@ -328,7 +329,8 @@ def cost_limit(cycle_seconds: float | None) -> float:
     return next(limit for floor, limit in COST_LIMITS if cycle_seconds >= floor)
 
 
-def _overhead(s: scr.Series, info: dict[str, str], cycle_seconds: float | None = None) -> Check:
+def _overhead(s: scr.Series, info: dict[str, str], cycle_seconds: float | None = None,
+              copy_seconds_per_cycle: float | None = None) -> Check:
     # The sampler's budget covers the event records only; the gauge adds the costs every cycle
     # pays, so it is judged against the larger of the budget and the design's whole-cost limit.
     budget = max(_budget(s) or 0.0, cost_limit(cycle_seconds))
@@ -350,6 +352,17 @@ def _overhead(s: scr.Series, info: dict[str, str], cycle_seconds: float | None =
         # sampler at work (it measures, then lengthens the interval), not a fault.
         return Check("overhead", "INFO",
                      f"{text}: at the budget, where the adaptive sampler holds it", data)
+    copies = bd.ratio(copy_seconds_per_cycle, cycle_seconds)
+    if copies is not None and copies >= ratio / 2:
+        # A cost every cycle pays that sampling does not touch: name it, or the reader tunes
+        # the sampler for nothing.
+        data["acceptance_copy_ratio"] = copies
+        return Check("overhead", "WARN",
+                     f"{text}, over {ADAPTIVE_TOLERANCE:g}x the budget: copying the CUDA "
+                     f"acceptance tensor to the host takes {scr.format_percent(copies, 2)} of "
+                     "each cycle on the engine's thread (one device-to-host copy a cycle, "
+                     "whatever the sampler does); hand accept() host data where the engine has "
+                     "it (docs/integrations.md, 'Acceptance: pass host data')", data)
     return Check("overhead", "WARN",
                  f"{text}, over {ADAPTIVE_TOLERANCE:g}x the budget: the adaptive sampler cannot "
                  "hold it (GPU timing costs more than the budget even at the longest interval)",
