@@ -325,6 +325,8 @@ def run_mode(
         info["direct_errors"] = getattr(obs.clock, "direct_errors", None)
         info["overhead_ratio"] = s.overhead_ratio
         info["resolver_us_per_cycle"] = s.cpu_seconds["resolver"] / max(s.cycles_total, 1) * 1e6
+        info["acceptance_copy_us_per_cycle"] = (
+            s.cpu_seconds.get("acceptance_copy", 0.0) / max(s.cycles_total, 1) * 1e6)
         # Where the resolver's holds went: slices of work, the longest, and garbage
         # collections that ran on its thread during this run (milliseconds).
         # The self-reported overhead's parts, in % of a cycle: event records (hot path, on
@@ -584,7 +586,9 @@ def main(argv: list[str] | None = None) -> int:
             if "interval" in infos[m]:
                 extra = f"  sampled {infos[m]['sampled']}/{infos[m]['cycles']} " \
                         f"(now 1 in {infos[m]['interval']}), resolver " \
-                        f"{infos[m]['resolver_us_per_cycle']:.1f} us/cycle, self-reported " \
+                        f"{infos[m]['resolver_us_per_cycle']:.1f} us/cycle, acceptance " \
+                        f"copies {infos[m]['acceptance_copy_us_per_cycle']:.1f} us/cycle " \
+                        f"(exported), self-reported " \
                         f"overhead {infos[m]['overhead_ratio'] * 100:.2f}% (measured " \
                         f"{(1 - ratios[m]) * 100:.2f}%); {infos[m]['slices']} slices, " \
                         f"longest {infos[m]['max_hold_us']:.0f} us, p50 " \
