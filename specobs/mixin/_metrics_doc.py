@@ -124,14 +124,19 @@ def render(config: MixinConfig) -> str:
         "cycles, an estimate per phase boundary, the native core's CUDA acceptance copies (the "
         "host time of their runtime calls) and the resolver's CPU per cycle, over the mean "
         "cycle time. Against the loss measured side by side on an H200 (cycles/s with specobs "
-        "over without, `benchmarks/gpu_overhead.py`, two runs; benchmarks/RESULTS.md): within "
+        "over without, `benchmarks/gpu_overhead.py`, two or three runs a row; "
+        "benchmarks/RESULTS.md): within "
         "0.01-0.23 points on 0.22 ms CUDA-graph cycles with acceptance as a list (0.88 % against "
         "0.89 %); low by 1.1-1.6 points with acceptance as a CUDA tensor there (2.8 % against "
         "3.9 %), because the copy also costs time on the engine's stream, which no host clock "
-        "sees; high by 0.2-0.6 points on 3 ms cycles (0.5 % against 0.04-0.23 % for a list, 1.0 "
-        "% against 0.5-0.6 % for a CUDA tensor), because there the worker waits on the GPU "
-        "while the resolver and most event records run. Read it as the right order of "
-        "magnitude; measure the loss itself before acting on a tenth of a point.",
+        "sees; high on 2.5-3 ms cycles, by 0.2-0.4 points for a list (0.5 % against 0.04-0.23 "
+        "%) and by 0.4-2.4 for a CUDA tensor (1.0-2.9 % against 0.5-0.6 %), because there the "
+        "worker waits on the GPU while the resolver, most event records and the copies' "
+        "runtime calls (14-29 µs each there, against 5-9 µs on short cycles) run. Read it as "
+        "the right order of magnitude on short cycles and as an upper bound on long ones; "
+        "measure the loss itself before acting on a tenth of a point. "
+        "`specobs_exporter_cpu_time_seconds_total{component=\"acceptance_copy\"}` is the copies' "
+        "part.",
         "",
         "## Series from other exporters",
         "",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specobs import catalog
+from specobs.sampling import MAX_INTERVAL
 from specobs.tools import _breakdown as bd
 from specobs.tools import _diagnosis as dg
 from specobs.tools import _http
@@ -26,6 +27,9 @@ CPU_BUDGET_SECONDS_PER_CYCLE = 15e-6
 #: Cycles between the scrapes below which the exporter's CPU per cycle is not judged: the
 #: scrape's own fixed cost, spread over few cycles, reads as over budget.
 CPU_MIN_CYCLES = 1000.0
+#: Cycles from this long on: the overhead gauge reads high (its host-side parts run while the
+#: engine waits on the GPU; docs/metrics.md, measured on an H200).
+LONG_CYCLE_SECONDS = 2e-3
 #: Under the adaptive sampler, an overhead ratio up to this multiple of the budget is the
 #: sampler converging (INFO); above it, a WARN.
 ADAPTIVE_TOLERANCE = 2.0
@@ -363,6 +367,20 @@ def _overhead(s: scr.Series, info: dict[str, str], cycle_seconds: float | None =
                      "each cycle on the engine's thread (one device-to-host copy a cycle, "
                      "whatever the sampler does); hand accept() host data where the engine has "
                      "it (docs/integrations.md, 'Acceptance: pass host data')", data)
+    intervals = [v for (n, _), v in s.samples.items() if n == catalog.SAMPLING_INTERVAL.name]
+    if intervals and max(intervals) < MAX_INTERVAL:
+        # The sampler could sample less and does not need to: what exceeds the budget is paid
+        # every cycle whatever it does.
+        data["sampling_interval"] = max(intervals)
+        long = cycle_seconds is not None and cycle_seconds >= LONG_CYCLE_SECONDS
+        return Check("overhead", "WARN",
+                     f"{text}, over {ADAPTIVE_TOLERANCE:g}x the budget with the sampler at 1 in "
+                     f"{max(intervals):.0f} (it may go to 1 in {MAX_INTERVAL}): the "
+                     "excess is what every cycle pays besides GPU timing (phase boundaries, the "
+                     "resolver's CPU, acceptance copies)"
+                     + ("; on cycles this long the gauge reads high, as the engine waits on the "
+                        "GPU meanwhile: measure the loss before acting (docs/metrics.md)"
+                        if long else ""), data)
     return Check("overhead", "WARN",
                  f"{text}, over {ADAPTIVE_TOLERANCE:g}x the budget: the adaptive sampler cannot "
                  "hold it (GPU timing costs more than the budget even at the longest interval)",
