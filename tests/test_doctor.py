@@ -419,7 +419,7 @@ def test_the_overhead_is_judged_against_what_the_design_allows_the_cycle():
     governs) and the costs every cycle pays besides: doctor holds it to DESIGN.md's whole-cost
     limits for the cycle's length (0.3 % from 2 ms, 0.5 % from 0.5 ms, 1 % below), not to the
     sampler's budget alone, so a healthy short cycle is not a WARN."""
-    import types
+    from specobs.tools import _scrape as scr
 
     assert _doctor.cost_limit(3e-3) == 0.003
     assert _doctor.cost_limit(2e-3) == 0.003
@@ -429,9 +429,9 @@ def test_the_overhead_is_judged_against_what_the_design_allows_the_cycle():
     info = {"sampling": "adaptive"}
 
     def verdict(ratio: float, cycle: float | None, budget: float = 0.002) -> str:
-        s = types.SimpleNamespace(samples={(catalog.OVERHEAD_RATIO.name, ()): ratio,
-                                           (catalog.SAMPLING_BUDGET.name, ()): budget})
-        return _doctor._checks._overhead(s, info, cycle).verdict  # type: ignore[arg-type]
+        s = scr.Series({(catalog.OVERHEAD_RATIO.name, ()): ratio,
+                        (catalog.SAMPLING_BUDGET.name, ()): budget})
+        return _doctor._checks._overhead(s, info, cycle).verdict
 
     assert verdict(0.007, 0.22e-3) == "OK"  # a 0.22 ms cycle may cost 1 %
     assert verdict(0.005, 3e-3) == "INFO"  # over 0.3 %, within twice it
@@ -445,9 +445,9 @@ def test_the_overhead_is_judged_against_what_the_design_allows_the_cycle():
     # Over twice the limit because of CUDA acceptance copies (the H200's 0.22 ms cycle with a
     # CUDA tensor: 2.8 %, 4.9 µs of copies a cycle): the check names the copy and what to do,
     # not the sampler, which cannot lower it.
-    s = types.SimpleNamespace(samples={(catalog.OVERHEAD_RATIO.name, ()): 0.028,
-                                       (catalog.SAMPLING_BUDGET.name, ()): 0.002})
-    copies = _doctor._checks._overhead(s, info, 0.22e-3, 4.9e-6)  # type: ignore[arg-type]
+    s = scr.Series({(catalog.OVERHEAD_RATIO.name, ()): 0.028,
+                    (catalog.SAMPLING_BUDGET.name, ()): 0.002})
+    copies = _doctor._checks._overhead(s, info, 0.22e-3, 4.9e-6)
     assert copies.verdict == "WARN"
     assert "copying the CUDA acceptance tensor to the host takes 2.23% of each cycle" \
         in copies.reason, copies.reason
@@ -455,19 +455,19 @@ def test_the_overhead_is_judged_against_what_the_design_allows_the_cycle():
     assert copies.data["acceptance_copy_ratio"] == pytest.approx(4.9e-6 / 0.22e-3)
     # Copies that are the lesser part leave the sampler's reading; none at all, likewise.
     for copy in (0.5e-6, 0.0, None):
-        other = _doctor._checks._overhead(s, info, 0.22e-3, copy)  # type: ignore[arg-type]
+        other = _doctor._checks._overhead(s, info, 0.22e-3, copy)
         assert other.verdict == "WARN" and "sampler cannot hold" in other.reason
         assert "acceptance_copy_ratio" not in other.data
     # A sampler below its longest interval is not what exceeds the budget: the check says what
     # is, and on long cycles that the gauge reads high there (the H200's 2.5 ms cycle with a
     # CUDA tensor: 2.9 % reported, 0.5 % measured).
     s.samples[(catalog.SAMPLING_INTERVAL.name, ())] = 19.0
-    long = _doctor._checks._overhead(s, info, 2.5e-3, 28e-6)  # type: ignore[arg-type]
+    long = _doctor._checks._overhead(s, info, 2.5e-3, 28e-6)
     assert long.verdict == "WARN" and long.data["sampling_interval"] == 19.0
     assert "sampler at 1 in 19 (it may go to 1 in 1024)" in long.reason, long.reason
     assert "every cycle pays" in long.reason and "reads high" in long.reason
-    short = _doctor._checks._overhead(s, info, 0.22e-3, 0.5e-6)  # type: ignore[arg-type]
+    short = _doctor._checks._overhead(s, info, 0.22e-3, 0.5e-6)
     assert "sampler at 1 in 19" in short.reason and "reads high" not in short.reason
     s.samples[(catalog.SAMPLING_INTERVAL.name, ())] = 1024.0  # at its longest: the sampler
-    assert "sampler cannot hold" in _doctor._checks._overhead(  # type: ignore[arg-type]
+    assert "sampler cannot hold" in _doctor._checks._overhead(
         s, info, 2.5e-3, 28e-6).reason

@@ -289,7 +289,7 @@ def breakdown(delta: Delta) -> Breakdown:
         drops=drops,
         dropped_total=math.fsum(drops.values()),
         sampling_interval=g.total(catalog.SAMPLING_INTERVAL.name),
-        overhead_ratio=_max(g, catalog.OVERHEAD_RATIO.name),
+        overhead_ratio=g.max(catalog.OVERHEAD_RATIO.name),
         exporter_cpu_seconds_per_cycle=ratio(cpu, cycles),
         info=info_labels[0] if info_labels else {},
         worker_running_seconds_per_cycle=ratio(thread.get("running"), cycles),
@@ -297,11 +297,6 @@ def breakdown(delta: Delta) -> Breakdown:
         acceptance_copy_seconds_per_cycle=ratio(
             d.total(catalog.EXPORTER_CPU.name, component="acceptance_copy") or 0.0, cycles),
     )
-
-
-def _max(series: Series, name: str) -> float | None:
-    values = [v for (n, _), v in series.samples.items() if n == name]
-    return max(values) if values else None
 
 
 

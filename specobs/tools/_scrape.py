@@ -145,6 +145,12 @@ class Series:
         values = [v for _, v in self._matching(name, match)]
         return math.fsum(values) if values else None
 
+    def max(self, name: str, **match: str) -> float | None:
+        """The largest of the matching series, or ``None`` when there is none: a gauge that
+        summed over observers would mean nothing (a ratio, a sampling interval)."""
+        values = [v for _, v in self._matching(name, match)]
+        return max(values) if values else None
+
     def by(self, name: str, label: str, **match: str) -> dict[str, float]:
         """Sums of the matching series grouped by one label (series without it are skipped)."""
         out: dict[str, float] = {}

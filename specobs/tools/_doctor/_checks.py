@@ -83,8 +83,7 @@ def _fmt_count(value: float) -> str:
 def _budget(s: scr.Series) -> float | None:
     """The adaptive sampler's overhead budget as the endpoint exports it (its gauge); ``None``
     under a fixed interval, which no budget steers."""
-    values = [v for (n, _), v in s.samples.items() if n == catalog.SAMPLING_BUDGET.name]
-    return max(values) if values else None
+    return s.max(catalog.SAMPLING_BUDGET.name)
 
 
 @dataclass
@@ -338,10 +337,9 @@ def _overhead(s: scr.Series, info: dict[str, str], cycle_seconds: float | None =
     # The sampler's budget covers the event records only; the gauge adds the costs every cycle
     # pays, so it is judged against the larger of the budget and the design's whole-cost limit.
     budget = max(_budget(s) or 0.0, cost_limit(cycle_seconds))
-    values = [v for (n, _), v in s.samples.items() if n == catalog.OVERHEAD_RATIO.name]
-    if not values:
+    ratio = s.max(catalog.OVERHEAD_RATIO.name)
+    if ratio is None:
         return Check("overhead", "SKIP", f"no {catalog.OVERHEAD_RATIO.name} series")
-    ratio = max(values)
     data = {"overhead_ratio": ratio, "budget": budget}
     text = f"{scr.format_percent(ratio, 2)} of cycle time vs budget {scr.format_percent(budget, 2)}"
     if ratio <= budget:
@@ -367,15 +365,15 @@ def _overhead(s: scr.Series, info: dict[str, str], cycle_seconds: float | None =
                      "each cycle on the engine's thread (one device-to-host copy a cycle, "
                      "whatever the sampler does); hand accept() host data where the engine has "
                      "it (docs/integrations.md, 'Acceptance: pass host data')", data)
-    intervals = [v for (n, _), v in s.samples.items() if n == catalog.SAMPLING_INTERVAL.name]
-    if intervals and max(intervals) < MAX_INTERVAL:
+    interval = s.max(catalog.SAMPLING_INTERVAL.name)
+    if interval is not None and interval < MAX_INTERVAL:
         # The sampler could sample less and does not need to: what exceeds the budget is paid
         # every cycle whatever it does.
-        data["sampling_interval"] = max(intervals)
+        data["sampling_interval"] = interval
         long = cycle_seconds is not None and cycle_seconds >= LONG_CYCLE_SECONDS
         return Check("overhead", "WARN",
                      f"{text}, over {ADAPTIVE_TOLERANCE:g}x the budget with the sampler at 1 in "
-                     f"{max(intervals):.0f} (it may go to 1 in {MAX_INTERVAL}): the "
+                     f"{interval:.0f} (it may go to 1 in {MAX_INTERVAL}): the "
                      "excess is what every cycle pays besides GPU timing (phase boundaries, the "
                      "resolver's CPU, acceptance copies)"
                      + ("; on cycles this long the gauge reads high, as the engine waits on the "
