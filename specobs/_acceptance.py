@@ -183,9 +183,8 @@ class _Groups(NamedTuple):
     fast: list[int]
     #: The fast group's accepted lengths, concatenated.
     lengths: list[int]
-    #: Sequences per draft length in the fast group, and its smallest draft length.
+    #: Sequences per draft length in the fast group.
     k_counts: dict[int, int]
-    k_min: int
     slow: list[int]
     #: The batch sizes the fast group and the cycles without acceptance gave or imply.
     batches: list[int]
@@ -204,8 +203,7 @@ class _Total(NamedTuple):
 
 
 def _grouped(cycles: list[Record], k_max: int) -> _Groups:
-    g = _Groups([], [], {}, k_max, [], [], [None] * len(cycles))
-    k_min = k_max
+    g = _Groups([], [], {}, [], [], [None] * len(cycles))
     for i, c in enumerate(cycles):
         acc = c.accepted
         if acc is None and c.copy is None:
@@ -223,23 +221,23 @@ def _grouped(cycles: list[Record], k_max: int) -> _Groups:
             g.lengths.extend(acc)
             g.fast.append(i)
             g.k_counts[k] = g.k_counts.get(k, 0) + n
-            k_min = min(k_min, k)
             g.batches.append(n if c.batch_size is None else c.batch_size)
         else:
             g.slow.append(i)
-    return g._replace(k_min=k_min)
+    return g
 
 
 def _joint(g: _Groups, k_max: int) -> _Total | None:
     """The fast group's total, checked in one pass over its concatenated lengths (None: some
     value is not an int in 0..its draft length)."""
     width = k_max + 1
-    if g.k_min < 0 or max(g.k_counts) > k_max:
+    k_min = min(g.k_counts)  # the smallest draft length: every value must fit under it
+    if k_min < 0 or max(g.k_counts) > k_max:
         return None
     counts = [0] * width
     if g.lengths:
         try:  # raises on any element that is not an int in 0..k_min
-            counts = _bucketing.count_lengths([g.lengths], g.k_min, width)
+            counts = _bucketing.count_lengths([g.lengths], k_min, width)
         except (TypeError, ValueError, OverflowError):
             return None
     # Sequences of cycles that drafted nothing (k = 0, so every value was 0) are no drafts:
