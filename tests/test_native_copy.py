@@ -19,25 +19,30 @@ import specobs
 from specobs.timing import FakeDeviceArray, FakeGpu, FakeNativeCopyClock
 
 
+def cycles(obs: specobs.Observer, gpu: FakeGpu, accs: list[Any]) -> Any:
+    """One cycle per acceptance in ``accs``, all flushed; the snapshot after them."""
+    for i, acc in enumerate(accs):
+        c = obs.begin(batch_size=len(acc.values) if isinstance(acc, FakeDeviceArray) else None)
+        gpu.run(10 + i)
+        c.mark("verify")
+        c.accept(acc, draft_length=4)
+        gpu.run(5)
+        c.mark("bookkeeping")
+        gpu.run(3)
+        c.end()
+        if i % 7 == 6:  # the resolver reads copies and hands the slots back
+            gpu.complete()
+            assert obs.force_flush(10)
+    gpu.complete()
+    assert obs.force_flush(10)
+    return obs.snapshot()
+
+
 def run(clock: FakeNativeCopyClock, gpu: FakeGpu, accs: list[Any]) -> tuple[Any, list[Any]]:
     mem = specobs.MemorySink()
     obs = specobs.configure(sinks=[mem], clock=clock, sample_every=8, poll_interval_seconds=3600)
     try:
-        for i, acc in enumerate(accs):
-            c = obs.begin(batch_size=len(acc.values) if isinstance(acc, FakeDeviceArray) else None)
-            gpu.run(10 + i)
-            c.mark("verify")
-            c.accept(acc, draft_length=4)
-            gpu.run(5)
-            c.mark("bookkeeping")
-            gpu.run(3)
-            c.end()
-            if i % 7 == 6:  # the resolver reads copies and hands the slots back
-                gpu.complete()
-                assert obs.force_flush(10)
-        gpu.complete()
-        assert obs.force_flush(10)
-        return obs.snapshot(), list(mem.cycles)
+        return cycles(obs, gpu, accs), list(mem.cycles)
     finally:
         obs.shutdown(5)
 
@@ -81,28 +86,13 @@ def test_the_engine_threads_copy_time_is_exported_as_specobs_cpu(native: bool) -
     clock = FakeNativeCopyClock(gpu, native=native)
     obs = specobs.configure(sinks=[], clock=clock, sample_every=8, poll_interval_seconds=3600)
     try:
-        def cycles(accs: list[Any]) -> Any:
-            for i, acc in enumerate(accs):
-                with obs.cycle() as c:
-                    gpu.run(10)
-                    c.mark("verify")
-                    gpu.run(5)
-                    c.mark("bookkeeping")
-                    c.accept(acc, draft_length=4)
-                if i % 7 == 6:  # the resolver reads copies and hands the slots back
-                    gpu.complete()
-                    assert obs.force_flush(10)
-            gpu.complete()
-            assert obs.force_flush(10)
-            return obs.snapshot()
-
-        s = cycles([[1, 2], [4]] * 10)
+        s = cycles(obs, gpu, [[1, 2], [4]] * 10)
         assert "acceptance_copy" not in s.cpu_seconds and s.cpu_seconds["resolver"] > 0
-        s = cycles(ACCS[:20])
+        s = cycles(obs, gpu, ACCS[:20])
         copied = obs._recorder.copy_ns
         assert copied > 0
         assert s.cpu_seconds["acceptance_copy"] == pytest.approx(copied / 1e9, rel=1e-9)
-        s = cycles(ACCS[20:40])
+        s = cycles(obs, gpu, ACCS[20:40])
         assert obs._recorder.copy_ns > copied
         assert s.cpu_seconds["acceptance_copy"] == pytest.approx(
             obs._recorder.copy_ns / 1e9, rel=1e-9)
