@@ -364,7 +364,7 @@ class PyCycle:
             r._misuse("end_without_begin", "end() on a cycle that already ended")
             return
         self._closed = 1
-        if r._current is self:
+        if r.current is self:
             r._close_current()
         slots = r._slots
         s = slots[self._pos % len(slots)]
@@ -464,7 +464,7 @@ class PyCycle:
             if not self._closed:
                 r = self._ring
                 self._closed = 1
-                if r._current is self:
+                if r.current is self:
                     r._close_current()
                 s = self._slot()
                 if self._owns(s):
@@ -553,7 +553,8 @@ class PyRing:
         self._now: Any = _perf
         self._tick = 0
         self._fake_now = 0
-        self._current: PyCycle | None = None
+        #: The open cycle, or None: read by the recorder, written only here (in C, a getter).
+        self.current: PyCycle | None = None
         #: Closed handles kept for reuse (see ``close_current`` in specobs/_core.c).
         self._spares: list[PyCycle | None] = [None] * NSPARES
         self.dropped: list[tuple[Any, Any]] = []
@@ -562,10 +563,6 @@ class PyRing:
         self.reset_totals()
 
     # -- helpers ---------------------------------------------------------------------------------
-    @property
-    def current(self) -> PyCycle | None:
-        return self._current
-
     @property
     def tick(self) -> int:
         return self._tick
@@ -641,8 +638,8 @@ class PyRing:
         self._void(s)
 
     def _close_current(self) -> None:
-        cur = self._current
-        self._current = None
+        cur = self.current
+        self.current = None
         if cur is None:
             return
         spares = self._spares
@@ -723,7 +720,7 @@ class PyRing:
             return self.null_cycle
         self.writer = threading.get_native_id()
         was_open = False
-        cur = self._current
+        cur = self.current
         if cur is not None:
             cur._closed = 1
             old = cur._slot()
@@ -764,7 +761,7 @@ class PyRing:
             c._settle = _NO_DEFER
         else:
             c = PyCycle(self, idx, pos)
-        self._current = c
+        self.current = c
         if was_open:
             self._misuse("begin_while_open", "begin() while the previous cycle was open; the "
                          "open cycle was discarded (an observer belongs to one engine thread: "
@@ -826,7 +823,7 @@ class PyRing:
         drain), or the next index, but no further than ``limit`` slots from the tail: found
         without walking the ring."""
         if self.held_cycles == 0:
-            cur = self._current
+            cur = self.current
             open_ = cur._seq if cur is not None and cur._owns(cur._slot()) else self.begun
             # No further than the first ``limit`` slots (what one chunk drains; the resolver
             # picks traced cycles below the bound once). Positions and indices move together.
@@ -1145,13 +1142,13 @@ class PyRing:
         return out
 
     def forget_current(self) -> None:
-        cur = self._current
+        cur = self.current
         if cur is not None:
             cur._closed = 1
             s = cur._slot()
             if cur._owns(s):
                 s.state = VOID
-            self._current = None
+            self.current = None
 
 
 try:
