@@ -241,7 +241,7 @@ def test_every_chart_of_a_real_cpu_run_is_drawn(
     # Overhead % and CPU µs each on an axis of their own.
     health = by_title["Drops and exporter health"]["data"]
     axes = {t["name"]: t.get("yaxis", "y") for t in health}
-    assert len({axes["CPU µs/cycle"], axes["overhead %"], axes["dropped (all reasons)"]}) == 3
+    assert len({axes["CPU µs/cycle"], axes["overhead %"], axes["dropped by specobs"]}) == 3
     # The accept-length axis: 0..4 for k = 4, the last bucket the all-accepted sequences.
     (lengths,) = by_title["Accept-length distribution"]["data"]
     assert lengths["x"] == ["0", "1", "2", "3", "4"]

@@ -8,6 +8,7 @@ The engine and bad-server helpers here are shared with tests/test_doctor.py.
 from __future__ import annotations
 
 import collections
+import contextlib
 import http.server
 import json
 import os
@@ -480,6 +481,50 @@ def test_drops_are_shown_by_reason(engines: Callable[..., Engine]):
     line = _top.plain_line(_top._data_frame(b))
     assert "drops=4(event_pool_exhausted:4)" in line
     assert b.cycles == 5 and b.cycle_counts == {"gpu": 1, "host": 5}
+
+
+def test_cycles_the_engine_raised_in_are_shown_apart_from_specobs_drops(
+    engines: Callable[..., Engine]
+):
+    """A cycle the engine raised inside is discarded as ``reason="exception"``: the engine's
+    failure. ``top`` does not count it among specobs's drops (what its metrics undercount by,
+    as the alert and ``doctor`` read them) and names it on a line of its own."""
+    eng = engines(pool_size=4)  # one cycle's worth of CUDA-like events
+    with _client() as client:
+        first = scr.scrape(client, eng.url)
+        for _ in range(3):
+            with contextlib.suppress(RuntimeError), eng.obs.cycle(batch_size=2) as c:
+                c.mark("verify")
+                raise RuntimeError("the engine's step failed")
+            eng.gpu.complete()  # a discarded cycle's events return once the GPU passed them
+            assert eng.obs.force_flush(5)
+        eng.complete = False  # the first cycle holds the events while the next four run
+        for _ in range(5):
+            eng.cycle()
+        eng.gpu.complete()
+        assert eng.obs.force_flush(5)
+        delta = scr.difference(first, scr.scrape(client, eng.url))
+    assert isinstance(delta, scr.Delta)
+    b = bd.breakdown(delta)
+    assert b.drops == {"event_pool_exhausted": 4, "exception": 3}
+    assert b.dropped_total == 4 and b.engine_raised == 3
+    assert b.own_drops() == [("event_pool_exhausted", 4)]
+    frame = _top._data_frame(b)
+    line = _top.plain_line(frame)
+    assert "drops=4(event_pool_exhausted:4) " in line and "engine_raised=3" in line
+    from rich.console import Console
+
+    console = Console(width=160, record=True, file=open(os.devnull, "w"))
+    console.print(_top.LiveView("x", 1.0, console).render(frame, None))
+    console.file.close()
+    text = console.export_text()
+    assert "drops 4 (event_pool_exhausted 4), 80.0% of cycles" in text
+    assert "engine raised inside 3 cycles" in text and "the engine's failure" in text
+    # The report's summary table reads the same two numbers.
+    from specobs.tools.report import _tables
+
+    rows = {key: value for key, _, value in _tables.summary_rows(b)}
+    assert rows["drops"] == "4 (event_pool_exhausted 4)" and rows["engine_raised"] == "3"
 
 
 def test_counter_reset_while_polling_rebases_and_recovers(engines: Callable[..., Engine]):

@@ -35,7 +35,9 @@ from the same counters (names for the default ``rate_window`` of 5m):
 * ``baseline_tokens_per_second``: the gauge,
   ``instance:specobs_baseline_sequence_tokens_per_second:max``; :func:`speedups` gives
   ``instance:specobs_speedup:realized_rate5m`` and ``...:predicted_rate5m``.
-* ``drops``: ``instance:specobs_exporter_dropped_records:rate5m`` by reason.
+* ``drops``: ``instance:specobs_exporter_dropped_records:rate5m`` by reason; ``dropped_total``
+  sums specobs's own (every reason but ``exception``, as the dropped-records alert and ``doctor``
+  do), ``engine_raised`` is the cycles the engine raised inside (discarded: its failure).
 
 tests/test_report.py checks this module against a real Prometheus window (``top`` and the
 report agree); tests/test_breakdown.py checks that the demo summary and ``top`` agree number for
@@ -171,12 +173,17 @@ class Breakdown:
     mean_batch_size: float | None
     sequence_tokens_per_second: float | None
     baseline_tokens_per_second: float | None
+    #: Dropped cycle records by reason, every reason counted in the interval.
     drops: dict[str, float]
+    #: specobs's own drops: every reason but ``exception`` (what its metrics undercount by).
     dropped_total: float
     sampling_interval: float | None
     overhead_ratio: float | None
     exporter_cpu_seconds_per_cycle: float | None
     info: dict[str, str] = field(default_factory=dict)
+    #: Cycles the engine raised inside, discarded (``reason="exception"``): the engine's failure,
+    #: not in ``dropped_total``.
+    engine_raised: float = 0.0
     #: The recording thread's seconds on a CPU and runnable waiting for one, per cycle
     #: (``specobs_worker_thread_time``; ``None`` where the kernel does not say).
     worker_running_seconds_per_cycle: float | None = None
@@ -199,6 +206,10 @@ class Breakdown:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["stats"] = {f"{p}/{c}": dataclasses.asdict(st) for (p, c), st in self.stats.items()}
         return out
+
+    def own_drops(self) -> list[tuple[str, float]]:
+        """specobs's own drops by reason, sorted by reason: the parts of ``dropped_total``."""
+        return sorted((k, v) for k, v in self.drops.items() if k != catalog.DROP_REASON_EXCEPTION)
 
 
 def _phases(delta: Series, gauges: Series) -> tuple[str, ...]:
@@ -287,7 +298,10 @@ def breakdown(delta: Delta) -> Breakdown:
         sequence_tokens_per_second=seq_tps,
         baseline_tokens_per_second=g.total(catalog.BASELINE_SEQUENCE_TOKENS.name),
         drops=drops,
-        dropped_total=math.fsum(drops.values()),
+        dropped_total=math.fsum(
+            v for k, v in drops.items() if k != catalog.DROP_REASON_EXCEPTION
+        ),
+        engine_raised=drops.get(catalog.DROP_REASON_EXCEPTION, 0.0),
         sampling_interval=g.total(catalog.SAMPLING_INTERVAL.name),
         overhead_ratio=g.max(catalog.OVERHEAD_RATIO.name),
         exporter_cpu_seconds_per_cycle=ratio(cpu, cycles),

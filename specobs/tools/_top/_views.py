@@ -61,8 +61,11 @@ def plain_line(frame: Frame, now: float | None = None) -> str:
         f"batch={scr.format_rate(b.mean_batch_size, 2)}",
         f"drops={scr.format_rate(b.dropped_total, 0)}",
     ]
-    if b.drops:
-        parts[-1] += "(" + ",".join(f"{k}:{v:.0f}" for k, v in sorted(b.drops.items())) + ")"
+    own = b.own_drops()
+    if own:
+        parts[-1] += "(" + ",".join(f"{k}:{v:.0f}" for k, v in own) + ")"
+    if b.engine_raised:
+        parts.append(f"engine_raised={b.engine_raised:.0f}")
     if b.sampling_interval is not None:
         parts.append(f"sampling=1/{b.sampling_interval:.0f}")
     if frame.findings:
@@ -272,8 +275,9 @@ class LiveView:
                 f"{p}: {scr.format_percent(v, 0)}" for p, v in b.position_acceptance
             ))
             out.append(line)
-        if b.drops:
-            drops = ", ".join(f"{k} {v:.0f}" for k, v in sorted(b.drops.items()))
+        own = b.own_drops()
+        if own:
+            drops = ", ".join(f"{k} {v:.0f}" for k, v in own)
             out.append(Text(
                 f"drops {b.dropped_total:.0f} ({drops}), "
                 f"{scr.format_percent(bd.ratio(b.dropped_total, b.cycles))} of cycles",
@@ -281,4 +285,11 @@ class LiveView:
             ))
         else:
             out.append(Text("drops 0", style="dim"))
+        if b.engine_raised:
+            out.append(Text(
+                f"engine raised inside {b.engine_raised:.0f} cycles "
+                f"({scr.format_percent(bd.ratio(b.engine_raised, b.cycles))} of cycles), "
+                "discarded: the engine's failure, see its log",
+                style="yellow",
+            ))
         return out

@@ -262,12 +262,17 @@ def _health_figure(runs: Sequence[data.Run]) -> Any:
     for ri, r in enumerate(runs):
         tag = f"{r.name} · " if len(runs) > 1 else ""
         colour = RUN_COLORS[ri % 2]
-        reasons = sorted({k for w in r.windows for k in w.breakdown.drops})
-        for reason in [None, *reasons] if len(reasons) > 1 else [None]:
+        reasons = sorted({k for w in r.windows for k, _ in w.breakdown.own_drops()})
+        lines: list[str | None] = [None, *reasons] if len(reasons) > 1 else [None]
+        if any(w.breakdown.engine_raised for w in r.windows):
+            lines.append(catalog.DROP_REASON_EXCEPTION)
+        for reason in lines:
             ys = [(w.breakdown.dropped_total if reason is None else
                    w.breakdown.drops.get(reason, 0.0)) / (w.breakdown.elapsed_seconds or 1)
                   for w in r.windows]
-            name = "dropped (all reasons)" if reason is None else f"dropped: {reason}"
+            name = ("dropped by specobs" if reason is None
+                    else "engine raised (discarded)" if reason == catalog.DROP_REASON_EXCEPTION
+                    else f"dropped: {reason}")
             fig.add_trace(go.Scatter(x=_xs(r), y=ys, name=tag + name, mode="lines",
                                      line={"color": colour,
                                            "dash": "solid" if reason is None else "dot"}),

@@ -58,9 +58,11 @@ def summary_rows(b: bd.Breakdown) -> list[tuple[str, str, str]]:
         ("speedup_predicted", "predicted speedup (gpu / host)",
          " / ".join(f"{v:.2f}x" if v is not None else scr.DASH
                     for v in (predicted.get("gpu"), predicted.get("host")))),
-        ("drops", "drops", scr.format_rate(b.dropped_total, 0) + (
-            " (" + ", ".join(f"{k} {v:.0f}" for k, v in sorted(b.drops.items())) + ")"
-            if b.drops else "")),
+        ("drops", "drops by specobs", scr.format_rate(b.dropped_total, 0) + (
+            " (" + ", ".join(f"{k} {v:.0f}" for k, v in b.own_drops()) + ")"
+            if b.own_drops() else "")),
+        ("engine_raised", "cycles the engine raised in (discarded)",
+         scr.format_rate(b.engine_raised, 0)),
         ("sampling", "GPU sampling", f"1 in {b.sampling_interval:.0f}"
          if b.sampling_interval is not None else scr.DASH),
         ("overhead", "exporter overhead", scr.format_percent(b.overhead_ratio, 2)),
