@@ -879,7 +879,12 @@ def test_stack_local_runs_prometheus_and_alertmanager_against_a_specobs_endpoint
 @pytest.mark.slow
 @pytest.mark.timeout(420)  # above its own 360 s wait for a demo that may train first
 def test_stack_local_starts_the_demo_itself(tmp_path: Path) -> None:
-    if importlib.util.find_spec("specobs.demo._cli") is None or shutil.which("specobs") is None:
+    # The script runs `specobs` from PATH, as a user's shell does: the one installed beside the
+    # interpreter running these tests comes first, as with its virtual environment activated
+    # (else another interpreter's `specobs` would serve a demo of another tree, or none).
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    if (importlib.util.find_spec("specobs.demo._cli") is None
+            or shutil.which("specobs", path=path) is None):
         pytest.skip(
             "`specobs demo` is not there yet (specobs.demo._cli); "
             "the recorder-based test above covers the script meanwhile"
@@ -908,7 +913,7 @@ def test_stack_local_starts_the_demo_itself(tmp_path: Path) -> None:
         "--device",
         "cpu",
     ]
-    script = _start_script(argv, log)
+    script = _start_script(argv, log, env={**os.environ, "PATH": path})
     api = httpx.Client(base_url=f"http://127.0.0.1:{prometheus_port}", timeout=5)
     try:
 
