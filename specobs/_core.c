@@ -1157,7 +1157,9 @@ parse_accept_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyObj
                   AcceptArgs *a)
 {
     if (nargs > 1) {
-        PyErr_Format(PyExc_TypeError, "%s() takes 1 positional argument (%zd given)", fn, nargs);
+        /* Worded as Python words a method's (self counted), as the pure-Python ring's read. */
+        PyErr_Format(PyExc_TypeError, "%s() takes 2 positional arguments but %zd were given", fn,
+                     nargs + 1);
         return -1;
     }
     a->accepted = nargs == 1 ? args[0] : NULL;
@@ -1185,7 +1187,8 @@ parse_accept_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyObj
         }
     }
     if (a->accepted == NULL) {
-        PyErr_Format(PyExc_TypeError, "%s() missing 1 required argument: 'accepted'", fn);
+        PyErr_Format(PyExc_TypeError, "%s() missing 1 required positional argument: 'accepted'",
+                     fn);
         return -1;
     }
     return 0;
@@ -1324,7 +1327,7 @@ static PyObject *
 Cycle_accept(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     AcceptArgs a;
-    if (parse_accept_args("accept", args, nargs, kwnames, &a) < 0)
+    if (parse_accept_args("Cycle.accept", args, nargs, kwnames, &a) < 0)
         return NULL;
     return accept_parsed(self, &a);
 }
@@ -1386,7 +1389,7 @@ Cycle_settle(Cycle *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
 {
     Ring *r = self->ring;
     AcceptArgs a;
-    if (parse_accept_args("settle", args, nargs, kwnames, &a) < 0)
+    if (parse_accept_args("Cycle.settle", args, nargs, kwnames, &a) < 0)
         return NULL;
     int st = self->settle_state;
     if (st == DEFER_NOTHING)

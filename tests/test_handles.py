@@ -13,6 +13,7 @@ import pytest
 
 import specobs
 from specobs import _ring
+from specobs._recorder import NULL_CYCLE
 from specobs.instrument._base import PhaseTracker
 from specobs.timing import FakeDeviceArray, FakeEventClock, FakeGpu
 
@@ -339,14 +340,20 @@ def test_accept_and_settle_take_accepted_by_name_and_refuse_a_wrong_call_before_
 
     c = cycle()
     for bad, words in [
-        (lambda: c.accept(), "accepted"),
-        (lambda: c.accept([1], [2]), "positional"),
-        (lambda: c.accept([1], accepted=[1]), "multiple values"),
-        (lambda: c.accept([1], draft=3), "draft"),
+        (lambda h: h.accept(), "accepted"),
+        (lambda h: h.accept([1], [2]), "positional"),
+        (lambda h: h.accept([1], accepted=[1]), "multiple values"),
+        (lambda h: h.accept([1], draft=3), "draft"),
+        (lambda h: h.settle(), "accepted"),
+        (lambda h: h.settle([1], [2]), "positional"),
     ]:
         with pytest.raises(TypeError, match=words) as raised:
-            bad()
-        assert "accept()" in str(raised.value)
+            bad(c)
+        # Worded as Python words the protocol's own method, whichever ring raised it.
+        with pytest.raises(TypeError) as protocol:
+            bad(NULL_CYCLE)
+        assert str(raised.value) == str(protocol.value).replace(
+            "CycleHandle.", f"{type(c).__name__}.")
     c.accept([1], draft_length=3)
     with pytest.raises(TypeError):
         c.mark(phase="verify")
