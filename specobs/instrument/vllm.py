@@ -9,9 +9,9 @@ vLLM itself imports them -- which only the processes that run the model do (the 
 
 vLLM has two model runners, and which one a worker builds is decided at run time
 (``VllmConfig.use_v2_model_runner``; model runner V2 is the default for eagle, eagle3, ngram,
-draft_model and mtp since 0.33 whenever Triton is usable, ``VLLM_USE_V2_MODEL_RUNNER=0`` forces
-V1). specobs instruments both, and checks the runner the worker actually built
-(``Worker.load_model``): anything else logs one warning and exports
+draft_model and mtp whenever Triton is usable, already in 0.32.0;
+``VLLM_USE_V2_MODEL_RUNNER=0`` forces V1). specobs instruments both, and checks the runner the
+worker actually built (``Worker.load_model``): anything else logs one warning and exports
 ``specobs_info{integration="unsupported"}``.
 
 Seams, read from the pinned release (0.33.0) -- see docs/integrations.md for what each phase
