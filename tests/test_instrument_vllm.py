@@ -829,6 +829,43 @@ def test_kept_tokens_stops_where_vllms_scheduler_does(tokens: list[int], state: 
     assert vl_inst.kept_tokens(tokens, state, 512) == kept
 
 
+def test_kept_tokens_stops_at_a_repeating_tail_as_vllms_own_check_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``repetition_detection`` (0.33): vLLM's own ``check_sequence_repetition`` decides, on the
+    output as it stood after each appended token, once ``min_tokens`` are out. A stand-in for it
+    here (vLLM is not installed): a tail of three equal tokens repeats."""
+    seen: list[list[int]] = []
+
+    def check(token_ids: list[int], params: Any) -> bool:
+        seen.append(list(token_ids))
+        return len(token_ids) >= params.min_count and len(set(token_ids[-params.min_count:])) == 1
+
+    utils = types.ModuleType("vllm.v1.core.sched.utils")
+    utils.check_sequence_repetition = check  # type: ignore[attr-defined]
+    for name in ("vllm", "vllm.v1", "vllm.v1.core", "vllm.v1.core.sched"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.v1.core.sched.utils", utils)
+
+    def state(min_tokens: int) -> Any:
+        st = _state(10, [1, 4, 4, 4, 4, 9])
+        st.sampling_params.repetition_detection = types.SimpleNamespace(min_count=3)
+        st.sampling_params.min_tokens = min_tokens
+        return st
+
+    # Sampled 4, 4, 4, 9 after [1, 4]: the tail repeats once the second 4 is appended.
+    assert vl_inst.kept_tokens([4, 4, 4, 9], state(0), 512) == 2
+    assert seen == [[1, 4, 4], [1, 4, 4, 4]]
+    seen.clear()
+    # Not before min_tokens (5): the repeat is tested from the fifth output token on.
+    assert vl_inst.kept_tokens([4, 4, 4, 9], state(5), 512) == 3
+    assert seen == [[1, 4, 4, 4, 4]]
+    # No repetition_detection on the request: vLLM's check is not even looked up.
+    seen.clear()
+    assert vl_inst.kept_tokens([4, 4, 4, 9], _state(10, [1, 4, 4, 4, 4, 9]), 512) == 4
+    assert seen == []
+
+
 def test_host_counts_leave_out_rows_in_chunked_prefill_and_cut_tokens() -> None:
     requests = {
         "a": _state(10, [1, 5, 6, 7]),  # decoded: 2 of 3 drafts accepted, plus the bonus

@@ -478,12 +478,24 @@ def valid_draft_lengths(
     return [min(d, int(cap[r])) if r in cap else d for d, r in pairs]
 
 
+def _repetition_check() -> Callable[[Any, Any], bool] | None:
+    """vLLM's own test for a repeating tail (``check_sequence_repetition``, 0.33), or ``None``
+    where the running release has none."""
+    try:
+        from vllm.v1.core.sched.utils import check_sequence_repetition
+    except Exception:
+        return None
+    return check_sequence_repetition  # type: ignore[no-any-return]
+
+
 def kept_tokens(tokens: list[int], state: Any, max_model_len: int) -> int:
     """How many of one request's sampled ``tokens`` vLLM keeps: its scheduler appends them one
     by one and stops at the first that ends the request (``check_stop`` in
     ``vllm/v1/core/sched/utils.py``: the EOS token unless ``ignore_eos``, a stop token, the
-    request's ``max_tokens``, the model's length), dropping the rest. ``state`` is the runner's
-    ``CachedRequestState``, whose ``output_token_ids`` already hold ``tokens``."""
+    request's ``max_tokens``, the model's length, and once ``min_tokens`` are out a repeating
+    tail where the request asked for ``repetition_detection``, tested by vLLM's own function),
+    dropping the rest. ``state`` is the runner's ``CachedRequestState``, whose
+    ``output_token_ids`` already hold ``tokens``."""
     params = getattr(state, "sampling_params", None)
     if params is None:
         return len(tokens)
@@ -492,11 +504,18 @@ def kept_tokens(tokens: list[int], state: Any, max_model_len: int) -> int:
     eos = params.eos_token_id
     stops = params.stop_token_ids or ()
     max_tokens = params.max_tokens
+    repetition = getattr(params, "repetition_detection", None)
+    repeats = _repetition_check() if repetition is not None else None
+    min_tokens = int(getattr(params, "min_tokens", 0) or 0)
     for j, token in enumerate(tokens, 1):
         out += 1
         if token == eos or token in stops:
             return j
         if prompt + out >= max_model_len or (max_tokens is not None and out >= max_tokens):
+            return j
+        if repeats is not None and out >= min_tokens and repeats(
+            state.output_token_ids[:out], repetition
+        ):
             return j
     return len(tokens)
 
