@@ -87,6 +87,7 @@ class Peer:
         self.ask("quit")
         self.proc.wait(10)
 
+
 RATE = 1000
 ACC = [1, 2, 3, 0, 4, 1, 2, 3]
 
@@ -170,7 +171,6 @@ def populated_observer() -> tuple[specobs.PrometheusSink, specobs.Observer]:
         gpu_phases=[one_each] * len(agg.phases),
         gpu_cycle=one_each,
         acceptance=None,
-        accept_length_counts=[],
         batch_sizes=None,
         traced=[],
     ))

@@ -78,6 +78,8 @@ _REFERENCE = (_bucketing.bucket_py, _bucketing.host_chunk_py, _bucketing.count_l
 
 def _use_bucketing(functions: tuple[Any, Any, Any]) -> None:
     _bucketing.bucket, _bucketing.host_chunk, _bucketing.count_lengths = functions
+
+
 #: ``releasegil`` / ``everyrelease``: the clock as it was before the hot path and the resolver
 #: called the CUDA runtime with the GIL held (torch's record and copy on the worker, reads
 #: through ``ctypes.CDLL`` releasing the GIL around each call), at default sampling / every cycle.

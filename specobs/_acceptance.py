@@ -45,6 +45,7 @@ __all__ = [
     "resolved_acceptance",
 ]
 
+
 class Record(NamedTuple):
     """One cycle's values as the caller passed them and the ring kept them, never changed."""
 
@@ -56,9 +57,6 @@ class Record(NamedTuple):
     emitted: Any = None
     #: ``batch_size`` as given, or None (the number of sequences).
     batch_size: Any = None
-    #: A CUDA copy whose ``read()`` gives the accepted lengths, where ``accepted`` is None (the
-    #: resolver reads copies into ``accepted`` before validating, so they take the column path).
-    copy: Any = None
 
 
 class Validated(NamedTuple):
@@ -87,7 +85,6 @@ _GET_ACC = attrgetter("accepted")
 _GET_EMITTED = attrgetter("emitted")
 _GET_DRAFT_LEN = attrgetter("draft_length")
 _GET_BATCH = attrgetter("batch_size")
-_GET_COPY = attrgetter("copy")
 _LIST_ONLY = {list}
 _NONE_ONLY = {None}
 
@@ -113,8 +110,6 @@ def batch_acceptance(
 def _columns(cycles: list[Record], k_max: int) -> Validated | None:
     accs = list(map(_GET_ACC, cycles))
     if set(map(type, accs)) != _LIST_ONLY:
-        return None
-    if set(map(_GET_COPY, cycles)) != _NONE_ONLY:
         return None
     if set(map(_GET_EMITTED, cycles)) != _NONE_ONLY:  # a list there raises TypeError
         return None
@@ -206,7 +201,7 @@ def _grouped(cycles: list[Record], k_max: int) -> _Groups:
     g = _Groups([], [], {}, [], [], [None] * len(cycles))
     for i, c in enumerate(cycles):
         acc = c.accepted
-        if acc is None and c.copy is None:
+        if acc is None:
             if c.batch_size is not None:
                 g.batches.append(c.batch_size)
             continue
@@ -214,7 +209,7 @@ def _grouped(cycles: list[Record], k_max: int) -> _Groups:
         if dl is not None and type(dl) is not int:
             dl = _as_scalar_count(dl)  # numpy / torch scalars; else as was
         g.dls[i] = dl
-        if (type(acc) is list and c.copy is None and (dl is None or type(dl) is int)
+        if (type(acc) is list and (dl is None or type(dl) is int)
                 and c.emitted is None):
             k = k_max if dl is None else dl
             n = len(acc)
@@ -342,14 +337,6 @@ def cycle_acceptance(c: Record, max_draft_length: int, report: Report) -> Accept
 
 def _cycle_acceptance(c: Record, k_max: int, report: Report) -> Acceptance | None:
     acc = c.accepted
-    copy = c.copy
-    if copy is not None:
-        try:
-            acc = copy.read()
-        except Exception as exc:
-            report("bad_acceptance",
-                   f"could not read the copied acceptance: {short_repr(exc, 200)}")
-            return None
     if acc is None:
         return None
     if type(acc) is not list and not _is_sequence(acc):

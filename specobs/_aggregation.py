@@ -48,10 +48,9 @@ class Chunk:
     #: GPU phase durations, bucketed (ns sums), per phase, and the whole cycle's.
     gpu_phases: list[Bucketed]
     gpu_cycle: Bucketed | None
-    #: Drafted / accepted / emitted tokens and sequences by draft length, and sequences by
+    #: Drafted / accepted / emitted tokens, sequences by draft length, and sequences by
     #: accepted length (0..k).
     acceptance: BatchAcceptance | None
-    accept_length_counts: list[int]
     batch_sizes: Bucketed | None
     #: Cycles with a trace id: their exemplars.
     traced: list[ResolvedCycle]
@@ -254,7 +253,7 @@ class Aggregation:
                 self.emitted_tokens += acceptance.emitted
                 al = self.accept_length
                 counts = al.counts
-                for value, n in enumerate(chunk.accept_length_counts):
+                for value, n in enumerate(acceptance.length_counts):
                     if n:
                         counts[value] += n
                 al.sum += acceptance.accepted

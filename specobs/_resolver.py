@@ -28,6 +28,7 @@ from specobs._acceptance import Record, batch_acceptance, resolved_acceptance
 from specobs._aggregation import Chunk
 from specobs._bucketing import Bucketed
 from specobs._model import Acceptance, BatchAcceptance, ResolvedCycle
+from specobs._recorder import short_repr
 
 if TYPE_CHECKING:
     from specobs._aggregation import Aggregation
@@ -78,6 +79,13 @@ def _or_reference(compiled: Callable[..., T], reference: Callable[..., T], *args
 
 def _bucket(values: list[int], bounds: Sequence[float], scale: float = 1e-9) -> Bucketed:
     return _or_reference(_bucketing.bucket, _bucketing.bucket_py, values, bounds, scale)
+
+
+def _unread_copy(exc: BaseException) -> Callable[[], str]:
+    """The message for a copied acceptance that could not be read, built only if logged."""
+    return lambda: "could not read the copied acceptance: " + short_repr(exc, 200)
+
+
 class Resolver:
     """Owns the background thread of one observer."""
 
@@ -688,8 +696,6 @@ class Resolver:
             gpu_phases=gpu_phases,
             gpu_cycle=gpu_cycle,
             acceptance=acceptance,
-            accept_length_counts=acceptance.length_counts if acceptance is not None
-            else [0] * (k_max + 1),
             batch_sizes=batches,
             traced=[r for r in out if r.trace_id is not None],
         ))
@@ -748,7 +754,7 @@ class Resolver:
                 try:
                     acc = copy.read()
                 except Exception as exc:
-                    rec.misuse("bad_acceptance", f"could not read the copied acceptance: {exc!r}")
+                    rec.misuse("bad_acceptance", _unread_copy(exc))
                     acc = None
             position[id(d)] = len(recs)
             recs.append(Record(acc, d[6], d[7], b))

@@ -13,10 +13,10 @@ import pytest
 from specobs import _acceptance as A
 
 
-def Rec(acc=None, draft_length=None, emitted=None, batch=None, copy=None) -> A.Record:
+def Rec(acc=None, draft_length=None, emitted=None, batch=None) -> A.Record:
     """A record as the resolver makes one from what the ring kept (lists copied)."""
     return A.Record(list(acc) if type(acc) in (list, tuple) else acc, draft_length, emitted,
-                    batch, copy)
+                    batch)
 
 
 class Reports(list):
@@ -113,17 +113,6 @@ def test_a_bad_batch_size_is_dropped_and_the_cycle_kept():
     assert batches == [3]
     assert [k for k, _ in report] == ["bad_batch_size", "bad_batch_size"]
     assert recs[0].batch_size == "eight"  # the record as given: the verdict is returned
-
-
-def test_a_copy_that_cannot_be_read_is_counted():
-    class Broken:
-        def read(self):
-            raise RuntimeError("device gone")
-
-    report = Reports()
-    acc, _, _ = A.batch_acceptance([Rec(None, 2, copy=Broken())], 8, report)
-    assert acc is None
-    assert report[0][0] == "bad_acceptance" and "device gone" in report[0][1]
 
 
 def test_the_resolved_view_of_each_cycle_sums_to_the_chunk():

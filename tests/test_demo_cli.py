@@ -26,7 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DURATION_SECONDS = 20
 
 
-
 @pytest.fixture(scope="module")
 def weights() -> Path:
     """The demo's default models (shipped with specobs), as the command loads them."""

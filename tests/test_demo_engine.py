@@ -43,6 +43,7 @@ def cache_key_of(engine: SpecDecodeEngine) -> str:
     m = engine.models
     return cache_key(m.target.config, m.draft.config, m.info["seed"], TrainSettings())
 
+
 # Training is ~77 s on two idle cores, but several times that on a busy shared machine.
 pytestmark = pytest.mark.timeout(900)
 

@@ -589,7 +589,6 @@ def test_worst_and_status_line() -> None:
     assert dg.status_line([warn, ok]) == "WARN: SPEC-RECENT-PHASE-SLOWER"
 
 
-
 def test_every_code_is_documented() -> None:
     from pathlib import Path
 

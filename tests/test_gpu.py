@@ -396,8 +396,6 @@ def test_the_hot_path_calls_the_runtime_with_the_gil_held_and_falls_back_when_re
     assert (src + 1).sum().item() == 21
 
 
-
-
 def test_the_ring_reads_sampled_cycles_itself_as_the_events_beside_read():
     """With no sink wanting every cycle, the ring reads sampled cycles' GPU times itself
     (``set_native_events``, once the resolver's direct path was checked) and walks them with

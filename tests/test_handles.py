@@ -266,8 +266,6 @@ def test_a_steady_loop_allocates_no_tracked_object_per_cycle():
     obs.shutdown()
 
 
-
-
 def test_a_sequence_that_drafted_nothing_has_no_accept_length():
     """vLLM's num_drafts counts the requests that drafted: a row with draft length 0 (a
     request in prefill, an n-gram with no match) emits its token but is no draft, on every

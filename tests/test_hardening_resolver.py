@@ -231,3 +231,43 @@ def test_resolver_holds_are_sized_by_time_not_by_count(monkeypatch):
     assert 100 <= r.chunk <= 200  # 20 -> 40 -> 80 -> 160: each under half the target
     assert r.max_hold_ns == 32 * 10_000  # nothing held longer since
     obs.shutdown()
+
+
+def test_a_cuda_copy_that_cannot_be_read_costs_its_own_cycle_counted_with_a_bounded_message(
+    caplog: pytest.LogCaptureFixture,
+):
+    """The copy of a CUDA acceptance tensor is read once, by the resolver: a read that raises
+    (the device lost, a driver error whose text is megabytes) costs that cycle's tokens, counted
+    as ``bad_acceptance``, and its log line stays short. The cycle and its neighbours count."""
+    from specobs.timing import FakeDeviceArray, FakeEventClock, FakeGpu, PendingCopy
+
+    class Unreadable(PendingCopy):
+        __slots__ = ()
+
+        def read(self) -> list[int]:
+            self.release()
+            raise RuntimeError("device lost " + "x" * 1_000_000)
+
+    class Clock(FakeEventClock):
+        def copy_to_host(self, tensor):
+            copy = super().copy_to_host(tensor)
+            if copy is None or tensor.values != [9, 9]:
+                return copy
+            return Unreadable(copy.buffer, copy.length, copy.event, copy.release)
+
+    gpu = FakeGpu()
+    obs = specobs.configure(sinks=[], clock=Clock(gpu), max_draft_length=K,
+                            poll_interval_seconds=3600)
+    with caplog.at_level("WARNING", logger="specobs"):
+        for values in ([1, 2], [9, 9], [2, 0]):
+            cycle(obs, FakeDeviceArray(values), draft_length=K)
+            gpu.run(1000)
+        gpu.complete()
+        assert obs.force_flush(5)
+    s = obs.snapshot()
+    assert s.cycles_total == 3
+    assert {k: v for k, v in s.errors.items() if v} == {"bad_acceptance": 1}
+    assert s.accepted_tokens_total == 5 and s.draft_tokens_total == 4 * K
+    lines = [r.getMessage() for r in caplog.records if "copied acceptance" in r.getMessage()]
+    assert len(lines) == 1 and "device lost" in lines[0] and len(lines[0]) < 400
+    obs.shutdown(5)

@@ -145,7 +145,6 @@ def test_exposition_is_golden(name, render):
     assert text == golden.read_text()
 
 
-
 def strip_cpu(text: str) -> str:
     # Every CPU counter may move between two renders (the resolver thread runs meanwhile, and
     # each snapshot reads the recording thread's times).
@@ -210,6 +209,7 @@ def test_the_cached_encoder_handles_label_values_that_need_escaping():
         assert strip_cpu(body.decode()) == strip_cpu(encoder(registry).decode())
     obs.shutdown()
 
+
 def test_promtool_check_metrics_is_clean():
     registry = CollectorRegistry()
     _, sink = fixed_sink(registry)
@@ -232,7 +232,6 @@ def test_every_catalog_metric_is_exposed_with_constant_labels():
                 assert samples[series].labels.get("model") == "m", series
     # Cardinality is fixed: phases x clocks x buckets, positions <= k, reasons and kinds enumerated.
     assert sum(1 for m in registry.collect() for _ in m.samples) < 400
-
 
 
 def test_own_endpoint_from_environment_and_content_negotiation(monkeypatch):

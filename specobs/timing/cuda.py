@@ -188,6 +188,7 @@ class CudaEventClock(EventPool):
         self._elapsed: Callable[[Any, Any], float] = (
             base_elapsed if callable(base_elapsed) else torch.cuda.Event.elapsed_time
         )
+
         def new_event() -> Any:
             ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             # Pre-record so the driver event exists before the hot path ever touches it.

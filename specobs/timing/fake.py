@@ -219,7 +219,6 @@ class FakeEventClock(EventPool):
         pass
 
 
-
 class _FakePinnedSlot(PinnedSlot):
     """A host buffer with its own event, as the CUDA clock's pinned slots are."""
 

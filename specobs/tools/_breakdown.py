@@ -313,7 +313,6 @@ def breakdown(delta: Delta) -> Breakdown:
     )
 
 
-
 def speedups(
     b: Breakdown, draft_phase: str = "draft", verify_phase: str = "verify"
 ) -> tuple[float | None, dict[str, float | None]]:

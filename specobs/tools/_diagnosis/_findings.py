@@ -133,10 +133,8 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-
 def _n(value: float | None) -> str:
     return "0" if value is None else f"{value:.0f}"
-
 
 
 def _clock(b: Breakdown) -> str | None:
@@ -147,7 +145,6 @@ def _clock(b: Breakdown) -> str | None:
         if b.cycle_counts.get(clock, 0.0) >= MIN_CLOCK_CYCLES:
             return clock
     return None
-
 
 
 def _mean(b: Breakdown, phase: str, clock: str) -> float | None:

@@ -145,7 +145,6 @@ def acceptance_profile(b: Breakdown, drafted_first: float | None) -> Finding:
     )
 
 
-
 # -- where the cycle goes -------------------------------------------------------------------------
 
 

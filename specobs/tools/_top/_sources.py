@@ -18,6 +18,7 @@ from specobs.tools import _scrape as scr
 
 __all__ = ["EndpointSource", "Frame", "PrometheusSource", "status_text"]
 
+
 @dataclass(frozen=True)
 class Frame:
     """What one poll produced: ``kind`` is data, waiting, reset or error."""

@@ -21,6 +21,7 @@ __all__ = ["PHASE_COLORS", "RUN_COLORS", "figures", "no_clock_text", "section_no
 PHASE_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#9d755d")
 RUN_COLORS = ("#4c78a8", "#e45756")
 
+
 def _layout(fig: Any, title: str, y: str, height: int = 320, **kw: Any) -> Any:
     kw.setdefault("margin", {"l": 60, "r": 20, "t": 50, "b": 45})
     kw.setdefault("legend", {"orientation": "h", "y": -0.22})

@@ -15,6 +15,7 @@ from specobs.tools.report._charts import no_clock_text
 
 __all__ = ["compare_table", "fmt", "summary_html", "summary_rows"]
 
+
 def fmt(kind: str, value: float | None) -> str:
     """``value`` as text for a metric of ``kind`` (seconds, percent, rate, count, ratio)."""
     if kind == "seconds":
