@@ -29,7 +29,6 @@ from specobs._errors import (
 )
 from specobs._model import CycleHandle, Exemplar, HistogramData, ResolvedCycle, Snapshot
 from specobs._observer import Observer, configure
-from specobs._recorder import Cycle
 from specobs._version import __version__
 from specobs.sinks import MemorySink, Sink
 
@@ -42,7 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConfigurationError",
-    "Cycle",
     "CycleHandle",
     "Exemplar",
     "HistogramData",
@@ -68,4 +66,15 @@ def __getattr__(name: str) -> Any:
         from specobs import sinks
 
         return getattr(sinks, name)
+    if name == "Cycle":
+        import warnings
+
+        from specobs._recorder import Cycle
+
+        warnings.warn(
+            "specobs.Cycle is deprecated: it is the class of one core's handles (the native or "
+            "the pure-Python one); annotate with specobs.CycleHandle, the protocol both follow",
+            DeprecationWarning, stacklevel=2,
+        )
+        return Cycle
     raise AttributeError(f"module 'specobs' has no attribute {name!r}")

@@ -76,9 +76,8 @@ LAYERS: tuple[Layer, ...] = (
 #: The wings' named reaches into private modules: (importer prefix, imported module) → why.
 ALLOWED: Mapping[tuple[str, str], str] = {
     ("specobs.instrument", "specobs._config"):
-        "env_flag and Settings: the engines' switches are read as the SPECOBS_* settings are",
-    ("specobs.instrument._base", "specobs._observer"):
-        "the observer class the instrumentor builds for its topology",
+        "env_flag and the default phases: the engines' switches are read as the SPECOBS_* "
+        "settings are",
     ("specobs.demo._cli", "specobs._config"):
         "prometheus_port: the demo serves on the port SPECOBS_PROMETHEUS_PORT names",
     ("specobs.tools", "specobs._model"):
@@ -389,6 +388,19 @@ def test_public_surface_is_exactly_all():
     assert list(specobs.__all__) == sorted(specobs.__all__)
     for name in specobs.__all__:
         assert getattr(specobs, name) is not None
+
+
+def test_the_handles_class_is_deprecated_for_the_protocol():
+    """``specobs.Cycle`` (one core's concrete class) still resolves, with a warning that names
+    ``CycleHandle``, the protocol to annotate with; it is no longer part of ``__all__``."""
+    assert "Cycle" not in specobs.__all__ and "CycleHandle" in specobs.__all__
+    obs = specobs.Observer(specobs.Settings())
+    try:
+        with pytest.warns(DeprecationWarning, match="annotate with specobs.CycleHandle"):
+            cls = specobs.Cycle
+        assert isinstance(obs.begin(), cls)
+    finally:
+        obs.shutdown(5)
 
 
 def test_the_package_ships_its_types():

@@ -802,7 +802,7 @@ def capture_cuda_graph(run: Callable[[], Any], device: Any) -> tuple[Any, Any]:
 
     Replaying the graph recomputes ``outputs`` in place from the tensors ``run`` read.
     """
-    side = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+    side = torch.cuda.Stream(device=device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side), torch.inference_mode(), serving_matmuls(device):
         for _ in range(2):

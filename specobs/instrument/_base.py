@@ -387,8 +387,8 @@ class BaseInstrumentor:
                 "port + dp_rank automatically).",
                 self.package.distribution, where, exc,
             )  # fmt: skip
-            from specobs._config import Settings
-            from specobs._observer import Observer as _Observer
+            from specobs import Observer as _Observer
+            from specobs import Settings
 
             return _Observer(Settings(enabled=False, phases=phases, integration=integration))
 
