@@ -8,6 +8,8 @@ its ``mode``, which may be changed while it runs:
 ``biglength``  200 with ``Content-Length`` 1 GiB, sent fast
 ``drip``       200 and its head at once, then one byte of chunked body every ``drip_seconds``
 ``slowhead``   the status line and headers one byte every ``drip_seconds``, never finishing
+``redirect``   307 to ``https://collector.invalid/v1/...`` with an empty body (an ``http://``
+               endpoint that moved to ``https://``)
 ``ok``         200 with an empty ``ExportServiceResponse`` (an empty protobuf message)
 =============  ================================================================================
 
@@ -154,6 +156,11 @@ class HostileCollector:
             for byte in head(chunked, "X-Slow: " + "s" * 10000):
                 send(bytes([byte]))
                 pause()
+        elif mode == "redirect":
+            send("\r\n".join([
+                "HTTP/1.1 307 Temporary Redirect",
+                "Location: https://collector.invalid:4318/v1/traces", "Content-Length: 0", "", "",
+            ]).encode("latin-1"))
         else:
             send(head("Content-Length: 0"))
 

@@ -122,6 +122,26 @@ def test_huge_response_is_capped_and_the_export_counted_as_failed(
     assert str(MAX_RESPONSE_BYTES) in caplog.text
 
 
+def test_a_redirecting_collector_fails_each_export_counted_and_says_where_it_points(
+    collector: HostileCollector, observers: Callable[..., specobs.Observer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """The exporters count a 3xx as success and follow no redirect: without the adapter's
+    check the collector's 307 lost every export with flush True and nothing counted."""
+    collector.mode = "redirect"
+    sink = OtlpSink(endpoint=collector.endpoint, protocol="http/protobuf", timeout_seconds=5.0,
+                    export_interval_seconds=NEVER)  # fmt: skip
+    obs = observers(sinks=[sink], clock="host", trace_head_rate=1.0)
+    run_cycles(obs, 10)
+    assert not obs.force_flush(20.0)
+    assert collector.requests == 2  # one span batch, one metric export; neither retried
+    snap = obs.snapshot()
+    assert snap.dropped["metric_export"] == 1
+    assert snap.dropped["span_export"] == 4 * 10
+    assert "answered 307 (a redirect to 'https://collector.invalid:4318/v1/traces')" in (
+        caplog.text)
+
+
 def test_a_credential_provider_session_is_bounded_too(
     collector: HostileCollector, observers: Callable[..., specobs.Observer],
     monkeypatch: pytest.MonkeyPatch,

@@ -27,6 +27,9 @@ Bounded OTLP/HTTP responses
     and at most :data:`MAX_RESPONSE_BYTES` of decoded body. Either overrun fails the request
     with a one-line reason, which the exporter logs and reports as a failed export; it is not
     retried (the time is spent, and a collector that sends megabytes will send them again).
+    A redirect (3xx) fails the request the same way: the exporters count any status below 400
+    as a success and follow no redirect, so an ``http://`` endpoint moved to ``https://`` lost
+    every export with nothing counted.
 """
 
 from __future__ import annotations
@@ -334,11 +337,24 @@ def _bounded_adapter_class() -> type[Any]:
                 _current.deadline = None
                 if deadline is not None:
                     deadline.finish()
+            if 300 <= response.status_code < 400:
+                # The exporters count any status below 400 as success and follow no redirect:
+                # the data would be lost with nothing counted.
+                raise CollectorResponseError(_redirected(response))
             # What the session and the exporter read from now on: the bytes already taken.
             response.raw = io.BytesIO(body)
             return response
 
     return BoundedAdapter
+
+
+def _redirected(response: Any) -> str:
+    where = response.headers.get("location", "")
+    to = f" to {redact_url(where)[:200]!r}" if where else ""
+    return (
+        f"the OTLP collector answered {response.status_code} (a redirect{to}); OTLP exporters "
+        f"follow no redirects: set the endpoint to where it points; the export failed"
+    )
 
 
 def _late(deadline: SocketDeadline) -> CollectorResponseError:
