@@ -293,8 +293,8 @@ class Observer:
         """Report the engine's running and waiting request counts (for the stall alert).
 
         Called from engine loops, so like the hot path it never raises: a value that is not a
-        finite number >= 0 is ignored (the gauge keeps its last value) and counted as
-        ``errors{kind="bad_request_counts"}``.
+        finite number >= 0 (text is not a number here, however it reads) is ignored (the gauge
+        keeps its last value) and counted as ``errors{kind="bad_request_counts"}``.
         """
         rec = self._recorder
         if not rec.enabled:
@@ -304,8 +304,11 @@ class Observer:
             if value is None:
                 continue
             try:
-                v = float(value)
-                ok = v >= 0.0 and v != float("inf")  # also False for NaN
+                # Text is refused unread: float() would parse all of it, and its error message
+                # copies it whole (a megabyte string cost the engine's loop milliseconds).
+                ok = not isinstance(value, (str, bytes, bytearray, memoryview))
+                v = float(value) if ok else 0.0
+                ok = ok and v >= 0.0 and v != float("inf")  # also False for NaN
             except Exception:
                 ok = False
             if not ok:

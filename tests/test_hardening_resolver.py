@@ -138,15 +138,20 @@ def test_begin_with_a_bad_batch_size_is_counted_not_raised():
     obs.shutdown()
 
 
-@pytest.mark.parametrize("bad", ["x", float("nan"), float("inf"), -1, object()])
-def test_set_requests_never_raises_and_keeps_the_last_good_value(bad):
+@pytest.mark.parametrize("bad", ["x", "4", b"4", "9" * 1_000_000, float("nan"), float("inf"),
+                                 -1, object()], ids=lambda v: repr(v)[:12])
+def test_set_requests_never_raises_and_keeps_the_last_good_value(bad, caplog):
     obs, _ = observer()
     obs.set_requests(running=3, waiting=1)
-    obs.set_requests(running=bad, waiting=2)  # must not raise
+    with caplog.at_level("WARNING", logger="specobs"):
+        obs.set_requests(running=bad, waiting=2)  # must not raise
     assert obs.force_flush(5)
     s = obs.snapshot()
     assert s.requests_running == 3.0 and s.requests_waiting == 2.0
     assert s.errors["bad_request_counts"] == 1
+    # One bounded line, whatever the value's size.
+    (line,) = [r.getMessage() for r in caplog.records if "set_requests" in r.getMessage()]
+    assert "set_requests(running=...) must be a count >= 0" in line and len(line) < 300
     obs.shutdown()
 
 
