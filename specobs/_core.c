@@ -2028,6 +2028,45 @@ poll_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLongLong(out);
 }
 
+/* The class of the details a drain hands over: specobs._ring.Detail, a tuple subclass whose
+ * fields name the positions below (set once by specobs/_ring.py); NULL: plain tuples. */
+static PyTypeObject *detail_type = NULL;
+#define DETAIL_FIELDS 11
+
+static PyObject *
+core_set_detail_type(PyObject *Py_UNUSED(m), PyObject *cls)
+{
+    PyObject *fields = PyType_Check(cls) ? PyObject_GetAttrString(cls, "_fields") : NULL;
+    Py_ssize_t n = fields != NULL && PyTuple_Check(fields) ? PyTuple_GET_SIZE(fields) : -1;
+    Py_XDECREF(fields);
+    PyErr_Clear();
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)
+        || n != DETAIL_FIELDS) {
+        PyErr_Format(PyExc_TypeError, "set_detail_type() expected a named tuple class of %d "
+                     "fields, got %R", DETAIL_FIELDS, cls);
+        return NULL;
+    }
+    Py_INCREF(cls);
+    Py_XSETREF(detail_type, (PyTypeObject *)cls);
+    Py_RETURN_NONE;
+}
+
+/* ``t`` (a new reference, or NULL) as a detail: tuple.__new__(Detail, t), what the class's own
+ * constructor ends in, without its Python frame. */
+static PyObject *
+as_detail(PyObject *t)
+{
+    if (t == NULL || detail_type == NULL)
+        return t;
+    PyObject *args = PyTuple_Pack(1, t);
+    Py_DECREF(t);
+    if (args == NULL)
+        return NULL;
+    PyObject *d = PyTuple_Type.tp_new(detail_type, args, NULL);
+    Py_DECREF(args);
+    return d;
+}
+
 static PyObject *
 slot_detail(Slot *s, int nph, int traced)
 {
@@ -2063,12 +2102,12 @@ slot_detail(Slot *s, int nph, int traced)
         batch = Py_None;
         Py_INCREF(batch);
     }
-    /* (index, stamps, batch, events, cost, acceptance, draft length, emitted, copy, native,
-     * traced) */
-    return Py_BuildValue("(LNNOLNNOOii)", (long long)s->idx, ts, batch,
-                         s->ev ? s->ev : Py_None, (long long)s->cost, acc, draft,
-                         s->emitted ? s->emitted : Py_None, s->copy ? s->copy : Py_None, native,
-                         traced);
+    /* specobs._ring.Detail: (cycle_index, stamps, batch, events, cost_ns, acceptance, draft_length,
+     * emitted, copy, native, traced) */
+    return as_detail(Py_BuildValue("(LNNOLNNOOii)", (long long)s->idx, ts, batch,
+                                   s->ev ? s->ev : Py_None, (long long)s->cost, acc, draft,
+                                   s->emitted ? s->emitted : Py_None,
+                                   s->copy ? s->copy : Py_None, native, traced));
 }
 
 /* A read copy's pinned slot back to its free list (what its ``release`` does: a member read
@@ -3858,6 +3897,9 @@ static PyMethodDef core_methods[] = {
     {"_fake_event_fns", core_fake_event_fns, METH_NOARGS,
      "Tests: (elapsed, get_last_error, query) of a fake runtime whose event handles point at "
      "(ts, recorded, &completed) int64 fields."},
+    {"set_detail_type", core_set_detail_type, METH_O,
+     "set_detail_type(cls): the named tuple class drains hand their details over as "
+     "(specobs._ring.Detail)."},
     {"now_ns", core_perf_counter_ns, METH_NOARGS,
      "The clock the ring stamps with (CLOCK_MONOTONIC, time.perf_counter_ns on Linux)."},
     {NULL, NULL, 0, NULL},

@@ -29,6 +29,7 @@ from specobs._aggregation import Chunk
 from specobs._bucketing import Bucketed
 from specobs._model import Acceptance, BatchAcceptance, ResolvedCycle
 from specobs._recorder import short_repr
+from specobs._ring import Detail
 
 if TYPE_CHECKING:
     from specobs._aggregation import Aggregation
@@ -538,7 +539,7 @@ class Resolver:
             _log.exception("specobs: resolver error; the GPU times, acceptance and traces of %d "
                            "cycles dropped: %r", lost, exc)
             for d in chunk_out[2]:
-                self._release(d[3], d[8])
+                self._release(d.events, d.copy)
             self.agg.count({"resolver_error": lost}, {"internal": 1})
             return n
         if out:
@@ -702,7 +703,7 @@ class Resolver:
         self._adapt_some(cost + native_cost, len(gpu) + n_native, total_ns, n, read_ns)
         return out
 
-    def _read_gpu(self, details: list[Any], clock: Any) -> tuple[dict[int, list[int]], int, int]:
+    def _read_gpu(self, details: list[Detail], clock: Any) -> tuple[dict[int, list[int]], int, int]:
         """GPU phase times of the sampled cycles (every event of theirs has completed), by
         position in ``details``; the hot-path ns their records cost; the ns reading them took."""
         gpu: dict[int, list[int]] = {}
@@ -713,7 +714,7 @@ class Resolver:
         el = clock.elapsed_ns
         rec = self.rec
         for j, d in enumerate(details):
-            ev = d[3]
+            ev = d.events
             if ev is None:
                 continue
             try:
@@ -726,11 +727,11 @@ class Resolver:
             except Exception as exc:
                 rec.log.warn("elapsed", f"could not read GPU event times: {exc!r}")
             clock.release(ev)
-            cost += d[4]
+            cost += d.cost_ns
         return gpu, cost, _perf() - t_read
 
     def _validate(
-        self, details: list[Any], k_max: int
+        self, details: list[Detail], k_max: int
     ) -> tuple[BatchAcceptance | None, list[int], Callable[[Any], Acceptance | None]]:
         """What the ring kept as objects, validated (:mod:`specobs._acceptance`): acceptance it
         did not store itself (copies read here first, so they are validated by columns too),
@@ -740,8 +741,8 @@ class Resolver:
         position: dict[int, int] = {}  # id(detail) -> its record's position in ``recs``
         rec = self.rec
         for d in details:
-            native = d[9]
-            acc, copy, b = d[5], d[8], d[2]
+            native = d.native
+            acc, copy, b = d.acceptance, d.copy, d.batch
             bad_batch = b is not None and not (type(b) is int and 0 <= b <= _acceptance.MAX_BATCH)
             if native and not bad_batch:
                 continue
@@ -757,7 +758,7 @@ class Resolver:
                     rec.misuse("bad_acceptance", _unread_copy(exc))
                     acc = None
             position[id(d)] = len(recs)
-            recs.append(Record(acc, d[6], d[7], b))
+            recs.append(Record(acc, d.draft_length, d.emitted, b))
         if not recs:
             return None, [], lambda d: None
         found = batch_acceptance(recs, k_max, rec.misuse)
@@ -769,7 +770,7 @@ class Resolver:
         return found.acceptance, found.batches, shown
 
     def _resolved_cycles(
-        self, details: list[Any], gpu: dict[int, list[int]],
+        self, details: list[Detail], gpu: dict[int, list[int]],
         validated: Callable[[Any], Acceptance | None], k_max: int,
     ) -> list[ResolvedCycle]:
         """A :class:`ResolvedCycle` for each traced detail (and each one, when a sink wants all)."""
@@ -781,26 +782,26 @@ class Resolver:
         nph = len(phases)
         out: list[ResolvedCycle] = []
         for j, d in enumerate(details):
-            traced = bool(d[10])
+            traced = bool(d.traced)
             g = gpu.get(j)
             if slow is not None and g is not None and sum(g) >= slow:
                 traced = True
             if not (need_all or traced):
                 continue
-            ts = d[1]
+            ts = d.stamps
             r = ResolvedCycle()
-            r.index = d[0]
+            r.index = d.cycle_index
             r.phases = phases
             r.start_wall_ns = anchor_wall + ts[0]
             r.end_wall_ns = anchor_wall + ts[-1]
             r.host_ns = [ts[i + 1] - ts[i] for i in range(nph)]
             r.gpu_ns = g
-            b = d[2]
+            b = d.batch
             r.batch_size = b if type(b) is int and 0 <= b <= _acceptance.MAX_BATCH else None
             a: Acceptance | None = None
-            if d[9]:
-                lens = d[5]
-                k = d[6]
+            if d.native:
+                lens = d.acceptance
+                k = d.draft_length
                 s = sum(lens)
                 a = Acceptance(lens, s, k * len(lens), s + len(lens), (k, len(lens)))
             else:

@@ -76,11 +76,36 @@ DEFERRED = 4
 _NO_DEFER, _AWAITING, _SETTLED, _NOTHING = 0, 1, 2, 3
 _getrefcount = getattr(sys, "getrefcount", None)
 
-#: (index, stamps, batch, events, cost ns, acceptance, draft length, emitted, copy, native,
-#: traced): a cycle the resolver finishes in Python. ``native`` is 1 when the acceptance was
-#: stored by the ring (``acceptance`` is then the list of lengths, already in the chunk's
-#: totals), 0 when it is the object the caller gave (or ``None``) for the resolver to validate.
-Detail = tuple[int, list[int], Any, Any, int, Any, Any, Any, Any, int, int]
+class Detail(NamedTuple):
+    """A cycle the resolver finishes in Python, as a drain hands it over (both rings; the
+    native one builds the same class, ``set_detail_type`` below)."""
+
+    #: The cycle's index (``CycleHandle.index``).
+    cycle_index: int
+    #: Its host clock stamps (ns), one per phase boundary: phases + 1.
+    stamps: list[int]
+    #: ``batch_size`` as given when the ring did not take it (for the resolver's verdict), the
+    #: one it took, or ``None``.
+    batch: Any
+    #: The sampled cycle's CUDA events, one per boundary (``None``: not sampled, or read by the
+    #: ring already).
+    events: Any
+    #: What recording those events cost the worker (ns).
+    cost_ns: int
+    #: ``native``: the accepted lengths the ring stored (already in the chunk's totals); else
+    #: the object the caller gave, or ``None``, for the resolver to validate.
+    acceptance: Any
+    #: ``native``: the draft length the ring stored; else as the caller gave it.
+    draft_length: Any
+    #: ``emitted`` as the caller gave it (``None``: accepted + 1 per sequence).
+    emitted: Any
+    #: A CUDA acceptance copy in flight (read by the resolver), or ``None``.
+    copy: Any
+    #: 1 when the ring stored the acceptance itself, 0 when the resolver validates it.
+    native: int
+    #: 1 when the cycle was picked for a trace.
+    traced: int
+
 #: (cycles, host [(counts, sum ns)] per phase then the cycle, sum of cycle ns, last end stamp,
 #: sequences per accepted length, accepted, drafted, emitted, {draft length: sequences},
 #: batch sizes (counts, sum), batch sizes counted, details, copies read by the drain for the
@@ -973,7 +998,7 @@ class PyRing:
                 native = nseq >= 0
                 batch = s.batch_obj if s.batch_obj is not None else (
                     s.batch if s.batch >= 0 else None)
-                details.append((
+                details.append(Detail(
                     s.idx, list(ts), batch, s.ev, s.cost,
                     list(s.lens) if native else s.acc,
                     s.k if native else s.draft,
@@ -1154,6 +1179,9 @@ class PyRing:
 try:
     from specobs._core import Cycle as _NativeCycle
     from specobs._core import Ring as _NativeRing
+    from specobs._core import set_detail_type
+
+    set_detail_type(Detail)
 
     #: Whether the native ring runs: built, and not switched off with ``SPECOBS_CORE=python``
     #: (read once, at import: for comparing the two and for running the suite on the twin).

@@ -451,9 +451,10 @@ def test_completed_pinned_copies_are_read_by_the_drain_itself(kind):
     assert kseq == {4: 4, K_MAX: 2}
     assert lcounts[:5] == [1, 1, 1, 1, 2]
     assert batch_n == 2  # the two native ones; the others are sized by the resolver
-    assert [d[5] for d in details] == [[1, 9], [1, 1]]  # values for the resolver to validate
-    assert [d[8] for d in details] == [None, None]  # read already: no copy left to read
-    assert [d[6] for d in details] == [4, [2, 2]]
+    assert all(type(d) is _ring.Detail for d in details)  # both rings hand the named class over
+    assert [d.acceptance for d in details] == [[1, 9], [1, 1]]  # for the resolver to validate
+    assert [d.copy for d in details] == [None, None]  # read already: no copy left to read
+    assert [d.draft_length for d in details] == [4, [2, 2]]
     assert rel == [copies[1], copies[2], copies[3], copies[4]]
     assert all(c.released == 0 for c in copies.values())  # the resolver releases them
 
@@ -485,7 +486,7 @@ def test_a_pinned_copy_the_drain_cannot_read_stays_for_the_resolver(kind, bad):
     n, accepted, details, released = out[0], out[5], out[11], out[12]
     assert n == 2
     assert accepted == 3  # the good copy's, read natively
-    assert [d[8] for d in details] == [broken]  # left to read
+    assert [d.copy for d in details] == [broken]  # left to read
     assert released == [good]
 
 
@@ -662,7 +663,7 @@ def test_a_walk_stops_at_a_traced_or_slow_cycle_and_leaves_it_for_python():
             c.accept([1, 2], draft_length=4)
     n, _, details, _ = ring.drain_into(1 << 60, 1000, [20], 50 * 997, False)
     assert n == 40
-    assert [(d[0], d[10]) for d in details] == [(20, 1), (30, 1)]  # traced: index, slow
+    assert [(d.cycle_index, d.traced) for d in details] == [(20, 1), (30, 1)]  # traced, slow
     # The walk took 0..19, Python the traced 20, the walk 21..29 (19 waited, enough for a
     # walk), Python the slow 30 and the 9 after it (too few to let go of the GIL for).
     assert ring.nogil_cycles == 29
