@@ -53,7 +53,7 @@ from typing import Any, NamedTuple
 
 from specobs import _bucketing
 
-__all__ = ["NATIVE", "Chunk", "Cycle", "Detail", "PyCycle", "PyRing", "Ring"]
+__all__ = ["NATIVE", "Cycle", "Detail", "Drained", "PyCycle", "PyRing", "Ring"]
 
 #: Most sequences one accept() stores in the slot; more are validated by the resolver.
 NATIVE_MAX_SEQ = 65536
@@ -106,11 +106,13 @@ class Detail(NamedTuple):
     #: 1 when the cycle was picked for a trace.
     traced: int
 
+
+#: What ``drain`` returns (``drain_into`` adds the columns to the running totals instead):
 #: (cycles, host [(counts, sum ns)] per phase then the cycle, sum of cycle ns, last end stamp,
 #: sequences per accepted length, accepted, drafted, emitted, {draft length: sequences},
 #: batch sizes (counts, sum), batch sizes counted, details, copies read by the drain for the
 #: resolver to hand back to their pool).
-Chunk = tuple[
+Drained = tuple[
     int, list[tuple[list[int], int]], int, int | None, list[int], int, int, int,
     dict[int, int], tuple[list[int], int], int, list[Detail], list[Any],
 ]
@@ -904,13 +906,13 @@ class PyRing:
 
     def drain(
         self, bound: int, limit: int, trace: list[int], slow_ns: int, want_all: bool
-    ) -> Chunk:
+    ) -> Drained:
         return self._drain_locked(bound, limit, trace, slow_ns, want_all, None)
 
     def _drain_locked(
         self, bound: int, limit: int, trace: list[int], slow_ns: int, want_all: bool,
         gpu: list[list[int]] | None,
-    ) -> Chunk:
+    ) -> Drained:
         if type(trace) is not list:
             raise TypeError("trace must be a list of cycle indices")
         # Python code can switch threads anywhere: the worker's drop of the oldest slots
@@ -925,7 +927,7 @@ class PyRing:
     def _drain(
         self, bound: int, limit: int, trace: list[int], slow_ns: int, want_all: bool,
         grave: list[Any], gpu: list[list[int]] | None,
-    ) -> Chunk:
+    ) -> Drained:
         """``gpu``: drain_into on the thread the runtime reads on (``set_native_events``):
         sampled cycles that need Python for nothing else have their GPU times read here,
         appended to it (the phases, then the cycle), and their events handed back in
