@@ -7,6 +7,7 @@ import math
 from statistics import median
 
 from specobs.tools._breakdown import Breakdown, ratio, speedups
+from specobs.tools._diagnosis._compare import SLOWER_RATIO
 from specobs.tools._diagnosis._findings import (
     MIN_CLOCK_CYCLES,
     Finding,
@@ -302,6 +303,23 @@ def stall(w: Window) -> Finding | None:
 # -- speedup explained ----------------------------------------------------------------------------
 
 
+def _slower_phase(recent: Breakdown, past: Breakdown | None, clock: str) -> str | None:
+    """``"verify 2.80x slower than over the lifetime"`` when the window's draft or verify mean
+    is at least ``SLOWER_RATIO`` times the past's on ``clock`` (the larger factor), else
+    ``None``: a loss a slower phase explains is not the draft warming up."""
+    if past is None:
+        return None
+    worst: tuple[float, str] | None = None
+    for phase in ("draft", "verify"):
+        now, then = recent.stats.get((phase, clock)), past.stats.get((phase, clock))
+        if now is None or then is None or now.mean_seconds is None or not then.mean_seconds:
+            continue
+        factor = now.mean_seconds / then.mean_seconds
+        if factor >= SLOWER_RATIO and (worst is None or factor > worst[0]):
+            worst = (factor, phase)
+    return None if worst is None else f"{worst[1]} {worst[0]:.2f}x slower than over the lifetime"
+
+
 def speedup(recent: Breakdown, past: Breakdown | None = None) -> Finding:
     """Realized against predicted against the baseline, and below 1 the reason from the data."""
     realized, predicted = speedups(recent)
@@ -337,9 +355,11 @@ def speedup(recent: Breakdown, past: Breakdown | None = None) -> Finding:
             f"{clock} phase costs)")
     if realized >= 1.0:
         return Finding("SPEC-SPEEDUP-OK", "ok", f"speculation is faster: {head}", evidence)
+    slower = _slower_phase(recent, past, clock)
     if past is not None and past.acceptance_rate is not None \
             and recent.acceptance_rate is not None \
-            and recent.acceptance_rate >= past.acceptance_rate + WARMING_RISE_MIN:
+            and recent.acceptance_rate >= past.acceptance_rate + WARMING_RISE_MIN \
+            and slower is None:
         return Finding(
             "SPEC-SPEEDUP-WARMING", "warn",
             f"speculation is slower, but acceptance is still rising ({_pct(past.acceptance_rate)}"
@@ -372,10 +392,27 @@ def speedup(recent: Breakdown, past: Breakdown | None = None) -> Finding:
                   f"({_ms(tokens * step)}) its tokens replace")
         advice = ("speculation stops paying at this batch size: disable it above it (vLLM: "
                   "disable by batch size), or lower k")
+        if slower is not None:
+            reason += f" ({slower})"
+            advice = "see the phase finding: a phase that got slower, not the batch size"
+    elif d is not None and v is not None and tokens is not None and d + v > tokens * step:
+        reason = (f"draft and verify together cost {_ms(d + v)} a cycle ({_ms(d)} + {_ms(v)}), "
+                  f"more than the {tokens:.2f} plain decode steps ({_ms(tokens * step)}) their "
+                  f"tokens replace: one verify costs {v / step:.2f} plain steps")
+        advice = ("lower k (a cheaper draft, a shorter verify), or disable speculation above "
+                  "this batch size")
+        if slower is not None:
+            reason += f" ({slower})"
+            advice = "see the phase finding: a phase that got slower"
     else:
+        other = (host_cycle - d - v) if host_cycle is not None and d is not None \
+            and v is not None and clock == "host" else None
         reason = ("the time outside draft and verify (bookkeeping, host overhead) eats the "
-                  f"gain: the {clock} clock predicts {_x(pred)}")
-        advice = "see the bookkeeping and host findings"
+                  f"gain: the {clock} clock predicts {_x(pred)}"
+                  + (f", and {_ms(other)} of each {_ms(host_cycle)} cycle is neither"
+                     if other is not None and host_cycle is not None and other > 0 else ""))
+        advice = ("see SPEC-CYCLE-BOOKKEEPING-BOUND and the SPEC-HOST-* finding: bookkeeping, "
+                  "or the engine's host work between phases")
     return Finding("SPEC-SPEEDUP-LOSS", "fail",
                    f"speculation is slower than the baseline: {head}; {reason}", evidence,
                    advice)
