@@ -455,6 +455,43 @@ def test_json_prints_one_object_per_poll(engines: Callable[..., Engine],
     assert last["status"].split(":")[0].split()[0] in ("OK", "INFO", "WARN", "FAIL")
 
 
+def test_a_host_clock_only_process_gets_one_line_for_the_gpu_and_its_speedup_in_every_view(
+    engines: Callable[..., Engine], capsys: pytest.CaptureFixture[str]
+):
+    """On a CPU host (clock=auto, CUDA never initialised) the GPU table of dashes and "GPU
+    sampling 1 in 1" said nothing true: one line says why there is no GPU clock. With a
+    baseline, the plain line and the JSON carry the speedup as the terminal view does."""
+    eng = engines(clock="auto", sample_every=None, baseline=100.0)
+    with _client() as client:
+        first = scr.scrape(client, eng.url)
+        eng.run(20)
+        delta = scr.difference(first, scr.scrape(client, eng.url))
+    assert isinstance(delta, scr.Delta)
+    b = bd.breakdown(delta)
+    frame = _top._data_frame(b)
+    from rich.console import Console
+
+    console = Console(width=160, record=True, file=open(os.devnull, "w"))
+    console.print(_top.LiveView("x", 1.0, console).render(frame, None))
+    console.file.close()
+    text = console.export_text()
+    assert ("GPU clock: no sampled cycle in this interval (the process has not initialised "
+            "CUDA)") in text
+    assert "sampled cycles" not in text and "GPU sampling off (host clock only)" in text
+    realized = bd.speedups(b)[0]
+    assert realized is not None
+    line = _top.plain_line(frame)
+    assert "clock=host" in line and "sampling=" not in line
+    assert f"baseline=100.0 speedup={realized:.2f}x" in line
+    eng.start()
+    rc, out, err = cli_here(capsys, "top", eng.url, "--interval", "0.3", "--once", "--json")
+    assert rc == 0, err
+    last = json.loads(out.splitlines()[-1])["breakdown"]
+    assert last["speedup_realized"] == pytest.approx(
+        last["sequence_tokens_per_second"] / 100.0)
+    assert last["speedup_predicted"]["gpu"] is None and last["speedup_predicted"]["host"] > 0
+
+
 def test_idle_endpoint_shows_no_cycles(
     engines: Callable[..., Engine], capsys: pytest.CaptureFixture[str]
 ):

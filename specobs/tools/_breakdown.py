@@ -205,6 +205,9 @@ class Breakdown:
         ``report --json`` print)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["stats"] = {f"{p}/{c}": dataclasses.asdict(st) for (p, c), st in self.stats.items()}
+        realized, predicted = speedups(self)
+        out["speedup_realized"] = realized
+        out["speedup_predicted"] = predicted
         return out
 
     def own_drops(self) -> list[tuple[str, float]]:

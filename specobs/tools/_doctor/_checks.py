@@ -272,8 +272,8 @@ def _gpu_clock(s: scr.Series, info: dict[str, str], cycles_total: float) -> Chec
         # Expected, not a fault: a CPU-only process, or one configured for the host clock.
         why = (
             "configured with clock=host (gpu_clock=\"none\")" if clock == "none"
-            else "clock=auto and the process has not initialised CUDA (gpu_clock=\"auto\": a "
-                 "CPU-only process, or CUDA started after specobs looked)"
+            else "the process has not initialised CUDA (clock=auto: a CPU-only process, or "
+                 "CUDA started after specobs looked)"
         )
         return Check("gpu clock", "INFO", f"host clock only: {why}", data)
     return Check(

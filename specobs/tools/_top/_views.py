@@ -24,6 +24,28 @@ _SPARK = " ▁▂▃▄▅▆▇█"
 # -- plain output ---------------------------------------------------------------------------------
 
 
+def _no_gpu_clock(b: bd.Breakdown) -> bool:
+    """The process times on the host clock only (``gpu_clock`` "none", or "auto" without CUDA)
+    and sampled nothing on the GPU in this interval."""
+    return b.info.get("gpu_clock") in ("none", "auto") and not b.cycle_counts.get("gpu")
+
+
+def _gpu_clock_why(b: bd.Breakdown) -> str:
+    clock = b.info.get("gpu_clock")
+    if clock == "none":
+        return "configured for the host clock"
+    if clock == "auto":
+        return "the process has not initialised CUDA"
+    return f"gpu clock {clock}: events pending, or this interval sampled none"
+
+
+def _sampling_text(b: bd.Breakdown) -> str:
+    if _no_gpu_clock(b):
+        return "GPU sampling off (host clock only)"
+    return "GPU sampling 1 in " + (
+        f"{b.sampling_interval:.0f}" if b.sampling_interval is not None else scr.DASH)
+
+
 def _plain_clock(b: bd.Breakdown) -> str:
     return "gpu" if b.cycle_counts.get("gpu", 0) > 0 else "host"
 
@@ -59,14 +81,17 @@ def plain_line(frame: Frame, now: float | None = None) -> str:
         f"pos=[{pos}]",
         f"tok/s={scr.format_rate(b.emitted_tokens_per_second)}",
         f"batch={scr.format_rate(b.mean_batch_size, 2)}",
-        f"drops={scr.format_rate(b.dropped_total, 0)}",
     ]
+    if b.baseline_tokens_per_second is not None:
+        parts += [f"baseline={scr.format_rate(b.baseline_tokens_per_second)}",
+                  f"speedup={scr.format_rate(bd.speedups(b)[0], 2, 'x')}"]
+    parts.append(f"drops={scr.format_rate(b.dropped_total, 0)}")
     own = b.own_drops()
     if own:
         parts[-1] += "(" + ",".join(f"{k}:{v:.0f}" for k, v in own) + ")"
     if b.engine_raised:
         parts.append(f"engine_raised={b.engine_raised:.0f}")
-    if b.sampling_interval is not None:
+    if b.sampling_interval is not None and not _no_gpu_clock(b):
         parts.append(f"sampling=1/{b.sampling_interval:.0f}")
     if frame.findings:
         level = dg.worst(frame.findings)
@@ -212,6 +237,11 @@ class LiveView:
         out: list[Any] = []
         for clock in bd.CLOCKS:
             n = b.cycle_counts.get(clock, 0.0)
+            if clock == "gpu" and not n:
+                # One line, not a table of dashes: a CPU host, or no sampled cycle this time.
+                out.append(Text(f"GPU clock: no sampled cycle in this interval "
+                                f"({_gpu_clock_why(b)})", style="dim"))
+                continue
             title = (
                 f"GPU clock: {n:.0f} sampled cycles" if clock == "gpu"
                 else f"host clock: {n:.0f} cycles"
@@ -263,8 +293,7 @@ class LiveView:
             f"baseline {scr.format_rate(b.baseline_tokens_per_second)} tok/s, speedup "
             f"{scr.format_rate(bd.speedups(b)[0], 2, 'x')}"
             if b.baseline_tokens_per_second is not None else "no baseline",
-            "GPU sampling 1 in "
-            + (f"{b.sampling_interval:.0f}" if b.sampling_interval is not None else scr.DASH),
+            _sampling_text(b),
             f"overhead {scr.format_percent(b.overhead_ratio, 2)}",
         )
         out.append(grid)
