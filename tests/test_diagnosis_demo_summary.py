@@ -39,3 +39,27 @@ def test_a_warming_draft_is_named_and_a_fast_one_needs_no_note() -> None:
         whole, seconds=2.0, fault=None, baseline_note="configured", requests=""))
     fast = _summary.compute_view(new, old, 1.0, baseline=1e-3)
     assert fast.speedup is not None and fast.speedup > 1 and fast.speedup_note == ""
+
+
+def test_without_a_baseline_or_cycles_the_summary_says_so_not_a_dash() -> None:
+    """"speedup -x" and "vs baseline -" on the first frame and after a stall said nothing:
+    the summary says that no baseline was measured yet, or that the window had no cycles."""
+    obs = specobs.configure(sinks=[specobs.MemorySink()], clock="host", max_draft_length=4,
+                            env={})
+    try:
+        _cycles(obs, 50, [3, 4, 2, 4])
+        snap = obs.snapshot()
+    finally:
+        obs.shutdown(5)
+    unknown = _summary.compute_view(snap, None, 1.0, baseline=None)
+    line = _summary.plain_line(unknown, fault=None)
+    assert "no baseline yet" in line and "-x" not in line
+    final = _summary.final_lines(unknown, seconds=1.0, fault=None,
+                                 baseline_note="measured while serving, same batch", requests="")
+    assert any("tokens/s no baseline yet (measured while serving, same batch)" in ln
+               for ln in final), final
+    idle = _summary.compute_view(snap, snap, 1.0, baseline=80.0)
+    assert "speedup - (no cycles in the window)" in _summary.plain_line(idle, fault=None)
+    assert any("vs baseline 80.0 (configured): speedup - (no cycles in the window)" in ln
+               for ln in _summary.final_lines(idle, seconds=1.0, fault=None,
+                                              baseline_note="configured", requests=""))

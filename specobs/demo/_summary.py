@@ -165,6 +165,21 @@ def _f(v: float | None, fmt: str, none: str = "-") -> str:
     return none if v is None else format(v, fmt)
 
 
+def _speedup_text(view: DemoView, baseline_note: str | None = None) -> str:
+    """``speedup 1.62x`` (with why, below 1), or why there is none: no baseline measured yet,
+    or no cycle in the window; ``baseline_note`` (how the baseline is chosen) adds
+    ``vs baseline B (note): `` in front."""
+    base = view.baseline_tokens_per_second
+    if base is None:
+        return "no baseline yet" + (f" ({baseline_note})" if baseline_note else "")
+    if view.speedup is None:
+        text = "speedup - (no cycles in the window)"
+    else:
+        text = f"speedup {view.speedup:.2f}x" + (
+            f" ({view.speedup_note})" if view.speedup_note else "")
+    return text if baseline_note is None else f"vs baseline {base:.1f} ({baseline_note}): {text}"
+
+
 def plain_line(view: DemoView, *, fault: str | None, requests: str = "") -> str:
     """One line: rates, acceptance and the per-phase split on each clock."""
     parts = [
@@ -173,8 +188,7 @@ def plain_line(view: DemoView, *, fault: str | None, requests: str = "") -> str:
         f"acceptance {_f(view.acceptance_rate, '.2f')}",
         f"acceptance length {_f(_incl(view.mean_accept_length), '.2f')}",
         f"batch {_f(view.batch_size_mean, '.1f')}",
-        f"speedup {_f(view.speedup, '.2f')}x"
-        + (f" ({view.speedup_note})" if view.speedup_note else ""),
+        _speedup_text(view),
     ]
     for clock in CLOCKS:
         split = [
@@ -248,8 +262,6 @@ def render_rich(
     stats.add_column(style="bold")
     stats.add_column()
     speed = _f(view.sequence_tokens_per_second, ".1f")
-    base = _f(view.baseline_tokens_per_second, ".1f")
-    speedup = _f(view.speedup, ".2f")
     rows = [
         ("cycles/s", f"{view.cycles_per_second:.1f}  (total {view.cycles_total})"),
         ("tokens/s", f"{view.tokens_per_second:.1f}  (total {view.emitted_total})"),
@@ -261,9 +273,7 @@ def render_rich(
                                         zip(view.position_labels, view.per_position,
                                             strict=True))),
         ("batch size", _f(view.batch_size_mean, ".1f")),
-        ("per-sequence tokens/s", f"{speed}  vs baseline {base} ({baseline_note}): "
-                                  f"speedup {speedup}x"
-                                  + (f" ({view.speedup_note})" if view.speedup_note else "")),
+        ("per-sequence tokens/s", f"{speed}  {_speedup_text(view, baseline_note)}"),
         ("fault", fault or "none"),
         ("requests", requests),
         ("exporter", f"dropped {view.dropped_total}, " + (
@@ -299,10 +309,8 @@ def final_lines(
         "by position "
         + ", ".join(_f(p, ".0%") for p in view.per_position),
         f"  mean batch size {_f(view.batch_size_mean, '.1f')}; per-sequence "
-        f"{_f(view.sequence_tokens_per_second, '.1f')} tokens/s vs baseline "
-        f"{_f(view.baseline_tokens_per_second, '.1f')} ({baseline_note}): speedup "
-        f"{_f(view.speedup, '.2f')}x"
-        + (f" ({view.speedup_note})" if view.speedup_note else ""),
+        f"{_f(view.sequence_tokens_per_second, '.1f')} tokens/s "
+        + _speedup_text(view, baseline_note),
         "  cycle breakdown (mean per cycle, share):",
     ]
     for clock in CLOCKS:
