@@ -170,13 +170,13 @@ def test_promtool_test_rules_pass_with_the_history_group_evaluated_every_5m(
     Prometheus evaluates ``specobs-history`` every 5 minutes, at a phase of its own. Thinned to
     one evaluation in ten at each phase, the history averages are what Prometheus records, and
     every case must still pass."""
-    from specobs.mixin._rules import _seconds
+    from specobs.mixin._config import duration_seconds
 
     rules = yaml.safe_load(rendered[RULES])
     thinned = [g for g in rules["groups"] if "interval" in g]
     assert [g["name"] for g in thinned] == ["specobs-history"]
     for group in thinned:
-        step = _seconds(group.pop("interval"))
+        step = duration_seconds(group.pop("interval"))
         assert step == 300
         for rule in group["rules"]:
             rule["expr"] = (

@@ -127,6 +127,9 @@ def test_the_fleet_table_names_the_model_shows_the_speedup_and_colours_what_is_w
         assert props[column]["custom.cellOptions"] == {"type": "color-background"}, column
         steps = props[column]["thresholds"]["steps"]
         assert [st["color"] for st in steps] == [below, above] and steps[1]["value"] == 1.0
+    # A server with no cycle for as long as the stall alert waits turns red.
+    steps = props["Last cycle age"]["thresholds"]["steps"]
+    assert [st["color"] for st in steps] == ["green", "red"] and steps[1]["value"] == 45.0
 
 
 def test_the_engines_own_latency_sits_beside_the_cycle_view_and_says_when_it_is_missing() -> None:
@@ -335,6 +338,8 @@ def test_exporter_health_is_a_collapsed_row_at_the_bottom() -> None:
     assert rows[-1]["title"] == "Exporter health" and rows[-1]["collapsed"] is True
     inside = {p["title"] for p in rows[-1]["panels"]}
     assert {"Dropped records and errors", "GPU timing overhead"} <= inside
+    # A stall is what on-call opens the dashboard for: its panel is in view, not folded away.
+    assert "Time since the last cycle" in {p["title"] for p in top} - inside
     assert not inside & {p["title"] for p in top}
     assert all(not r["collapsed"] and r.get("panels", []) == [] for r in rows[:-1])
 

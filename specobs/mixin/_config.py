@@ -29,7 +29,8 @@ def markdown_heading(source: str, title: str) -> list[str]:
     return [f"<!-- {generated_notice(source)} -->", f"# {title}", ""]
 
 
-def _duration_seconds(duration: str) -> float:
+def duration_seconds(duration: str) -> float:
+    """A Prometheus duration in seconds (``"90s"`` -> 90, ``"1m30s"`` -> 90)."""
     units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
     return sum(
         float(value) * units[unit] for value, unit in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", duration)
@@ -141,7 +142,7 @@ class MixinConfig:
                     raise ValueError(
                         f"MixinConfig.{f.name} must be a tuple of label names; got {value!r}."
                     )
-        if _duration_seconds(self.history_step) > _duration_seconds(self.history_window):
+        if duration_seconds(self.history_step) > duration_seconds(self.history_window):
             raise ValueError(
                 "MixinConfig.history_step must not exceed history_window (the history alerts "
                 f"average the {self.history_step} averages inside the window); got history_step="

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from specobs import catalog as c
-from specobs.mixin._config import MixinConfig
+from specobs.mixin._config import MixinConfig, duration_seconds
 from specobs.mixin._panels import (
     NO_GPU_CLOCK,
     NO_TRAFFIC,
@@ -105,7 +105,7 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
     b = PanelBuilder(config)
     # The token counts mean the same everywhere; the phase cut follows each engine's code.
     per_engine = (
-        " What each phase covers depends on the engine (label engine, and "
+        f" What each phase covers depends on the engine (label {config.engine_label}, and "
         "specobs_info{integration}): in SGLang bookkeeping is mostly the draft model's catch-up "
         "forward, in vLLM host-side output processing, in transformers token selection and cache "
         "crop; compare phases between servers of one engine (docs/integrations.md)."
@@ -280,7 +280,7 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
     b.timeseries(
         "Acceptance rate",
         "Accepted draft tokens / drafted tokens, per server. A draft model wired to the wrong "
-        "hidden layers shows here as a collapse (e.g. 47% to 19%).",
+        "hidden layers shows here as a collapse (on the demo's models, 81% to 18%).",
         "percentunit",
         [
             (
@@ -430,6 +430,30 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         threshold_line=1.0,
     )
 
+    b.timeseries(
+        "Time since the last cycle",
+        "Seconds since each server completed a cycle (left axis) and the requests waiting "
+        "(right axis, a count). Rising while requests wait is a stall.",
+        "s",
+        [
+            (f"time() - max by (instance) ({s(c.LAST_CYCLE_TIMESTAMP.name)})", "{{instance}}"),
+            (
+                f"max by (instance) ({s(c.REQUESTS_WAITING.name)})",
+                "waiting requests {{instance}}",
+            ),
+        ],
+        overrides=[
+            {
+                "matcher": {"id": "byRegexp", "options": "waiting requests.*"},
+                "properties": [
+                    {"id": "unit", "value": "short"},
+                    {"id": "custom.axisPlacement", "value": "right"},
+                    {"id": "custom.axisLabel", "value": "requests"},
+                ],
+            }
+        ],
+    )
+
     b.row("What users see: the engine's own latency")
     engine_sel = _engine_matchers(config)
     for title, what, names in ENGINE_LATENCY:
@@ -508,30 +532,6 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         [(f"max by (instance) ({s(c.SAMPLING_INTERVAL.name)})", "{{instance}}")],
         axis_label="cycles",
     )
-    b.timeseries(
-        "Time since the last cycle",
-        "Seconds since each server completed a cycle (left axis) and the requests waiting "
-        "(right axis, a count). Rising while requests wait is a stall.",
-        "s",
-        [
-            (f"time() - max by (instance) ({s(c.LAST_CYCLE_TIMESTAMP.name)})", "{{instance}}"),
-            (
-                f"max by (instance) ({s(c.REQUESTS_WAITING.name)})",
-                "waiting requests {{instance}}",
-            ),
-        ],
-        overrides=[
-            {
-                "matcher": {"id": "byRegexp", "options": "waiting requests.*"},
-                "properties": [
-                    {"id": "unit", "value": "short"},
-                    {"id": "custom.axisPlacement", "value": "right"},
-                    {"id": "custom.axisLabel", "value": "requests"},
-                ],
-            }
-        ],
-    )
-
     return b.dashboard(
         "cycle breakdown",
         "cycle-breakdown",
@@ -636,6 +636,8 @@ def render_fleet(config: MixinConfig) -> str:
             "Up": [("red", None), ("green", 1.0)],
             "Speedup": [("red", None), ("green", 1.0)],
             "Firing alerts": [("green", None), ("red", 1.0)],
+            # Red from the stall alert's threshold on: no cycle for that long.
+            "Last cycle age": [("green", None), ("red", duration_seconds(config.stall_after))],
         },
     )
 

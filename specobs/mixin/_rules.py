@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specobs import catalog as c
-from specobs.mixin._config import MixinConfig, generated_notice
+from specobs.mixin._config import MixinConfig, duration_seconds, generated_notice
 
 __all__ = [
     "BASELINE_CONFIGURED",
@@ -461,7 +461,7 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             f"{n.host_requests} > 0\n"
             f"and on ({hby})\n({n.host_up} == 1)\n"
             f"unless on ({hby})\n"
-            f"(time() - {n.host_last_cycle} <= {_seconds(config.stall_after):g})",
+            f"(time() - {n.host_last_cycle} <= {duration_seconds(config.stall_after):g})",
             config.stall_for,
             "critical",
             "Requests are waiting or running but no speculative decoding cycle completes.",
@@ -500,14 +500,6 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             "(reason {{ $labels.reason }}).",
         ),
     ]
-
-
-def _seconds(duration: str) -> float:
-    """A Prometheus duration in seconds (``"90s"`` -> 90, ``"1m30s"`` -> 90)."""
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-    return sum(
-        float(value) * units[unit] for value, unit in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", duration)
-    )
 
 
 def _str_presenter(dumper: Any, data: str) -> Any:
@@ -606,13 +598,13 @@ def detection_seconds(
     out = {}
     for a in alert_rules(config):
         exprs = [a.expr, *(rules[m] for m in reads[a.alert])]
-        window = _seconds(config.rate_window) if any("rate(" in e for e in exprs) else 0.0
+        window = duration_seconds(config.rate_window) if any("rate(" in e for e in exprs) else 0.0
         stall = re.search(r"time\(\) - \S+ <= ([0-9.]+)", a.expr)
         if stall:
             window = max(window, float(stall.group(1)))
         out[a.alert] = (
-            scrape_interval_seconds + window + evaluation_interval_seconds + _seconds(a.for_)
-            + (links[a.alert] + 1) * link_seconds
+            scrape_interval_seconds + window + evaluation_interval_seconds
+            + duration_seconds(a.for_) + (links[a.alert] + 1) * link_seconds
         )  # fmt: skip
     return out
 
