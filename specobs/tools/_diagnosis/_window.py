@@ -352,7 +352,7 @@ def speedup(recent: Breakdown, past: Breakdown | None = None) -> Finding:
     head = (f"{_x(realized)} the baseline's tokens/s per sequence "
             f"({recent.sequence_tokens_per_second or 0:.1f} against {base:.1f} at mean batch "
             f"{recent.mean_batch_size or 0:.1f}; predicted {_x(pred)} from acceptance and "
-            f"{clock} phase costs)")
+            f"{clock} phase costs, taking one verify for one plain decode step)")
     if realized >= 1.0:
         return Finding("SPEC-SPEEDUP-OK", "ok", f"speculation is faster: {head}", evidence)
     slower = _slower_phase(recent, past, clock)
