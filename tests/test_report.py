@@ -710,3 +710,25 @@ def test_help_and_a_light_import() -> None:
     top = subprocess.run([sys.executable, "-m", "specobs.cli", "--help"], capture_output=True,
                          text=True, env=_env(), timeout=30)
     assert re.search(r"^\s+report\s", top.stdout, re.M), top.stdout
+
+
+def test_the_terminal_says_what_the_report_found_and_the_page_names_its_source_once(
+    tmp_path: Path,
+) -> None:
+    """Under ``wrote FILE``, the run's cycles, acceptance and speedup and its findings in a line
+    (a user who does not open the file still learns the verdict); the page's header names the
+    source once, not ``source: source``."""
+    data = Path(__file__).parent / "data"
+    for name, verdict in (("healthy", "findings OK: no problem found"),
+                          ("wrong-hidden-layers", "findings FAIL: SPEC-ACCEPT-COLLAPSE")):
+        source = str(data / f"report-demo-{name}.jsonl.gz")
+        out = tmp_path / f"{name}.html"
+        status, stdout, stderr = report("--from", source, "-o", str(out))
+        assert status == 0, stderr
+        lines = stdout.splitlines()
+        assert lines[0].startswith(f"wrote {out} (")
+        assert re.fullmatch(r"  [\d,]+ cycles over \d+ s, acceptance [\d.]+%, speedup [\d.]+x",
+                            lines[1]), lines
+        assert lines[2].startswith("  " + verdict), lines
+        meta = re.search(r'<div class="meta">(.*?)</div>', out.read_text()).group(1)
+        assert meta.count(html.escape(source)) <= 1, meta

@@ -302,6 +302,8 @@ def run(args: argparse.Namespace) -> int:
                          allow_nan=False))
     else:
         print(f"wrote {args.output} ({len(text.encode()) / 1e6:.1f} MB)")
+        for line in _summary_lines(runs, args.save):
+            print("  " + line)
     if regressed:
         a, b = runs
         print(f"{_PROG}: {b.name or 'B'} regressed against {a.name or 'A'}: " + ", ".join(
@@ -309,6 +311,31 @@ def run(args: argparse.Namespace) -> int:
             for c in regressed), file=sys.stderr)
         return REGRESSION_EXIT
     return 0
+
+
+def _summary_lines(runs: Sequence[data.Run], save: str | None) -> list[str]:
+    """What the terminal shows under ``wrote FILE``: per run its cycles, acceptance and speedup
+    (the summary table's figures), one run's findings in a line, and where ``--save`` wrote."""
+    from specobs.tools import _breakdown as bd
+    from specobs.tools import _diagnosis as dg
+
+    out = []
+    for i, r in enumerate(runs):
+        b = r.total
+        realized = bd.speedups(b)[0]
+        name = f"{r.name or 'AB'[i]}: " if len(runs) > 1 else ""
+        out.append(
+            f"{name}{b.cycles:,.0f} cycles over {r.duration_seconds:.0f} s, acceptance "
+            f"{scr.format_percent(b.acceptance_rate)}, "
+            + (f"speedup {realized:.2f}x" if realized is not None else "no baseline"))
+    if len(runs) == 1:
+        out.append("findings " + dg.status_line(run_findings(runs[0])))
+    if save:
+        paths = [_save_path(save, "ab"[i] if len(runs) > 1 else "") for i in range(len(runs))]
+        for path in paths:
+            if os.path.exists(path):
+                out.append(f"snapshots saved to {path} (specobs report --from {path})")
+    return out
 
 
 def report_json(runs: Sequence[data.Run], output: str, changes: Sequence[stats.Change],

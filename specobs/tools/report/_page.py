@@ -92,8 +92,10 @@ def _page(title: str, meta: str, body: str, figs: list[tuple[str, str, Any]],
 def _meta(r: data.Run) -> str:
     info = r.total.info
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(r.start_unix))
+    # A run named after its source (a single run of a URL) shows the source once.
     parts = [
-        f"<b>{html.escape(r.name)}</b>: {html.escape(r.source)}",
+        f"<b>{html.escape(r.name)}</b>: {html.escape(r.source)}"
+        if r.name and r.name != r.source else f"<b>{html.escape(r.source)}</b>",
         f"{when}, {r.duration_seconds:.0f} s, {len(r.windows)} windows",
     ]
     if info:

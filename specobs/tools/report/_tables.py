@@ -56,9 +56,9 @@ def summary_rows(b: bd.Breakdown) -> list[tuple[str, str, str]]:
         ("baseline", "baseline tok/s", scr.format_rate(b.baseline_tokens_per_second)),
         ("speedup_realized", "realized speedup",
          f"{realized:.2f}x" if realized is not None else scr.DASH),
-        ("speedup_predicted", "predicted speedup (gpu / host)",
-         " / ".join(f"{v:.2f}x" if v is not None else scr.DASH
-                    for v in (predicted.get("gpu"), predicted.get("host")))),
+        ("speedup_predicted", "predicted speedup (one verify taken for one plain step)",
+         ", ".join(f"{v:.2f}x ({clock} clock)" for clock in ("gpu", "host")
+                   if (v := predicted.get(clock)) is not None) or scr.DASH),
         ("drops", "drops by specobs", scr.format_rate(b.dropped_total, 0) + (
             " (" + ", ".join(f"{k} {v:.0f}" for k, v in b.own_drops()) + ")"
             if b.own_drops() else "")),
