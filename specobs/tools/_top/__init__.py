@@ -276,5 +276,24 @@ def _loop(
             if frames >= (count or 0) or polls_left <= 0:
                 return 0 if frame.kind == "data" else 1
         wait = max(0.0, interval - (time.monotonic() - started))
-        if quit_event.wait(wait):
+        if _quit_within(quit_event, wait):
             return 0
+
+
+#: How often the loop looks at the quit flag between polls ('q' quits within this).
+_QUIT_CHECK_SECONDS = 0.05
+
+
+def _quit_within(quit_event: threading.Event, seconds: float) -> bool:
+    """Whether 'q' was pressed within ``seconds``. Sleeps in short steps instead of
+    ``Event.wait``: a Ctrl-C that lands inside the condition's lock handling there raises
+    ``RuntimeError: release unlocked lock`` in place of ``KeyboardInterrupt`` (seen in CI:
+    ``top`` then exited 1 with a traceback instead of 130), where ``time.sleep`` is interrupted
+    cleanly; ``is_set`` takes no lock."""
+    deadline = time.monotonic() + seconds
+    while not quit_event.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(left, _QUIT_CHECK_SECONDS))
+    return True
