@@ -543,6 +543,21 @@ def test_time_the_engines_thread_waited_for_a_cpu_is_the_host_not_the_speculatio
     assert codes(out)[0] == "SPEC-RECENT-BOUNDARY-COST"
 
 
+def test_on_the_gpu_clock_a_phase_that_got_slower_is_not_the_hosts_wait() -> None:
+    """Verify 4x slower on the GPU clock while the engine's thread also waited for a CPU (a
+    loaded CI machine did this to the doctor --against test): the CPU the thread waited for is
+    not where GPU time went. The thread's wait is read against the host clock only."""
+    host = {"draft": 0.3e-3, "verify": 0.3e-3, "bookkeeping": 0.1e-3}
+    past_gpu = {"draft": 0.2e-3, "verify": 0.6e-3, "bookkeeping": 0.1e-3}
+    recent_gpu = {**past_gpu, "verify": 2.4e-3}
+    out = dg.against_past(
+        brk(cycles=200, host=host, gpu=recent_gpu, gpu_cycles=200, thread_wait=2.0e-3),
+        brk(cycles=3000, host=host, gpu=past_gpu, gpu_cycles=3000, thread_wait=0.1e-3))
+    assert codes(out)[0] == "SPEC-RECENT-PHASE-SLOWER", codes(out)
+    assert out[0].evidence["clock"] == "gpu" and out[0].evidence["phase"] == "verify"
+    assert "SPEC-RECENT-HOST-BUSY" not in codes(out)
+
+
 def test_a_host_busy_with_other_work_is_the_machine_not_a_boundary_cost() -> None:
     """The healthy CPU demo, its lifetime on an idle machine and the doctor's window with two
     CPU burners on both cores (recorded): the short phases swell by larger factors than the long

@@ -99,6 +99,7 @@ def test_a_slower_verify_than_in_the_saved_run_from_a_live_endpoint(
     assert list(checks) == [*_doctor.CHECK_NAMES, "saved run"]
     assert rc == 1 and report["exit_code"] == 1
     found = {f["code"]: f for f in report["findings"]}
+    assert "SPEC-SAVED-PHASE-SLOWER" in found, report["findings"]
     slower = found["SPEC-SAVED-PHASE-SLOWER"]
     assert slower["evidence"]["phase"] == "verify"
     assert slower["evidence"]["clock"] == "gpu"

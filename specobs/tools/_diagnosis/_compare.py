@@ -272,8 +272,12 @@ def _host_busy(changes: dict[str, tuple[float, float]], clock: str, past: Breakd
                ref: Reference) -> Finding | None:
     """The phases' added time is what the recording thread spent runnable but off a CPU (Linux
     schedstat, ``specobs_worker_thread_time{state="waiting"}``): a host busy with other work, not
-    a phase or a boundary of the speculation. ``None`` without that counter or when the wait
-    explains less than :data:`HOST_WAIT_EXPLAINS` of the added time."""
+    a phase or a boundary of the speculation. ``None`` without that counter, when the wait
+    explains less than :data:`HOST_WAIT_EXPLAINS` of the added time, and on the GPU clock: the
+    device's time between two events is not the CPU the thread waited for (a host late with its
+    launches shows on the host clock, and as ``SPEC-HOST-BOUND``)."""
+    if clock != "host":
+        return None
     pw, rw = past.worker_waiting_seconds_per_cycle, recent.worker_waiting_seconds_per_cycle
     added = math.fsum(max(0.0, b - a) for a, b in changes.values())
     if pw is None or rw is None or added <= 0 or rw - pw < HOST_WAIT_EXPLAINS * added:
