@@ -269,6 +269,22 @@ def test_bad_input_gets_a_400_that_says_what_was_wrong(
     assert needle in error["message"], error["message"]
 
 
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", None])
+def test_a_json_body_sent_without_its_content_type_is_told_to_send_it(
+    api: Served, content_type: str | None
+) -> None:
+    """``curl -d '{...}'`` sends application/x-www-form-urlencoded; FastAPI then reads the body
+    as bytes and the answer said "expected a JSON object, got bytes". It names the header."""
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    r = api.client.post("/v1/completions", content=b'{"prompt": "x", "max_tokens": 2}',
+                        headers=headers)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    said = f"Content-Type {content_type}" if content_type else "no Content-Type"
+    assert message == (f"the request body was not read as JSON ({said}): send it with "
+                       "Content-Type: application/json"), message
+
+
 def test_over_long_prompts_are_refused_with_the_limit(api: Served) -> None:
     limit = api.engine.max_request_tokens()
     too_long = [300] * (api.engine.config.max_seq_len + 1)

@@ -418,6 +418,16 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
     message, param = _validation_message(exc)
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json" and any(
+            isinstance(e.get("input"), (bytes, str)) and not e.get("loc", ())[1:]
+            for e in exc.errors()):
+        # FastAPI reads a body as JSON only when the request says it is: curl -d sends
+        # application/x-www-form-urlencoded, and the body arrived as bytes.
+        said = f"Content-Type {kind}" if kind else "no Content-Type"
+        message = (f"the request body was not read as JSON ({said}): send it with "
+                   "Content-Type: application/json")
+        param = None
     return _error(400, message, param)
 
 
