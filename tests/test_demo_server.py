@@ -747,3 +747,37 @@ def test_the_fault_api_takes_none_as_the_command_line_spells_it(api: Served) -> 
     assert api.engine.fault is None
     bad = api.client.post("/admin/fault", json={"fault": "None!"})
     assert bad.status_code == 400 and "expected one of" in bad.text
+
+
+def test_stopping_with_requests_in_flight_answers_them_and_cancels_no_task(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stalled engine never finishes what it holds: at shutdown the server gives requests in
+    flight a moment, then the engine's close ends them, so each client gets a 503 that says why
+    and uvicorn has no task to cancel (it logged a CancelledError traceback for each, and the
+    demo's load counted them as 500s)."""
+    s = Served()
+    try:
+        s.engine.fault = "stall"
+        answers: list[httpx.Response] = []
+
+        def ask() -> None:
+            answers.append(s.client.post("/v1/completions",
+                                         json={"prompt": s.prompts[0], "max_tokens": 8}))
+
+        clients = [threading.Thread(target=ask) for _ in range(3)]
+        for t in clients:
+            t.start()
+        wait_until(lambda: s.engine.has_work(), 30, "the requests did not reach the engine")
+        with caplog.at_level("INFO"):
+            s.server.stop(grace_seconds=0.5, on_grace_end=s.engine.close)
+            for t in clients:
+                t.join(30)
+        assert not s.server._thread.is_alive()
+        assert [a.status_code for a in answers] == [503] * 3, [a.text for a in answers]
+        assert all("shutting down" in a.json()["error"]["message"] for a in answers)
+        assert "Exception in ASGI application" not in caplog.text
+        assert "Cancel" not in caplog.text, caplog.text
+    finally:
+        s.engine.fault = None
+        s.close()

@@ -653,13 +653,15 @@ def _shut_down(r: _Run) -> None:
     """Load first (no new requests), then the server, the engine and specobs (its last
     snapshot kept for the final summary); an unfinished draft head's training is completed."""
     r.load_stop.set()
-    if r.load_thread is not None:
-        r.load_thread.join(10)
-    if r.server is not None:
-        r.server.stop()
     engine = r.engine
+    if r.server is not None:
+        # Requests in flight get a moment to finish; then the engine ends the rest (a stalled
+        # engine never would), so each gets its answer and uvicorn cancels nothing.
+        r.server.stop(grace_seconds=1.0, on_grace_end=engine.close if engine else None)
     if engine is not None:
         engine.close()
+    if r.load_thread is not None:
+        r.load_thread.join(10)
     pending = None if engine is None else engine.models.pending
     if pending is not None:
         # The engine is closed: the training must not copy weights into it any more

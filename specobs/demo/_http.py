@@ -335,6 +335,10 @@ def _protocol(header_timeout_seconds: float) -> type[Any]:
     return HeaderDeadlineH11Protocol
 
 
+#: How long uvicorn lets requests in flight finish at shutdown before it cancels their tasks.
+_GRACEFUL_SHUTDOWN_SECONDS = 4.0
+
+
 class ServerThread:
     """Serve an ASGI app with uvicorn on a daemon thread.
 
@@ -362,7 +366,8 @@ class ServerThread:
         self._sock = sock
         config = uvicorn.Config(
             app, host=host, port=self.port, log_level="warning", lifespan="on",
-            timeout_graceful_shutdown=2, http=_protocol(limits.read_timeout_seconds),
+            timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_SECONDS,
+            http=_protocol(limits.read_timeout_seconds),
         )  # fmt: skip
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(
@@ -389,8 +394,18 @@ class ServerThread:
             time.sleep(0.02)
         return self
 
-    def stop(self, timeout_seconds: float = 5.0) -> None:
+    def stop(self, timeout_seconds: float = 5.0, *, grace_seconds: float | None = None,
+             on_grace_end: Any = None) -> None:
+        """Stop accepting, let the requests in flight finish, and end the thread.
+
+        ``on_grace_end`` (the engine's ``close``, which ends what is still queued or decoding)
+        runs when requests are still in flight after ``grace_seconds``, before uvicorn's own
+        graceful timeout would cancel their tasks (and log a traceback for each)."""
         self.server.should_exit = True
+        if grace_seconds is not None and on_grace_end is not None and self._thread.is_alive():
+            self._thread.join(min(grace_seconds, _GRACEFUL_SHUTDOWN_SECONDS / 2))
+            if self._thread.is_alive():
+                on_grace_end()
         if self._thread.is_alive():
             self._thread.join(timeout_seconds)
         if self._thread.is_alive():

@@ -555,6 +555,9 @@ async def _complete(body: CompletionRequest, request: Request) -> Response:
         )
     if not await _await_handle(engine, handle, request):
         return Response(status_code=499)
+    if handle.finish_reason == "cancelled":  # the engine closed: the server is shutting down
+        return _error(503, "the server is shutting down: this request was cancelled before it "
+                      "finished", kind="server_error")
     try:
         tokens = handle.wait(0)
     except Exception as exc:
