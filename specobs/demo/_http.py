@@ -336,7 +336,7 @@ def _protocol(header_timeout_seconds: float) -> type[Any]:
 
 
 #: How long uvicorn lets requests in flight finish at shutdown before it cancels their tasks.
-_GRACEFUL_SHUTDOWN_SECONDS = 4.0
+_GRACEFUL_SHUTDOWN_SECONDS = 4
 
 
 class ServerThread:
