@@ -148,9 +148,13 @@ class Resolver:
         self.long_holds = 0  # slices over 100 µs (a garbage collection inside one, say)
         #: The last slices' holds (thread CPU ns), for benchmarks' percentiles.
         self.holds: deque[int] = deque(maxlen=4096)
-        self._record_ns = 0.0  # EWMA of the resolver's thread CPU per record
-        self._cpu_acc = 0  # thread CPU and records since the last _adapt
-        self._n_acc = 0
+        #: EWMA of the resolver's thread CPU under the GIL per cycle that ended, and that CPU
+        #: and the cycles (``rec.enqueued``) since it last moved: it moves once at least
+        #: RESOLVER_FIGURE_CYCLES cycles or RESOLVER_FIGURE_NS have passed.
+        self._record_ns = 0.0
+        self._cpu_acc = 0
+        self._cpu_acc_cycles_from = 0
+        self._cpu_acc_since = _perf()
         self.slices = 0  # GIL holds taken (slices of work), for benchmarks
         self.slice_ns = SLICE_NS
         self.yield_seconds = YIELD_SECONDS
@@ -212,7 +216,9 @@ class Resolver:
         self._copy_ewma = 0.0
         self._read_ewma = 0.0
         self._copy_seen = self._copy_added = rec.copy_ns
-        self._enqueued_seen = rec.enqueued
+        self._enqueued_seen = self._cpu_acc_cycles_from = rec.enqueued
+        self._record_ns = 0.0
+        self._cpu_acc = 0
         self.agg.count_dropped("fork", lost)
         if start:
             self.start()
@@ -363,13 +369,13 @@ class Resolver:
         if not self._drain_lock.acquire(blocking=False):
             return
         try:
+            t_cpu = time.thread_time_ns()
             chunk = ring.drain_into(0, 0, [], -1, False)
             self.consumed += chunk[0]
-            # Records the resolver's thread spent no GIL on: the sampler's per-record figure
-            # (its CPU under the GIL over the records it handed on) counts them.
-            self._n_acc += chunk[0]
             self._release_read(chunk[3])
             self._resolve(chunk, self.rec.clock)
+            # Python work under the GIL, as a drain's slice is: the per-cycle figure counts it.
+            self._cpu_acc += time.thread_time_ns() - t_cpu
             self._add_cpu_locked()
         finally:
             self._drain_lock.release()
@@ -424,9 +430,7 @@ class Resolver:
                     self._cpu_pending += all_cpu  # added every 100 ms and at each flush
                     self.consumed += taken_box[0]
             self.slices += 1
-            if n:
-                self._cpu_acc += cpu
-                self._n_acc += n
+            self._cpu_acc += cpu
             # Size the next slice by time: a record costs 0.5-50 µs depending on batch size,
             # GPU sampling, sinks and the machine, so no fixed count bounds the hold. Grow
             # after a full slice well under the target, shrink after any slice over it. Not
@@ -883,12 +887,21 @@ class Resolver:
         microseconds (benchmarks/RESULTS.md, issue 15), a sampled cycle 20-30 µs in all, more
         than its records. Both count against the budget.
         """
-        if self._n_acc:
-            per = self._cpu_acc / self._n_acc
-            self._record_ns = sampling.smoothed(self._record_ns, per)
-            self._cpu_acc = self._n_acc = 0
-        self._cycle_ewma = sampling.smoothed(self._cycle_ewma, mean_cycle)
         rec = self.rec
+        # Per cycle that ended, not per record a slice took: the native core's pump hands most
+        # cycles on with the GIL let go, so a slice that took a few (a flush's, a scrape's)
+        # made its fixed cost a per-record figure that read 26% of a 0.21 ms cycle on the
+        # H200 against 0.3% measured. Gathered over enough cycles that one slice is not a
+        # spike.
+        ended = rec.enqueued - self._cpu_acc_cycles_from
+        now = _perf()
+        if ended >= RESOLVER_FIGURE_CYCLES or (
+                ended > 0 and now - self._cpu_acc_since >= RESOLVER_FIGURE_NS):
+            self._record_ns = sampling.smoothed(self._record_ns, self._cpu_acc / ended)
+            self._cpu_acc = 0
+            self._cpu_acc_cycles_from = rec.enqueued
+            self._cpu_acc_since = now
+        self._cycle_ewma = sampling.smoothed(self._cycle_ewma, mean_cycle)
         cycles = rec.enqueued - self._enqueued_seen
         if cycles > 0:
             copy_ns = rec.copy_ns
@@ -908,7 +921,7 @@ class Resolver:
         if self._cycle_ewma > 0:
             # What the worker loses per cycle: event records on sampled cycles (measured on the
             # hot path), host stamps (an estimate per boundary), and the resolver's CPU per
-            # record while it holds the GIL, which the worker shares (what the native core
+            # cycle while it holds the GIL, which the worker shares (what the native core
             # walks with the GIL let go is not counted: the worker runs meanwhile). CUDA
             # acceptance copies the native core starts hold the GIL through two runtime calls:
             # their measured time on the worker (``_copy_ewma``) is the worker's own, and counts.
@@ -930,6 +943,10 @@ class Resolver:
 #: How often the sampler re-reads its figures (ns): each run is ~10 µs of Python with the GIL
 #: held; gathered over this long, the figures are steadier too.
 ADAPT_EVERY_NS = 20_000_000
+#: The resolver's CPU per cycle is read over at least this many cycles, or this long when
+#: cycles are slow.
+RESOLVER_FIGURE_CYCLES = 256
+RESOLVER_FIGURE_NS = 1_000_000_000
 
 #: What ``_fold`` returns when nothing changed (never written to).
 _NOTHING: dict[str, int] = {}
