@@ -84,7 +84,7 @@ ALLOWED: Mapping[tuple[str, str], str] = {
         "CLOCKS, the clock label values of the data's home",
     ("specobs.tools._breakdown", "specobs._series"):
         "the one series walk, which the demo's live summary reads without a scrape",
-    ("specobs.tools._http", "specobs._deadline"):
+    ("specobs.tools._client", "specobs._deadline"):
         "the socket deadline the tools' HTTP client shares with the OTLP session",
 }
 
@@ -329,8 +329,8 @@ def test_a_planted_import_fails_the_checker(module: str, target: str, says: str)
 def test_a_planted_circle_fails_the_checker():
     graph = _package_graph()
     # Within one layer (each import alone is permitted) and across layers.
-    graph["specobs.tools._http"].add("specobs.tools._scrape")
-    assert "import circle: specobs.tools._http -> specobs.tools._scrape" in violations(graph)
+    graph["specobs.tools._client"].add("specobs.tools._scrape")
+    assert "import circle: specobs.tools._client -> specobs.tools._scrape" in violations(graph)
     synthetic = {"specobs._model": {"specobs._errors"}, "specobs._errors": {"specobs._model"}}
     assert violations(synthetic) == ["import circle: specobs._errors -> specobs._model"]
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from specobs import catalog
-from specobs.tools import _doctor, _http
+from specobs.tools import _client, _doctor
 from tests import test_top
 from tests._hostile_server import HostileServer, Measured, hostile_server, run_measured
 from tests.test_top import ROOT, BadServer, Engine, cli, cli_env, cli_here, closed_port_url
@@ -367,7 +367,7 @@ def test_hostile_endpoint_fails_fast_in_bounded_memory_after_one_request(
     assert m.peak_rss_mb < RSS_BOUND_MB, m
     # Fetched once: the first failure ends the report (the probe saw a 50 MB line fetched 3x).
     # A redirect loop is one request of MAX_REDIRECTS + 1 hops.
-    hops = _http.MAX_REDIRECTS + 1 if mode == "redirectbomb" else 1
+    hops = _client.MAX_REDIRECTS + 1 if mode == "redirectbomb" else 1
     assert hostile_server.hits[mode] - before == hops
 
 

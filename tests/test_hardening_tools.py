@@ -34,7 +34,7 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from specobs.tools import _http
+from specobs.tools import _client
 from specobs.tools import _scrape as scr
 from tests import test_top
 from tests.test_top import ROOT, Engine, cli_env, cli_here, closed_port_url
@@ -148,7 +148,7 @@ def _leaks(secret: str, user: str, *texts: str) -> list[str]:
 
 
 def test_display_url_drops_only_the_userinfo() -> None:
-    d = _http.display_url
+    d = _client.display_url
     assert d("http://alice:pw@127.0.0.1:9477/metrics") == "http://127.0.0.1:9477/metrics"
     assert d("https://alice@[::1]:443/m?q=a@b#x@y") == "https://[::1]:443/m?q=a@b#x@y"
     # Up to the authority's last @, as urlsplit and httpx read it.

@@ -32,9 +32,10 @@ import specobs
 from specobs import catalog
 from specobs.timing import FakeEventClock, FakeGpu
 from specobs.tools import _breakdown as bd
-from specobs.tools import _http, _top
+from specobs.tools import _client as bounded
 from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
+from specobs.tools import _top
 from tests import _hostile_server as _hostile
 from tests._hostile_server import hostile_server
 
@@ -878,12 +879,12 @@ def test_hostile_prometheus_costs_a_failed_poll_not_a_hang(
 def test_the_gzip_bomb_inflates_no_further_than_the_cap(hostile_server: _hostile.HostileServer):
     """In-process, under tracemalloc: zlib's output is bounded per chunk, so the peak stays near
     the cap (httpx's own decoder inflates each 64 KiB read whole: ~64 MB at a time)."""
-    limits = _http.Limits(timeout_seconds=10, max_bytes=1024 * 1024)
+    limits = bounded.Limits(timeout_seconds=10, max_bytes=1024 * 1024)
     with httpx.Client(timeout=10) as client:
         tracemalloc.start()
         try:
             with pytest.raises(scr.ScrapeError, match=r"larger than 1 MiB \(after decompression"):
-                _http.get(client, hostile_server.url("/gzipbomb"), limits=limits)
+                bounded.get(client, hostile_server.url("/gzipbomb"), limits=limits)
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
@@ -894,11 +895,11 @@ def test_the_gzip_bomb_inflates_no_further_than_the_cap(hostile_server: _hostile
 def test_the_deadline_holds_for_any_client(hostile_server: _hostile.HostileServer, mode: str):
     """A caller's own keep-alive client with a long per-read timeout: the deadline still cuts
     the request at 0.5 s (the timer shuts the socket down), not after 30 s of reads."""
-    limits = _http.Limits(timeout_seconds=0.5)
+    limits = bounded.Limits(timeout_seconds=0.5)
     with httpx.Client(timeout=30) as client:
         started = time.monotonic()
         with pytest.raises(scr.ScrapeError, match=r"did not finish answering within 0.5 s"):
-            _http.get(client, hostile_server.url(f"/{mode}"), limits=limits)
+            bounded.get(client, hostile_server.url(f"/{mode}"), limits=limits)
         elapsed = time.monotonic() - started
     # Cut at the deadline: far below the 30 s a read-by-read timeout would allow, with room
     # for a loaded machine.
@@ -909,7 +910,7 @@ def test_a_small_gzip_body_is_inflated(engines: Callable[..., Engine]):
     eng = engines()
     eng.run(2)
     with httpx.Client(timeout=5) as client:
-        got = _http.get(client, eng.url)
+        got = bounded.get(client, eng.url)
         plain = client.get(eng.url, headers={"Accept-Encoding": "identity"}).content
     assert got.status_code == 200
     assert got.headers.get("content-encoding") == "gzip"  # prometheus_client compressed it
@@ -926,10 +927,10 @@ def test_a_small_gzip_body_is_inflated(engines: Callable[..., Engine]):
      ("1.5KiB", 1536), ("1g", 2**30)],
 )
 def test_byte_sizes(text: str, expected: int):
-    assert _http.parse_byte_size(text) == expected
+    assert bounded.parse_byte_size(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "lots", "-1", "0", "12 parsecs"])
 def test_bad_byte_sizes(text: str):
     with pytest.raises(ValueError, match="size"):
-        _http.parse_byte_size(text)
+        bounded.parse_byte_size(text)

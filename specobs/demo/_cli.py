@@ -101,7 +101,7 @@ def _env_metrics_port() -> int | None:
 
 
 def _byte_size(raw: str) -> int:
-    from specobs.tools._http import parse_byte_size
+    from specobs.tools._client import parse_byte_size
 
     try:
         return parse_byte_size(raw)

@@ -37,7 +37,7 @@ The engine reports no request gauges itself, so the app samples ``engine.stats()
 second and hands running/waiting counts to ``observer.set_requests`` (the stall alert reads them).
 :class:`ServerThread` runs the app under uvicorn on a background thread (used by ``specobs demo``
 and the tests), with the header read timeout in its HTTP protocol. The limits, the guard that
-enforces them and the server thread live in :mod:`specobs.demo._http`; they are re-exported
+enforces them and the server thread live in :mod:`specobs.demo._guard`; they are re-exported
 here.
 """
 
@@ -60,7 +60,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ._http import (
+from ._guard import (
     DEFAULT_LIMITS,
     MIN_ADMIN_TOKEN_CHARS,
     Guard,

@@ -12,8 +12,8 @@ Three ways to expose it:
 * mounted into a registry the inference server already serves: ``PrometheusSink(registry=r)``;
 * as an app to mount in the server's own web framework: :meth:`wsgi_app` / :meth:`asgi_app`.
 
-The own endpoint is :class:`~specobs.sinks._http.MetricsServer`: one thread with a bounded number
-of connections and a deadline per request (slow or idle clients cannot pile up threads inside
+The own endpoint is :class:`~specobs.sinks._endpoint.MetricsServer`: one thread with a bounded
+number of connections and a deadline per request (slow or idle clients cannot pile up threads inside
 the inference process). What it serves is cached per format until the resolver next changes the
 aggregation (or ``cache_max_age_seconds`` passed), so back-to-back scrapes cost one encode per
 resolver update. ``specobs_exporter_cpu_time_seconds_total{component="prometheus"}`` counts the
@@ -61,8 +61,8 @@ from prometheus_client.core import (  # noqa: E402
 from prometheus_client.exposition import choose_encoder, gzip_accepted  # noqa: E402
 from prometheus_client.samples import Exemplar as PromExemplar  # noqa: E402
 
+from specobs.sinks._endpoint import MetricsServer  # noqa: E402
 from specobs.sinks._exposition import CachedExposition  # noqa: E402
-from specobs.sinks._http import MetricsServer  # noqa: E402
 
 __all__ = ["PrometheusSink", "SnapshotCollector"]
 

@@ -15,7 +15,7 @@ command       module                              what it does
                                                   and scoring alerts against them
 ============  ==================================  =============================================
 
-Shared parts: :mod:`._http` (bounded GETs: one deadline, a body cap, the one httpx →
+Shared parts: :mod:`._client` (bounded GETs: one deadline, a body cap, the one httpx →
 ``ScrapeError`` mapping), :mod:`._scrape` (scrape, parse, difference two scrapes),
 :mod:`._promapi` (the same deltas from Prometheus's ``increase()``), :mod:`._breakdown` (the one
 cycle-breakdown definition, shared with the ``specobs demo`` summary and matching the recording

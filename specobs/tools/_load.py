@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from specobs.tools._http import display_url
+from specobs.tools._client import display_url
 
 if TYPE_CHECKING:
     import httpx

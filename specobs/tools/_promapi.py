@@ -6,7 +6,7 @@ catalog defines (and reads the gauges as they are), all evaluated at the same in
 same :class:`~specobs.tools._scrape.Delta` two scrapes make: both sources share one breakdown
 (:mod:`specobs.tools._breakdown`). Every failure is a :class:`ScrapeError` with one line for the
 user; the HTTP side, its deadline and its httpx → ScrapeError mapping are
-:func:`specobs.tools._http.get`'s, the one place that mapping is made.
+:func:`specobs.tools._client.get`'s, the one place that mapping is made.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 from specobs import catalog
-from specobs.tools import _http
-from specobs.tools._http import Limits, ScrapeError
+from specobs.tools import _client
+from specobs.tools._client import Limits, ScrapeError
 from specobs.tools._scrape import COUNTER_SERIES, Delta, Series
 
 __all__ = ["normalize_selector", "parse_window", "prometheus_delta", "window_text"]
@@ -60,15 +60,15 @@ def window_text(seconds: float) -> str:
 
 def prom_query(
     client: Any, base_url: str, promql: str, at: float | None = None,
-    limits: Limits = _http.DEFAULT_LIMITS,
+    limits: Limits = _client.DEFAULT_LIMITS,
 ) -> list[dict[str, Any]]:
     url = base_url.rstrip("/") + "/api/v1/query"
-    shown = _http.display_url(base_url)
+    shown = _client.display_url(base_url)
     params: dict[str, Any] = {"query": promql}
     if at is not None:
         params["time"] = f"{at:.3f}"
     try:
-        response = _http.get(client, url, params=params, limits=limits,
+        response = _client.get(client, url, params=params, limits=limits,
                              headers={"Accept": "application/json"})
     except ScrapeError as exc:
         raise ScrapeError(f"cannot query Prometheus at {shown}: {exc}") from None
@@ -106,7 +106,7 @@ def _add_result(series: Series, name: str, result: list[dict[str, Any]]) -> None
 
 def prometheus_delta(
     client: Any, base_url: str, selector: str, window_seconds: float, *,
-    limits: Limits = _http.DEFAULT_LIMITS, at: float | None = None,
+    limits: Limits = _client.DEFAULT_LIMITS, at: float | None = None,
     extra_gauges: tuple[catalog.Metric, ...] = (),
 ) -> Delta:
     """Counter deltas over the last ``window_seconds`` from a Prometheus server's ``increase()``.
@@ -132,7 +132,7 @@ def prometheus_delta(
         _add_result(gauges, m.name, prom_query(client, base_url, promql, at, limits))
     if not gauges.has(catalog.INFO.name):
         raise ScrapeError(
-            f"Prometheus at {_http.display_url(base_url)} has no "
+            f"Prometheus at {_client.display_url(base_url)} has no "
             f"{catalog.INFO.name}{{{selector}}}: check the selector and that Prometheus scrapes "
             "the specobs endpoint"
         )

@@ -28,8 +28,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from specobs import catalog
-from specobs.tools import _http
-from specobs.tools._http import Limits, ScrapeError
+from specobs.tools import _client
+from specobs.tools._client import Limits, ScrapeError
 
 __all__ = [
     "COUNTER_SERIES",
@@ -77,7 +77,7 @@ def normalize_url(raw: str, default_path: str = "/metrics") -> str:
 
     A URL with a path is kept as given (the exporter may be mounted anywhere); one without gets
     ``default_path``. Credentials (``http://user:password@host/``) are kept for the request and
-    left out of the messages (see :func:`specobs.tools._http.display_url`).
+    left out of the messages (see :func:`specobs.tools._client.display_url`).
     """
     text = raw.strip()
     if not text:
@@ -85,7 +85,7 @@ def normalize_url(raw: str, default_path: str = "/metrics") -> str:
     if "://" not in text:
         text = f"http://{text}"
     # What the messages quote: the URL as given, less any credentials.
-    shown = repr(raw if _http.display_url(text) == text else _http.display_url(text))
+    shown = repr(raw if _client.display_url(text) == text else _client.display_url(text))
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https"):
         raise ValueError(
@@ -233,13 +233,13 @@ _NOT_NAME = re.compile(r"[^A-Za-z0-9_:]")
 
 
 def fetch_text(
-    client: Any, url: str, *, openmetrics: bool = False, limits: Limits = _http.DEFAULT_LIMITS
+    client: Any, url: str, *, openmetrics: bool = False, limits: Limits = _client.DEFAULT_LIMITS
 ) -> tuple[str, str]:
     """GET ``url`` within ``limits``; returns ``(body, content type)``. Raises
-    :class:`ScrapeError` (see :func:`specobs.tools._http.get`)."""
+    :class:`ScrapeError` (see :func:`specobs.tools._client.get`)."""
     headers = {"Accept": OPENMETRICS_ACCEPT} if openmetrics else {"Accept": "text/plain"}
-    response = _http.get(client, url, headers=headers, limits=limits)
-    shown = _http.display_url(url)
+    response = _client.get(client, url, headers=headers, limits=limits)
+    shown = _client.display_url(url)
     if response.status_code != 200:
         body = response.body.decode("utf-8", "replace").strip().splitlines()
         detail = f": {body[0][:80]}" if body else ""
@@ -275,7 +275,7 @@ class Scrape:
 
 
 def scrape(
-    client: Any, url: str, *, openmetrics: bool = False, limits: Limits = _http.DEFAULT_LIMITS
+    client: Any, url: str, *, openmetrics: bool = False, limits: Limits = _client.DEFAULT_LIMITS
 ) -> Scrape:
     """Fetch and parse one scrape of a specobs endpoint; raises :class:`ScrapeError`.
 
@@ -292,7 +292,7 @@ def scrape(
 
 
 def not_specobs_message(url: str, series: Series) -> str:
-    url = _http.display_url(url)
+    url = _client.display_url(url)
     if not len(series):
         return f"{url} is not a specobs endpoint: the body has no metrics at all"
     others = sorted(series.names())

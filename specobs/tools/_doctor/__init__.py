@@ -58,7 +58,7 @@ exit 2 when not), ``history`` and ``batch sizes``: the history split into window
 Each request has one deadline, ``--timeout`` seconds for connecting, the headers and the whole
 body, and reads at most ``--max-bytes`` of body after decompression (default 16 MiB): an endpoint
 that never stops sending, trickles, or sends a gzip bomb fails ``reachable`` with one line
-instead of hanging the command (see :mod:`specobs.tools._http`).
+instead of hanging the command (see :mod:`specobs.tools._client`).
 
 The parts: :mod:`._checks` (the endpoint's checks, the report, :func:`examine`),
 :mod:`._prometheus` (``--prometheus`` and the cohort); here the command line, ``--against`` a
@@ -73,8 +73,8 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 
+from specobs.tools import _client
 from specobs.tools import _diagnosis as dg
-from specobs.tools import _http
 from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
 from specobs.tools._doctor._checks import (
@@ -103,7 +103,7 @@ _PROG = "specobs doctor"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``specobs doctor``."""
-    _http.add_source_arguments(
+    _client.add_source_arguments(
         parser, prometheus_help="diagnose one server from a Prometheus server instead: "
                                 "increase() over --window, against the --history before it")
     parser.add_argument("--instance", default=None, metavar="INSTANCE",
@@ -124,7 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--max-wait seconds in all (default: 0, two scrapes)")
     parser.add_argument("--max-wait", type=float, default=60.0, metavar="SECONDS",
                         help="bound of the window with --min-cycles (default: 60)")
-    _http.add_limit_arguments(parser)
+    _client.add_limit_arguments(parser)
     parser.add_argument("--against", metavar="FILE", default=None,
                         help="also compare the window with a run saved earlier by "
                              "'specobs report --save FILE' (SPEC-SAVED-* findings)")
@@ -260,18 +260,18 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"{_PROG}: --against: {exc}", file=sys.stderr)
             return 2
-    with _http.http_client(args) as client:
+    with _client.http_client(args) as client:
         if prometheus:
             report = examine_prometheus(client, url, selector, window, history,
-                                        _http.limits_from(args))
+                                        _client.limits_from(args))
         else:
-            report = examine(client, url, args.wait, _http.limits_from(args),
+            report = examine(client, url, args.wait, _client.limits_from(args),
                              min_cycles=args.min_cycles, max_wait_seconds=args.max_wait)
     if saved is not None:
         against_saved(report, saved)
     code = exit_code(report)
     # Credentials in the URL went to the server (HTTP Basic), never to the output.
-    url = _http.display_url(url)
+    url = _client.display_url(url)
     if args.json:
         print(json.dumps(
             {"url": url, "ok": code == 0, "exit_code": code,

@@ -13,8 +13,8 @@ from typing import Any
 from specobs import catalog
 from specobs.sampling import MAX_INTERVAL
 from specobs.tools import _breakdown as bd
+from specobs.tools import _client
 from specobs.tools import _diagnosis as dg
-from specobs.tools import _http
 from specobs.tools import _scrape as scr
 
 __all__ = [
@@ -117,7 +117,7 @@ def exit_code(report: Report) -> int:
 
 
 def diagnose(
-    client: Any, url: str, wait_seconds: float, limits: _http.Limits = _http.DEFAULT_LIMITS,
+    client: Any, url: str, wait_seconds: float, limits: _client.Limits = _client.DEFAULT_LIMITS,
 ) -> list[Check]:
     """The checks of :func:`examine` (the findings left out)."""
     return examine(client, url, wait_seconds, limits).checks
@@ -134,7 +134,7 @@ def _lifetime(first: scr.Scrape) -> scr.Delta:
 
 
 def examine(
-    client: Any, url: str, wait_seconds: float, limits: _http.Limits = _http.DEFAULT_LIMITS,
+    client: Any, url: str, wait_seconds: float, limits: _client.Limits = _client.DEFAULT_LIMITS,
     min_cycles: float = 0.0, max_wait_seconds: float = 60.0,
 ) -> Report:
     """Run every check against ``url`` and diagnose the speculation between the two scrapes,
@@ -159,7 +159,7 @@ def examine(
     try:
         series = scr.parse_exposition(text)
     except scr.ScrapeError as exc:
-        checks.append(Check("specobs endpoint", "FAIL", f"{_http.display_url(url)}: {exc}"))
+        checks.append(Check("specobs endpoint", "FAIL", f"{_client.display_url(url)}: {exc}"))
         return Report(_skip_rest(checks, "needs a specobs endpoint"))
     first = scr.Scrape(series, t0, text)
     if not first.is_specobs:

@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from specobs import catalog
+from specobs.tools import _client
 from specobs.tools import _diagnosis as dg
-from specobs.tools import _http
 from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
 from specobs.tools._doctor._checks import Check, Report
@@ -25,13 +25,13 @@ _DIAGNOSIS_GAUGES = (catalog.REQUESTS_RUNNING, catalog.REQUESTS_WAITING,
 
 def examine_prometheus(
     client: Any, base_url: str, selector: str, window_seconds: float, history_seconds: float,
-    limits: _http.Limits = _http.DEFAULT_LIMITS, now: float | None = None,
+    limits: _client.Limits = _client.DEFAULT_LIMITS, now: float | None = None,
 ) -> Report:
     """Diagnose the servers ``selector`` matches from a Prometheus server: ``increase()`` over
     the last ``window_seconds`` against the ``history_seconds`` before it (the same breakdown
     and findings as two scrapes give; the endpoint checks do not apply)."""
     at = time.time() if now is None else now
-    shown = f"{_http.display_url(base_url)} {{{selector}}}"
+    shown = f"{_client.display_url(base_url)} {{{selector}}}"
     try:
         recent = pa.prometheus_delta(client, base_url, selector, window_seconds, limits=limits,
                                      at=at, extra_gauges=_DIAGNOSIS_GAUGES)
@@ -97,7 +97,7 @@ def history_split(window_seconds: float, history_seconds: float, at: float
 
 
 def history_windows(client: Any, base_url: str, selector: str, window_seconds: float,
-                    history_seconds: float, limits: _http.Limits, at: float,
+                    history_seconds: float, limits: _client.Limits, at: float,
                     checks: list[Check]) -> list[dg.Window]:
     """The history before the recent window split into windows for the batch threshold
     (``diagnose(..., batch_windows=...)``): consecutive ``increase()`` windows as long as the
@@ -141,7 +141,7 @@ COHORT_LABELS = ("cluster", "namespace", "model_name", "serving_engine")
 
 
 def _against_cohort(client: Any, base_url: str, recent: scr.Delta, window: dg.Window,
-                    instance: str, window_seconds: float, limits: _http.Limits, at: float,
+                    instance: str, window_seconds: float, limits: _client.Limits, at: float,
                     checks: list[Check]) -> list[dg.Finding]:
     """The server's window against the same window of the other servers of its cohort."""
     info = recent.gauges.labels(catalog.INFO.name)

@@ -27,7 +27,7 @@ Each poll fetches the endpoint once (or runs one query per series against Promet
 request has one deadline, ``--timeout`` seconds from connecting to the last byte, and reads at
 most ``--max-bytes`` of body after decompression (default 16 MiB), so an endpoint that never
 stops sending, trickles, or sends a gzip bomb costs one failed poll, not a hang (see
-:mod:`specobs.tools._http`).
+:mod:`specobs.tools._client`).
 
 The parts: :mod:`._sources` (the endpoint and Prometheus sources, the :class:`Frame`),
 :mod:`._views` (the plain, JSON and live views); here the command line, the keys and the loop.
@@ -47,7 +47,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from specobs.tools import _http
+from specobs.tools import _client
 from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
 from specobs.tools._top._sources import EndpointSource, Frame, PrometheusSource
@@ -61,7 +61,7 @@ _PROG = "specobs top"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``specobs top``."""
-    _http.add_source_arguments(
+    _client.add_source_arguments(
         parser, prometheus_help="read from a Prometheus server instead (increase() over --window)")
     parser.add_argument("--selector", default="",
                         help="label matchers for --prometheus, e.g. "
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="range of increase() with --prometheus (default: 30s)")
     parser.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
                         help="seconds between polls (default: 2)")
-    _http.add_limit_arguments(parser)
+    _client.add_limit_arguments(parser)
     parser.add_argument("--plain", action="store_true",
                         help="one line of text per poll even on a terminal")
     parser.add_argument("--once", action="store_true",
@@ -193,8 +193,8 @@ def run(args: argparse.Namespace) -> int:
         console = Console(highlight=False)
         plain = console.is_dumb_terminal or not console.is_terminal
     quit_event = threading.Event()
-    limits = _http.limits_from(args)
-    with _http.http_client(args) as client:
+    limits = _client.limits_from(args)
+    with _client.http_client(args) as client:
         source: EndpointSource | PrometheusSource
         if args.prometheus is not None:
             source = PrometheusSource(client, target, selector, window, limits)

@@ -11,8 +11,8 @@ from typing import Any
 
 from specobs import catalog
 from specobs.tools import _breakdown as bd
+from specobs.tools import _client
 from specobs.tools import _diagnosis as dg
-from specobs.tools import _http
 from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
 
@@ -33,12 +33,12 @@ class Frame:
 class EndpointSource:
     """Polls a specobs /metrics endpoint and differences consecutive scrapes."""
 
-    def __init__(self, client: Any, url: str, limits: _http.Limits = _http.DEFAULT_LIMITS
+    def __init__(self, client: Any, url: str, limits: _client.Limits = _client.DEFAULT_LIMITS
                  ) -> None:
         self.client = client
         self.url = url
         self.limits = limits
-        self.description = _http.display_url(url)
+        self.description = _client.display_url(url)
         self._prev: scr.Scrape | None = None
 
     def poll(self) -> Frame:
@@ -60,14 +60,14 @@ class PrometheusSource:
     """Queries ``increase(...[window])`` from a Prometheus server on every poll."""
 
     def __init__(self, client: Any, base_url: str, selector: str, window_seconds: float,
-                 limits: _http.Limits = _http.DEFAULT_LIMITS) -> None:
+                 limits: _client.Limits = _client.DEFAULT_LIMITS) -> None:
         self.client = client
         self.limits = limits
         self.base_url = base_url
         self.selector = selector
         self.window_seconds = window_seconds
         self.description = (
-            f"{_http.display_url(base_url)} {{{selector}}} over "
+            f"{_client.display_url(base_url)} {{{selector}}} over "
             f"{scr.format_rate(window_seconds, 0)}s"
         )
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from specobs import MissingDependencyError
-from specobs.tools import _http
+from specobs.tools import _client
 from specobs.tools import _promapi as pa
 from specobs.tools.fleet._schedule import ScheduleError, load_schedule
 from specobs.tools.fleet._score import (
@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "fleet and evaluates specobs's rules) when each alert fired, and "
                              "print every alert's precision and recall against the injected "
                              "faults")
-    _http.add_limit_arguments(parser)
+    _client.add_limit_arguments(parser)
 
 
 def _loopback(addr: str) -> bool:
@@ -137,11 +137,11 @@ def _score(args: argparse.Namespace, fleet: Fleet) -> int:
     end = time.time()
     step = max(1.0, min(15.0, args.duration / 60))
     try:
-        with _http.http_client(args) as client:
+        with _client.http_client(args) as client:
             result = pa.prom_query(client, args.score,
                                    first_firing_query(end - fleet.start_wall, step), at=end,
-                                   limits=_http.limits_from(args))
-    except _http.ScrapeError as exc:
+                                   limits=_client.limits_from(args))
+    except _client.ScrapeError as exc:
         print(f"specobs fleet-sim: --score: {exc}", file=sys.stderr)
         return 1
     print(score_table(score(firing_from_vector(result), faults), faults), flush=True)

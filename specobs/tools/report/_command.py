@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from specobs.tools import _http
+from specobs.tools import _client
 from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
 from specobs.tools.report import _data as data
@@ -97,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also print one JSON object on stdout: each run's summary and, for "
                              "one run, its findings, for --compare every metric's verdict and "
                              "the regressions (the exit status is the same)")
-    _http.add_limit_arguments(parser)
+    _client.add_limit_arguments(parser)
 
 
 # -- running --------------------------------------------------------------------------------------
@@ -163,11 +163,11 @@ def _load_source(
     except ValueError as exc:
         raise _Usage(str(exc)) from None
     snapshots = data.sample_endpoint(
-        client, url, args.duration, args.interval, limits=_http.limits_from(args),
+        client, url, args.duration, args.interval, limits=_client.limits_from(args),
         progress=progress.reporter(save_suffix or "run"),
     )
     # The report and the snapshot file are shared: credentials stay out of both.
-    shown = _http.display_url(url)
+    shown = _client.display_url(url)
     if args.save:
         data.save_snapshots(_save_path(args.save, save_suffix), shown, snapshots)
     return data.run_from_scrapes(name or shown, shown, snapshots)
@@ -204,7 +204,7 @@ def _prometheus_source(
         step = pa.parse_window(args.step) if args.step else max(15.0, (end - start) / 60)
     except ValueError as exc:
         raise _Usage(str(exc)) from None
-    rng = data.PrometheusRange(client, base, selector, start, end, step, _http.limits_from(args))
+    rng = data.PrometheusRange(client, base, selector, start, end, step, _client.limits_from(args))
     return data.prometheus_run(rng, name=name or spec or "")
 
 
@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     try:
-        with _http.http_client(args) as client:
+        with _client.http_client(args) as client:
             runs = _load_runs(args, client, _Progress())
     except _Usage as exc:
         return _usage(str(exc))

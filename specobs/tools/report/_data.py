@@ -31,8 +31,8 @@ from typing import IO, Any
 
 from specobs import catalog
 from specobs.tools import _breakdown as bd
+from specobs.tools import _client
 from specobs.tools import _diagnosis as dg
-from specobs.tools import _http
 from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
 
@@ -259,14 +259,14 @@ def sample_endpoint(
     duration_seconds: float,
     interval_seconds: float,
     *,
-    limits: _http.Limits = _http.DEFAULT_LIMITS,
+    limits: _client.Limits = _client.DEFAULT_LIMITS,
     progress: Callable[[str], None] | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> list[Snapshot]:
     """Scrape ``url`` every ``interval_seconds`` for ``duration_seconds`` (one more scrape at the
     end). The first scrape must succeed: an unreachable or non-specobs endpoint raises
     :class:`RunError` at once; later failures are recorded and sampling goes on."""
-    shown = _http.display_url(url)
+    shown = _client.display_url(url)
     snapshots: list[Snapshot] = []
     started = time.monotonic()
     n = max(1, math.ceil(duration_seconds / interval_seconds))
@@ -314,7 +314,7 @@ def save_snapshots(path: str, source: str, snapshots: Iterable[Snapshot]) -> Non
     opener: Any = gzip.open if path.endswith(".gz") else open
     with replacing(path) as tmp, opener(tmp, "wt", encoding="utf-8") as f:
         f.write(json.dumps({"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION,
-                            "source": _http.display_url(source)}) + "\n")
+                            "source": _client.display_url(source)}) + "\n")
         for s in snapshots:
             row: dict[str, Any] = {"t": round(s.unix, 6), "fetch_seconds": round(
                 s.fetch_seconds, 6)}
@@ -355,7 +355,7 @@ def load_snapshots(path: str) -> tuple[str, list[Snapshot]]:
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise RunError(f"{path}: cannot read it ({exc})") from None
     # A file written before sources were saved without credentials may still carry them.
-    return _http.display_url(str(header.get("source") or path)), snapshots
+    return _client.display_url(str(header.get("source") or path)), snapshots
 
 
 def _snapshot_from_json(path: str, lineno: int, line: str) -> Snapshot:
@@ -393,16 +393,16 @@ class PrometheusRange:
     start: float
     end: float
     step: float
-    limits: _http.Limits = _http.DEFAULT_LIMITS
+    limits: _client.Limits = _client.DEFAULT_LIMITS
 
 
 def _prom_range(r: PrometheusRange, promql: str, start: float) -> list[dict[str, Any]]:
     url = r.base_url.rstrip("/") + "/api/v1/query_range"
-    shown = _http.display_url(r.base_url)
+    shown = _client.display_url(r.base_url)
     params = {"query": promql, "start": f"{start:.3f}", "end": f"{r.end:.3f}",
               "step": f"{r.step:g}"}
     try:
-        response = _http.get(r.client, url, params=params, limits=r.limits,
+        response = _client.get(r.client, url, params=params, limits=r.limits,
                              headers={"Accept": "application/json"})
     except scr.ScrapeError as exc:
         raise RunError(f"cannot query Prometheus at {shown}: {exc}") from None
@@ -478,12 +478,12 @@ def prometheus_run(r: PrometheusRange, *, name: str = "") -> Run:
     r = replace(r, step=min(r.step, end - start))
     counters, gauges = _frames(r)
     up_matrix = _prom_range(r, f"up{{{selector}}}", start)
-    source = f"{_http.display_url(r.base_url)} {{{selector}}}"
+    source = f"{_client.display_url(r.base_url)} {{{selector}}}"
     if not any(s.has(catalog.CYCLES.name) for s in counters.values()):
         seen = "" if gauges else (" and no specobs series at all: check the selector and that "
                                   "Prometheus scrapes the specobs endpoint")
         raise RunError(
-            f"Prometheus at {_http.display_url(r.base_url)} has no "
+            f"Prometheus at {_client.display_url(r.base_url)} has no "
             f"{catalog.CYCLES.name}{{{selector}}} samples between "
             f"{_iso(start)} and {_iso(end)}{seen}"
         )

@@ -236,7 +236,7 @@ def limits_from(args: argparse.Namespace) -> Limits:
 
 def http_client(args: argparse.Namespace) -> Any:
     """The tools' httpx client. No keep-alive: every request opens its own connection, whose
-    socket the deadline can cut (see :mod:`specobs.tools._http`)."""
+    socket the deadline can cut (see :mod:`specobs.tools._client`)."""
     import httpx
 
     return httpx.Client(
