@@ -695,13 +695,10 @@ class Resolver:
             gpu_phases = [_bucket([g[i] for g in gcols], bounds) for i in range(nph)]
             gpu_cycle = _bucket([sum(g) for g in gcols], bounds)
         out = self._resolved_cycles(details, gpu, validated, k_max)
-        agg.apply(Chunk(
-            dropped=dropped,
-            errors=errors,
-            gpu_phases=gpu_phases,
-            gpu_cycle=gpu_cycle,
-            acceptance=acceptance,
-            batch_sizes=batches,
+        agg.apply(Chunk(  # grouped as Chunk documents its fields
+            dropped=dropped, errors=errors,
+            gpu_phases=gpu_phases, gpu_cycle=gpu_cycle,
+            acceptance=acceptance, batch_sizes=batches,
             traced=[r for r in out if r.trace_id is not None],
         ))
         self._adapt_some(cost + native_cost, len(gpu) + n_native, total_ns, n, read_ns)

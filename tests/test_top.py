@@ -503,15 +503,22 @@ def test_idle_endpoint_shows_no_cycles(
     assert "no cycles in the last" in out.splitlines()[-1]
 
 
+def _past_a_held_pool(eng: Engine) -> None:
+    """Five cycles while the first holds the pool's events (a pool of one cycle's worth): the
+    next four are counted without GPU times, ``event_pool_exhausted``."""
+    eng.complete = False
+    for _ in range(5):
+        eng.cycle()
+    eng.gpu.complete()
+    eng.complete = True
+    assert eng.obs.force_flush(5)
+
+
 def test_drops_are_shown_by_reason(engines: Callable[..., Engine]):
     eng = engines(pool_size=4)  # one cycle's worth of CUDA-like events
-    eng.complete = False  # the first cycle holds them while the next four run
     with _client() as client:
         first = scr.scrape(client, eng.url)
-        for _ in range(5):
-            eng.cycle()
-        eng.gpu.complete()
-        assert eng.obs.force_flush(5)
+        _past_a_held_pool(eng)
         delta = scr.difference(first, scr.scrape(client, eng.url))
     assert isinstance(delta, scr.Delta)
     b = bd.breakdown(delta)
@@ -536,11 +543,7 @@ def test_cycles_the_engine_raised_in_are_shown_apart_from_specobs_drops(
                 raise RuntimeError("the engine's step failed")
             eng.gpu.complete()  # a discarded cycle's events return once the GPU passed them
             assert eng.obs.force_flush(5)
-        eng.complete = False  # the first cycle holds the events while the next four run
-        for _ in range(5):
-            eng.cycle()
-        eng.gpu.complete()
-        assert eng.obs.force_flush(5)
+        _past_a_held_pool(eng)
         delta = scr.difference(first, scr.scrape(client, eng.url))
     assert isinstance(delta, scr.Delta)
     b = bd.breakdown(delta)
