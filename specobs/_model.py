@@ -247,44 +247,30 @@ class BatchAcceptance(NamedTuple):
     sequences_by_draft_length: dict[int, int]
 
 
+@dataclass(frozen=True, slots=True, repr=False)
 class ResolvedCycle:
-    """A cycle after resolution: durations in nanoseconds, counts, and trace ids if traced."""
+    """A cycle after resolution: durations in nanoseconds, counts, and trace ids if traced.
+    The resolver makes it whole; sinks read it."""
 
-    __slots__ = (
-        "accept_lengths",
-        "accepted",
-        "batch_size",
-        "drafted",
-        "drafted_shape",
-        "emitted",
-        "end_wall_ns",
-        "gpu_ns",
-        "host_ns",
-        "index",
-        "phase_span_ids",
-        "phases",
-        "span_id",
-        "start_wall_ns",
-        "trace_id",
-    )
-
-    def __init__(self) -> None:
-        self.index = 0
-        self.phases: tuple[str, ...] = ()
-        self.start_wall_ns = 0
-        self.end_wall_ns = 0
-        self.host_ns: list[int] = []
-        self.gpu_ns: list[int] | None = None
-        self.batch_size: int | None = None
-        self.drafted = 0
-        self.accepted = 0
-        self.emitted = 0
-        self.accept_lengths: list[int] | None = None
-        # Per-sequence draft lengths, or (k, sequences) when every sequence drafted k.
-        self.drafted_shape: list[int] | tuple[int, int] | None = None
-        self.trace_id: int | None = None
-        self.span_id: int | None = None
-        self.phase_span_ids: list[int] | None = None
+    index: int
+    phases: tuple[str, ...]
+    start_wall_ns: int
+    end_wall_ns: int
+    #: Host-clock duration of each phase.
+    host_ns: list[int]
+    #: GPU-clock duration of each phase (sampled cycles), else ``None``.
+    gpu_ns: list[int] | None = None
+    batch_size: int | None = None
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    #: Each sequence's accepted draft tokens, when the cycle gave valid acceptance.
+    accept_lengths: list[int] | None = None
+    #: Per-sequence draft lengths, or (k, sequences) when every sequence drafted k.
+    drafted_shape: list[int] | tuple[int, int] | None = None
+    trace_id: int | None = None
+    span_id: int | None = None
+    phase_span_ids: list[int] | None = None
 
     @property
     def host_cycle_ns(self) -> int:

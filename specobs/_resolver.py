@@ -790,15 +790,8 @@ class Resolver:
             if not (need_all or traced):
                 continue
             ts = d.stamps
-            r = ResolvedCycle()
-            r.index = d.cycle_index
-            r.phases = phases
-            r.start_wall_ns = anchor_wall + ts[0]
-            r.end_wall_ns = anchor_wall + ts[-1]
-            r.host_ns = [ts[i + 1] - ts[i] for i in range(nph)]
-            r.gpu_ns = g
             b = d.batch
-            r.batch_size = b if type(b) is int and 0 <= b <= _acceptance.MAX_BATCH else None
+            batch = b if type(b) is int and 0 <= b <= _acceptance.MAX_BATCH else None
             a: Acceptance | None = None
             if d.native:
                 lens = d.acceptance
@@ -807,17 +800,20 @@ class Resolver:
                 a = Acceptance(lens, s, k * len(lens), s + len(lens), (k, len(lens)))
             else:
                 a = validated(d)
+            counted: dict[str, Any] = {}
             if a is not None:
-                r.accepted, r.drafted, r.emitted, r.drafted_shape = (
-                    a.accepted, a.drafted, a.emitted, a.shape)
-                r.accept_lengths = list(a.lengths)
-                if r.batch_size is None:
-                    r.batch_size = len(r.accept_lengths)
+                counted = {"drafted": a.drafted, "accepted": a.accepted, "emitted": a.emitted,
+                           "accept_lengths": list(a.lengths), "drafted_shape": a.shape}
+                if batch is None:
+                    batch = len(a.lengths)
+            ids: dict[str, Any] = {}
             if traced:
-                r.trace_id = rng.getrandbits(128) or 1
-                r.span_id = rng.getrandbits(64) or 1
-                r.phase_span_ids = [rng.getrandbits(64) or 1 for _ in range(nph)]
-            out.append(r)
+                ids = {"trace_id": rng.getrandbits(128) or 1, "span_id": rng.getrandbits(64) or 1,
+                       "phase_span_ids": [rng.getrandbits(64) or 1 for _ in range(nph)]}
+            out.append(ResolvedCycle(
+                index=d.cycle_index, phases=phases, start_wall_ns=anchor_wall + ts[0],
+                end_wall_ns=anchor_wall + ts[-1], host_ns=[ts[i + 1] - ts[i] for i in range(nph)],
+                gpu_ns=g, batch_size=batch, **counted, **ids))
         return out
 
     def _drops_now(self, counts: tuple[int, ...]) -> dict[str, int]:
