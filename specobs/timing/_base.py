@@ -145,7 +145,21 @@ def record_stream_of(clock: Any) -> Any:
 
 
 class EventClock(Protocol):
-    """What the recorder and resolver need from a GPU clock."""
+    """What the recorder and resolver need from a GPU clock.
+
+    A clock may also offer what lets the native core work without Python; each is read where
+    present (``getattr`` with a default), so a clock of the user's own needs none of them:
+
+    * ``bind_thread()``, ``buffers_low``, ``stream_switched`` (declared below; see
+      :class:`EventPool`);
+    * ``pool_events`` (how many events the pool holds) and ``idle_events()`` (those not drawn):
+      the resolver caches their handles (:class:`EventPool` has both);
+    * ``native_event_args()``: the runtime's event functions, for the native core to read GPU
+      times with the GIL let go (``None``: not available);
+    * ``native_copy_args()``, ``native_copy_type`` and ``copy_event_failed(slot)``: the
+      runtime's copy functions and pinned slots, for the native core to copy CUDA acceptance
+      itself, and what to do when recording a slot's event fails (the CUDA and fake clocks).
+    """
 
     name: str
     #: Called on the worker thread as ``record_fn(event, stream)``: enqueue a timestamp.
