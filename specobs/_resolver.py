@@ -82,6 +82,21 @@ def _bucket(values: list[int], bounds: Sequence[float], scale: float = 1e-9) -> 
     return _or_reference(_bucketing.bucket, _bucketing.bucket_py, values, bounds, scale)
 
 
+def next_chunk(limit: int, taken: int, cpu_ns: int, slice_ns: int) -> int:
+    """How many records the next slice may take, after one that could take ``limit``, took
+    ``taken`` and held the GIL ``cpu_ns``: sized by time, since a record costs 0.5-50 µs
+    depending on batch size, GPU sampling, sinks and the machine, so no fixed count bounds the
+    hold. Doubled after a full slice well under ``slice_ns``, shrunk in proportion after any
+    slice over it, within ``MIN_CHUNK``..``MAX_CHUNK``. Not from ``cpu_ns / taken``: a slice's
+    fixed cost (~10 µs, more under contention) would read as per-record cost and shrink slices
+    until fixed cost is all they do."""
+    if taken >= limit and cpu_ns * 2 < slice_ns:
+        return min(MAX_CHUNK, limit * 2)
+    if cpu_ns > slice_ns and taken > MIN_CHUNK:
+        return max(MIN_CHUNK, taken * slice_ns // cpu_ns)
+    return limit
+
+
 def _unread_copy(exc: BaseException) -> Callable[[], str]:
     """The message for a copied acceptance that could not be read, built only if logged."""
     return lambda: "could not read the copied acceptance: " + short_repr(exc, 200)
@@ -431,15 +446,7 @@ class Resolver:
                     self.consumed += taken_box[0]
             self.slices += 1
             self._cpu_acc += cpu
-            # Size the next slice by time: a record costs 0.5-50 µs depending on batch size,
-            # GPU sampling, sinks and the machine, so no fixed count bounds the hold. Grow
-            # after a full slice well under the target, shrink after any slice over it. Not
-            # from cpu / n: a slice's fixed cost (~10 µs here, more under contention) would
-            # read as per-record cost and shrink slices until fixed cost is all they do.
-            if n >= limit and cpu * 2 < self.slice_ns:
-                self.chunk = min(MAX_CHUNK, limit * 2)
-            elif cpu > self.slice_ns and n > MIN_CHUNK:
-                self.chunk = max(MIN_CHUNK, n * self.slice_ns // cpu)
+            self.chunk = next_chunk(limit, n, cpu, self.slice_ns)
             if n < limit or not len(self.rec.ring):
                 if not in_run:
                     self._add_cpu()  # the loop adds it with the thread times, every 100 ms
