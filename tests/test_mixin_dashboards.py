@@ -117,7 +117,7 @@ def test_fleet_rows_drill_down_to_the_server_and_dashboards_link_each_other() ->
 def test_the_fleet_table_names_the_model_shows_the_speedup_and_colours_what_is_wrong() -> None:
     table = next(p for p in panels(DASHBOARDS["dashboards/fleet.json"]) if p["type"] == "table")
     order = table["transformations"][1]["options"]["indexByName"]
-    assert "model_name" in order and "instance" in order
+    assert "model_name" in order and "serving_engine" in order and "instance" in order
     props = {o["matcher"]["options"]: {q["id"]: q["value"] for q in o["properties"]}
              for o in table["fieldConfig"]["overrides"]}
     assert "instance:specobs_speedup:realized_rate" in next(

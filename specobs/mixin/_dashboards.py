@@ -600,7 +600,7 @@ def render_fleet(config: MixinConfig) -> str:
     )
 
     b.row("Servers")
-    index = (*config.group_labels, "job", "instance", *config.server_labels, config.model_label)
+    index = config.instance_labels  # one row per server: its model and engine named
     by = ", ".join(index)
     drill = {
         "title": "Cycle breakdown of ${__data.fields.instance}",
