@@ -87,10 +87,14 @@ SPECOBS_ALL_RANKS = "SPECOBS_ALL_RANKS"
 """``1``: every rank exports (with a ``rank`` label and port + rank). Default: rank 0 only."""
 
 SPECOBS_EXIT_TIMEOUT_SECONDS = "SPECOBS_EXIT_TIMEOUT_SECONDS"
+SPECOBS_OTLP_FORK_WAIT_SECONDS = "SPECOBS_OTLP_FORK_WAIT_SECONDS"
 """Most seconds the exit hook spends flushing every observer still open (records, the final
 OTLP export) when the interpreter exits. Default 5."""
 
 DEFAULT_EXIT_TIMEOUT_SECONDS = 5.0
+#: How long ``fork()`` waits for specobs's own OTLP/gRPC export in progress (see
+#: ``specobs.sinks.otlp``): a child forked while one still runs cannot use gRPC.
+DEFAULT_OTLP_FORK_WAIT_SECONDS = 0.5
 
 ClockMode = Literal["auto", "cuda", "host"]
 _PHASE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -421,6 +425,17 @@ def env_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
     or unset, is off."""
     raw = (os.environ if env is None else env).get(name, "")
     return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def otlp_fork_wait_seconds(env: Mapping[str, str] | None = None) -> float:
+    """``SPECOBS_OTLP_FORK_WAIT_SECONDS`` (default 0.5, 0 to 60): how long ``fork()`` waits for
+    an OTLP/gRPC export in progress. Read when an OTLP sink is made; a bad value raises
+    :class:`~specobs.ConfigurationError` there."""
+    raw = _env(SPECOBS_OTLP_FORK_WAIT_SECONDS, os.environ if env is None else env)
+    if raw is None:
+        return DEFAULT_OTLP_FORK_WAIT_SECONDS
+    return _parse_float(SPECOBS_OTLP_FORK_WAIT_SECONDS, raw, low=0.0, high=60.0,
+                        open_low=False)
 
 
 def exit_timeout_seconds(env: Mapping[str, str] | None = None) -> float:

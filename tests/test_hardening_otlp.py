@@ -254,8 +254,9 @@ _FORK_SCRIPT = textwrap.dedent('''
         # sink must not depend on the order the hooks run in.
         specobs.configure(sinks=[], clock="host").shutdown(1)
     from specobs.sinks import otlp
-    # Generous on a loaded machine: how long fork() may wait for an export in progress.
-    otlp._FORK_WAIT_SECONDS = 5.0 if mode == "healthy" else 0.2
+    # Generous on a loaded machine: how long fork() may wait for an export in progress, read
+    # when the gRPC sink is made.
+    os.environ["SPECOBS_OTLP_FORK_WAIT_SECONDS"] = "5" if mode == "healthy" else "0.2"
     # On a loaded machine 16 children and the parent export at once to one Python receiver: the
     # per-export deadline and the flushes are bounds on waiting for delivery, not the expectation.
     sink = otlp.OtlpSink(endpoint=endpoint, protocol="grpc",
@@ -540,3 +541,22 @@ def test_metrics_data_clamps_a_time_before_the_start() -> None:
 def test_module_constants() -> None:
     assert _otlp_config.MAX_RESPONSE_BYTES == 1024 * 1024
     assert 0 < otlp._FORK_WAIT_SECONDS <= 1.0
+
+
+def test_the_fork_wait_is_read_when_a_grpc_sink_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SPECOBS_OTLP_FORK_WAIT_SECONDS``: how long fork() waits for a gRPC export in progress
+    (children forked during a slow one cannot export). A bad value is refused where the sink is
+    made, saying what was expected; an http/protobuf sink does not read it."""
+    monkeypatch.setattr(otlp, "_FORK_WAIT_SECONDS", otlp._FORK_WAIT_SECONDS)
+    monkeypatch.setenv("SPECOBS_OTLP_FORK_WAIT_SECONDS", "2.5")
+    OtlpSink(endpoint="http://127.0.0.1:9", protocol="grpc")
+    assert otlp._FORK_WAIT_SECONDS == 2.5
+    monkeypatch.setenv("SPECOBS_OTLP_FORK_WAIT_SECONDS", "soon")
+    OtlpSink(endpoint="http://127.0.0.1:9", protocol="http/protobuf")  # not read
+    with pytest.raises(specobs.ConfigurationError, match="SPECOBS_OTLP_FORK_WAIT_SECONDS") as e:
+        OtlpSink(endpoint="http://127.0.0.1:9", protocol="grpc")
+    assert "'soon'" in str(e.value) or "soon" in str(e.value)
+    monkeypatch.setenv("SPECOBS_OTLP_FORK_WAIT_SECONDS", "600")
+    with pytest.raises(specobs.ConfigurationError, match="60"):
+        OtlpSink(endpoint="http://127.0.0.1:9", protocol="grpc")
+    assert otlp._FORK_WAIT_SECONDS == 2.5

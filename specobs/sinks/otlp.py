@@ -107,6 +107,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+from specobs._config import DEFAULT_OTLP_FORK_WAIT_SECONDS, otlp_fork_wait_seconds
 from specobs._errors import ConfigurationError, require
 from specobs._model import ResolvedCycle, Snapshot
 from specobs.sinks._base import MetricSource, Sink
@@ -145,8 +146,9 @@ DEFAULT_MAX_QUEUE_SIZE = 2048
 _MAX_EXPORT_BATCH_SIZE = 512
 # How often the span processor exports without being asked (it also wakes when a batch fills).
 _SPAN_SCHEDULE_DELAY_MILLIS = 1000.0
-#: How long ``fork()`` waits for specobs's own gRPC export in progress to end (see _GrpcForkGate).
-_FORK_WAIT_SECONDS = 0.5
+#: How long ``fork()`` waits for specobs's own gRPC export in progress to end (see
+#: _GrpcForkGate): ``SPECOBS_OTLP_FORK_WAIT_SECONDS``, read when a gRPC sink is made.
+_FORK_WAIT_SECONDS = DEFAULT_OTLP_FORK_WAIT_SECONDS
 
 
 class _GrpcForkGate:
@@ -381,6 +383,9 @@ class OtlpSink(Sink):
         self.max_queue_size = max_queue_size
         self.wants_traces = bool(traces)
         self.metrics = bool(metrics)
+        if self._uses_grpc():
+            global _FORK_WAIT_SECONDS
+            _FORK_WAIT_SECONDS = otlp_fork_wait_seconds(environ)
         attrs: dict[str, Any] = dict(resource_attributes or {})
         if service_name is not None:
             attrs["service.name"] = service_name
@@ -487,8 +492,9 @@ class OtlpSink(Sink):
                 "specobs: forked child (pid %d) does not export by OTLP/gRPC: fork() ran while "
                 "an export to the collector was in progress, after which gRPC cannot be used "
                 "safely in the child. The parent keeps exporting; for children that export, "
-                "fork before configure() or use OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf.",
-                os.getpid())
+                "fork before configure(), use OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf, or let "
+                "fork() wait longer than %g s for the export (SPECOBS_OTLP_FORK_WAIT_SECONDS).",
+                os.getpid(), _FORK_WAIT_SECONDS)
             self._closed = True
             return
         try:
