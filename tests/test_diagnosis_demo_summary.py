@@ -63,3 +63,34 @@ def test_without_a_baseline_or_cycles_the_summary_says_so_not_a_dash() -> None:
     assert any("vs baseline 80.0 (configured): speedup - (no cycles in the window)" in ln
                for ln in _summary.final_lines(idle, seconds=1.0, fault=None,
                                               baseline_note="configured", requests=""))
+
+
+def test_the_draft_heads_training_has_a_row_of_its_own_while_it_runs() -> None:
+    """The training status stood in the requests row, where a reader looking at why the
+    speedup is below 1 did not see it: it has its own row, and none once the draft trained."""
+    import io
+
+    from rich.console import Console
+
+    obs = specobs.configure(sinks=[specobs.MemorySink()], clock="host", max_draft_length=4,
+                            env={})
+    try:
+        _cycles(obs, 50, [3, 4, 2, 4])
+        view = _summary.compute_view(obs.snapshot(), None, 1.0, baseline=None)
+    finally:
+        obs.shutdown(5)
+
+    def text(training: str) -> str:
+        console = Console(width=140, record=True, file=io.StringIO())
+        console.print(_summary.render_rich(
+            view, title="t", fault=None, requests="2 running, 0 waiting, 7 finished",
+            where=[], baseline_note="configured", training=training))
+        return console.export_text()
+
+    rows = [ln.replace("│", " ").split() for ln in text("draft training 40/300").splitlines()]
+    assert ["draft", "head", "draft", "training", "40/300"] in [r[:5] for r in rows]
+    assert any(r[:5] == ["requests", "2", "running,", "0", "waiting,"] for r in rows)
+    assert "draft head" not in text("")
+    line = _summary.plain_line(view, fault=None, requests="2 running",
+                               training="draft training 4/9")
+    assert "| draft training 4/9 | 2 running" in line

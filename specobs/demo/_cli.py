@@ -291,12 +291,18 @@ def _configure_observer(
     return observer, prom
 
 
+def _training_text(engine: Any) -> str:
+    """The draft head's training while it runs in the background (or how it ended badly);
+    empty once it trained, or with the shipped weights."""
+    pending = getattr(getattr(engine, "models", None), "pending", None)
+    if pending is None or (pending.done.is_set() and pending.error is None):
+        return ""
+    return str(pending.status())
+
+
 def _requests_text(engine: Any, load: Any) -> str:
     s = engine.stats()
     text = f"{s.active} running, {s.waiting} waiting, {s.requests_finished} finished"
-    pending = getattr(getattr(engine, "models", None), "pending", None)
-    if pending is not None and not (pending.done.is_set() and pending.error is None):
-        text = f"{pending.status()}; {text}"
     if load is not None:
         text += f"; load {load.requests_ok} ok, {load.requests_failed} failed"
         if load.errors:
@@ -617,14 +623,14 @@ def _summarize_live(r: _Run, where: list[str], *, live: bool) -> None:
     window = 5.0
     interval = _LIVE_INTERVAL_SECONDS if live else _PLAIN_INTERVAL_SECONDS
 
-    def frame() -> tuple[Any, str]:
+    def frame() -> tuple[Any, str, str]:
         snap, now = observer.snapshot(), time.monotonic()
         while len(history) > 1 and now - history[1][0] >= window:
             history.popleft()
         then, old = history[0]
         history.append((now, snap))
-        return _summary.compute_view(snap, old, now - then, r.baseline()), _requests_text(
-            engine, r.load_summary)
+        view = _summary.compute_view(snap, old, now - then, r.baseline())
+        return view, _requests_text(engine, r.load_summary), _training_text(engine)
 
     next_at = first_at
     if live:
@@ -634,19 +640,19 @@ def _summarize_live(r: _Run, where: list[str], *, live: bool) -> None:
             while True:
                 next_at += interval
                 wait_until(next_at)
-                view, requests = frame()
+                view, requests, training = frame()
                 view_live.update(_summary.render_rich(
                     view, title=title, fault=engine.fault, requests=requests, where=where,
-                    baseline_note=r.baseline_note,
+                    baseline_note=r.baseline_note, training=training,
                 ))  # fmt: skip
     else:
         next_at += min(_FIRST_PLAIN_SECONDS, interval) - interval
         while True:
             next_at += interval
             wait_until(next_at)
-            view, requests = frame()
+            view, requests, training = frame()
             _say(f"[{time.monotonic() - r.started:6.1f} s] " + _summary.plain_line(
-                view, fault=engine.fault, requests=requests))
+                view, fault=engine.fault, requests=requests, training=training))
 
 
 def _shut_down(r: _Run) -> None:

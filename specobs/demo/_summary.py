@@ -180,7 +180,8 @@ def _speedup_text(view: DemoView, baseline_note: str | None = None) -> str:
     return text if baseline_note is None else f"vs baseline {base:.1f} ({baseline_note}): {text}"
 
 
-def plain_line(view: DemoView, *, fault: str | None, requests: str = "") -> str:
+def plain_line(view: DemoView, *, fault: str | None, requests: str = "",
+               training: str = "") -> str:
     """One line: rates, acceptance and the per-phase split on each clock."""
     parts = [
         f"cycles/s {view.cycles_per_second:6.1f}",
@@ -198,6 +199,8 @@ def plain_line(view: DemoView, *, fault: str | None, requests: str = "") -> str:
         ]
         parts.append(f"{clock}: " + (", ".join(split) if split else "n/a"))
     parts.append(f"fault {fault or 'none'}")
+    if training:
+        parts.append(training)
     if requests:
         parts.append(requests)
     return " | ".join(parts)
@@ -234,8 +237,10 @@ def render_rich(
     requests: str,
     where: list[str],
     baseline_note: str,
+    training: str = "",
 ) -> Any:
-    """A rich renderable of the view (phase table, rates, acceptance, where to look)."""
+    """A rich renderable of the view (phase table, rates, acceptance, where to look);
+    ``training``: the draft head's training in the background, a row of its own while it runs."""
     from rich.console import Group
     from rich.panel import Panel
     from rich.table import Table
@@ -274,6 +279,7 @@ def render_rich(
                                             strict=True))),
         ("batch size", _f(view.batch_size_mean, ".1f")),
         ("per-sequence tokens/s", f"{speed}  {_speedup_text(view, baseline_note)}"),
+        *([("draft head", training)] if training else []),
         ("fault", fault or "none"),
         ("requests", requests),
         ("exporter", f"dropped {view.dropped_total}, " + (
