@@ -225,7 +225,8 @@ def test_every_chart_of_a_real_cpu_run_is_drawn(
         "Cycle breakdown, host clock", "Phase share of cycle time", "Phase latency p50 / p99",
         "Acceptance rate over time", "Acceptance per draft position",
         "Accept-length distribution", "Emitted tokens/s per server", "Tokens/s per sequence",
-        "Speedup: realized vs predicted", "Drops and exporter health",
+        "Speedup: realized vs predicted", "Requests running and waiting",
+        "Drops and exporter health",
     ]
     # No GPU clock: one line says so under the breakdown heading and in the phase table; the
     # host chart takes the row, and so does each chart left alone in its row.
@@ -234,8 +235,13 @@ def test_every_chart_of_a_real_cpu_run_is_drawn(
     assert "<td>gpu</td><td>draft</td>" not in page
     wide = re.findall(r'<div class="chart wide" data-title="([^"]*)"', page)
     assert wide == ["Cycle breakdown, host clock", "Accept-length distribution",
-                    "Speedup: realized vs predicted", "Drops and exporter health"]
+                    "Drops and exporter health"]
     by_title = {c["title"]: c for c in embedded_charts(page)}
+    # The load the run was served under: the demo's 4 clients, running or waiting.
+    requests = {t["name"]: t["y"] for t in by_title["Requests running and waiting"]["data"]}
+    assert set(requests) == {"running", "waiting"}
+    assert all(v is not None and 0 <= v <= 4 for v in requests["running"])
+    assert max(requests["running"]) > 0
     # Phase share: the host bar only.
     assert {y for t in by_title["Phase share of cycle time"]["data"] for y in t["y"]} == {"host"}
     # Overhead % and CPU µs each on an axis of their own.
@@ -373,3 +379,19 @@ def test_draft_positions_are_numbered_from_0_in_demo_top_and_the_report() -> Non
                      if c["title"] == "Acceptance per draft position")
     assert positions["data"][0]["x"] == ["position 0", "position 1", "position 2", "position 3"]
     assert positions["data"][0]["y"] == pytest.approx([90, 70, 50, 30])
+
+
+def test_a_run_whose_engine_reports_no_requests_gets_no_requests_chart(
+    demo_runs: tuple[_report_data.Run, _report_data.Run],
+) -> None:
+    """The requests chart draws the engine's running and waiting gauges; an engine that sets
+    neither (``set_requests`` never called) gets no empty chart."""
+    import dataclasses
+
+    healthy = demo_runs[0]
+    assert "requests" in [fid for fid, _, _ in _charts.figures([healthy])]
+    quiet = dataclasses.replace(healthy, windows=[
+        dataclasses.replace(w, breakdown=dataclasses.replace(
+            w.breakdown, requests_running=None, requests_waiting=None))
+        for w in healthy.windows])
+    assert "requests" not in [fid for fid, _, _ in _charts.figures([quiet])]

@@ -54,7 +54,8 @@ CHART_TITLES = {
     "Cycle breakdown, host clock", "Phase share of cycle time",
     "Phase latency p50 / p99", "Acceptance rate over time", "Acceptance per draft position",
     "Accept-length distribution", "Emitted tokens/s per server", "Tokens/s per sequence",
-    "Speedup: realized vs predicted", "Drops and exporter health",
+    "Speedup: realized vs predicted", "Requests running and waiting",
+    "Drops and exporter health",
 }
 
 

@@ -191,6 +191,10 @@ class Breakdown:
     #: The engine thread's time copying CUDA acceptance tensors to the host, per cycle (part of
     #: ``exporter_cpu_seconds_per_cycle``; 0 where acceptance came as host data).
     acceptance_copy_seconds_per_cycle: float | None = None
+    #: The engine's requests running and waiting at the interval's end (the gauges
+    #: ``set_requests`` sets; ``None`` where the engine reports none).
+    requests_running: float | None = None
+    requests_waiting: float | None = None
 
     @property
     def mean_acceptance_length(self) -> float | None:
@@ -300,6 +304,8 @@ def breakdown(delta: Delta) -> Breakdown:
         mean_batch_size=mean_batch,
         sequence_tokens_per_second=seq_tps,
         baseline_tokens_per_second=g.total(catalog.BASELINE_SEQUENCE_TOKENS.name),
+        requests_running=g.total(catalog.REQUESTS_RUNNING.name),
+        requests_waiting=g.total(catalog.REQUESTS_WAITING.name),
         drops=drops,
         dropped_total=math.fsum(
             v for k, v in drops.items() if k != catalog.DROP_REASON_EXCEPTION

@@ -252,6 +252,27 @@ def _speedup_figure(runs: Sequence[data.Run]) -> Any:
     return _layout(fig, "Speedup: realized vs predicted", "x baseline", xaxis_title="seconds")
 
 
+def _requests_figure(runs: Sequence[data.Run]) -> Any:
+    """The engine's requests running and waiting at each window's end: the load the other
+    charts were served under (a queue that grows while tokens/s falls is a server behind)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for ri, r in enumerate(runs):
+        tag = f"{r.name} · " if len(runs) > 1 else ""
+        for field, dash in (("requests_running", "solid"), ("requests_waiting", "dot")):
+            fig.add_trace(go.Scatter(
+                x=_xs(r), y=[getattr(w.breakdown, field) for w in r.windows],
+                name=tag + field.removeprefix("requests_"), mode="lines+markers",
+                line={"color": RUN_COLORS[ri % 2], "dash": dash}))
+    return _layout(fig, "Requests running and waiting", "requests", xaxis_title="seconds")
+
+
+def _has_requests(runs: Sequence[data.Run]) -> bool:
+    return any(w.breakdown.requests_running is not None
+               or w.breakdown.requests_waiting is not None for r in runs for w in r.windows)
+
+
 def _health_figure(runs: Sequence[data.Run]) -> Any:
     """Drops, the exporter's CPU per cycle and its overhead, each on its own axis: µs and a
     fraction of a percent on one axis flattened the overhead to zero."""
@@ -318,8 +339,10 @@ def figures(runs: Sequence[data.Run]) -> list[tuple[str, str, Any]]:
             runs, "Tokens/s per sequence", "tokens/s", "sequence_tokens_per_second",
             baseline=True)),
         ("speedup", "Throughput", _speedup_figure(runs)),
-        ("health", "Health", _health_figure(runs)),
     ]
+    if _has_requests(runs):  # an engine that reports none gets no empty chart
+        figs.append(("requests", "Throughput", _requests_figure(runs)))
+    figs.append(("health", "Health", _health_figure(runs)))
     return figs
 
 

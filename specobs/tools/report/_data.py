@@ -62,6 +62,8 @@ GAUGE_NAMES: tuple[str, ...] = (
     catalog.BASELINE_SEQUENCE_TOKENS.name,
     catalog.SAMPLING_INTERVAL.name,
     catalog.OVERHEAD_RATIO.name,
+    catalog.REQUESTS_RUNNING.name,
+    catalog.REQUESTS_WAITING.name,
 )
 
 
