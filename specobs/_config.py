@@ -87,9 +87,11 @@ SPECOBS_ALL_RANKS = "SPECOBS_ALL_RANKS"
 """``1``: every rank exports (with a ``rank`` label and port + rank). Default: rank 0 only."""
 
 SPECOBS_EXIT_TIMEOUT_SECONDS = "SPECOBS_EXIT_TIMEOUT_SECONDS"
-SPECOBS_OTLP_FORK_WAIT_SECONDS = "SPECOBS_OTLP_FORK_WAIT_SECONDS"
 """Most seconds the exit hook spends flushing every observer still open (records, the final
 OTLP export) when the interpreter exits. Default 5."""
+
+SPECOBS_OTLP_FORK_WAIT_SECONDS = "SPECOBS_OTLP_FORK_WAIT_SECONDS"
+"""Most seconds ``fork()`` waits for specobs's own OTLP/gRPC export in progress. Default 0.5."""
 
 DEFAULT_EXIT_TIMEOUT_SECONDS = 5.0
 #: How long ``fork()`` waits for specobs's own OTLP/gRPC export in progress (see

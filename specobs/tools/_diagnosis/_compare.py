@@ -178,14 +178,31 @@ def _beyond_noise(z: float | None) -> bool:
     return z is None or z >= SLOWER_Z
 
 
+def _slowed(past_mean: float, recent_mean: float, past_cycle: float, z: float | None) -> bool:
+    """A phase mean that rose enough for a finding: SLOWER_RATIO times, by SLOWER_CYCLE_FRACTION
+    of the past cycle, beyond noise."""
+    return (recent_mean >= SLOWER_RATIO * past_mean
+            and recent_mean - past_mean >= SLOWER_CYCLE_FRACTION * past_cycle
+            and _beyond_noise(z))
+
+
+def slower_by(past: Breakdown, recent: Breakdown, phase: str, clock: str) -> float | None:
+    """How many times slower ``phase`` is in ``recent`` than in ``past`` on ``clock``, where
+    that is a slowdown the phase findings report (:func:`_slowed`); else ``None``."""
+    a, b = _mean(past, phase, clock), _mean(recent, phase, clock)
+    cycle = past.cycle_mean_seconds.get(clock)
+    if a is None or b is None or not a > 0 or not cycle:
+        return None
+    z = shift_z(past.stats.get((phase, clock)), recent.stats.get((phase, clock)))
+    return b / a if _slowed(a, b, cycle, z) else None
+
+
 def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, clock: str,
                    past: Breakdown, recent: Breakdown, ref: Reference) -> list[Finding]:
     ratios = {p: b / a for p, (a, b) in changes.items()}
     added = {p: b - a for p, (a, b) in changes.items()}
     zs = {p: shift_z(past.stats.get((p, clock)), recent.stats.get((p, clock))) for p in changes}
-    slowed = [p for p in changes if ratios[p] >= SLOWER_RATIO
-              and added[p] >= SLOWER_CYCLE_FRACTION * past_cycle
-              and _beyond_noise(zs[p])]
+    slowed = [p for p, (a, b) in changes.items() if _slowed(a, b, past_cycle, zs[p])]
     if not slowed:
         return []
     evidence: dict[str, float | str | None] = {"clock": clock,

@@ -7,7 +7,7 @@ import math
 from statistics import median
 
 from specobs.tools._breakdown import Breakdown, ratio, speedups
-from specobs.tools._diagnosis._compare import SLOWER_RATIO
+from specobs.tools._diagnosis._compare import slower_by
 from specobs.tools._diagnosis._findings import (
     MIN_CLOCK_CYCLES,
     Finding,
@@ -304,20 +304,17 @@ def stall(w: Window) -> Finding | None:
 
 
 def _slower_phase(recent: Breakdown, past: Breakdown | None, clock: str) -> str | None:
-    """``"verify 2.80x slower than over the lifetime"`` when the window's draft or verify mean
-    is at least ``SLOWER_RATIO`` times the past's on ``clock`` (the larger factor), else
+    """``"verify 2.80x slower than over the lifetime"`` when draft or verify got slower on
+    ``clock`` by the phase findings' own test (:func:`slower_by`; the larger factor), else
     ``None``: a loss a slower phase explains is not the draft warming up."""
     if past is None:
         return None
-    worst: tuple[float, str] | None = None
-    for phase in ("draft", "verify"):
-        now, then = recent.stats.get((phase, clock)), past.stats.get((phase, clock))
-        if now is None or then is None or now.mean_seconds is None or not then.mean_seconds:
-            continue
-        factor = now.mean_seconds / then.mean_seconds
-        if factor >= SLOWER_RATIO and (worst is None or factor > worst[0]):
-            worst = (factor, phase)
-    return None if worst is None else f"{worst[1]} {worst[0]:.2f}x slower than over the lifetime"
+    factors = [(f, p) for p in ("draft", "verify")
+               if (f := slower_by(past, recent, p, clock)) is not None]
+    if not factors:
+        return None
+    factor, phase = max(factors)
+    return f"{phase} {factor:.2f}x slower than over the lifetime"
 
 
 def speedup(recent: Breakdown, past: Breakdown | None = None) -> Finding:
