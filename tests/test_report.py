@@ -447,6 +447,10 @@ def test_live_sampling_shows_progress_and_saves_snapshots(reports: Reports) -> N
         rows = [json.loads(line) for line in lines[1:]]
         assert all("samples" in r for r in rows)
         assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
+        # The terminal says where each run's snapshots went, and how to report from them.
+        path = reports.dir / f"run-{suffix}.jsonl"
+        assert f"  snapshots saved to {path} (specobs report --from {path})" in (
+            reports.sampled.stdout.splitlines())
 
 
 def test_report_from_a_file_of_a_real_demo_renders_in_chromium(

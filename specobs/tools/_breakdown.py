@@ -216,7 +216,12 @@ class Breakdown:
 
     def own_drops(self) -> list[tuple[str, float]]:
         """specobs's own drops by reason, sorted by reason: the parts of ``dropped_total``."""
-        return sorted((k, v) for k, v in self.drops.items() if k != catalog.DROP_REASON_EXCEPTION)
+        return _own_drops(self.drops)
+
+
+def _own_drops(drops: Mapping[str, float]) -> list[tuple[str, float]]:
+    """Every reason but ``exception`` (the engine's failure), sorted by reason."""
+    return sorted((k, v) for k, v in drops.items() if k != catalog.DROP_REASON_EXCEPTION)
 
 
 def _phases(delta: Series, gauges: Series) -> tuple[str, ...]:
@@ -307,9 +312,7 @@ def breakdown(delta: Delta) -> Breakdown:
         requests_running=g.total(catalog.REQUESTS_RUNNING.name),
         requests_waiting=g.total(catalog.REQUESTS_WAITING.name),
         drops=drops,
-        dropped_total=math.fsum(
-            v for k, v in drops.items() if k != catalog.DROP_REASON_EXCEPTION
-        ),
+        dropped_total=math.fsum(v for _, v in _own_drops(drops)),
         engine_raised=drops.get(catalog.DROP_REASON_EXCEPTION, 0.0),
         sampling_interval=g.total(catalog.SAMPLING_INTERVAL.name),
         overhead_ratio=g.max(catalog.OVERHEAD_RATIO.name),

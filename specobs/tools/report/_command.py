@@ -168,9 +168,12 @@ def _load_source(
     )
     # The report and the snapshot file are shared: credentials stay out of both.
     shown = _client.display_url(url)
-    if args.save:
-        data.save_snapshots(_save_path(args.save, save_suffix), shown, snapshots)
-    return data.run_from_scrapes(name or shown, shown, snapshots)
+    saved = _save_path(args.save, save_suffix) if args.save else None
+    if saved is not None:  # before the run is made: a sampling that gave no run is kept too
+        data.save_snapshots(saved, shown, snapshots)
+    run = data.run_from_scrapes(name or shown, shown, snapshots)
+    run.saved_to = saved
+    return run
 
 
 def _time_range(args: argparse.Namespace, spec: str | None, now: float) -> tuple[float, float]:
@@ -302,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
                          allow_nan=False))
     else:
         print(f"wrote {args.output} ({len(text.encode()) / 1e6:.1f} MB)")
-        for line in _summary_lines(runs, args.save):
+        for line in _summary_lines(runs):
             print("  " + line)
     if regressed:
         a, b = runs
@@ -313,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _summary_lines(runs: Sequence[data.Run], save: str | None) -> list[str]:
+def _summary_lines(runs: Sequence[data.Run]) -> list[str]:
     """What the terminal shows under ``wrote FILE``: per run its cycles, acceptance and speedup
     (the summary table's figures), one run's findings in a line, and where ``--save`` wrote."""
     from specobs.tools import _breakdown as bd
@@ -330,11 +333,8 @@ def _summary_lines(runs: Sequence[data.Run], save: str | None) -> list[str]:
             + (f"speedup {realized:.2f}x" if realized is not None else "no baseline"))
     if len(runs) == 1:
         out.append("findings " + dg.status_line(run_findings(runs[0])))
-    if save:
-        paths = [_save_path(save, "ab"[i] if len(runs) > 1 else "") for i in range(len(runs))]
-        for path in paths:
-            if os.path.exists(path):
-                out.append(f"snapshots saved to {path} (specobs report --from {path})")
+    out += [f"snapshots saved to {r.saved_to} (specobs report --from {r.saved_to})"
+            for r in runs if r.saved_to is not None]
     return out
 
 

@@ -97,6 +97,8 @@ class Run:
     scrape_seconds: list[tuple[float, float]] = field(default_factory=list)
     #: ``up`` per server over time (Prometheus only): {instance: [(seconds, value)]}.
     up: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    #: The file its snapshots were saved to (``report --save``; live sampling only).
+    saved_to: str | None = None
 
     @property
     def duration_seconds(self) -> float:

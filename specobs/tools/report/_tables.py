@@ -37,6 +37,7 @@ def _cell(key: str, text: str, cls: str = "") -> str:
 def summary_rows(b: bd.Breakdown) -> list[tuple[str, str, str]]:
     """``(key, label, text)`` for every number of the summary table (what ``top`` shows)."""
     realized, predicted = bd.speedups(b)
+    own = b.own_drops()
     rows = [
         ("window", "window", f"{b.elapsed_seconds:.1f} s"),
         ("cycles", "cycles", scr.format_rate(b.cycles, 0)),
@@ -60,8 +61,7 @@ def summary_rows(b: bd.Breakdown) -> list[tuple[str, str, str]]:
          ", ".join(f"{v:.2f}x ({clock} clock)" for clock in ("gpu", "host")
                    if (v := predicted.get(clock)) is not None) or scr.DASH),
         ("drops", "drops by specobs", scr.format_rate(b.dropped_total, 0) + (
-            " (" + ", ".join(f"{k} {v:.0f}" for k, v in b.own_drops()) + ")"
-            if b.own_drops() else "")),
+            " (" + ", ".join(f"{k} {v:.0f}" for k, v in own) + ")" if own else "")),
         ("engine_raised", "cycles the engine raised in (discarded)",
          scr.format_rate(b.engine_raised, 0)),
         ("sampling", "GPU sampling", f"1 in {b.sampling_interval:.0f}"
