@@ -700,8 +700,9 @@ def test_the_resolvers_cpu_counts_per_cycle_that_ended_gathered_over_enough_cycl
     """The gauge adds the resolver's CPU under the GIL per cycle. It was the CPU of the
     resolver's slices over the records those slices took: with the native core's pump handing
     most cycles on GIL-free, a flush's slice that took a few records made its fixed cost a
-    per-record figure, and the gauge read 26% of a 0.21 ms cycle on the H200 against 0.3%
-    measured. Now: the CPU over every cycle that ended, once enough have."""
+    per-record figure, and the gauge read 26% of a 0.21 ms cycle on the H200 where the
+    resolver's exported CPU came to 0.3%. Now: the CPU over every cycle that ended, once
+    enough have."""
     from specobs import _resolver
 
     monkeypatch.setattr(_resolver, "RESOLVER_FIGURE_NS", 10**15)  # by cycles only, here
