@@ -129,6 +129,10 @@ typedef struct {
     PyObject *draft; /* draft_length kept as an object (with acc) */
     PyObject *emitted;
     PyObject *batch_obj; /* a batch size that is not an int in 0..2**31 */
+    /* begin()'s draft length: an int in 0..k_max (-1: none given, or kept in dk_obj, a value
+     * that is not one, for the resolver); accept()'s when it named an int in 0..k_max (-1). */
+    int32_t dk, ak;
+    PyObject *dk_obj;
     int has_obj_acc; /* acc / copy hold this cycle's acceptance (accept() was called) */
     /* A copy started by the native core: its pinned buffer, element size and length, and the
      * draft length its values are validated against (-1: not an int in 0..k_max, or an
@@ -446,6 +450,7 @@ slot_clear_objs(Slot *s)
     drop_ref(&s->draft);
     drop_ref(&s->emitted);
     drop_ref(&s->batch_obj);
+    drop_ref(&s->dk_obj);
 }
 
 /* Hand events and a copy the worker no longer holds (either may be NULL) to the resolver, which
@@ -611,6 +616,37 @@ set_batch(Slot *s, PyObject *b)
     s->batch = -1;
     Py_INCREF(b);
     s->batch_obj = b;
+}
+
+/* begin()'s draft length: taken when an exact int in 0..k_max, else kept for the resolver's
+ * verdict (a numpy or torch scalar, or a bad value counted as ``bad_draft_length``). */
+static void
+set_draft_length(Slot *s, PyObject *k, int k_max)
+{
+    int64_t v;
+    Py_CLEAR(s->dk_obj);
+    if (exact_int_in(k, 0, k_max, &v)) {
+        s->dk = (int32_t)v;
+        return;
+    }
+    s->dk = -1;
+    Py_INCREF(k);
+    s->dk_obj = k;
+}
+
+/* The cycle's draft length as the ring knows it (specobs._ring.Detail.cycle_k): begin()'s,
+ * else the native acceptance's own when accept() named it, else none (-1); -2 when only the
+ * resolver can say (begin()'s value kept as an object, or acceptance kept as an object). */
+static inline int32_t
+slot_cycle_k(const Slot *s)
+{
+    if (s->dk_obj != NULL)
+        return -2;
+    if (s->dk >= 0)
+        return s->dk;
+    if (s->nseq >= 0)
+        return s->ak;
+    return s->has_obj_acc ? -2 : -1;
 }
 
 /* Store a list or tuple of exact ints in 0..k natively. 1 when stored, 0 when the resolver must
@@ -1238,6 +1274,7 @@ accept_parsed(Cycle *self, const AcceptArgs *a)
     }
     int64_t k = r->k_max;
     int native_k = draft == Py_None || exact_int_in(draft, 0, r->k_max, &k);
+    s->ak = draft != Py_None && native_k ? (int32_t)k : -1;
     PyObject *values = NULL; /* a new reference when tolist() made it */
     PyObject *seq = NULL;
     if (PyList_CheckExact(accepted) || PyTuple_CheckExact(accepted)) {
@@ -1339,9 +1376,13 @@ static void
 clear_acceptance(Ring *r, Slot *s)
 {
     s->nseq = -1;
+    s->ak = -1;
     s->has_obj_acc = 0;
     s->batch = -1;
+    PyObject *dk_obj = s->dk_obj; /* begin()'s draft length stays the cycle's */
+    s->dk_obj = NULL;
     slot_clear_objs(s);
+    s->dk_obj = dk_obj;
     if (s->copy != NULL) {
         hand_back(r, NULL, s->copy);
         drop_ref(&s->copy);
@@ -1530,20 +1571,31 @@ static PyObject *
 Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     int64_t t = ring_now(r);
-    PyObject *batch = Py_None;
-    if (nargs > 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) + nargs > 1)) {
-        PyErr_SetString(PyExc_TypeError, "begin() takes at most one argument (batch_size)");
+    PyObject *batch = Py_None, *draft = Py_None;
+    Py_ssize_t nk = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs > 2) {
+        PyErr_SetString(PyExc_TypeError,
+                        "begin() takes at most two arguments (batch_size, draft_length)");
         return NULL;
     }
-    if (nargs == 1)
+    if (nargs >= 1)
         batch = args[0];
-    else if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) == 1) {
-        PyObject *name = PyTuple_GET_ITEM(kwnames, 0);
-        if (name != s_batch_size && PyUnicode_Compare(name, s_batch_size) != 0) {
+    if (nargs == 2)
+        draft = args[1];
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        if (kw_is(name, s_batch_size) && nargs < 1)
+            batch = args[nargs + i];
+        else if (kw_is(name, s_draft_length) && nargs < 2)
+            draft = args[nargs + i];
+        else if (kw_is(name, s_batch_size) || kw_is(name, s_draft_length)) {
+            PyErr_Format(PyExc_TypeError, "begin() got multiple values for argument %R", name);
+            return NULL;
+        }
+        else {
             PyErr_Format(PyExc_TypeError, "begin() got an unexpected keyword argument %R", name);
             return NULL;
         }
-        batch = args[0];
     }
     if (!r->enabled) {
         Py_INCREF(r->null_cycle);
@@ -1565,7 +1617,7 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     }
     int full = make_room(r);
     Slot *s = &r->slots[r->head % (uint64_t)r->nslots];
-    if (s->acc || s->draft || s->emitted || s->batch_obj || s->ev || s->copy) {
+    if (s->acc || s->draft || s->emitted || s->batch_obj || s->dk_obj || s->ev || s->copy) {
         /* Normally cleared when the tail passed it; dropping them may run Python code, so
          * before the slot is reserved, and the head read again after. */
         slot_clear_objs(s);
@@ -1586,12 +1638,15 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     s->nseq = -1;
     s->has_obj_acc = 0;
     s->batch = -1;
+    s->dk = s->ak = -1;
     s->cost = 0;
     s->evn = 0;
     int64_t idx = r->begun++;
     s->idx = idx;
     if (batch != Py_None)
         set_batch(s, batch);
+    if (draft != Py_None)
+        set_draft_length(s, draft, r->k_max);
     Cycle *c = take_spare(r);
     if (c == NULL) {
         c = PyObject_GC_New(Cycle, &CycleType);
@@ -2031,7 +2086,7 @@ poll_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
 /* The class of the details a drain hands over: specobs._ring.Detail, a tuple subclass whose
  * fields name the positions below (set once by specobs/_ring.py); NULL: plain tuples. */
 static PyTypeObject *detail_type = NULL;
-#define DETAIL_FIELDS 11
+#define DETAIL_FIELDS 13
 
 static PyObject *
 core_set_detail_type(PyObject *Py_UNUSED(m), PyObject *cls)
@@ -2068,7 +2123,7 @@ as_detail(PyObject *t)
 }
 
 static PyObject *
-slot_detail(Slot *s, int nph, int traced)
+slot_detail(Slot *s, int nph, int traced, int32_t ck)
 {
     PyObject *ts = int64_list(s->ts, nph + 1);
     if (ts == NULL)
@@ -2103,11 +2158,12 @@ slot_detail(Slot *s, int nph, int traced)
         Py_INCREF(batch);
     }
     /* specobs._ring.Detail: (cycle_index, stamps, batch, events, cost_ns, acceptance, draft_length,
-     * emitted, copy, native, traced) */
-    return as_detail(Py_BuildValue("(LNNOLNNOOii)", (long long)s->idx, ts, batch,
+     * emitted, copy, native, traced, cycle_k, cycle_k_obj) */
+    return as_detail(Py_BuildValue("(LNNOLNNOOiiiO)", (long long)s->idx, ts, batch,
                                    s->ev ? s->ev : Py_None, (long long)s->cost, acc, draft,
                                    s->emitted ? s->emitted : Py_None,
-                                   s->copy ? s->copy : Py_None, native, traced));
+                                   s->copy ? s->copy : Py_None, native, traced, (int)ck,
+                                   s->dk_obj ? s->dk_obj : Py_None));
 }
 
 /* A read copy's pinned slot back to its free list (what its ``release`` does: a member read
@@ -2203,6 +2259,13 @@ typedef struct Totals {
     int64_t kseq[256];
     int kseen[256];
     int64_t cycles, accepted, drafted, emitted, bsum, bn, last;
+    /* By draft length: accepted tokens by each sequence's own (seen where kseen); cycles, the
+     * host ns of each phase and emitted tokens by the cycle's (slot_cycle_k; seen where
+     * kcycles > 0). */
+    int64_t kacc[256];
+    int64_t kcycles[256];
+    int64_t kemitted[256];
+    int64_t khost[256 * MAX_PHASES];
 } Totals;
 
 /* What every drained cycle adds to the totals, on both drains (with the GIL, and the walk
@@ -2278,6 +2341,23 @@ add_acceptance(Totals *t, const Slot *s)
     t->emitted += s->accsum + s->nseq;
     t->kseq[s->k] += s->nseq;
     t->kseen[s->k] = 1;
+    t->kacc[s->k] += s->accsum;
+}
+
+/* A cycle under its draft length, where the ring can tell it (after its acceptance was read):
+ * the cycle, its host phase times, and its emitted tokens when its acceptance is native. */
+static inline void
+add_by_k(Ring *r, Totals *t, const Slot *s)
+{
+    int32_t k = slot_cycle_k(s);
+    if (k < 0)
+        return;
+    t->kcycles[k]++;
+    int64_t *h = &t->khost[k * MAX_PHASES];
+    for (int i = 0; i < r->nph; i++)
+        h[i] += s->ts[i + 1] - s->ts[i];
+    if (s->nseq >= 0)
+        t->kemitted[k] += s->accsum + s->nseq;
 }
 
 static inline void
@@ -2299,7 +2379,7 @@ walkable(const Ring *r, const Slot *s, int nev)
 {
     if (s->ev && !(nev && s->evn == r->nph + 1))
         return 0;
-    if (s->acc || s->emitted || s->batch_obj)
+    if (s->acc || s->emitted || s->batch_obj || s->dk_obj)
         return 0;
     const void *copy_type = r->copy_type;
     if (s->copy == NULL)
@@ -2345,6 +2425,8 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
                 PyErr_Clear();
         }
         add_acceptance(t, s);
+        int32_t ck = slot_cycle_k(s);
+        add_by_k(r, t, s);
         if (s->batch_obj != NULL || s->has_obj_acc)
             py_batch = 1; /* sized by the resolver's validation */
         else
@@ -2367,7 +2449,7 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
          * back to the resolver to release (a slow one stays a detail: it is traced). */
         int gpu_read = 0;
         if (nev && s->ev != NULL && s->evn == nph + 1 && !want_all && !traced && !py_batch
-            && s->copy == NULL && s->acc == NULL && s->emitted == NULL) {
+            && s->copy == NULL && s->acc == NULL && s->emitted == NULL && s->dk_obj == NULL) {
             int64_t g[MAX_PHASES], gsum;
             if (read_gpu(r, s, g, &gsum) == 0 && !(slow_ns >= 0 && gsum >= slow_ns)
                 && PyList_Append(released, s->ev) == 0) {
@@ -2379,8 +2461,8 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
             PyErr_Clear();
         }
         if (want_all || traced || py_batch || (s->ev != NULL && !gpu_read) || s->copy != NULL
-            || s->acc != NULL || s->emitted != NULL) {
-            PyObject *d = slot_detail(s, nph, traced);
+            || s->acc != NULL || s->emitted != NULL || s->dk_obj != NULL) {
+            PyObject *d = slot_detail(s, nph, traced, ck);
             if (d == NULL || PyList_Append(details, d) < 0) {
                 Py_XDECREF(d);
                 return -1;
@@ -2482,7 +2564,8 @@ walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_tra
         Slot *s = &r->slots[r->tail % (uint64_t)r->nslots];
         int st = STATE(s);
         if (st == SLOT_VOID) {
-            if (s->ev || s->acc || s->emitted || s->batch_obj || s->copy || s->draft)
+            if (s->ev || s->acc || s->emitted || s->batch_obj || s->copy || s->draft
+                || s->dk_obj)
                 break; /* its references are let go of with the GIL */
             STORE64(&r->tail, r->tail + 1);
             continue;
@@ -2535,6 +2618,7 @@ walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_tra
         }
         total += add_host(r, t, s->ts);
         add_acceptance(t, s);
+        add_by_k(r, t, s);
         add_batch(r, t, s);
         STATE_SET(s, SLOT_VOID);
         STORE64(&r->tail, r->tail + 1);
@@ -2695,7 +2779,7 @@ drain_nogil(Ring *r, long long bound, Py_ssize_t limit, PyObject *trace, long lo
             first = s;
             break;
         }
-        if (s->ev || s->copy || s->acc || s->draft || s->emitted || s->batch_obj)
+        if (s->ev || s->copy || s->acc || s->draft || s->emitted || s->batch_obj || s->dk_obj)
             return 0;
     }
     if (first == NULL || STATE(first) != SLOT_DONE)
@@ -2766,6 +2850,49 @@ drain_args(PyObject *const *args, Py_ssize_t nargs, long long *bound, Py_ssize_t
         return -1;
     }
     return 0;
+}
+
+/* ``d[k] = v`` with int keys and values; -1 on an error. */
+static int
+dict_set_ll(PyObject *d, long k, long long v)
+{
+    PyObject *kk = PyLong_FromLong(k), *vv = PyLong_FromLongLong(v);
+    int rc = kk == NULL || vv == NULL ? -1 : PyDict_SetItem(d, kk, vv);
+    Py_XDECREF(kk);
+    Py_XDECREF(vv);
+    return rc;
+}
+
+/* specobs._ring.ByDraftLength of ``t``: ({cycle k: cycles}, {cycle k: [host ns per phase]},
+ * {cycle k: emitted}, {sequence k: accepted}), only the lengths seen, in order. */
+static PyObject *
+by_k_tuple(Ring *r, const Totals *t)
+{
+    int w = r->k_max + 1, nph = r->nph;
+    PyObject *kc = PyDict_New(), *kh = PyDict_New(), *ke = PyDict_New(), *ka = PyDict_New();
+    if (kc == NULL || kh == NULL || ke == NULL || ka == NULL)
+        goto fail;
+    for (int k = 0; k < w; k++) {
+        if (t->kseen[k] && dict_set_ll(ka, k, t->kacc[k]) < 0)
+            goto fail;
+        if (t->kcycles[k] == 0)
+            continue;
+        PyObject *kk = PyLong_FromLong(k);
+        PyObject *h = int64_list(&t->khost[k * MAX_PHASES], nph);
+        int rc = kk == NULL || h == NULL ? -1 : PyDict_SetItem(kh, kk, h);
+        Py_XDECREF(kk);
+        Py_XDECREF(h);
+        if (rc < 0 || dict_set_ll(kc, k, t->kcycles[k]) < 0
+            || dict_set_ll(ke, k, t->kemitted[k]) < 0)
+            goto fail;
+    }
+    return Py_BuildValue("(NNNN)", kc, kh, ke, ka);
+fail:
+    Py_XDECREF(kc);
+    Py_XDECREF(kh);
+    Py_XDECREF(ke);
+    Py_XDECREF(ka);
+    return NULL;
 }
 
 /* ([(counts, sum)] per phase then the cycle, length counts, accepted, drafted, emitted,
@@ -2855,12 +2982,18 @@ drain_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(tt);
         goto done;
     }
+    PyObject *bk = by_k_tuple(r, t);
+    if (bk == NULL) {
+        Py_DECREF(tt);
+        Py_DECREF(lastobj);
+        goto done;
+    }
     /* tt: host, lengths, accepted, drafted, emitted, kseq, batch, batch count */
-    out = Py_BuildValue("(nOLNOOOOOOOOO)", n, PyTuple_GET_ITEM(tt, 0), (long long)total,
+    out = Py_BuildValue("(nOLNOOOOOOOOON)", n, PyTuple_GET_ITEM(tt, 0), (long long)total,
                         lastobj, PyTuple_GET_ITEM(tt, 1), PyTuple_GET_ITEM(tt, 2),
                         PyTuple_GET_ITEM(tt, 3), PyTuple_GET_ITEM(tt, 4),
                         PyTuple_GET_ITEM(tt, 5), PyTuple_GET_ITEM(tt, 6),
-                        PyTuple_GET_ITEM(tt, 7), details, released);
+                        PyTuple_GET_ITEM(tt, 7), details, released, bk);
     Py_DECREF(tt);
 done:
     PyMem_Free(t);
@@ -2997,7 +3130,8 @@ pump_walk(Ring *r, int64_t next_trace, int64_t slow_ns, int64_t settle_ns, int n
             return settle_ns >= 0 && now - s->ts[nph] >= settle_ns ? s_pump_expire : NULL;
         }
         if (st == SLOT_VOID) {
-            if (s->ev || s->acc || s->emitted || s->batch_obj || s->copy || s->draft)
+            if (s->ev || s->acc || s->emitted || s->batch_obj || s->copy || s->draft
+                || s->dk_obj)
                 return s_pump_python; /* references let go of with the GIL */
             STORE64(&r->tail, r->tail + 1);
             continue;
@@ -3243,16 +3377,23 @@ Ring_totals(Ring *r, PyObject *Py_UNUSED(ignored))
         else
             PyList_SET_ITEM(gl, i, b);
     }
-    if (gl == NULL) {
+    PyObject *bk = gl == NULL ? NULL : by_k_tuple(r, t);
+    if (bk == NULL) {
+        Py_XDECREF(gl);
         Py_DECREF(tt);
         PyMem_Free(t);
         return NULL;
     }
+    /* RingTotals: ..., gpu, then the four of ByDraftLength */
     PyObject *out = Py_BuildValue(
-        "(LOOOOOOOONN)", (long long)t->cycles, PyTuple_GET_ITEM(tt, 0), PyTuple_GET_ITEM(tt, 1),
-        PyTuple_GET_ITEM(tt, 2), PyTuple_GET_ITEM(tt, 3), PyTuple_GET_ITEM(tt, 4),
-        PyTuple_GET_ITEM(tt, 5), PyTuple_GET_ITEM(tt, 6), PyTuple_GET_ITEM(tt, 7),
-        t->cycles ? PyLong_FromLongLong(t->last) : (Py_INCREF(Py_None), Py_None), gl);
+        "(LOOOOOOOONNOOOO)", (long long)t->cycles, PyTuple_GET_ITEM(tt, 0),
+        PyTuple_GET_ITEM(tt, 1), PyTuple_GET_ITEM(tt, 2), PyTuple_GET_ITEM(tt, 3),
+        PyTuple_GET_ITEM(tt, 4), PyTuple_GET_ITEM(tt, 5), PyTuple_GET_ITEM(tt, 6),
+        PyTuple_GET_ITEM(tt, 7),
+        t->cycles ? PyLong_FromLongLong(t->last) : (Py_INCREF(Py_None), Py_None), gl,
+        PyTuple_GET_ITEM(bk, 0), PyTuple_GET_ITEM(bk, 1), PyTuple_GET_ITEM(bk, 2),
+        PyTuple_GET_ITEM(bk, 3));
+    Py_DECREF(bk);
     Py_DECREF(tt);
     PyMem_Free(t);
     return out;
@@ -3487,6 +3628,7 @@ Ring_traverse(Ring *r, visitproc visit, void *arg)
             Py_VISIT(s->draft);
             Py_VISIT(s->emitted);
             Py_VISIT(s->batch_obj);
+            Py_VISIT(s->dk_obj);
         }
     }
     return 0;
@@ -3795,7 +3937,9 @@ static PyMethodDef Ring_methods[] = {
     {"set_native_copy", (PyCFunction)Ring_set_native_copy, METH_VARARGS,
      "Start CUDA acceptance copies in C through these runtime functions (0: turn it off)."},
     {"begin", (PyCFunction)(void (*)(void))Ring_begin, METH_FASTCALL | METH_KEYWORDS,
-     "Start a cycle (and its first phase); returns its handle."},
+     "begin(batch_size=None, draft_length=None)\n--\n\nStart a cycle (and its first phase); "
+     "returns its handle. draft_length: the k the engine scheduled for this cycle's draft "
+     "phase (0: a step that drafts nothing)."},
     {"pending", (PyCFunction)Ring_pending, METH_O, NULL},
     {"poll", (PyCFunction)(void (*)(void))Ring_poll, METH_FASTCALL,
      "poll(limit, query, polls_before_query): the bound below which the first limit waiting "

@@ -105,17 +105,28 @@ class Detail(NamedTuple):
     native: int
     #: 1 when the cycle was picked for a trace.
     traced: int
+    #: The cycle's draft length (the k in effect, ``begin(draft_length=)`` or else derived from
+    #: ``accept``'s): ``>= 0``, the ring counted the cycle and its host phase times under it
+    #: (its emitted tokens too when ``native``); -1, the cycle has none; -2, for the resolver:
+    #: from ``cycle_k_obj`` when not ``None``, else from the acceptance it validates.
+    cycle_k: int
+    #: ``begin``'s ``draft_length`` as given, when the ring did not take it (not an int in
+    #: 0..max_draft_length): for the resolver's verdict; else ``None``.
+    cycle_k_obj: Any
 
 
 #: What ``drain`` returns (``drain_into`` adds the columns to the running totals instead):
 #: (cycles, host [(counts, sum ns)] per phase then the cycle, sum of cycle ns, last end stamp,
 #: sequences per accepted length, accepted, drafted, emitted, {draft length: sequences},
 #: batch sizes (counts, sum), batch sizes counted, details, copies read by the drain for the
-#: resolver to hand back to their pool).
+#: resolver to hand back to their pool, the counts by draft length (:data:`ByDraftLength`)).
 Drained = tuple[
     int, list[tuple[list[int], int]], int, int | None, list[int], int, int, int,
-    dict[int, int], tuple[list[int], int], int, list[Detail], list[Any],
+    dict[int, int], tuple[list[int], int], int, list[Detail], list[Any], "ByDraftLength",
 ]
+#: What a drain counts by draft length, only the lengths seen, keys sorted: ({cycle k: cycles},
+#: {cycle k: host ns per phase}, {cycle k: emitted tokens}, {sequence k: accepted tokens}).
+ByDraftLength = tuple[dict[int, int], dict[int, list[int]], dict[int, int], dict[int, int]]
 
 
 def _columns(compiled: Any, reference: Any, *args: Any) -> Any:
@@ -128,8 +139,8 @@ def _columns(compiled: Any, reference: Any, *args: Any) -> Any:
 
 class _Slot:
     __slots__ = (
-        "acc", "accsum", "batch", "batch_obj", "copy", "cost", "draft", "emitted",
-        "ev", "has_obj_acc", "idx", "k", "lens", "nseq", "state", "ts",
+        "acc", "accsum", "ak", "batch", "batch_obj", "copy", "cost", "dk", "dk_obj", "draft",
+        "emitted", "ev", "has_obj_acc", "idx", "k", "lens", "nseq", "state", "ts",
     )
 
     def __init__(self) -> None:
@@ -149,13 +160,31 @@ class _Slot:
         self.emitted: Any = None
         self.batch_obj: Any = None
         self.has_obj_acc = False
+        #: ``begin``'s draft length: an int in 0..k_max (-1: none or not taken), or the object
+        #: as given for the resolver (``dk_obj``); ``accept``'s, when an int in 0..k_max (-1).
+        self.dk = -1
+        self.dk_obj: Any = None
+        self.ak = -1
+
+    def cycle_k(self) -> int:
+        """The cycle's draft length as the ring knows it (see :attr:`Detail.cycle_k`): begin's,
+        else the native acceptance's own when ``accept`` named it, else none (-1), or -2 when
+        only the resolver can say (begin's object, or acceptance kept as an object)."""
+        if self.dk_obj is not None:
+            return -2
+        if self.dk >= 0:
+            return self.dk
+        if self.nseq >= 0:
+            return self.ak
+        return -2 if self.has_obj_acc else -1
 
     def clear_objs(self, grave: list[Any] | None = None) -> None:
         """Let go of the objects kept; into ``grave`` when given, so that nothing a caller
         passed is freed (and no ``__del__`` runs) until the walk that clears it is over."""
         if grave is not None:
-            grave += (self.acc, self.draft, self.emitted, self.batch_obj, self.ev, self.copy)
-        self.acc = self.draft = self.emitted = self.batch_obj = None
+            grave += (self.acc, self.draft, self.emitted, self.batch_obj, self.ev, self.copy,
+                      self.dk_obj)
+        self.acc = self.draft = self.emitted = self.batch_obj = self.dk_obj = None
 
 
 def _exact_int_in(o: Any, lo: int, hi: int) -> int | None:
@@ -172,6 +201,18 @@ def _set_batch(s: _Slot, b: Any) -> None:
     else:
         s.batch = -1
         s.batch_obj = b
+
+
+def _set_draft_length(s: _Slot, k: Any, k_max: int) -> None:
+    """``begin``'s draft length: taken when an exact int in 0..k_max, else kept for the
+    resolver (a numpy / torch scalar, or a bad value it counts as ``bad_draft_length``)."""
+    v = _exact_int_in(k, 0, k_max)
+    if v is not None:
+        s.dk = v
+        s.dk_obj = None
+    else:
+        s.dk = -1
+        s.dk_obj = k
 
 
 def _store_lengths(s: _Slot, seq: list[int] | tuple[int, ...], k: int) -> bool:
@@ -262,6 +303,15 @@ class RingTotals(NamedTuple):
     last_end_ns: int | None
     #: GPU-clock durations of the sampled cycles the ring read itself, per phase then the cycle.
     gpu: list[_bucketing.Bucketed]
+    #: Cycles by their draft length (the k in effect; see :attr:`Detail.cycle_k`), only the
+    #: lengths seen: the ones the ring could tell (the resolver adds the others).
+    cycles_by_draft_length: dict[int, int]
+    #: Host-clock ns per phase of those cycles, by the cycle's draft length.
+    host_ns_by_draft_length: dict[int, list[int]]
+    #: Tokens those cycles emitted (their acceptance counted here), by the cycle's draft length.
+    emitted_by_draft_length: dict[int, int]
+    #: Accepted tokens by each sequence's own draft length (the drafts it verified).
+    accepted_by_draft_length: dict[int, int]
 
 
 class PyCycle:
@@ -339,6 +389,7 @@ class PyCycle:
             s.copy = None
         k: int | None = r.k_max if draft_length is None else _exact_int_in(
             draft_length, 0, r.k_max)
+        s.ak = -1 if draft_length is None or k is None else k
         values: Any = None
         seq: Any = None
         try:
@@ -636,8 +687,10 @@ class PyRing:
         s.ev = s.copy = None
 
     def _clear_acceptance(self, s: _Slot) -> None:
-        """No tokens and no batch size for this cycle (its times stay)."""
+        """No tokens and no batch size for this cycle (its times stay, and begin's draft
+        length)."""
         s.nseq = -1
+        s.ak = -1
         s.has_obj_acc = False
         s.batch = -1
         s.acc = s.draft = s.emitted = s.batch_obj = None
@@ -740,8 +793,9 @@ class PyRing:
 
     # -- the worker's side -----------------------------------------------------------------------
     @_serialized
-    def begin(self, batch_size: Any = None) -> Any:
-        """Start a cycle (and its first phase); returns its handle."""
+    def begin(self, batch_size: Any = None, draft_length: Any = None) -> Any:
+        """Start a cycle (and its first phase); returns its handle. ``draft_length``: the k
+        the engine scheduled for this cycle's draft phase (0: a step that drafts nothing)."""
         t = self._now()
         if not self.enabled:
             return self.null_cycle
@@ -773,12 +827,15 @@ class PyRing:
         s.has_obj_acc = False
         s.batch = -1
         s.cost = 0
+        s.dk = s.ak = -1
         idx = self.begun
         self.begun = idx + 1
         s.idx = idx
         self._head = pos + 1
         if batch_size is not None:
             _set_batch(s, batch_size)
+        if draft_length is not None:
+            _set_draft_length(s, draft_length, self.k_max)
         spare = self._take_spare()
         if spare is not None:
             c = spare
@@ -938,6 +995,10 @@ class PyRing:
         lens: list[list[int]] = []
         batches: list[int] = []
         kseq: dict[int, int] = {}
+        kcyc: dict[int, int] = {}
+        khost: dict[int, list[int]] = {}
+        kem: dict[int, int] = {}
+        kacc: dict[int, int] = {}
         accepted = drafted = emitted = 0
         n = ti = 0
         nt = len(trace)
@@ -969,6 +1030,17 @@ class PyRing:
                 drafted += s.k * nseq
                 emitted += s.accsum + nseq
                 kseq[s.k] = kseq.get(s.k, 0) + nseq
+                kacc[s.k] = kacc.get(s.k, 0) + s.accsum
+            ck = s.cycle_k()
+            if ck >= 0:
+                kcyc[ck] = kcyc.get(ck, 0) + 1
+                ph = khost.get(ck)
+                if ph is None:
+                    ph = khost[ck] = [0] * nph
+                for i in range(nph):
+                    ph[i] += ts[i + 1] - ts[i]
+                if nseq >= 0:
+                    kem[ck] = kem.get(ck, 0) + s.accsum + nseq
             py_batch = s.batch_obj is not None or s.has_obj_acc
             if not py_batch:
                 b = s.batch if s.batch >= 0 else nseq
@@ -987,7 +1059,7 @@ class PyRing:
             gpu_read = False
             if (gpu is not None and s.ev is not None and not want_all and not traced
                     and not py_batch and s.copy is None and s.acc is None
-                    and s.emitted is None):
+                    and s.emitted is None and s.dk_obj is None):
                 g = self._read_gpu(s.ev)
                 if g is not None and not (slow_ns >= 0 and sum(g) >= slow_ns):
                     gpu.append([*g, sum(g)])
@@ -996,7 +1068,8 @@ class PyRing:
                     self.native_gpu_cost += s.cost
                     gpu_read = True
             if (want_all or traced or py_batch or (s.ev is not None and not gpu_read)
-                    or s.copy is not None or s.acc is not None or s.emitted is not None):
+                    or s.copy is not None or s.acc is not None or s.emitted is not None
+                    or s.dk_obj is not None):
                 native = nseq >= 0
                 batch = s.batch_obj if s.batch_obj is not None else (
                     s.batch if s.batch >= 0 else None)
@@ -1004,7 +1077,7 @@ class PyRing:
                     s.idx, list(ts), batch, s.ev, s.cost,
                     list(s.lens) if native else s.acc,
                     s.k if native else s.draft,
-                    s.emitted, s.copy, int(native), traced,
+                    s.emitted, s.copy, int(native), traced, ck, s.dk_obj,
                 ))
             s.clear_objs(grave)
             s.ev = s.copy = None
@@ -1023,7 +1096,9 @@ class PyRing:
         bucketed = _columns(_bucketing.bucket, _bucketing.bucket_py, batches, self._bb, 1.0)
         return (n, [(list(c), int(t)) for c, t in hl], total, tss[-1][nph] if tss else None,
                 list(lcounts), accepted, drafted, emitted, {k: kseq[k] for k in sorted(kseq)},
-                (list(bucketed[0]), bucketed[1]), len(batches), details, released)
+                (list(bucketed[0]), bucketed[1]), len(batches), details, released,
+                ({k: kcyc[k] for k in sorted(kcyc)}, {k: khost[k] for k in sorted(khost)},
+                 {k: kem[k] for k in sorted(kem)}, {k: kacc[k] for k in sorted(kacc)}))
 
     def drain_into(
         self, bound: int, limit: int, trace: list[int], slow_ns: int, want_all: bool
@@ -1034,7 +1109,8 @@ class PyRing:
         nev = self._ne_elapsed is not None and threading.get_ident() == self._ne_thread
         gpu: list[list[int]] | None = [] if nev else None
         (n, host, total, last, lcounts, accepted, drafted, emitted, kseq, batch_b, batch_n,
-         details, released) = self._drain_locked(bound, limit, trace, slow_ns, want_all, gpu)
+         details, released, by_k) = self._drain_locked(bound, limit, trace, slow_ns, want_all,
+                                                        gpu)
         t = self._totals
         if gpu:
             cols = [
@@ -1058,6 +1134,15 @@ class PyRing:
                     t[7][1] + batch_b[1])
             t[8] += batch_n
             t[9] = last
+            kcyc, khost, kem, kacc = by_k
+            for k, m in kcyc.items():
+                t[11][k] = t[11].get(k, 0) + m
+            for k, ph in khost.items():
+                t[12][k] = [a + b for a, b in zip(t[12].get(k, [0] * self.nph), ph, strict=True)]
+            for k, m in kem.items():
+                t[13][k] = t[13].get(k, 0) + m
+            for k, m in kacc.items():
+                t[14][k] = t[14].get(k, 0) + m
             self.drained += n
         return n, total, details, released
 
@@ -1074,13 +1159,18 @@ class PyRing:
         t = self._totals
         return RingTotals(t[0], [(list(c), sm) for c, sm in t[1]], list(t[2]), t[3], t[4], t[5],
                           {k: t[6][k] for k in sorted(t[6])}, (list(t[7][0]), t[7][1]), t[8],
-                          t[9], [(list(c), sm) for c, sm in t[10]])
+                          t[9], [(list(c), sm) for c, sm in t[10]],
+                          {k: t[11][k] for k in sorted(t[11])},
+                          {k: list(t[12][k]) for k in sorted(t[12])},
+                          {k: t[13][k] for k in sorted(t[13])},
+                          {k: t[14][k] for k in sorted(t[14])})
 
     def reset_totals(self) -> None:
         nb, nbb = len(self._db) + 1, len(self._bb) + 1
         self._totals: list[Any] = [
             0, [([0] * nb, 0) for _ in range(self.nph + 1)], [0] * (self.k_max + 1), 0, 0, 0,
             {}, ([0] * nbb, 0), 0, None, [([0] * nb, 0) for _ in range(self.nph + 1)],
+            {}, {}, {}, {},
         ]
 
     def _read_copy(self, s: _Slot, released: list[Any]) -> None:
