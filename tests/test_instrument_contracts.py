@@ -168,7 +168,7 @@ def _calls(fn: ast.FunctionDef) -> set[str]:
 
 @pytest.mark.parametrize("version", TRANSFORMERS_PINS)
 def test_transformers_seams_exist_in_pinned_releases(version: str) -> None:
-    assert TRANSFORMERS_RANGE.supports(version)
+    assert TRANSFORMERS_RANGE.tested(version)
     utils = _tree("transformers", version, "transformers/generation/utils.py")
     generators = _tree("transformers", version, "transformers/generation/candidate_generator.py")
     assert utils is not None and generators is not None
@@ -191,7 +191,7 @@ def test_transformers_seams_exist_in_pinned_releases(version: str) -> None:
 def test_transformers_before_the_range_builds_its_generator_outside_the_loop() -> None:
     # Up to 4.56 generate() built the candidate generator and passed it in, so the seam the
     # instrumentor uses is missing: the range starts at 4.57 for that reason.
-    assert not TRANSFORMERS_RANGE.supports("4.56.2")
+    assert TRANSFORMERS_RANGE.below_floor("4.56.2")
     utils = _tree("transformers", "4.56.2", "transformers/generation/utils.py")
     assert utils is not None
     calls = _calls(_method(_class(utils, "GenerationMixin"), "_assisted_decoding"))
@@ -205,7 +205,7 @@ class _Installed(PackageRange):
     """A range whose distribution reports a given installed version (no wheel installed)."""
 
     def __init__(self, base: PackageRange, version: str) -> None:
-        super().__init__(base.distribution, base.minimum, base.below)
+        super().__init__(base.distribution, base.minimum, base.tested_below)
         object.__setattr__(self, "_version", version)
 
     def installed_version(self) -> str | None:

