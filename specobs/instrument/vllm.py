@@ -7,15 +7,17 @@ registers post-import hooks, and the runner classes are patched, in place and re
 vLLM itself imports them -- which only the processes that run the model do (the scheduler's
 ``update_from_output`` too, where vLLM imports the scheduler: one wrapper call per step there).
 
-vLLM has two model runners, and which one a worker builds is decided at run time
+Up to 0.33 vLLM has two model runners, and which one a worker builds is decided at run time
 (``VllmConfig.use_v2_model_runner``; model runner V2 is the default for eagle, eagle3, ngram,
-draft_model and mtp whenever Triton is usable, already in 0.32.0;
-``VLLM_USE_V2_MODEL_RUNNER=0`` forces V1). specobs instruments both, and checks the runner the
-worker actually built (``Worker.load_model``): anything else logs one warning and exports
-``specobs_info{integration="unsupported"}``.
+draft_model and mtp whenever Triton is usable, already in 0.32.0); 0.34 deleted V1, and V2 is
+the only runner, on the CPU too. specobs instruments both, and checks the runner the worker
+actually built (``Worker.load_model``): anything else logs one warning and exports
+``specobs_info{integration="unsupported"}``. Whether it attaches at all is decided by the
+declared hook points (:mod:`specobs.instrument._package_vllm`), checked against the installed
+vLLM before anything is patched, not by a version ceiling.
 
-Seams, read from the pinned release (0.33.0) -- see docs/integrations.md for what each phase
-covers:
+Seams, read from the pinned releases (0.33.0 and 0.34.0) -- see docs/integrations.md for what
+each phase covers:
 
 - **V2** (``vllm.v1.worker.gpu.model_runner.GPUModelRunner``): ``execute_model`` runs the target
   forward over each request's last token and drafts (**verify** starts); ``sample_tokens`` calls
@@ -35,11 +37,21 @@ covers:
 - Drafts a grammar rejected after the step was launched (async scheduling with structured
   outputs) are not counted as drafted, as vLLM's scheduler does not count them
   (:func:`valid_draft_lengths`).
+- Under a batch-size schedule of k (``num_speculative_tokens_per_batch_size``) a band may draft
+  nothing: a step that decodes at least one request without drafts is a plain step, marked by
+  the engine core (:func:`around_schedule`, :data:`PLAIN_ATTRIBUTE`) and recorded as a cycle
+  with draft length 0. Each cycle's draft length is the k the step drafts for the next one
+  (``num_spec_tokens_to_schedule``); the drafts it verifies, and so its acceptance, are the
+  previous step's.
+- Per request, the engine core adds up the rows vLLM counts (``make_spec_decoding_stats``, as
+  vLLM's own ``--per-request-spec-decode-metrics`` does) and reports a request's drafted and
+  accepted tokens when the step that finishes it is settled (``Observer.request_finished``).
 - A step is a cycle when the scheduler sent draft tokens to verify
-  (``scheduler_output.scheduled_spec_decode_tokens``). Its times end when ``sample_tokens``
-  returns (or when ``execute_model`` returns an output itself, as releases before the split
-  did); its counts are the rows vLLM's ``Scheduler.update_from_output`` counts, in the engine
-  core, which skips the rows of requests aborted (or finished) while the step was in flight:
+  (``scheduler_output.scheduled_spec_decode_tokens``), or is a plain step. Its times end when
+  ``sample_tokens`` returns (or when ``execute_model`` returns an output itself, as releases
+  before the split did); its counts are the rows vLLM's ``Scheduler.update_from_output``
+  counts, in the engine core, which skips the rows of requests aborted (or finished) while the
+  step was in flight:
   - the worker on the engine core's own thread without async scheduling (one worker,
     ``UniProcExecutor``): the cycle stays open until that thread's ``update_from_output``
     begins, and is settled with the rows it counts, as ``make_spec_decoding_stats`` observes
@@ -170,8 +182,8 @@ class _Step:
 
     __slots__ = (
         "accepted", "batch_size", "collect", "counted", "draft_length", "emitted", "grammar",
-        "key", "next_step", "off", "pending", "req_ids", "rows", "runner_here", "scheduled",
-        "scheduler_here", "tracker", "waits",
+        "key", "next_step", "off", "pending", "req_ids", "requests", "rows", "runner_here",
+        "scheduled", "scheduler_here", "tracker", "waits",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -191,7 +203,10 @@ class _Step:
         # last schedule (for the next one to carry), and the rows of the update in progress.
         self.next_step = 0
         self.counted: list[Counted] = []
-        self.collect: list[tuple[int, int]] | None = None
+        self.collect: list[tuple[int, int, Any]] | None = None
+        # The engine core's thread: per request still running, [drafted, accepted] as vLLM's
+        # scheduler counted its rows (its per-request figures), until the request finishes.
+        self.requests: dict[Any, list[int]] = {}
         self.clear()
 
     def clear(self) -> None:
@@ -289,7 +304,8 @@ def _abort(step: _Step | None) -> None:
 
 
 def _start(
-    step: _Step, runner: Any, batch_size: int, phases: tuple[str, ...], integration: str
+    step: _Step, runner: Any, batch_size: int, phases: tuple[str, ...], integration: str,
+    draft_length: int | None = None,
 ) -> None:
     instrumentor = VllmInstrumentor()
     observer = instrumentor.current_observer
@@ -305,8 +321,51 @@ def _start(
         step.off = True
         return
     tracker = _base.PhaseTracker(observer)
-    tracker.start(batch_size)
+    tracker.start(batch_size, draft_length)
     step.tracker = tracker
+
+
+PLAIN_ATTRIBUTE = "specobs_plain"
+"""Set by the engine core on a ``SchedulerOutput`` that schedules no drafts but decodes at least
+one request (:func:`around_schedule`): a plain decode step under the speculative config -- a
+batch-size band with k = 0 in ``num_speculative_tokens_per_batch_size`` -- which specobs records
+as a cycle with draft length 0."""
+
+
+def is_plain(scheduler_output: Any) -> bool:
+    """Whether the engine core marked this scheduler output a plain decode step."""
+    return getattr(scheduler_output, PLAIN_ATTRIBUTE, False) is True
+
+
+def decodes(scheduler: Any, scheduler_output: Any) -> bool:
+    """Whether a scheduler output without drafts decodes at least one request: a request that
+    already has output tokens (or placeholders for them, with async scheduling) and is scheduled
+    for exactly one token. A prefill chunk -- the prompt's last included, whose sampled token is
+    the request's first -- and the recomputation of a preempted request are not decode rows."""
+    requests = scheduler.requests
+    for req_id, n in scheduler_output.num_scheduled_tokens.items():
+        if n != 1:
+            continue
+        request = requests.get(req_id)
+        if request is None:
+            continue
+        outputs = request.num_output_tokens + int(
+            getattr(request, "num_output_placeholders", 0) or 0
+        )
+        if outputs > 0:
+            return True
+    return False
+
+
+def drafted_length(runner: Any, scheduler_output: Any) -> int | None:
+    """The k the step drafts for the next one: the scheduler's pick under a batch-size schedule
+    (``num_spec_tokens_to_schedule``, vLLM 0.32 and later), else the configured
+    ``num_speculative_tokens``. The drafts a step verifies are the previous step's, so the two
+    differ where the batch crosses a band of the schedule."""
+    k = getattr(scheduler_output, "num_spec_tokens_to_schedule", None)
+    if k is None:
+        k = getattr(runner.speculative_config, "num_speculative_tokens", None)
+    return k if type(k) is int and k >= 0 else None
 
 
 def _make_execute_model(
@@ -331,10 +390,14 @@ def _make_execute_model(
             if step.tracker is not None:
                 _end(step)  # the previous step never reached sample_tokens
             drafts = scheduler_output.scheduled_spec_decode_tokens
-            if runner.speculative_config is not None and drafts:
+            if runner.speculative_config is not None and (drafts or is_plain(scheduler_output)):
                 batch = getattr(scheduler_output, "num_scheduled_tokens", None) or drafts
-                _start(step, runner, len(batch), phases_of(runner), integration)
+                _start(step, runner, len(batch), phases_of(runner), integration,
+                       drafted_length(runner, scheduler_output))  # fmt: skip
                 step.scheduled = scheduler_output
+                if not drafts:
+                    # Nothing to verify: every row's draft length is 0 (V1's host rows read it).
+                    step.draft_length = [0] * len(batch)
                 if not step.scheduler_here:
                     step.key = getattr(scheduler_output, STEP_ATTRIBUTE, None)
         except Exception:
@@ -633,6 +696,17 @@ def around_schedule(original: Callable[..., Any], *args: Any, **kwargs: Any) -> 
     step = _step()
     step.scheduler_here = True
     output = original(*args, **kwargs)
+    try:
+        scheduler = args[0]
+        if (
+            not output.scheduled_spec_decode_tokens
+            and output.num_scheduled_tokens
+            and _speculates(scheduler)
+            and decodes(scheduler, output)
+        ):
+            setattr(output, PLAIN_ATTRIBUTE, True)
+    except Exception:
+        _failed("the plain step mark (schedule)")
     if not step.runner_here:
         try:
             setattr(output, STEP_ATTRIBUTE, step.next_step)
@@ -645,6 +719,14 @@ def around_schedule(original: Callable[..., Any], *args: Any, **kwargs: Any) -> 
     return output
 
 
+def _speculates(scheduler: Any) -> bool:
+    """Whether the scheduler runs with a speculative config (vLLM keeps ``num_spec_tokens``; a
+    batch-size schedule may set it per step, to 0 included)."""
+    return bool(getattr(scheduler, "num_spec_tokens", 0)) or (
+        getattr(scheduler, "dynamic_sd_lookup", None) is not None
+    )
+
+
 STEP_ATTRIBUTE = "specobs_step"
 """Set by the engine core on each ``SchedulerOutput``: the step's number in that process. A
 worker of its own keys the cycle it defers by it."""
@@ -652,11 +734,11 @@ COUNTED_ATTRIBUTE = "specobs_counted"
 """Set by the engine core on a ``SchedulerOutput``: a tuple of :data:`Counted`, one per
 speculative step whose output ``update_from_output`` took since the previous schedule."""
 
-Counted = tuple[int, "list[int]", "list[int]", int, int]
+Counted = tuple[int, "list[int]", "list[int]", int, int, "list[tuple[int, int]]"]
 """What vLLM counted of one speculative step, made in the engine core for a worker of its own:
 (step number, drafts per counted draft, accepted per counted draft -- the rows
 ``make_spec_decoding_stats`` observed, as it observed them --, rows handed tokens, tokens
-handed)."""
+handed, and (drafted, accepted) of each request the step finished, over its whole life)."""
 
 
 class _Deferred:
@@ -749,8 +831,10 @@ def _settle_counted(step: _Step, scheduler_output: Any) -> None:
 
 
 def _settle_with(entry: _Deferred, counts: Counted) -> None:
-    """Settle a worker's deferred cycle with what the engine core counted of its step."""
-    _, drafted, accepted, rows, emitted = counts
+    """Settle a worker's deferred cycle with what the engine core counted of its step, then
+    report the requests the step finished."""
+    _, drafted, accepted, rows, emitted = counts[:5]
+    _report_requests(counts[5] if len(counts) > 5 else ())
     if not rows and not accepted:
         entry.handle.settle(None)
         return
@@ -777,13 +861,63 @@ def counting_rows(original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 row = counted_row(args, kwargs)
                 if row is not None:
-                    step.collect.append(row)
+                    step.collect.append((*row, _row_request(args, kwargs)))
             except Exception:
                 _failed("a counted row (make_spec_decoding_stats)")
         return original(*args, **kwargs)
 
     make_spec_decoding_stats.__specobs_hook__ = counting_rows  # type: ignore[attr-defined]
     return make_spec_decoding_stats
+
+
+def _report_requests(finished: Any) -> None:
+    """Each finished request's (drafted, accepted) to the observer's per-request acceptance."""
+    if not finished:
+        return
+    observer = VllmInstrumentor().current_observer
+    if observer is None:
+        return
+    for drafted, accepted in finished:
+        observer.request_finished(drafted=drafted, accepted=accepted)
+
+
+def _row_request(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The request id of one ``make_spec_decoding_stats`` call (``None`` before releases that
+    pass it)."""
+    return kwargs.get("request_id") if len(args) < 6 else args[5]
+
+
+_MAX_REQUESTS = 1 << 16
+"""Running requests whose figures the engine core keeps at most; past it, those vLLM no longer
+holds (aborted: they never finish with an output) are forgotten."""
+
+
+def _finished_requests(step: _Step, scheduler: Any, rows: list[tuple[int, int, Any]],
+                       out: Any) -> list[tuple[int, int]]:
+    """Add a step's counted rows to their requests' figures; return and forget the figures of
+    the requests the step finished (an output with a finish reason), as vLLM's own per-request
+    metrics count them (``RequestSpecDecodeMetrics``: every verify step's drafts, less those a
+    grammar rejected, and accepted drafts)."""
+    requests = step.requests
+    for drafted, accepted, request_id in rows:
+        if request_id is not None:
+            figures = requests.setdefault(request_id, [0, 0])
+            figures[0] += drafted
+            figures[1] += accepted
+    finished: list[tuple[int, int]] = []
+    if not requests:
+        return finished
+    for outputs in out.values():
+        for output in outputs.outputs:
+            if getattr(output, "finish_reason", None) is not None:
+                figures = requests.pop(output.request_id, None)
+                if figures is not None:
+                    finished.append((figures[0], figures[1]))
+    if len(requests) > _MAX_REQUESTS:
+        held = getattr(scheduler, "requests", None) or {}
+        for request_id in [r for r in requests if r not in held]:
+            del requests[request_id]
+    return finished
 
 
 def counted_row(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int] | None:
@@ -803,12 +937,13 @@ def counted_row(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int
 
 def _counted_by_vllm(
     step: _Step, original: Callable[..., Any], args: Any, kwargs: Any
-) -> tuple[Any, tuple[list[int], list[int], int, int] | None]:
+) -> tuple[Any, tuple[list[int], list[int], int, int, list[tuple[int, int]]] | None]:
     """Run ``update_from_output`` and keep what it counted of the step: vLLM's own rows
     (:func:`counting_rows`: drafts per counted draft, accepted per counted draft), the rows it
-    handed tokens and the tokens it handed on. Returns its result and those counts (``None``
-    when they could not be read)."""
-    rows: list[tuple[int, int]] = []
+    handed tokens, the tokens it handed on, and the figures of the requests it finished
+    (:func:`_finished_requests`). Returns its result and those counts (``None`` when they could
+    not be read)."""
+    rows: list[tuple[int, int, Any]] = []
     step.collect = rows
     try:
         out = original(*args, **kwargs)
@@ -824,7 +959,8 @@ def _counted_by_vllm(
                 if n and output.request_id in scheduled:
                     handed += 1
                     emitted += n
-        return out, ([r[0] for r in rows], [r[1] for r in rows], handed, emitted)
+        finished = _finished_requests(step, args[0], rows, out)
+        return out, ([r[0] for r in rows], [r[1] for r in rows], handed, emitted, finished)
     except Exception:
         _failed("the counted rows (update_from_output)")
         return out, None
@@ -855,7 +991,9 @@ def around_update_from_output(original: Callable[..., Any], *args: Any, **kwargs
         try:
             scheduler_output = args[1] if len(args) > 1 else kwargs["scheduler_output"]
             key = getattr(scheduler_output, STEP_ATTRIBUTE, None)
-            if not scheduler_output.scheduled_spec_decode_tokens:
+            if not scheduler_output.scheduled_spec_decode_tokens and not is_plain(
+                scheduler_output
+            ):
                 key = None
         except Exception:
             _failed("the counts for the worker (update_from_output)")
@@ -1015,8 +1153,9 @@ def _check_runner(original: Callable[..., Any], *args: Any, **kwargs: Any) -> An
             if kind is None:
                 instrumentor.report_unsupported(
                     f"this worker built {name}, a model runner specobs does not instrument",
-                    "vLLM runs unchanged. specobs times vLLM's GPUModelRunner V1 and V2 "
-                    "(VLLM_USE_V2_MODEL_RUNNER=0 or 1 picks one); see docs/integrations.md.",
+                    "vLLM runs unchanged. specobs times vLLM's GPUModelRunner (model runner "
+                    "V2, the only one from vLLM 0.34; V1 too on earlier releases) and the CPU "
+                    "build's CPUModelRunner, which subclasses it; see docs/integrations.md.",
                     topology=topology(runner),
                 )
             else:

@@ -223,6 +223,16 @@ def _vllm_counters(metrics: list[Any]) -> dict[str, Any]:
     return totals
 
 
+def _per_request(output: Any) -> list[int] | None:
+    """vLLM's own per-request figures (``per_request_spec_decode_metrics="summary"``): [draft
+    tokens, accepted draft tokens] of the request, or None where the release has none."""
+    metrics = getattr(output.outputs[0], "spec_decode_metrics", None)
+    if metrics is None:
+        return None
+    figures = metrics.to_dict()
+    return [int(figures["num_draft_tokens"]), int(figures["num_accepted_draft_tokens"])]
+
+
 # -- vLLM's own per-step output, as its scheduler hands it on ------------------------------------
 
 STEP_COUNTS_ENV = "SPECOBS_TEST_STEP_COUNTS"
@@ -242,6 +252,8 @@ def count_step_outputs(path: Path) -> None:
     original = sched.Scheduler.update_from_output
     totals: dict[str, Any] = {"spec_step_tokens": 0, "spec_step_rows": 0,
                               "other_step_tokens": 0, "spec_steps": 0, "requests": {},
+                              "plain_steps": 0, "plain_step_tokens": 0, "plain_step_rows": 0,
+                              "cycle_k": {},
                               "skipped_spec_rows": 0, "skipped_draft_tokens": 0,
                               "skipped_accepted_tokens": 0, "skipped_sampled_tokens": 0,
                               "skipped_accepted_by_position": {}}  # fmt: skip
@@ -255,6 +267,7 @@ def count_step_outputs(path: Path) -> None:
         result = original(self, scheduler_output, model_runner_output)
         speculative = bool(scheduler_output.scheduled_spec_decode_tokens)
         tokens = rows = 0
+        decoded = False  # a row handed a token that is not its request's first
         answered = set()
         for outs in result.values():
             for out in outs.outputs:
@@ -263,8 +276,13 @@ def count_step_outputs(path: Path) -> None:
                 tokens += n
                 rows += n > 0
                 if out.request_id in requests:
+                    decoded = decoded or (n > 0 and requests[out.request_id][1] > 0)
                     requests[out.request_id][1] += n
                     requests[out.request_id][2] += n if speculative else 0
+        if speculative or decoded:
+            # A cycle: the k this step drafted for the next one, as the scheduler picked it.
+            k = str(getattr(scheduler_output, "num_spec_tokens_to_schedule", -1))
+            totals["cycle_k"][k] = totals["cycle_k"].get(k, 0) + 1
         if speculative:
             # Rows that verified drafts and got no output: vLLM skipped them (aborted mid-step),
             # counting nothing of them; what the runner had sampled for them.
@@ -285,6 +303,11 @@ def count_step_outputs(path: Path) -> None:
             totals["spec_step_tokens"] += tokens
             totals["spec_step_rows"] += rows
             totals["spec_steps"] += 1
+        elif decoded:
+            # No drafts to verify, yet requests decoded: a plain step under the k schedule.
+            totals["plain_step_tokens"] += tokens
+            totals["plain_step_rows"] += rows
+            totals["plain_steps"] += 1
         else:
             totals["other_step_tokens"] += tokens
         partial = path.with_name(path.name + ".partial")
@@ -393,6 +416,8 @@ def scrape_specobs(url: str) -> dict[str, Any] | None:
         "emitted_tokens_total": 0.0, "batch_size_sum": 0.0,
         "accept_length_count": 0.0, "accept_length_sum": 0.0,
         "phase_counts_host": {}, "info": None, "accepted_by_position": {}, "unsettled": 0.0,
+        "draft_length_buckets": {}, "baseline": {}, "request_acceptance_buckets": {},
+        "request_acceptance_count": 0.0,
     }  # fmt: skip
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -424,6 +449,14 @@ def scrape_specobs(url: str) -> dict[str, Any] | None:
                 out["unsettled"] += value
             elif name == "specobs_info":
                 out["info"] = dict(labels)
+            elif name == "specobs_draft_length_bucket":
+                out["draft_length_buckets"][labels["le"]] = value
+            elif name == "specobs_baseline_sequence_tokens_per_second":
+                out["baseline"][labels.get("source", "configured")] = value
+            elif name == "specobs_request_acceptance_bucket":
+                out["request_acceptance_buckets"][labels["le"]] = value
+            elif name == "specobs_request_acceptance_count":
+                out["request_acceptance_count"] += value
     return out
 
 
@@ -454,6 +487,12 @@ def main() -> int:
     parser.add_argument("--build-only", action="store_true", help="build the models and exit")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=45)
+    parser.add_argument(
+        "--schedule", type=json.loads, default=None,
+        help="a num_speculative_tokens_per_batch_size schedule as JSON, [[start, end, k], ...]: "
+             "requests ask for different max_tokens so the batch shrinks through its bands, "
+             "and nothing is aborted",
+    )  # fmt: skip
     args = parser.parse_args()
     # vLLM's CPU backend reserves its KV cache up front (GiB); the tiny models need almost none,
     # and the machine is shared with the rest of the test suite. Set before vLLM is imported.
@@ -487,21 +526,32 @@ def main() -> int:
     step_counts.unlink(missing_ok=True)
     count_step_outputs(step_counts)  # before the engine core forks
 
+    speculative_config = _speculative_config(args.method, draft, eagle)
+    if args.schedule is not None:
+        speculative_config["num_speculative_tokens_per_batch_size"] = args.schedule
     llm = LLM(
         model=str(target), tokenizer=str(target),
-        speculative_config=_speculative_config(args.method, draft, eagle), dtype="float32",
+        speculative_config=speculative_config, dtype="float32",
         max_model_len=512, max_num_seqs=args.prompts,
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, enable_chunked_prefill=True,
         enforce_eager=True, disable_log_stats=False, seed=0,
+        per_request_spec_decode_metrics="summary",
     )  # fmt: skip
     t_started = time.perf_counter()
-    # The first prompt's request asks for more and is aborted inside a speculative step.
-    abort_mid_step(llm, ABORTED_MAX_TOKENS, ABORT_AT_SPEC_STEP)
-    params = [
-        SamplingParams(temperature=0.0, max_tokens=ABORTED_MAX_TOKENS if i == 0 else
-                       args.max_tokens, ignore_eos=True)
-        for i in range(args.prompts)
-    ]  # fmt: skip
+    if args.schedule is None:
+        # The first prompt's request asks for more and is aborted inside a speculative step.
+        abort_mid_step(llm, ABORTED_MAX_TOKENS, ABORT_AT_SPEC_STEP)
+        params = [
+            SamplingParams(temperature=0.0, max_tokens=ABORTED_MAX_TOKENS if i == 0 else
+                           args.max_tokens, ignore_eos=True)
+            for i in range(args.prompts)
+        ]  # fmt: skip
+    else:
+        # Requests end one after another, so the batch shrinks through the schedule's bands.
+        params = [
+            SamplingParams(temperature=0.0, max_tokens=args.max_tokens + 8 * i, ignore_eos=True)
+            for i in range(args.prompts)
+        ]  # fmt: skip
     outputs = llm.generate(prompts(args.prompts), params, use_tqdm=False)
     t_generated = time.perf_counter()
     counters = _vllm_counters(llm.get_metrics())
@@ -517,7 +567,8 @@ def main() -> int:
         "finished_requests": len(outputs),
         "requests": args.prompts,
         "prompt_tokens": [len(o.prompt_token_ids or ()) for o in outputs],
-        "aborted_max_tokens": ABORTED_MAX_TOKENS,
+        "aborted_max_tokens": ABORTED_MAX_TOKENS if args.schedule is None else None,
+        "per_request": [_per_request(o) for o in outputs],
         "vllm": counters,
         "vllm_steps": steps,
         "specobs": scraped,
