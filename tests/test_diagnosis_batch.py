@@ -121,7 +121,7 @@ def test_a_crossing_between_batches_observed_is_measured() -> None:
     assert t == pytest.approx(true_threshold(), rel=0.1)
     assert f.sentence.startswith("speculation stops paying between batch 32.0 (1.07x) and "
                                  "64.0 (1.00x), about 61 (measured at batches 1.0..128.0:")
-    assert "disable_by_batch_size" in f.advice
+    assert "num_speculative_tokens_per_batch_size" in f.advice
     # The order the windows come in does not matter.
     assert dg.batch_threshold(pts[::-1]) == f
 

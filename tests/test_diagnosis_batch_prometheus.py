@@ -210,7 +210,7 @@ def test_a_server_that_served_several_batch_sizes_is_told_where_speculation_stop
     assert 4.0 < ev["threshold_batch"] < 16.0, batch
     assert ev["batches_observed"] >= 3 and ev["min_batch"] < 2.5 and ev["max_batch"] > 12, ev
     assert batch["sentence"].startswith("speculation stops paying between batch "), batch
-    assert "disable_by_batch_size" in batch["advice"]
+    assert "num_speculative_tokens_per_batch_size" in batch["advice"]
     # The recent window is at batch 16, where speculation is slower than the plain steps.
     assert rc == 1 and found["SPEC-SPEEDUP-LOSS"]["severity"] == "fail", found
 

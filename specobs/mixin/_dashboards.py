@@ -393,6 +393,76 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         f"  ({srate('instance, clock', phase + '_sum', draft_verify)} > 0)\n)"
     )
 
+    b.row("Draft length in effect (k chosen at run time)")
+    k_hist = c.DRAFT_LENGTH.name
+    by_k = c.CYCLES_BY_DRAFT_LENGTH.name
+    per_k = (
+        "Engines change k at run time: vLLM's num_speculative_tokens_per_batch_size bands, "
+        "SGLang's adaptive tiers, TRT-LLM's draft_len_schedule; k = 0 is a plain decode step "
+        "(nothing drafted), recorded as a cycle. The cycle's k is what it drafted (vLLM "
+        "verifies the previous step's drafts: acceptance by k uses each sequence's own)."
+    )
+    b.timeseries(
+        "Draft length in effect and batch size",
+        "Mean draft length k per cycle (left axis) and mean sequences per cycle (right axis): "
+        "a schedule by batch size shows k stepping as the batch crosses its bands. " + per_k,
+        "short",
+        [
+            (f"{srate('instance', k_hist + '_sum')}\n/\n"
+             f"({srate('instance', k_hist + '_count')} > 0)", "k {{instance}}"),
+            (f"{srate('instance', c.BATCH_SIZE.name + '_sum')}\n/\n"
+             f"({srate('instance', c.BATCH_SIZE.name + '_count')} > 0)", "batch {{instance}}"),
+        ],
+        overrides=[
+            {
+                "matcher": {"id": "byRegexp", "options": "batch .*"},
+                "properties": [
+                    {"id": "custom.axisPlacement", "value": "right"},
+                    {"id": "custom.axisLabel", "value": "sequences"},
+                ],
+            }
+        ],
+        axis_label="k",
+    )
+    b.timeseries(
+        "Cycles by draft length",
+        "Share of cycles run at each k over time, stacked; k=0 is the share of plain decode "
+        "steps (speculation off at that batch). " + per_k,
+        "percentunit",
+        [(f"{srate('draft_length', by_k)}\n/ ignoring (draft_length) group_left ()\n"
+          f"({srate('', by_k)} > 0)", "k={{draft_length}}")],
+        stack=True,
+    )
+    b.timeseries(
+        "Mean phase time by draft length (host clock)",
+        "Mean seconds per cycle in each phase, for the cycles of each k (host clock, every "
+        "cycle): draft time grows with k, verify with the tokens verified. " + per_k,
+        "s",
+        [(f"{srate('draft_length, phase', c.PHASE_TIME_BY_DRAFT_LENGTH.name)}\n"
+          f"/ on (draft_length) group_left ()\n({srate('draft_length', by_k)} > 0)",
+          "k={{draft_length}} {{phase}}")],
+    )
+    b.timeseries(
+        "Acceptance by draft length",
+        "Accepted / drafted tokens of the sequences that verified k drafts, per k. A rate that "
+        "falls as k grows is the late positions' low acceptance (per position: the Acceptance "
+        "row). " + per_k,
+        "percentunit",
+        [(f"{srate('draft_length', c.ACCEPTED_BY_DRAFT_LENGTH.name)}\n/ on (draft_length)\n"
+          f"({srate('draft_length', c.DRAFTED_BY_DRAFT_LENGTH.name)} > 0)", "k={{draft_length}}")],
+    )
+    b.timeseries(
+        "Tokens/s of cycle time by draft length",
+        "Tokens emitted by the cycles of each k over the host seconds those cycles took: what the "
+        "server produces while it runs at that k. k=0 is the plain-step rate the measured "
+        "baseline (source=plain_steps) is taken from. " + per_k,
+        "short",
+        [(f"{srate('draft_length', c.EMITTED_BY_DRAFT_LENGTH.name)}\n/ on (draft_length)\n"
+          f"({srate('draft_length', c.PHASE_TIME_BY_DRAFT_LENGTH.name)} > 0)",
+          "k={{draft_length}}")],
+        axis_label="tokens/s",
+    )
+
     b.row("Throughput and speedup")
     b.timeseries(
         "Emitted tokens/s per server",
@@ -414,8 +484,9 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "Speedup: realized vs predicted",
         "Realized: tokens/s per sequence over the non-speculative baseline "
         f"({c.BASELINE_SEQUENCE_TOKENS.name}; the legend names its source: configured by hand, "
-        "or measured by the engine at the batch size it serves, as `specobs demo` does with "
-        "plain decode steps between cycles); below 1 speculation is a loss. Predicted: the "
+        "or measured by the engine at the batch size it serves: `specobs demo` runs plain "
+        "decode steps between cycles, and a k schedule's k = 0 cycles give plain_steps); below "
+        "1 speculation is a loss. Predicted: the "
         "measured tokens per sequence-cycle E (1 + accepted draft tokens; the per-position "
         "counters give the conditional acceptances it sums) divided by the cycle's cost in "
         "target steps, (draft + verify) / verify on each clock. It assumes a non-speculative "

@@ -37,6 +37,16 @@ DRAFT_FIXED_STEPS = 0.5
 TREND_MIN_RATES = 3
 
 
+def _k_zero_above(batch: float) -> str:
+    """How each engine turns speculation off above a batch size: a k = 0 band of its
+    batch-size schedule (vLLM 0.33+ ``num_speculative_tokens_per_batch_size``, SGLang's
+    ``--speculative-adaptive-config`` tiers, TensorRT-LLM's ``draft_len_schedule``)."""
+    n = max(round(batch), 1)
+    return (f"vLLM: a k = 0 band in num_speculative_tokens_per_batch_size, "
+            f"[[1, {n}, k], [{n + 1}, max_num_seqs, 0]]; SGLang: candidate_steps [0] from batch "
+            f"{n + 1} in --speculative-adaptive-config; TensorRT-LLM: draft_len_schedule "
+            f"{{{n + 1}: 0}}")
+
 def extended_rates(conditional: Sequence[float], n: int) -> list[float]:
     """The conditional rates a_0 .. a_(n-1): the measured ones, and beyond them the in-cycle
     rates' (a_1 ..) straight line, fitted weighted by how many drafts each position judged (the
@@ -431,7 +441,7 @@ def batch_threshold(points: Sequence[BatchPoint]) -> Finding | None:
             f"speculation stops paying between batch {a.batch:.1f} ({_x(sa)}) and "
             f"{b.batch:.1f} ({_x(sb)}), about {cross:.0f} (measured at {span}: {seen})",
             {**evidence, "threshold_batch": cross, "confidence": "measured"},
-            f"disable speculation above batch {cross:.0f} (vLLM: disable_by_batch_size)",
+            f"disable speculation above batch {cross:.0f} ({_k_zero_above(cross)})",
         )
     # A batch below the largest that did not pay (noise, or a warming draft) is in ``seen``.
     pays = ("every batch size observed" if len(paying) == len(obs)
@@ -485,6 +495,6 @@ def batch_threshold(points: Sequence[BatchPoint]) -> Finding | None:
         f"{xs[0]:.1f}..{xs[-1]:.1f}, it stops paying above about {at:.0f} ({factor:.1f}x the "
         f"largest batch observed, confidence {confidence})",
         {**evidence, "threshold_batch": at, "confidence": confidence},
-        f"disable speculation above batch {at:.0f} (vLLM: disable_by_batch_size) once a "
-        "window at that batch confirms it",
+        f"disable speculation above batch {at:.0f} ({_k_zero_above(at)}) once a window at "
+        "that batch confirms it",
     )
