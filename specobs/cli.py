@@ -7,6 +7,7 @@
     specobs doctor URL  one-shot health check of an endpoint
     specobs report    a self-contained HTML report of a run, or an A/B comparison of two
     specobs fleet-sim N simulated servers' /metrics with injected faults (monitoring load tests)
+    specobs engines   would specobs attach to the installed vLLM, SGLang, transformers
 
 This module is only the dispatcher. Each subcommand lives in its own module exposing
 ``add_arguments(parser)`` and ``run(args) -> int`` (:mod:`specobs.demo._cli` for ``demo``, the
@@ -38,6 +39,8 @@ _SUBCOMMANDS: dict[str, tuple[str, str]] = {
                   "faults, to load-test monitoring (loopback only)"),
     "report": ("specobs.tools.report", "a self-contained HTML report of a run (live endpoint, "
                "snapshot file or Prometheus range), or --compare two"),
+    "engines": ("specobs.tools._engines", "check the installed vLLM, SGLang and transformers "
+                "against specobs's hook tables: would it attach, what would it time"),
 }
 
 

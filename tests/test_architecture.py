@@ -64,11 +64,12 @@ LAYERS: tuple[Layer, ...] = (
           ("foundations", "settings", "recorder", "aggregation", "sinks", "resolver")),
     Layer("facade", ("specobs",),
           ("foundations", "settings", "recorder", "sinks", "observer")),
-    # The mixin renders the catalog; it knows nothing of a running observer.
-    Layer("mixin", ("specobs.mixin",), ("specobs.catalog",)),
     # The wings: the facade and the public modules, plus the named exceptions in ALLOWED.
     Layer("instrument", ("specobs.instrument",), PUBLIC),
-    Layer("tools", ("specobs.tools",), (*PUBLIC, "mixin")),
+    # The mixin renders the catalog and the engines' declared hook tables (the support table of
+    # docs/integrations.md); it knows nothing of a running observer.
+    Layer("mixin", ("specobs.mixin",), ("specobs.catalog", "instrument")),
+    Layer("tools", ("specobs.tools",), (*PUBLIC, "instrument", "mixin")),
     Layer("demo", ("specobs.demo",), (*PUBLIC, "tools")),
     # The dispatcher loads each subcommand's module by name (``cli._SUBCOMMANDS``).
     Layer("cli", ("specobs.cli", "specobs.__main__"), ("specobs", "tools", "demo")),

@@ -43,7 +43,7 @@ def _generator(cls: str, method: str, description: str) -> tuple[Variant, Specul
 
 _PAIRS = (
     _generator("AssistedCandidateGenerator", "assistant model", "assistant_model="),
-    _generator("AssistedCandidateGeneratorDifferentTokenizers", "assistant model, other tokenizer",
+    _generator("AssistedCandidateGeneratorDifferentTokenizers", "assistant model (other tokenizer)",
                "assistant_model= with assistant_tokenizer="),
     _generator("UniversalSpeculativeDecodingGenerator", "universal assisted decoding",
                "assistant_model= with a different vocabulary"),

@@ -4,7 +4,9 @@ all generated from the metric catalog by one pure function.
 ``render_all(config)`` maps repository-relative paths to file contents; ``write_all`` writes them
 (and removes derived dashboard copies in deploy/k8s/base/dashboards/ whose source is gone) and
 ``check_all`` lists the paths whose committed contents differ or are stale (``specobs generate
-[--check]``).
+[--check]``). ``render_regions()`` renders the generated regions of hand-written files (the
+support table of docs/integrations.md, between its markers); ``write_all`` splices them in and
+``check_all`` reports them too.
 Needs the ``gen`` extra (grafanalib, pyyaml).
 """
 
@@ -15,7 +17,8 @@ from pathlib import Path
 
 from specobs.mixin._config import MixinConfig
 
-__all__ = ["OUTPUT_PATHS", "MixinConfig", "check_all", "render_all", "write_all"]
+__all__ = ["OUTPUT_PATHS", "REGION_PATHS", "MixinConfig", "check_all", "render_all",
+           "render_regions", "write_all"]
 
 #: Every path :func:`render_all` may produce, relative to the repository root.
 OUTPUT_PATHS: tuple[str, ...] = (
@@ -30,6 +33,31 @@ OUTPUT_PATHS: tuple[str, ...] = (
     "deploy/k8s/base/dashboards/cycle-breakdown.json",
     "deploy/k8s/base/dashboards/fleet.json",
 )
+
+
+#: Hand-written files with a generated region :func:`render_regions` renders.
+REGION_PATHS: tuple[str, ...] = ("docs/integrations.md",)
+
+
+def render_regions() -> dict[str, str]:
+    """Generated regions of hand-written files: relative path -> the region, its begin and end
+    markers included. Pure, like :func:`render_all`."""
+    from specobs.mixin import _integrations
+
+    return {_integrations.PATH: _integrations.render()}
+
+
+def _splice(current: str, region: str) -> str | None:
+    """``current`` with the region between its markers replaced by ``region``; ``None`` when
+    the markers are not there (once each, in order)."""
+    begin, end = region.split("\n", 1)[0], region.rstrip("\n").rsplit("\n", 1)[-1]
+    if current.count(begin) != 1 or current.count(end) != 1:
+        return None
+    head, _, rest = current.partition(begin)
+    old, _, tail = rest.partition(end)
+    if old.count("\n") == 0 and not tail.startswith("\n"):
+        return None
+    return head + region.rstrip("\n") + tail
 
 
 def render_all(config: MixinConfig = MixinConfig()) -> dict[str, str]:  # noqa: B008 - frozen
@@ -96,6 +124,17 @@ def write_all(
     for relative in _stale(Path(root), rendered):
         (Path(root) / relative).unlink()
         changed.append(relative)
+    for relative, region in render_regions().items():
+        path = Path(root) / relative
+        if not path.exists():
+            continue  # the hand-written file is not under this root: nothing to splice into
+        current = path.read_text(encoding="utf-8")
+        spliced = _splice(current, region)
+        if spliced is None:  # no markers yet: the region goes at the end
+            spliced = current.rstrip("\n") + "\n\n" + region
+        if spliced != current:
+            path.write_text(spliced, encoding="utf-8")
+            changed.append(relative)
     return changed
 
 
@@ -116,4 +155,10 @@ def check_all(
             continue
         if current != text:
             drifted.append(relative)
+    for relative, region in render_regions().items():
+        path = Path(root) / relative
+        if path.exists():
+            current = path.read_text(encoding="utf-8")
+            if _splice(current, region) != current:
+                drifted.append(relative)
     return sorted(drifted + _stale(Path(root), rendered))

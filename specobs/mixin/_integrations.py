@@ -1,0 +1,77 @@
+"""The support table of docs/integrations.md, rendered from the engines' declared hook tables.
+
+Per engine: the floor and the tested range, each variant of hook points with when it is required,
+and each speculative method or worker class with what specobs does with it (timed through which
+variants, or why not). The table is a region of a hand-written file, between :data:`BEGIN` and
+:data:`END`; :func:`specobs.mixin.write_all` splices it in and ``specobs generate --check`` fails
+when it drifts.
+"""
+
+from __future__ import annotations
+
+from specobs.instrument import _contract, _support
+
+__all__ = ["BEGIN", "END", "PATH", "render"]
+
+PATH = "docs/integrations.md"
+BEGIN = ("<!-- BEGIN GENERATED: support table, from specobs/instrument/_package_*.py "
+         "(specobs generate; do not edit by hand) -->")
+END = "<!-- END GENERATED: support table -->"
+
+_REQUIREMENT = {
+    _contract.REQUIRED: "always",
+    _contract.WHERE_PRESENT: "where its module exists",
+    _contract.INFORMATIONAL: "never (reported only)",
+}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _engine(contract: _contract.Contract) -> list[str]:
+    package = contract.package
+    names = " or ".join(f"`{n}`" for n in (package.distribution, *package.aliases))
+    lines = [
+        f"### {contract.engine}",
+        "",
+        f"Distribution {names}; floor **{package.minimum}** (older releases are refused); "
+        f"tested **{package.tested_range}** (a newer release is instrumented when every "
+        "required hook point is there, with one warning that it is untested).",
+        "",
+        "| variant | required | hook points | what it is |",
+        "| --- | --- | --- | --- |",
+    ]
+    for variant in contract.variants:
+        points = ", ".join(
+            f"`{p.owner}.{p.method}`" if p.method else f"`{p.owner}` fields"
+            for p in variant.points)
+        lines.append(f"| {variant.name} | {_REQUIREMENT[variant.requirement]} "
+                     f"| {points} | {_cell(variant.description)} |")
+    if contract.one_of:
+        lines += ["", "At least one of " + ", ".join(contract.one_of) + " must be present."]
+    unsupported = _support.unsupported(contract)
+    lines += [
+        "",
+        f"Methods ({_cell(contract.methods_source)}):",
+        "",
+        "| method or worker | specobs | through |",
+        "| --- | --- | --- |",
+    ]
+    for method in contract.methods:
+        reason = unsupported.get(method.name, method.unsupported)
+        status = f"not timed: {_cell(reason)}" if reason else "timed"
+        lines.append(f"| {method.name} ({_cell(method.description)}) | {status} "
+                     f"| {' or '.join(method.variants)} |")
+    return lines
+
+
+def render() -> str:
+    """The region, markers included, ending with a newline."""
+    lines = [BEGIN, "",
+             "Generated from the hook tables `specobs engines` checks an installation against "
+             "(`specobs engines --path DIR` checks an unpacked image).", ""]
+    for contract in _support.CONTRACTS:
+        lines += [*_engine(contract), ""]
+    lines.append(END)
+    return "\n".join(lines) + "\n"
