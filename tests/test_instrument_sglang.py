@@ -151,6 +151,10 @@ WORKER_FIELDS = {
     "FrozenKVMTPWorkerV2": {"topk", "speculative_num_steps", "speculative_num_draft_tokens"},
     "NGRAMWorker": {"draft_token_num"},
     "EAGLEWorker": {"speculative_num_steps"},
+    # DFLASH, UNO and DSPARK: tests/test_instrument_sglang_workers.py checks them in full.
+    "DFlashWorkerV2": {"block_size"},
+    "UnoWorkerV2": {"tree_mode", "forward_width", "verify_width"},
+    "DSparkWorkerV2": {"verify_num_draft_tokens"},
 }
 
 
@@ -162,6 +166,8 @@ def test_hooked_seams_exist_with_expected_signatures(version: str) -> None:
         tree = _tree("sglang", version, _module_path(target.module))
         if tree is None:
             continue  # a worker generation this release does not have
+        if not target.owner:
+            continue  # a module's function (UNO's run_eagle_verify): test_instrument_sglang_workers
         classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
         if target.owner not in classes and version != LATEST:
             continue  # an older layout; see below
@@ -1074,7 +1080,8 @@ def test_latest_release_dp_spec_prefill_coordination_seams() -> None:
     assert plan is not None
     apply = _method(_class(plan, "DPSpecPrefillCoordinationPlan"), "apply")
     assert "batch.is_extend_in_batch = True" in ast.unparse(apply)
-    # Only EAGLE, EAGLE3 (EAGLEWorkerV2) and DSPARK (unsupported) may turn it on.
+    # Only EAGLE, EAGLE3 (EAGLEWorkerV2) and DSPARK (its own coordinated step, hooked) may turn
+    # it on.
     hook = _tree("sglang", LATEST, "sglang/srt/arg_groups/speculative_hook.py")
     assert hook is not None
     assert "('EAGLE', 'EAGLE3', 'DSPARK')" in ast.unparse(hook)
@@ -1114,18 +1121,19 @@ def test_unsupported_workers_warn_once_per_class_and_export_it(
     calls: list[str] = []
     v2 = _eagle_v2(monkeypatch, calls)
 
-    class DFlashWorkerV2:
+    # Out-of-tree classes (a platform's worker, a plugin algorithm's): none is hooked.
+    class PlatformWorker:
         def forward_batch_generation(self, batch: Any, on_publish: Any = None) -> Any:
-            calls.append("dflash")
+            calls.append("platform")
             return _accept([2])
 
-    class UnoWorkerV2(DFlashWorkerV2):
+    class PluginWorker(PlatformWorker):
         pass
 
-    originals = dict(vars(DFlashWorkerV2))
+    originals = dict(vars(PlatformWorker))
     spec = _spec_info(
         monkeypatch,
-        {"DFLASH": DFlashWorkerV2, "UNO": UnoWorkerV2, "EAGLE": v2.EAGLEWorkerV2},
+        {"PLATFORM": PlatformWorker, "PLUGIN": PluginWorker, "EAGLE": v2.EAGLEWorkerV2},
     )
     _host_only(monkeypatch)
     monkeypatch.setenv("SPECOBS_EXPORTERS", "none")
@@ -1134,33 +1142,33 @@ def test_unsupported_workers_warn_once_per_class_and_export_it(
 
     assert spec.SpeculativeAlgorithm("EAGLE").create_worker(None) is v2.EAGLEWorkerV2
     assert "does not time" not in caplog.text  # a hooked class is not reported
-    cls = spec.SpeculativeAlgorithm("DFLASH").create_worker(None)
-    assert cls is DFlashWorkerV2
+    cls = spec.SpeculativeAlgorithm("PLATFORM").create_worker(None)
+    assert cls is PlatformWorker
     worker = cls()
     for _ in range(5):
         assert worker.forward_batch_generation(_Batch("decode", 1)).accept_lens.tolist() == [2]
-    assert calls == ["dflash"] * 5
+    assert calls == ["platform"] * 5
     warnings = [r for r in caplog.records if "does not time" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
-    assert "DFlashWorkerV2" in warnings[0].getMessage()
-    assert "no method boundary" in warnings[0].getMessage()
+    assert "PlatformWorker" in warnings[0].getMessage()
+    assert "specobs has no hooks for its decode step" in warnings[0].getMessage()
     observer = inst.current_observer
     assert observer is not None
     assert observer.settings.integration == "unsupported"
     assert _snapshot(observer).errors.get("unsupported_engine") == 1
 
     # A second unsupported class in the same process still gets its own single line.
-    spec.SpeculativeAlgorithm("UNO").create_worker(None)().forward_batch_generation(
+    spec.SpeculativeAlgorithm("PLUGIN").create_worker(None)().forward_batch_generation(
         _Batch("decode", 1)
     )
-    spec.SpeculativeAlgorithm("UNO").create_worker(None)().forward_batch_generation(
+    spec.SpeculativeAlgorithm("PLUGIN").create_worker(None)().forward_batch_generation(
         _Batch("decode", 1)
     )
     warnings = [r for r in caplog.records if "does not time" in r.getMessage()]
-    assert len(warnings) == 2 and "UnoWorkerV2" in warnings[1].getMessage()
+    assert len(warnings) == 2 and "PluginWorker" in warnings[1].getMessage()
 
     inst.uninstrument()
-    assert dict(vars(DFlashWorkerV2)) == originals
+    assert dict(vars(PlatformWorker)) == originals
     assert "create_worker" in vars(spec.SpeculativeAlgorithm)
     assert not hasattr(spec.SpeculativeAlgorithm.create_worker, "__wrapped__")
 

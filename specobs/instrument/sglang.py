@@ -68,6 +68,13 @@ V1_MODULE = _SPEC + "eagle_worker"
 MULTI_LAYER_MODULE = _SPEC + "multi_layer_eagle_worker_v2"
 FROZEN_KV_MTP_MODULE = _SPEC + "frozen_kv_mtp_worker_v2"
 NGRAM_MODULE = _SPEC + "ngram_worker"
+DFLASH_MODULE = _SPEC + "dflash_worker_v2"
+DFLASH_INFO_MODULE = _SPEC + "dflash_info"
+"""Where ``DFlashVerifyInput`` lives (its ``prepare_for_verify`` starts DFLASH's verify)."""
+UNO_MODULE = _SPEC + "uno_worker_v2"
+DSPARK_MODULE = _SPEC + "dspark_components.dspark_worker_v2"
+DSPARK_DRAFT_MODULE = _SPEC + "dspark_components.dspark_draft"
+"""Where DSPARK's ``DraftBlockProposer`` lives (its ``propose`` is the draft)."""
 SPEC_INFO_MODULE = _SPEC + "spec_info"
 RESULT_PROCESSOR_MODULE = "sglang.srt.managers.scheduler_components.batch_result_processor"
 """Where the scheduler processes a decode step's result (0.5.23: ``SchedulerBatchResultProcessor.
@@ -256,6 +263,27 @@ def ngram_draft_length(worker: Any) -> int:
     return max(int(tokens if tokens is not None else 1) - 1, 0)
 
 
+def dflash_draft_length(worker: Any) -> int:
+    """DFLASH verifies its whole block: ``block_size`` tokens, the first the last real token."""
+    return max(int(worker.block_size) - 1, 0)
+
+
+def uno_draft_length(worker: Any) -> int:
+    """UNO's proposals per request. Linear: the forward width ``F`` holds the clean root (an
+    exact target token, not a draft) and ``F - 1`` proposals, all verified. Tree
+    (``tree_mode``): EAGLE's verify over ``Q`` nodes rooted at the clean root: ``Q - 1``."""
+    if getattr(worker, "tree_mode", False):
+        return max(int(worker.verify_width) - 1, 0)
+    return max(int(worker.forward_width) - 1, 0)
+
+
+def dspark_draft_length(worker: Any) -> int:
+    """DSPARK's full verify window less the anchor: ``gamma``. A step whose result carries
+    ``cap_lens`` (ragged verify) verified fewer per request; those widths replace this one
+    (:func:`_verified_widths`)."""
+    return max(int(worker.verify_num_draft_tokens) - 1, 0)
+
+
 _MAX_DRAFT_LENGTH_LIMIT = 64  # specobs' own bound on max_draft_length
 
 
@@ -290,6 +318,13 @@ def _has_decode_rows(batch: Any) -> bool:
     return not (is_idle is not None and is_idle())
 
 
+def _non_draft(result: Any) -> int:
+    """Tokens per request a step emits that were not drafts: the bonus token, and UNO's clean
+    root too (``GenerationBatchResult.num_non_draft_tokens_per_req``: 1, UNO 2)."""
+    n = getattr(result, "num_non_draft_tokens_per_req", 1)
+    return n if type(n) is int and n >= 0 else 1
+
+
 def _accepted(result: Any) -> Any:
     for name in ACCEPTED_PER_REQUEST_FIELDS:
         value = getattr(result, name, None)
@@ -297,10 +332,58 @@ def _accepted(result: Any) -> Any:
             return value
     accept_lens = getattr(result, "accept_lens", None)
     if accept_lens is not None:
-        # Includes the bonus token. On the GPU this is one tiny kernel queued on the worker's
-        # stream; specobs copies the result to pinned memory asynchronously and reads it later.
-        return accept_lens - 1
+        # Includes the non-draft tokens. On the GPU this is one tiny kernel queued on the
+        # worker's stream; specobs copies the result to pinned memory asynchronously and reads
+        # it later.
+        return accept_lens - _non_draft(result)
     return None
+
+
+def _host_list(value: Any, *, processed: bool = False) -> list[int] | None:
+    """``value``'s per-request counts as a host list; ``None`` when they are still on the GPU
+    (reading them would synchronize the worker's stream). ``processed``: the scheduler's result
+    processing has already synchronized and read them (``.tolist()``), so reading is free."""
+    if type(value) is list:
+        return value
+    if type(value) is tuple:
+        return list(value)
+    if not processed and getattr(value, "is_cuda", False):
+        return None
+    tolist = getattr(value, "tolist", None)
+    out = tolist() if tolist is not None else None
+    return out if type(out) is list else None
+
+
+def _verified_widths(result: Any, k: int, *, processed: bool = False) -> int | list[int] | None:
+    """Drafts verified per request: ``k`` for every row, else, when the step planned a ragged
+    verify (DSPARK's ``cap_lens``: each row's verify window, the anchor included), each row's
+    window less the anchor. ``None``: the windows are still on the GPU."""
+    caps = getattr(result, "cap_lens", None)
+    if caps is None:
+        return k
+    widths = _host_list(caps, processed=processed)
+    return None if widths is None else [max(int(w) - 1, 0) for w in widths]
+
+
+def _exact(
+    result: Any, k: int, *, processed: bool = False
+) -> tuple[Any, int | list[int], int | None] | None:
+    """``(accepted, draft lengths, emitted)`` of every row of a step's result, as ``accept``
+    takes them (``emitted`` ``None``: accepted + 1 per row); ``None`` when counting them exactly
+    would need values still on the GPU (the cycle keeps its times, without tokens)."""
+    accepted = _accepted(result)
+    if accepted is None:
+        return None
+    n = _non_draft(result)
+    widths = _verified_widths(result, k, processed=processed)
+    if n == 1 and type(widths) is int:
+        return accepted, widths, None
+    counts = _host_list(accepted, processed=processed)
+    if counts is None or widths is None:
+        return None
+    if type(widths) is list and len(widths) != len(counts):
+        return None
+    return counts, widths, sum(counts) + n * len(counts)
 
 
 def _first_batch(kwargs: dict[str, Any]) -> Any:
@@ -363,9 +446,9 @@ def _cycle_hook(
                 # so nothing is launched on the worker's stream for it here.
                 pending[_PENDING] = (tracker.defer(), k)
             else:
-                accepted = _accepted(result)
-                if accepted is not None:
-                    tracker.accept(accepted, k)
+                exact = _exact(result, k)
+                if exact is not None:
+                    tracker.accept(exact[0], exact[1], emitted=exact[2])
                 tracker.finish()
         except Exception:
             _failed("the cycle end (forward_batch_generation)")
@@ -391,17 +474,26 @@ def _output_len(req: Any) -> int:
     return len(through_stop if through_stop is not None else req.output_ids)
 
 
-def _settle(handle: Any, accepted: Any, k: int, rows: list[tuple[Any, bool, int]] | None) -> None:
-    """Give a deferred step the rows SGLang's result processing counted."""
+def _settle(handle: Any, result: Any, k: int, rows: list[tuple[Any, bool, int]] | None) -> None:
+    """Give a deferred step the rows SGLang's result processing counted: their accepted drafts
+    (the host list it made), the drafts each verified (``k``, or DSPARK's ragged window less
+    the anchor) and the tokens their outputs grew by (bonus, and UNO's clean root, included)."""
+    exact = _exact(result, k, processed=rows is not None)
+    if exact is None:
+        handle.settle(None)
+        return
+    accepted, widths, emitted = exact
     if rows is None or type(accepted) is not list or len(accepted) != len(rows):
-        handle.settle(accepted, draft_length=k)  # what the step returned, every row
+        # What the step returned, every row.
+        handle.settle(accepted, draft_length=widths, emitted=emitted)
         return
     live = [i for i, row in enumerate(rows) if row[1]]
     if not live:
         handle.settle(None)  # every row finished in flight: a cycle without tokens
         return
+    kept = widths if isinstance(widths, int) else [widths[i] for i in live]
     emitted = sum(_output_len(rows[i][0]) - rows[i][2] for i in live)
-    handle.settle([accepted[i] for i in live], draft_length=k, batch_size=len(live),
+    handle.settle([accepted[i] for i in live], draft_length=kept, batch_size=len(live),
                   emitted=emitted)  # fmt: skip
 
 
@@ -430,14 +522,14 @@ def around_process_batch_result_decode(
         out = original(*args, **kwargs)
     except BaseException:
         try:
-            _settle(handle, _accepted(result), k, None)
+            _settle(handle, result, k, None)
         except Exception:
             _failed("the cycle end (process_batch_result_decode)")
         raise
     try:
         # The host list the processing made (num_correct_drafts_per_req_cpu), else the step's
-        # accept_lens less the bonus token.
-        _settle(handle, _accepted(result), k, rows)
+        # accept_lens less the non-draft tokens.
+        _settle(handle, result, k, rows)
     except Exception:
         _failed("the cycle end (process_batch_result_decode)")
     return out
@@ -494,10 +586,41 @@ around_draft_extend = _around_phase("bookkeeping", None)
 """The draft model's catch-up over the accepted tokens (or NGRAM's corpus update) is
 bookkeeping."""
 
+around_dflash_step = _cycle_hook(dflash_draft_length)
+"""One decode step of ``DFlashWorkerV2`` (its block draft, verify and draft-KV commit)."""
+around_uno_step = _cycle_hook(uno_draft_length)
+"""One decode step of ``UnoWorkerV2`` (linear or tree)."""
+around_dspark_step = _cycle_hook(dspark_draft_length)
+"""One decode step of ``DSparkWorkerV2``."""
+around_dspark_coordinated_step = _cycle_hook(dspark_draft_length, is_cycle=_has_decode_rows)
+"""``DSparkWorkerV2._forward_dp_spec_prefill_coordination`` on a rank that decodes while a peer
+of its DP-attention group prefills: it runs the rank's decode step (one cycle); on a
+prefilling rank it prefills (not a cycle)."""
+around_draft_end = _around_head_draft
+"""The draft ends where this method returns; verify starts (DSPARK's ``propose``)."""
+around_verify_start = _around_phase("verify", None)
+"""Verify starts with this call: the draft is complete (DFLASH's ``prepare_for_verify``, UNO
+tree's ``run_eagle_verify``)."""
+around_commit = _around_phase("bookkeeping", None)
+"""The commit after verify starts with this call: target state (mamba) and the draft KV of the
+accepted tokens (DFLASH, DSPARK)."""
+
+
+def around_uno_forward_batch(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``UnoWorkerV2._make_forward_batch`` builds the draft pass and (linear UNO) the verify
+    pass of a step; building the verify pass is where the draft (with its candidate sampling)
+    has ended and verify starts."""
+    kind = kwargs.get("spec_input_type")
+    if getattr(kind, "name", None) == "UNO_VERIFY":
+        return around_verify_start(original, *args, **kwargs)
+    return original(*args, **kwargs)
+
 
 @dataclass(frozen=True)
 class HookTarget:
-    """One method specobs wraps: ``module.owner.method`` with ``hook``."""
+    """One method specobs wraps: ``module.owner.method`` with ``hook``. An empty ``owner`` is
+    a function of the module itself: the name the module's own code calls (``from x import f``
+    binds it there), so wrapping it there affects that module's calls only."""
 
     module: str
     owner: str
@@ -506,7 +629,7 @@ class HookTarget:
 
     @property
     def dotted(self) -> str:
-        return f"{self.module}.{self.owner}.{self.method}"
+        return ".".join(part for part in (self.module, self.owner, self.method) if part)
 
 
 _V2, _ML, _FROZEN = V2_MODULE, MULTI_LAYER_MODULE, FROZEN_KV_MTP_MODULE
@@ -538,6 +661,27 @@ HOOK_TARGETS: tuple[HookTarget, ...] = (
         "_prepare_for_speculative_decoding": around_draft,
         "_update_ngram_corpus": around_draft_extend,
     }),
+    *_hooks(DFLASH_MODULE, "DFlashWorkerV2", {
+        _STEP: around_dflash_step,
+        # Private: DFLASH's step has no public seam after its verify. The mamba commit runs
+        # only for hybrid targets; the draft-KV append in every decode step.
+        "_update_target_mamba_state_after_verify": around_commit,
+        "_append_target_hidden_to_draft_kv_by_loc": around_commit,
+    }),
+    *_hooks(DFLASH_INFO_MODULE, "DFlashVerifyInput", {"prepare_for_verify": around_verify_start}),
+    # Private: UNO builds its verify pass (linear) in this helper; tree UNO verifies through
+    # eagle_worker_common.run_eagle_verify, wrapped as UNO's module calls it.
+    *_hooks(UNO_MODULE, "UnoWorkerV2", {
+        _STEP: around_uno_step, "_make_forward_batch": around_uno_forward_batch,
+    }),
+    HookTarget(UNO_MODULE, "", "run_eagle_verify", around_verify_start),
+    *_hooks(DSPARK_MODULE, "DSparkWorkerV2", {
+        _STEP: around_dspark_step,
+        _COORDINATED: around_dspark_coordinated_step,
+        # Private: the first call after DSPARK's verify and acceptance, in every decode step.
+        "_commit_target_mamba_states_after_verify": around_commit,
+    }),
+    *_hooks(DSPARK_DRAFT_MODULE, "DraftBlockProposer", {"propose": around_draft_end}),
     HookTarget(RESULT_PROCESSOR_MODULE, "SchedulerBatchResultProcessor",
                "process_batch_result_decode", around_process_batch_result_decode),
     *_hooks(V1_MODULE, "EAGLEWorker", {
@@ -555,30 +699,21 @@ HOOKED_WORKERS: dict[str, str] = {
     "MultiLayerEagleWorkerV2": "EAGLE with enable_multi_layer_eagle (MiMo-V2, GigaChat 3.5)",
     "FrozenKVMTPWorkerV2": "FROZEN_KV_MTP: its own step, EAGLEWorkerV2's verify",
     "NGRAMWorker": "NGRAM: host-side n-gram drafting, target verify, corpus update",
+    "DFlashWorkerV2": "DFLASH: a block drafted in one diffusion pass, verified, its KV committed",
+    "UnoWorkerV2": "UNO: one model with a LoRA drafter; linear or tree verify, 2 tokens not drafts",
+    "DSparkWorkerV2": "DSPARK: block draft, ragged (confidence-capped) verify, deferred commit",
     "EAGLEWorker": "the V1 EAGLE worker of releases up to 0.5.12",
 }
 """Worker classes ``create_worker`` can return whose decode step specobs times."""
 
-UNSUPPORTED_WORKERS: dict[str, str] = {
-    "DFlashWorkerV2": (
-        "DFLASH drafts a whole block with a diffusion draft model and verifies it inside one "
-        "decode step with no method boundary between the draft, the verify and the draft "
-        "cache update that specobs could hook"
-    ),
-    "UnoWorkerV2": (
-        "UNO runs its draft block, sampling and verify through private helpers of one decode "
-        "step with no stable method boundary between the phases"
-    ),
-    "DSparkWorkerV2": (
-        "DSPARK plans, drafts and verifies through its own executor and epilogue objects "
-        "(deferred commits, compact verify) with no method boundary specobs could hook"
-    ),
-}
-"""Worker classes ``create_worker`` can return that specobs reports as unsupported, and why."""
+UNSUPPORTED_WORKERS: dict[str, str] = {}
+"""Worker classes ``create_worker`` can return that specobs reports as unsupported, and why
+(0.5.23: none; read at run time, so a class added here is reported with its reason)."""
 
 _WAY_OUT = (
-    "Use EAGLE, EAGLE3, NEXTN, STANDALONE, FROZEN_KV_MTP or NGRAM speculative decoding to get "
-    "the cycle breakdown, or time the loop by hand with specobs.Observer (docs/integrations.md)."
+    "Use EAGLE, EAGLE3, NEXTN, STANDALONE, FROZEN_KV_MTP, NGRAM, DFLASH, UNO or DSPARK "
+    "speculative decoding to get the cycle breakdown, or time the loop by hand with "
+    "specobs.Observer (docs/integrations.md)."
 )
 
 
@@ -676,7 +811,9 @@ class SGLangInstrumentor(_base.BaseInstrumentor):
             if owner is not None and "create_worker" in vars(owner):
                 self._patch_around(owner, "create_worker", _create_worker_hook)
         for target in HOOK_TARGETS:
-            owner = getattr(module, target.owner, None) if target.module == name else None
+            owner = None
+            if target.module == name:
+                owner = getattr(module, target.owner, None) if target.owner else module
             if owner is not None and target.method in vars(owner):
                 self._patch_around(owner, target.method, target.hook)
 
@@ -696,4 +833,7 @@ class SGLangInstrumentor(_base.BaseInstrumentor):
 
 
 def _is_cycle(hook: Callable[..., Any]) -> bool:
-    return hook in (around_decode_step, around_plain_step, around_ngram_step)
+    return hook in (
+        around_decode_step, around_plain_step, around_ngram_step,
+        around_dflash_step, around_uno_step, around_dspark_step,
+    )  # fmt: skip
