@@ -12,20 +12,32 @@ Coverage, per worker class ``SpeculativeAlgorithm.create_worker`` returns (0.5.2
 docs/integrations.md for what each phase covers per class):
 
 - hooked: ``EAGLEWorkerV2`` (EAGLE, EAGLE3, NEXTN), ``StandaloneWorkerV2`` (inherits it),
-  ``MultiLayerEagleWorkerV2``, ``FrozenKVMTPWorkerV2``, ``NGRAMWorker``, and the V1
-  ``EAGLEWorker`` of releases up to 0.5.12. A decode step is one cycle; the draft phase runs
-  until the draft returns, verify is the target forward with acceptance, and bookkeeping is the
-  draft model's extend forward over the accepted tokens (NGRAM: the n-gram corpus update);
+  ``MultiLayerEagleWorkerV2``, ``FrozenKVMTPWorkerV2``, ``NGRAMWorker``, ``DFlashWorkerV2``,
+  ``UnoWorkerV2``, ``DSparkWorkerV2``, and the V1 ``EAGLEWorker`` of releases up to 0.5.12. A
+  decode step is one cycle; the draft phase runs until the draft returns, verify is the target
+  forward with acceptance, and bookkeeping is the draft model's extend forward over the accepted
+  tokens (NGRAM: the n-gram corpus update). DFLASH: verify starts at
+  ``DFlashVerifyInput.prepare_for_verify``, bookkeeping (the draft-KV commit) at
+  ``_update_target_mamba_state_after_verify`` or ``_append_target_hidden_to_draft_kv_by_loc``.
+  UNO: verify starts where it builds its ``UNO_VERIFY`` pass (linear) or calls
+  ``run_eagle_verify`` (tree); it has no bookkeeping to run. DSPARK: the draft ends where
+  ``DraftBlockProposer.propose`` returns, bookkeeping starts at
+  ``_commit_target_mamba_states_after_verify``;
 - reported as unsupported (one warning per class and ``specobs_info{integration="unsupported"}``
   on its first step): :data:`UNSUPPORTED_WORKERS`, and any other class ``create_worker`` returns
   (an out-of-tree platform's worker, a custom algorithm) whose decode step is not hooked.
 
 Drafted tokens per request: the draft tree verifies ``speculative_num_draft_tokens - 1`` tokens
 (``topk > 1``); a chain (``topk == 1``) verifies ``speculative_num_steps``, which adaptive
-speculation changes at run time and may set to 0 (drafting off). Acceptance comes from the
-returned ``GenerationBatchResult``: the per-request CPU list under its three names, else the GPU
-``accept_lens`` (accepted drafts plus the bonus token), handed to specobs as a CUDA tensor: no
-sync. Prefill (extend) and idle batches are not speculative cycles and pass straight through;
+speculation changes at run time and may set to 0 (drafting off); DFLASH ``block_size - 1``; UNO
+its proposals (linear ``F - 1``, tree ``Q - 1``); DSPARK each row's admitted verify window less
+its anchor (``cap_lens - 1``, ragged verify), else ``gamma``. Acceptance comes from the returned
+``GenerationBatchResult``: the per-request CPU list under its three names, else the GPU
+``accept_lens`` (accepted drafts plus the step's non-draft tokens: the bonus, and UNO's clean
+root), handed to specobs as a CUDA tensor: no sync. Emitted tokens are accepted plus those
+non-draft tokens (UNO: 2 per row). Per-row values still on the GPU when a step returns (DSPARK's
+windows, UNO's counts outside result processing) are not read: that cycle keeps its times only.
+Prefill (extend) and idle batches are not speculative cycles and pass straight through;
 with DP attention and ``SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION=1`` a decode rank's step on a
 batch where a peer prefills is a cycle (it drafts, verifies and extends its own rows).
 
