@@ -20,15 +20,15 @@ import pytest
 
 from specobs.instrument import vllm as vl_inst
 from tests.test_instrument_contracts import _class, _fields, _method, _tree
-from tests.test_instrument_vllm import (  # noqa: F401  (fixtures)
+from tests.test_instrument_vllm import (
     DRAFTS,
     _load_plugins,
     _snapshot,
     _spec,
     _step,
-    vllm_standins,
-    vllm_tree,
 )
+from tests.test_instrument_vllm import vllm_standins as vllm_standins
+from tests.test_instrument_vllm import vllm_tree as vllm_tree
 
 VERSIONS = ("0.33.0", "0.34.0")
 

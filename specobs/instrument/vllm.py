@@ -909,10 +909,11 @@ def _finished_requests(step: _Step, scheduler: Any, rows: list[tuple[int, int, A
         return finished
     for outputs in out.values():
         for output in outputs.outputs:
-            if getattr(output, "finish_reason", None) is not None:
-                figures = requests.pop(output.request_id, None)
-                if figures is not None:
-                    finished.append((figures[0], figures[1]))
+            if getattr(output, "finish_reason", None) is not None and (
+                output.request_id in requests
+            ):
+                drafted, accepted = requests.pop(output.request_id)
+                finished.append((drafted, accepted))
     if len(requests) > _MAX_REQUESTS:
         held = getattr(scheduler, "requests", None) or {}
         for request_id in [r for r in requests if r not in held]:
