@@ -327,4 +327,12 @@ def test_zombie_rows_under_overlap_scheduling_are_left_out_as_sglang_leaves_them
     assert scheduler.batch_result_processor.metrics["verify_rows"] == len(rows)
     assert sum(len(r.output_ids) - 1 for r in reqs) > emitted  # c's run cut at max_new_tokens
     assert RESULT_PROCESSOR == sg_inst.RESULT_PROCESSOR_MODULE
+    # Per request: each finished request once, its accepted drafts SGLang's own per-request
+    # count (spec_num_correct_drafts), its drafted the K drafts of each of its counted verifies.
+    done = [r for r in reqs if r.finished()]
+    assert done and snap.requests_finished_total == len(done)
+    hist = snap.request_acceptance
+    assert hist is not None and hist.count == len(done)
+    assert hist.sum == pytest.approx(
+        sum(r.spec_num_correct_drafts / (K * r.spec_verify_ct) for r in done))
     observer.shutdown(timeout_seconds=5.0)

@@ -507,6 +507,34 @@ def _settle(handle: Any, result: Any, k: int, rows: list[tuple[Any, bool, int]] 
     emitted = sum(_output_len(rows[i][0]) - rows[i][2] for i in live)
     handle.settle([accepted[i] for i in live], draft_length=kept, batch_size=len(live),
                   emitted=emitted)  # fmt: skip
+    _count_requests([rows[i][0] for i in live], [accepted[i] for i in live], kept)
+
+
+_REQUEST_FIGURES = "_specobs_request"
+"""The attribute of a running ``Req`` holding [drafted, accepted] of the rows specobs counted."""
+
+
+def _count_requests(reqs: list[Any], accepted: list[Any], widths: Any) -> None:
+    """Add a settled step's rows to their requests' figures, and report each request the step
+    finished (``Req.finished()`` once the processing ran) with its drafted and accepted drafts
+    over its life. Accepted is what SGLang's own ``spec_num_correct_drafts`` counts; drafted is
+    what specobs counted per row (SGLang's ``spec_num_proposed_drafts`` is verify passes times
+    the configured k, wrong under adaptive steps and ragged windows)."""
+    finished: list[tuple[int, int]] = []
+    for j, req in enumerate(reqs):
+        figures = getattr(req, _REQUEST_FIGURES, None)
+        if figures is None:
+            figures = [0, 0]
+            setattr(req, _REQUEST_FIGURES, figures)
+        figures[0] += int(widths if isinstance(widths, int) else widths[j])
+        figures[1] += int(accepted[j])
+        if req.finished():
+            finished.append((figures[0], figures[1]))
+            delattr(req, _REQUEST_FIGURES)
+    observer = SGLangInstrumentor().current_observer if finished else None
+    if observer is not None:
+        for drafted, correct in finished:
+            observer.request_finished(drafted=drafted, accepted=correct)
 
 
 def around_process_batch_result_decode(
