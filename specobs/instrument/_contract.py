@@ -171,6 +171,7 @@ class HookPoint:
 
     module: str
     owner: str
+    """The class; empty: ``method`` is a module-level function."""
     method: str = ""
     params: tuple[str, ...] = ()
     """Parameter names the hook reads (by position or keyword); each must be in the signature."""
@@ -182,7 +183,8 @@ class HookPoint:
 
     @property
     def name(self) -> str:
-        return f"{self.module}.{self.owner}" + (f".{self.method}" if self.method else "")
+        owner = f"{self.module}.{self.owner}" if self.owner else self.module
+        return owner + (f".{self.method}" if self.method else "")
 
 
 @dataclass(frozen=True)
@@ -334,6 +336,23 @@ class SourceTree:
                     if (alias.asname or alias.name) == name and source:
                         return self.find_class(source, alias.name, depth + 1)
         return None
+
+    def function(self, module: str, name: str, depth: int = 0) -> str:
+        """``file:line`` of the module-level function ``name`` as ``module`` sees it (defined
+        there or imported), else empty."""
+        tree = self.tree(module)
+        if tree is None or depth > self._DEPTH:
+            return ""
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+                return f"{self.relative(module)}:{node.lineno}"
+        for node in _top_level(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = _absolute(module, node, self.file(module))
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name and source:
+                        return self.function(source, alias.name, depth + 1)
+        return ""
 
     def _resolve_base(self, module: str, expr: ast.expr, depth: int) -> _Found | None:
         if isinstance(expr, ast.Subscript):  # Generic[T], SomeBase[Config]
@@ -527,6 +546,10 @@ def _check_point(tree: SourceTree, point: HookPoint) -> tuple[tuple[str, ...], s
     """What is missing of ``point``, where it was found, and whether its class was."""
     if tree.file(point.module) is None:
         return (f"module {point.module} missing",), "", False
+    if not point.owner:  # a module-level function, defined there or imported
+        where = tree.function(point.module, point.method)
+        return (() if where else (f"function {point.method} missing from "
+                                  f"{tree.relative(point.module)}",)), where, True
     found = tree.find_class(point.module, point.owner)
     if found is None:
         return (f"class {point.owner} missing from {tree.relative(point.module)}",), "", False

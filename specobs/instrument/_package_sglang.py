@@ -4,11 +4,11 @@
 return (each required where its module exists: SGLang adds and drops worker modules between
 releases), plus the scheduler's result processor and the worker factories. The methods are the
 worker classes; which of them specobs does not time, and why, is the SGLang instrumentor's own
-``UNSUPPORTED_WORKERS`` (specobs.instrument.sglang), read when a report is made.
+``UNSUPPORTED_WORKERS`` (specobs.instrument.sglang), read when a report is made. A point with an
+empty ``owner`` is a module-level function.
 """
 
 from specobs.instrument._contract import (
-    INFORMATIONAL,
     WHERE_PRESENT,
     Contract,
     HookPoint,
@@ -77,19 +77,30 @@ NGRAM = _worker("NGRAMWorker", (
     HookPoint(_SPEC + "ngram_worker", "NGRAMWorker", "_update_ngram_corpus"),
 ), "NGRAM: host-side n-gram drafting, target verify, corpus update")
 
-# Workers specobs does not time yet (UNSUPPORTED_WORKERS): their class and step, reported only.
-# When the SGLang instrumentor hooks one, its variant becomes WHERE_PRESENT with every point.
 DFLASH_V2 = _worker("DFlashWorkerV2", (
     HookPoint(_SPEC + "dflash_worker_v2", "DFlashWorkerV2", _STEP),
-), "DFLASH (sglang/srt/speculative/dflash_worker_v2.py)", INFORMATIONAL)
+    HookPoint(_SPEC + "dflash_worker_v2", "DFlashWorkerV2",
+              "_update_target_mamba_state_after_verify"),
+    HookPoint(_SPEC + "dflash_worker_v2", "DFlashWorkerV2",
+              "_append_target_hidden_to_draft_kv_by_loc"),
+    HookPoint(_SPEC + "dflash_info", "DFlashVerifyInput", "prepare_for_verify"),
+), "DFLASH (sglang/srt/speculative/dflash_worker_v2.py)")
 
 UNO_V2 = _worker("UnoWorkerV2", (
     HookPoint(_SPEC + "uno_worker_v2", "UnoWorkerV2", _STEP),
-), "UNO (sglang/srt/speculative/uno_worker_v2.py)", INFORMATIONAL)
+    HookPoint(_SPEC + "uno_worker_v2", "UnoWorkerV2", "_make_forward_batch"),
+    # A module-level function, wrapped as UNO's module imported it (eagle_worker_common's).
+    HookPoint(_SPEC + "uno_worker_v2", "", "run_eagle_verify"),
+), "UNO (sglang/srt/speculative/uno_worker_v2.py)")
 
 DSPARK_V2 = _worker("DSparkWorkerV2", (
     HookPoint(_SPEC + "dspark_components.dspark_worker_v2", "DSparkWorkerV2", _STEP),
-), "DSPARK (sglang/srt/speculative/dspark_components/dspark_worker_v2.py)", INFORMATIONAL)
+    HookPoint(_SPEC + "dspark_components.dspark_worker_v2", "DSparkWorkerV2",
+              "_forward_dp_spec_prefill_coordination"),
+    HookPoint(_SPEC + "dspark_components.dspark_worker_v2", "DSparkWorkerV2",
+              "_commit_target_mamba_states_after_verify"),
+    HookPoint(_SPEC + "dspark_components.dspark_draft", "DraftBlockProposer", "propose"),
+), "DSPARK (sglang/srt/speculative/dspark_components/dspark_worker_v2.py)")
 
 EAGLE_V1 = _worker("EAGLEWorker", (
     HookPoint(_SPEC + "eagle_worker", "EAGLEWorker", _STEP),

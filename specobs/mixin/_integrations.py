@@ -44,7 +44,8 @@ def _engine(contract: _contract.Contract) -> list[str]:
     ]
     for variant in contract.variants:
         points = ", ".join(
-            f"`{p.owner}.{p.method}`" if p.method else f"`{p.owner}` fields"
+            (f"`{p.owner}.{p.method}`" if p.owner else f"`{p.method}()`") if p.method
+            else f"`{p.owner}` fields"
             for p in variant.points)
         lines.append(f"| {variant.name} | {_REQUIREMENT[variant.requirement]} "
                      f"| {points} | {_cell(variant.description)} |")
