@@ -42,6 +42,8 @@ __all__ = [
     "batch_acceptance",
     "batch_sizes",
     "cycle_acceptance",
+    "cycle_draft_length",
+    "draft_length_of",
     "resolved_acceptance",
 ]
 
@@ -138,7 +140,7 @@ def _columns(cycles: list[Record], k_max: int) -> Validated | None:
     for v in range(1, k + 1):
         accepted += v * counts[v]
     return Validated(BatchAcceptance(counts, accepted, k * sequences, accepted + sequences,
-                                     {k: sequences}), batches)
+                                     {k: sequences}, {k: accepted}), batches)
 
 
 def _each(cycles: list[Record], k_max: int, report: Report) -> Validated:
@@ -148,7 +150,7 @@ def _each(cycles: list[Record], k_max: int, report: Report) -> Validated:
     then per cycle."""
     g = _grouped(cycles, k_max)
     shown: list[Acceptance | None] = [None] * len(cycles)
-    total = _Total([0] * (k_max + 1), {}, 0, 0, 0)
+    total = _Total([0] * (k_max + 1), {}, 0, 0, 0, {})
     slow = g.slow
     if g.fast:
         joint = _joint(g, k_max)
@@ -163,12 +165,13 @@ def _each(cycles: list[Record], k_max: int, report: Report) -> Validated:
     batches = g.batches
     if slow or not _batches_ok(batches):
         batches = batch_sizes(cycles, report, shown)
-    counts, k_counts, accepted, drafted, emitted = total
+    counts, k_counts, accepted, drafted, emitted, k_accepted = total
     # A chunk whose only acceptance is tokens emitted without drafts (``accept([],
     # emitted=n)``) still has them: the same count alone in its chunk as beside others.
     if not any(counts) and not k_counts and not emitted:
         return Validated(None, batches, shown)
-    return Validated(BatchAcceptance(counts, accepted, drafted, emitted, k_counts), batches, shown)
+    return Validated(BatchAcceptance(counts, accepted, drafted, emitted, k_counts, k_accepted),
+                     batches, shown)
 
 
 class _Groups(NamedTuple):
@@ -185,6 +188,9 @@ class _Groups(NamedTuple):
     batches: list[int]
     #: Per cycle, its draft length with numpy / torch scalars made ints.
     dls: list[Any]
+    #: The fast group's draft length and sequences, per cycle (accepted tokens by draft length).
+    fast_k: list[int]
+    fast_n: list[int]
 
 
 class _Total(NamedTuple):
@@ -195,10 +201,11 @@ class _Total(NamedTuple):
     accepted: int
     drafted: int
     emitted: int
+    k_accepted: dict[int, int]  # accepted tokens per draft length
 
 
 def _grouped(cycles: list[Record], k_max: int) -> _Groups:
-    g = _Groups([], [], {}, [], [], [None] * len(cycles))
+    g = _Groups([], [], {}, [], [], [None] * len(cycles), [], [])
     for i, c in enumerate(cycles):
         acc = c.accepted
         if acc is None:
@@ -215,6 +222,8 @@ def _grouped(cycles: list[Record], k_max: int) -> _Groups:
             n = len(acc)
             g.lengths.extend(acc)
             g.fast.append(i)
+            g.fast_k.append(k)
+            g.fast_n.append(n)
             g.k_counts[k] = g.k_counts.get(k, 0) + n
             g.batches.append(n if c.batch_size is None else c.batch_size)
         else:
@@ -240,15 +249,26 @@ def _joint(g: _Groups, k_max: int) -> _Total | None:
     counts[0] -= g.k_counts.get(0, 0)
     accepted = sum(v * n for v, n in enumerate(counts))
     drafted = sum(k * n for k, n in g.k_counts.items())
-    return _Total(counts, dict(g.k_counts), accepted, drafted, accepted + len(g.lengths))
+    if len(g.k_counts) == 1:
+        k_accepted = dict.fromkeys(g.k_counts, accepted)
+    else:  # several draft lengths: each cycle's sum, by its own (validated ints by now)
+        k_accepted = dict.fromkeys(g.k_counts, 0)
+        at = 0
+        lengths = g.lengths
+        for k, n in zip(g.fast_k, g.fast_n, strict=True):
+            k_accepted[k] += sum(lengths[at:at + n])
+            at += n
+    return _Total(counts, dict(g.k_counts), accepted, drafted, accepted + len(g.lengths),
+                  k_accepted)
 
 
 def _one_by_one(cycles: list[Record], positions: list[int], dls: list[Any], k_max: int,
                 report: Report, shown: list[Acceptance | None], total: _Total) -> _Total:
     """``total`` with the cycles at ``positions`` validated one by one; each one's acceptance
     goes to ``shown`` (None: invalid and counted, not shown on its resolved cycle either)."""
-    counts, k_counts, accepted, drafted, emitted = total
+    counts, k_counts, accepted, drafted, emitted, k_accepted = total
     k_counts = dict(k_counts)
+    k_accepted = dict(k_accepted)
     valid: list[list[int]] = []
     for i in positions:
         a = cycle_acceptance(cycles[i]._replace(draft_length=dls[i]), k_max, report)
@@ -260,17 +280,19 @@ def _one_by_one(cycles: list[Record], positions: list[int], dls: list[Any], k_ma
             if shape[0] > 0:
                 valid.append(a.lengths)
             k_counts[shape[0]] = k_counts.get(shape[0], 0) + shape[1]
+            k_accepted[shape[0]] = k_accepted.get(shape[0], 0) + a.accepted
         else:  # only the sequences that drafted something have an accept length
             valid.append([v for v, kk in zip(a.lengths, shape, strict=True) if kk > 0])
-            for kk in shape:
+            for v, kk in zip(a.lengths, shape, strict=True):
                 k_counts[kk] = k_counts.get(kk, 0) + 1
+                k_accepted[kk] = k_accepted.get(kk, 0) + v
         accepted += a.accepted
         drafted += a.drafted
         emitted += a.emitted
     if valid:  # validated per cycle: ints in 0..max_draft_length
         more = _bucketing.count_lengths(valid, k_max, len(counts))
         counts = list(map(operator.add, counts, more))
-    return _Total(counts, k_counts, accepted, drafted, emitted)
+    return _Total(counts, k_counts, accepted, drafted, emitted, k_accepted)
 
 
 def _listed(acc: list[Any], k: int) -> Acceptance:
@@ -456,6 +478,32 @@ def _as_scalar_count(dl: Any) -> Any:
         return as_count(dl)
     except Exception:
         return dl
+
+
+def draft_length_of(value: Any, max_draft_length: int) -> int | None:
+    """``begin(draft_length=)`` as an int in 0..max_draft_length (numpy / torch integer scalars
+    made ints), or ``None`` for anything else: bools, floats, negatives, values above the
+    maximum (the resolver counts those as ``bad_draft_length``)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        v = operator.index(value)
+    except Exception:
+        return None
+    return v if 0 <= v <= max_draft_length else None
+
+
+def cycle_draft_length(draft_length: Any, acceptance: Acceptance | None) -> int | None:
+    """A cycle's draft length from its validated acceptance, where ``begin`` named none:
+    ``draft_length`` as ``accept`` was given it -- an int: that; one per sequence: their
+    largest -- or ``None`` (``accept`` named none, the acceptance was bad or not given, or
+    there was no sequence to take a largest of)."""
+    if draft_length is None or acceptance is None:
+        return None
+    shape = acceptance.shape
+    if isinstance(shape, tuple):
+        return shape[0]
+    return max(shape, default=None)
 
 
 def _as_batch(b: Any) -> int | None:

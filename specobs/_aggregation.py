@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from specobs import catalog
 from specobs._bucketing import Bucketed
 from specobs._model import BatchAcceptance, Exemplar, HistogramData, Snapshot
-from specobs._ring import RingTotals
+from specobs._ring import ByDraftLength, RingTotals
 from specobs._threadtime import WorkerThreadTime
 
 if TYPE_CHECKING:
@@ -54,6 +54,12 @@ class Chunk:
     batch_sizes: Bucketed | None
     #: Cycles with a trace id: their exemplars.
     traced: list[ResolvedCycle]
+    #: The cycles only Python could place under their draft length (begin's value validated
+    #: here, or derived from acceptance validated here), and the emitted tokens of cycles the
+    #: ring placed whose acceptance was validated here: ({k: cycles}, {k: host ns per phase},
+    #: {k: emitted}, {}) -- accepted tokens by each sequence's draft length are in
+    #: ``acceptance``.
+    by_draft_length: ByDraftLength | None = None
 
 
 class _Histogram:
@@ -152,6 +158,12 @@ class Aggregation:
         self.batch_size = _Histogram(catalog.BATCH_SIZE_BUCKETS)
         # Sequences by draft length k (0..max): drafted-by-position is derived from it.
         self.drafted_by_k = [0] * (self.max_draft_length + 1)
+        # By draft length, what needed Python (the ring's totals hold the rest): cycles, host ns
+        # per phase and emitted tokens by the cycle's k; accepted tokens by each sequence's k.
+        self.k_cycles: dict[int, int] = {}
+        self.k_host_ns: dict[int, list[int]] = {}
+        self.k_emitted: dict[int, int] = {}
+        self.k_accepted: dict[int, int] = {}
         self.cycles = 0
         self.draft_tokens = 0
         self.accepted_tokens = 0
@@ -260,6 +272,14 @@ class Aggregation:
                 dbk = self.drafted_by_k
                 for k, n in acceptance.sequences_by_draft_length.items():
                     dbk[k] += n
+                _add_counts(self.k_accepted, acceptance.accepted_by_draft_length)
+            if chunk.by_draft_length is not None:
+                kc, kh, ke, _ = chunk.by_draft_length
+                _add_counts(self.k_cycles, kc)
+                _add_counts(self.k_emitted, ke)
+                for k, ns in kh.items():
+                    have = self.k_host_ns.get(k)
+                    self.k_host_ns[k] = ns if have is None else list(map(add, have, ns))
             if chunk.batch_sizes is not None:
                 self.batch_size.add(chunk.batch_sizes, 1.0)
             for r in chunk.traced:
@@ -307,6 +327,7 @@ class Aggregation:
             cycles, drafted, accepted, emitted = (
                 self.cycles, self.draft_tokens, self.accepted_tokens, self.emitted_tokens)
             drafted_by_k = self.drafted_by_k
+            by_k = _ByK(self, t)
             last = self.last_cycle_timestamp
             accept_length = self.accept_length.freeze()
             batch_size = self.batch_size.freeze()
@@ -346,7 +367,7 @@ class Aggregation:
                 ),
                 batch_size=batch_size,
                 last_cycle_timestamp_seconds=last,
-                baseline_tokens_per_second=self.baseline_tokens_per_second,
+                baseline_tokens_per_second=by_k.baseline,
                 requests_running=self.requests_running,
                 requests_waiting=self.requests_waiting,
                 dropped=dict(self.dropped),
@@ -357,4 +378,51 @@ class Aggregation:
                 overhead_ratio=self.overhead_ratio,
                 created_unix_nano=self.created_unix_nano,
                 worker_thread_seconds=self._thread_time.seconds(),
+                cycles_by_draft_length=by_k.cycles,
+                phase_seconds_by_draft_length=by_k.phase_seconds,
+                emitted_by_draft_length=by_k.emitted,
+                accepted_by_draft_length=by_k.accepted,
+                sequences_by_draft_length={
+                    k: n for k, n in enumerate(drafted_by_k) if k in by_k.accepted},
+                baseline_source=by_k.baseline_source,
             )
+
+
+def _add_counts(into: dict[int, int], more: dict[int, int]) -> None:
+    for k, n in more.items():
+        into[k] = into.get(k, 0) + n
+
+
+class _ByK:
+    """The snapshot's series by draft length: the aggregation's (what needed Python) and the
+    ring's running totals added, keys sorted; and the baseline, configured or else measured
+    from the cycles of draft length 0 (one token per sequence each, so the per-sequence rate is
+    those cycles over their host seconds, cumulative), once ``PLAIN_STEPS_MIN_CYCLES`` ran."""
+
+    __slots__ = ("accepted", "baseline", "baseline_source", "cycles", "emitted", "phase_seconds")
+
+    def __init__(self, agg: Aggregation, t: RingTotals | None) -> None:
+        cycles = dict(agg.k_cycles)
+        emitted = dict(agg.k_emitted)
+        accepted = dict(agg.k_accepted)
+        host = {k: list(v) for k, v in agg.k_host_ns.items()}
+        if t is not None:
+            _add_counts(cycles, t.cycles_by_draft_length)
+            _add_counts(emitted, t.emitted_by_draft_length)
+            _add_counts(accepted, t.accepted_by_draft_length)
+            for k, ns in t.host_ns_by_draft_length.items():
+                have = host.get(k)
+                host[k] = list(ns) if have is None else list(map(add, have, ns))
+        nph = len(agg.phases)
+        self.cycles = {k: cycles[k] for k in sorted(cycles)}
+        self.emitted = {k: emitted.get(k, 0) for k in self.cycles}
+        self.accepted = {k: accepted[k] for k in sorted(accepted)}
+        self.phase_seconds = {k: tuple(ns * 1e-9 for ns in host.get(k, [0] * nph))
+                              for k in self.cycles}
+        self.baseline = agg.baseline_tokens_per_second
+        self.baseline_source: str | None = None
+        k0_ns = sum(host.get(0, ()))
+        if (self.baseline is None and cycles.get(0, 0) >= catalog.PLAIN_STEPS_MIN_CYCLES
+                and k0_ns > 0):
+            self.baseline = cycles[0] / (k0_ns * 1e-9)
+            self.baseline_source = catalog.BASELINE_SOURCE_PLAIN_STEPS

@@ -177,6 +177,37 @@ class Snapshot:
     #: (``specobs_exporter_sampling_budget_ratio``); ``None`` when the interval is fixed.
     sampling_budget_ratio: float | None = None
 
+    #: Cycles by the draft length in effect (``specobs_cycles_by_draft_length_total``): the k
+    #: ``begin(draft_length=)`` named, else the one the acceptance named; only the lengths seen.
+    #: The ``specobs_draft_length`` histogram is made of it (:attr:`draft_length`).
+    cycles_by_draft_length: dict[int, int] = field(default_factory=dict)
+    #: Host-clock seconds of each phase (in ``phases`` order) of those cycles, by draft length.
+    phase_seconds_by_draft_length: dict[int, tuple[float, ...]] = field(default_factory=dict)
+    #: Tokens those cycles emitted, by the cycle's draft length.
+    emitted_by_draft_length: dict[int, int] = field(default_factory=dict)
+    #: Accepted draft tokens and sequences by each sequence's own draft length (the drafts it
+    #: verified): acceptance at k is ``accepted[k] / (k * sequences[k])``.
+    accepted_by_draft_length: dict[int, int] = field(default_factory=dict)
+    sequences_by_draft_length: dict[int, int] = field(default_factory=dict)
+    #: Who measured ``baseline_tokens_per_second``: ``None`` when configured, else the
+    #: ``source`` label (``catalog.BASELINE_SOURCE_PLAIN_STEPS``).
+    baseline_source: str | None = None
+
+    @property
+    def draft_length(self) -> HistogramData:
+        """The ``specobs_draft_length`` histogram: one bucket per value 0..max_draft_length
+        (then +Inf, always empty), made of :attr:`cycles_by_draft_length`."""
+        k = self.max_draft_length
+        by_k = self.cycles_by_draft_length
+        counts = (*(by_k.get(i, 0) for i in range(k + 1)), 0)
+        return HistogramData(tuple(float(i) for i in range(k + 1)), counts,
+                             float(sum(i * n for i, n in by_k.items())), sum(counts))
+
+    @property
+    def drafted_by_draft_length(self) -> dict[int, int]:
+        """Draft tokens verified by each sequence's own draft length: k times its sequences."""
+        return {k: k * n for k, n in self.sequences_by_draft_length.items()}
+
     @property
     def created_unix_seconds(self) -> float:
         return _unix_seconds(self.created_unix_nano)
@@ -237,7 +268,7 @@ class BatchAcceptance(NamedTuple):
 
     ``length_counts[v]`` is how many sequences accepted ``v`` tokens (0..max_draft_length);
     ``sequences_by_draft_length`` counts sequences per draft length (drafted-by-position is
-    derived from it).
+    derived from it); ``accepted_by_draft_length`` their accepted tokens, by the same key.
     """
 
     length_counts: list[int]
@@ -245,6 +276,7 @@ class BatchAcceptance(NamedTuple):
     drafted: int
     emitted: int
     sequences_by_draft_length: dict[int, int]
+    accepted_by_draft_length: dict[int, int]
 
 
 @dataclass(frozen=True, slots=True, repr=False)

@@ -259,14 +259,24 @@ class Observer:
             _install_fork_hook()
 
     # -- hot path ------------------------------------------------------------------------------
-    def begin(self, batch_size: int | None = None) -> CycleHandle:
-        """Start a cycle (and its first phase). Returns the cycle; also kept as ``current``."""
-        c: CycleHandle = self._recorder.begin(batch_size)
+    def begin(self, batch_size: int | None = None, draft_length: int | None = None
+              ) -> CycleHandle:
+        """Start a cycle (and its first phase). Returns the cycle; also kept as ``current``.
+
+        ``draft_length``: the k the engine scheduled for this cycle's draft phase, an int in
+        0..``max_draft_length`` (0: a step that drafts nothing under the engine's schedule, a
+        cycle all the same; numpy / torch integer scalars are taken). The per-k series
+        (``specobs_draft_length``, ``specobs_*_by_draft_length``) count the cycle under it;
+        without it, under the draft length ``accept`` names (an int, or the largest of one per
+        sequence), or not at all. A bad value is counted as ``errors{kind="bad_draft_length"}``
+        and the cycle is kept without a k; nothing raises."""
+        c: CycleHandle = self._recorder.begin(batch_size, draft_length)
         return c
 
-    def cycle(self, batch_size: int | None = None) -> CycleHandle:
+    def cycle(self, batch_size: int | None = None, draft_length: int | None = None
+              ) -> CycleHandle:
         """``begin`` for use as a context manager: the cycle ends when the block exits."""
-        c: CycleHandle = self._recorder.begin(batch_size)
+        c: CycleHandle = self._recorder.begin(batch_size, draft_length)
         return c
 
     @property

@@ -29,7 +29,7 @@ from specobs._aggregation import Chunk
 from specobs._bucketing import Bucketed
 from specobs._model import Acceptance, BatchAcceptance, ResolvedCycle
 from specobs._recorder import short_repr
-from specobs._ring import Detail
+from specobs._ring import ByDraftLength, Detail
 
 if TYPE_CHECKING:
     from specobs._aggregation import Aggregation
@@ -688,6 +688,7 @@ class Resolver:
         k_max = agg.max_draft_length
         gpu, cost, read_ns = self._read_gpu(details, clock)
         acceptance, py_batches, validated = self._validate(details, k_max)
+        by_k = _by_draft_length(details, validated, k_max, nph, rec.misuse)
         # Folded after the validation, whose bad values are counted in this chunk's apply: a
         # flush that waits for a pass to end then sees them (folded before, they waited for
         # the next pass, which a flush had no reason to wait for).
@@ -707,6 +708,7 @@ class Resolver:
             gpu_phases=gpu_phases, gpu_cycle=gpu_cycle,
             acceptance=acceptance, batch_sizes=batches,
             traced=[r for r in out if r.trace_id is not None],
+            by_draft_length=by_k,
         ))
         self._adapt_some(cost + native_cost, len(gpu) + n_native, total_ns, n, read_ns)
         return out
@@ -961,6 +963,58 @@ IN_FLIGHT_POLLS_BEFORE_QUERY = 4
 #: socket), and must not be mistaken for one that hangs. The bound of ``force_flush`` /
 #: ``shutdown`` is their timeout plus this, per call.
 SINK_CALL_GRACE_SECONDS = 0.2
+
+
+def _by_draft_length(
+    details: list[Detail], validated: Callable[[Any], Acceptance | None], k_max: int, nph: int,
+    report: Callable[[str, str], None],
+) -> ByDraftLength | None:
+    """What the details add by draft length that the ring could not count itself (see
+    :attr:`Detail.cycle_k`): the cycles it could not place -- ``begin``'s draft length kept as
+    an object (validated here: a bad one is counted as ``bad_draft_length``, the cycle kept
+    without a k), or none from ``begin`` and acceptance validated here (its draft length as
+    ``accept`` named it) -- with their host phase times and emitted tokens; and the emitted
+    tokens of cycles it placed whose acceptance is validated here. ``None``: nothing."""
+    kc: dict[int, int] = {}
+    kh: dict[int, list[int]] = {}
+    ke: dict[int, int] = {}
+    for d in details:
+        ck = d.cycle_k
+        if ck == -1 or (ck >= 0 and d.native):
+            continue  # no k, or counted whole by the ring
+        if ck >= 0:  # placed by the ring: only the emitted tokens of its acceptance are left
+            a = validated(d)
+            if a is not None:
+                ke[ck] = ke.get(ck, 0) + a.emitted
+            continue
+        obj = d.cycle_k_obj
+        a = None if d.native else validated(d)
+        if obj is not None:
+            k = _acceptance.draft_length_of(obj, k_max)
+            if k is None:
+                report("bad_draft_length", f"begin(draft_length=) must be an int between 0 and "
+                       f"max_draft_length={k_max}, got {short_repr(obj)}; the cycle is kept "
+                       f"without a draft length")
+                continue
+        else:
+            k = _acceptance.cycle_draft_length(d.draft_length, a)
+            if k is None:
+                continue
+        kc[k] = kc.get(k, 0) + 1
+        ts = d.stamps
+        have = kh.get(k)
+        if have is None:
+            have = kh[k] = [0] * nph
+        for i in range(nph):
+            have[i] += ts[i + 1] - ts[i]
+        if d.native:
+            lens = d.acceptance
+            ke[k] = ke.get(k, 0) + sum(lens) + len(lens)
+        elif a is not None:
+            ke[k] = ke.get(k, 0) + a.emitted
+    if not kc and not ke:
+        return None
+    return kc, kh, ke, {}
 
 
 def _call_sinks(sinks: Sequence[Sink], method: str, deadline: float) -> list[object]:

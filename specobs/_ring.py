@@ -1039,8 +1039,7 @@ class PyRing:
                     ph = khost[ck] = [0] * nph
                 for i in range(nph):
                     ph[i] += ts[i + 1] - ts[i]
-                if nseq >= 0:
-                    kem[ck] = kem.get(ck, 0) + s.accsum + nseq
+                kem[ck] = kem.get(ck, 0) + (s.accsum + nseq if nseq >= 0 else 0)
             py_batch = s.batch_obj is not None or s.has_obj_acc
             if not py_batch:
                 b = s.batch if s.batch >= 0 else nseq

@@ -48,10 +48,18 @@ def families(s: Snapshot) -> Iterator[Family]:
         (c.ACCEPT_LENGTH, _one(s.accept_length)),
         (c.ACCEPTED_BY_POSITION, [((str(i),), v) for i, v in enumerate(s.accepted_by_position)]),
         (c.DRAFTED_BY_POSITION, [((str(i),), v) for i, v in enumerate(s.drafted_by_position)]),
+        (c.DRAFT_LENGTH, _one(s.draft_length)),
+        (c.CYCLES_BY_DRAFT_LENGTH, _by_k(s.cycles_by_draft_length)),
+        (c.PHASE_TIME_BY_DRAFT_LENGTH, [((phase, str(k)), seconds[i])
+                                        for k, seconds in s.phase_seconds_by_draft_length.items()
+                                        for i, phase in enumerate(s.phases)]),
+        (c.EMITTED_BY_DRAFT_LENGTH, _by_k(s.emitted_by_draft_length)),
+        (c.ACCEPTED_BY_DRAFT_LENGTH, _by_k(s.accepted_by_draft_length)),
+        (c.DRAFTED_BY_DRAFT_LENGTH, _by_k(s.drafted_by_draft_length)),
         (c.BATCH_SIZE, _one(s.batch_size)),
         (c.INFO, [(tuple(s.info.values()), 1)]),
         (c.LAST_CYCLE_TIMESTAMP, _one(s.last_cycle_timestamp_seconds)),
-        (c.BASELINE_SEQUENCE_TOKENS, _one(s.baseline_tokens_per_second)),
+        (c.BASELINE_SEQUENCE_TOKENS, _baseline(s)),
         (c.REQUESTS_RUNNING, _one(s.requests_running)),
         (c.REQUESTS_WAITING, _one(s.requests_waiting)),
         (c.DROPPED_RECORDS, [((reason,), s.dropped.get(reason, 0)) for reason in c.DROP_REASONS]),
@@ -70,13 +78,31 @@ def families(s: Snapshot) -> Iterator[Family]:
                 raise ValueError(f"{metric.name} has no value, and only an optional metric may "
                                  "be left out (catalog.Metric.optional)")
             continue
-        yield Family(metric, tuple(s.info) if metric is c.INFO else metric.labels, points)
+        labels = metric.labels
+        if metric is c.INFO:
+            labels = tuple(s.info)
+        elif metric is c.BASELINE_SEQUENCE_TOKENS and s.baseline_source is not None:
+            labels = ("source",)  # measured; a configured baseline has no source label
+        yield Family(metric, labels, points)
 
 
 def le_text(bound: float) -> str:
     """A bucket's ``le`` label value as Prometheus writes it (``0.005``, ``1.0``, ``+Inf``): the
     one formatter of the exposition and of the tools reading snapshots in-process."""
     return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+def _by_k(by_k: dict[int, int]) -> list[tuple[tuple[str, ...], Value]]:
+    """A counter by draft length: label ``draft_length`` the decimal k, the lengths seen only."""
+    return [((str(k),), v) for k, v in by_k.items()]
+
+
+def _baseline(s: Snapshot) -> list[tuple[tuple[str, ...], Value]] | None:
+    """The baseline gauge: configured (no label), or measured (label ``source``)."""
+    v = s.baseline_tokens_per_second
+    if v is None or s.baseline_source is None:
+        return _one(v)
+    return [((s.baseline_source,), v)]
 
 
 def _one(value: Value | None) -> list[tuple[tuple[str, ...], Value]] | None:

@@ -17,22 +17,28 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "ACCEPTED_BY_DRAFT_LENGTH",
     "ACCEPTED_BY_POSITION",
     "ACCEPTED_TOKENS",
     "ACCEPT_LENGTH",
     "BASELINE_SEQUENCE_TOKENS",
     "BASELINE_SOURCE_CONFIGURED",
+    "BASELINE_SOURCE_PLAIN_STEPS",
     "BATCH_SIZE",
     "BATCH_SIZE_BUCKETS",
     "CATALOG",
     "CYCLES",
+    "CYCLES_BY_DRAFT_LENGTH",
     "CYCLE_DURATION",
+    "DRAFTED_BY_DRAFT_LENGTH",
     "DRAFTED_BY_POSITION",
+    "DRAFT_LENGTH",
     "DRAFT_TOKENS",
     "DROPPED_RECORDS",
     "DROP_REASONS",
     "DROP_REASON_EXCEPTION",
     "DURATION_BUCKETS_SECONDS",
+    "EMITTED_BY_DRAFT_LENGTH",
     "EMITTED_TOKENS",
     "ERRORS",
     "ERROR_KINDS",
@@ -43,6 +49,8 @@ __all__ = [
     "LAST_CYCLE_TIMESTAMP",
     "OVERHEAD_RATIO",
     "PHASE_DURATION",
+    "PHASE_TIME_BY_DRAFT_LENGTH",
+    "PLAIN_STEPS_MIN_CYCLES",
     "REQUESTS_RUNNING",
     "REQUESTS_WAITING",
     "SAMPLED_CYCLES",
@@ -52,6 +60,7 @@ __all__ = [
     "Metric",
     "accept_length_buckets",
     "by_prometheus_name",
+    "draft_length_buckets",
     "prometheus_name",
 ]
 
@@ -105,6 +114,7 @@ ERROR_KINDS: tuple[str, ...] = (
     "end_without_begin",
     "bad_acceptance",
     "bad_batch_size",
+    "bad_draft_length",  # begin(draft_length=): not an int in 0..max_draft_length
     "bad_request_counts",
     "bad_settle",  # settle() twice, without defer(), or after the cycle's timeout
     "unsupported_engine",
@@ -115,6 +125,11 @@ ERROR_KINDS: tuple[str, ...] = (
 def accept_length_buckets(max_draft_length: int) -> tuple[float, ...]:
     """Buckets for the accept-length histogram: one per possible value, 0..k+1."""
     return tuple(float(i) for i in range(max_draft_length + 2))
+
+
+def draft_length_buckets(max_draft_length: int) -> tuple[float, ...]:
+    """Buckets for the draft-length histogram: one per possible value, 0..k."""
+    return tuple(float(i) for i in range(max_draft_length + 1))
 
 
 @dataclass(frozen=True)
@@ -251,6 +266,46 @@ DRAFTED_BY_POSITION = Metric(
     "Draft tokens proposed by draft position; the denominator of per-position acceptance.",
     labels=("position",),
 )  # fmt: skip
+DRAFT_LENGTH = Metric(
+    "specobs.draft.length", "histogram", "{token}",
+    "Draft length in effect per cycle: the k the engine scheduled for the cycle's draft phase "
+    "(begin(draft_length=)), else the draft length its acceptance named (an int, or the "
+    "largest of one per sequence); 0 is a step that drafted nothing. One observation per cycle "
+    "that has one; cycles with none are left out. Buckets: one per value 0..max_draft_length.",
+    buckets=None,
+)  # fmt: skip
+CYCLES_BY_DRAFT_LENGTH = Metric(
+    "specobs.cycles_by_draft_length", "counter", "{cycle}",
+    "Cycles by the draft length in effect (as specobs_draft_length counts them); label "
+    "draft_length is the decimal k, only the lengths seen.",
+    labels=("draft_length",),
+)  # fmt: skip
+PHASE_TIME_BY_DRAFT_LENGTH = Metric(
+    "specobs.phase.time_by_draft_length", "counter", "s",
+    "Host-clock seconds spent in each phase by the cycles of each draft length in effect "
+    "(perf_counter on every cycle, deferred ones included); divided by "
+    "specobs_cycles_by_draft_length_total, the mean phase time at that k.",
+    labels=("phase", "draft_length"),
+)  # fmt: skip
+EMITTED_BY_DRAFT_LENGTH = Metric(
+    "specobs.emitted_tokens_by_draft_length", "counter", "{token}",
+    "Tokens emitted to sequences by the cycles of each draft length in effect (the cycle's k, "
+    "as specobs_draft_length counts it); over the phase seconds, throughput at that k.",
+    labels=("draft_length",),
+)  # fmt: skip
+ACCEPTED_BY_DRAFT_LENGTH = Metric(
+    "specobs.accepted_tokens_by_draft_length", "counter", "{token}",
+    "Accepted draft tokens by each sequence's own draft length (the drafts it verified, which "
+    "may differ from the cycle's k: vLLM verifies the previous step's drafts); over "
+    "specobs_draft_tokens_by_draft_length_total, acceptance at that k.",
+    labels=("draft_length",),
+)  # fmt: skip
+DRAFTED_BY_DRAFT_LENGTH = Metric(
+    "specobs.draft_tokens_by_draft_length", "counter", "{token}",
+    "Draft tokens verified by each sequence's own draft length: k times the sequences that "
+    "verified k drafts; the denominator of acceptance at that k.",
+    labels=("draft_length",),
+)  # fmt: skip
 BATCH_SIZE = Metric(
     "specobs.batch_size", "histogram", "{sequence}",
     "Sequences decoded together in one speculative cycle.",
@@ -272,7 +327,9 @@ LAST_CYCLE_TIMESTAMP = Metric(
 BASELINE_SEQUENCE_TOKENS = Metric(
     "specobs.baseline.sequence_tokens", "gauge", "{token}/s",
     "Non-speculative decode rate of one sequence (tokens/s) at the batch size served, the "
-    "baseline speculation must beat; label source says who measured it. Absent when there is none.",
+    "baseline speculation must beat; label source says who measured it (none: configured; "
+    "plain_steps: k0 cycles / host seconds of the cycles of draft length 0, cumulative, once 16 "
+    "ran and none was configured). Absent when there is none.",
     optional=True,
 )  # fmt: skip
 # Configured (``SPECOBS_BASELINE_TOKENS_PER_SECOND``): no ``source`` label, which the recording
@@ -281,6 +338,13 @@ BASELINE_SEQUENCE_TOKENS = Metric(
 #: The ``source`` of a baseline gauge that has no ``source`` label: set by configuration
 #: (``SPECOBS_BASELINE_TOKENS_PER_SECOND``), not measured by the engine.
 BASELINE_SOURCE_CONFIGURED = "configured"
+#: The ``source`` of a baseline measured from the cycles that drafted nothing (draft length 0,
+#: one token per sequence): ``k0 cycles / host seconds of k0 cycles``, cumulative since the
+#: observer started, exported once :data:`PLAIN_STEPS_MIN_CYCLES` of them ran and no baseline
+#: was configured (a configured one wins).
+BASELINE_SOURCE_PLAIN_STEPS = "plain_steps"
+#: Cycles of draft length 0 the measured ``plain_steps`` baseline needs before it is exported.
+PLAIN_STEPS_MIN_CYCLES = 16
 REQUESTS_RUNNING = Metric(
     "specobs.requests.running", "gauge", "{request}",
     "Requests being decoded, as reported by the engine.",
@@ -351,6 +415,12 @@ CATALOG: tuple[Metric, ...] = (
     ACCEPT_LENGTH,
     ACCEPTED_BY_POSITION,
     DRAFTED_BY_POSITION,
+    DRAFT_LENGTH,
+    CYCLES_BY_DRAFT_LENGTH,
+    PHASE_TIME_BY_DRAFT_LENGTH,
+    EMITTED_BY_DRAFT_LENGTH,
+    ACCEPTED_BY_DRAFT_LENGTH,
+    DRAFTED_BY_DRAFT_LENGTH,
     BATCH_SIZE,
     INFO,
     LAST_CYCLE_TIMESTAMP,

@@ -56,6 +56,11 @@ def fixed_snapshot() -> specobs.Snapshot:
         cpu_seconds={"hot_path": 0.25, "resolver": 0.5}, sampling_interval=4,
         overhead_ratio=0.002, created_unix_nano=1_699_999_990_000_000_000,
         worker_thread_seconds={"running": 1.5, "waiting": 0.25}, sampling_budget_ratio=0.005,
+        # One plain step (k = 0: two sequences, a token each) and two cycles at k = 2.
+        cycles_by_draft_length={0: 1, 2: 2},
+        phase_seconds_by_draft_length={0: (0.0004, 0.0005, 0.0001), 2: (0.002, 0.012, 0.001)},
+        emitted_by_draft_length={0: 2, 2: 11}, accepted_by_draft_length={0: 0, 2: 7},
+        sequences_by_draft_length={0: 2, 2: 6},
     )
 
 

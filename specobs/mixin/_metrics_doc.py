@@ -18,6 +18,8 @@ __all__ = ["render"]
 def _buckets(metric: c.Metric) -> str:
     if metric.kind != "histogram":
         return ""
+    if metric is c.DRAFT_LENGTH:
+        return "0, 1, ..., k (k = max draft length; `draft_length_buckets(k)`)"
     if metric.buckets is None:
         return "0, 1, ..., k+1 (k = max draft length; `accept_length_buckets(k)`)"
     return ", ".join(f"{b:g}" for b in metric.buckets)
@@ -68,6 +70,19 @@ def render(config: MixinConfig) -> str:
         "## Derived quantities",
         "",
         "- **Acceptance rate** = accepted / drafted tokens.",
+        "- **Per-request acceptance.** `specobs_request_acceptance` takes one sample per "
+        "finished request that drafted at least one token: its accepted / drafted draft tokens "
+        "over its whole life, as the engine reports them when it finishes "
+        "(`Observer.request_finished`; the transformers instrumentor and `specobs demo` do, the "
+        "vLLM and SGLang instrumentors from the engines' own per-request counts). Its buckets "
+        "show the spread the aggregate rate hides (one collapsed slot of many); no request id "
+        "is a label, so its series stay 14 per server. The worst requests are its exemplars "
+        f"(OpenMetrics, buckets up to {c.REQUEST_ACCEPTANCE_EXEMPLAR_MAX:g}): the latest traced "
+        "request in each, its trace id as `trace_id` (no `span_id`). "
+        "`specobs_requests_finished_total` counts every request reported, those that drafted "
+        f"nothing included. `{n.request_low_share}` is the share of requests at or below "
+        f"{config.request_acceptance_low:g}, which SpecobsLowAcceptanceRequestsJump compares "
+        "with its own past.",
         "- **Mean batch size** = `rate(specobs_batch_size_sum) / rate(specobs_cycles_total)`.",
         "- **Tokens per second per sequence** (realized) = (emitted tokens / sequences) / mean "
         "host cycle time, where sequences = `rate(specobs_batch_size_sum)`. It is what one "
@@ -118,7 +133,29 @@ def render(config: MixinConfig) -> str:
         "step there, the four draft steps about as much again, and 3.7 tokens per cycle pay "
         "for both. Where the engine replays CUDA graphs the plain step is replayed as a graph too: "
         "on an H200 at batch 4 the demo realized 1.97x (an eagerly launched plain step would "
-        "have read 12.6x).",
+        "have read 12.6x). An engine whose schedule runs steps that draft nothing (draft length "
+        "0, below) measures it too, `source=\"plain_steps\"`: such a step emits one token per "
+        "sequence, so the baseline is the k = 0 cycles over their host seconds "
+        f"(`{c.CYCLES_BY_DRAFT_LENGTH.name}{{draft_length=\"0\"}}` over the phases' "
+        f"`{c.PHASE_TIME_BY_DRAFT_LENGTH.name}{{draft_length=\"0\"}}`), cumulative since the "
+        f"observer started, exported once {c.PLAIN_STEPS_MIN_CYCLES} of them ran. A configured "
+        "baseline wins: with one set, the measured one is not exported.",
+        "- **The draft length in effect.** Engines change k at run time (vLLM's "
+        "`num_speculative_tokens_per_batch_size` bands, k = 0 included; SGLang's adaptive tiers; "
+        "TRT-LLM's `draft_len_schedule`). Each cycle is counted under the k the engine passed "
+        "to `begin(draft_length=k)` (the k its draft phase drafts; a step that drafts nothing "
+        "is a cycle of draft length 0, its phases timed), else under the draft length its "
+        "`accept(...)` named (an int, or the largest of one per sequence), else under none and "
+        f"left out of `{c.DRAFT_LENGTH.name}` and the cycle series by k "
+        f"(`{c.CYCLES_BY_DRAFT_LENGTH.name}`, `{c.PHASE_TIME_BY_DRAFT_LENGTH.name}`, "
+        f"`{c.EMITTED_BY_DRAFT_LENGTH.name}`: phase time, cycles and throughput per k). "
+        f"`{c.ACCEPTED_BY_DRAFT_LENGTH.name}` and `{c.DRAFTED_BY_DRAFT_LENGTH.name}` are keyed by "
+        "each sequence's own draft length instead, the drafts it verified, so their ratio is "
+        "the acceptance at k even where a cycle verifies one k and drafts another (vLLM's V2 "
+        "runner verifies the previous step's drafts). Label `draft_length` is the decimal k, "
+        "only the lengths seen (at most max draft length + 1 values). A value that is not an "
+        "int in 0..max draft length is counted as `specobs_exporter_errors_total"
+        "{kind=\"bad_draft_length\"}` and the cycle kept without a k.",
         "- **The overhead gauge, and how near it reads.** `specobs_exporter_overhead_ratio` "
         "adds up what specobs measures of itself on host clocks: the event records on sampled "
         "cycles, an estimate per phase boundary, the native core's CUDA acceptance copies (the "
