@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import add
@@ -94,6 +94,56 @@ class _Histogram:
         return HistogramData(self.bounds, tuple(counts), total, sum(counts), tuple(self.exemplars))
 
 
+class _RequestAcceptance:
+    """Finished requests' acceptance rates: a histogram on the catalog's bounds, the count of
+    requests reported, and the latest traced request in each of the lowest buckets (the worst
+    requests, at most one exemplar a bucket). Requests finish a thousand times less often than
+    cycles, so they skip the ring: the engine's call writes here directly, under a lock of this
+    accumulator's own (a scrape's snapshot holding the aggregation's lock never makes the
+    engine wait for more than this copy)."""
+
+    __slots__ = ("bounds", "changes", "counts", "exemplar_buckets", "exemplars", "finished",
+                 "lock", "sum")
+
+    def __init__(self, changes: int = 0) -> None:
+        self.lock = threading.Lock()
+        self.bounds: tuple[float, ...] = catalog.REQUEST_ACCEPTANCE_BUCKETS
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+        self.exemplars: list[Exemplar | None] = [None] * (len(self.bounds) + 1)
+        #: Buckets below this index keep exemplars (upper bound <= the catalog's maximum).
+        self.exemplar_buckets = bisect_right(self.bounds, catalog.REQUEST_ACCEPTANCE_EXEMPLAR_MAX)
+        self.finished = 0
+        #: Moves with every request (part of :attr:`Aggregation.generation`); never goes back,
+        #: not even after fork, so a cached rendering is never taken for a later one.
+        self.changes = changes
+
+    def observe(self, drafted: int, accepted: int, trace_id: int | None) -> None:
+        rate, i, ex = 0.0, 0, None
+        if drafted:
+            rate = accepted / drafted
+            i = bisect_left(self.bounds, rate)
+            if trace_id is not None and i < self.exemplar_buckets:
+                ex = Exemplar(rate, trace_id, None, time.time_ns())
+        with self.lock:
+            self.finished += 1
+            if drafted:
+                self.counts[i] += 1
+                self.sum += rate
+                if ex is not None:
+                    self.exemplars[i] = ex
+            self.changes += 1
+
+    def freeze(self) -> tuple[HistogramData | None, int | None]:
+        """The histogram and the requests reported, or ``(None, None)`` before the first."""
+        with self.lock:
+            if not self.finished:
+                return None, None
+            counts = tuple(self.counts)
+            return (HistogramData(self.bounds, counts, self.sum, sum(counts),
+                                  tuple(self.exemplars)), self.finished)
+
+
 class Aggregation:
     """Histograms and counters for one observer. Every write goes through a method, under
     ``_lock``; nothing outside this class touches its state."""
@@ -143,7 +193,8 @@ class Aggregation:
         """Moves with every change: a sink may cache what it rendered from a snapshot until it
         does (the Prometheus endpoint does)."""
         ring = self._ring
-        return self._generation + (ring.drained if ring is not None else 0)
+        return (self._generation + (ring.drained if ring is not None else 0)
+                + self.requests.changes)
 
     def _zero(self, created_unix_nano: int, cpu_components: Iterable[str]) -> None:
         buckets = catalog.DURATION_BUCKETS_SECONDS
@@ -172,6 +223,8 @@ class Aggregation:
         self.last_cycle_timestamp: float | None = None
         self.requests_running: float | None = None
         self.requests_waiting: float | None = None
+        previous: _RequestAcceptance | None = getattr(self, "requests", None)
+        self.requests = _RequestAcceptance(previous.changes + 1 if previous is not None else 0)
         self.dropped: dict[str, int] = dict.fromkeys(catalog.DROP_REASONS, 0)
         self.errors: dict[str, int] = dict.fromkeys(catalog.ERROR_KINDS, 0)
         self.cpu_seconds: dict[str, float] = dict.fromkeys(cpu_components, 0.0)
@@ -235,6 +288,11 @@ class Aggregation:
             if waiting is not None:
                 self.requests_waiting = waiting
             self._generation += 1
+
+    def request_finished(self, drafted: int, accepted: int, trace_id: int | None) -> None:
+        """Count one finished request (validated: ``0 <= accepted <= drafted``; ``trace_id`` a
+        nonzero 128-bit id or ``None``). One that drafted nothing is counted as finished only."""
+        self.requests.observe(drafted, accepted, trace_id)
 
     def set_sampling(self, interval: int, overhead_ratio: float | None,
                      hot_path_seconds: float) -> None:
@@ -349,6 +407,7 @@ class Aggregation:
                 if t.last_end_ns is not None:
                     native_last = (self._ring_offset_ns + t.last_end_ns) / 1e9
                     last = native_last if last is None else max(last, native_last)
+            request_acceptance, requests_finished = self.requests.freeze()
             return Snapshot(
                 phases=self.phases,
                 max_draft_length=self.max_draft_length,
@@ -385,6 +444,8 @@ class Aggregation:
                 sequences_by_draft_length={
                     k: n for k, n in enumerate(drafted_by_k) if k in by_k.accepted},
                 baseline_source=by_k.baseline_source,
+                request_acceptance=request_acceptance,
+                requests_finished_total=requests_finished,
             )
 
 

@@ -107,11 +107,13 @@ class Exemplar:
 
     ``value`` is the observed duration in seconds (the same float the histogram counted); the
     ids are the traced cycle's span ids as integers; ``time_unix_nano`` is when the cycle ended.
+    On the per-request acceptance histogram: the request's acceptance rate, its trace id, no
+    span id (``None``), and when the engine reported it finished.
     """
 
     value: float
     trace_id: int
-    span_id: int
+    span_id: int | None
     time_unix_nano: int
 
     @property
@@ -176,6 +178,11 @@ class Snapshot:
     #: The adaptive sampler's overhead budget, a fraction of cycle time
     #: (``specobs_exporter_sampling_budget_ratio``); ``None`` when the interval is fixed.
     sampling_budget_ratio: float | None = None
+    #: Finished requests' acceptance rates (``specobs_request_acceptance``) and every finished
+    #: request reported (``specobs_requests_finished_total``); ``None`` until the engine reports
+    #: one (:meth:`Observer.request_finished`).
+    request_acceptance: HistogramData | None = None
+    requests_finished_total: int | None = None
 
     #: Cycles by the draft length in effect (``specobs_cycles_by_draft_length_total``): the k
     #: ``begin(draft_length=)`` named, else the one the acceptance named; only the lengths seen.

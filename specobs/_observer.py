@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import operator
 import os
 import threading
 import time
@@ -28,7 +29,7 @@ from specobs._config import (
 )
 from specobs._errors import ConfigurationError, ObserverClosedError
 from specobs._model import CycleHandle, Snapshot
-from specobs._recorder import NULL_CYCLE, Recorder
+from specobs._recorder import NULL_CYCLE, Recorder, short_repr
 from specobs._resolver import Resolver
 from specobs._version import __version__ as _version
 from specobs.sinks._base import Sink
@@ -329,6 +330,43 @@ class Observer:
         if valid:
             self.aggregation.set_requests(valid.get("running"), valid.get("waiting"))
 
+    def request_finished(
+        self, *, drafted: int, accepted: int, trace_id: int | str | None = None
+    ) -> None:
+        """Report one finished request: the draft tokens proposed for it (``drafted``) and
+        those verification accepted (``accepted``, the bonus tokens not counted), summed over
+        its whole life. Its acceptance rate, accepted / drafted, goes into
+        ``specobs_request_acceptance``; a request that drafted nothing is counted in
+        ``specobs_requests_finished_total`` only. ``trace_id``: the request's trace (an
+        OpenTelemetry trace id as an int, or its 32 hex digits as in ``traceparent``); the
+        worst requests keep it as an exemplar. Call it when the request finishes, from any
+        thread; it takes a lock of its own, never the ring.
+
+        Like the hot path it never raises: counts that are not integers with ``0 <= accepted
+        <= drafted`` are ignored, and a trace id that is neither is dropped (the request still
+        counts); each is counted as ``errors{kind="bad_request_acceptance"}`` and logged once.
+        """
+        rec = self._recorder
+        if not rec.enabled:
+            return
+        d: int | None = drafted
+        a: int | None = accepted
+        if type(d) is not int or type(a) is not int:
+            d, a = _count_or_none(drafted), _count_or_none(accepted)
+        if d is None or a is None or not 0 <= a <= d:
+            rec.misuse("bad_request_acceptance", lambda: (
+                "request_finished() needs counts with 0 <= accepted <= drafted, got drafted="
+                f"{short_repr(drafted)}, accepted={short_repr(accepted)}; request not counted"))
+            return
+        tid: int | None = None
+        if trace_id is not None:
+            tid = _trace_id_or_none(trace_id)
+            if tid is None:
+                rec.misuse("bad_request_acceptance", lambda: (
+                    "request_finished(trace_id=...) needs a nonzero 128-bit int or 32 hex "
+                    f"digits, got {short_repr(trace_id)}; request counted without it"))
+        self.aggregation.request_finished(d, a, tid)
+
     def refresh_stream(self) -> None:
         """Look up the current CUDA stream again, after the engine switched streams."""
         clock = self._recorder.clock
@@ -399,6 +437,32 @@ class Observer:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<specobs.Observer phases={','.join(self.phases)} {state}>"
+
+
+def _count_or_none(value: Any) -> int | None:
+    """``value`` as an int if it is an integer (numpy's too) and not a bool, else ``None``."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except Exception:
+        return None
+
+
+_TRACE_ID_MAX = (1 << 128) - 1
+
+
+def _trace_id_or_none(value: Any) -> int | None:
+    """A nonzero 128-bit trace id from an int or 32 hex digits, else ``None``."""
+    if type(value) is int:
+        return value if 0 < value <= _TRACE_ID_MAX else None
+    if isinstance(value, str) and len(value) == 32 and value.isascii() and value.isalnum():
+        try:
+            tid = int(value, 16)
+        except ValueError:
+            return None
+        return tid if tid > 0 else None
+    return None
 
 
 def _make_clock(

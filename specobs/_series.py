@@ -62,6 +62,8 @@ def families(s: Snapshot) -> Iterator[Family]:
         (c.BASELINE_SEQUENCE_TOKENS, _baseline(s)),
         (c.REQUESTS_RUNNING, _one(s.requests_running)),
         (c.REQUESTS_WAITING, _one(s.requests_waiting)),
+        (c.REQUEST_ACCEPTANCE, _one(s.request_acceptance)),
+        (c.REQUESTS_FINISHED, _one(s.requests_finished_total)),
         (c.DROPPED_RECORDS, [((reason,), s.dropped.get(reason, 0)) for reason in c.DROP_REASONS]),
         (c.SAMPLED_CYCLES, _one(s.sampled_cycles_total)),
         (c.SAMPLING_INTERVAL, _one(s.sampling_interval)),

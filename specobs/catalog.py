@@ -51,8 +51,12 @@ __all__ = [
     "PHASE_DURATION",
     "PHASE_TIME_BY_DRAFT_LENGTH",
     "PLAIN_STEPS_MIN_CYCLES",
+    "REQUESTS_FINISHED",
     "REQUESTS_RUNNING",
     "REQUESTS_WAITING",
+    "REQUEST_ACCEPTANCE",
+    "REQUEST_ACCEPTANCE_BUCKETS",
+    "REQUEST_ACCEPTANCE_EXEMPLAR_MAX",
     "SAMPLED_CYCLES",
     "SAMPLING_BUDGET",
     "SAMPLING_INTERVAL",
@@ -80,6 +84,16 @@ DURATION_BUCKETS_SECONDS: tuple[float, ...] = (
 
 #: Batch size buckets: powers of two up to 1024 sequences.
 BATCH_SIZE_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(11))
+
+#: Per-request acceptance buckets (a finished request's accepted / drafted draft tokens): 0 alone
+#: (a request whose every draft was rejected), fine steps at both ends, where a collapsed slot
+#: (llama.cpp#27117: 0.06-0.49, down to 0.0018 under load) and a looping output (near 1) sit.
+REQUEST_ACCEPTANCE_BUCKETS: tuple[float, ...] = (
+    0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0,
+)  # fmt: skip
+#: The per-request acceptance histogram keeps exemplars (the latest traced request in each) on
+#: its buckets up to this bound only: the worst requests, at most 5 exemplars.
+REQUEST_ACCEPTANCE_EXEMPLAR_MAX = 0.3
 
 #: The labels of the exemplars on the duration histograms (OpenMetrics): the traced cycle's ids
 #: as W3C trace-context hex. Grafana finds a trace by the first (its Prometheus datasource's
@@ -116,6 +130,7 @@ ERROR_KINDS: tuple[str, ...] = (
     "bad_batch_size",
     "bad_draft_length",  # begin(draft_length=): not an int in 0..max_draft_length
     "bad_request_counts",
+    "bad_request_acceptance",  # request_finished(): not 0 <= accepted <= drafted, or a bad id
     "bad_settle",  # settle() twice, without defer(), or after the cycle's timeout
     "unsupported_engine",
     "internal",
@@ -355,6 +370,20 @@ REQUESTS_WAITING = Metric(
     "Requests waiting to be scheduled, as reported by the engine.",
     optional=True,
 )  # fmt: skip
+REQUEST_ACCEPTANCE = Metric(
+    "specobs.request.acceptance", "histogram", "1",
+    "Acceptance rate of each finished request (its accepted / drafted draft tokens over its "
+    "whole life), as the engine reports it when the request finishes; a request that drafted "
+    "nothing is not observed. Exemplars on the lowest buckets carry the worst requests' trace "
+    "ids. Absent until the engine reports a finished request.",
+    buckets=REQUEST_ACCEPTANCE_BUCKETS, optional=True,
+)  # fmt: skip
+REQUESTS_FINISHED = Metric(
+    "specobs.requests.finished", "counter", "{request}",
+    "Requests the engine reported finished, including those that drafted nothing (which "
+    "specobs_request_acceptance leaves out). Absent until the engine reports one.",
+    optional=True,
+)  # fmt: skip
 DROPPED_RECORDS = Metric(
     "specobs.exporter.dropped_records", "counter", "{record}",
     "Cycle records specobs dropped or could not GPU-time, by reason.",
@@ -427,6 +456,8 @@ CATALOG: tuple[Metric, ...] = (
     BASELINE_SEQUENCE_TOKENS,
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
+    REQUEST_ACCEPTANCE,
+    REQUESTS_FINISHED,
     DROPPED_RECORDS,
     SAMPLED_CYCLES,
     SAMPLING_INTERVAL,

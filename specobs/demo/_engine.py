@@ -57,13 +57,19 @@ class RequestHandle:
     ``tokens`` is a snapshot of the output so far; ``stream()`` yields new chunks as they come;
     ``wait()`` / ``future`` give the whole output; ``finish_reason`` is ``"length"`` (max_tokens
     reached or the sequence filled ``max_seq_len``), ``"stop"`` (eos generated; the eos token is
-    not part of the output) or ``"cancelled"``.
+    not part of the output) or ``"cancelled"``. ``drafted_tokens`` / ``accepted_tokens``: its
+    draft tokens so far and those the target accepted (reported to the observer with
+    ``trace_id`` when it finishes, ``Observer.request_finished``).
     """
 
     def __init__(
-        self, request_id: int, prompt_ids: list[int], max_tokens: int, eos_id: int | None
+        self, request_id: int, prompt_ids: list[int], max_tokens: int, eos_id: int | None,
+        trace_id: int | None = None,
     ) -> None:
         self.id = request_id
+        self.trace_id = trace_id
+        self.drafted_tokens = 0
+        self.accepted_tokens = 0
         self.prompt_ids = tuple(prompt_ids)
         self.max_tokens = max_tokens
         self.eos_id = eos_id
@@ -337,9 +343,11 @@ class SpecDecodeEngine:
         max_tokens: int,
         *,
         eos_id: int | None = -1,
+        trace_id: int | None = None,
     ) -> RequestHandle:
         """Queue a greedy completion of ``prompt_ids``; thread-safe. ``eos_id`` defaults to the
-        engine's (``None``: never stop early). Raises ``ValueError`` for bad input."""
+        engine's (``None``: never stop early); ``trace_id`` (the request's OpenTelemetry trace)
+        goes with its acceptance to the observer. Raises ``ValueError`` for bad input."""
         limit = self.max_request_tokens()
         ids = validate_prompt(prompt_ids, self.config.vocab_size, self.config.max_seq_len)
         max_tokens = validate_max_tokens(max_tokens)
@@ -358,7 +366,7 @@ class SpecDecodeEngine:
         with self._cond:
             if self._closed:
                 raise RuntimeError("Cannot submit a request, as the engine has been closed.")
-            handle = RequestHandle(next(self._ids), ids, max_tokens, eos)
+            handle = RequestHandle(next(self._ids), ids, max_tokens, eos, trace_id)
             self._waiting.append(handle)
             self._counts["requests_submitted"] += 1
             self._cond.notify_all()
@@ -586,7 +594,13 @@ class SpecDecodeEngine:
             for s in finished:
                 self._slots.pop(s, None)
             self._counts["requests_finished"] += len(finished)
+        # Each completion is a request: its drafts over its whole life (the call never raises;
+        # an observer of the engine's own kind may not take requests).
+        report = getattr(self.observer, "request_finished", None)
         for req, new, reason in out:
+            if reason is not None and report is not None:
+                report(drafted=req.drafted_tokens, accepted=req.accepted_tokens,
+                       trace_id=req.trace_id)
             req._emit(new, reason)
 
     def _cycle(self, active: list[int], fault: str | None) -> None:
@@ -646,6 +660,8 @@ class SpecDecodeEngine:
                 self._counts["draft_tokens"] += b * k
                 self._counts["accepted_tokens"] += sum(acc_list)
             for slot, st, a in zip(active, states, acc_list, strict=True):
+                st.request.drafted_tokens += k
+                st.request.accepted_tokens += a
                 st.draft_start = st.target_len
                 st.pending_count = a + 1
                 st.target_len += a + 1

@@ -18,11 +18,17 @@ in 4.57 through 5.24, see docs/integrations.md):
 A cycle ends where the next one begins (at the next ``get_candidates``) and the last one when
 the loop returns, so the selection of tokens, the stopping criteria and the kwargs update all
 count as bookkeeping, and consecutive cycles share their boundary.
+
+Each sequence of a ``generate`` call is a request: its drafted and accepted tokens, summed over
+the call's cycles, are reported (``Observer.request_finished``) when the loop returns, with the
+trace id of the OpenTelemetry span current on the calling thread, if any. A loop that raised
+reports none.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -41,17 +47,29 @@ _active = threading.local()
 class _AssistedLoop:
     """The state of one ``_assisted_decoding`` call: its cycles, driven by the loop's seams."""
 
-    __slots__ = ("draft_length", "model", "thread_id", "tracker")
+    __slots__ = ("accepted_rows", "draft_length", "drafted_rows", "model", "observer",
+                 "pending_matches", "thread_id", "tracker")
 
     def __init__(self, observer: Observer, model: Any) -> None:
         self.tracker = PhaseTracker(observer)
+        self.observer = observer
         self.model = model
         self.thread_id = threading.get_ident()
         self.draft_length = 0
+        # Per sequence of the call (a request each): drafted and accepted tokens over its
+        # cycles. Matches given as tensors are summed when the loop returns (the loop itself
+        # has read them by then: it slices with them), never synchronised mid-loop.
+        self.drafted_rows: list[int] = []
+        self.accepted_rows: list[int] = []
+        self.pending_matches: list[Any] = []
 
     def draft_starts(self, input_ids: Any) -> None:
-        self.tracker.start(int(input_ids.shape[0]))
+        rows = int(input_ids.shape[0])
+        self.tracker.start(rows)
         self.draft_length = 0
+        if len(self.drafted_rows) != rows:
+            self.drafted_rows = [0] * rows
+            self.accepted_rows = [0] * rows
 
     def draft_ends(self, input_ids: Any, candidates: Any) -> None:
         self.draft_length = int(candidates[0].shape[-1]) - int(input_ids.shape[-1])
@@ -68,13 +86,34 @@ class _AssistedLoop:
         self.tracker.enter("bookkeeping")
         if isinstance(n_matches, int):
             accepted: Any = [n_matches]
+            self.accepted_rows = [a + n_matches for a in self.accepted_rows]
         else:
             # A 0-d tensor, on the GPU when the model is: a view, copied asynchronously later.
             accepted = n_matches.reshape(1)
+            self.pending_matches.append(n_matches)
+        self.drafted_rows = [d + self.draft_length for d in self.drafted_rows]
         self.tracker.accept(accepted, self.draft_length)
 
     def finish(self) -> None:
         self.tracker.finish()
+
+    def report_requests(self) -> None:
+        """Each sequence of the call, a finished request: its drafted and accepted tokens."""
+        late = sum(int(m) for m in self.pending_matches)
+        trace_id = _current_trace_id()
+        for drafted, accepted in zip(self.drafted_rows, self.accepted_rows, strict=True):
+            self.observer.request_finished(drafted=drafted, accepted=accepted + late,
+                                           trace_id=trace_id)
+
+
+def _current_trace_id() -> int | None:
+    """The trace id of the OpenTelemetry span current on this thread, if OpenTelemetry is in use
+    (never imported here: only read when the application loaded it)."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return None
+    context = trace.get_current_span().get_span_context()
+    return int(context.trace_id) if context.is_valid else None
 
 
 def _wrap_get_candidates(loop: _AssistedLoop, original: Any) -> Any:
@@ -155,6 +194,10 @@ class TransformersInstrumentor(BaseInstrumentor):
                 loop.finish()
             except Exception:
                 _failed("the end of assisted decoding")
+            try:
+                loop.report_requests()
+            except Exception:
+                _failed("the requests' acceptance (request_finished)")
             return result
 
         return _assisted_decoding

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 
+from specobs import catalog
+
 __all__ = ["RULE_FIELDS", "MixinConfig", "generated_notice", "markdown_heading"]
 
 _DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
@@ -110,6 +112,20 @@ class MixinConfig:
     #: SpecobsExporterDroppingRecords: dropped records per cycle above this fraction.
     dropped_records_ratio: float = 0.01
     dropped_records_for: str = "15m"
+    #: SpecobsLowAcceptanceRequestsJump: the share of a server's finished requests whose
+    #: acceptance is at most ``request_acceptance_low`` (a bucket bound of
+    #: specobs_request_acceptance), over the last ``request_window``, ...
+    request_acceptance_low: float = 0.2
+    request_window: str = "15m"
+    #: ... above this multiple of the same share over ``history_window`` ending
+    #: ``request_window`` ago (the reference never holds the jump) ...
+    request_low_share_ratio: float = 2.0
+    #: ... and at least this share (5% of requests becoming 8% is no collapse) ...
+    request_low_share_min: float = 0.1
+    #: ... on a server that finished at least this many requests in the window (a quiet server's
+    #: share is a handful of requests).
+    request_min_finished: int = 50
+    request_low_share_for: str = "5m"
 
     #: Dashboard titles start with this; uids with ``uid_prefix``.
     dashboard_prefix: str = "Speculative decoding — "
@@ -161,9 +177,19 @@ class MixinConfig:
                 f"'job=\"specobs\"' (absent() needs it to name the missing target); "
                 f"got {self.selector!r}."
             )
+        if self.request_acceptance_low not in catalog.REQUEST_ACCEPTANCE_BUCKETS:
+            raise ValueError(
+                "MixinConfig.request_acceptance_low must be a bucket bound of "
+                f"{catalog.REQUEST_ACCEPTANCE.name} "
+                f"({', '.join(f'{b:g}' for b in catalog.REQUEST_ACCEPTANCE_BUCKETS)}); "
+                f"got {self.request_acceptance_low!r}."
+            )
+        if not self.request_low_share_ratio > 1:
+            raise ValueError("MixinConfig.request_low_share_ratio must be above 1; got "
+                             f"{self.request_low_share_ratio!r}.")
         for name in (
             "throughput_drop_ratio", "acceptance_drop_ratio", "dropped_records_ratio",
-            "cohort_ratio",
+            "cohort_ratio", "request_low_share_min",
         ):  # fmt: skip
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"MixinConfig.{name} must be between 0 and 1.")

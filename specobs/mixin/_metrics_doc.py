@@ -70,6 +70,19 @@ def render(config: MixinConfig) -> str:
         "## Derived quantities",
         "",
         "- **Acceptance rate** = accepted / drafted tokens.",
+        "- **Per-request acceptance.** `specobs_request_acceptance` takes one sample per "
+        "finished request that drafted at least one token: its accepted / drafted draft tokens "
+        "over its whole life, as the engine reports them when it finishes "
+        "(`Observer.request_finished`; the transformers instrumentor and `specobs demo` do, the "
+        "vLLM and SGLang instrumentors from the engines' own per-request counts). Its buckets "
+        "show the spread the aggregate rate hides (one collapsed slot of many); no request id "
+        "is a label, so its series stay 14 per server. The worst requests are its exemplars "
+        f"(OpenMetrics, buckets up to {c.REQUEST_ACCEPTANCE_EXEMPLAR_MAX:g}): the latest traced "
+        "request in each, its trace id as `trace_id` (no `span_id`). "
+        "`specobs_requests_finished_total` counts every request reported, those that drafted "
+        f"nothing included. `{n.request_low_share}` is the share of requests at or below "
+        f"{config.request_acceptance_low:g}, which SpecobsLowAcceptanceRequestsJump compares "
+        "with its own past.",
         "- **Mean batch size** = `rate(specobs_batch_size_sum) / rate(specobs_cycles_total)`.",
         "- **Tokens per second per sequence** (realized) = (emitted tokens / sequences) / mean "
         "host cycle time, where sequences = `rate(specobs_batch_size_sum)`. It is what one "

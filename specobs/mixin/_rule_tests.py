@@ -70,6 +70,11 @@ class ServerState:
     dropped_per_second: float = 0.0
     #: The ``reason`` of those drops.
     drop_reason: str = "queue_full"
+    #: Requests finishing per second (``request_finished``); None: not reported (the request
+    #: series are absent, as on an engine that does not call it).
+    requests_per_second: float | None = None
+    #: The share of them whose acceptance is at most ``MixinConfig.request_acceptance_low``.
+    low_acceptance_share: float = 0.05
 
     @property
     def emitted(self) -> float:
@@ -183,6 +188,13 @@ def server_series(
             [s.cycles_per_second * s.phase_gpu_seconds[phase] for s in steps],
         )
         counter(_selector(f"{c.PHASE_DURATION.name}_count", gpu), cycles)
+    if any(s.requests_per_second is not None for s in steps):
+        requests = [s.requests_per_second or 0.0 for s in steps]
+        low = {**labels, "le": repr(float(MixinConfig().request_acceptance_low))}
+        counter(_selector(f"{c.REQUEST_ACCEPTANCE.name}_bucket", low),
+                [r * s.low_acceptance_share for r, s in zip(requests, steps, strict=True)])
+        counter(_selector(f"{c.REQUEST_ACCEPTANCE.name}_count", labels), requests)
+        counter(_selector(c.REQUESTS_FINISHED.name, labels), requests)
     for reason in dict.fromkeys(s.drop_reason for s in steps):
         counter(
             _selector(c.DROPPED_RECORDS.name, {**labels, "reason": reason}),
@@ -611,6 +623,34 @@ def _cases() -> list[_Case]:
             "5% of cycles raised in the engine (reason exception): not specobs dropping records",
             series((healthy, 10), (raising, 30)),
             [("26m30s", a, []), ("39m", a, [])],
+        ),
+    ]
+    a = AlertNames.LOW_ACCEPTANCE_REQUESTS_JUMP
+    serving = replace(healthy, requests_per_second=1.0)
+    # One slot of several collapses (llama.cpp#27117): 40% of requests now accept <= 20%.
+    collapsed = replace(serving, low_acceptance_share=0.4)
+    cases += [
+        _Case(
+            "a server's share of low-acceptance requests jumps from 5% to 40%: fires",
+            series((serving, 90), (collapsed, 30)),
+            # The 15m share passes 10% (and twice the past's 5%) at 93m; held 5 minutes.
+            [("97m30s", a, []), ("98m", a, [(server, "23.67%")])],
+            fault_at="90m",
+        ),
+        _Case(
+            "a quiet server (one request a minute) jumps to 40%: silent, too few requests",
+            series((replace(serving, requests_per_second=1 / 60), 90),
+                   (replace(collapsed, requests_per_second=1 / 60), 30)),
+            [("100m", a, []), ("119m", a, [])],
+        ),
+        _Case(
+            "a steady 30% of low-acceptance requests, and a rise from 5% to 8%: silent",
+            fleet(
+                series((replace(serving, low_acceptance_share=0.3), 120), labels=p0),
+                series((serving, 90), (replace(serving, low_acceptance_share=0.08), 30),
+                       labels=p1),
+            ),
+            [("100m", a, []), ("119m", a, [])],
         ),
     ]
     every = [alert.alert for alert in alert_rules(MixinConfig())]

@@ -59,6 +59,7 @@ class AlertNames:
     EXPORTER_DOWN = f"{ALERT_PREFIX}ExporterDown"
     TARGET_MISSING = f"{ALERT_PREFIX}TargetMissing"
     EXPORTER_DROPPING_RECORDS = f"{ALERT_PREFIX}ExporterDroppingRecords"
+    LOW_ACCEPTANCE_REQUESTS_JUMP = f"{ALERT_PREFIX}LowAcceptanceRequestsJump"
 
     @classmethod
     def all(cls) -> tuple[str, ...]:
@@ -149,11 +150,28 @@ class RuleNames:
         self.host_up = "host:specobs_up:max"
         self.host_requests = "host:specobs_engine_requests:max"
         self.host_last_cycle = f"host:{c.LAST_CYCLE_TIMESTAMP.name}:max"
+        # Finished requests, over their own (longer) window: requests finish far less often
+        # than cycles. The share of those with acceptance <= request_acceptance_low.
+        rw = config.request_window
+        self.request_low_share = f"instance:{c.REQUEST_ACCEPTANCE.name}_low:ratio_rate{rw}"
+        self.requests_finished = f"instance:{c.REQUESTS_FINISHED.base_name}:increase{rw}"
 
 
 def _rate(metric: str, config: MixinConfig, by: str, matchers: str = "") -> str:
     selector = f"{config.selector}, {matchers}" if matchers else config.selector
     return f"sum by ({by}) (rate({metric}{{{selector}}}[{config.rate_window}]))"
+
+
+def request_low_share_expr(config: MixinConfig, by: str) -> str:
+    """The share of finished requests with acceptance <= ``request_acceptance_low`` over
+    ``request_window``, by ``by``: the bucket's rate over the count's."""
+    sel, window = config.selector, config.request_window
+    low = f'le="{float(config.request_acceptance_low)!r}"'
+    name = c.REQUEST_ACCEPTANCE.name
+    return (
+        f"sum by ({by}) (rate({name}_bucket{{{sel}, {low}}}[{window}]))\n/\n"
+        f"(sum by ({by}) (rate({name}_count{{{sel}}}[{window}])) > 0)"
+    )
 
 
 def _host(expr: str) -> str:
@@ -302,6 +320,12 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         RecordingRule(
             n.host_last_cycle,
             f"max by ({hby}) ({_host(f'{c.LAST_CYCLE_TIMESTAMP.name}{{{sel}}}')})",
+        ),
+        RecordingRule(n.request_low_share, request_low_share_expr(config, by)),
+        RecordingRule(
+            n.requests_finished,
+            f"sum by ({by}) (increase({c.REQUESTS_FINISHED.name}{{{sel}}}"
+            f"[{config.request_window}]))",
         ),
     ]
 
@@ -499,6 +523,25 @@ def alert_rules(config: MixinConfig) -> list[AlertRule]:
             f"{where} drops {{{{ $value | humanizePercentage }}}} of cycles' records "
             "(reason {{ $labels.reason }}).",
         ),
+        AlertRule(
+            AlertNames.LOW_ACCEPTANCE_REQUESTS_JUMP,
+            # The reference ends request_window ago, so it never holds the jump itself.
+            f"({n.request_low_share} > {config.request_low_share_min:g})\n"
+            f"> {config.request_low_share_ratio:g} * avg_over_time("
+            f"{history_name(n.request_low_share, config)}[{config.history_window}] "
+            f"offset {config.request_window})\n"
+            f"and on ({by})\n"
+            f"({n.requests_finished} >= {config.request_min_finished:d})",
+            config.request_low_share_for,
+            "warning",
+            "The share of a server's requests with very low draft acceptance jumped.",
+            f"{{{{ $value | humanizePercentage }}}} of the requests that finished on {where} in "
+            f"the last {config.request_window} accepted at most "
+            f"{config.request_acceptance_low:.0%} of their drafted tokens, over "
+            f"{config.request_low_share_ratio:g}x that share in the {config.history_window} "
+            "before: some requests (a slot, a tenant, a kind of prompt) collapsed, whatever the "
+            "server's overall acceptance says.",
+        ),
     ]
 
 
@@ -521,6 +564,7 @@ def dump_yaml(data: Any) -> str:
     return str(yaml.dump(data, Dumper=Dumper, sort_keys=False, width=1000, allow_unicode=True))
 
 
+_RANGE = re.compile(r"\b(?:rate|increase)\([^()\[]*\[([0-9a-z]+)\]\)")
 _RULE_NAME = re.compile(r"\b(?:instance|cohort|host):[A-Za-z0-9_]+:[A-Za-z0-9_]+")
 
 
@@ -598,7 +642,9 @@ def detection_seconds(
     out = {}
     for a in alert_rules(config):
         exprs = [a.expr, *(rules[m] for m in reads[a.alert])]
-        window = duration_seconds(config.rate_window) if any("rate(" in e for e in exprs) else 0.0
+        # The longest range a rate() or increase() reads (the rate window; the request window).
+        window = max((duration_seconds(w) for e in exprs for w in _RANGE.findall(e)),
+                     default=0.0)
         stall = re.search(r"time\(\) - \S+ <= ([0-9.]+)", a.expr)
         if stall:
             window = max(window, float(stall.group(1)))

@@ -71,6 +71,12 @@ _DOCTOR: dict[str, tuple[tuple[str, ...], str]] = {
         (),
         "its `dropped records` check gives the fraction by reason",
     ),
+    "LowAcceptanceRequestsJump": (
+        (),
+        "the server's acceptance profile over the same window (a whole-server collapse shows "
+        "there; a few collapsed requests may not); `specobs top http://<instance>/metrics` "
+        "shows the per-request distribution and the worst requests' trace ids",
+    ),
 }
 
 # alert name (without the prefix) -> what it cannot see (its blind spots and false alarms)
@@ -125,6 +131,12 @@ _BLIND: dict[str, str] = {
     "TargetMissing": "Targets of another job name than the rules' selector.",
     "ExporterDroppingRecords": (
         "Records lost before they reach specobs (an engine that never calls the observer)."
+    ),
+    "LowAcceptanceRequestsJump": (
+        "Engines that do not report finished requests (`Observer.request_finished`: the "
+        "series are absent); servers that finished fewer than 50 requests in 15 minutes; a "
+        "server that started collapsed, or a rise slower than the hour of reference; requests "
+        "that drafted nothing (not in the histogram)."
     ),
 }
 
@@ -276,6 +288,25 @@ _ENTRIES: dict[str, tuple[str, list[str]]] = {
             "Kubernetes: the pods' labels and the ServiceMonitor / PodMonitor selector; the job "
             "name in the rules' selector must match the scrape job.",
             "Was the whole inference deployment scaled to zero or deleted?",
+        ],
+    ),
+    "LowAcceptanceRequestsJump": (
+        "Among the requests that finished on this server in the last 15 minutes, a far larger "
+        "share than in the hour before accepted almost none of their drafted tokens "
+        "(`specobs_request_acceptance`, the bucket at or below 20%). The server's overall "
+        "acceptance averages over every request and may look fine: one collapsed slot of "
+        "sixteen (llama.cpp#27117: 0.06-0.49, under sustained load 0.0018) moves it little. "
+        "Very low acceptance also goes with garbled output (vllm#44487).",
+        [
+            "`specobs top http://<instance>/metrics`: the per-request distribution and the "
+            "worst requests' trace ids (OpenMetrics exemplars on the lowest buckets); open "
+            "those traces: which slot, tenant, prompt or sampling settings do they share?",
+            "Cycle breakdown, *Acceptance by draft position*: a server-wide collapse at "
+            "position 0 is a broken draft (SpecobsAcceptanceBelowCohort fires too); a few "
+            "requests collapsing points at per-request state: a slot's KV or draft cache "
+            "reused wrongly, a sampling temperature, a language or domain the draft never saw.",
+            "The engine's own per-request figures (vLLM `--per-request-spec-decode-metrics`, "
+            "SGLang `meta_info.spec_accept_rate`) for the same requests.",
         ],
     ),
     "ExporterDroppingRecords": (

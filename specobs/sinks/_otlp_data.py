@@ -86,8 +86,11 @@ def metrics_data(s: Snapshot, resource: Resource, now_ns: int) -> MetricsData:
 def _hist_point(
     h: HistogramData, attrs: dict[str, str], start: int, now: int
 ) -> HistogramDataPoint:
+    # A request's exemplar has no span id; the SDK's encoder drops the trace id of an exemplar
+    # without one, so it gets span id 0: all-zero bytes, which receivers read as no span (the
+    # Collector's Prometheus exporter then writes the trace_id label alone).
     exemplars = [
-        OtelExemplar(None, e.value, e.time_unix_nano, span_id=e.span_id, trace_id=e.trace_id)
+        OtelExemplar(None, e.value, e.time_unix_nano, span_id=e.span_id or 0, trace_id=e.trace_id)
         for e in h.exemplars
         if e is not None
     ]

@@ -8,7 +8,8 @@ Three ways to expose it:
 
 * its own HTTP endpoint (default ``127.0.0.1:9477``, ``SPECOBS_PROMETHEUS_ADDR`` /
   ``SPECOBS_PROMETHEUS_PORT``), OpenMetrics by content negotiation (``Accept:
-  application/openmetrics-text``), with exemplars on the phase and cycle histograms;
+  application/openmetrics-text``), with exemplars on the phase and cycle histograms and on the
+  lowest buckets of the per-request acceptance histogram;
 * mounted into a registry the inference server already serves: ``PrometheusSink(registry=r)``;
 * as an app to mount in the server's own web framework: :meth:`wsgi_app` / :meth:`asgi_app`.
 
@@ -75,14 +76,13 @@ def _buckets(h: HistogramData, with_exemplars: bool) -> list[Any]:
     for i, (bound, acc) in enumerate(h.cumulative()):
         ex = exemplars[i] if i < len(exemplars) else None
         if ex is not None:
+            # W3C trace-context hex, the text Tempo and Jaeger look traces up by; a request's
+            # exemplar (specobs_request_acceptance) has a trace id only.
+            ids = {catalog.EXEMPLAR_TRACE_ID_LABEL: f"{ex.trace_id:032x}"}
+            if ex.span_id is not None:
+                ids[catalog.EXEMPLAR_SPAN_ID_LABEL] = f"{ex.span_id:016x}"
             out.append((
-                _series.le_text(bound), acc,
-                PromExemplar(
-                    # W3C trace-context hex, the text Tempo and Jaeger look traces up by.
-                    {catalog.EXEMPLAR_TRACE_ID_LABEL: f"{ex.trace_id:032x}",
-                     catalog.EXEMPLAR_SPAN_ID_LABEL: f"{ex.span_id:016x}"},
-                    ex.value, ex.timestamp_seconds,
-                ),
+                _series.le_text(bound), acc, PromExemplar(ids, ex.value, ex.timestamp_seconds),
             ))
         else:
             out.append((_series.le_text(bound), acc))

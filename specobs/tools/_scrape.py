@@ -37,6 +37,7 @@ __all__ = [
     "OPENMETRICS_ACCEPT",
     "CounterReset",
     "Delta",
+    "Exemplar",
     "Limits",
     "Scrape",
     "ScrapeError",
@@ -114,12 +115,14 @@ class Series:
     Labels not asked about (job, instance, constant labels such as ``model``) are summed over, so
     an endpoint serving several observers (each with its own constant labels) reads as their
     total. One key twice in a scrape is refused by :func:`parse_exposition`, never summed.
+    ``exemplars``: the OpenMetrics exemplars a scrape carried, by sample key.
     """
 
-    __slots__ = ("samples",)
+    __slots__ = ("exemplars", "samples")
 
     def __init__(self, samples: Mapping[tuple[str, LabelKey], float] | None = None) -> None:
         self.samples: dict[tuple[str, LabelKey], float] = dict(samples or {})
+        self.exemplars: dict[tuple[str, LabelKey], Exemplar] = {}
 
     def add(self, name: str, labels: Mapping[str, str], value: float) -> None:
         key = (name, tuple(sorted(labels.items())))
@@ -207,6 +210,11 @@ def parse_exposition(text: str) -> Series:
                     nan_keys.add(key)
                 else:
                     samples[key] = value
+                    ex = getattr(sample, "exemplar", None)
+                    if ex is not None:
+                        series.exemplars[key] = Exemplar(
+                            dict(ex.labels), float(ex.value),
+                            None if ex.timestamp is None else float(ex.timestamp))
     except Exception as exc:  # the parsers raise ValueError, IndexError, KeyError, ...
         # Both parts are cut short: the parser quotes the offending text, which may be huge.
         first = next((line for line in text[:4096].splitlines() if line.strip()), "")
@@ -253,6 +261,15 @@ def fetch_text(
             f"{shown} sent a body that is not UTF-8 text (binary garbage?)"
         ) from None
     return text, response.headers.get("content-type", "")
+
+
+@dataclass(frozen=True)
+class Exemplar:
+    """An OpenMetrics exemplar of one sample: its labels (``trace_id``, ...) and value."""
+
+    labels: dict[str, str]
+    value: float
+    timestamp: float | None
 
 
 @dataclass(frozen=True)

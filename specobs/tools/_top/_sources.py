@@ -15,6 +15,7 @@ from specobs.tools import _client
 from specobs.tools import _diagnosis as dg
 from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
+from specobs.tools._top._requests import RequestAcceptance, request_acceptance
 
 __all__ = ["EndpointSource", "Frame", "PrometheusSource", "status_text"]
 
@@ -28,6 +29,8 @@ class Frame:
     breakdown: bd.Breakdown | None = None
     #: The diagnosis of this poll's interval (docs/diagnosis.md): the status line.
     findings: tuple[dg.Finding, ...] = ()
+    #: The interval's finished requests' acceptance; ``None`` when the source has none.
+    requests: RequestAcceptance | None = None
 
 
 class EndpointSource:
@@ -43,7 +46,8 @@ class EndpointSource:
 
     def poll(self) -> Frame:
         try:
-            cur = scr.scrape(self.client, self.url, limits=self.limits)
+            # OpenMetrics: the worst requests' trace ids come as exemplars.
+            cur = scr.scrape(self.client, self.url, openmetrics=True, limits=self.limits)
         except scr.ScrapeError as exc:
             return Frame("error", str(exc))
         prev, self._prev = self._prev, cur
@@ -53,7 +57,8 @@ class EndpointSource:
         if isinstance(delta, scr.CounterReset):
             return Frame("reset", str(delta))
         window = dg.window(delta, time.time())
-        return _data_frame(window.breakdown, tuple(dg.diagnose(window)))
+        return _data_frame(window.breakdown, tuple(dg.diagnose(window)),
+                           request_acceptance(delta.counters, cur.series.exemplars))
 
 
 class PrometheusSource:
@@ -86,17 +91,19 @@ class PrometheusSource:
                 f"the last {scr.format_rate(self.window_seconds, 0)} s",
             )
         window = dg.window(delta, time.time())
-        return _data_frame(window.breakdown, tuple(dg.diagnose(window)))
+        return _data_frame(window.breakdown, tuple(dg.diagnose(window)),
+                           request_acceptance(delta.counters, {}))
 
 
-def _data_frame(b: bd.Breakdown, findings: tuple[dg.Finding, ...] = ()) -> Frame:
+def _data_frame(b: bd.Breakdown, findings: tuple[dg.Finding, ...] = (),
+                requests: RequestAcceptance | None = None) -> Frame:
     if not b.cycles > 0:
         stalled = next((f for f in findings if f.code == "SPEC-STALL"), None)
         if stalled is not None:
-            return Frame("data", stalled.sentence, b, findings)
+            return Frame("data", stalled.sentence, b, findings, requests)
         return Frame("data", f"no cycles in the last {b.elapsed_seconds:.1f} s (idle?)", b,
-                     findings)
-    return Frame("data", "", b, findings)
+                     findings, requests)
+    return Frame("data", "", b, findings, requests)
 
 
 def status_text(findings: tuple[dg.Finding, ...]) -> str:

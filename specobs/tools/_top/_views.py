@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from specobs.tools import _breakdown as bd
 from specobs.tools import _diagnosis as dg
 from specobs.tools import _scrape as scr
+from specobs.tools._top import _requests
 from specobs.tools._top._sources import Frame, status_text
 
 __all__ = ["JsonView", "LiveView", "PlainView", "bar", "frame_json", "plain_line", "spark"]
@@ -93,6 +94,8 @@ def plain_line(frame: Frame, now: float | None = None) -> str:
         parts.append(f"engine_raised={b.engine_raised:.0f}")
     if b.sampling_interval is not None and not _no_gpu_clock(b):
         parts.append(f"sampling=1/{b.sampling_interval:.0f}")
+    if frame.requests is not None:
+        parts.append(_requests.plain_text(frame.requests))
     if frame.findings:
         level = dg.worst(frame.findings)
         codes = [f.code for f in frame.findings if f.severity == level]
@@ -124,6 +127,8 @@ def frame_json(frame: Frame, now: float | None = None) -> dict[str, Any]:
     b = frame.breakdown
     if b is not None:
         out["breakdown"] = b.as_json()
+    out["requests"] = (None if frame.requests is None
+                       else dataclasses.asdict(frame.requests))
     out["status"] = status_text(frame.findings) if frame.findings else None
     out["findings"] = [dataclasses.asdict(f) for f in frame.findings]
     return out
@@ -225,6 +230,10 @@ class LiveView:
             parts.append(Text(f"status {status_text(shown.findings)}", style=style))
         if b is not None:
             parts += self._body(b)
+        requests = frame.requests if frame.breakdown is not None else (
+            last.requests if last is not None else None)
+        if b is not None and requests is not None:
+            parts.append(Text(_requests.live_text(requests)))
         return Group(*parts)
 
     def _body(self, b: bd.Breakdown) -> list[Any]:
