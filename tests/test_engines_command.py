@@ -314,7 +314,21 @@ def test_vllm_instrumentor_refuses_a_release_missing_a_point(
     assert f"{vl_inst.V2_MODULE}.GPUModelRunner.sample_tokens (method sample_tokens missing)" in (
         messages[0])
     assert "vllm 0.34.0" in messages[0]
-    # skip_dep_check skips the contract, as opentelemetry-instrument expects.
+    # skip_dep_check (opentelemetry-instrument, after its own version check) skips the version
+    # check, not the hook points: the engine stays untouched, and no second warning is logged.
+    with caplog.at_level(logging.WARNING, logger="specobs.instrument"):
+        assert vllm_instrumentor.instrument(skip_dep_check=True) is False
+    assert not vllm_instrumentor.is_instrumented
+    assert len(_warnings(caplog)) == 1
+
+
+def test_skip_dep_check_lets_an_engine_it_cannot_find_or_an_untested_one_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vllm_instrumentor: Any,
+) -> None:
+    assert vllm_instrumentor.contract_report().verdict == _contract.NOT_INSTALLED
+    assert vllm_instrumentor.instrument(skip_dep_check=True) is True
+    vllm_instrumentor.uninstrument()
+    monkeypatch.syspath_prepend(str(_vllm_standin(tmp_path, "0.35.0")))
     assert vllm_instrumentor.instrument(skip_dep_check=True) is True
 
 

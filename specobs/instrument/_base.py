@@ -145,11 +145,16 @@ class BaseInstrumentor:
 
     def _instrument_checked(self, observer: Observer | None, skip_dep_check: bool) -> bool:
         """Patch the target once; ``False`` (and one warning) when it is missing, below its floor
-        or lacks a hook point (``skip_dep_check``: patch without looking)."""
+        or lacks a hook point. ``skip_dep_check`` (OpenTelemetry's loader, after its own version
+        check) skips the version and presence checks, not the hook points: an installed engine
+        that lacks one is still refused, since patching it would fail or time the wrong code."""
         with self._lock:
             if self._instrumented:
                 return True
-            if not skip_dep_check and not self._contract_holds():
+            if skip_dep_check:
+                if not self._hook_points_hold():
+                    return False
+            elif not self._contract_holds():
                 return False
             self._observer = observer
             try:
@@ -200,6 +205,17 @@ class BaseInstrumentor:
             self._warned = True
             logger.warning("%s", message)
         return report.attachable
+
+    def _hook_points_hold(self) -> bool:
+        """``skip_dep_check``'s check: refuse only an installed engine that lacks a required
+        hook point (one warning naming it); a missing, untested or too old one is let through."""
+        report = self.contract_report()
+        if report.verdict != _contract.REFUSED:
+            return True
+        if not self._warned:
+            self._warned = True
+            logger.warning("%s", report.message())
+        return False
 
     # -- for subclasses ---------------------------------------------------------------------------
 
