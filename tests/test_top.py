@@ -417,6 +417,29 @@ def test_tools_import_no_heavy_modules():
 # -- plain (non-TTY) output -----------------------------------------------------------------------
 
 
+def test_the_k_in_effect_is_the_draft_length_of_the_interval_s_cycles(
+    engines: Callable[..., Engine],
+):
+    eng = engines()
+    eng.run(2)  # k = K from the acceptance, before the interval
+    with _client() as client:
+        first = scr.scrape(client, eng.url)
+        for _ in range(3):  # plain steps: a k = 0 band
+            with eng.obs.cycle(batch_size=2, draft_length=0) as c:
+                c.mark("verify")
+                c.mark("bookkeeping")
+                c.accept([0, 0], draft_length=0)
+        eng.run(1)
+        second = scr.scrape(client, eng.url)
+    delta = scr.difference(first, second)
+    assert isinstance(delta, scr.Delta)
+    b = bd.breakdown(delta)
+    assert b.mean_draft_length == pytest.approx((3 * 0 + K) / 4)
+    assert b.draft_length_shares == (("0", 0.75), (str(K), 0.25))
+    line = _top.plain_line(_top._data_frame(b))
+    assert f"k=1.00[0:75%,{K}:25%]" in line, line
+
+
 def test_plain_output_when_stdout_is_not_a_tty(engines: Callable[..., Engine]):
     eng = engines().start()
     result = cli("top", eng.url, "--interval", "0.3", "--count", "2")

@@ -30,6 +30,9 @@ from the same counters (names for the default ``rate_window`` of 5m):
   dashboard's per-position panel.
 * ``mean_batch_size``: sequences (the batch-size sum) / cycles,
   ``instance:specobs_batch_size:mean_rate5m``.
+* ``mean_draft_length``: the draft-length histogram's sum / count (the k in effect, cycles that
+  have one); ``draft_length_shares``: each k's share of the cycles by draft length, k as text,
+  the cycle-breakdown dashboard's "Cycles by draft length".
 * ``sequence_tokens_per_second``: emitted tokens per sequence (over the batch-size sum) / the
   host clock's mean cycle, ``instance:specobs_sequence_tokens_per_second:rate5m``.
 * ``baseline_tokens_per_second``: the gauge,
@@ -195,6 +198,10 @@ class Breakdown:
     #: ``set_requests`` sets; ``None`` where the engine reports none).
     requests_running: float | None = None
     requests_waiting: float | None = None
+    #: The k in effect: mean draft length per cycle, and each k's share of the cycles (k as
+    #: text, in numeric order; empty where the endpoint exports no draft length).
+    mean_draft_length: float | None = None
+    draft_length_shares: tuple[tuple[str, float | None], ...] = ()
 
     @property
     def mean_acceptance_length(self) -> float | None:
@@ -291,6 +298,12 @@ def breakdown(delta: Delta) -> Breakdown:
     cpu = d.total(catalog.EXPORTER_CPU.name)
     thread = d.by(catalog.WORKER_THREAD_TIME.name, "state")
     info_labels = g.labels(catalog.INFO.name)
+    dl = catalog.DRAFT_LENGTH.name
+    by_k = {k: v for k, v in d.by(catalog.CYCLES_BY_DRAFT_LENGTH.name, "draft_length").items()
+            if v > 0}
+    k_cycles = math.fsum(by_k.values())
+    shares = tuple((k, ratio(by_k[k], k_cycles))
+                   for k in sorted(by_k, key=lambda k: (len(k), k)))
 
     return Breakdown(
         elapsed_seconds=elapsed,
@@ -311,6 +324,8 @@ def breakdown(delta: Delta) -> Breakdown:
         baseline_tokens_per_second=g.total(catalog.BASELINE_SEQUENCE_TOKENS.name),
         requests_running=g.total(catalog.REQUESTS_RUNNING.name),
         requests_waiting=g.total(catalog.REQUESTS_WAITING.name),
+        mean_draft_length=ratio(d.total(dl + "_sum"), d.total(dl + "_count")),
+        draft_length_shares=shares,
         drops=drops,
         dropped_total=math.fsum(v for _, v in _own_drops(drops)),
         engine_raised=drops.get(catalog.DROP_REASON_EXCEPTION, 0.0),

@@ -83,6 +83,9 @@ def plain_line(frame: Frame, now: float | None = None) -> str:
         f"tok/s={scr.format_rate(b.emitted_tokens_per_second)}",
         f"batch={scr.format_rate(b.mean_batch_size, 2)}",
     ]
+    if b.draft_length_shares:
+        ks = ",".join(f"{k}:{scr.format_percent(v, 0)}" for k, v in b.draft_length_shares)
+        parts.append(f"k={scr.format_rate(b.mean_draft_length, 2)}[{ks}]")
     if b.baseline_tokens_per_second is not None:
         parts += [f"baseline={scr.format_rate(b.baseline_tokens_per_second)}",
                   f"speedup={scr.format_rate(bd.speedups(b)[0], 2, 'x')}"]
@@ -306,6 +309,11 @@ class LiveView:
             f"overhead {scr.format_percent(b.overhead_ratio, 2)}",
         )
         out.append(grid)
+        if b.draft_length_shares:
+            out.append(Text(
+                f"k in effect {scr.format_rate(b.mean_draft_length, 2)}  " + "  ".join(
+                    f"k={k}: {scr.format_percent(v, 0)}" for k, v in b.draft_length_shares)
+                + " of cycles"))
         if b.position_acceptance:
             line = Text("per position ")
             line.append("".join(spark(v) for _, v in b.position_acceptance), style="green")
