@@ -393,6 +393,33 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         f"  ({srate('instance, clock', phase + '_sum', draft_verify)} > 0)\n)"
     )
 
+    req = c.REQUEST_ACCEPTANCE.name
+    low = f'le="{float(config.request_acceptance_low)!r}"'
+    b.timeseries(
+        "Per-request acceptance",
+        "Finished requests' acceptance rates (each request's accepted / drafted tokens over its "
+        "life): the 10th percentile and the median, and the share of requests at or below "
+        f"{config.request_acceptance_low:.0%} (right axis). One slot or one kind of prompt "
+        "whose acceptance collapsed shows here while the server's aggregate looks fine; the "
+        "dots are the worst requests' exemplars (trace ids).",
+        "percentunit",
+        [
+            (f"histogram_quantile(0.1, {srate('le', req + '_bucket')}) >= 0",
+             "p10 {{instance}}"),
+            (f"histogram_quantile(0.5, {srate('le', req + '_bucket')}) >= 0",
+             "p50 {{instance}}"),
+            (f"{srate('instance', req + '_bucket', low)}\n/\n"
+             f"({srate('instance', req + '_count')} > 0)", "low share {{instance}}"),
+        ],
+        exemplars=True,
+        overrides=[
+            {
+                "matcher": {"id": "byRegexp", "options": "low share .*"},
+                "properties": [{"id": "custom.axisPlacement", "value": "right"}],
+            }
+        ],
+    )
+
     b.row("Draft length in effect (k chosen at run time)")
     k_hist = c.DRAFT_LENGTH.name
     by_k = c.CYCLES_BY_DRAFT_LENGTH.name
