@@ -223,6 +223,8 @@ class Aggregation:
         self.last_cycle_timestamp: float | None = None
         self.requests_running: float | None = None
         self.requests_waiting: float | None = None
+        #: Drafts the engine left out of verification (None until it reports some).
+        self.draft_tokens_unverified: int | None = None
         previous: _RequestAcceptance | None = getattr(self, "requests", None)
         self.requests = _RequestAcceptance(previous.changes + 1 if previous is not None else 0)
         self.dropped: dict[str, int] = dict.fromkeys(catalog.DROP_REASONS, 0)
@@ -287,6 +289,12 @@ class Aggregation:
                 self.requests_running = running
             if waiting is not None:
                 self.requests_waiting = waiting
+            self._generation += 1
+
+    def drafts_unverified(self, tokens: int) -> None:
+        """Add draft tokens the engine left out of verification (validated: an int >= 0)."""
+        with self._lock:
+            self.draft_tokens_unverified = (self.draft_tokens_unverified or 0) + tokens
             self._generation += 1
 
     def request_finished(self, drafted: int, accepted: int, trace_id: int | None) -> None:
@@ -429,6 +437,7 @@ class Aggregation:
                 baseline_tokens_per_second=by_k.baseline,
                 requests_running=self.requests_running,
                 requests_waiting=self.requests_waiting,
+                draft_tokens_unverified=self.draft_tokens_unverified,
                 dropped=dict(self.dropped),
                 errors=dict(self.errors),
                 cpu_seconds=dict(self.cpu_seconds),

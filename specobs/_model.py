@@ -182,6 +182,9 @@ class Snapshot:
     #: request reported (``specobs_requests_finished_total``); ``None`` until the engine reports
     #: one (:meth:`Observer.request_finished`).
     request_acceptance: HistogramData | None = None
+    #: Draft tokens the engine left out of verification (``specobs_draft_tokens_unverified_total``;
+    #: ``None`` until it reports some, :meth:`Observer.drafts_unverified`).
+    draft_tokens_unverified: int | None = None
     requests_finished_total: int | None = None
 
     #: Cycles by the draft length in effect (``specobs_cycles_by_draft_length_total``): the k

@@ -330,6 +330,22 @@ class Observer:
         if valid:
             self.aggregation.set_requests(valid.get("running"), valid.get("waiting"))
 
+    def drafts_unverified(self, tokens: int) -> None:
+        """Report draft tokens the engine proposed and then left out of verification (an
+        adaptive verify budget trimmed them), which ``accept()``'s drafted counts leave out:
+        ``specobs_draft_tokens_unverified_total``. From any thread; never raises: a count that
+        is not an int >= 0 is ignored and counted as ``errors{kind="bad_acceptance"}``."""
+        rec = self._recorder
+        if not rec.enabled:
+            return
+        n = tokens if type(tokens) is int else _count_or_none(tokens)
+        if n is None or not 0 <= n < _UNVERIFIED_MAX:
+            rec.misuse_value("bad_acceptance", "drafts_unverified() needs a count of draft "
+                             "tokens, an int >= 0, got ", tokens, "; ignored")
+            return
+        if n:
+            self.aggregation.drafts_unverified(n)
+
     def request_finished(
         self, *, drafted: int, accepted: int, trace_id: int | str | None = None
     ) -> None:
@@ -448,6 +464,10 @@ def _count_or_none(value: Any) -> int | None:
     except Exception:
         return None
 
+
+_UNVERIFIED_MAX = 1 << 40
+"""More draft tokens than one report can be (a trillion): a corrupt value, refused before it
+reaches a counter that exporters must encode as a 64-bit number."""
 
 _TRACE_ID_MAX = (1 << 128) - 1
 

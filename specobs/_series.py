@@ -43,6 +43,7 @@ def families(s: Snapshot) -> Iterator[Family]:
         (c.CYCLE_DURATION, [((clock,), s.cycle_histograms[clock]) for clock in CLOCKS]),
         (c.CYCLES, _one(s.cycles_total)),
         (c.DRAFT_TOKENS, _one(s.draft_tokens_total)),
+        (c.DRAFT_TOKENS_UNVERIFIED, _one(s.draft_tokens_unverified)),
         (c.ACCEPTED_TOKENS, _one(s.accepted_tokens_total)),
         (c.EMITTED_TOKENS, _one(s.emitted_tokens_total)),
         (c.ACCEPT_LENGTH, _one(s.accept_length)),

@@ -34,6 +34,7 @@ __all__ = [
     "DRAFTED_BY_POSITION",
     "DRAFT_LENGTH",
     "DRAFT_TOKENS",
+    "DRAFT_TOKENS_UNVERIFIED",
     "DROPPED_RECORDS",
     "DROP_REASONS",
     "DROP_REASON_EXCEPTION",
@@ -257,6 +258,13 @@ DRAFT_TOKENS = Metric(
     "specobs.draft_tokens", "counter", "{token}",
     "Draft tokens proposed, summed over the sequences of each cycle.",
 )  # fmt: skip
+DRAFT_TOKENS_UNVERIFIED = Metric(
+    "specobs.draft_tokens.unverified", "counter", "{token}",
+    "Draft tokens the engine proposed and then left out of verification (an adaptive verify "
+    "budget trimmed them: SGLang DSpark's ragged windows), not in specobs_draft_tokens_total. "
+    "Absent until the engine reports some (Observer.drafts_unverified).",
+    optional=True,
+)  # fmt: skip
 ACCEPTED_TOKENS = Metric(
     "specobs.accepted_tokens", "counter", "{token}",
     "Draft tokens accepted by the target model's verification.",
@@ -439,6 +447,7 @@ CATALOG: tuple[Metric, ...] = (
     CYCLE_DURATION,
     CYCLES,
     DRAFT_TOKENS,
+    DRAFT_TOKENS_UNVERIFIED,
     ACCEPTED_TOKENS,
     EMITTED_TOKENS,
     ACCEPT_LENGTH,

@@ -83,6 +83,7 @@ def test_every_catalog_series_has_the_same_value_scraped_and_pushed(otlp_receive
     obs.request_finished(drafted=12, accepted=5)
     obs.request_finished(drafted=9, accepted=1, trace_id=0x5B8EFFF798038103D269B633813FC60C)
     obs.request_finished(drafted=0, accepted=0)
+    obs.drafts_unverified(7)
     for i in range(60):
         with obs.cycle(batch_size=1 + i % 3) as c:
             gpu.run(30_000 + 1000 * i)

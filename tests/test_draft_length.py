@@ -462,3 +462,29 @@ def test_otlp_exports_the_series_by_k(otlp_receiver: OtlpReceiver,
     assert list(hist.bucket_counts)[:3] == [16, 0, 1] and hist.count == 17
     baseline = by_attrs("specobs.baseline.sequence_tokens")
     assert set(baseline) == {frozenset({("source", "plain_steps")})}
+
+
+# -- drafts the engine left out of verification ----------------------------------------------------
+
+
+def test_unverified_drafts_are_counted_apart_and_bad_counts_refused(
+    observers: Callable[..., specobs.Observer], caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = CollectorRegistry()
+    obs = observers(sinks=[specobs.PrometheusSink(registry=registry)])
+    run(obs, [1, 0], draft_length=[3, 2])
+    assert "specobs_draft_tokens_unverified" not in generate_latest(registry).decode()
+    obs.drafts_unverified(4)
+    obs.drafts_unverified(np.int64(2))
+    obs.drafts_unverified(0)  # nothing left out: nothing to add
+    for bad in (-1, True, 2.5, "3", 1 << 41):
+        obs.drafts_unverified(bad)  # type: ignore[arg-type]
+    s = snap(obs)
+    assert s.draft_tokens_unverified == 6
+    assert s.draft_tokens_total == 5  # the verified drafts alone
+    assert s.errors["bad_acceptance"] == 5
+    text = generate_latest(registry).decode()
+    values = {smp.name: smp.value for fam in text_string_to_metric_families(text)
+              for smp in fam.samples}
+    assert values["specobs_draft_tokens_unverified_total"] == 6
+    assert values["specobs_draft_tokens_total"] == 5

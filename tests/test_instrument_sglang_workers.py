@@ -885,6 +885,9 @@ def test_dspark_through_sglangs_own_result_processing(
     snap = _snapshot(observer)
     verified = sum(r.spec_verify_ct for r in reqs)
     assert snap.draft_tokens_total == sum(r.spec_num_cap_tokens for r in reqs) - verified
+    # The drafts the planner left out of each window: gamma (4) less the window, per row.
+    assert snap.draft_tokens_unverified == (2 + 4 + 0) + (0 + 3 + 4)
+    assert snap.draft_tokens_total + snap.draft_tokens_unverified == 4 * verified
     assert snap.accepted_tokens_total == sum(r.spec_num_correct_drafts for r in reqs)
     assert snap.emitted_tokens_total == sum(len(r.output_ids) - 1 for r in reqs)
     assert snap.dropped["unsettled"] == 0 and not any(snap.errors.values()), snap.errors

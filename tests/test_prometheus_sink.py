@@ -65,6 +65,7 @@ def fixed_snapshot() -> specobs.Snapshot:
         request_acceptance=_hist(catalog.REQUEST_ACCEPTANCE_BUCKETS, {
             0: (1, specobs.Exemplar(0.0, 3, None, 1_700_000_000_500_000_000)), 7: 2}, 1.15),
         requests_finished_total=4,
+        draft_tokens_unverified=6,
     )
 
 

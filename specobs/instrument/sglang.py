@@ -498,6 +498,7 @@ def _settle(handle: Any, result: Any, k: int, rows: list[tuple[Any, bool, int]] 
     if rows is None or type(accepted) is not list or len(accepted) != len(rows):
         # What the step returned, every row.
         handle.settle(accepted, draft_length=widths, emitted=emitted)
+        _report_unverified(k, widths)
         return
     live = [i for i, row in enumerate(rows) if row[1]]
     if not live:
@@ -508,6 +509,18 @@ def _settle(handle: Any, result: Any, k: int, rows: list[tuple[Any, bool, int]] 
     handle.settle([accepted[i] for i in live], draft_length=kept, batch_size=len(live),
                   emitted=emitted)  # fmt: skip
     _count_requests([rows[i][0] for i in live], [accepted[i] for i in live], kept)
+    _report_unverified(k, kept)
+
+
+def _report_unverified(k: int, widths: Any) -> None:
+    """DSPARK's ragged verify: each row verified its window, the rest of the ``k`` drafts it
+    proposed were left out (``specobs_draft_tokens_unverified_total``)."""
+    if isinstance(widths, int):
+        return
+    unverified = sum(max(k - int(w), 0) for w in widths)
+    observer = SGLangInstrumentor().current_observer if unverified else None
+    if observer is not None:
+        observer.drafts_unverified(unverified)
 
 
 _REQUEST_FIGURES = "_specobs_request"
