@@ -373,8 +373,8 @@ def test_fleet_has_the_issue_panels() -> None:
     table = next(p for p in panels(fleet) if p["type"] == "table")
     headers = [t["legendFormat"] for t in table["targets"]]
     assert headers == [
-        "Up", "Tokens/s", "Speedup", "Acceptance", "p99 cycle", "Verify share", "Last cycle age",
-        "Firing alerts",
+        "Up", "Tokens/s", "Speedup", "Acceptance", "Mean k", "Mean batch", "p99 cycle",
+        "Verify share", "Last cycle age", "Firing alerts",
     ]  # fmt: skip
     assert all(t["instant"] and t["format"] == "table" for t in table["targets"])
     titles = " | ".join(p["title"] for p in panels(fleet))

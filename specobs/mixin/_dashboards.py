@@ -479,6 +479,19 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
           f"({srate('draft_length', c.DRAFTED_BY_DRAFT_LENGTH.name)} > 0)", "k={{draft_length}}")],
     )
     b.timeseries(
+        "Drafts verified and left out",
+        "Draft tokens per second the target verified, and those the engine proposed but left "
+        "out of verification (an adaptive verify budget: SGLang DSpark's ragged windows; absent "
+        "for engines that verify every draft). A growing left-out share is drafting work the "
+        "budget throws away.",
+        "short",
+        [
+            (srate("instance", c.DRAFT_TOKENS.name), "verified {{instance}}"),
+            (srate("instance", c.DRAFT_TOKENS_UNVERIFIED.name), "left out {{instance}}"),
+        ],
+        axis_label="tokens/s",
+    )
+    b.timeseries(
         "Tokens/s of cycle time by draft length",
         "Tokens emitted by the cycles of each k over the host seconds those cycles took: what the "
         "server produces while it runs at that k. k=0 is the plain-step rate the measured "
@@ -711,14 +724,17 @@ def render_fleet(config: MixinConfig) -> str:
     b.table(
         "Servers",
         "One row per server and its model: up, tokens/s, realized speedup (red below 1), "
-        "acceptance, p99 cycle time (host clock), verify share of the cycle (GPU clock where "
-        "sampled, else host), seconds since the last cycle, and firing specobs alerts (red). "
-        "Click an instance to open its cycle breakdown.",
+        "acceptance, the mean draft length k in effect (engines change it with the batch) and "
+        "the mean batch, p99 cycle time (host clock), verify share of the cycle (GPU clock "
+        "where sampled, else host), seconds since the last cycle, and firing specobs alerts "
+        "(red). Click an instance to open its cycle breakdown.",
         [
             ("Up", "none", f"max by ({by}) ({s(n.up, selector=target)})"),
             ("Tokens/s", "short", f"sum by ({by}) ({s(n.emitted)})"),
             ("Speedup", "none", f"max by ({by}) ({s(n.speedup_realized)})"),
             ("Acceptance", "percentunit", f"max by ({by}) ({s(n.acceptance)})"),
+            ("Mean k", "short", f"max by ({by}) ({s(n.draft_length_mean)})"),
+            ("Mean batch", "short", f"max by ({by}) ({s(n.batch_size_mean)})"),
             ("p99 cycle", "s", f"max by ({by}) ({s(n.cycle_p99, HOST)})"),
             (
                 "Verify share",

@@ -120,6 +120,7 @@ class RuleNames:
         self.accept_length_excl_bonus = f"instance:specobs_accept_length_excl_bonus:mean_rate{w}"
         self.accept_length_incl_bonus = f"instance:specobs_accept_length_incl_bonus:mean_rate{w}"
         self.batch_size_mean = f"instance:{c.BATCH_SIZE.name}:mean_rate{w}"
+        self.draft_length_mean = f"instance:{c.DRAFT_LENGTH.name}:mean_rate{w}"
         self.emitted_per_sequence = f"instance:specobs_emitted_tokens_per_sequence:ratio_rate{w}"
         self.drafted_per_sequence = f"instance:specobs_draft_tokens_per_sequence:ratio_rate{w}"
         self.cycle_mean = f"instance:{c.CYCLE_DURATION.name}:mean_rate{w}"
@@ -213,6 +214,14 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         RecordingRule(n.emitted_per_sequence, ratio(n.emitted, n.sequences)),
         RecordingRule(n.drafted_per_sequence, ratio(n.drafted, n.sequences)),
         RecordingRule(n.batch_size_mean, ratio(n.sequences, n.cycles)),
+        # The k in effect (engines change it at run time): the fleet table's "Mean k".
+        RecordingRule(
+            n.draft_length_mean,
+            ratio(
+                _rate(f"{c.DRAFT_LENGTH.name}_sum", config, by),
+                _rate(f"{c.DRAFT_LENGTH.name}_count", config, by),
+            ),
+        ),
         RecordingRule(
             n.accept_length_excl_bonus,
             ratio(
