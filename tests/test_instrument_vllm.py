@@ -47,6 +47,8 @@ from tests.test_instrument_contracts import (
 )
 
 VERSION = "0.33.0"
+V2_VERSIONS = ("0.33.0", "0.34.0")
+"""The releases whose model runner V2 the contract tests read (0.34 deleted V1)."""
 V1_FILE = "vllm/v1/worker/gpu_model_runner.py"
 V2_FILE = "vllm/v1/worker/gpu/model_runner.py"
 
@@ -69,12 +71,18 @@ V2_SIGNATURES = {
 }
 
 
-def test_v1_and_v2_seams_exist_with_the_signatures_the_hooks_read() -> None:
-    assert VLLM_RANGE.tested(VERSION)
+@pytest.mark.parametrize("version", V2_VERSIONS)
+def test_v1_and_v2_seams_exist_with_the_signatures_the_hooks_read(version: str) -> None:
+    assert VLLM_RANGE.tested(version)
     assert set(V1_SIGNATURES) == set(vl_inst.HOOKS_V1)
     assert set(V2_SIGNATURES) == set(vl_inst.HOOKS_V2)
+    v1 = _tree("vllm", version, V1_FILE)
+    if version >= "0.34":
+        assert v1 is None  # model runner V1 was deleted: only its post-import hook waits
     for path, signatures in ((V1_FILE, V1_SIGNATURES), (V2_FILE, V2_SIGNATURES)):
-        tree = _tree("vllm", VERSION, path)
+        if path == V1_FILE and v1 is None:
+            continue
+        tree = _tree("vllm", version, path)
         assert tree is not None, path
         runner = _class(tree, vl_inst.RUNNER_CLASS)
         for method, expected in signatures.items():
@@ -106,9 +114,12 @@ def test_v1_seams_in_the_oldest_supported_release() -> None:
     assert _module_constant(sampler, "PLACEHOLDER_TOKEN_ID") == vl_inst.PLACEHOLDER_TOKEN_ID
 
 
-def test_v2_sample_tokens_runs_sample_then_the_state_update_then_the_speculator() -> None:
+@pytest.mark.parametrize("version", V2_VERSIONS)
+def test_v2_sample_tokens_runs_sample_then_the_state_update_then_the_speculator(
+    version: str,
+) -> None:
     """The V2 phase split rests on this order inside ``sample_tokens``."""
-    tree = _tree("vllm", VERSION, V2_FILE)
+    tree = _tree("vllm", version, V2_FILE)
     assert tree is not None
     runner = _class(tree, vl_inst.RUNNER_CLASS)
     body = _method(runner, "sample_tokens")
@@ -129,11 +140,11 @@ def test_v2_sample_tokens_runs_sample_then_the_state_update_then_the_speculator(
     assert [ast.unparse(r.value) for r in returns] == [
         "(sampler_output, sampler_output.num_sampled, sampler_output.num_rejected)"
     ]
-    batch = _tree("vllm", VERSION, "vllm/v1/worker/gpu/input_batch.py")
+    batch = _tree("vllm", version, "vllm/v1/worker/gpu/input_batch.py")
     assert batch is not None
     assert {"num_draft_tokens", "num_draft_tokens_per_req"} <= _fields(_class(batch, "InputBatch"))
     # num_sampled = accepted drafts + 1; 0 while a request is still in chunked prefill.
-    kernel = _source("vllm", VERSION, "vllm/v1/worker/gpu/input_batch.py")
+    kernel = _source("vllm", version, "vllm/v1/worker/gpu/input_batch.py")
     assert kernel is not None and "num_rejected = num_logits - num_sampled" in kernel
     assert "num_sampled = tl.where(is_chunked_prefilling, 0, num_sampled)" in kernel
 
@@ -506,11 +517,13 @@ def vllm_standins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
         sys.modules.pop(name, None)
 
 
-@pytest.fixture
-def vllm_tree(vllm_standins: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The stand-ins plus vLLM's real ``vllm.plugins`` from the pinned wheel, which finds specobs
-    through an entry point."""
-    plugins = _source("vllm", VERSION, "vllm/plugins/__init__.py")
+@pytest.fixture(params=V2_VERSIONS)
+def vllm_tree(
+    vllm_standins: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Any:
+    """The stand-ins plus vLLM's real ``vllm.plugins`` from each pinned wheel (0.33.0, 0.34.0),
+    which finds specobs through an entry point."""
+    plugins = _source("vllm", request.param, "vllm/plugins/__init__.py")
     assert plugins is not None
     (vllm_standins / "vllm/plugins").mkdir(parents=True)
     (vllm_standins / "vllm/plugins/__init__.py").write_text(plugins)
@@ -1051,11 +1064,12 @@ def _self_stores(cls: ast.ClassDef) -> set[str]:
     }  # fmt: skip
 
 
-def test_v2_every_name_the_hooks_read_is_in_the_pinned_release() -> None:
+@pytest.mark.parametrize("version", V2_VERSIONS)
+def test_v2_every_name_the_hooks_read_is_in_the_pinned_release(version: str) -> None:
     """Beyond the seams' signatures: each attribute, field and argument position the V2 hooks
-    (and the worker check) read, in 0.33.0's source. A V2 step never ran under specobs (see
-    the next test), so these and the stand-ins are what stands for it."""
-    tree = _tree("vllm", VERSION, V2_FILE)
+    (and the worker check) read, in 0.33.0's and 0.34.0's source. A V2 step never ran under
+    specobs (see the next test), so these and the stand-ins are what stands for it."""
+    tree = _tree("vllm", version, V2_FILE)
     assert tree is not None
     runner = _class(tree, vl_inst.RUNNER_CLASS)
     # _start / topology: the runner's configs and stage; the phase order is fixed for V2.
@@ -1073,24 +1087,30 @@ def test_v2_every_name_the_hooks_read_is_in_the_pinned_release() -> None:
         if isinstance(n, ast.Call) and ast.unparse(n.func) == "self.sample"
     ]  # fmt: skip
     assert calls == ["self.sample(hidden_states, input_batch, grammar_output)"]
-    batch = _tree("vllm", VERSION, "vllm/v1/worker/gpu/input_batch.py")
+    batch = _tree("vllm", version, "vllm/v1/worker/gpu/input_batch.py")
     assert batch is not None
     assert {"req_ids", "num_draft_tokens_per_req"} <= _fields(_class(batch, "InputBatch"))
-    output = _tree("vllm", VERSION, "vllm/v1/core/sched/output.py")
+    output = _tree("vllm", version, "vllm/v1/core/sched/output.py")
     assert output is not None
     assert {"scheduled_spec_decode_tokens", "num_scheduled_tokens", "num_invalid_spec_tokens"} <= (
         _fields(_class(output, "SchedulerOutput"))
     )
-    assert {"structured_output_request_ids", "num_acceptable_drafts"} <= _fields(
-        _class(output, "GrammarOutput")
-    )
-    # The V2 sampler honours num_acceptable_drafts (drafts past it are never accepted), so
-    # accepted <= the drafts counted as valid.
-    assert "grammar_output.num_acceptable_drafts" in ast.unparse(_method(runner, "sample"))
-    config = _tree("vllm", VERSION, "vllm/config/speculative.py")
+    grammar = _fields(_class(output, "GrammarOutput"))
+    assert "structured_output_request_ids" in grammar
+    if version < "0.34":
+        # The V2 sampler honours num_acceptable_drafts (drafts past it are never accepted), so
+        # accepted <= the drafts counted as valid.
+        assert "num_acceptable_drafts" in grammar
+        assert "grammar_output.num_acceptable_drafts" in ast.unparse(_method(runner, "sample"))
+    else:
+        # Gone in 0.34 (the grammar bitmask rejects the drafts): valid_draft_lengths reads it
+        # with getattr and falls back to the lengths as scheduled; the engine core's own count
+        # (num_invalid_spec_tokens) is what settles every counted step.
+        assert "num_acceptable_drafts" not in grammar
+    config = _tree("vllm", version, "vllm/config/speculative.py")
     assert config is not None
     assert "num_speculative_tokens" in _fields(_class(config, "SpeculativeConfig"))
-    worker = _tree("vllm", VERSION, "vllm/v1/worker/gpu_worker.py")
+    worker = _tree("vllm", version, "vllm/v1/worker/gpu_worker.py")
     assert worker is not None
     # _check_runner: the worker's runner, and a config (the worker's, else the runner's).
     assert "model_runner" in _fields(_class(worker, vl_inst.WORKER_CLASS))
@@ -1157,7 +1177,10 @@ def test_requests_aborted_in_flight_are_skipped_where_vllm_processes_the_output(
     assert update.index("if failed_kv_load_req_ids and req_id in failed_kv_load_req_ids:") < skip
 
 
-def test_the_counts_of_a_step_reach_a_worker_of_its_own_on_the_next_scheduler_output() -> None:
+@pytest.mark.parametrize("version", V2_VERSIONS)
+def test_the_counts_of_a_step_reach_a_worker_of_its_own_on_the_next_scheduler_output(
+    version: str,
+) -> None:
     """What the worker-process path rests on (0.33.0; docs/integrations.md): vLLM counts each
     row of a speculative step by calling ``make_spec_decoding_stats`` with keywords specobs
     reads (grammar-rejected drafts subtracted inside it, a row without drafts not observed);
@@ -1167,7 +1190,7 @@ def test_the_counts_of_a_step_reach_a_worker_of_its_own_on_the_next_scheduler_ou
     the engine core schedules once more after a request finished (``finished_req_ids`` keeps
     ``has_requests`` true until a schedule hands them on), so the counts of the last step
     before the engine goes idle have a scheduler output to ride on."""
-    scheduler = _tree("vllm", VERSION, "vllm/v1/core/sched/scheduler.py")
+    scheduler = _tree("vllm", version, "vllm/v1/core/sched/scheduler.py")
     assert scheduler is not None
     cls = _class(scheduler, "Scheduler")
     stats = _method(cls, "make_spec_decoding_stats")
@@ -1185,39 +1208,39 @@ def test_the_counts_of_a_step_reach_a_worker_of_its_own_on_the_next_scheduler_ou
     assert "self.finished_req_ids.add(request_id)" in ast.unparse(_method(cls, "_free_request"))
     assert "if self.finished_req_ids:" in ast.unparse(_method(cls, "has_finished_requests"))
     assert "finished_req_ids=self.finished_req_ids" in ast.unparse(_method(cls, "schedule"))
-    interface = _tree("vllm", VERSION, "vllm/v1/core/sched/interface.py")
+    interface = _tree("vllm", version, "vllm/v1/core/sched/interface.py")
     assert interface is not None
     has = ast.unparse(_method(_class(interface, "SchedulerInterface"), "has_requests"))
     assert "self.has_unfinished_requests() or self.has_finished_requests()" in has
     has = ast.unparse(_method(cls, "has_requests"))
     assert "self.has_unfinished_requests()" in has and "self.has_finished_requests()" in has
 
-    output = _tree("vllm", VERSION, "vllm/v1/core/sched/output.py")
+    output = _tree("vllm", version, "vllm/v1/core/sched/output.py")
     assert output is not None
     dataclass = _class(output, "SchedulerOutput")
     assert [ast.unparse(d) for d in dataclass.decorator_list] == ["dataclass"]
     assert {"finished_req_ids", "num_scheduled_tokens",
             "scheduled_spec_decode_tokens"} <= _fields(dataclass)  # fmt: skip
 
-    multiproc = _tree("vllm", VERSION, "vllm/v1/executor/multiproc_executor.py")
+    multiproc = _tree("vllm", version, "vllm/v1/executor/multiproc_executor.py")
     assert multiproc is not None
     executor = _class(multiproc, "MultiprocExecutor")
     assert "args=(scheduler_output,)" in ast.unparse(_method(executor, "execute_model"))
     rpc = ast.unparse(_method(executor, "collective_rpc"))
     assert "self.rpc_broadcast_mq.enqueue((send_method, args, kwargs, output_rank))" in rpc
-    shm = _tree("vllm", VERSION, "vllm/distributed/device_communicators/shm_broadcast.py")
+    shm = _tree("vllm", version, "vllm/distributed/device_communicators/shm_broadcast.py")
     assert shm is not None
     enqueue = ast.unparse(_method(_class(shm, "MessageQueue"), "enqueue"))
     assert "pickler.dump(obj)" in enqueue and "pickle.Pickler(" in enqueue
 
-    worker = _tree("vllm", VERSION, "vllm/v1/worker/gpu_worker.py")
+    worker = _tree("vllm", version, "vllm/v1/worker/gpu_worker.py")
     assert worker is not None
     execute = _method(_class(worker, "Worker"), "execute_model")
     runs = [n for n in execute.body
             if "self.model_runner.execute_model(" in ast.unparse(n)]  # fmt: skip
     assert runs and isinstance(runs[0], ast.With), "the runner runs for every step"
 
-    core = _tree("vllm", VERSION, "vllm/v1/engine/core.py")
+    core = _tree("vllm", version, "vllm/v1/engine/core.py")
     assert core is not None
     step = ast.unparse(_method(_class(core, "EngineCore"), "step"))
     assert step.index("if not self.scheduler.has_requests():") < step.index(
