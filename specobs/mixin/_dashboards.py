@@ -487,7 +487,9 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         "short",
         [
             (srate("instance", c.DRAFT_TOKENS.name), "verified {{instance}}"),
-            (srate("instance", c.DRAFT_TOKENS_UNVERIFIED.name), "left out {{instance}}"),
+            # 0 where the engine drafted and left nothing out (the series is absent there).
+            (f"{srate('instance', c.DRAFT_TOKENS_UNVERIFIED.name)}\nor\n"
+             f"0 * {srate('instance', c.DRAFT_TOKENS.name)}", "left out {{instance}}"),
         ],
         axis_label="tokens/s",
     )

@@ -77,6 +77,23 @@ def _lognormal_fractions(bounds: tuple[float, ...], mean: float, sigma: float) -
     return out
 
 
+TOKENS_PER_REQUEST = 200
+"""Sequence-cycles per finished request in the simulation (its per-request acceptance)."""
+
+
+def _request_fractions(rate: float) -> list[float]:
+    """Per-request acceptance buckets: most requests near the server's rate, a few far below
+    (the healthy spread of prompts), none above 1."""
+    bounds = catalog.REQUEST_ACCEPTANCE_BUCKETS
+    centre = min(range(len(bounds)), key=lambda i: abs(bounds[i] - rate))
+    out = [0.0] * (len(bounds) + 1)
+    out[centre] += 0.7
+    out[max(centre - 1, 0)] += 0.15
+    out[min(centre + 1, len(bounds) - 1)] += 0.1
+    out[max(centre - 3, 0)] += 0.05
+    return out
+
+
 class _Hist:
     """A histogram's cumulative state in floats; exposed as floored integer counts (monotone).
 
@@ -201,6 +218,7 @@ class SimServer:
         self.hists["cycle/host"] = _Hist(dur)
         self.hists["accept"] = _Hist(catalog.accept_length_buckets(self.model.draft_length))
         self.hists["batch"] = _Hist(catalog.BATCH_SIZE_BUCKETS)
+        self.hists["requests"] = _Hist(catalog.REQUEST_ACCEPTANCE_BUCKETS)
         self.cycles = self.sequences = 0.0
         self.agg = _Aggregationish()
         self.created = now_wall
@@ -248,6 +266,9 @@ class SimServer:
         self.hists["accept"].shape([*exactly, 0.0, 0.0], mean_len)
         self.hists["batch"].shape(_lognormal_fractions(catalog.BATCH_SIZE_BUCKETS,
                                                        self.batch, 0.35), self.batch)
+        # Finished requests' acceptance: spread around the server's acceptance rate.
+        rate = mean_len / k
+        self.hists["requests"].shape(_request_fractions(rate), rate)
 
     def set_fault(self, now_wall: float, now_mono: float, **state: Any) -> None:
         self.advance(now_wall, now_mono)
@@ -271,6 +292,7 @@ class SimServer:
         self.hists["cycle/gpu"].add(n / GPU_SAMPLE_EVERY)
         self.hists["accept"].add(seqs)
         self.hists["batch"].add(n)
+        self.hists["requests"].add(seqs / TOKENS_PER_REQUEST)
         self.last_cycle_timestamp = now_wall
 
     # -- the MetricSource SnapshotCollector reads (``generation`` is the rollout's, above) -------
@@ -296,6 +318,8 @@ class SimServer:
         with self.agg.lock:
             cpu = dict(self.agg.cpu_seconds)
         busy = not self.exporter_down
+        requests = self.hists["requests"].data()
+        host_means = [self.hists[f"{p}/host"].mean for p in PHASES]
         return Snapshot(
             phases=PHASES,
             max_draft_length=k,
@@ -328,6 +352,15 @@ class SimServer:
             # The engine's thread on a CPU for most of each cycle, waiting for one a little.
             worker_thread_seconds={"running": self.cycles * self.cycle_seconds * 0.9,
                                    "waiting": self.cycles * self.cycle_seconds * 0.01},
+            # A fixed k: every cycle at the model's draft length.
+            cycles_by_draft_length={k: cycles},
+            phase_seconds_by_draft_length={k: tuple(cycles * m for m in host_means)},
+            emitted_by_draft_length={k: accepted + seqs},
+            accepted_by_draft_length={k: accepted},
+            sequences_by_draft_length={k: seqs},
+            request_acceptance=requests,
+            requests_finished_total=requests.count,
+            draft_tokens_unverified=0,
         )
 
     def render(self, accept: str) -> tuple[str, bytes]:
