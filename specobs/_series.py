@@ -53,7 +53,7 @@ def families(s: Snapshot) -> Iterator[Family]:
         (c.CYCLES_BY_DRAFT_LENGTH, _by_k(s.cycles_by_draft_length)),
         (c.PHASE_TIME_BY_DRAFT_LENGTH, [((phase, str(k)), seconds[i])
                                         for k, seconds in s.phase_seconds_by_draft_length.items()
-                                        for i, phase in enumerate(s.phases)]),
+                                        for i, phase in enumerate(s.phases)] or None),
         (c.EMITTED_BY_DRAFT_LENGTH, _by_k(s.emitted_by_draft_length)),
         (c.ACCEPTED_BY_DRAFT_LENGTH, _by_k(s.accepted_by_draft_length)),
         (c.DRAFTED_BY_DRAFT_LENGTH, _by_k(s.drafted_by_draft_length)),
@@ -95,9 +95,10 @@ def le_text(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
-def _by_k(by_k: dict[int, int]) -> list[tuple[tuple[str, ...], Value]]:
-    """A counter by draft length: label ``draft_length`` the decimal k, the lengths seen only."""
-    return [((str(k),), v) for k, v in by_k.items()]
+def _by_k(by_k: dict[int, int]) -> list[tuple[tuple[str, ...], Value]] | None:
+    """A counter by draft length: label ``draft_length`` the decimal k, the lengths seen only
+    (``None``, left out, before any cycle had a k)."""
+    return [((str(k),), v) for k, v in by_k.items()] or None
 
 
 def _baseline(s: Snapshot) -> list[tuple[tuple[str, ...], Value]] | None:

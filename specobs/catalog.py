@@ -301,33 +301,33 @@ CYCLES_BY_DRAFT_LENGTH = Metric(
     "specobs.cycles_by_draft_length", "counter", "{cycle}",
     "Cycles by the draft length in effect (as specobs_draft_length counts them); label "
     "draft_length is the decimal k, only the lengths seen.",
-    labels=("draft_length",),
+    labels=("draft_length",), optional=True,
 )  # fmt: skip
 PHASE_TIME_BY_DRAFT_LENGTH = Metric(
     "specobs.phase.time_by_draft_length", "counter", "s",
     "Host-clock seconds spent in each phase by the cycles of each draft length in effect "
     "(perf_counter on every cycle, deferred ones included); divided by "
     "specobs_cycles_by_draft_length_total, the mean phase time at that k.",
-    labels=("phase", "draft_length"),
+    labels=("phase", "draft_length"), optional=True,
 )  # fmt: skip
 EMITTED_BY_DRAFT_LENGTH = Metric(
     "specobs.emitted_tokens_by_draft_length", "counter", "{token}",
     "Tokens emitted to sequences by the cycles of each draft length in effect (the cycle's k, "
     "as specobs_draft_length counts it); over the phase seconds, throughput at that k.",
-    labels=("draft_length",),
+    labels=("draft_length",), optional=True,
 )  # fmt: skip
 ACCEPTED_BY_DRAFT_LENGTH = Metric(
     "specobs.accepted_tokens_by_draft_length", "counter", "{token}",
     "Accepted draft tokens by each sequence's own draft length (the drafts it verified, which "
     "may differ from the cycle's k: vLLM verifies the previous step's drafts); over "
     "specobs_draft_tokens_by_draft_length_total, acceptance at that k.",
-    labels=("draft_length",),
+    labels=("draft_length",), optional=True,
 )  # fmt: skip
 DRAFTED_BY_DRAFT_LENGTH = Metric(
     "specobs.draft_tokens_by_draft_length", "counter", "{token}",
     "Draft tokens verified by each sequence's own draft length: k times the sequences that "
     "verified k drafts; the denominator of acceptance at that k.",
-    labels=("draft_length",),
+    labels=("draft_length",), optional=True,
 )  # fmt: skip
 BATCH_SIZE = Metric(
     "specobs.batch_size", "histogram", "{sequence}",

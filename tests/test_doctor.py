@@ -76,7 +76,9 @@ def test_healthy_endpoint(engines: Callable[..., Engine], capsys: pytest.Capture
     assert "phases draft,verify,bookkeeping, gpu_clock=fake, sampling every_1" in \
         checks["specobs endpoint"]["reason"]
     assert checks["contract series"]["data"]["absent_optional"] == [
+        catalog.DRAFT_TOKENS_UNVERIFIED.name,  # every draft verified
         catalog.REQUESTS_RUNNING.name, catalog.REQUESTS_WAITING.name,
+        catalog.REQUEST_ACCEPTANCE.name, catalog.REQUESTS_FINISHED.name,  # no request reported
         catalog.SAMPLING_BUDGET.name,  # sample_every: a fixed interval, no budget
     ]
     assert checks["cycles advancing"]["data"]["cycles"] > 0

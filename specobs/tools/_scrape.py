@@ -19,6 +19,7 @@ inside the functions that use them: importing this module costs nothing.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import time
@@ -185,12 +186,16 @@ def parse_exposition(text: str) -> Series:
             "the body is HTML, not Prometheus metrics (is the URL the /metrics path?)"
         )
     if "# EOF" in text[-64:]:
-        # OpenMetrics: its own parser understands exemplars, units and the EOF marker.
+        # OpenMetrics: its own parser understands exemplars, units and the EOF marker. A body
+        # of several complete expositions (a proxy serving it twice) is read part by part, so
+        # its repeated samples are reported as duplicates below, as in the text format.
         from prometheus_client.openmetrics.parser import (
             text_string_to_metric_families as openmetrics_families,
         )
 
-        families: Any = openmetrics_families(text)  # type: ignore[no-untyped-call]
+        parts = [p + "# EOF\n" for p in re.split(r"(?m)^# EOF[ \t]*$\n?", text) if p.strip()]
+        families: Any = itertools.chain.from_iterable(
+            openmetrics_families(part) for part in parts)  # type: ignore[no-untyped-call]
     else:
         families = text_string_to_metric_families(text)
     series = Series()
