@@ -78,6 +78,8 @@ class FakeEngine:
                     gpu.run(100_000)
                     cycle.accept(list(self.accepted), draft_length=4)
                 gpu.complete()
+                # Each cycle finishes one request, whose acceptance is that of this cycle's rows.
+                obs.request_finished(drafted=4 * len(self.accepted), accepted=sum(self.accepted))
             obs.set_requests(running=len(self.accepted), waiting=self.waiting)
             self._stop.wait(0.003)
 
