@@ -139,7 +139,13 @@ def render(config: MixinConfig) -> str:
         f"(`{c.CYCLES_BY_DRAFT_LENGTH.name}{{draft_length=\"0\"}}` over the phases' "
         f"`{c.PHASE_TIME_BY_DRAFT_LENGTH.name}{{draft_length=\"0\"}}`), cumulative since the "
         f"observer started, exported once {c.PLAIN_STEPS_MIN_CYCLES} of them ran. A configured "
-        "baseline wins: with one set, the measured one is not exported.",
+        "baseline wins: with one set, the measured one is not exported. How it differs from one "
+        "configured by hand: it is measured by the engine itself, on its machine and load, "
+        "needing no configuration; but it is taken at the batch sizes where the schedule turns "
+        "speculation off (the large ones), where a sequence decodes slower than at the small "
+        "batches speculation runs at, so at those small batches realized speedup reads high "
+        "against it. Read it beside the k in effect and the batch (the dashboards show both), "
+        "or configure a baseline measured at the served batch where that matters.",
         "- **The draft length in effect.** Engines change k at run time (vLLM's "
         "`num_speculative_tokens_per_batch_size` bands, k = 0 included; SGLang's adaptive tiers; "
         "TRT-LLM's `draft_len_schedule`). Each cycle is counted under the k the engine passed "
