@@ -454,3 +454,41 @@ def test_the_ring_reads_sampled_cycles_itself_as_the_events_beside_read():
         assert after[0] - before[0] == pytest.approx(want[0], rel=0.01)
     finally:
         obs.shutdown(timeout_seconds=5)
+
+
+def test_draft_lengths_with_cuda_acceptance_land_by_k_without_a_sync(cuda_obs):
+    """A k schedule on the GPU: cycles that begin with their k (0 included) and hand CUDA
+    acceptance, deferred ones settled later with per-row verified lengths; every cycle lands
+    under its k, acceptance under each row's, and the hot path never synchronises."""
+    obs, _ = cuda_obs
+    torch.cuda._sleep(1000)
+    rows = torch.tensor([2, 0, 1], device="cuda")
+    torch.cuda.synchronize()
+    schedule = [0, 0, 2, 3, 3]
+    handles = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i, k in enumerate(schedule * 4):
+            with obs.cycle(batch_size=3, draft_length=k) as c:
+                torch.cuda._sleep(10_000)
+                c.mark("verify")
+                c.mark("bookkeeping")
+                if k == 0:
+                    c.accept([0, 0, 0], draft_length=0)
+                elif i % 2:
+                    c.accept(rows, draft_length=3)  # verified 3 (the previous step's k)
+                else:
+                    handles.append(c.defer())
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for h in handles:
+        h.settle(rows, draft_length=[3, 3, 3])
+    assert obs.force_flush(timeout_seconds=30)
+    s = obs.snapshot()
+    assert s.cycles_by_draft_length == {0: 8, 2: 4, 3: 8}
+    assert s.errors == dict.fromkeys(s.errors, 0)
+    spec = 12  # the cycles of k 2 and 3, each verifying 3 drafts per row, accepting 2+0+1
+    assert s.accepted_by_draft_length == {0: 0, 3: spec * 3}
+    assert s.drafted_by_draft_length == {0: 0, 3: spec * 3 * 3}
+    assert s.emitted_by_draft_length == {0: 8 * 3, 2: 4 * 6, 3: 8 * 6}
+    assert s.phase_count("draft", "gpu") == 20
