@@ -329,13 +329,8 @@ class SourceTree:
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and node.name == name:
                 return _Found(module, node)
-        for node in _top_level(tree):
-            if isinstance(node, ast.ImportFrom):
-                source = _absolute(module, node, self.file(module))
-                for alias in node.names:
-                    if (alias.asname or alias.name) == name and source:
-                        return self.find_class(source, alias.name, depth + 1)
-        return None
+        imported = self._imported(module, tree, name)
+        return None if imported is None else self.find_class(*imported, depth + 1)
 
     def function(self, module: str, name: str, depth: int = 0) -> str:
         """``file:line`` of the module-level function ``name`` as ``module`` sees it (defined
@@ -346,13 +341,19 @@ class SourceTree:
         for node in tree.body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
                 return f"{self.relative(module)}:{node.lineno}"
+        imported = self._imported(module, tree, name)
+        return "" if imported is None else self.function(*imported, depth + 1)
+
+    def _imported(self, module: str, tree: ast.Module, name: str) -> tuple[str, str] | None:
+        """``(source module, its name)`` where ``module`` imports ``name`` with ``from X import``
+        (relative imports resolved), else ``None``."""
         for node in _top_level(tree):
             if isinstance(node, ast.ImportFrom):
                 source = _absolute(module, node, self.file(module))
                 for alias in node.names:
                     if (alias.asname or alias.name) == name and source:
-                        return self.function(source, alias.name, depth + 1)
-        return ""
+                        return source, alias.name
+        return None
 
     def _resolve_base(self, module: str, expr: ast.expr, depth: int) -> _Found | None:
         if isinstance(expr, ast.Subscript):  # Generic[T], SomeBase[Config]
