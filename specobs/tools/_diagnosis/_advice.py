@@ -389,8 +389,9 @@ def _elasticity(xs: Sequence[float], ys: Sequence[float]) -> float:
 
 
 def batch_threshold(points: Sequence[BatchPoint]) -> Finding | None:
-    """The batch size above which speculation stops paying (what vLLM users set as
-    ``disable_by_batch_size``), from windows of one server at the batch sizes it served
+    """The batch size above which speculation stops paying (where a schedule of k by batch
+    size should reach k = 0: :func:`_k_zero_above`), from windows of one server at the batch
+    sizes it served
     (:func:`batch_point` of each); ``None`` without a point.
 
     Each point's speedup is measured: its tokens per sequence-cycle E times the plain step over
