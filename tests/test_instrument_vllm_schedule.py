@@ -151,31 +151,21 @@ def test_v2_plain_steps_are_cycles_of_draft_length_0_and_prefill_steps_are_not(
 # -- 4. per-request acceptance: vLLM's rows, summed until the request finishes ---------------------
 
 
-def _outputs(*finished: tuple[str, str | None]) -> dict[int, Any]:
-    return {0: types.SimpleNamespace(outputs=[
-        types.SimpleNamespace(request_id=r, new_token_ids=[1], finish_reason=why)
-        for r, why in finished
-    ])}  # fmt: skip
-
-
 def test_a_requests_figures_are_the_rows_vllm_counted_until_it_finishes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     step = vl_inst._Step()
     scheduler = types.SimpleNamespace(requests={"a": 1, "b": 1})
-    assert vl_inst._finished_requests(
-        step, scheduler, [(3, 2, "a"), (3, 0, "b")], _outputs(("a", None), ("b", None))) == []
+    assert vl_inst._finished_requests(step, scheduler, [(3, 2, "a"), (3, 0, "b")], []) == []
     # A row without a request id (a release that does not pass it) is left out.
     got = vl_inst._finished_requests(
-        step, scheduler, [(2, 1, "a"), (3, 3, "b"), (3, 3, None)],
-        _outputs(("a", "length"), ("b", None)),
-    )  # fmt: skip
+        step, scheduler, [(2, 1, "a"), (3, 3, "b"), (3, 3, None)], ["a"])
     assert got == [(5, 3)]
     assert step.requests == {"b": [6, 3]}
     # Requests vLLM no longer holds (aborted: no finishing output) are forgotten past the bound.
     monkeypatch.setattr(vl_inst, "_MAX_REQUESTS", 1)
     scheduler.requests = {"c": 1}
-    vl_inst._finished_requests(step, scheduler, [(1, 1, "c")], _outputs(("c", None)))
+    vl_inst._finished_requests(step, scheduler, [(1, 1, "c")], [])
     assert step.requests == {"c": [1, 1]}
 
 

@@ -833,8 +833,8 @@ def _settle_counted(step: _Step, scheduler_output: Any) -> None:
 def _settle_with(entry: _Deferred, counts: Counted) -> None:
     """Settle a worker's deferred cycle with what the engine core counted of its step, then
     report the requests the step finished."""
-    _, drafted, accepted, rows, emitted = counts[:5]
-    _report_requests(counts[5] if len(counts) > 5 else ())
+    _, drafted, accepted, rows, emitted, finished = counts
+    _report_requests(finished)
     if not rows and not accepted:
         entry.handle.settle(None)
         return
@@ -893,11 +893,11 @@ holds (aborted: they never finish with an output) are forgotten."""
 
 
 def _finished_requests(step: _Step, scheduler: Any, rows: list[tuple[int, int, Any]],
-                       out: Any) -> list[tuple[int, int]]:
+                       ended: list[Any]) -> list[tuple[int, int]]:
     """Add a step's counted rows to their requests' figures; return and forget the figures of
-    the requests the step finished (an output with a finish reason), as vLLM's own per-request
-    metrics count them (``RequestSpecDecodeMetrics``: every verify step's drafts, less those a
-    grammar rejected, and accepted drafts)."""
+    the requests the step finished (``ended``: those whose output has a finish reason), as
+    vLLM's own per-request metrics count them (``RequestSpecDecodeMetrics``: every verify
+    step's drafts, less those a grammar rejected, and accepted drafts)."""
     requests = step.requests
     for drafted, accepted, request_id in rows:
         if request_id is not None:
@@ -905,15 +905,10 @@ def _finished_requests(step: _Step, scheduler: Any, rows: list[tuple[int, int, A
             figures[0] += drafted
             figures[1] += accepted
     finished: list[tuple[int, int]] = []
-    if not requests:
-        return finished
-    for outputs in out.values():
-        for output in outputs.outputs:
-            if getattr(output, "finish_reason", None) is not None and (
-                output.request_id in requests
-            ):
-                drafted, accepted = requests.pop(output.request_id)
-                finished.append((drafted, accepted))
+    for request_id in ended:
+        if request_id in requests:
+            drafted, accepted = requests.pop(request_id)
+            finished.append((drafted, accepted))
     if len(requests) > _MAX_REQUESTS:
         held = getattr(scheduler, "requests", None) or {}
         for request_id in [r for r in requests if r not in held]:
@@ -954,13 +949,16 @@ def _counted_by_vllm(
         scheduler_output = args[1] if len(args) > 1 else kwargs["scheduler_output"]
         scheduled = scheduler_output.num_scheduled_tokens
         handed = emitted = 0
+        ended: list[Any] = []
         for outputs in out.values():
             for output in outputs.outputs:
                 n = len(output.new_token_ids or ())
                 if n and output.request_id in scheduled:
                     handed += 1
                     emitted += n
-        finished = _finished_requests(step, args[0], rows, out)
+                if getattr(output, "finish_reason", None) is not None:
+                    ended.append(output.request_id)
+        finished = _finished_requests(step, args[0], rows, ended)
         return out, ([r[0] for r in rows], [r[1] for r in rows], handed, emitted, finished)
     except Exception:
         _failed("the counted rows (update_from_output)")
