@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from specobs import catalog
 from specobs._bucketing import Bucketed
 from specobs._model import BatchAcceptance, Exemplar, HistogramData, Snapshot
-from specobs._ring import ByDraftLength, RingTotals
+from specobs._ring import ByDraftLength, RingTotals, add_counts, add_ns_by_k
 from specobs._threadtime import WorkerThreadTime
 
 if TYPE_CHECKING:
@@ -338,14 +338,12 @@ class Aggregation:
                 dbk = self.drafted_by_k
                 for k, n in acceptance.sequences_by_draft_length.items():
                     dbk[k] += n
-                _add_counts(self.k_accepted, acceptance.accepted_by_draft_length)
+                add_counts(self.k_accepted, acceptance.accepted_by_draft_length)
             if chunk.by_draft_length is not None:
                 kc, kh, ke, _ = chunk.by_draft_length
-                _add_counts(self.k_cycles, kc)
-                _add_counts(self.k_emitted, ke)
-                for k, ns in kh.items():
-                    have = self.k_host_ns.get(k)
-                    self.k_host_ns[k] = ns if have is None else list(map(add, have, ns))
+                add_counts(self.k_cycles, kc)
+                add_counts(self.k_emitted, ke)
+                add_ns_by_k(self.k_host_ns, kh)
             if chunk.batch_sizes is not None:
                 self.batch_size.add(chunk.batch_sizes, 1.0)
             for r in chunk.traced:
@@ -458,11 +456,6 @@ class Aggregation:
             )
 
 
-def _add_counts(into: dict[int, int], more: dict[int, int]) -> None:
-    for k, n in more.items():
-        into[k] = into.get(k, 0) + n
-
-
 class _ByK:
     """The snapshot's series by draft length: the aggregation's (what needed Python) and the
     ring's running totals added, keys sorted; and the baseline, configured or else measured
@@ -477,12 +470,10 @@ class _ByK:
         accepted = dict(agg.k_accepted)
         host = {k: list(v) for k, v in agg.k_host_ns.items()}
         if t is not None:
-            _add_counts(cycles, t.cycles_by_draft_length)
-            _add_counts(emitted, t.emitted_by_draft_length)
-            _add_counts(accepted, t.accepted_by_draft_length)
-            for k, ns in t.host_ns_by_draft_length.items():
-                have = host.get(k)
-                host[k] = list(ns) if have is None else list(map(add, have, ns))
+            add_counts(cycles, t.cycles_by_draft_length)
+            add_counts(emitted, t.emitted_by_draft_length)
+            add_counts(accepted, t.accepted_by_draft_length)
+            add_ns_by_k(host, t.host_ns_by_draft_length)
         nph = len(agg.phases)
         self.cycles = {k: cycles[k] for k in sorted(cycles)}
         self.emitted = {k: emitted.get(k, 0) for k in self.cycles}

@@ -29,7 +29,7 @@ from specobs._aggregation import Chunk
 from specobs._bucketing import Bucketed
 from specobs._model import Acceptance, BatchAcceptance, ResolvedCycle
 from specobs._recorder import short_repr
-from specobs._ring import ByDraftLength, Detail
+from specobs._ring import ByDraftLength, Detail, add_stamps_by_k
 
 if TYPE_CHECKING:
     from specobs._aggregation import Aggregation
@@ -1001,12 +1001,7 @@ def _by_draft_length(
             if k is None:
                 continue
         kc[k] = kc.get(k, 0) + 1
-        ts = d.stamps
-        have = kh.get(k)
-        if have is None:
-            have = kh[k] = [0] * nph
-        for i in range(nph):
-            have[i] += ts[i + 1] - ts[i]
+        add_stamps_by_k(kh, k, d.stamps, nph)
         if d.native:
             lens = d.acceptance
             ke[k] = ke.get(k, 0) + sum(lens) + len(lens)

@@ -187,6 +187,29 @@ class _Slot:
         self.acc = self.draft = self.emitted = self.batch_obj = self.dk_obj = None
 
 
+def add_stamps_by_k(into: dict[int, list[int]], k: int, stamps: Any, nph: int) -> None:
+    """Add one cycle's host ns per phase (from its ``nph + 1`` stamps) under draft length
+    ``k``: what the ring counts of the cycles it places, and the resolver of the others."""
+    have = into.get(k)
+    if have is None:
+        have = into[k] = [0] * nph
+    for i in range(nph):
+        have[i] += stamps[i + 1] - stamps[i]
+
+
+def add_ns_by_k(into: dict[int, list[int]], more: dict[int, list[int]]) -> None:
+    """Add host ns per phase by draft length ``more`` into ``into`` (lists are not shared)."""
+    for k, ns in more.items():
+        have = into.get(k)
+        into[k] = list(ns) if have is None else [a + b for a, b in zip(have, ns, strict=True)]
+
+
+def add_counts(into: dict[int, int], more: dict[int, int]) -> None:
+    """Add counts by key ``more`` into ``into``."""
+    for k, n in more.items():
+        into[k] = into.get(k, 0) + n
+
+
 def _exact_int_in(o: Any, lo: int, hi: int) -> int | None:
     if type(o) is int and lo <= o <= hi:
         return o
@@ -1034,11 +1057,7 @@ class PyRing:
             ck = s.cycle_k()
             if ck >= 0:
                 kcyc[ck] = kcyc.get(ck, 0) + 1
-                ph = khost.get(ck)
-                if ph is None:
-                    ph = khost[ck] = [0] * nph
-                for i in range(nph):
-                    ph[i] += ts[i + 1] - ts[i]
+                add_stamps_by_k(khost, ck, ts, nph)
                 kem[ck] = kem.get(ck, 0) + (s.accsum + nseq if nseq >= 0 else 0)
             py_batch = s.batch_obj is not None or s.has_obj_acc
             if not py_batch:
@@ -1134,14 +1153,10 @@ class PyRing:
             t[8] += batch_n
             t[9] = last
             kcyc, khost, kem, kacc = by_k
-            for k, m in kcyc.items():
-                t[11][k] = t[11].get(k, 0) + m
-            for k, ph in khost.items():
-                t[12][k] = [a + b for a, b in zip(t[12].get(k, [0] * self.nph), ph, strict=True)]
-            for k, m in kem.items():
-                t[13][k] = t[13].get(k, 0) + m
-            for k, m in kacc.items():
-                t[14][k] = t[14].get(k, 0) + m
+            add_counts(t[11], kcyc)
+            add_ns_by_k(t[12], khost)
+            add_counts(t[13], kem)
+            add_counts(t[14], kacc)
             self.drained += n
         return n, total, details, released
 
