@@ -44,6 +44,7 @@ __all__ = [
     "cycle_acceptance",
     "cycle_draft_length",
     "draft_length_of",
+    "integer_or_none",
     "resolved_acceptance",
 ]
 
@@ -480,17 +481,23 @@ def _as_scalar_count(dl: Any) -> Any:
         return dl
 
 
+def integer_or_none(value: Any) -> int | None:
+    """``value`` as an int when it is an integer (numpy / torch integer scalars too) and not a
+    bool, else ``None``: no float, however integral, and no text."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except Exception:
+        return None
+
+
 def draft_length_of(value: Any, max_draft_length: int) -> int | None:
     """``begin(draft_length=)`` as an int in 0..max_draft_length (numpy / torch integer scalars
     made ints), or ``None`` for anything else: bools, floats, negatives, values above the
     maximum (the resolver counts those as ``bad_draft_length``)."""
-    if isinstance(value, bool):
-        return None
-    try:
-        v = operator.index(value)
-    except Exception:
-        return None
-    return v if 0 <= v <= max_draft_length else None
+    v = integer_or_none(value)
+    return v if v is not None and 0 <= v <= max_draft_length else None
 
 
 def cycle_draft_length(draft_length: Any, acceptance: Acceptance | None) -> int | None:

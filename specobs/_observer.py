@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
-import operator
 import os
 import threading
 import time
@@ -18,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec
 
 from specobs import _ring
+from specobs._acceptance import integer_or_none
 from specobs._aggregation import Aggregation
 from specobs._config import (
     Settings,
@@ -338,7 +338,7 @@ class Observer:
         rec = self._recorder
         if not rec.enabled:
             return
-        n = tokens if type(tokens) is int else _count_or_none(tokens)
+        n = tokens if type(tokens) is int else integer_or_none(tokens)
         if n is None or not 0 <= n < _UNVERIFIED_MAX:
             rec.misuse_value("bad_acceptance", "drafts_unverified() needs a count of draft "
                              "tokens, an int >= 0, got ", tokens, "; ignored")
@@ -368,7 +368,7 @@ class Observer:
         d: int | None = drafted
         a: int | None = accepted
         if type(d) is not int or type(a) is not int:
-            d, a = _count_or_none(drafted), _count_or_none(accepted)
+            d, a = integer_or_none(drafted), integer_or_none(accepted)
         if d is None or a is None or not 0 <= a <= d:
             rec.misuse("bad_request_acceptance", lambda: (
                 "request_finished() needs counts with 0 <= accepted <= drafted, got drafted="
@@ -453,16 +453,6 @@ class Observer:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<specobs.Observer phases={','.join(self.phases)} {state}>"
-
-
-def _count_or_none(value: Any) -> int | None:
-    """``value`` as an int if it is an integer (numpy's too) and not a bool, else ``None``."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return operator.index(value)
-    except Exception:
-        return None
 
 
 _UNVERIFIED_MAX = 1 << 40

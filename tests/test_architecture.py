@@ -61,7 +61,8 @@ LAYERS: tuple[Layer, ...] = (
     Layer("resolver", ("specobs._resolver",),
           ("foundations", "recorder", "aggregation", "acceptance", "sinks")),
     Layer("observer", ("specobs._observer",),
-          ("foundations", "settings", "recorder", "aggregation", "sinks", "resolver")),
+          ("foundations", "settings", "recorder", "aggregation", "acceptance", "sinks",
+           "resolver")),
     Layer("facade", ("specobs",),
           ("foundations", "settings", "recorder", "sinks", "observer")),
     # The wings: the facade and the public modules, plus the named exceptions in ALLOWED.
