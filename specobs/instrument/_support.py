@@ -11,15 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from specobs.instrument import _contract, _package_sglang, _package_transformers, _package_vllm
+from specobs.instrument import _base, _contract, _package_sglang
 from specobs.instrument import sglang as _sglang
 
 __all__ = ["CONTRACTS", "report", "reports", "unsupported"]
 
-CONTRACTS: tuple[_contract.Contract, ...] = (
-    _package_vllm.CONTRACT, _package_sglang.CONTRACT, _package_transformers.CONTRACT,
-)
-"""vLLM, SGLang, transformers: the order every report and table lists them in."""
+CONTRACTS: tuple[_contract.Contract, ...] = tuple(_base.CONTRACTS.values())
+"""vLLM, SGLang, transformers (the instrumentors' own tables): the order every report and table
+lists them in."""
 
 
 def unsupported(contract: _contract.Contract) -> dict[str, str]:
