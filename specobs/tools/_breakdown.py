@@ -65,6 +65,7 @@ __all__ = [
     "Breakdown",
     "PhaseStats",
     "breakdown",
+    "cumulative_buckets",
     "histogram_quantile",
     "histogram_stdev",
     "ratio",
@@ -239,7 +240,8 @@ def _phases(delta: Series, gauges: Series) -> tuple[str, ...]:
     return (*declared, *extra)
 
 
-def _buckets(series: Series, name: str, **match: str) -> dict[float, float]:
+def cumulative_buckets(series: Series, name: str, **match: str) -> dict[float, float]:
+    """A histogram's cumulative bucket values by upper bound (``le`` as a float)."""
     out: dict[float, float] = {}
     for le, value in series.by(name + "_bucket", "le", **match).items():
         try:
@@ -255,7 +257,7 @@ _Durations = tuple[float, float | None, tuple[float | None, float | None]]
 
 def _durations(series: Series, name: str, **match: str) -> _Durations:
     n = series.total(name + "_count", **match) or 0.0
-    buckets = _buckets(series, name, **match)
+    buckets = cumulative_buckets(series, name, **match)
     quantiles = (histogram_quantile(0.5, buckets), histogram_quantile(0.99, buckets))
     return n, ratio(series.total(name + "_sum", **match), n), quantiles
 
@@ -272,8 +274,8 @@ def breakdown(delta: Delta) -> Breakdown:
         known = [mean for _, mean, _ in on_clock.values() if mean is not None]
         whole = math.fsum(known) if known else None
         for phase, (n, mean, (p50, p99)) in on_clock.items():
-            spread = histogram_stdev(_buckets(d, catalog.PHASE_DURATION.name, phase=phase,
-                                              clock=clock))
+            spread = histogram_stdev(cumulative_buckets(d, catalog.PHASE_DURATION.name,
+                                                        phase=phase, clock=clock))
             stats[(phase, clock)] = PhaseStats(phase, clock, n, mean, ratio(mean, whole), p50, p99,
                                                spread)
     cycle = {clock: _durations(d, catalog.CYCLE_DURATION.name, clock=clock) for clock in CLOCKS}

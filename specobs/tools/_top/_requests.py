@@ -52,12 +52,7 @@ def request_acceptance(
     )[:WORST_SHOWN]
     if not counters.has(f"{_NAME}_count") and not worst:
         return None
-    cumulative: dict[float, float] = {}
-    for le, value in counters.by(f"{_NAME}_bucket", "le").items():
-        try:
-            cumulative[float(le)] = value
-        except ValueError:
-            continue
+    cumulative = bd.cumulative_buckets(counters, _NAME)
     n = counters.total(f"{_NAME}_count") or 0.0
     low = MixinConfig().request_acceptance_low
     return RequestAcceptance(
