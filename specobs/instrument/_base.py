@@ -361,6 +361,15 @@ class BaseInstrumentor:
 
             return _Observer(Settings(enabled=False, phases=phases, integration=integration))
 
+    def report_requests(self, finished: Iterable[tuple[int, int]]) -> None:
+        """Each finished request's ``(drafted, accepted)`` draft tokens to the observer's
+        per-request acceptance (nothing before an observer was built)."""
+        observer = self._observer
+        if observer is None:
+            return
+        for drafted, accepted in finished:
+            observer.request_finished(drafted=drafted, accepted=accepted)
+
     def report_unsupported(
         self, what: str, way_out: str, *, topology: Topology | None = None
     ) -> None:

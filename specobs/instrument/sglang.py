@@ -544,10 +544,8 @@ def _count_requests(reqs: list[Any], accepted: list[Any], widths: Any) -> None:
         if req.finished():
             finished.append((figures[0], figures[1]))
             delattr(req, _REQUEST_FIGURES)
-    observer = SGLangInstrumentor().current_observer if finished else None
-    if observer is not None:
-        for drafted, correct in finished:
-            observer.request_finished(drafted=drafted, accepted=correct)
+    if finished:
+        SGLangInstrumentor().report_requests(finished)
 
 
 def around_process_batch_result_decode(

@@ -834,7 +834,8 @@ def _settle_with(entry: _Deferred, counts: Counted) -> None:
     """Settle a worker's deferred cycle with what the engine core counted of its step, then
     report the requests the step finished."""
     _, drafted, accepted, rows, emitted, finished = counts
-    _report_requests(finished)
+    if finished:
+        VllmInstrumentor().report_requests(finished)
     if not rows and not accepted:
         entry.handle.settle(None)
         return
@@ -868,17 +869,6 @@ def counting_rows(original: Callable[..., Any]) -> Callable[..., Any]:
 
     make_spec_decoding_stats.__specobs_hook__ = counting_rows  # type: ignore[attr-defined]
     return make_spec_decoding_stats
-
-
-def _report_requests(finished: Any) -> None:
-    """Each finished request's (drafted, accepted) to the observer's per-request acceptance."""
-    if not finished:
-        return
-    observer = VllmInstrumentor().current_observer
-    if observer is None:
-        return
-    for drafted, accepted in finished:
-        observer.request_finished(drafted=drafted, accepted=accepted)
 
 
 def _row_request(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
