@@ -88,7 +88,7 @@ BATCH_SIZE_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(11))
 
 #: Per-request acceptance buckets (a finished request's accepted / drafted draft tokens): 0 alone
 #: (a request whose every draft was rejected), fine steps at both ends, where a collapsed slot
-#: (llama.cpp#27117: 0.06-0.49, down to 0.0018 under load) and a looping output (near 1) sit.
+#: (a few percent up to about half) and a looping output (near 1) sit.
 REQUEST_ACCEPTANCE_BUCKETS: tuple[float, ...] = (
     0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0,
 )  # fmt: skip

@@ -627,7 +627,7 @@ def _cases() -> list[_Case]:
     ]
     a = AlertNames.LOW_ACCEPTANCE_REQUESTS_JUMP
     serving = replace(healthy, requests_per_second=1.0)
-    # One slot of several collapses (llama.cpp#27117): 40% of requests now accept <= 20%.
+    # One slot of several collapses: 40% of requests now accept <= 20%.
     collapsed = replace(serving, low_acceptance_share=0.4)
     cases += [
         _Case(
