@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec
 
 from specobs import _ring
-from specobs._acceptance import integer_or_none
+from specobs._acceptance import MAX_TOKENS, bounded_count, integer_or_none
 from specobs._aggregation import Aggregation
 from specobs._config import (
     Settings,
@@ -304,8 +304,8 @@ class Observer:
         """Report the engine's running and waiting request counts (for the stall alert).
 
         Called from engine loops, so like the hot path it never raises: a value that is not a
-        finite number >= 0 (text is not a number here, however it reads) is ignored (the gauge
-        keeps its last value) and counted as ``errors{kind="bad_request_counts"}``.
+        finite number >= 0 (text and bools are not numbers here, however they read) is ignored
+        (the gauge keeps its last value) and counted as ``errors{kind="bad_request_counts"}``.
         """
         rec = self._recorder
         if not rec.enabled:
@@ -316,8 +316,9 @@ class Observer:
                 continue
             try:
                 # Text is refused unread: float() would parse all of it, and its error message
-                # copies it whole (a megabyte string cost the engine's loop milliseconds).
-                ok = not isinstance(value, (str, bytes, bytearray, memoryview))
+                # copies it whole (a megabyte string cost the engine's loop milliseconds). A
+                # bool is a flag, not a count of requests.
+                ok = not isinstance(value, (str, bytes, bytearray, memoryview, bool))
                 v = float(value) if ok else 0.0
                 ok = ok and v >= 0.0 and v != float("inf")  # also False for NaN
             except Exception:
@@ -334,14 +335,16 @@ class Observer:
         """Report draft tokens the engine proposed and then left out of verification (an
         adaptive verify budget trimmed them), which ``accept()``'s drafted counts leave out:
         ``specobs_draft_tokens_unverified_total``. From any thread; never raises: a count that
-        is not an int >= 0 is ignored and counted as ``errors{kind="bad_acceptance"}``."""
+        is not an integer in 0..2**32 is ignored and counted as
+        ``errors{kind="bad_acceptance"}``."""
         rec = self._recorder
         if not rec.enabled:
             return
-        n = tokens if type(tokens) is int else integer_or_none(tokens)
-        if n is None or not 0 <= n < _UNVERIFIED_MAX:
+        n = bounded_count(tokens, MAX_TOKENS)
+        if n is None:
             rec.misuse_value("bad_acceptance", "drafts_unverified() needs a count of draft "
-                             "tokens, an int >= 0, got ", tokens, "; ignored")
+                             f"tokens, an int between 0 and {MAX_TOKENS}, got ", tokens,
+                             "; ignored")
             return
         if n:
             self.aggregation.drafts_unverified(n)
@@ -454,10 +457,6 @@ class Observer:
         state = "closed" if self._closed else "open"
         return f"<specobs.Observer phases={','.join(self.phases)} {state}>"
 
-
-_UNVERIFIED_MAX = 1 << 40
-"""More draft tokens than one report can be (a trillion): a corrupt value, refused before it
-reaches a counter that exporters must encode as a 64-bit number."""
 
 _TRACE_ID_MAX = (1 << 128) - 1
 

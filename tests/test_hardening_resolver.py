@@ -45,6 +45,11 @@ POISON = [
     ({"accepted": [-1, 2]}, "bad_acceptance", False, None),
     ({"accepted": [1, 2], "draft_length": float("inf")}, "bad_acceptance", False, None),
     ({"accepted": [1, 2], "emitted": float("inf")}, "bad_acceptance", True, 2),
+    # One emitted count per sequence, but not one for each sequence: the default is counted.
+    ({"accepted": [1, 2], "emitted": [1]}, "bad_acceptance", True, 2),
+    ({"accepted": [1, 2], "emitted": [1, 2, 3]}, "bad_acceptance", True, 2),
+    ({"accepted": [1, 2], "emitted": 2**63}, "bad_acceptance", True, 2),
+    ({"accepted": [1], "batch_size": True}, "bad_batch_size", True, None),  # a flag, not a size
     ({"accepted": [1], "batch_size": "8"}, "bad_batch_size", True, None),
     ({"accepted": [1], "batch_size": float("nan")}, "bad_batch_size", True, None),
     ({"accepted": [1], "batch_size": -7}, "bad_batch_size", True, None),
@@ -123,9 +128,10 @@ def test_nan_batch_size_never_poisons_the_histogram_sum():
     obs.shutdown()
 
 
-def test_begin_with_a_bad_batch_size_is_counted_not_raised():
+@pytest.mark.parametrize("bad", ["x", True], ids=repr)
+def test_begin_with_a_bad_batch_size_is_counted_not_raised(bad):
     obs, _ = observer()
-    with obs.cycle(batch_size="x") as c:
+    with obs.cycle(batch_size=bad) as c:
         c.mark("verify")
         c.mark("bookkeeping")
     with obs.cycle(batch_size=4) as c:
@@ -139,7 +145,7 @@ def test_begin_with_a_bad_batch_size_is_counted_not_raised():
 
 
 @pytest.mark.parametrize("bad", ["x", "4", b"4", "9" * 1_000_000, float("nan"), float("inf"),
-                                 -1, object()], ids=lambda v: repr(v)[:12])
+                                 -1, object(), True], ids=lambda v: repr(v)[:12])
 def test_set_requests_never_raises_and_keeps_the_last_good_value(bad, caplog):
     obs, _ = observer()
     obs.set_requests(running=3, waiting=1)
