@@ -62,6 +62,8 @@ MAX_CHUNK = 2048
 #: takes the GIL straight back (the worker then waits out the 5 ms switch interval). A real
 #: sleep lets a waiting worker in.
 YIELD_SECONDS = 20e-6
+#: Pause before the resolver's loop starts again after an exception ended it.
+RESTART_PAUSE_SECONDS = 0.05
 
 _log = logging.getLogger("specobs")
 _perf = time.perf_counter_ns
@@ -95,6 +97,18 @@ def next_chunk(limit: int, taken: int, cpu_ns: int, slice_ns: int) -> int:
     if cpu_ns > slice_ns and taken > MIN_CHUNK:
         return max(MIN_CHUNK, taken * slice_ns // cpu_ns)
     return limit
+
+
+def _sink_failed(sink: Any, exc: BaseException) -> Callable[[], str]:
+    """The message for a sink whose ``on_cycles`` raised, built only if logged."""
+    return lambda: (f"sink {type(sink).__name__} raised {short_repr(exc, 200)} from on_cycles; "
+                    f"its cycles of that chunk are lost to it (the aggregation has them)")
+
+
+def _restarted(exc: BaseException) -> Callable[[], str]:
+    """The message for a resolver loop that ended by an exception, built only if logged."""
+    return lambda: (f"the resolver thread ended by {short_repr(exc, 200)}; started again "
+                    f"(nothing it had aggregated is lost)")
 
 
 def _unread_copy(exc: BaseException) -> Callable[[], str]:
@@ -245,9 +259,23 @@ class Resolver:
             pump_wake()
 
     def _run(self) -> None:
+        """The thread's body, supervised: the loop catches what sinks and drains raise, and
+        anything that still ends it (a ``BaseException`` from elsewhere, a specobs bug) starts
+        it again on this thread after a pause, counted as ``errors{kind="resolver_restart"}``
+        and logged (rate-limited), until ``shutdown``."""
         self._run_ident = threading.get_ident()  # drain() on this thread is the loop's
         try:
-            self._loop()
+            while True:
+                try:
+                    self._loop()
+                    return
+                except BaseException as exc:  # a dead resolver would lose everything after
+                    if self._stop.is_set():
+                        return
+                    self.rec.misuse("resolver_restart", _restarted(exc))
+                    # A pause, so a fault that recurs at once costs a wake-up per pause, not a
+                    # spinning core; shutdown ends it early.
+                    self._stop.wait(RESTART_PAUSE_SECONDS)
         finally:
             self._run_ident = 0
 
@@ -557,8 +585,11 @@ class Resolver:
             for sink in self.sinks:
                 try:
                     sink.on_cycles(out)
-                except Exception as exc:
-                    rec.log.warn("sink", f"sink {type(sink).__name__} failed on cycles: {exc!r}")
+                except BaseException as exc:
+                    # Whatever a sink raises -- SystemExit from a library's sys.exit(),
+                    # KeyboardInterrupt, CancelledError -- is the sink's failure, not a reason
+                    # for this thread to end: those cycles are missing from that sink alone.
+                    rec.misuse("sink_error", _sink_failed(sink, exc))
         return n
 
     # -- the stages ------------------------------------------------------------------------------

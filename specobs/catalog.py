@@ -135,6 +135,8 @@ ERROR_KINDS: tuple[str, ...] = (
     "bad_settle",  # settle() twice, without defer(), or after the cycle's timeout
     "unsupported_engine",
     "internal",
+    "sink_error",  # a sink's on_cycles raised (anything, SystemExit included): lost to it alone
+    "resolver_restart",  # the resolver's loop ended by an exception and was started again
 )
 
 
