@@ -31,6 +31,7 @@ from specobs._errors import ConfigurationError, ObserverClosedError
 from specobs._model import CycleHandle, Snapshot
 from specobs._recorder import NULL_CYCLE, Recorder, short_repr
 from specobs._resolver import Resolver
+from specobs._signalsafe import GuardedLock
 from specobs._version import __version__ as _version
 from specobs.sinks._base import Sink
 from specobs.timing import EventClock
@@ -186,7 +187,7 @@ class Observer:
         self.sinks = list(sinks)
         self.anchor = WallAnchor()
         self._closed = False
-        self._lock = threading.Lock()
+        self._lock = GuardedLock()
         # The mode is configuration text; the budget a number (its gauge), given only where
         # the adaptive sampler holds the cost under it.
         fixed = settings.sample_every is not None
@@ -420,12 +421,19 @@ class Observer:
     def shutdown(self, timeout_seconds: float = 5.0) -> None:
         """Stop recording, resolve what can be resolved within the timeout, stop the sinks.
 
-        Idempotent. Afterwards every hot-path call is a cheap no-op.
+        Idempotent. Afterwards every hot-path call is a cheap no-op. Safe in a signal handler
+        (as are ``force_flush`` and the hot path): it never waits for a lock the interrupted
+        code holds, and a call that interrupts this observer's own ``shutdown`` returns at
+        once, leaving it to finish.
         """
-        with self._lock:
+        if not self._lock.acquire():
+            return  # a signal handler's call inside this thread's own shutdown: that one goes on
+        try:
             if self._closed:
                 return
             self._closed = True
+        finally:
+            self._lock.release()
         self._recorder.enabled = False
         if self.settings.enabled:
             self._resolver.shutdown(timeout_seconds)
@@ -438,7 +446,7 @@ class Observer:
         if rec.clock is not None and rec.clock.name == "cuda":
             # CUDA cannot be used in a forked child; keep counting on the host clock.
             rec.drop_clock()
-        self._lock = threading.Lock()
+        self._lock = GuardedLock()
         self._resolver.after_fork_in_child(start=False)
         for sink in self.sinks:
             try:

@@ -30,6 +30,7 @@ from specobs._bucketing import Bucketed
 from specobs._model import Acceptance, BatchAcceptance, ResolvedCycle
 from specobs._recorder import short_repr
 from specobs._ring import ByDraftLength, Detail, add_stamps_by_k
+from specobs._signalsafe import GuardedLock, Reentered, Wakeup
 
 if TYPE_CHECKING:
     from specobs._aggregation import Aggregation
@@ -201,7 +202,9 @@ class Resolver:
     def _init_sync_state(self) -> None:
         self.consumed = 0  # cycles taken off the ring by the resolver
         self.drains = 0  # completed drain passes (force_flush waits for one that began later)
-        self._wake = threading.Event()
+        # Set by the worker's end() and by force_flush(), from signal handlers too: a set()
+        # that takes no lock Python code holds (see specobs/_signalsafe.py).
+        self._wake = Wakeup()
         self._stop = threading.Event()
         self._cond = threading.Condition()
         self._flush_waiters = 0  # force_flush calls waiting on _cond
@@ -209,7 +212,7 @@ class Resolver:
         #: let go of it (None: not tracked); each stretch from there to the next is one hold.
         self._held_since: int | None = None
         self._run_ident = 0  # the resolver's thread while it runs its loop
-        self._drain_lock = threading.Lock()
+        self._drain_lock = GuardedLock()  # never waited for by the thread that holds it
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -336,8 +339,16 @@ class Resolver:
         """Wait until every record enqueued before this call is resolved and handed to sinks.
 
         Returns False if that did not happen within ``timeout_seconds`` (e.g. GPU work that has
-        not finished yet). Never waits longer.
+        not finished yet). Never waits longer. Called by a signal handler that interrupted this
+        thread inside a drain (or by a sink, from the resolver's own thread), it returns False
+        once it would have to wait for that drain: the drain goes on when the handler returns.
         """
+        try:
+            return self._force_flush(timeout_seconds)
+        except Reentered:
+            return False
+
+    def _force_flush(self, timeout_seconds: float) -> bool:
         deadline = time.monotonic() + max(0.0, timeout_seconds)
         target = self.rec.enqueued
         # Two passes later, one pass began after this call: it folded every count made before
@@ -495,9 +506,13 @@ class Resolver:
                 self._held_since = time.thread_time_ns()
 
     def _add_cpu(self) -> None:
-        """The resolver's thread CPU since the last call, into the aggregation."""
-        with self._drain_lock:
-            self._add_cpu_locked()
+        """The resolver's thread CPU since the last call, into the aggregation (left to the
+        holder of the drain lock when that is this very thread: a signal handler's call)."""
+        if self._drain_lock.acquire():
+            try:
+                self._add_cpu_locked()
+            finally:
+                self._drain_lock.release()
 
     def _add_cpu_locked(self) -> None:
         """``_add_cpu`` with the drain lock held by the caller."""

@@ -263,3 +263,145 @@ def test_a_sink_listed_twice_in_specobs_exporters_starts_once() -> None:
         assert [type(s).__name__ for s in obs.sinks] == ["PrometheusSink"]
     finally:
         obs.shutdown(5)
+
+
+# -- signal handlers that call into the observer ------------------------------------------------
+
+# The main thread records at full rate (the queue stays above the point where each end() wakes
+# the resolver); SIGALRM every 0.2 ms runs a handler that records a cycle of its own and, every
+# 100th time, flushes. Before, the handler re-took the lock of the wake-up the interrupted end()
+# held, and the process hung (every run, within a second or two).
+SIGALRM_REENTRY = textwrap.dedent("""
+    import faulthandler, json, signal, sys, time
+    import specobs
+    faulthandler.dump_traceback_later(100, exit=True)  # a hang: the stacks, then exit 1
+    obs = specobs.configure(sinks=[specobs.MemorySink()] if sys.argv[1] == "python" else [],
+                            clock="host", max_draft_length=4)
+    calls = {"handler": 0, "flushes": 0, "flushed": 0}
+    def cycle():
+        c = obs.begin(4); c.mark("verify"); c.mark("bookkeeping")
+        c.accept([1, 2, 0, 3], draft_length=4); c.end()
+    def on_alarm(signum, frame):
+        cycle()
+        calls["handler"] += 1
+        if calls["handler"] % 100 == 0:
+            calls["flushes"] += 1
+            calls["flushed"] += obs.force_flush(0.2)
+            obs.snapshot()
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
+    n = 0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 2.0:
+        cycle()
+        n += 1
+    signal.setitimer(signal.ITIMER_REAL, 0, 0)
+    flushed = obs.force_flush(30)
+    s = obs.snapshot()
+    obs.shutdown(5)
+    print(json.dumps({"main": n, **calls, "flushed_at_end": flushed, "resolved": s.cycles_total,
+                      "misuse": s.dropped["misuse"], "queue_full": s.dropped["queue_full"]}))
+""")
+
+
+@pytest.mark.parametrize("path", ["pump", "python"])
+def test_a_signal_handler_that_records_and_flushes_never_deadlocks(path: str) -> None:
+    """Real SIGALRMs at 5 kHz against a worker recording at full rate. ``pump``: no sink (the
+    native core's pump resolves, and wakes the Python loop when it returns); ``python``: a sink
+    that wants every cycle keeps the resolver's loop in Python, woken on every end()."""
+    import json
+
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    out = subprocess.run([sys.executable, "-c", SIGALRM_REENTRY, path], capture_output=True,
+                         text=True, env=env, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["handler"] > 0 and r["flushes"] > 0
+    assert r["flushed_at_end"] is True
+    # Every cycle begun is counted once: resolved, or dropped with its reason (the handler's
+    # begin() closes the main thread's open cycle: misuse).
+    assert r["resolved"] + r["misuse"] + r["queue_full"] == r["main"] + r["handler"]
+
+
+# SIGTERM at a random moment while the main thread records at full rate; the handler is the
+# usual graceful shutdown: one last cycle, force_flush(), shutdown(), exit.
+SIGTERM_SHUTDOWN = textwrap.dedent("""
+    import faulthandler, json, os, signal, sys
+    import specobs
+    faulthandler.dump_traceback_later(100, exit=True)
+    obs = specobs.configure(sinks=[specobs.MemorySink()], clock="host", max_draft_length=4)
+    def cycle():
+        c = obs.begin(4); c.mark("verify"); c.mark("bookkeeping")
+        c.accept([1, 2, 0, 3], draft_length=4); c.end()
+    def on_term(signum, frame):
+        cycle()
+        flushed = obs.force_flush(5)
+        obs.shutdown(5)
+        s = obs.snapshot()
+        print(json.dumps({"begun": obs._recorder.begun, "flushed": flushed,
+                          "resolved": s.cycles_total,
+                          "dropped": {k: v for k, v in s.dropped.items() if v}}), flush=True)
+        os._exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    print("recording", flush=True)
+    while True:
+        cycle()
+""")
+
+
+def test_a_sigterm_handler_that_flushes_and_shuts_down_never_deadlocks() -> None:
+    """Before, 6 of 25 such processes hung (the handler waited on the wake-up lock the
+    interrupted end() held). Each trial must end by its handler, with every cycle counted."""
+    import json
+    import random
+    import signal
+
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    rng = random.Random(7)
+    for _ in range(8):
+        proc = subprocess.Popen([sys.executable, "-c", SIGTERM_SHUTDOWN], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "recording"
+            time.sleep(rng.uniform(0.2, 0.8))  # the queue is full by then
+            proc.send_signal(signal.SIGTERM)
+            stdout, stderr = proc.communicate(timeout=150)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 0, stderr[-3000:]
+        r = json.loads(stdout.strip().splitlines()[-1])
+        assert r["flushed"] is True
+        assert r["resolved"] + sum(r["dropped"].values()) == r["begun"], r
+
+
+def test_a_handler_that_interrupts_the_aggregation_lock_defers_instead_of_waiting() -> None:
+    """A real signal delivered while the main thread holds the aggregation's lock (as it does
+    for a moment inside ``set_requests`` or ``snapshot``): the handler's own calls never wait
+    for it. Its gauge is set once the lock is free; its flush returns False (what it needs is
+    held below it) instead of hanging; its snapshot reads what stands."""
+    import signal
+
+    obs = specobs.configure(sinks=[specobs.MemorySink()], clock="host")
+    seen: dict[str, Any] = {}
+
+    def handler(signum: int, frame: Any) -> None:
+        obs.set_requests(running=5, waiting=2)
+        _run_cycles(obs, 3)
+        seen["flushed"] = obs.force_flush(0.5)
+        seen["running"] = obs.snapshot().requests_running
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        obs.set_requests(running=1)
+        with obs.aggregation._lock:  # as an interrupted set_requests() holds it
+            signal.raise_signal(signal.SIGUSR1)  # the handler runs here, on this thread
+        assert seen == {"flushed": False, "running": 1.0}  # deferred, not lost or waited for
+        assert obs.force_flush(10)
+        s = obs.snapshot()
+        assert (s.requests_running, s.requests_waiting, s.cycles_total) == (5.0, 2.0, 3)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        obs.shutdown(5)
