@@ -145,6 +145,20 @@ class _RequestAcceptance:
                                   tuple(self.exemplars)), self.finished)
 
 
+def _exportable_labels(values: dict[str, Any], max_length: int) -> tuple[dict[str, str], list[str]]:
+    """``values`` with each value made to keep the label rule, and the names of those changed
+    (each with a bounded view of its value)."""
+    out: dict[str, str] = {}
+    changed: list[str] = []
+    for key, value in values.items():
+        text = str(value)
+        if catalog.label_value_problem(text, max_length) is not None:
+            changed.append(f"{key}={text[:40]!a}")
+            text = catalog.exportable_label_value(text, max_length)
+        out[key] = text
+    return out, changed
+
+
 class Aggregation:
     """Histograms and counters for one observer. Every write goes through a method, under
     ``_lock``; nothing outside this class touches its state.
@@ -164,20 +178,30 @@ class Aggregation:
         baseline_tokens_per_second: float | None = None,
         created_unix_nano: int | None = None,
         sampling_budget_ratio: float | None = None,
+        max_label_value_length: int = catalog.DEFAULT_MAX_LABEL_VALUE_LENGTH,
     ) -> None:
         self._lock = GuardedLock()
         #: Writes made while this thread held the lock (a signal handler's): applied later.
         self._deferred: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         self.phases = tuple(phases)
         self.max_draft_length = max_draft_length
-        self.labels = dict(labels or {})
-        self.info = dict(info or {})
+        # Label values that break the label rule (catalog.label_value_problem) would fail
+        # every scrape: ``configure()`` refuses such constant labels; what reaches here
+        # otherwise (a custom clock's name in ``info``) is made to fit and counted below.
+        self.labels, bad = _exportable_labels(labels or {}, max_label_value_length)
+        self.info, bad_info = _exportable_labels(info or {}, max_label_value_length)
+        bad += bad_info
         self.baseline_tokens_per_second = baseline_tokens_per_second
         #: The adaptive sampler's overhead budget (configured, so set once here beside the
         #: interval it steers; None when the interval is fixed).
         self.sampling_budget_ratio = sampling_budget_ratio
         self._zero(time.time_ns() if created_unix_nano is None else created_unix_nano,
                    ("hot_path", "resolver"))
+        if bad:
+            self.errors["bad_label"] += len(bad)
+            _log.warning("specobs: label values %s cannot be exported as given; their control "
+                         "characters are replaced and they are cut to %d characters "
+                         "(errors{kind=\"bad_label\"})", ", ".join(bad), max_label_value_length)
         self._generation = 0
         #: The hot path's ring, whose running totals (every cycle's host times, the acceptance
         #: and batch sizes it counted itself) the snapshot adds in; None before one attaches.

@@ -208,6 +208,7 @@ class Observer:
             # Cumulative series start when the observer was created (OTLP start time, _created).
             created_unix_nano=self.anchor.wall_ns,
             sampling_budget_ratio=None if fixed else settings.overhead_budget,
+            max_label_value_length=settings.max_label_value_length,
         )
         self._recorder = Recorder(
             settings.phases,

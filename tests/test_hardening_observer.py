@@ -12,6 +12,7 @@ import textwrap
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,89 @@ def test_label_values_that_cannot_be_exported_are_refused_at_configure(
     with pytest.raises(specobs.ConfigurationError, match="label 'model'") as exc:
         specobs.configure(sinks=[specobs.MemorySink()], labels={"model": value})
     assert needle in str(exc.value)
+
+
+# A carriage return passed configure() and then failed every scrape: Prometheus marked the
+# target down, promtool and prometheus_client could not parse it. Every control character (and
+# the line and paragraph separators) is refused by the one label rule now.
+CONTROL = ["\r", "\n", "\t", "\x00", "\x0b", "\x0c", "\x1c", "\x1e", "\x7f", "\x85",
+           "\u2028", "\u2029"]
+
+
+@pytest.mark.parametrize("char", CONTROL, ids=lambda c: f"U+{ord(c):04X}")
+def test_a_control_character_in_a_label_value_is_refused_at_configure(char: str) -> None:
+    with pytest.raises(specobs.ConfigurationError) as exc:
+        specobs.configure(sinks=[specobs.MemorySink()], labels={"model": f"a{char}b"})
+    assert str(exc.value).startswith("labels: the value of label 'model' holds a control "
+                                     f"character (U+{ord(char):04X} at character 1)")
+    with pytest.raises(specobs.ConfigurationError, match=r"^SPECOBS_LABELS: the value of"):
+        specobs.configure(sinks=[specobs.MemorySink()],
+                          env={"SPECOBS_LABELS": f"model=a{char}b,engine=e"})
+
+
+def test_label_value_length_is_bounded_by_a_setting() -> None:
+    """A 10 MB model name gave a 1.18 GB worker and scrapes that timed out. A constant label
+    longer than ``max_label_value_length`` (default 256) is a ConfigurationError naming the
+    setting; the setting raises the bound, up to 16384."""
+    with pytest.raises(specobs.ConfigurationError) as exc:
+        specobs.configure(sinks=[specobs.MemorySink()], labels={"model": "m" * 10_000_000})
+    message = str(exc.value)
+    assert "is 10000000 characters long, more than max_label_value_length=256" in message
+    assert "SPECOBS_MAX_LABEL_VALUE_LENGTH" in message and len(message) < 400
+    obs = specobs.configure(sinks=[specobs.MemorySink()], clock="host",
+                            labels={"model": "m" * 256})
+    obs.shutdown(1)
+    obs = specobs.configure(sinks=[specobs.MemorySink()], clock="host",
+                            labels={"model": "m" * 1000}, max_label_value_length=1000)
+    assert obs.snapshot().labels["model"] == "m" * 1000
+    obs.shutdown(1)
+    env = {"SPECOBS_LABELS": "model=" + "m" * 300}
+    with pytest.raises(specobs.ConfigurationError, match=r"^SPECOBS_LABELS: .* 300 characters"):
+        specobs.configure(sinks=[specobs.MemorySink()], env=env)
+    env["SPECOBS_MAX_LABEL_VALUE_LENGTH"] = "300"
+    specobs.configure(sinks=[specobs.MemorySink()], clock="host", env=env).shutdown(1)
+    for bad in (0, 16385, True):
+        with pytest.raises(specobs.ConfigurationError, match="max_label_value_length"):
+            specobs.configure(sinks=[], max_label_value_length=bad)
+
+
+def test_a_label_value_from_the_engine_is_made_to_fit_and_counted(
+    prometheus_server: Callable[..., Any],
+) -> None:
+    """What reaches a label other than through ``configure``'s labels (a custom clock's name,
+    exported in ``specobs_info{gpu_clock}``) with a carriage return and 10 KB: exported with
+    U+FFFD for the control character, cut to the bound, counted as ``bad_label`` and said
+    once; a real Prometheus keeps the target up, promtool and prometheus_client parse it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from specobs.timing.fake import FakeEventClock
+    from tests._prometheus_server import promtool
+
+    class OddClock(FakeEventClock):
+        name = "gpu\rclock" + "x" * 10_000
+
+    sink = specobs.PrometheusSink(port=0, addr="127.0.0.1")
+    clock = OddClock()
+    obs = specobs.configure(sinks=[sink], clock=clock, labels={"model": "m"})
+    try:
+        _run_cycles(obs, 3)
+        clock.gpu.complete()  # the fake GPU's events
+        assert obs.force_flush(10)
+        assert obs.snapshot().errors["bad_label"] == 1
+        with urllib.request.urlopen(f"http://127.0.0.1:{sink.port}/metrics", timeout=10) as r:
+            text = r.read().decode("utf-8")
+        assert "\r" not in text and len(text) < 100_000
+        info = next(smp for fam in text_string_to_metric_families(text)
+                    for smp in fam.samples if smp.name == "specobs_info")
+        assert info.labels["gpu_clock"] == "gpu\ufffdclock" + "x" * 247  # 256 characters
+        checked = promtool("check", "metrics", input=text)
+        assert "parsing error" not in checked.stdout + checked.stderr
+        server = prometheus_server([f"127.0.0.1:{sink.port}"])
+        server.wait_for_target_up(timeout_seconds=60)
+        res = server.wait_for("specobs_cycles_total", timeout_seconds=60)
+        assert float(res[0]["value"][1]) == 3 and res[0]["metric"]["model"] == "m"
+    finally:
+        obs.shutdown(5)
 
 
 def test_a_non_utf8_label_from_the_environment_is_refused_with_one_line() -> None:
