@@ -1229,7 +1229,9 @@ class PyRing:
         slots = self._slots
         while self._tail != self._head:
             s = slots[self._tail % len(slots)]
-            if s.state == DONE or s.state == DEFERRED:
+            # Every cycle begun and not resolved, the one still open too (its thread died, or
+            # shutdown came first): each is lost here, and counted by the caller.
+            if s.state == DONE or s.state == DEFERRED or s.state == OPEN:
                 n += 1
             s.state = VOID  # an open cycle's end() finds its slot gone
             self._drop_held(s)

@@ -489,3 +489,51 @@ def test_a_handler_that_interrupts_the_aggregation_lock_defers_instead_of_waitin
     finally:
         signal.signal(signal.SIGUSR1, previous)
         obs.shutdown(5)
+
+
+# -- a cycle still open when its thread dies or shutdown() comes -----------------------------------
+
+OPEN_AT_SHUTDOWN = textwrap.dedent("""
+    import json, sys, threading
+    import specobs
+    threading.excepthook = lambda args: None
+    where = sys.argv[1]
+    obs = specobs.configure(sinks=[specobs.MemorySink()], clock="host", max_draft_length=4)
+    def body():
+        for _ in range(100):
+            with obs.cycle(4) as c:
+                c.mark("verify"); c.mark("bookkeeping"); c.accept([1, 2, 0, 3], draft_length=4)
+        obs.begin(4); obs.mark("verify")
+        if where == "dead_thread":
+            raise RuntimeError("the engine thread died mid-cycle")
+    if where == "dead_thread":
+        t = threading.Thread(target=body); t.start(); t.join()
+    else:
+        body()
+    flushed = obs.force_flush(5)
+    before = obs.snapshot()
+    obs.shutdown(5)
+    s = obs.snapshot()
+    print(json.dumps({"begun": obs._recorder.begun, "flushed": flushed,
+                      "resolved": s.cycles_total, "dropped": dict(s.dropped),
+                      "dropped_before": sum(before.dropped.values())}))
+""")
+
+
+@pytest.mark.parametrize("core", ["native", "python"])
+@pytest.mark.parametrize("where", ["dead_thread", "open_at_shutdown"])
+def test_a_cycle_open_at_shutdown_is_counted(where: str, core: str) -> None:
+    """A thread that died with a cycle open, or a ``shutdown()`` while one was open: 101
+    begun, 100 resolved and nothing dropped -- one cycle counted nowhere. The open cycle is
+    lost at shutdown, and counted there as ``dropped{reason="shutdown"}`` (not before: it
+    could still end)."""
+    import json
+
+    env = {**os.environ, "PYTHONPATH": ROOT, "SPECOBS_CORE": core}
+    out = subprocess.run([sys.executable, "-c", OPEN_AT_SHUTDOWN, where], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["flushed"] is True and r["dropped_before"] == 0
+    assert (r["begun"], r["resolved"]) == (101, 100)
+    assert {k: v for k, v in r["dropped"].items() if v} == {"shutdown": 1}
