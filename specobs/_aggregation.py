@@ -11,7 +11,6 @@ report the same numbers. Bucket boundaries and names come from :mod:`specobs.cat
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
@@ -104,10 +103,12 @@ class _RequestAcceptance:
     engine wait for more than this copy)."""
 
     __slots__ = ("bounds", "changes", "counts", "exemplar_buckets", "exemplars", "finished",
-                 "lock", "sum")
+                 "lock", "pending", "sum")
 
     def __init__(self, changes: int = 0) -> None:
-        self.lock = threading.Lock()
+        self.lock = GuardedLock()  # a signal handler's request waits for no frame below it
+        #: Requests a signal handler reported while its thread held the lock: added next time.
+        self.pending: list[tuple[int, float, Exemplar | None]] = []
         self.bounds: tuple[float, ...] = catalog.REQUEST_ACCEPTANCE_BUCKETS
         self.counts = [0] * (len(self.bounds) + 1)
         self.sum = 0.0
@@ -126,23 +127,42 @@ class _RequestAcceptance:
             i = bisect_left(self.bounds, rate)
             if trace_id is not None and i < self.exemplar_buckets:
                 ex = Exemplar(rate, trace_id, None, time.time_ns())
-        with self.lock:
-            self.finished += 1
-            if drafted:
-                self.counts[i] += 1
-                self.sum += rate
-                if ex is not None:
-                    self.exemplars[i] = ex
-            self.changes += 1
+        one = (i if drafted else -1, rate, ex)
+        if not self.lock.acquire():
+            self.pending.append(one)
+            return
+        try:
+            self._add(one)
+            while self.pending:
+                self._add(self.pending.pop(0))
+        finally:
+            self.lock.release()
+
+    def _add(self, one: tuple[int, float, Exemplar | None]) -> None:
+        i, rate, ex = one
+        self.finished += 1
+        if i >= 0:
+            self.counts[i] += 1
+            self.sum += rate
+            if ex is not None:
+                self.exemplars[i] = ex
+        self.changes += 1
 
     def freeze(self) -> tuple[HistogramData | None, int | None]:
-        """The histogram and the requests reported, or ``(None, None)`` before the first."""
-        with self.lock:
+        """The histogram and the requests reported, or ``(None, None)`` before the first (read
+        as it stands by a signal handler that interrupted this thread inside the lock)."""
+        locked = self.lock.acquire()
+        try:
+            while locked and self.pending:
+                self._add(self.pending.pop(0))
             if not self.finished:
                 return None, None
             counts = tuple(self.counts)
             return (HistogramData(self.bounds, counts, self.sum, sum(counts),
                                   tuple(self.exemplars)), self.finished)
+        finally:
+            if locked:
+                self.lock.release()
 
 
 def _exportable_labels(values: dict[str, Any], max_length: int) -> tuple[dict[str, str], list[str]]:

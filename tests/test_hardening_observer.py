@@ -473,6 +473,7 @@ def test_a_handler_that_interrupts_the_aggregation_lock_defers_instead_of_waitin
 
     def handler(signum: int, frame: Any) -> None:
         obs.set_requests(running=5, waiting=2)
+        obs.request_finished(drafted=10, accepted=5)
         _run_cycles(obs, 3)
         seen["flushed"] = obs.force_flush(0.5)
         seen["running"] = obs.snapshot().requests_running
@@ -480,12 +481,15 @@ def test_a_handler_that_interrupts_the_aggregation_lock_defers_instead_of_waitin
     previous = signal.signal(signal.SIGUSR1, handler)
     try:
         obs.set_requests(running=1)
-        with obs.aggregation._lock:  # as an interrupted set_requests() holds it
+        # As an interrupted set_requests() and request_finished() hold them.
+        with obs.aggregation._lock, obs.aggregation.requests.lock:
             signal.raise_signal(signal.SIGUSR1)  # the handler runs here, on this thread
         assert seen == {"flushed": False, "running": 1.0}  # deferred, not lost or waited for
         assert obs.force_flush(10)
         s = obs.snapshot()
         assert (s.requests_running, s.requests_waiting, s.cycles_total) == (5.0, 2.0, 3)
+        assert s.requests_finished_total == 1 and s.request_acceptance is not None
+        assert s.request_acceptance.sum == 0.5
     finally:
         signal.signal(signal.SIGUSR1, previous)
         obs.shutdown(5)
