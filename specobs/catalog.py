@@ -184,6 +184,7 @@ ERROR_KINDS: tuple[str, ...] = (
     "sink_error",  # a sink's on_cycles raised (anything, SystemExit included): lost to it alone
     "resolver_restart",  # the resolver's loop ended by an exception and was started again
     "bad_label",  # a label value from the engine broke the label rule: made to fit, exported
+    "signal_reentry",  # a hot-path call inside another on its thread (pure-Python core): refused
 )
 
 
