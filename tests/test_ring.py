@@ -445,7 +445,7 @@ def test_completed_pinned_copies_are_read_by_the_drain_itself(kind):
             c.mark("bookkeeping")
             c.accept(FakeCuda(vals), **kw)
     out = ring.drain(1 << 60, 100, [], -1, False)
-    n, _, _, _, lcounts, accepted, drafted, emitted, kseq, batch_b, batch_n, details, rel, _ = out
+    n, _, _, _, lcounts, accepted, drafted, emitted, kseq, batch_b, batch_n, details, rel = out[:13]
     assert n == 4
     assert (accepted, drafted, emitted) == (6 + 8, 16 + 2 * K_MAX, 6 + 4 + 8 + 2)
     assert kseq == {4: 4, K_MAX: 2}
