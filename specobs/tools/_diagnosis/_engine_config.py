@@ -20,13 +20,15 @@ every snippet to the engine's own parser and lookup and compares every batch siz
     (``speculative/adaptive_spec_params.py``). One candidate per tier pins k there (the tier's
     acceptance feedback has nothing to switch to). ``--speculative-num-steps`` must be one of the
     candidates (``arg_groups/speculative_hook.py``). EAGLE and EAGLE3 with top-k 1 only.
-``trtllm`` (TensorRT-LLM 1.3 and later)
+``trtllm`` (TensorRT-LLM after 1.2, read from its main branch: no wheel can be had here)
     ``speculative_config.draft_len_schedule`` in the YAML given to ``trtllm-serve
     --extra_llm_api_options``: each key is the *last* batch size of its band, batch sizes above
     the largest key draft nothing, the draft length at the smallest key must equal
     ``max_draft_len`` and none may exceed it (``llmapi/llm_args.py``,
     ``_torch/speculative/utils.py``). Releases up to 1.2 read a key as the *first* batch size of
-    its band instead; do not paste these snippets there.
+    its band instead; do not paste these snippets there. On the newest main a k = 0 band drafts
+    one token for one-engine modes other than Eagle3 and MTP-Eagle (``min_runtime_draft_len``),
+    and vanilla MTP ignores the schedule.
 ``table``
     A plain text table: batch sizes, k, measured or extrapolated.
 
@@ -241,7 +243,7 @@ def _trtllm(runs: list[tuple[int, int, int]]) -> str:
     # Above the largest key TensorRT-LLM drafts nothing, so a last band of k = 0 needs no key.
     keyed = runs[:-1] if runs[-1][2] == 0 else runs
     lines = [
-        "# TensorRT-LLM 1.3 or later: merge into the YAML given to trtllm-serve "
+        "# TensorRT-LLM after 1.2: merge into the YAML given to trtllm-serve "
         "--extra_llm_api_options; decoding_type and speculative_model stay as configured, "
         "max_concurrency must go.",
         f"# Each key is the last batch size of its band; above {keyed[-1][1]} nothing is drafted "
