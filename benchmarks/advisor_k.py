@@ -18,7 +18,7 @@ predicted) / (1 + realized) - 1| <= 0.15) and as gains (|predicted - realized| <
     PYTHONPATH=. python3 benchmarks/advisor_k.py --device cuda [--steps 400] [--batch 4]
         [--ks 2,3,4,5,6,8] [--rounds 1] [--builds 1] [--threads N] [--time wall|running]
         [--speed summed|median]
-        [--verify-scaling S] [--batches 1,2,4,...  --k 4] [--json out.json]
+        [--batches 1,2,4,...  --k 4] [--json out.json]
 """
 
 from __future__ import annotations
@@ -152,10 +152,10 @@ def measure_all(keys: list[tuple[int, int]], device: str, steps: int, rounds: in
     return configs
 
 
-def result(cs: list[Config], scaling: float | None) -> dict[str, Any]:
+def result(cs: list[Config]) -> dict[str, Any]:
     """Tokens/s per sequence of every round of every build of one configuration, and the
-    advice and costs from all of them summed; ``scaling`` None: verify's growth with k from the
-    probe's plain step (as ``doctor`` does)."""
+    advice, the predicted speedup and the costs from all of them summed (the forward fitted on
+    the probe's plain step and verify, as ``doctor`` does)."""
     c = cs[0]
     baselines = [x.probe.tokens_per_second() for x in cs]
     measured = [x for x in baselines if x]
@@ -171,8 +171,9 @@ def result(cs: list[Config], scaling: float | None) -> dict[str, Any]:
     w = dg.window(summed(deltas, baseline))
     b = w.breakdown
     plain = 1.0 / baseline if baseline else None
-    measured_scaling = dg.verify_scaling(dg.forward_cost(b, plain))
-    advice = dg.advise_k(b, measured_scaling if scaling is None else scaling)
+    model = dg.model_of([w])
+    advice = dg.advise_k(b, model, w.drafted_first)
+    prediction = dg.predict(b, model)
     point = dg.batch_point(w)
     means = {p: s.mean_seconds for (p, clock), s in b.stats.items() if clock == "host"}
     gpu_means = {p: s.mean_seconds for (p, clock), s in b.stats.items()
@@ -186,7 +187,8 @@ def result(cs: list[Config], scaling: float | None) -> dict[str, Any]:
         or host_cycle is None else b.sequence_tokens_per_second * host_cycle,
         "speedup": None if not baseline or b.sequence_tokens_per_second is None
         else b.sequence_tokens_per_second / baseline,
-        "verify_scaling": measured_scaling,
+        "forward_per_token_seconds": None if model is None else model.per_token_seconds,
+        "predicted_speedup": None if prediction is None else prediction.predicted,
         "sequence_tokens_per_second": statistics.median(per_round),
         "summed_sequence_tokens_per_second": b.sequence_tokens_per_second,
         "rounds": per_round,
@@ -249,7 +251,7 @@ def batch_main(args: argparse.Namespace) -> None:
     batches = [int(x) for x in args.batches.split(",")]
     configs = measure_all([(args.k, bb) for bb in batches], args.device, args.steps, args.rounds,
                           builds=args.builds)
-    results = [result(cs, args.verify_scaling) for cs in configs.values()]
+    results = [result(cs) for cs in configs.values()]
     points = [dg.BatchPoint(**r["point"]) for r in results if r["point"]]
     for r in results:
         p = r["point"]
@@ -286,8 +288,6 @@ def main() -> None:
     parser.add_argument("--builds", type=int, default=1,
                         help="engines built per configuration, their rounds pooled")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
-    parser.add_argument("--verify-scaling", type=float, default=None,
-                        help="verify's growth with k (default: from the measured plain step)")
     parser.add_argument("--batches", default=None,
                         help="instead of ks: k=--k at these batch sizes (the batch threshold)")
     parser.add_argument("--k", type=int, default=4)
@@ -310,7 +310,7 @@ def main() -> None:
     ks = [int(x) for x in args.ks.split(",")]
     configs = measure_all([(k, args.batch) for k in ks], args.device, args.steps, args.rounds,
                           builds=args.builds)
-    results = {k: result(configs[(k, args.batch)], args.verify_scaling) for k in ks}
+    results = {k: result(configs[(k, args.batch)]) for k in ks}
     for k, r in results.items():
         adv = r["advice"] or {}
         ph = r["phase_seconds"]
@@ -322,8 +322,9 @@ def main() -> None:
               f"plain step "
               f"{(r['plain_step_seconds'] or 0) * 1e3:.3f} ms, E "
               f"{r['tokens_per_sequence_cycle'] or 0:.3f}, conditional "
-              f"{[round(a, 2) for a in r['conditional']]}, verify scaling "
-              f"{r['verify_scaling']:.2f}; advice best_k={adv.get('best_k')} "
+              f"{[round(a, 2) for a in r['conditional']]}, speedup "
+              f"{r['speedup'] or 0:.2f}x predicted {r['predicted_speedup'] or 0:.2f}x; "
+              f"advice best_k={adv.get('best_k')} "
               f"gain={adv.get('predicted_gain', 0) * 100:+.1f}%", flush=True)
     key = {("summed", "wall"): "summed_sequence_tokens_per_second",
            ("summed", "running"): "running_summed_sequence_tokens_per_second",

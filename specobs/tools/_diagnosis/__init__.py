@@ -28,7 +28,10 @@ each was chosen. The parts, each name importable from here:
 ``_window``     the classifiers of one window: acceptance profile, cycle and host bound, stall,
                 speedup
 ``_compare``    against a past (:data:`LIFETIME` or a :func:`saved_run`) and against a cohort
-``_advice``     the advisor: k, the forward's cost in tokens, the batch threshold
+``_cost``       the cost model: the forward's cost in tokens fitted from the server's own
+                points, a cycle's costs in host seconds
+``_advice``     the advisor: k, the predicted speedup, the draft's cost, the batch threshold,
+                a k for each band of batch sizes
 ==============  ===============================================================================
 """
 
@@ -37,27 +40,40 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specobs.tools._diagnosis._advice import (
+    ADVICE_ALIKE,
+    ADVICE_BEYOND,
     ADVICE_MAX_K,
     ADVICE_MIN_GAIN,
+    ADVICE_Z,
     BATCH_CONFIDENT_FACTOR,
     BATCH_EXTRAPOLATION_MAX,
     BATCH_FIT_POINTS,
     BATCH_SAME_FACTOR,
     BATCH_SEARCH_MAX_FACTOR,
-    DRAFT_FIXED_STEPS,
+    DRAFT_GREW,
+    DRAFT_MAX_OF_VERIFY,
     TREND_MIN_RATES,
+    Band,
+    BandChoice,
     BatchPoint,
     FirstPosition,
-    ForwardCost,
+    Prospects,
     advise_k,
+    bands_from,
     batch_point,
     batch_threshold,
-    draft_fixed,
+    candidates,
+    choose_at,
+    draft_cost,
     expected_tokens,
     extended_rates,
-    forward_cost,
     line_threshold,
-    verify_scaling,
+    nearest_best,
+    predict,
+    prospects,
+    rate_interval,
+    schedule,
+    schedule_finding,
 )
 from specobs.tools._diagnosis._compare import (
     ACCEPT_DROP_MIN,
@@ -85,6 +101,20 @@ from specobs.tools._diagnosis._compare import (
     saved_run,
     shift_z,
 )
+from specobs.tools._diagnosis._cost import (
+    CALIBRATION_TOLERANCE,
+    DRAFT_FIXED_STEPS,
+    MIN_POINT_CYCLES,
+    SAME_TOKENS,
+    CostPoint,
+    CycleCosts,
+    ForwardModel,
+    Prediction,
+    cost_points,
+    cycle_costs,
+    draft_fixed,
+    fit_forward,
+)
 from specobs.tools._diagnosis._findings import (
     CODES,
     MIN_CLOCK_CYCLES,
@@ -100,12 +130,16 @@ from specobs.tools._diagnosis._window import (
     CHAIN_MIN,
     COLLAPSE_RECOVERY,
     FIRST_POSITION_MIN,
+    GAP_GREW,
+    GAP_MAX_SHARE,
+    GAP_SKEW,
     HOST_GAP_MIN,
     LOCKSTEP_MAX,
     MIN_DRAFTED_TOKENS,
     MIN_SPEEDUP_CYCLES,
     WARMING_RISE_MIN,
     acceptance_profile,
+    between_cycles,
     conditional_acceptance,
     cycle_bound,
     host_bound,
@@ -116,8 +150,11 @@ from specobs.tools._diagnosis._window import (
 __all__ = [
     "ACCEPT_DROP_MIN",
     "ACCEPT_DROP_Z",
+    "ADVICE_ALIKE",
+    "ADVICE_BEYOND",
     "ADVICE_MAX_K",
     "ADVICE_MIN_GAIN",
+    "ADVICE_Z",
     "BATCH_CONFIDENT_FACTOR",
     "BATCH_EXTRAPOLATION_MAX",
     "BATCH_FIT_POINTS",
@@ -126,15 +163,22 @@ __all__ = [
     "BOOKKEEPING_MAX_SHARE",
     "BOUNDARY_SPREAD",
     "BOUND_SHARE",
+    "CALIBRATION_TOLERANCE",
     "CHAIN_MIN",
     "CODES",
     "COHORT_BATCH_TOLERANCE",
     "COHORT_PHASE_RATIO",
     "COLLAPSE_RECOVERY",
     "DOMINANT_FRACTION",
+    "DRAFT_EATS_GAIN",
     "DRAFT_FIXED_STEPS",
+    "DRAFT_GREW",
+    "DRAFT_MAX_OF_VERIFY",
     "EVERY_PHASE_MIN_RATIO",
     "FIRST_POSITION_MIN",
+    "GAP_GREW",
+    "GAP_MAX_SHARE",
+    "GAP_SKEW",
     "HOST_GAP_MIN",
     "HOST_WAIT_EXPLAINS",
     "LIFETIME",
@@ -143,9 +187,11 @@ __all__ = [
     "MIN_CLOCK_CYCLES",
     "MIN_DRAFTED_TOKENS",
     "MIN_PAST_CYCLES",
+    "MIN_POINT_CYCLES",
     "MIN_RECENT_CYCLES",
     "MIN_SPEEDUP_CYCLES",
     "NOT_THE_SPECULATION",
+    "SAME_TOKENS",
     "SEVERITIES",
     "SLOWER_CYCLE_FRACTION",
     "SLOWER_RATIO",
@@ -155,33 +201,51 @@ __all__ = [
     "UNIFORM_MIN_SHARE",
     "UNIFORM_SPREAD",
     "WARMING_RISE_MIN",
+    "Band",
+    "BandChoice",
     "BatchPoint",
+    "CostPoint",
+    "CycleCosts",
     "Finding",
     "FirstPosition",
-    "ForwardCost",
+    "ForwardModel",
+    "Prediction",
+    "Prospects",
     "Reference",
     "Window",
     "acceptance_profile",
     "advise_k",
     "against_cohort",
     "against_past",
+    "bands_from",
     "batch_point",
     "batch_threshold",
+    "between_cycles",
+    "candidates",
+    "choose_at",
     "conditional_acceptance",
+    "cost_points",
     "cycle_bound",
+    "cycle_costs",
     "diagnose",
+    "draft_cost",
     "draft_fixed",
     "expected_tokens",
     "extended_rates",
-    "forward_cost",
+    "fit_forward",
     "host_bound",
     "line_threshold",
+    "nearest_best",
+    "predict",
+    "prospects",
+    "rate_interval",
     "saved_run",
+    "schedule",
+    "schedule_finding",
     "shift_z",
     "speedup",
     "stall",
     "status_line",
-    "verify_scaling",
     "window",
     "worst",
 ]
@@ -190,45 +254,74 @@ __all__ = [
 # -- everything -----------------------------------------------------------------------------------
 
 
+def model_of(windows: Sequence[Window]) -> ForwardModel | None:
+    """The forward's cost fitted on the points of ``windows`` (:func:`cost_points`)."""
+    points = [p for w in windows for p in cost_points(w.breakdown, w.baseline_measured)]
+    return fit_forward(points)
+
+
+def advice_basis(recent: Window, past: Window | None, compared: Sequence[Finding]) -> Window:
+    """The window the advice is read from: the lifetime before ``recent`` where the recent
+    window matches it (no change ``compared`` found) and it holds at least four times as many
+    cycles, so that runs a few seconds apart advise alike; else ``recent``."""
+    if past is None or past.breakdown.cycles < 4 * recent.breakdown.cycles:
+        return recent
+    if any(f.severity in ("warn", "fail") for f in compared) or not compared:
+        return recent
+    return past
+
+
 def diagnose(recent: Window, past: Window | None = None,
              batch_windows: Sequence[Window] = ()) -> list[Finding]:
     """Every finding for ``recent``, and against ``past`` (the lifetime before it) when given.
     ``batch_windows``: other windows of the same server (the report's windows, ``top``'s
     intervals, a Prometheus range), each with a baseline measured at its end, from which the
-    batch threshold is fitted over the batch sizes served, not only ``recent``'s. A stall is the
-    only finding when there is one: nothing else was measured."""
+    batch threshold and the k for each band of batch sizes are fitted over the batch sizes
+    served, not only ``recent``'s. A stall is the only finding when there is one: nothing else
+    was measured."""
     b = recent.breakdown
     stalled = stall(recent)
     if stalled is not None:
         return [stalled]
-    out = [
-        acceptance_profile(b, recent.drafted_first),
-        cycle_bound(b),
-        host_bound(b),
-        speedup(b, past.breakdown if past is not None else None),
-    ]
+    compared: list[Finding] = []
     if past is not None:
         pair = None
         if past.drafted_first is not None and recent.drafted_first is not None:
             pair = (past.drafted_first, recent.drafted_first)
-        out.extend(against_past(b, past.breakdown, pair))
+        compared = against_past(b, past.breakdown, pair)
+    model = model_of([recent])
+    out = [
+        acceptance_profile(b, recent.drafted_first),
+        cycle_bound(b),
+        host_bound(b),
+        speedup(b, past.breakdown if past is not None else None, predict(b, model)),
+    ]
+    out.extend(compared)
+    gap = between_cycles(b, past.breakdown if past is not None else None)
+    if gap is not None:
+        out.append(gap)
     if b.cycles >= MIN_SPEEDUP_CYCLES:
-        # A baseline measured on the served batch is a plain forward of it: with verify it
-        # tells how the forward's cost grows with tokens (a configured one may be anything).
-        plain = None
-        if recent.baseline_measured and b.baseline_tokens_per_second:
-            plain = 1.0 / b.baseline_tokens_per_second
-        advice = advise_k(b, verify_scaling(forward_cost(b, plain)))
+        costly = draft_cost(b, past.breakdown if past is not None else None, model)
+        if costly is not None:
+            out.append(costly)
+        basis = advice_basis(recent, past, compared)
+        advice = advise_k(basis.breakdown, model_of([basis]), basis.drafted_first)
         if advice is not None:
             out.append(advice)
         # The lifetime is not a point: its baseline gauge was read at its end, on the batch
         # served then, not on the lifetime's mean batch.
-        points = [p for w in (recent, *batch_windows)
-                  if w.breakdown.cycles >= MIN_SPEEDUP_CYCLES
-                  and (p := batch_point(w)) is not None]
+        served = [w for w in (recent, *batch_windows) if w.breakdown.cycles >= MIN_SPEEDUP_CYCLES]
+        points = [p for w in served if (p := batch_point(w)) is not None]
         threshold = batch_threshold(points)
         if threshold is not None:
             out.append(threshold)
+        if batch_windows:
+            at = threshold.evidence.get("extrapolated_batch") if threshold is not None else None
+            bands, choices = schedule(served, [model_of([w]) for w in served],
+                                      at if isinstance(at, float) else None)
+            found = schedule_finding(bands, choices)
+            if found is not None:
+                out.append(found)
     return out
 
 
