@@ -53,7 +53,6 @@ from specobs.tools._diagnosis._advice import (
     DRAFT_GREW,
     DRAFT_MAX_OF_VERIFY,
     TREND_MIN_RATES,
-    Band,
     BandChoice,
     BatchPoint,
     FirstPosition,
@@ -115,6 +114,7 @@ from specobs.tools._diagnosis._cost import (
     draft_fixed,
     fit_forward,
 )
+from specobs.tools._diagnosis._engine_config import Band
 from specobs.tools._diagnosis._findings import (
     CODES,
     MIN_CLOCK_CYCLES,

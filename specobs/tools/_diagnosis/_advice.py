@@ -15,6 +15,7 @@ from specobs.tools._diagnosis._cost import (
     Prediction,
     cycle_costs,
 )
+from specobs.tools._diagnosis._engine_config import Band
 from specobs.tools._diagnosis._findings import Finding, Window, _clock, _mean, _ms, _x
 from specobs.tools._diagnosis._window import conditional_acceptance
 
@@ -645,18 +646,6 @@ def batch_threshold(points: Sequence[BatchPoint]) -> Finding | None:
 
 
 # -- a k for each band of batch sizes -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Band:
-    """Batch sizes ``lo`` .. ``hi`` (inclusive; ``hi`` ``None``: no bound) speculate ``k`` tokens
-    (0: not at all); ``measured``: a batch size the data holds lies in the band (else its k is
-    carried over or extrapolated)."""
-
-    lo: int
-    hi: int | None
-    k: int
-    measured: bool
 
 
 @dataclass(frozen=True)
