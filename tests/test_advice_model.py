@@ -141,8 +141,9 @@ def test_a_schedule_turns_speculation_off_where_it_stops_paying() -> None:
 
 
 def healthy() -> Synthetic:
-    """A draft costing half a verify at k = 4 (0.47 of it: the reviewer's healthy engine)."""
-    return engine("roofline", draft_step=0.35e-3)
+    """The reviewer's healthy engine: a draft costing 0.47 of a verify at k = 4, 1.77x."""
+    return engine("roofline", draft_step=0.35e-3, after_full=0.75, after_rejection=0.62,
+                  later=(0.7, 0.65, 0.6, 0.55, 0.5, 0.5, 0.5, 0.5, 0.5))
 
 
 def lifetime_and_recent(e: Synthetic, k: int = 4, batch: int = 4) -> tuple[dg.Window, dg.Window]:
@@ -173,8 +174,10 @@ def test_a_draft_twice_as_slow_for_good_is_named_with_its_numbers() -> None:
     assert isinstance(ratio, float) and f"costs {ratio:.2f} of a verify" in f.sentence
     slow = f.evidence["predicted_speedup"]
     assert isinstance(slow, float) and slow < fast
-    assert f.evidence["best_k_at_this_draft_cost"] == float(
-        max(range(1, 9), key=lambda kk: e.tokens_per_second(kk, 4)))
+    at_cost = f.evidence["best_k_at_this_draft_cost"]
+    assert isinstance(at_cost, float)
+    best = max(range(1, 9), key=lambda kk: e.tokens_per_second(kk, 4))
+    assert e.tokens_per_second(int(at_cost), 4) >= 0.97 * e.tokens_per_second(best, 4)
 
 
 def test_time_between_cycles_is_named_with_its_effect() -> None:

@@ -50,6 +50,7 @@ from specobs.tools._diagnosis._advice import (
     BATCH_FIT_POINTS,
     BATCH_SAME_FACTOR,
     BATCH_SEARCH_MAX_FACTOR,
+    DRAFT_EATS_GAIN,
     DRAFT_GREW,
     DRAFT_MAX_OF_VERIFY,
     TREND_MIN_RATES,
@@ -174,6 +175,7 @@ __all__ = [
     "DRAFT_FIXED_STEPS",
     "DRAFT_GREW",
     "DRAFT_MAX_OF_VERIFY",
+    "ENGINE_CHANGED",
     "EVERY_PHASE_MIN_RATIO",
     "FIRST_POSITION_MIN",
     "GAP_GREW",
@@ -260,13 +262,20 @@ def model_of(windows: Sequence[Window]) -> ForwardModel | None:
     return fit_forward(points)
 
 
+#: Recent changes of the engine itself, after which the advice is read from the recent window.
+ENGINE_CHANGED = frozenset({"SPEC-RECENT-ACCEPT-DOWN", "SPEC-RECENT-PHASE-SLOWER",
+                            "SPEC-RECENT-BOUNDARY-COST"})
+
+
 def advice_basis(recent: Window, past: Window | None, compared: Sequence[Finding]) -> Window:
-    """The window the advice is read from: the lifetime before ``recent`` where the recent
-    window matches it (no change ``compared`` found) and it holds at least four times as many
-    cycles, so that runs a few seconds apart advise alike; else ``recent``."""
+    """The window the advice and the draft's cost are read from: the lifetime before
+    ``recent`` where the engine did not change in the recent window (none of
+    :data:`ENGINE_CHANGED` found: a busy machine or a throughput dip is no reason to trust a few
+    seconds over the lifetime) and the lifetime holds at least four times as many cycles, so
+    that runs a few seconds apart advise alike; else ``recent``."""
     if past is None or past.breakdown.cycles < 4 * recent.breakdown.cycles:
         return recent
-    if any(f.severity in ("warn", "fail") for f in compared) or not compared:
+    if not compared or any(f.code in ENGINE_CHANGED for f in compared):
         return recent
     return past
 
@@ -301,11 +310,15 @@ def diagnose(recent: Window, past: Window | None = None,
     if gap is not None:
         out.append(gap)
     if b.cycles >= MIN_SPEEDUP_CYCLES:
-        costly = draft_cost(b, past.breakdown if past is not None else None, model)
+        # The draft's cost and the advice are read from the same basis: a few seconds of a
+        # busy machine swing the phases by half, the lifetime that matches them does not.
+        basis = advice_basis(recent, past, compared)
+        basis_model = model if basis is recent else model_of([basis])
+        before = past.breakdown if past is not None and basis is recent else None
+        costly = draft_cost(basis.breakdown, before, basis_model)
         if costly is not None:
             out.append(costly)
-        basis = advice_basis(recent, past, compared)
-        advice = advise_k(basis.breakdown, model_of([basis]), basis.drafted_first)
+        advice = advise_k(basis.breakdown, basis_model, basis.drafted_first)
         if advice is not None:
             out.append(advice)
         # The lifetime is not a point: its baseline gauge was read at its end, on the batch

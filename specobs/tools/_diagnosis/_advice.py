@@ -22,7 +22,7 @@ from specobs.tools._diagnosis._window import conditional_acceptance
 __all__ = [
     "ADVICE_ALIKE", "ADVICE_BEYOND", "ADVICE_MAX_K", "ADVICE_MIN_GAIN", "ADVICE_Z",
     "BATCH_CONFIDENT_FACTOR", "BATCH_EXTRAPOLATION_MAX", "BATCH_FIT_POINTS",
-    "BATCH_SAME_FACTOR", "BATCH_SEARCH_MAX_FACTOR", "DRAFT_GREW",
+    "BATCH_SAME_FACTOR", "BATCH_SEARCH_MAX_FACTOR", "DRAFT_EATS_GAIN", "DRAFT_GREW",
     "DRAFT_MAX_OF_VERIFY", "TREND_MIN_RATES", "BatchPoint", "FirstPosition",
     "Prospects", "advise_k", "batch_point", "batch_threshold", "candidates", "draft_cost",
     "expected_tokens", "extended_rates", "line_threshold", "nearest_best", "predict",
@@ -220,7 +220,7 @@ def candidates(k: int, model: ForwardModel | None) -> list[int]:
 
 #: Lengths predicted within this fraction of the best are alike: of them the one nearest the
 #: measured k is advised (a flat optimum does not make the advice jump between its ends).
-ADVICE_ALIKE = 0.005
+ADVICE_ALIKE = 0.02
 
 
 def nearest_best(ks: Sequence[int], rate: Callable[[int], float], k: int) -> int:
@@ -260,12 +260,23 @@ def advise_k(b: Breakdown, model: ForwardModel | None = None,
         return None
     k, costs = pr.costs.k, pr.costs
     ks = candidates(k, model)
-    best = nearest_best(ks, pr.rate, k)
-    gain = pr.rate(best) / pr.rate(k) - 1
     first = FirstPosition.fit(pr.conditional, k)
     low, high = rate_interval(pr.conditional, drafted_first)
-    gains = [pr.rate(best, r) / pr.rate(k, r) - 1 for r in (low, high)]
-    gain_low, gain_high = min(*gains, gain), max(*gains, gain)
+
+    def gains(kk: int) -> tuple[float, float, float]:
+        """The gain of ``kk`` over ``k``: predicted, and its pessimistic and optimistic ends."""
+        g = pr.rate(kk) / pr.rate(k) - 1
+        ends = [pr.rate(kk, r) / pr.rate(k, r) - 1 for r in (low, high)]
+        return g, min(*ends, g), max(*ends, g)
+
+    # Of the lengths alike the best, the nearest whose gain holds at the data's pessimistic
+    # end; the best itself where none does (its gain then says how sure it is).
+    best = nearest_best(ks, pr.rate, k)
+    top = max(ks, key=pr.rate)
+    alike = sorted((kk for kk in ks if pr.rate(kk) >= pr.rate(top) * (1 - ADVICE_ALIKE)),
+                   key=lambda kk: (abs(kk - k), kk))
+    best = next((kk for kk in alike if gains(kk)[1] >= ADVICE_MIN_GAIN), best)
+    gain, gain_low, gain_high = gains(best)
     evidence: dict[str, float | str | None] = {
         "clock": costs.clock, "k": float(k), "best_k": float(best), "predicted_gain": gain,
         "predicted_gain_low": gain_low, "predicted_gain_high": gain_high,
@@ -337,9 +348,11 @@ def predict(b: Breakdown, model: ForwardModel | None) -> Prediction | None:
 
 # -- the draft's cost ----------------------------------------------------------------------------
 
-#: The draft is called costly when it costs at least this share of a verify: each cycle pays
-#: nearly two target forwards (EAGLE-class heads cost 0.05-0.2 of a target step a position).
+#: The draft is called costly when it costs at least this share of a verify (each cycle pays
+#: nearly two target forwards; EAGLE-class heads cost 0.05-0.2 of a target step a position) and
+#: eats at least DRAFT_EATS_GAIN of what speculation would gain with a free draft.
 DRAFT_MAX_OF_VERIFY = 0.85
+DRAFT_EATS_GAIN = 0.75
 #: A draft whose cost a position grew by this factor against the past is named as grown.
 DRAFT_GREW = 1.5
 
@@ -347,9 +360,10 @@ DRAFT_GREW = 1.5
 def draft_cost(b: Breakdown, past: Breakdown | None = None,
                model: ForwardModel | None = None) -> Finding | None:
     """``SPEC-DRAFT-COSTLY`` (warn) when the draft phase costs at least
-    :data:`DRAFT_MAX_OF_VERIFY` of a verify, with its cost a position against a plain target
-    step, the share of the gain a free draft would give that it eats (the cycle without its
-    draft phase against a plain step), its trend against ``past`` and the best k at its cost;
+    :data:`DRAFT_MAX_OF_VERIFY` of a verify and eats at least :data:`DRAFT_EATS_GAIN` of the
+    gain a free draft would give (the cycle without its draft phase against a plain step), with
+    its cost a position against a plain target step, its trend against ``past`` and the best k
+    at its cost;
     ``SPEC-DRAFT-COST`` (ok) otherwise; ``None`` without the phase costs or a plain step to
     compare with."""
     pr = prospects(b, model)
@@ -388,7 +402,7 @@ def draft_cost(b: Breakdown, past: Breakdown | None = None,
     text = (f"the draft costs {costs.draft / costs.verify:.2f} of a verify "
             f"({_ms(costs.draft)} against {_ms(costs.verify)} at k={k}), "
             f"{per_step:.2f} of a plain target step a position{grown}")
-    if costs.draft >= DRAFT_MAX_OF_VERIFY * costs.verify:
+    if costs.draft >= DRAFT_MAX_OF_VERIFY * costs.verify and eaten >= DRAFT_EATS_GAIN:
         return Finding(
             "SPEC-DRAFT-COSTLY", "warn",
             f"{text}: it eats {eaten * 100:.0f}% of the gain (predicted {_x(speedup)}, "
