@@ -28,9 +28,11 @@ from rich.console import Console
 import specobs
 from specobs import _ring, catalog
 from specobs._recorder import NULL_CYCLE
+from specobs.sinks.otlp import OtlpSink
 from specobs.tools import _breakdown as bd
 from specobs.tools import _scrape as scr
 from specobs.tools import _top
+from tests._otlp_receiver import OtlpReceiver, attributes_to_dict
 
 CORES = ["native", "python"] if _ring.BUILT else ["python"]
 PHASES = ("draft", "verify", "bookkeeping")
@@ -395,6 +397,34 @@ def test_sequences_by_draft_length_sum_the_batch_sizes_of_each_k(
     fams = {f.metric: f for f in specobs_families(s)}
     assert fams[catalog.SEQUENCES_BY_DRAFT_LENGTH].points == [
         (("0",), 3), (("1",), 4), (("2",), 10), (("3",), 5)]
+
+
+def test_the_otlp_sink_exports_the_gaps_and_the_sequences_by_k(
+    core: str, observers: Callable[..., specobs.Observer], otlp_receiver: OtlpReceiver
+) -> None:
+    sink = OtlpSink(endpoint=otlp_receiver.http_endpoint, protocol="http/protobuf",
+                    export_interval_seconds=3600.0)
+    obs = observers(sinks=[sink], idle_gap_seconds=0.3)
+    cycle(obs, 3, 1, [1, 0, 1], draft_length=1)
+    cycle(obs, 5, 2, [2, 2, 1, 0, 0], draft_length=2)
+    time.sleep(0.4)
+    cycle(obs, 2, 2, [0, 0], draft_length=2)
+    s = flushed(obs)
+    received = {metric.name: metric for _, metric in otlp_receiver.metrics()}
+    gap = received["specobs.cycle.gap"]
+    assert gap.unit == "s"
+    (point,) = gap.histogram.data_points
+    assert tuple(point.explicit_bounds) == BOUNDS
+    assert s.cycle_gap is not None
+    assert point.count == s.cycle_gap.count == 1
+    assert list(point.bucket_counts) == list(s.cycle_gap.counts)
+    assert point.sum == pytest.approx(s.cycle_gap.sum)
+    (idle,) = received["specobs.cycle.idle_gaps"].sum.data_points
+    assert idle.as_int == 1 and received["specobs.cycle.idle_gaps"].sum.is_monotonic
+    seqs = received["specobs.sequences_by_draft_length"]
+    assert seqs.unit == "{sequence}" and seqs.sum.is_monotonic
+    assert {attributes_to_dict(p.attributes)["draft_length"]: p.as_int
+            for p in seqs.sum.data_points} == {"1": 3, "2": 7}
 
 
 def specobs_families(s: specobs.Snapshot) -> list[Any]:
