@@ -22,17 +22,19 @@ fail     speculation is broken or costs throughput: a stall, a collapsed draft, 
 The thresholds are module constants named after what they bound; docs/diagnosis.md says how
 each was chosen. The parts, each name importable from here:
 
-==============  ===============================================================================
-``_findings``   :class:`Finding`, :data:`CODES`, :data:`SEVERITIES`, :class:`Window`, and what
-                every classifier reads alike (the clock to judge by, a phase's mean)
-``_window``     the classifiers of one window: acceptance profile, cycle and host bound, stall,
-                speedup
-``_compare``    against a past (:data:`LIFETIME` or a :func:`saved_run`) and against a cohort
-``_cost``       the cost model: the forward's cost in tokens fitted from the server's own
-                points, a cycle's costs in host seconds
-``_advice``     the advisor: k, the predicted speedup, the draft's cost, the batch threshold,
-                a k for each band of batch sizes
-==============  ===============================================================================
+==================  ==============================================================================
+``_findings``       :class:`Finding`, :data:`CODES`, :data:`SEVERITIES`, :class:`Window`, and what
+                    every classifier reads alike (the clock to judge by, a phase's mean)
+``_window``         the classifiers of one window: acceptance profile, cycle and host bound, stall,
+                    speedup, time between cycles
+``_compare``        against a past (:data:`LIFETIME` or a :func:`saved_run`) and against a cohort
+``_cost``           the cost model: the forward's cost in tokens fitted from the server's own
+                    points, a cycle's costs in host seconds
+``_advice``         the advisor: k, the predicted speedup, the draft's cost
+``_batch``          the batch size above which speculation stops paying
+``_schedule``       a k for each band of batch sizes
+``_engine_config``  such a schedule in each engine's own configuration syntax
+==================  ==============================================================================
 """
 
 from __future__ import annotations
@@ -45,35 +47,32 @@ from specobs.tools._diagnosis._advice import (
     ADVICE_MAX_K,
     ADVICE_MIN_GAIN,
     ADVICE_Z,
+    DRAFT_EATS_GAIN,
+    DRAFT_GREW,
+    DRAFT_MAX_OF_VERIFY,
+    TREND_MIN_RATES,
+    FirstPosition,
+    Prospects,
+    advise_k,
+    candidates,
+    draft_cost,
+    expected_tokens,
+    extended_rates,
+    nearest_best,
+    predict,
+    prospects,
+    rate_interval,
+)
+from specobs.tools._diagnosis._batch import (
     BATCH_CONFIDENT_FACTOR,
     BATCH_EXTRAPOLATION_MAX,
     BATCH_FIT_POINTS,
     BATCH_SAME_FACTOR,
     BATCH_SEARCH_MAX_FACTOR,
-    DRAFT_EATS_GAIN,
-    DRAFT_GREW,
-    DRAFT_MAX_OF_VERIFY,
-    TREND_MIN_RATES,
-    BandChoice,
     BatchPoint,
-    FirstPosition,
-    Prospects,
-    advise_k,
-    bands_from,
     batch_point,
     batch_threshold,
-    candidates,
-    choose_at,
-    draft_cost,
-    expected_tokens,
-    extended_rates,
     line_threshold,
-    nearest_best,
-    predict,
-    prospects,
-    rate_interval,
-    schedule,
-    schedule_finding,
 )
 from specobs.tools._diagnosis._compare import (
     ACCEPT_DROP_MIN,
@@ -125,6 +124,13 @@ from specobs.tools._diagnosis._findings import (
     Window,
     window,
     worst,
+)
+from specobs.tools._diagnosis._schedule import (
+    BandChoice,
+    bands_from,
+    choose_at,
+    schedule,
+    schedule_finding,
 )
 from specobs.tools._diagnosis._window import (
     BOOKKEEPING_MAX_SHARE,
