@@ -199,3 +199,23 @@ def test_time_between_cycles_is_named_with_its_effect() -> None:
     past, recent = lifetime_and_recent(h)
     ok = {f.code for f in dg.diagnose(recent, past)}
     assert "SPEC-GAP-OK" in ok and "SPEC-GAP-HIGH" not in ok
+
+
+def test_an_engine_that_changes_k_gives_the_fit_a_point_per_k_and_its_plain_steps() -> None:
+    """An adaptive engine's window mixes plain steps (k = 0) at batch 8, k = 2 at batch 4 and
+    k = 4 at batch 2: the per-k series give three token counts, and the line through them is the
+    engine's own forward."""
+    from specobs.tools.report._data import joined
+
+    e = engine("linear")
+    mixed = dg.window(joined([e.window(0, 8, 600, baseline="plain_steps"), e.window(2, 4, 600),
+                              e.window(4, 2, 600, baseline="plain_steps")]))
+    model = dg.model_of([mixed])
+    assert model is not None and model.sure and model.distinct == 3
+    sources = {p.source for p in model.points}
+    assert sources == {"plain steps", "verify k=2", "verify k=4"}
+    assert {p.tokens for p in model.points} == {8.0, 12.0, 10.0}
+    # linear(2 ms, 0.05 ms a token): the GPU clock's verify is laid onto the host cycle, a few
+    # percent apart
+    assert model.per_token_seconds == pytest.approx(0.05e-3, rel=0.1)
+    assert model.fixed_seconds == pytest.approx(2.0e-3, rel=0.1)
