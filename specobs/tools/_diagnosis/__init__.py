@@ -50,6 +50,7 @@ from specobs.tools._diagnosis._advice import (
     DRAFT_EATS_GAIN,
     DRAFT_GREW,
     DRAFT_MAX_OF_VERIFY,
+    PLAIN_STEP_SPREAD,
     TREND_MIN_RATES,
     FirstPosition,
     Prospects,
@@ -62,6 +63,7 @@ from specobs.tools._diagnosis._advice import (
     predict,
     prospects,
     rate_interval,
+    slopes,
 )
 from specobs.tools._diagnosis._batch import (
     BATCH_CONFIDENT_FACTOR,
@@ -200,6 +202,7 @@ __all__ = [
     "MIN_RECENT_CYCLES",
     "MIN_SPEEDUP_CYCLES",
     "NOT_THE_SPECULATION",
+    "PLAIN_STEP_SPREAD",
     "SAME_TOKENS",
     "SEVERITIES",
     "SLOWER_CYCLE_FRACTION",
@@ -253,6 +256,7 @@ __all__ = [
     "schedule",
     "schedule_finding",
     "shift_z",
+    "slopes",
     "speedup",
     "stall",
     "status_line",

@@ -3,6 +3,7 @@ the cost model predicts (:mod:`._cost`) and the draft's cost."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,10 +19,28 @@ from specobs.tools._diagnosis._findings import Finding, _ms, _x
 from specobs.tools._diagnosis._window import conditional_acceptance
 
 __all__ = [
-    "ADVICE_ALIKE", "ADVICE_BEYOND", "ADVICE_MAX_K", "ADVICE_MIN_GAIN", "ADVICE_Z",
-    "DRAFT_EATS_GAIN", "DRAFT_GREW", "DRAFT_MAX_OF_VERIFY", "TREND_MIN_RATES", "FirstPosition",
-    "Prospects", "advise_k", "candidates", "draft_cost", "expected_tokens", "extended_rates",
-    "nearest_best", "predict", "prospects", "rate_interval",
+    "ADVICE_ALIKE",
+    "ADVICE_BEYOND",
+    "ADVICE_MAX_K",
+    "ADVICE_MIN_GAIN",
+    "ADVICE_Z",
+    "DRAFT_EATS_GAIN",
+    "DRAFT_GREW",
+    "DRAFT_MAX_OF_VERIFY",
+    "PLAIN_STEP_SPREAD",
+    "TREND_MIN_RATES",
+    "FirstPosition",
+    "Prospects",
+    "advise_k",
+    "candidates",
+    "draft_cost",
+    "expected_tokens",
+    "extended_rates",
+    "nearest_best",
+    "predict",
+    "prospects",
+    "rate_interval",
+    "slopes",
 ]
 
 #: The advisor considers k from 1 to this, and names another k only for a predicted gain of at
@@ -187,6 +206,24 @@ class Prospects:
         return None if plain is None else self.rate(k, rates) * plain
 
 
+#: A plain step measured beside the cycles (by the engine, under the same load) is trusted to
+#: this fraction: the forward's slope is judged at both ends of what that allows.
+PLAIN_STEP_SPREAD = 0.03
+
+
+def slopes(pr: Prospects) -> list[ForwardModel]:
+    """The forward with its slope at both ends of what a plain step off by
+    :data:`PLAIN_STEP_SPREAD` allows (the slope is the difference between verify and the plain
+    step over the B k tokens between them, so a plain step 10% off moves it by 0.1 plain / B k);
+    none where the slope was not measured."""
+    model, costs = pr.model, pr.costs
+    if model is None or not model.sure:
+        return []
+    shift = PLAIN_STEP_SPREAD * model.at(costs.batch) / (costs.batch * costs.k)
+    return [dataclasses.replace(model, per_token_seconds=max(0.0, model.per_token_seconds + d))
+            for d in (-shift, shift)]
+
+
 #: Positions beyond the measured ones the advisor extrapolates acceptance to.
 ADVICE_BEYOND = 3
 
@@ -245,11 +282,13 @@ def advise_k(b: Breakdown, model: ForwardModel | None = None,
     ks = candidates(k, model)
     first = FirstPosition.fit(pr.conditional, k)
     low, high = rate_interval(pr.conditional, drafted_first)
+    alternatives = [pr, *(dataclasses.replace(pr, model=m) for m in slopes(pr))]
 
     def gains(kk: int) -> tuple[float, float, float]:
-        """The gain of ``kk`` over ``k``: predicted, and its pessimistic and optimistic ends."""
+        """The gain of ``kk`` over ``k``: predicted, and its pessimistic and optimistic ends
+        over the acceptance's interval and the forward's slope's."""
         g = pr.rate(kk) / pr.rate(k) - 1
-        ends = [pr.rate(kk, r) / pr.rate(k, r) - 1 for r in (low, high)]
+        ends = [a.rate(kk, r) / a.rate(k, r) - 1 for a in alternatives for r in (low, high)]
         return g, min(*ends, g), max(*ends, g)
 
     # Of the lengths alike the best, the nearest whose gain holds at the data's pessimistic
