@@ -321,10 +321,10 @@ def diagnose(recent: Window, past: Window | None = None,
     gap = between_cycles(b, past.breakdown if past is not None else None)
     if gap is not None:
         out.append(gap)
-    if b.cycles >= MIN_SPEEDUP_CYCLES:
-        # The draft's cost and the advice are read from the same basis: a few seconds of a
-        # busy machine swing the phases by half, the lifetime that matches them does not.
-        basis = advice_basis(recent, past, compared)
+    # The draft's cost and the advice are read from the same basis: a few seconds of a busy
+    # machine swing the phases by half, the lifetime that matches them does not.
+    basis = advice_basis(recent, past, compared)
+    if basis.breakdown.cycles >= MIN_SPEEDUP_CYCLES:
         basis_model = model if basis is recent else model_of([basis])
         before = past.breakdown if past is not None and basis is recent else None
         costly = draft_cost(basis.breakdown, before, basis_model)
@@ -333,6 +333,7 @@ def diagnose(recent: Window, past: Window | None = None,
         advice = advise_k(basis.breakdown, basis_model, basis.drafted_first)
         if advice is not None:
             out.append(advice)
+    if b.cycles >= MIN_SPEEDUP_CYCLES:
         # The lifetime is not a point: its baseline gauge was read at its end, on the batch
         # served then, not on the lifetime's mean batch.
         served = [w for w in (recent, *batch_windows) if w.breakdown.cycles >= MIN_SPEEDUP_CYCLES]
