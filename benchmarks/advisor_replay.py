@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from specobs import catalog
 from specobs.tools import _diagnosis as dg
 from tests.test_diagnosis import delta
 
@@ -30,7 +31,11 @@ def advice(r: dict[str, Any]) -> tuple[int, float]:
     gpu = r["gpu_phase_seconds"] or None
     d = delta(cycles=r["cycles"], batch=r["batch"], host=r["phase_seconds"], gpu=gpu,
               gpu_cycles=r["cycles"] if gpu else 0.0, positions=positions, k=int(r["k"]))
-    f = dg.advise_k(dg.window(d).breakdown, r.get("verify_scaling") or 0.0)
+    if r.get("plain_step_seconds"):
+        d.gauges.add(catalog.BASELINE_SEQUENCE_TOKENS.name, {"source": "demo_measured"},
+                     1.0 / r["plain_step_seconds"])
+    w = dg.window(d)
+    f = dg.advise_k(w.breakdown, dg.model_of([w]), w.drafted_first)
     if f is None:
         raise SystemExit(f"k={r['k']}: the recorded means give no advice")
     if f.severity == "ok":

@@ -41,6 +41,7 @@ __all__ = [
     "Validated",
     "as_count",
     "batch_acceptance",
+    "batch_size_of",
     "batch_sizes",
     "bounded_count",
     "cycle_acceptance",
@@ -323,7 +324,7 @@ def batch_sizes(cycles: Iterable[Record], report: Report,
     for i, c in enumerate(cycles):
         b = c.batch_size
         if b is not None:
-            v = _as_batch(b)
+            v = batch_size_of(b)
             if v is None:
                 report(
                     "bad_batch_size",
@@ -545,5 +546,7 @@ def cycle_draft_length(draft_length: Any, acceptance: Acceptance | None) -> int 
     return max(shape, default=None)
 
 
-def _as_batch(b: Any) -> int | None:
+def batch_size_of(b: Any) -> int | None:
+    """A given ``batch_size`` as an int in 0..MAX_BATCH (numpy / torch integer scalars and
+    integral floats made ints), or ``None`` for anything else."""
     return bounded_count(b, MAX_BATCH)

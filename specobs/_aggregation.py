@@ -55,10 +55,10 @@ class Chunk:
     #: Cycles with a trace id: their exemplars.
     traced: list[ResolvedCycle]
     #: The cycles only Python could place under their draft length (begin's value validated
-    #: here, or derived from acceptance validated here), and the emitted tokens of cycles the
-    #: ring placed whose acceptance was validated here: ({k: cycles}, {k: host ns per phase},
-    #: {k: emitted}, {}) -- accepted tokens by each sequence's draft length are in
-    #: ``acceptance``.
+    #: here, or derived from acceptance validated here), and the emitted tokens and batch sizes
+    #: of cycles the ring placed whose acceptance or batch size was validated here: ({k: cycles},
+    #: {k: host ns per phase}, {k: emitted}, {}, {k: sequences}) -- accepted tokens by each
+    #: sequence's draft length are in ``acceptance``.
     by_draft_length: ByDraftLength | None = None
 
 
@@ -258,6 +258,9 @@ class Aggregation:
         self.phase_host = [_Histogram(buckets) for _ in self.phases]
         self.cycle_gpu = _Histogram(buckets)
         self.cycle_host = _Histogram(buckets)
+        # Every gap between cycles is measured by the ring's drain (its running totals): this
+        # one stays empty, the bounds and the frozen copy's shape.
+        self.cycle_gap = _Histogram(buckets)
         self.accept_length = _Histogram(catalog.accept_length_buckets(self.max_draft_length))
         self.batch_size = _Histogram(catalog.BATCH_SIZE_BUCKETS)
         # Sequences by draft length k (0..max): drafted-by-position is derived from it.
@@ -268,6 +271,7 @@ class Aggregation:
         self.k_host_ns: dict[int, list[int]] = {}
         self.k_emitted: dict[int, int] = {}
         self.k_accepted: dict[int, int] = {}
+        self.k_batch: dict[int, int] = {}
         self.cycles = 0
         self.draft_tokens = 0
         self.accepted_tokens = 0
@@ -416,9 +420,10 @@ class Aggregation:
                     dbk[k] += n
                 add_counts(self.k_accepted, acceptance.accepted_by_draft_length)
             if chunk.by_draft_length is not None:
-                kc, kh, ke, _ = chunk.by_draft_length
+                kc, kh, ke, _, kb = chunk.by_draft_length
                 add_counts(self.k_cycles, kc)
                 add_counts(self.k_emitted, ke)
+                add_counts(self.k_batch, kb)
                 add_ns_by_k(self.k_host_ns, kh)
             if chunk.batch_sizes is not None:
                 self.batch_size.add(chunk.batch_sizes, 1.0)
@@ -486,6 +491,8 @@ class Aggregation:
         batch_size = self.batch_size.freeze()
         cycle_host = self.cycle_host.freeze(t.host[nph] if t else None)
         cycle_gpu = self.cycle_gpu.freeze(t.gpu[nph] if t else None)
+        cycle_gap = self.cycle_gap.freeze(t.gap if t else None)
+        idle_gaps = t.idle_gaps if t else 0
         sampled = self.sampled_cycles + (sum(t.gpu[nph][0]) if t else 0)
         if t is not None:
             cycles += t.cycles
@@ -540,6 +547,9 @@ class Aggregation:
             sequences_by_draft_length={
                 k: n for k, n in enumerate(drafted_by_k) if k in by_k.accepted},
             baseline_source=by_k.baseline_source,
+            batch_by_draft_length=by_k.batch,
+            cycle_gap=cycle_gap,
+            idle_gaps_total=idle_gaps,
             request_acceptance=request_acceptance,
             requests_finished_total=requests_finished,
         )
@@ -551,21 +561,25 @@ class _ByK:
     from the cycles of draft length 0 (one token per sequence each, so the per-sequence rate is
     those cycles over their host seconds, cumulative), once ``PLAIN_STEPS_MIN_CYCLES`` ran."""
 
-    __slots__ = ("accepted", "baseline", "baseline_source", "cycles", "emitted", "phase_seconds")
+    __slots__ = ("accepted", "baseline", "baseline_source", "batch", "cycles", "emitted",
+                 "phase_seconds")
 
     def __init__(self, agg: Aggregation, t: RingTotals | None) -> None:
         cycles = dict(agg.k_cycles)
         emitted = dict(agg.k_emitted)
         accepted = dict(agg.k_accepted)
+        batch = dict(agg.k_batch)
         host = {k: list(v) for k, v in agg.k_host_ns.items()}
         if t is not None:
             add_counts(cycles, t.cycles_by_draft_length)
             add_counts(emitted, t.emitted_by_draft_length)
+            add_counts(batch, t.batch_by_draft_length)
             add_counts(accepted, t.accepted_by_draft_length)
             add_ns_by_k(host, t.host_ns_by_draft_length)
         nph = len(agg.phases)
         self.cycles = {k: cycles[k] for k in sorted(cycles)}
         self.emitted = {k: emitted.get(k, 0) for k in self.cycles}
+        self.batch = {k: batch.get(k, 0) for k in self.cycles}
         self.accepted = {k: accepted[k] for k in sorted(accepted)}
         self.phase_seconds = {k: tuple(ns * 1e-9 for ns in host.get(k, [0] * nph))
                               for k in self.cycles}

@@ -90,6 +90,11 @@ SPECOBS_TRACE_SLOW_CYCLE_SECONDS = "SPECOBS_TRACE_SLOW_CYCLE_SECONDS"
 """Every cycle at least this slow (GPU time when sampled, else host time) is traced (tail
 sampling). Default: off."""
 
+SPECOBS_IDLE_GAP_SECONDS = "SPECOBS_IDLE_GAP_SECONDS"
+"""A gap between two cycles of one thread longer than this many seconds is the engine idling:
+counted in ``specobs_cycle_idle_gaps_total``, not observed in ``specobs_cycle_gap_seconds``.
+Default 1."""
+
 SPECOBS_RANK = "SPECOBS_RANK"
 """This process's rank in a multi-process server (default: RANK / LOCAL_RANK, else 0)."""
 
@@ -139,6 +144,9 @@ class Settings:
     settle_timeout_seconds: float = 5.0
     trace_head_rate: float = 0.001
     trace_slow_cycle_seconds: float | None = None
+    #: A gap between two cycles of one thread longer than this is idling, not overhead: counted
+    #: in ``specobs_cycle_idle_gaps_total`` instead of ``specobs_cycle_gap_seconds``.
+    idle_gap_seconds: float = 1.0
     rank: int = 0
     all_ranks: bool = False
     replica: int | None = None
@@ -367,6 +375,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("trace_head_rate", SPECOBS_TRACE_HEAD_RATE, _number(0.0, 1.0, open_low=False)),
     Setting("trace_slow_cycle_seconds", SPECOBS_TRACE_SLOW_CYCLE_SECONDS,
             _number(0.0, 3600.0, open_low=True)),
+    Setting("idle_gap_seconds", SPECOBS_IDLE_GAP_SECONDS, _number(0.0, 86400.0, open_low=True)),
     Setting("rank", SPECOBS_RANK, _integer(0)),
     Setting("all_ranks", SPECOBS_ALL_RANKS, _boolean),
     Setting("replica", None, _integer(0, 65534)),

@@ -45,6 +45,9 @@
 #define MAX_BATCH (((int64_t)1) << 31)
 #define MAX_BOUNDS 256
 #define NSPARES 4
+/* Recording threads whose last cycle the drain remembers for the gaps between cycles
+ * (specobs/_ring.py: GAP_THREADS). */
+#define GAP_THREADS 64
 /* What an acceptance copy without its own event fills its pinned slot with first: every byte
  * 0xFF, so each element reads negative (-1) until the copy has written it. */
 #define SENTINEL_BYTE 0xFF
@@ -114,6 +117,8 @@ now_ns(void)
 typedef struct {
     int64_t ts[MAX_PHASES + 1];
     int64_t idx;     /* cycle index (Ring.begun when it began) */
+    unsigned long tid; /* the native id of the thread that began it (its gap is to that
+                        * thread's previous cycle) */
     int64_t cost;    /* worker ns spent recording this cycle's events */
     int64_t batch;   /* a valid batch size, or -1 */
     int64_t accsum;  /* sum of lens */
@@ -172,6 +177,15 @@ typedef struct {
     int64_t deferred, unsettled; /* deferred cycles awaiting settle(); handed on unsettled */
     int64_t tick, fake_now; /* tests: a clock that advances by ``tick`` per read (0: real) */
     unsigned long writer;   /* the native id of the thread that began the last cycle (0: none) */
+    /* The gaps between a thread's cycles (add_gap), kept by the walkers of the tail: the last
+     * end stamp of up to GAP_THREADS recording threads, the index the next drained cycle has
+     * when none was lost in between (-1: none drained yet), and the bound past which a gap is
+     * idling, counted instead of observed. */
+    unsigned long gap_tid[GAP_THREADS];
+    int64_t gap_end[GAP_THREADS];
+    int gap_n;
+    int64_t gap_next;
+    int64_t idle_gap_ns;
     /* CUDA acceptance copies started here, through the runtime's own functions (set by the
      * clock with ``set_native_copy``; NULL: every copy goes through ``copy_to_host``). */
     int (*nc_memcpy)(void *, const void *, size_t, int, void *);
@@ -1634,6 +1648,7 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     STATE_SET(s, SLOT_OPEN);
     STORE64(&r->head, pos + 1);
     s->ts[0] = t;
+    s->tid = r->writer;
     s->nts = 1;
     s->nseq = -1;
     s->has_obj_acc = 0;
@@ -2266,6 +2281,11 @@ typedef struct Totals {
     int64_t kcycles[256];
     int64_t kemitted[256];
     int64_t khost[256 * MAX_PHASES];
+    int64_t kbatch[256]; /* batch sizes of the cycles placed by their k, where counted here */
+    /* Gaps between a thread's cycles: host ns bucketed on the duration bounds, their sum, and
+     * the idle ones (longer than Ring.idle_gap_ns) counted instead. */
+    int64_t gap[MAX_BOUNDS + 1];
+    int64_t gapsum, idle;
 } Totals;
 
 /* What every drained cycle adds to the totals, on both drains (with the GIL, and the walk
@@ -2360,6 +2380,8 @@ add_by_k(Ring *r, Totals *t, const Slot *s)
         t->kemitted[k] += s->accsum + s->nseq;
 }
 
+/* A cycle's batch size, where the ring counts it (not kept for the resolver to validate): into
+ * the histogram, and under the cycle's draft length where it has one. */
 static inline void
 add_batch(Ring *r, Totals *t, const Slot *s)
 {
@@ -2368,7 +2390,47 @@ add_batch(Ring *r, Totals *t, const Slot *s)
         t->bcounts[bucket_of(r->bbounds, r->nbb, (double)b)]++;
         t->bsum += b;
         t->bn++;
+        int32_t k = slot_cycle_k(s);
+        if (k >= 0)
+            t->kbatch[k] += b;
     }
+}
+
+/* A drained cycle's gap: host ns from the end of the previous cycle its thread began to its own
+ * begin (PyRing._gap is the specification). A thread's first cycle has none; a gap longer than
+ * idle_gap_ns is counted as idle; a hole in the cycle indices (a cycle dropped or discarded,
+ * which no drain sees) makes every thread start afresh, so no gap spans a lost cycle. Called in
+ * drain order by the walkers of the tail only. */
+static inline void
+add_gap(Ring *r, Totals *t, const Slot *s)
+{
+    if (r->gap_next >= 0 && s->idx != r->gap_next)
+        r->gap_n = 0;
+    r->gap_next = s->idx + 1;
+    int64_t end = s->ts[r->nph];
+    int i = 0, oldest = 0;
+    for (; i < r->gap_n && r->gap_tid[i] != s->tid; i++)
+        if (r->gap_end[i] < r->gap_end[oldest])
+            oldest = i;
+    if (i == r->gap_n) { /* a thread not seen: no gap yet */
+        if (r->gap_n < GAP_THREADS)
+            r->gap_n++;
+        else
+            i = oldest; /* the thread whose last cycle ended first makes room */
+        r->gap_tid[i] = s->tid;
+        r->gap_end[i] = end;
+        return;
+    }
+    int64_t g = s->ts[0] - r->gap_end[i];
+    if (g < 0)
+        g = 0;
+    r->gap_end[i] = end;
+    if (g > r->idle_gap_ns) {
+        t->idle++;
+        return;
+    }
+    t->gap[bucket_of(r->dbounds, r->ndb, (double)g * 1e-9)]++;
+    t->gapsum += g;
 }
 
 /* Whether a done cycle is one the walk without the GIL can take, bound, traces and slowness
@@ -2418,6 +2480,7 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
         ADDN(&r->nheld, -(Py_ssize_t)(s->ev != NULL || s->copy != NULL));
         int64_t tot = add_host(r, t, s->ts);
         total += tot;
+        add_gap(r, t, s);
         int py_batch = 0;
         if (s->copy != NULL && s->nseq < 0 && s->acc == NULL && r->copy_type != Py_None
             && (PyObject *)Py_TYPE(s->copy) == r->copy_type) {
@@ -2617,6 +2680,7 @@ walk_nogil(Ring *r, Totals *t, int64_t bound, Py_ssize_t limit, int64_t next_tra
             s->evn = 0;
         }
         total += add_host(r, t, s->ts);
+        add_gap(r, t, s);
         add_acceptance(t, s);
         add_by_k(r, t, s);
         add_batch(r, t, s);
@@ -2864,13 +2928,15 @@ dict_set_ll(PyObject *d, long k, long long v)
 }
 
 /* specobs._ring.ByDraftLength of ``t``: ({cycle k: cycles}, {cycle k: [host ns per phase]},
- * {cycle k: emitted}, {sequence k: accepted}), only the lengths seen, in order. */
+ * {cycle k: emitted}, {sequence k: accepted}, {cycle k: sequences}), only the lengths seen, in
+ * order. */
 static PyObject *
 by_k_tuple(Ring *r, const Totals *t)
 {
     int w = r->k_max + 1, nph = r->nph;
     PyObject *kc = PyDict_New(), *kh = PyDict_New(), *ke = PyDict_New(), *ka = PyDict_New();
-    if (kc == NULL || kh == NULL || ke == NULL || ka == NULL)
+    PyObject *kb = PyDict_New();
+    if (kc == NULL || kh == NULL || ke == NULL || ka == NULL || kb == NULL)
         goto fail;
     for (int k = 0; k < w; k++) {
         if (t->kseen[k] && dict_set_ll(ka, k, t->kacc[k]) < 0)
@@ -2883,15 +2949,16 @@ by_k_tuple(Ring *r, const Totals *t)
         Py_XDECREF(kk);
         Py_XDECREF(h);
         if (rc < 0 || dict_set_ll(kc, k, t->kcycles[k]) < 0
-            || dict_set_ll(ke, k, t->kemitted[k]) < 0)
+            || dict_set_ll(ke, k, t->kemitted[k]) < 0 || dict_set_ll(kb, k, t->kbatch[k]) < 0)
             goto fail;
     }
-    return Py_BuildValue("(NNNN)", kc, kh, ke, ka);
+    return Py_BuildValue("(NNNNN)", kc, kh, ke, ka, kb);
 fail:
     Py_XDECREF(kc);
     Py_XDECREF(kh);
     Py_XDECREF(ke);
     Py_XDECREF(ka);
+    Py_XDECREF(kb);
     return NULL;
 }
 
@@ -2988,12 +3055,20 @@ drain_walked(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(lastobj);
         goto done;
     }
+    PyObject *gap = bucketed(t->gap, r->ndb + 1, t->gapsum);
+    if (gap == NULL) {
+        Py_DECREF(tt);
+        Py_DECREF(lastobj);
+        Py_DECREF(bk);
+        goto done;
+    }
     /* tt: host, lengths, accepted, drafted, emitted, kseq, batch, batch count */
-    out = Py_BuildValue("(nOLNOOOOOOOOON)", n, PyTuple_GET_ITEM(tt, 0), (long long)total,
+    out = Py_BuildValue("(nOLNOOOOOOOOONNL)", n, PyTuple_GET_ITEM(tt, 0), (long long)total,
                         lastobj, PyTuple_GET_ITEM(tt, 1), PyTuple_GET_ITEM(tt, 2),
                         PyTuple_GET_ITEM(tt, 3), PyTuple_GET_ITEM(tt, 4),
                         PyTuple_GET_ITEM(tt, 5), PyTuple_GET_ITEM(tt, 6),
-                        PyTuple_GET_ITEM(tt, 7), details, released, bk);
+                        PyTuple_GET_ITEM(tt, 7), details, released, bk, gap,
+                        (long long)t->idle);
     Py_DECREF(tt);
 done:
     PyMem_Free(t);
@@ -3378,32 +3453,37 @@ Ring_totals(Ring *r, PyObject *Py_UNUSED(ignored))
             PyList_SET_ITEM(gl, i, b);
     }
     PyObject *bk = gl == NULL ? NULL : by_k_tuple(r, t);
-    if (bk == NULL) {
+    PyObject *gap = bk == NULL ? NULL : bucketed(t->gap, nb, t->gapsum);
+    if (gap == NULL) {
+        Py_XDECREF(bk);
         Py_XDECREF(gl);
         Py_DECREF(tt);
         PyMem_Free(t);
         return NULL;
     }
-    /* RingTotals: ..., gpu, then the four of ByDraftLength */
+    /* RingTotals: ..., gpu, then the five of ByDraftLength, the gaps and the idle ones */
     PyObject *out = Py_BuildValue(
-        "(LOOOOOOOONNOOOO)", (long long)t->cycles, PyTuple_GET_ITEM(tt, 0),
+        "(LOOOOOOOONNOOOOONL)", (long long)t->cycles, PyTuple_GET_ITEM(tt, 0),
         PyTuple_GET_ITEM(tt, 1), PyTuple_GET_ITEM(tt, 2), PyTuple_GET_ITEM(tt, 3),
         PyTuple_GET_ITEM(tt, 4), PyTuple_GET_ITEM(tt, 5), PyTuple_GET_ITEM(tt, 6),
         PyTuple_GET_ITEM(tt, 7),
         t->cycles ? PyLong_FromLongLong(t->last) : (Py_INCREF(Py_None), Py_None), gl,
         PyTuple_GET_ITEM(bk, 0), PyTuple_GET_ITEM(bk, 1), PyTuple_GET_ITEM(bk, 2),
-        PyTuple_GET_ITEM(bk, 3));
+        PyTuple_GET_ITEM(bk, 3), PyTuple_GET_ITEM(bk, 4), gap, (long long)t->idle);
     Py_DECREF(bk);
     Py_DECREF(tt);
     PyMem_Free(t);
     return out;
 }
 
+/* The running totals from zero; no gap spans the reset either. */
 static PyObject *
 Ring_reset_totals(Ring *r, PyObject *Py_UNUSED(ignored))
 {
     ring_lock(r);
     memset(r->totals, 0, sizeof(Totals));
+    r->gap_n = 0;
+    r->gap_next = -1;
     ring_unlock(r);
     Py_RETURN_NONE;
 }
@@ -3570,6 +3650,8 @@ Ring_init(Ring *r, PyObject *args, PyObject *kwds)
     }
     r->capacity = capacity;
     r->if_idx = -1;
+    r->gap_next = -1;
+    r->idle_gap_ns = 1000000000; /* specobs._ring.IDLE_GAP_NS */
     r->nslots = capacity + 1;
     r->nph = (int)nph;
     r->k_max = k_max;
@@ -3825,6 +3907,8 @@ static PyMemberDef Ring_members[] = {
      "clock (at most 512): a quarter of the clock's pool"},
     {"writer", T_ULONG, offsetof(Ring, writer), READONLY,
      "native id of the thread that began the last cycle (0: none yet, or not known)"},
+    {"idle_gap_ns", T_LONGLONG, offsetof(Ring, idle_gap_ns), 0,
+     "gaps between a thread's cycles longer than this (ns) are counted as idle, not observed"},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -203,6 +203,16 @@ class Snapshot:
     #: Who measured ``baseline_tokens_per_second``: ``None`` when configured, else the
     #: ``source`` label (``catalog.BASELINE_SOURCE_PLAIN_STEPS``).
     baseline_source: str | None = None
+    #: Sequences of the cycles of each draft length in effect, by the cycle's k (their batch
+    #: sizes summed; ``specobs_sequences_by_draft_length_total``): over
+    #: ``cycles_by_draft_length``, the mean batch at k. Keyed as ``cycles_by_draft_length``.
+    batch_by_draft_length: dict[int, int] = field(default_factory=dict)
+    #: Host-clock gaps between two cycles of one thread (``specobs_cycle_gap_seconds``), and the
+    #: gaps longer than ``Settings.idle_gap_seconds`` counted instead
+    #: (``specobs_cycle_idle_gaps_total``). Both are required series: a snapshot made without
+    #: them (``None``) cannot be exported.
+    cycle_gap: HistogramData | None = None
+    idle_gaps_total: int | None = None
 
     @property
     def draft_length(self) -> HistogramData:

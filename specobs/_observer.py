@@ -220,6 +220,7 @@ class Observer:
             duration_bounds=self.aggregation.duration_bounds,
         )
         self._recorder.enabled = settings.enabled
+        self._recorder.ring.idle_gap_ns = round(settings.idle_gap_seconds * 1e9)
         self.aggregation.attach_ring(self._recorder.ring, self.anchor.offset_ns)
         self._resolver = Resolver(
             self._recorder,
@@ -567,8 +568,8 @@ def configure(
     Every :class:`~specobs.Settings` field is a keyword argument (``phases``, ``sample_every``,
     ``overhead_budget``, ``queue_size``, ``event_pool_size``, ``max_draft_length``, ``labels``,
     ``baseline_tokens_per_second``, ``poll_interval_seconds``, ``trace_head_rate``,
-    ``trace_slow_cycle_seconds``, ``enabled``, ``rank``, ``all_ranks``, ``replica``,
-    ``replicas``, ``leader``, ``integration``); each is validated by its row of
+    ``trace_slow_cycle_seconds``, ``idle_gap_seconds``, ``enabled``, ``rank``, ``all_ranks``,
+    ``replica``, ``replicas``, ``leader``, ``integration``); each is validated by its row of
     ``specobs._config.SETTINGS``. Pass ``settings`` to start from a :class:`Settings` instead of
     the variables and defaults. ``sinks``: where data goes; default from ``SPECOBS_EXPORTERS``
     (``prometheus``, ``otlp``), else none (read back with :meth:`Observer.snapshot`).

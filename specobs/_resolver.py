@@ -1019,22 +1019,25 @@ def _by_draft_length(
     :attr:`Detail.cycle_k`): the cycles it could not place -- ``begin``'s draft length kept as
     an object (validated here: a bad one is counted as ``bad_draft_length``, the cycle kept
     without a k), or none from ``begin`` and acceptance validated here (its draft length as
-    ``accept`` named it) -- with their host phase times and emitted tokens; and the emitted
-    tokens of cycles it placed whose acceptance is validated here. ``None``: nothing."""
+    ``accept`` named it) -- with their host phase times, emitted tokens and batch sizes; and the
+    emitted tokens and batch sizes validated here of cycles it placed. ``None``: nothing."""
     kc: dict[int, int] = {}
     kh: dict[int, list[int]] = {}
     ke: dict[int, int] = {}
+    kb: dict[int, int] = {}
     for d in details:
         ck = d.cycle_k
-        if ck == -1 or (ck >= 0 and d.native):
-            continue  # no k, or counted whole by the ring
-        if ck >= 0:  # placed by the ring: only the emitted tokens of its acceptance are left
-            a = validated(d)
+        if ck == -1:
+            continue  # no k
+        a = None if d.native else validated(d)
+        batch, by_ring = _cycle_batch(d, a)
+        if ck >= 0:  # placed by the ring: only what was validated here is left
             if a is not None:
                 ke[ck] = ke.get(ck, 0) + a.emitted
+            if batch is not None and not by_ring:
+                kb[ck] = kb.get(ck, 0) + batch
             continue
         obj = d.cycle_k_obj
-        a = None if d.native else validated(d)
         if obj is not None:
             k = _acceptance.draft_length_of(obj, k_max)
             if k is None:
@@ -1053,9 +1056,26 @@ def _by_draft_length(
             ke[k] = ke.get(k, 0) + sum(lens) + len(lens)
         elif a is not None:
             ke[k] = ke.get(k, 0) + a.emitted
-    if not kc and not ke:
+        kb[k] = kb.get(k, 0) + (batch or 0)
+    if not kc and not ke and not kb:
         return None
-    return kc, kh, ke, {}
+    return kc, kh, ke, {}, kb
+
+
+def _cycle_batch(d: Detail, a: Acceptance | None) -> tuple[int | None, bool]:
+    """A detail's batch size as the batch-size histogram counts it (``None``: none), and whether
+    the ring counted it (a valid int given, or the sequences of acceptance it stored) rather than
+    the resolver's validation (as :meth:`Resolver._validate` chooses: anything else given, or
+    the sequences of acceptance validated here, ``a``)."""
+    b = d.batch
+    given_ok = b is None or (type(b) is int and 0 <= b <= _acceptance.MAX_BATCH)
+    if given_ok and (d.native or (d.acceptance is None and d.copy is None)):
+        if b is not None:
+            return b, True
+        return (len(d.acceptance) if d.native else None), True
+    if b is not None:
+        return _acceptance.batch_size_of(b), False
+    return (len(a.lengths) if a is not None else None), False
 
 
 def _call_sinks(sinks: Sequence[Sink], method: str, deadline: float) -> list[object]:

@@ -36,6 +36,14 @@ events (the resolver asks the clock which completed) and the index bound of thos
 returns one chunk: host-clock histograms per phase and per cycle, the acceptance counted by
 length, batch sizes bucketed, and *details* -- the few cycles that need Python (events, a copy,
 values kept as objects, traced, or every cycle when a sink wants them all).
+
+**Gaps between cycles.** The drain also measures, for each cycle, the host time since the end of
+the previous cycle the same thread began (``begin`` keeps the thread's native id in the slot):
+the engine's time outside cycles. The drain keeps the last end stamp of up to
+:data:`GAP_THREADS` threads; a thread's first cycle has no gap, a gap longer than
+``idle_gap_ns`` is counted as idle instead of observed, and a cycle the drain never sees
+(dropped when the ring was full, discarded, begun in graph capture: a hole in the cycle
+indices) makes every thread start afresh, so no gap spans it.
 """
 
 from __future__ import annotations
@@ -59,6 +67,12 @@ __all__ = ["NATIVE", "Cycle", "Detail", "Drained", "PyCycle", "PyRing", "Ring"]
 #: Most sequences one accept() stores in the slot; more are validated by the resolver.
 NATIVE_MAX_SEQ = 65536
 NSPARES = 4
+#: Recording threads whose last cycle the drain remembers for the gaps between cycles; a new
+#: thread beyond them takes the place of the one whose last cycle ended first.
+GAP_THREADS = 64
+#: Gaps between a thread's cycles longer than this (ns) are idling, not observed: the default of
+#: ``Settings.idle_gap_seconds``.
+IDLE_GAP_NS = 1_000_000_000
 MAX_BATCH = 1 << 31
 MAX_PHASES = 16
 _INT_FORMATS = frozenset("bBhHiIlLqQ")
@@ -120,14 +134,18 @@ class Detail(NamedTuple):
 #: (cycles, host [(counts, sum ns)] per phase then the cycle, sum of cycle ns, last end stamp,
 #: sequences per accepted length, accepted, drafted, emitted, {draft length: sequences},
 #: batch sizes (counts, sum), batch sizes counted, details, copies read by the drain for the
-#: resolver to hand back to their pool, the counts by draft length (:data:`ByDraftLength`)).
+#: resolver to hand back to their pool, the counts by draft length (:data:`ByDraftLength`),
+#: the gaps between cycles (counts, sum ns) and the idle gaps counted).
 Drained = tuple[
     int, list[tuple[list[int], int]], int, int | None, list[int], int, int, int,
     dict[int, int], tuple[list[int], int], int, list[Detail], list[Any], "ByDraftLength",
+    tuple[list[int], int], int,
 ]
 #: What a drain counts by draft length, only the lengths seen, keys sorted: ({cycle k: cycles},
-#: {cycle k: host ns per phase}, {cycle k: emitted tokens}, {sequence k: accepted tokens}).
-ByDraftLength = tuple[dict[int, int], dict[int, list[int]], dict[int, int], dict[int, int]]
+#: {cycle k: host ns per phase}, {cycle k: emitted tokens}, {sequence k: accepted tokens},
+#: {cycle k: sequences}: the batch sizes of those cycles, where counted).
+ByDraftLength = tuple[
+    dict[int, int], dict[int, list[int]], dict[int, int], dict[int, int], dict[int, int]]
 
 
 def _columns(compiled: Any, reference: Any, *args: Any) -> Any:
@@ -141,12 +159,14 @@ def _columns(compiled: Any, reference: Any, *args: Any) -> Any:
 class _Slot:
     __slots__ = (
         "acc", "accsum", "ak", "batch", "batch_obj", "copy", "cost", "dk", "dk_obj", "draft",
-        "emitted", "ev", "has_obj_acc", "idx", "k", "lens", "nseq", "state", "ts",
+        "emitted", "ev", "has_obj_acc", "idx", "k", "lens", "nseq", "state", "tid", "ts",
     )
 
     def __init__(self) -> None:
         self.ts: list[int] = []
         self.idx = 0
+        #: The native id of the thread that began the cycle (its gap is to that thread's last).
+        self.tid = 0
         self.cost = 0
         self.batch = -1
         self.accsum = 0
@@ -346,6 +366,13 @@ class RingTotals(NamedTuple):
     emitted_by_draft_length: dict[int, int]
     #: Accepted tokens by each sequence's own draft length (the drafts it verified).
     accepted_by_draft_length: dict[int, int]
+    #: Sequences (the batch sizes the ring counted) of the cycles it placed, by their draft
+    #: length; every length of ``cycles_by_draft_length``, 0 where none had a batch size.
+    batch_by_draft_length: dict[int, int]
+    #: Host-clock gaps between a thread's cycles (counts on the duration bounds, sum ns), and the
+    #: gaps longer than ``idle_gap_ns`` counted instead.
+    gap: _bucketing.Bucketed
+    idle_gaps: int
 
 
 class PyCycle:
@@ -628,6 +655,9 @@ class PyRing:
         self.begun = 0
         #: The native id of the thread that began the last cycle (0: none yet).
         self.writer = 0
+        #: Gaps between a thread's cycles longer than this (ns) are counted as idle, not
+        #: observed (``Settings.idle_gap_seconds``).
+        self.idle_gap_ns = IDLE_GAP_NS
         self.enqueued = 0
         #: Cycles ended by defer() awaiting settle(); cycles the timeout handed on unsettled.
         self.deferred = 0
@@ -673,6 +703,12 @@ class PyRing:
         self.dropped: list[tuple[Any, Any]] = []
         #: Cycles :meth:`drain_into` has taken (the aggregation's generation moves with it).
         self.drained = 0
+        #: The gaps' memory (set by :meth:`reset_totals`): the last end stamp of each recording
+        #: thread seen (two lists, as the native core's arrays), and the index the next drained
+        #: cycle has when none was lost in between (-1: none drained yet).
+        self._gap_tids: list[int] = []
+        self._gap_ends: list[int] = []
+        self._gap_next = -1
         self.reset_totals()
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -858,6 +894,7 @@ class PyRing:
         s.ev = s.copy = None
         s.state = OPEN
         s.ts = [t]
+        s.tid = self.writer
         s.nseq = -1
         s.has_obj_acc = False
         s.batch = -1
@@ -1034,6 +1071,9 @@ class PyRing:
         khost: dict[int, list[int]] = {}
         kem: dict[int, int] = {}
         kacc: dict[int, int] = {}
+        kbat: dict[int, int] = {}
+        gaps: list[int] = []
+        idle = 0
         accepted = drafted = emitted = 0
         n = ti = 0
         nt = len(trace)
@@ -1054,6 +1094,7 @@ class PyRing:
             self.held_cycles -= s.ev is not None or s.copy is not None
             ts = s.ts
             tss.append(ts)
+            idle += self._gap(s, gaps)
             if (s.copy is not None and s.nseq < 0 and s.acc is None and copy_type is not None
                     and type(s.copy) is copy_type):
                 self._read_copy(s, released)
@@ -1072,10 +1113,13 @@ class PyRing:
                 add_stamps_by_k(khost, ck, ts, nph)
                 kem[ck] = kem.get(ck, 0) + (s.accsum + nseq if nseq >= 0 else 0)
             py_batch = s.batch_obj is not None or s.has_obj_acc
+            b = -1
             if not py_batch:
                 b = s.batch if s.batch >= 0 else nseq
                 if b >= 0:
                     batches.append(b)
+            if ck >= 0:  # the resolver adds the batch sizes it validates
+                kbat[ck] = kbat.get(ck, 0) + max(b, 0)
             traced = 0
             while ti < nt:
                 want = trace[ti]
@@ -1124,11 +1168,42 @@ class PyRing:
         lcounts = (_columns(_bucketing.count_lengths, _bucketing.count_lengths_py,
                             lens, self.k_max, w) if lens else [0] * w)
         bucketed = _columns(_bucketing.bucket, _bucketing.bucket_py, batches, self._bb, 1.0)
+        gapped = _columns(_bucketing.bucket, _bucketing.bucket_py, gaps, self._db, 1e-9)
         return (n, [(list(c), int(t)) for c, t in hl], total, tss[-1][nph] if tss else None,
                 list(lcounts), accepted, drafted, emitted, {k: kseq[k] for k in sorted(kseq)},
                 (list(bucketed[0]), bucketed[1]), len(batches), details, released,
                 ({k: kcyc[k] for k in sorted(kcyc)}, {k: khost[k] for k in sorted(khost)},
-                 {k: kem[k] for k in sorted(kem)}, {k: kacc[k] for k in sorted(kacc)}))
+                 {k: kem[k] for k in sorted(kem)}, {k: kacc[k] for k in sorted(kacc)},
+                 {k: kbat[k] for k in sorted(kbat)}),
+                (list(gapped[0]), int(gapped[1])), idle)
+
+    def _gap(self, s: _Slot, gaps: list[int]) -> int:
+        """A drained cycle's gap since the end of its thread's previous cycle (see the module's
+        docstring), appended to ``gaps``; returns 1 when it was an idle one (not appended).
+        ``add_gap`` in specobs/_core.c does the same."""
+        tids, ends = self._gap_tids, self._gap_ends
+        if self._gap_next >= 0 and s.idx != self._gap_next:
+            tids.clear()  # a cycle in between was lost: no gap spans it
+            ends.clear()
+        self._gap_next = s.idx + 1
+        end = s.ts[self.nph]
+        try:
+            i = tids.index(s.tid)
+        except ValueError:
+            if len(tids) < GAP_THREADS:
+                tids.append(s.tid)
+                ends.append(end)
+            else:  # the thread whose last cycle ended first makes room
+                i = ends.index(min(ends))
+                tids[i] = s.tid
+                ends[i] = end
+            return 0
+        gap = max(s.ts[0] - ends[i], 0)
+        ends[i] = end
+        if gap > self.idle_gap_ns:
+            return 1
+        gaps.append(gap)
+        return 0
 
     def drain_into(
         self, bound: int, limit: int, trace: list[int], slow_ns: int, want_all: bool
@@ -1139,8 +1214,8 @@ class PyRing:
         nev = self._ne_elapsed is not None and threading.get_ident() == self._ne_thread
         gpu: list[list[int]] | None = [] if nev else None
         (n, host, total, last, lcounts, accepted, drafted, emitted, kseq, batch_b, batch_n,
-         details, released, by_k) = self._drain_locked(bound, limit, trace, slow_ns, want_all,
-                                                        gpu)
+         details, released, by_k, gap, idle) = self._drain_locked(bound, limit, trace, slow_ns,
+                                                                  want_all, gpu)
         t = self._totals
         if gpu:
             cols = [
@@ -1164,11 +1239,14 @@ class PyRing:
                     t[7][1] + batch_b[1])
             t[8] += batch_n
             t[9] = last
-            kcyc, khost, kem, kacc = by_k
+            kcyc, khost, kem, kacc, kbat = by_k
             add_counts(t[11], kcyc)
             add_ns_by_k(t[12], khost)
             add_counts(t[13], kem)
             add_counts(t[14], kacc)
+            add_counts(t[15], kbat)
+            t[16] = ([a + b for a, b in zip(t[16][0], gap[0], strict=True)], t[16][1] + gap[1])
+            t[17] += idle
             self.drained += n
         return n, total, details, released
 
@@ -1189,15 +1267,21 @@ class PyRing:
                           {k: t[11][k] for k in sorted(t[11])},
                           {k: list(t[12][k]) for k in sorted(t[12])},
                           {k: t[13][k] for k in sorted(t[13])},
-                          {k: t[14][k] for k in sorted(t[14])})
+                          {k: t[14][k] for k in sorted(t[14])},
+                          {k: t[15][k] for k in sorted(t[15])}, (list(t[16][0]), t[16][1]),
+                          t[17])
 
     def reset_totals(self) -> None:
+        """The running totals from zero; no gap spans the reset either."""
         nb, nbb = len(self._db) + 1, len(self._bb) + 1
         self._totals: list[Any] = [
             0, [([0] * nb, 0) for _ in range(self.nph + 1)], [0] * (self.k_max + 1), 0, 0, 0,
             {}, ([0] * nbb, 0), 0, None, [([0] * nb, 0) for _ in range(self.nph + 1)],
-            {}, {}, {}, {},
+            {}, {}, {}, {}, {}, ([0] * nb, 0), 0,
         ]
+        self._gap_tids = []
+        self._gap_ends = []
+        self._gap_next = -1
 
     def _read_copy(self, s: _Slot, released: list[Any]) -> None:
         """A completed copy of the clock's pinned-buffer type read straight from pinned memory

@@ -41,6 +41,8 @@ def families(s: Snapshot) -> Iterator[Family]:
         (c.PHASE_DURATION, [((phase, clock), s.phase_histograms[(phase, clock)])
                             for phase in s.phases for clock in CLOCKS]),
         (c.CYCLE_DURATION, [((clock,), s.cycle_histograms[clock]) for clock in CLOCKS]),
+        (c.CYCLE_GAP, _one(s.cycle_gap)),
+        (c.IDLE_GAPS, _one(s.idle_gaps_total)),
         (c.CYCLES, _one(s.cycles_total)),
         (c.DRAFT_TOKENS, _one(s.draft_tokens_total)),
         (c.DRAFT_TOKENS_UNVERIFIED, _one(s.draft_tokens_unverified)),
@@ -55,6 +57,7 @@ def families(s: Snapshot) -> Iterator[Family]:
                                         for k, seconds in s.phase_seconds_by_draft_length.items()
                                         for i, phase in enumerate(s.phases)] or None),
         (c.EMITTED_BY_DRAFT_LENGTH, _by_k(s.emitted_by_draft_length)),
+        (c.SEQUENCES_BY_DRAFT_LENGTH, _by_k(s.batch_by_draft_length)),
         (c.ACCEPTED_BY_DRAFT_LENGTH, _by_k(s.accepted_by_draft_length)),
         (c.DRAFTED_BY_DRAFT_LENGTH, _by_k(s.drafted_by_draft_length)),
         (c.BATCH_SIZE, _one(s.batch_size)),

@@ -30,6 +30,7 @@ __all__ = [
     "CYCLES",
     "CYCLES_BY_DRAFT_LENGTH",
     "CYCLE_DURATION",
+    "CYCLE_GAP",
     "DEFAULT_MAX_LABEL_VALUE_LENGTH",
     "DRAFTED_BY_DRAFT_LENGTH",
     "DRAFTED_BY_POSITION",
@@ -47,6 +48,7 @@ __all__ = [
     "EXEMPLAR_SPAN_ID_LABEL",
     "EXEMPLAR_TRACE_ID_LABEL",
     "EXPORTER_CPU",
+    "IDLE_GAPS",
     "INFO",
     "LAST_CYCLE_TIMESTAMP",
     "MAX_LABEL_VALUE_LENGTH",
@@ -63,6 +65,7 @@ __all__ = [
     "SAMPLED_CYCLES",
     "SAMPLING_BUDGET",
     "SAMPLING_INTERVAL",
+    "SEQUENCES_BY_DRAFT_LENGTH",
     "WORKER_THREAD_TIME",
     "Metric",
     "accept_length_buckets",
@@ -300,6 +303,24 @@ CYCLE_DURATION = Metric(
     "Duration of a whole speculative decoding cycle (draft + verify + bookkeeping), by clock.",
     labels=("clock",), buckets=DURATION_BUCKETS_SECONDS,
 )  # fmt: skip
+CYCLE_GAP = Metric(
+    "specobs.cycle.gap", "histogram", "s",
+    "Host seconds from the end of one cycle to the begin of the next cycle the same thread "
+    "recorded on this observer (cycles of every draft length, plain k = 0 steps included): "
+    "the engine's time outside speculative cycles (its scheduler, detokenisation, Python "
+    "between steps). A thread's first cycle has no gap. A gap longer than idle_gap_seconds "
+    "(SPECOBS_IDLE_GAP_SECONDS, default 1 s) is the engine idling: counted in "
+    "specobs_cycle_idle_gaps_total instead. A cycle specobs never resolves (dropped when the "
+    "queue was full; discarded: misuse, an exception, CUDA graph capture) ends the gaps: the "
+    "next cycle of every thread starts afresh, so no gap spans a lost cycle.",
+    buckets=DURATION_BUCKETS_SECONDS,
+)  # fmt: skip
+IDLE_GAPS = Metric(
+    "specobs.cycle.idle_gaps", "counter", "{gap}",
+    "Gaps between two cycles of one thread longer than idle_gap_seconds "
+    "(SPECOBS_IDLE_GAP_SECONDS, default 1 s): the engine idling, not its overhead between "
+    "cycles, so left out of specobs_cycle_gap_seconds.",
+)  # fmt: skip
 CYCLES = Metric(
     "specobs.cycles", "counter", "{cycle}",
     "Speculative decoding cycles completed (every cycle is counted, sampled or not).",
@@ -364,6 +385,14 @@ EMITTED_BY_DRAFT_LENGTH = Metric(
     "specobs.emitted_tokens_by_draft_length", "counter", "{token}",
     "Tokens emitted to sequences by the cycles of each draft length in effect (the cycle's k, "
     "as specobs_draft_length counts it); over the phase seconds, throughput at that k.",
+    labels=("draft_length",), optional=True,
+)  # fmt: skip
+SEQUENCES_BY_DRAFT_LENGTH = Metric(
+    "specobs.sequences_by_draft_length", "counter", "{sequence}",
+    "Sequences decoded by the cycles of each draft length in effect: their batch sizes summed "
+    "by the cycle's k (as specobs_draft_length counts it; a cycle without a batch size adds "
+    "none). Over specobs_cycles_by_draft_length_total, the mean batch at that k; batch x "
+    "(k + 1) is the tokens the target verified per cycle.",
     labels=("draft_length",), optional=True,
 )  # fmt: skip
 ACCEPTED_BY_DRAFT_LENGTH = Metric(
@@ -495,6 +524,8 @@ ERRORS = Metric(
 CATALOG: tuple[Metric, ...] = (
     PHASE_DURATION,
     CYCLE_DURATION,
+    CYCLE_GAP,
+    IDLE_GAPS,
     CYCLES,
     DRAFT_TOKENS,
     DRAFT_TOKENS_UNVERIFIED,
@@ -507,6 +538,7 @@ CATALOG: tuple[Metric, ...] = (
     CYCLES_BY_DRAFT_LENGTH,
     PHASE_TIME_BY_DRAFT_LENGTH,
     EMITTED_BY_DRAFT_LENGTH,
+    SEQUENCES_BY_DRAFT_LENGTH,
     ACCEPTED_BY_DRAFT_LENGTH,
     DRAFTED_BY_DRAFT_LENGTH,
     BATCH_SIZE,

@@ -5,6 +5,7 @@
     specobs generate  dashboards, rules and docs from the metric catalog (--check: drift test)
     specobs top URL   live cycle breakdown from a specobs /metrics endpoint
     specobs doctor URL  one-shot health check of an endpoint
+    specobs advise URL  a k for each band of batch sizes, in the engine's configuration
     specobs report    a self-contained HTML report of a run, or an A/B comparison of two
     specobs fleet-sim N simulated servers' /metrics with injected faults (monitoring load tests)
     specobs engines   would specobs attach to the installed vLLM, SGLang, transformers
@@ -35,6 +36,8 @@ _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "top": ("specobs.tools._top", "live cycle breakdown from a specobs /metrics endpoint or a "
             "Prometheus server"),
     "doctor": ("specobs.tools._doctor", "one-shot health check of a specobs /metrics endpoint"),
+    "advise": ("specobs.tools._advise", "the speculation length for each band of batch sizes, "
+               "as the engine's own configuration, from what a server measured"),
     "fleet-sim": ("specobs.tools.fleet", "serve N simulated servers' /metrics with injected "
                   "faults, to load-test monitoring (loopback only)"),
     "report": ("specobs.tools.report", "a self-contained HTML report of a run (live endpoint, "

@@ -1,5 +1,6 @@
-"""The forward's cost in tokens (:func:`specobs.tools._diagnosis.forward_cost`), the advisor's
-verify scaling from it, and the batch size above which speculation stops paying
+"""The forward's cost in tokens (:func:`specobs.tools._diagnosis.fit_forward` on the points
+of :func:`~specobs.tools._diagnosis.cost_points`), and the batch size above which speculation
+stops paying
 (``SPEC-ADVICE-BATCH``), on constructed intervals checked against the cost model written out
 again here, on both sides of the threshold."""
 
@@ -24,18 +25,25 @@ def measured(d: Delta, tokens_per_second: float, source: str = "demo_measured") 
 
 
 def test_the_forward_is_fitted_through_the_plain_step_and_verify() -> None:
-    b = dg.window(delta(host=HOST, positions=POSITIONS)).breakdown
-    cost = dg.forward_cost(b, 2e-3)
-    assert cost is not None and cost.k == 4 and cost.batch == 4.0
+    w = dg.window(measured(delta(host=HOST, positions=POSITIONS), 1 / 2.2e-3))
+    points = dg.cost_points(w.breakdown, w.baseline_measured)
+    # the plain step less the cycle's bookkeeping (0.2 ms), which a plain step pays too
+    assert sorted((p.tokens, round(p.seconds, 9), p.source) for p in points) == [
+        (4.0, 2e-3, "measured baseline"), (20.0, 6e-3, "verify k=4")]
+    model = dg.fit_forward(points)
+    assert model is not None and model.sure
     # verify 6 ms over 4 x 5 tokens, the plain step 2 ms over 4: 0.25 ms a token, 1 ms fixed.
-    assert cost.per_token_seconds == pytest.approx(0.25e-3)
-    assert cost.fixed_seconds == pytest.approx(1e-3)
-    assert dg.verify_scaling(cost) == pytest.approx(0.25e-3 * 20 / 6e-3)
+    assert model.per_token_seconds == pytest.approx(0.25e-3)
+    assert model.fixed_seconds == pytest.approx(1e-3)
+    assert model.residual == pytest.approx(0.0, abs=1e-9)
     # A verify no dearer than the plain step: nothing grows with tokens.
-    flat = dg.forward_cost(b, 7e-3)
+    flat = dg.fit_forward(dg.cost_points(
+        dg.window(measured(delta(host=HOST), 1 / 7.2e-3)).breakdown, True))
     assert flat is not None and flat.per_token_seconds == 0.0
-    assert dg.verify_scaling(flat) == 0.0
-    assert dg.forward_cost(b, None) is None and dg.verify_scaling(None) == 0.0
+    # A configured baseline is no point: one token count, no slope.
+    alone = dg.fit_forward(dg.cost_points(dg.window(delta(host=HOST, baseline=500.0)).breakdown,
+                                          False))
+    assert alone is not None and not alone.sure and alone.per_token_seconds == 0.0
 
 
 # -- the threshold over the batch sizes observed ------------------------------------------------
@@ -101,7 +109,10 @@ def test_one_batch_size_names_no_threshold() -> None:
     assert f.evidence["threshold_batch"] is None and f.evidence["batches_observed"] == 1.0
     assert f.sentence.startswith("speculation pays at the one batch size observed (1.39x at "
                                  "4.0); where it stops paying cannot be told from one batch")
-    assert f"would say {dg.line_threshold(point(4.0)):.0f}, a guess" in f.sentence
+    # The straight line's guess stays in the evidence, not in a sentence no one can act on.
+    assert "would say" not in f.sentence
+    assert f.evidence["line_threshold_batch"] == pytest.approx(dg.line_threshold(point(4.0)))
+    assert "several batch sizes" in f.advice
     # Windows within 1.25x of each other's batch are one batch size.
     same = dg.batch_threshold([point(4.0), point(4.9, cycles=3000.0)])
     assert same is not None and same.evidence["batches_observed"] == 1.0
@@ -226,8 +237,11 @@ def test_only_a_baseline_measured_on_the_served_batch_is_a_plain_step() -> None:
         delta(host=HOST, positions=POSITIONS), 500.0)))}
     assert found["SPEC-ADVICE-BATCH"].evidence["speedup_batch4.0"] == pytest.approx(
         E * 2e-3 / sum(HOST.values()))
-    assert found["SPEC-ADVICE-K"].evidence["verify_scaling"] == pytest.approx(20 / 24)
+    # plain step 2 ms - 0.2 ms of bookkeeping over 4 tokens, verify 6 ms over 20
+    assert found["SPEC-ADVICE-K"].evidence["forward_per_token_seconds"] == pytest.approx(
+        (6e-3 - 1.8e-3) / 16)
     plain = {f.code: f for f in dg.diagnose(dg.window(delta(host=HOST, positions=POSITIONS,
                                                             baseline=500.0)))}
     assert "SPEC-ADVICE-BATCH" not in plain
-    assert plain["SPEC-ADVICE-K"].evidence["verify_scaling"] == 0.0
+    assert plain["SPEC-ADVICE-K"].evidence["forward_points"] == 1.0
+    assert plain["SPEC-ADVICE-K"].evidence["candidates"] == "3,4,5"

@@ -141,6 +141,23 @@ def test_each_phase_mean_between_two_scrapes_is_the_servers_own() -> None:
                 assert mean == pytest.approx(want, rel=1e-9), (server.pod, phase, clock, count)
 
 
+def test_the_time_between_cycles_and_the_batch_by_k_are_the_servers_own() -> None:
+    """A simulated server is busy all the time: its cycles and the gaps between them fill the
+    time it ran (the gaps' mean the one it was given, none idle), and the batch at its one k is
+    its batch."""
+    fleet = Fleet(4, [], seed=5)
+    for server in fleet.servers:
+        server.advance(time.time(), server.last_advance + 60.0)
+        s = server.snapshot()
+        gap, host = s.cycle_gap, s.cycle_histograms["host"]
+        assert gap is not None and gap.count > 0 and s.idle_gaps_total == 0
+        assert gap.sum / gap.count == pytest.approx(server.gap_seconds, rel=1e-9)
+        assert host.sum + gap.sum == pytest.approx(60.0, rel=0.05)
+        k = server.model.draft_length
+        assert s.batch_by_draft_length == {k: s.batch_size.sum}
+        assert s.cycles_by_draft_length == {k: s.cycles_total}
+
+
 def test_restarts_follow_the_hourly_rate_however_often_the_fleet_ticks() -> None:
     """``restarts_per_hour`` is a rate in time: a tick a second after the last one restarts
     1 - exp(-rate * 1 s) of the servers, ticks in quick succession restart (almost) none."""

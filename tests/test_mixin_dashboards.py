@@ -398,6 +398,8 @@ def _latency_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
         and not any(_engine_series(t["expr"]) for t in p["targets"])  # nor the engine's own
         and any("_seconds_bucket" in t["expr"] for t in p["targets"])
         and "rate(" in "".join(t["expr"] for t in p["targets"])
+        # The time between cycles is no traced cycle: its histogram carries no exemplars.
+        and not any(f"{catalog.CYCLE_GAP.name}_bucket" in t["expr"] for t in p["targets"])
     ]
 
 

@@ -360,8 +360,8 @@ def test_unset_gauges_are_left_out_and_zeros_are_exported(
         catalog.DRAFT_TOKENS_UNVERIFIED,  # no draft left out of verification reported yet
         # no cycle yet, so no draft length seen
         catalog.CYCLES_BY_DRAFT_LENGTH, catalog.PHASE_TIME_BY_DRAFT_LENGTH,
-        catalog.EMITTED_BY_DRAFT_LENGTH, catalog.ACCEPTED_BY_DRAFT_LENGTH,
-        catalog.DRAFTED_BY_DRAFT_LENGTH,
+        catalog.EMITTED_BY_DRAFT_LENGTH, catalog.SEQUENCES_BY_DRAFT_LENGTH,
+        catalog.ACCEPTED_BY_DRAFT_LENGTH, catalog.DRAFTED_BY_DRAFT_LENGTH,
     }  # fmt: skip
     assert set(received) == {m.otel_name for m in catalog.CATALOG if m not in unset}
     # No GPU-timed cycle yet: the gpu series exist, with zero counts, as on the scrape path.

@@ -60,7 +60,9 @@ def fixed_snapshot() -> specobs.Snapshot:
         cycles_by_draft_length={0: 1, 2: 2},
         phase_seconds_by_draft_length={0: (0.0004, 0.0005, 0.0001), 2: (0.002, 0.012, 0.001)},
         emitted_by_draft_length={0: 2, 2: 11}, accepted_by_draft_length={0: 0, 2: 7},
-        sequences_by_draft_length={0: 2, 2: 6},
+        sequences_by_draft_length={0: 2, 2: 6}, batch_by_draft_length={0: 2, 2: 4},
+        # Three cycles of one thread: one gap of 0.3 ms, one idle gap (over the idle bound).
+        cycle_gap=_hist(d, {5: 1}, 0.0003), idle_gaps_total=1,
         # Requests at 0.0 (traced: its exemplar has no span id), 0.55 and 0.6; one drafted none.
         request_acceptance=_hist(catalog.REQUEST_ACCEPTANCE_BUCKETS, {
             0: (1, specobs.Exemplar(0.0, 3, None, 1_700_000_000_500_000_000)), 7: 2}, 1.15),

@@ -197,6 +197,9 @@ def run_stream(kind: str, seed: int) -> list[Any]:
     rng = random.Random(seed)
     capacity = rng.choice([4, 16, 64])
     ring, slow = make(kind, seed, capacity)
+    # Gaps between cycles over this many ns are idle: never, or often (a clock read is 997 ns).
+    # Drawn apart, so that the stream itself stays what each seed made it.
+    ring.idle_gap_ns = [1 << 40, 6 * 997, 30 * 997][seed % 3]
     if rng.random() < 0.5:
         ring.sampling = 1
         ring.interval = rng.choice([1, 2, 5])
@@ -299,6 +302,10 @@ def test_the_streams_exercise_every_path():
                         seen.add("traced")
                 if out[8]:
                     seen.add("acceptance")
+                if out[14][1]:
+                    seen.add("gaps")
+                if out[15]:
+                    seen.add("idle-gaps")
             elif entry[0] == "calls":
                 seen.update(str(c[0]) + (":" + str(c[1]) if c[0] == "misuse" else "")
                             for c in entry[1])
@@ -308,7 +315,7 @@ def test_the_streams_exercise_every_path():
                  "traced", "acceptance", "misuse_mark", "misuse_end", "queue_full", "wake",
                  "sample",
                  "try_clock", "misuse:begin_while_open", "misuse:end_without_begin",
-                 "misuse:bad_acceptance", "dropped-held"):
+                 "misuse:bad_acceptance", "dropped-held", "gaps", "idle-gaps"):
         assert want in seen, want
 
 
@@ -445,7 +452,7 @@ def test_completed_pinned_copies_are_read_by_the_drain_itself(kind):
             c.mark("bookkeeping")
             c.accept(FakeCuda(vals), **kw)
     out = ring.drain(1 << 60, 100, [], -1, False)
-    n, _, _, _, lcounts, accepted, drafted, emitted, kseq, batch_b, batch_n, details, rel, _ = out
+    n, _, _, _, lcounts, accepted, drafted, emitted, kseq, batch_b, batch_n, details, rel = out[:13]
     assert n == 4
     assert (accepted, drafted, emitted) == (6 + 8, 16 + 2 * K_MAX, 6 + 4 + 8 + 2)
     assert kseq == {4: 4, K_MAX: 2}

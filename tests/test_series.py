@@ -31,7 +31,8 @@ def test_only_optional_metrics_are_left_out_and_only_without_a_value():
         requests_running=None, requests_waiting=None, worker_thread_seconds={},
         sampling_budget_ratio=None, request_acceptance=None, requests_finished_total=None,
         draft_tokens_unverified=None, cycles_by_draft_length={}, phase_seconds_by_draft_length={},
-        emitted_by_draft_length={}, accepted_by_draft_length={}, sequences_by_draft_length={})
+        emitted_by_draft_length={}, accepted_by_draft_length={}, sequences_by_draft_length={},
+        batch_by_draft_length={})
     left_out = present - {f.metric for f in _series.families(empty)}
     assert left_out == {m for m in catalog.CATALOG if m.optional}
 

@@ -275,6 +275,48 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         ],
         stack=True,
     )
+    gap = c.CYCLE_GAP.name
+    b.timeseries(
+        "Time between cycles",
+        "The engine's time outside speculative cycles (its scheduler, detokenisation, Python "
+        "between steps), measured on the host from the end of a cycle to the begin of the next "
+        "one its thread records: p50 and p99 (left axis), and its share of the time the engine "
+        "was busy, gaps over gaps plus host cycle time (right axis). A share that grows while "
+        "the phases hold still is overhead outside the speculation. Gaps longer than the idle "
+        "bound (SPECOBS_IDLE_GAP_SECONDS, default 1 s) are the engine waiting for work: left "
+        "out of the rest, their share of the gaps is the idle line (right axis).",
+        "s",
+        [
+            *(
+                (f"histogram_quantile({q}, {srate('instance, le', gap + '_bucket')}) >= 0",
+                 f"p{int(q * 100)} {{{{instance}}}}")
+                for q in (0.5, 0.99)
+            ),
+            (
+                f"{srate('instance', gap + '_sum')}\n/\n(\n"
+                f"  {srate('instance', gap + '_sum')}\n  +\n"
+                f"  {srate('instance', cycle + '_sum', HOST)}\n  > 0\n)",
+                "share {{instance}}",
+            ),
+            (
+                f"{srate('instance', c.IDLE_GAPS.name)}\n/\n(\n"
+                f"  {srate('instance', c.IDLE_GAPS.name)}\n  +\n"
+                f"  {srate('instance', gap + '_count')}\n  > 0\n)",
+                "idle {{instance}}",
+            ),
+        ],
+        overrides=[
+            {
+                "matcher": {"id": "byRegexp", "options": "(share|idle) .*"},
+                "properties": [
+                    {"id": "unit", "value": "percentunit"},
+                    {"id": "max", "value": 1},
+                    {"id": "custom.axisPlacement", "value": "right"},
+                    {"id": "custom.axisLabel", "value": "share"},
+                ],
+            }
+        ],
+    )
 
     b.row("Acceptance")
     b.timeseries(
@@ -431,14 +473,18 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
     )
     b.timeseries(
         "Draft length in effect and batch size",
-        "Mean draft length k per cycle (left axis) and mean sequences per cycle (right axis): "
-        "a schedule by batch size shows k stepping as the batch crosses its bands. " + per_k,
+        "Mean draft length k per cycle (left axis), mean sequences per cycle and the mean batch "
+        "of the cycles run at each k (right axis): a schedule by batch size shows k stepping as "
+        "the batch crosses its bands, each k at its own band of batches; batch x (k + 1) is the "
+        "tokens one verify checks. " + per_k,
         "short",
         [
             (f"{srate('instance', k_hist + '_sum')}\n/\n"
              f"({srate('instance', k_hist + '_count')} > 0)", "k {{instance}}"),
             (f"{srate('instance', c.BATCH_SIZE.name + '_sum')}\n/\n"
              f"({srate('instance', c.BATCH_SIZE.name + '_count')} > 0)", "batch {{instance}}"),
+            (f"{srate('draft_length', c.SEQUENCES_BY_DRAFT_LENGTH.name)}\n/ on (draft_length)\n"
+             f"({srate('draft_length', by_k)} > 0)", "batch at k={{draft_length}}"),
         ],
         overrides=[
             {

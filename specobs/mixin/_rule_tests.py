@@ -75,6 +75,9 @@ class ServerState:
     requests_per_second: float | None = None
     #: The share of them whose acceptance is at most ``MixinConfig.request_acceptance_low``.
     low_acceptance_share: float = 0.05
+    #: Host seconds between two cycles (``specobs_cycle_gap_seconds``, one gap per cycle); None:
+    #: not exported. Cycles and gaps fill at most the second: cycles/s x (cycle + gap) <= 1.
+    gap_seconds: float | None = None
 
     @property
     def emitted(self) -> float:
@@ -181,6 +184,10 @@ def server_series(
         [s.cycles_per_second * s.cycle_seconds for s in steps],
     )
     counter(_selector(f"{c.CYCLE_DURATION.name}_count", host), cycles)
+    if any(s.gap_seconds is not None for s in steps):
+        counter(_selector(f"{c.CYCLE_GAP.name}_sum", labels),
+                [s.cycles_per_second * (s.gap_seconds or 0.0) for s in steps])
+        counter(_selector(f"{c.CYCLE_GAP.name}_count", labels), cycles)
     for phase in steps[0].phase_gpu_seconds:
         gpu = {**labels, "phase": phase, "clock": "gpu"}
         counter(
@@ -702,7 +709,8 @@ def detection_times() -> dict[str, list[tuple[str, float, float]]]:
 def _expr_tests(config: MixinConfig) -> dict[str, Any]:
     """Recording-rule checks on a steady server (promql_expr_test)."""
     n = RuleNames(config)
-    state = ServerState()
+    # 60 cycles/s of 10 ms with 5 ms between them: 0.9 s of each second busy.
+    state = ServerState(cycles_per_second=60.0, gap_seconds=0.005)
     steady = server_series([(state, 20)])
     out = dict(LABELS)
     # (the rule, with a matcher where it has several series; its labels; its value at 15m)
@@ -715,6 +723,9 @@ def _expr_tests(config: MixinConfig) -> dict[str, Any]:
         (n.cohort_acceptance, _cohort(out), 0.5),
         (f'{n.phase_share}{{phase="verify"}}', {**out, "phase": "verify", "clock": "gpu"}, 0.667),
         (n.batch_size_mean, out, 8),
+        (n.gap_mean, out, 0.005),
+        # 5 ms of every 15 ms busy are outside cycles.
+        (n.gap_share, out, 0.333),
     ]
     return {
         "name": "recording rules on a steady server",
@@ -734,7 +745,8 @@ def _expr_tests(config: MixinConfig) -> dict[str, Any]:
 def _idle_tests(config: MixinConfig) -> dict[str, Any]:
     """An idle server stores no NaN: every ratio rule is absent, not NaN."""
     n = RuleNames(config)
-    idle = replace(ServerState(), cycles_per_second=0.0, waiting=0.0, running=0.0)
+    busy = ServerState(cycles_per_second=60.0, gap_seconds=0.005)
+    idle = replace(busy, cycles_per_second=0.0, waiting=0.0, running=0.0)
     ratios = (
         n.acceptance,
         n.emitted_per_sequence,
@@ -748,11 +760,13 @@ def _idle_tests(config: MixinConfig) -> dict[str, Any]:
         n.speedup_predicted,
         n.sampled_ratio,
         n.cohort_acceptance,
+        n.gap_mean,
+        n.gap_share,
     )
     return {
         "name": "an idle server: no NaN in any ratio rule (absent instead)",
         "interval": "1m",
-        "input_series": server_series([(ServerState(), 10), (idle, 20)]),
+        "input_series": server_series([(busy, 10), (idle, 20)]),
         "promql_expr_test": [
             {"expr": rule, "eval_time": "25m", "exp_samples": []} for rule in ratios
         ],

@@ -125,6 +125,9 @@ class RuleNames:
         self.drafted_per_sequence = f"instance:specobs_draft_tokens_per_sequence:ratio_rate{w}"
         self.cycle_mean = f"instance:{c.CYCLE_DURATION.name}:mean_rate{w}"
         self.cycle_p99 = f"instance:{c.CYCLE_DURATION.name}:p99_rate{w}"
+        # The time between cycles: its mean, and its share of gaps plus host cycle time.
+        self.gap_mean = f"instance:{c.CYCLE_GAP.name}:mean_rate{w}"
+        self.gap_share = f"instance:specobs_cycle_gap:share_rate{w}"
         self.phase_mean = f"instance:{c.PHASE_DURATION.name}:mean_rate{w}"
         self.phase_share = f"instance:{c.PHASE_DURATION.name}:share_rate{w}"
         self.sequence_speed = f"instance:specobs_sequence_tokens_per_second:rate{w}"
@@ -248,6 +251,24 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         RecordingRule(n.cycle_bucket, _rate(cycle_buckets, config, f"{by}, clock, le", host)),
         # ">= 0" drops the NaN histogram_quantile returns when no cycle fell in the window.
         RecordingRule(n.cycle_p99, f"histogram_quantile(0.99, {n.cycle_bucket}) >= 0"),
+        # The engine's time outside cycles (scheduler, detokenisation, Python between steps):
+        # the mean gap from a cycle's end to its thread's next begin, idle gaps left out, and
+        # the gaps' share of the time the engine was busy (gaps plus host cycle time).
+        RecordingRule(
+            n.gap_mean,
+            ratio(
+                _rate(f"{c.CYCLE_GAP.name}_sum", config, by),
+                _rate(f"{c.CYCLE_GAP.name}_count", config, by),
+            ),
+        ),
+        RecordingRule(
+            n.gap_share,
+            ratio(
+                _rate(f"{c.CYCLE_GAP.name}_sum", config, by),
+                f"(\n  {_rate(f'{c.CYCLE_GAP.name}_sum', config, by)}\n  +\n"
+                f"  {_rate(f'{c.CYCLE_DURATION.name}_sum', config, by, host)}\n)",
+            ),
+        ),
         # The GPU clock exists only on sampled cycles, so each clock's mean is its own
         # rate(sum) / rate(count); never divide GPU time by the count of all cycles.
         RecordingRule(

@@ -38,6 +38,19 @@ from the same counters (names for the default ``rate_window`` of 5m):
 * ``baseline_tokens_per_second``: the gauge,
   ``instance:specobs_baseline_sequence_tokens_per_second:max``; :func:`speedups` gives
   ``instance:specobs_speedup:realized_rate5m`` and ``...:predicted_rate5m``.
+* ``gap_count``, ``gap_mean_seconds``, ``gap_median_seconds``, ``gap_p99_seconds``: the time
+  between cycles (``specobs_cycle_gap_seconds``: from the end of a cycle to the begin of the
+  next one its thread recorded, idle gaps left out), observations, sum / count
+  (``instance:specobs_cycle_gap_seconds:mean_rate5m``) and ``histogram_quantile`` 0.5 / 0.99
+  over the bucket deltas; ``gap_share``: gap sum / (gap sum + host cycle-duration sum), the
+  share of the engine's busy time spent outside cycles
+  (``instance:specobs_cycle_gap:share_rate5m``); ``idle_gaps``: the gaps over the idle bound
+  (``specobs_cycle_idle_gaps_total``), counted instead.
+* ``by_draft_length``: one :class:`KStats` per draft length k with cycles in the interval,
+  sorted by k, from the series by k: cycles, sequences (the batch sizes of those cycles; over
+  cycles, ``KStats.mean_batch``), emitted tokens, host seconds per phase (over cycles,
+  ``KStats.phase_mean_seconds``) by the cycle's k, and accepted / drafted tokens by each
+  sequence's own k. ``None`` where the endpoint exports no such series (sequences came later).
 * ``drops``: ``instance:specobs_exporter_dropped_records:rate5m`` by reason; ``dropped_total``
   sums specobs's own (every reason but ``exception``, as the dropped-records alert and ``doctor``
   do), ``engine_raised`` is the cycles the engine raised inside (discarded: its failure).
@@ -63,6 +76,7 @@ from specobs.tools._scrape import CounterReset, Delta, Scrape, Series, differenc
 __all__ = [
     "CLOCKS",
     "Breakdown",
+    "KStats",
     "PhaseStats",
     "breakdown",
     "cumulative_buckets",
@@ -158,6 +172,32 @@ class PhaseStats:
 
 
 @dataclass(frozen=True)
+class KStats:
+    """The cycles of one draft length k in effect over the interval (counter deltas): cycles,
+    sequences (their batch sizes summed), emitted tokens and host seconds per phase by the
+    cycle's k; accepted and drafted tokens by each sequence's own k (the drafts it verified,
+    which differ from the cycle's k where an engine verifies one k and drafts another).
+    ``None``: the endpoint exports no such series."""
+
+    k: int
+    cycles: float
+    sequences: float | None
+    emitted: float | None
+    accepted: float | None
+    drafted: float | None
+    phase_seconds: dict[str, float]
+
+    @property
+    def mean_batch(self) -> float | None:
+        """Sequences per cycle at this k (the tokens verified per cycle are this x (k + 1))."""
+        return ratio(self.sequences, self.cycles)
+
+    def phase_mean_seconds(self, phase: str) -> float | None:
+        """Mean host seconds per cycle of ``phase`` at this k (``None``: the phase not seen)."""
+        return ratio(self.phase_seconds.get(phase), self.cycles)
+
+
+@dataclass(frozen=True)
 class Breakdown:
     """Everything ``specobs top`` shows for one interval (all from counter deltas)."""
 
@@ -183,6 +223,8 @@ class Breakdown:
     dropped_total: float
     sampling_interval: float | None
     overhead_ratio: float | None
+    #: specobs's CPU per cycle but for rendering /metrics (that comes per scrape: a viewer that
+    #: scrapes often would count its own requests).
     exporter_cpu_seconds_per_cycle: float | None
     info: dict[str, str] = field(default_factory=dict)
     #: Cycles the engine raised inside, discarded (``reason="exception"``): the engine's failure,
@@ -203,6 +245,16 @@ class Breakdown:
     #: text, in numeric order; empty where the endpoint exports no draft length).
     mean_draft_length: float | None = None
     draft_length_shares: tuple[tuple[str, float | None], ...] = ()
+    #: The time between cycles (see the module docstring): gaps observed, their mean, median and
+    #: p99 seconds, their share of gaps plus host cycle time, and the idle gaps left out.
+    gap_count: float = 0.0
+    gap_mean_seconds: float | None = None
+    gap_median_seconds: float | None = None
+    gap_p99_seconds: float | None = None
+    gap_share: float | None = None
+    idle_gaps: float = 0.0
+    #: Per draft length in effect, the k with cycles in the interval, sorted by k.
+    by_draft_length: tuple[KStats, ...] = ()
 
     @property
     def mean_acceptance_length(self) -> float | None:
@@ -213,10 +265,12 @@ class Breakdown:
         return None if m is None else 1.0 + m
 
     def as_json(self) -> dict[str, Any]:
-        """Every field, the per-phase statistics keyed ``phase/clock`` (what ``top --json`` and
-        ``report --json`` print)."""
+        """Every field, the per-phase statistics keyed ``phase/clock`` and the per-k ones as a
+        list with their mean batch (what ``top --json`` and ``report --json`` print)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["stats"] = {f"{p}/{c}": dataclasses.asdict(st) for (p, c), st in self.stats.items()}
+        out["by_draft_length"] = [{**dataclasses.asdict(ks), "mean_batch": ks.mean_batch}
+                                  for ks in self.by_draft_length]
         realized, predicted = speedups(self)
         out["speedup_realized"] = realized
         out["speedup_predicted"] = predicted
@@ -230,6 +284,10 @@ class Breakdown:
 def _own_drops(drops: Mapping[str, float]) -> list[tuple[str, float]]:
     """Every reason but ``exception`` (the engine's failure), sorted by reason."""
     return sorted((k, v) for k, v in drops.items() if k != catalog.DROP_REASON_EXCEPTION)
+
+
+#: The ``specobs_exporter_cpu_time_seconds_total`` component of rendering /metrics for a scrape.
+SCRAPE_CPU_COMPONENT = "prometheus"
 
 
 def _phases(delta: Series, gauges: Series) -> tuple[str, ...]:
@@ -297,7 +355,11 @@ def breakdown(delta: Delta) -> Breakdown:
     mean_batch = ratio(d.total(bs + "_sum"), cycles)
     _, host_cycle, _ = cycle["host"]
     seq_tps = ratio(ratio(emitted, d.total(bs + "_sum")), host_cycle)
-    cpu = d.total(catalog.EXPORTER_CPU.name)
+    # Per cycle, the work every cycle causes: rendering /metrics comes per scrape, and a viewer
+    # that scrapes every second (top, doctor) would otherwise count its own requests.
+    cpu_all = d.total(catalog.EXPORTER_CPU.name)
+    scrapes_cpu = d.total(catalog.EXPORTER_CPU.name, component=SCRAPE_CPU_COMPONENT) or 0.0
+    cpu = None if cpu_all is None else max(0.0, cpu_all - scrapes_cpu)
     thread = d.by(catalog.WORKER_THREAD_TIME.name, "state")
     info_labels = g.labels(catalog.INFO.name)
     dl = catalog.DRAFT_LENGTH.name
@@ -306,6 +368,9 @@ def breakdown(delta: Delta) -> Breakdown:
     k_cycles = math.fsum(by_k.values())
     shares = tuple((k, ratio(by_k[k], k_cycles))
                    for k in sorted(by_k, key=lambda k: (len(k), k)))
+    gap_n, gap_mean, (gap_p50, gap_p99) = _durations(d, catalog.CYCLE_GAP.name)
+    gap_sum = d.total(catalog.CYCLE_GAP.name + "_sum")
+    host_sum = d.total(catalog.CYCLE_DURATION.name + "_sum", clock="host")
 
     return Breakdown(
         elapsed_seconds=elapsed,
@@ -339,7 +404,37 @@ def breakdown(delta: Delta) -> Breakdown:
         worker_waiting_seconds_per_cycle=ratio(thread.get("waiting"), cycles),
         acceptance_copy_seconds_per_cycle=ratio(
             d.total(catalog.EXPORTER_CPU.name, component="acceptance_copy") or 0.0, cycles),
+        gap_count=gap_n,
+        gap_mean_seconds=gap_mean,
+        gap_median_seconds=gap_p50,
+        gap_p99_seconds=gap_p99,
+        gap_share=ratio(gap_sum, (gap_sum or 0.0) + (host_sum or 0.0)),
+        idle_gaps=d.total(catalog.IDLE_GAPS.name) or 0.0,
+        by_draft_length=_k_stats(d, by_k),
     )
+
+
+def _k_stats(d: Series, by_k: Mapping[str, float]) -> tuple[KStats, ...]:
+    """One :class:`KStats` per draft length with cycles (``by_k``: cycles by k as text; a label
+    that is not a decimal k is left out), sorted by k."""
+    c = catalog
+    per_k = {
+        name: d.by(name, "draft_length")
+        for name in (c.SEQUENCES_BY_DRAFT_LENGTH.name, c.EMITTED_BY_DRAFT_LENGTH.name,
+                     c.ACCEPTED_BY_DRAFT_LENGTH.name, c.DRAFTED_BY_DRAFT_LENGTH.name)
+    }  # fmt: skip
+    out: list[KStats] = []
+    for text, cycles in by_k.items():
+        try:
+            k = int(text)
+        except ValueError:
+            continue
+        seqs, emitted, accepted, drafted = (per_k[name].get(text) for name in per_k)
+        out.append(KStats(
+            k, cycles, seqs, emitted, accepted, drafted,
+            d.by(c.PHASE_TIME_BY_DRAFT_LENGTH.name, "phase", draft_length=text),
+        ))  # fmt: skip
+    return tuple(sorted(out, key=lambda s: s.k))
 
 
 def speedups(

@@ -22,14 +22,19 @@ fail     speculation is broken or costs throughput: a stall, a collapsed draft, 
 The thresholds are module constants named after what they bound; docs/diagnosis.md says how
 each was chosen. The parts, each name importable from here:
 
-==============  ===============================================================================
-``_findings``   :class:`Finding`, :data:`CODES`, :data:`SEVERITIES`, :class:`Window`, and what
-                every classifier reads alike (the clock to judge by, a phase's mean)
-``_window``     the classifiers of one window: acceptance profile, cycle and host bound, stall,
-                speedup
-``_compare``    against a past (:data:`LIFETIME` or a :func:`saved_run`) and against a cohort
-``_advice``     the advisor: k, the forward's cost in tokens, the batch threshold
-==============  ===============================================================================
+==================  ==============================================================================
+``_findings``       :class:`Finding`, :data:`CODES`, :data:`SEVERITIES`, :class:`Window`, and what
+                    every classifier reads alike (the clock to judge by, a phase's mean)
+``_window``         the classifiers of one window: acceptance profile, cycle and host bound, stall,
+                    speedup, time between cycles
+``_compare``        against a past (:data:`LIFETIME` or a :func:`saved_run`) and against a cohort
+``_cost``           the cost model: the forward's cost in tokens fitted from the server's own
+                    points, a cycle's costs in host seconds
+``_advice``         the advisor: k, the predicted speedup, the draft's cost
+``_batch``          the batch size above which speculation stops paying
+``_schedule``       a k for each band of batch sizes
+``_engine_config``  such a schedule in each engine's own configuration syntax
+==================  ==============================================================================
 """
 
 from __future__ import annotations
@@ -37,27 +42,39 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specobs.tools._diagnosis._advice import (
+    ADVICE_ALIKE,
+    ADVICE_BEYOND,
     ADVICE_MAX_K,
     ADVICE_MIN_GAIN,
+    ADVICE_Z,
+    DRAFT_EATS_GAIN,
+    DRAFT_GREW,
+    DRAFT_MAX_OF_VERIFY,
+    PLAIN_STEP_SPREAD,
+    TREND_MIN_RATES,
+    FirstPosition,
+    Prospects,
+    advise_k,
+    candidates,
+    draft_cost,
+    expected_tokens,
+    extended_rates,
+    nearest_best,
+    predict,
+    prospects,
+    rate_interval,
+    slopes,
+)
+from specobs.tools._diagnosis._batch import (
     BATCH_CONFIDENT_FACTOR,
     BATCH_EXTRAPOLATION_MAX,
     BATCH_FIT_POINTS,
     BATCH_SAME_FACTOR,
     BATCH_SEARCH_MAX_FACTOR,
-    DRAFT_FIXED_STEPS,
-    TREND_MIN_RATES,
     BatchPoint,
-    FirstPosition,
-    ForwardCost,
-    advise_k,
     batch_point,
     batch_threshold,
-    draft_fixed,
-    expected_tokens,
-    extended_rates,
-    forward_cost,
     line_threshold,
-    verify_scaling,
 )
 from specobs.tools._diagnosis._compare import (
     ACCEPT_DROP_MIN,
@@ -77,6 +94,7 @@ from specobs.tools._diagnosis._compare import (
     SLOWER_RATIO,
     SLOWER_Z,
     THROUGHPUT_DROP,
+    THROUGHPUT_SEVERE,
     UNIFORM_MIN_SHARE,
     UNIFORM_SPREAD,
     Reference,
@@ -85,6 +103,21 @@ from specobs.tools._diagnosis._compare import (
     saved_run,
     shift_z,
 )
+from specobs.tools._diagnosis._cost import (
+    CALIBRATION_TOLERANCE,
+    DRAFT_FIXED_STEPS,
+    MIN_POINT_CYCLES,
+    SAME_TOKENS,
+    CostPoint,
+    CycleCosts,
+    ForwardModel,
+    Prediction,
+    cost_points,
+    cycle_costs,
+    draft_fixed,
+    fit_forward,
+)
+from specobs.tools._diagnosis._engine_config import Band
 from specobs.tools._diagnosis._findings import (
     CODES,
     MIN_CLOCK_CYCLES,
@@ -94,18 +127,29 @@ from specobs.tools._diagnosis._findings import (
     window,
     worst,
 )
+from specobs.tools._diagnosis._schedule import (
+    BandChoice,
+    bands_from,
+    choose_at,
+    schedule,
+    schedule_finding,
+)
 from specobs.tools._diagnosis._window import (
     BOOKKEEPING_MAX_SHARE,
     BOUND_SHARE,
     CHAIN_MIN,
     COLLAPSE_RECOVERY,
     FIRST_POSITION_MIN,
+    GAP_GREW,
+    GAP_MAX_SHARE,
+    GAP_SKEW,
     HOST_GAP_MIN,
     LOCKSTEP_MAX,
     MIN_DRAFTED_TOKENS,
     MIN_SPEEDUP_CYCLES,
     WARMING_RISE_MIN,
     acceptance_profile,
+    between_cycles,
     conditional_acceptance,
     cycle_bound,
     host_bound,
@@ -116,8 +160,11 @@ from specobs.tools._diagnosis._window import (
 __all__ = [
     "ACCEPT_DROP_MIN",
     "ACCEPT_DROP_Z",
+    "ADVICE_ALIKE",
+    "ADVICE_BEYOND",
     "ADVICE_MAX_K",
     "ADVICE_MIN_GAIN",
+    "ADVICE_Z",
     "BATCH_CONFIDENT_FACTOR",
     "BATCH_EXTRAPOLATION_MAX",
     "BATCH_FIT_POINTS",
@@ -126,15 +173,23 @@ __all__ = [
     "BOOKKEEPING_MAX_SHARE",
     "BOUNDARY_SPREAD",
     "BOUND_SHARE",
+    "CALIBRATION_TOLERANCE",
     "CHAIN_MIN",
     "CODES",
     "COHORT_BATCH_TOLERANCE",
     "COHORT_PHASE_RATIO",
     "COLLAPSE_RECOVERY",
     "DOMINANT_FRACTION",
+    "DRAFT_EATS_GAIN",
     "DRAFT_FIXED_STEPS",
+    "DRAFT_GREW",
+    "DRAFT_MAX_OF_VERIFY",
+    "ENGINE_CHANGED",
     "EVERY_PHASE_MIN_RATIO",
     "FIRST_POSITION_MIN",
+    "GAP_GREW",
+    "GAP_MAX_SHARE",
+    "GAP_SKEW",
     "HOST_GAP_MIN",
     "HOST_WAIT_EXPLAINS",
     "LIFETIME",
@@ -143,45 +198,68 @@ __all__ = [
     "MIN_CLOCK_CYCLES",
     "MIN_DRAFTED_TOKENS",
     "MIN_PAST_CYCLES",
+    "MIN_POINT_CYCLES",
     "MIN_RECENT_CYCLES",
     "MIN_SPEEDUP_CYCLES",
     "NOT_THE_SPECULATION",
+    "PLAIN_STEP_SPREAD",
+    "SAME_TOKENS",
     "SEVERITIES",
     "SLOWER_CYCLE_FRACTION",
     "SLOWER_RATIO",
     "SLOWER_Z",
     "THROUGHPUT_DROP",
+    "THROUGHPUT_SEVERE",
     "TREND_MIN_RATES",
     "UNIFORM_MIN_SHARE",
     "UNIFORM_SPREAD",
     "WARMING_RISE_MIN",
+    "Band",
+    "BandChoice",
     "BatchPoint",
+    "CostPoint",
+    "CycleCosts",
     "Finding",
     "FirstPosition",
-    "ForwardCost",
+    "ForwardModel",
+    "Prediction",
+    "Prospects",
     "Reference",
     "Window",
     "acceptance_profile",
     "advise_k",
     "against_cohort",
     "against_past",
+    "bands_from",
     "batch_point",
     "batch_threshold",
+    "between_cycles",
+    "candidates",
+    "choose_at",
     "conditional_acceptance",
+    "cost_points",
     "cycle_bound",
+    "cycle_costs",
     "diagnose",
+    "draft_cost",
     "draft_fixed",
     "expected_tokens",
     "extended_rates",
-    "forward_cost",
+    "fit_forward",
     "host_bound",
     "line_threshold",
+    "nearest_best",
+    "predict",
+    "prospects",
+    "rate_interval",
     "saved_run",
+    "schedule",
+    "schedule_finding",
     "shift_z",
+    "slopes",
     "speedup",
     "stall",
     "status_line",
-    "verify_scaling",
     "window",
     "worst",
 ]
@@ -190,45 +268,86 @@ __all__ = [
 # -- everything -----------------------------------------------------------------------------------
 
 
+def model_of(windows: Sequence[Window]) -> ForwardModel | None:
+    """The forward's cost fitted on the points of ``windows`` (:func:`cost_points`)."""
+    points = [p for w in windows for p in cost_points(w.breakdown, w.baseline_measured)]
+    return fit_forward(points)
+
+
+#: Recent changes of the engine itself, after which the advice is read from the recent window.
+ENGINE_CHANGED = frozenset({"SPEC-RECENT-ACCEPT-DOWN", "SPEC-RECENT-PHASE-SLOWER",
+                            "SPEC-RECENT-BOUNDARY-COST"})
+
+
+def advice_basis(recent: Window, past: Window | None, compared: Sequence[Finding]) -> Window:
+    """The window the advice and the draft's cost are read from: the lifetime before
+    ``recent`` where the engine did not change in the recent window (none of
+    :data:`ENGINE_CHANGED` found: a busy machine or a throughput dip is no reason to trust a few
+    seconds over the lifetime) and the lifetime holds at least four times as many cycles, so
+    that runs a few seconds apart advise alike; else ``recent``."""
+    if past is None or past.breakdown.cycles < 4 * recent.breakdown.cycles:
+        return recent
+    if not compared or any(f.code in ENGINE_CHANGED for f in compared):
+        return recent
+    return past
+
+
 def diagnose(recent: Window, past: Window | None = None,
              batch_windows: Sequence[Window] = ()) -> list[Finding]:
     """Every finding for ``recent``, and against ``past`` (the lifetime before it) when given.
     ``batch_windows``: other windows of the same server (the report's windows, ``top``'s
     intervals, a Prometheus range), each with a baseline measured at its end, from which the
-    batch threshold is fitted over the batch sizes served, not only ``recent``'s. A stall is the
-    only finding when there is one: nothing else was measured."""
+    batch threshold and the k for each band of batch sizes are fitted over the batch sizes
+    served, not only ``recent``'s. A stall is the only finding when there is one: nothing else
+    was measured."""
     b = recent.breakdown
     stalled = stall(recent)
     if stalled is not None:
         return [stalled]
-    out = [
-        acceptance_profile(b, recent.drafted_first),
-        cycle_bound(b),
-        host_bound(b),
-        speedup(b, past.breakdown if past is not None else None),
-    ]
+    compared: list[Finding] = []
     if past is not None:
         pair = None
         if past.drafted_first is not None and recent.drafted_first is not None:
             pair = (past.drafted_first, recent.drafted_first)
-        out.extend(against_past(b, past.breakdown, pair))
-    if b.cycles >= MIN_SPEEDUP_CYCLES:
-        # A baseline measured on the served batch is a plain forward of it: with verify it
-        # tells how the forward's cost grows with tokens (a configured one may be anything).
-        plain = None
-        if recent.baseline_measured and b.baseline_tokens_per_second:
-            plain = 1.0 / b.baseline_tokens_per_second
-        advice = advise_k(b, verify_scaling(forward_cost(b, plain)))
+        compared = against_past(b, past.breakdown, pair)
+    model = model_of([recent])
+    out = [
+        acceptance_profile(b, recent.drafted_first),
+        cycle_bound(b),
+        host_bound(b),
+        speedup(b, past.breakdown if past is not None else None, predict(b, model)),
+    ]
+    out.extend(compared)
+    gap = between_cycles(b, past.breakdown if past is not None else None)
+    if gap is not None:
+        out.append(gap)
+    # The draft's cost and the advice are read from the same basis: a few seconds of a busy
+    # machine swing the phases by half, the lifetime that matches them does not.
+    basis = advice_basis(recent, past, compared)
+    if basis.breakdown.cycles >= MIN_SPEEDUP_CYCLES:
+        basis_model = model if basis is recent else model_of([basis])
+        before = past.breakdown if past is not None and basis is recent else None
+        costly = draft_cost(basis.breakdown, before, basis_model)
+        if costly is not None:
+            out.append(costly)
+        advice = advise_k(basis.breakdown, basis_model, basis.drafted_first)
         if advice is not None:
             out.append(advice)
+    if b.cycles >= MIN_SPEEDUP_CYCLES:
         # The lifetime is not a point: its baseline gauge was read at its end, on the batch
         # served then, not on the lifetime's mean batch.
-        points = [p for w in (recent, *batch_windows)
-                  if w.breakdown.cycles >= MIN_SPEEDUP_CYCLES
-                  and (p := batch_point(w)) is not None]
+        served = [w for w in (recent, *batch_windows) if w.breakdown.cycles >= MIN_SPEEDUP_CYCLES]
+        points = [p for w in served if (p := batch_point(w)) is not None]
         threshold = batch_threshold(points)
         if threshold is not None:
             out.append(threshold)
+        if batch_windows:
+            at = threshold.evidence.get("extrapolated_batch") if threshold is not None else None
+            bands, choices = schedule(served, [model_of([w]) for w in served],
+                                      at if isinstance(at, float) else None)
+            found = schedule_finding(bands, choices)
+            if found is not None:
+                out.append(found)
     return out
 
 

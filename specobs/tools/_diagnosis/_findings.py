@@ -76,6 +76,11 @@ CODES: dict[str, str] = {
     "SPEC-COHORT-MATCHES": "the server matches the other servers of its model and engine",
     "SPEC-ADVICE-K": "the speculation length k the measured acceptance and costs favour",
     "SPEC-ADVICE-BATCH": "the batch size above which speculation stops paying",
+    "SPEC-ADVICE-SCHEDULE": "the speculation length for each band of batch sizes",
+    "SPEC-DRAFT-COSTLY": "the draft eats most of what speculation would gain",
+    "SPEC-DRAFT-COST": "the draft's cost against a verify and a plain target step",
+    "SPEC-GAP-HIGH": "the engine spends a large share of its busy time between cycles",
+    "SPEC-GAP-OK": "the time between cycles is a small share of the engine's busy time",
 }
 
 

@@ -8,6 +8,7 @@ from statistics import median
 
 from specobs.tools._breakdown import Breakdown, ratio, speedups
 from specobs.tools._diagnosis._compare import slower_by
+from specobs.tools._diagnosis._cost import Prediction
 from specobs.tools._diagnosis._findings import (
     MIN_CLOCK_CYCLES,
     Finding,
@@ -20,10 +21,11 @@ from specobs.tools._diagnosis._findings import (
 )
 
 __all__ = [
-    "BOOKKEEPING_MAX_SHARE", "BOUND_SHARE", "CHAIN_MIN", "COLLAPSE_RECOVERY", "FIRST_POSITION_MIN",
-    "HOST_GAP_MIN", "LOCKSTEP_MAX", "MIN_DRAFTED_TOKENS", "MIN_SPEEDUP_CYCLES", "WARMING_RISE_MIN",
-    "acceptance_profile", "conditional_acceptance", "cycle_bound", "host_bound", "speedup",
-    "stall",
+    "BOOKKEEPING_MAX_SHARE", "BOUND_SHARE", "CHAIN_MIN", "COLLAPSE_RECOVERY",
+    "FIRST_POSITION_MIN", "GAP_GREW", "GAP_MAX_SHARE", "GAP_SKEW", "HOST_GAP_MIN",
+    "LOCKSTEP_MAX", "MIN_DRAFTED_TOKENS", "MIN_SPEEDUP_CYCLES", "WARMING_RISE_MIN",
+    "acceptance_profile", "between_cycles", "conditional_acceptance", "cycle_bound",
+    "host_bound", "speedup", "stall",
 ]
 
 #: Drafted tokens at the first position below which the acceptance profile is not classified.
@@ -47,6 +49,13 @@ LOCKSTEP_MAX = 0.05
 MIN_SPEEDUP_CYCLES = 50.0
 #: Acceptance up by this much: the draft is still warming up (training, a cache filling).
 WARMING_RISE_MIN = 0.05
+#: The engine's steady time between cycles (the median gap) above this share of a cycle and its
+#: gap: time outside the cycles costs tokens/s.
+GAP_MAX_SHARE = 0.10
+#: A steady gap this many times the past's is named as grown.
+GAP_GREW = 1.5
+#: A mean gap above this multiple of the median: idle waits skew it, the median is the steady gap.
+GAP_SKEW = 3.0
 
 
 # -- acceptance profile ---------------------------------------------------------------------------
@@ -317,27 +326,33 @@ def _slower_phase(recent: Breakdown, past: Breakdown | None, clock: str) -> str 
     return f"{phase} {factor:.2f}x slower than over the lifetime"
 
 
-def speedup(recent: Breakdown, past: Breakdown | None = None) -> Finding:
-    """Realized against predicted against the baseline, and below 1 the reason from the data."""
-    realized, predicted = speedups(recent)
-    clock = "gpu" if predicted.get("gpu") is not None else "host"
-    pred = predicted.get(clock)
+def speedup(recent: Breakdown, past: Breakdown | None = None,
+            prediction: Prediction | None = None) -> Finding:
+    """Realized against predicted against the baseline, and below 1 the reason from the data.
+    ``prediction``: the cost model's (:func:`specobs.tools._diagnosis.predict`); where the two
+    differ by more than :data:`~specobs.tools._diagnosis.CALIBRATION_TOLERANCE` the sentence
+    says where."""
+    realized, by_clock = speedups(recent)
+    clock = "gpu" if by_clock.get("gpu") is not None else "host"
+    pred = prediction.predicted if prediction is not None else None
     base = recent.baseline_tokens_per_second
     evidence: dict[str, float | str | None] = {
-        "realized": realized, "predicted": pred, "predicted_clock": clock,
+        "realized": realized, "predicted": pred,
+        "predicted_one_verify_per_plain_step": by_clock.get(clock), "predicted_clock": clock,
         "sequence_tokens_per_second": recent.sequence_tokens_per_second,
         "baseline_tokens_per_second": base, "mean_batch_size": recent.mean_batch_size,
         "cycles": recent.cycles,
+        **(prediction.evidence() if prediction is not None else {}),
     }
     if base is None or realized is None:
         return Finding(
             "SPEC-SPEEDUP-UNKNOWN", "info",
             "no non-speculative baseline to compare with"
-            + (f"; from acceptance and phase costs the predicted speedup is {_x(pred)}"
-               if pred is not None else ""),
+            + (f"; the cost model predicts {_x(pred)}" if pred is not None else ""),
             evidence,
             "configure(baseline_tokens_per_second=...) or SPECOBS_BASELINE_TOKENS_PER_SECOND, "
-            "measured at the batch size the server runs",
+            "measured at the batch size the server runs, or let the engine run plain steps "
+            "(a k = 0 band) so that specobs measures one",
         )
     if recent.cycles < MIN_SPEEDUP_CYCLES:
         return Finding(
@@ -346,10 +361,17 @@ def speedup(recent: Breakdown, past: Breakdown | None = None) -> Finding:
             f"window to judge ({MIN_SPEEDUP_CYCLES:.0f} needed)",
             evidence, "lengthen the window (--wait)",
         )
+    if pred is None:
+        model = "no plain step was measured to predict it from"
+    else:
+        model = f"the cost model predicts {_x(pred)}"
+        where = prediction.where(realized) if prediction is not None else None
+        if where is not None:
+            model += f", off by {(pred / realized - 1) * 100:+.0f}%: {where}"
+            evidence["calibration_off"] = pred / realized - 1
     head = (f"{_x(realized)} the baseline's tokens/s per sequence "
             f"({recent.sequence_tokens_per_second or 0:.1f} against {base:.1f} at mean batch "
-            f"{recent.mean_batch_size or 0:.1f}; predicted {_x(pred)} from acceptance and "
-            f"{clock} phase costs, taking one verify for one plain decode step)")
+            f"{recent.mean_batch_size or 0:.1f}; {model})")
     if realized >= 1.0:
         return Finding("SPEC-SPEEDUP-OK", "ok", f"speculation is faster: {head}", evidence)
     slower = _slower_phase(recent, past, clock)
@@ -377,7 +399,8 @@ def speedup(recent: Breakdown, past: Breakdown | None = None) -> Finding:
     v = verify.mean_seconds if verify is not None else None
     d = draft.mean_seconds if draft is not None else None
     reason: str
-    if tokens is not None and d is not None and v is not None and pred is not None and pred < 1.0:
+    old = by_clock.get(clock)
+    if tokens is not None and d is not None and v is not None and old is not None and old < 1.0:
         needed = (d + v) / v
         reason = (f"acceptance is too low for the draft's cost: a cycle yields {tokens:.2f} "
                   f"tokens per sequence, and a draft costing {d / v:.2f} of verify needs more "
@@ -387,8 +410,9 @@ def speedup(recent: Breakdown, past: Breakdown | None = None) -> Finding:
         reason = (f"verify-bound at batch {recent.mean_batch_size or 0:.1f}: one verify costs "
                   f"{_ms(v)}, more than the {tokens:.2f} plain decode steps "
                   f"({_ms(tokens * step)}) its tokens replace")
-        advice = ("speculation stops paying at this batch size: disable it above it (vLLM: "
-                  "disable by batch size), or lower k")
+        advice = ("speculation stops paying at this batch size: give batches this large k = 0 "
+                  "in the engine's batch-size schedule of k (SPEC-ADVICE-SCHEDULE; specobs "
+                  "advise prints it), or lower k")
         if slower is not None:
             reason += f" ({slower})"
             advice = "see the phase finding: a phase that got slower, not the batch size"
@@ -396,7 +420,7 @@ def speedup(recent: Breakdown, past: Breakdown | None = None) -> Finding:
         reason = (f"draft and verify together cost {_ms(d + v)} a cycle ({_ms(d)} + {_ms(v)}), "
                   f"more than the {tokens:.2f} plain decode steps ({_ms(tokens * step)}) their "
                   f"tokens replace: one verify costs {v / step:.2f} plain steps")
-        advice = ("lower k (a cheaper draft, a shorter verify), or disable speculation above "
+        advice = ("lower k (a cheaper draft, a shorter verify), or give k = 0 above "
                   "this batch size")
         if slower is not None:
             reason += f" ({slower})"
@@ -405,7 +429,7 @@ def speedup(recent: Breakdown, past: Breakdown | None = None) -> Finding:
         other = (host_cycle - d - v) if host_cycle is not None and d is not None \
             and v is not None and clock == "host" else None
         reason = ("the time outside draft and verify (bookkeeping, host overhead) eats the "
-                  f"gain: the {clock} clock predicts {_x(pred)}"
+                  f"gain: the {clock} clock predicts {_x(old)}"
                   + (f", and {_ms(other)} of each {_ms(host_cycle)} cycle is neither"
                      if other is not None and host_cycle is not None and other > 0 else ""))
         advice = ("see SPEC-CYCLE-BOOKKEEPING-BOUND and the SPEC-HOST-* finding: bookkeeping, "
@@ -413,3 +437,54 @@ def speedup(recent: Breakdown, past: Breakdown | None = None) -> Finding:
     return Finding("SPEC-SPEEDUP-LOSS", "fail",
                    f"speculation is slower than the baseline: {head}; {reason}", evidence,
                    advice)
+
+
+# -- time between cycles --------------------------------------------------------------------------
+
+
+def between_cycles(recent: Breakdown, past: Breakdown | None = None) -> Finding | None:
+    """``SPEC-GAP-HIGH`` (warn) when the engine's steady time between cycles (the mean gap from
+    the end of one cycle to the begin of the next on its thread, idle gaps left out; the median
+    where a few long waits skew the mean past :data:`GAP_SKEW` times it) is
+    more than :data:`GAP_MAX_SHARE` of a cycle and its gap: the scheduler, detokenisation or
+    Python outside the instrumented step cost tokens/s that the cycle breakdown does not show;
+    ``SPEC-GAP-OK`` otherwise; ``None`` where the endpoint exports no gaps or too few."""
+    mean, med = recent.gap_mean_seconds, recent.gap_median_seconds
+    cycle = recent.cycle_mean_seconds.get("host")
+    if mean is None or cycle is None or not cycle > 0 or recent.gap_count < MIN_CLOCK_CYCLES:
+        return None
+    # A few long gaps (the engine waiting for work, under the idle bound) pull the mean far
+    # above the median: the steady gap is the median then.
+    steady = med if med is not None and mean > GAP_SKEW * med else mean
+    share = steady / (steady + cycle)
+    evidence: dict[str, float | str | None] = {
+        "gap_steady_seconds": steady, "gap_median_seconds": med, "gap_mean_seconds": mean,
+        "gap_share": share, "gap_share_of_busy_time": recent.gap_share,
+        "cycle_seconds": cycle, "gaps": recent.gap_count, "idle_gaps": recent.idle_gaps,
+    }
+    grown = ""
+    if past is not None and past.gap_mean_seconds and past.gap_count >= MIN_CLOCK_CYCLES:
+        factor = mean / past.gap_mean_seconds
+        evidence["gap_against_past"] = factor
+        if factor >= GAP_GREW:
+            grown = f", {factor:.1f}x what it was before"
+    realized, _ = speedups(recent)
+    wall = ""
+    if realized is not None:
+        # The baseline is a plain step's own time; the engine pays the gap on top of each cycle.
+        wall_speedup = realized * cycle / (cycle + steady)
+        evidence["realized_over_wall_time"] = wall_speedup
+        wall = (f"; against the baseline the {_x(realized)} speedup of the cycles is "
+                f"{_x(wall_speedup)} over wall time (a plain decoder paying the same gap a "
+                "step would lose more)")
+    text = (f"the engine spends {_pct(share)} of its busy time between cycles ({_ms(steady)} "
+            f"a gap per {_ms(cycle)} cycle{grown}): tokens/s per sequence is "
+            f"{_pct(share)} below what its cycles give{wall}")
+    if share > GAP_MAX_SHARE:
+        return Finding(
+            "SPEC-GAP-HIGH", "warn", text, evidence,
+            "profile the engine's loop between steps (py-spy on the worker): the scheduler, "
+            "detokenisation, output processing or logging on the step's thread; async "
+            "scheduling (vLLM --async-scheduling, SGLang's overlap scheduler) hides it",
+        )
+    return Finding("SPEC-GAP-OK", "ok", text, evidence)

@@ -7,12 +7,13 @@
                    [--selector '{job="specobs"}'] [--window 5m] [--history 1h] [--json]
 
 It scrapes the endpoint twice, ``--wait`` seconds apart (the second time asking for OpenMetrics,
-which also carries the exemplars), and prints one line per check of the endpoint with a verdict —
-OK, INFO (expected here, nothing to change), WARN, FAIL, or SKIP when a check cannot run — and the
-reason, then the **findings** of the diagnosis (:mod:`specobs.tools._diagnosis`,
-docs/diagnosis.md) on the interval between the scrapes and against the lifetime before the first:
-the acceptance profile, where the cycle goes, whether the host holds the GPU back, a stall, the
-speedup and its reason, what changed recently. The checks:
+which also carries the exemplars; again every 0.5 s while a window without cycles is shorter than
+ten of the lifetime's mean cycles, or fewer than ``--min-cycles`` ran), and prints one line per
+check of the endpoint with a verdict — OK, INFO (expected here, nothing to change), WARN, FAIL, or
+SKIP when a check cannot run — and the reason, then the **findings** of the diagnosis
+(:mod:`specobs.tools._diagnosis`, docs/diagnosis.md) on the interval between the scrapes and
+against the lifetime before the first: the acceptance profile, where the cycle goes, whether the
+host holds the GPU back, a stall, the speedup and its reason, what changed recently. The checks:
 
 =================  ===========================================================================
 reachable          the URL answers HTTP 200
@@ -25,7 +26,10 @@ dropped records    records dropped, by reason, as a fraction of cycles; cycles t
                    raised in (``reason="exception"``) are named apart: its failure, not specobs's
 exporter errors    hot-path misuse counted by the exporter, by kind
 overhead           ``specobs_exporter_overhead_ratio`` against the overhead budget
-exporter cpu       the exporter's CPU seconds per cycle between the scrapes (budget 15 µs)
+exporter cpu       the exporter's CPU per cycle between the scrapes (budget 15 µs), its
+                   /metrics scrapes left out (doctor's own make most of them) and given per
+                   scrape instead; over budget on fewer than 1,000 cycles it is not judged
+                   (INFO, with the ``--min-cycles`` that gets a verdict)
 exemplars          OpenMetrics exposition carries trace exemplars
 baseline           realized speedup: per-sequence tokens/s over the non-speculative baseline,
                    configured or measured by the engine (its ``source`` label), as the
@@ -34,7 +38,8 @@ baseline           realized speedup: per-sequence tokens/s over the non-speculat
 
 The exit status is 0 when healthy, 1 when a check WARNs or FAILs or a finding is warn or fail
 (a problem to act on), and 2 when the endpoint is unusable (unreachable, not a specobs endpoint,
-the second scrape failed), the command line is bad or ``--against`` names no saved run.
+the second scrape failed), the command line is bad, ``--against`` names no saved run or a
+package the command needs is not installed.
 
 ``--against FILE`` also compares the window with a run saved earlier by ``specobs report
 --save`` (the whole run, first sample to last): the ``SPEC-SAVED-*`` findings, acceptance down, a
@@ -252,7 +257,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"{_PROG}: {exc.name or exc} is missing: pip install 'specobs[cli,prometheus]'",
               file=sys.stderr)
-        return 1
+        # Not 1, a problem found: a script must tell a missing dependency from a sick server.
+        return 2
     saved: SavedRun | None = None
     if args.against is not None:
         try:

@@ -73,6 +73,9 @@ def plain_line(frame: Frame, now: float | None = None) -> str:
     parts.append(f"cycle={scr.format_seconds(b.cycle_mean_seconds.get(clock), us)}")
     if clock == "gpu":
         parts.append(f"host_cycle={scr.format_seconds(b.cycle_mean_seconds.get('host'), us)}")
+    if b.gap_count:  # the time between cycles, and its share of the busy time
+        parts.append(f"between={scr.format_seconds(b.gap_mean_seconds, us)}"
+                     f"({scr.format_percent(b.gap_share)})")
     pos = ",".join(scr.format_percent(v, 0) for _, v in b.position_acceptance)
     parts += [
         f"cycles/s={scr.format_rate(b.cycles_per_second)}",
@@ -283,6 +286,15 @@ class LiveView:
                 Text(bar(mean, scale), style="dim"), "", scr.format_seconds(p50),
                 scr.format_seconds(p99),
             )
+            if clock == "host" and b.gap_count:
+                # Outside the cycles (the engine's scheduler, Python between steps): the share
+                # is of the gaps plus the host cycle time.
+                table.add_row(
+                    Text("between cycles", style="dim"), scr.format_seconds(b.gap_mean_seconds),
+                    Text(bar(b.gap_mean_seconds, scale), style="dim"),
+                    scr.format_percent(b.gap_share), scr.format_seconds(b.gap_median_seconds),
+                    scr.format_seconds(b.gap_p99_seconds),
+                )
             out.append(table)
             out.append(Text(""))
 

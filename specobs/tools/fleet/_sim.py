@@ -77,6 +77,11 @@ def _lognormal_fractions(bounds: tuple[float, ...], mean: float, sigma: float) -
     return out
 
 
+#: The engine's time between two cycles (its scheduler, Python between steps) as a share of the
+#: host cycle, plus a fixed part: the simulated ``specobs_cycle_gap_seconds``.
+GAP_SHARE = 0.04
+GAP_FIXED_SECONDS = 0.00004
+
 TOKENS_PER_REQUEST = 200
 """Sequence-cycles per finished request in the simulation (its per-request acceptance)."""
 
@@ -216,6 +221,7 @@ class SimServer:
         self.hists = {f"{p}/{c}": _Hist(dur) for p in PHASES for c in CLOCKS}
         self.hists["cycle/gpu"] = _Hist(dur)
         self.hists["cycle/host"] = _Hist(dur)
+        self.hists["gap"] = _Hist(dur)
         self.hists["accept"] = _Hist(catalog.accept_length_buckets(self.model.draft_length))
         self.hists["batch"] = _Hist(catalog.BATCH_SIZE_BUCKETS)
         self.hists["requests"] = _Hist(catalog.REQUEST_ACCEPTANCE_BUCKETS)
@@ -256,6 +262,10 @@ class SimServer:
         self.hists["cycle/host"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
                                                             host_cycle, sig), host_cycle)
         self.cycle_seconds = host_cycle
+        gap = host_cycle * GAP_SHARE + GAP_FIXED_SECONDS
+        self.hists["gap"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS, gap, sig),
+                                gap)
+        self.gap_seconds = gap
         # accept length L per sequence: P(L >= j) = product of the first j conditional acceptances
         k = self.model.draft_length
         at_least = [1.0]
@@ -281,7 +291,8 @@ class SimServer:
         self.last_advance = now_mono
         if dt <= 0 or self.stalled:
             return
-        n = dt / self.cycle_seconds * self.rng.uniform(0.97, 1.03)
+        # Cycles and the gaps between them fill the time (a busy server never idles).
+        n = dt / (self.cycle_seconds + self.gap_seconds) * self.rng.uniform(0.97, 1.03)
         self.cycles += n
         seqs = n * self.batch
         self.sequences += seqs
@@ -290,6 +301,7 @@ class SimServer:
             self.hists[f"{p}/gpu"].add(n / GPU_SAMPLE_EVERY)
         self.hists["cycle/host"].add(n)
         self.hists["cycle/gpu"].add(n / GPU_SAMPLE_EVERY)
+        self.hists["gap"].add(n)
         self.hists["accept"].add(seqs)
         self.hists["batch"].add(n)
         self.hists["requests"].add(seqs / TOKENS_PER_REQUEST)
@@ -358,6 +370,9 @@ class SimServer:
             emitted_by_draft_length={k: accepted + seqs},
             accepted_by_draft_length={k: accepted},
             sequences_by_draft_length={k: seqs},
+            batch_by_draft_length={k: seqs},
+            cycle_gap=self.hists["gap"].data(),
+            idle_gaps_total=0,
             request_acceptance=requests,
             requests_finished_total=requests.count,
             draft_tokens_unverified=0,
