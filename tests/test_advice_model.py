@@ -225,3 +225,21 @@ def test_an_engine_that_changes_k_gives_the_fit_a_point_per_k_and_its_plain_step
     # percent apart
     assert model.per_token_seconds == pytest.approx(0.05e-3, rel=0.1)
     assert model.fixed_seconds == pytest.approx(2.0e-3, rel=0.1)
+
+
+def test_an_engine_that_changes_k_by_batch_gives_a_band_per_k_it_served() -> None:
+    """One window of an adaptive engine (k = 4 at batch 2, k = 2 at batch 8, k = 1 at batch
+    32): the schedule weighs each k's batch on its own costs, and each band's k is within 3% of
+    the best there."""
+    from specobs.tools.report._data import joined
+
+    e = engine("linear")
+    w = dg.window(joined([e.window(4, 2, 800, baseline=None), e.window(2, 8, 800, baseline=None),
+                          e.window(1, 32, 800, baseline="plain_steps")]))
+    bands, choices = dg.schedule([w], [dg.model_of([w])])
+    assert [round(c.batch) for c in choices] == [2, 8, 32]
+    for c in choices:
+        b = round(c.batch)
+        best = max(range(9), key=lambda kk, b=b: e.tokens_per_second(kk, b))
+        assert e.tokens_per_second(c.k, b) >= 0.97 * e.tokens_per_second(best, b), (b, c.k)
+    assert bands[0].lo == 1 and bands[-1].hi is None

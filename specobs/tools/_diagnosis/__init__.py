@@ -130,6 +130,7 @@ from specobs.tools._diagnosis._findings import (
 from specobs.tools._diagnosis._schedule import (
     BandChoice,
     bands_from,
+    by_draft_length,
     choose_at,
     schedule,
     schedule_finding,
@@ -234,6 +235,7 @@ __all__ = [
     "batch_point",
     "batch_threshold",
     "between_cycles",
+    "by_draft_length",
     "candidates",
     "choose_at",
     "conditional_acceptance",

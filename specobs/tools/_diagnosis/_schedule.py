@@ -7,13 +7,20 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specobs.tools._breakdown import Breakdown
 from specobs.tools._diagnosis._advice import Prospects, candidates, prospects
 from specobs.tools._diagnosis._batch import BATCH_SAME_FACTOR
-from specobs.tools._diagnosis._cost import ForwardModel
+from specobs.tools._diagnosis._cost import (
+    DRAFT_FIXED_STEPS,
+    MIN_POINT_CYCLES,
+    CycleCosts,
+    ForwardModel,
+)
 from specobs.tools._diagnosis._engine_config import Band
 from specobs.tools._diagnosis._findings import Finding, Window
 
-__all__ = ["BandChoice", "bands_from", "choose_at", "schedule", "schedule_finding"]
+__all__ = ["BandChoice", "bands_from", "by_draft_length", "choose_at", "schedule",
+           "schedule_finding"]
 
 
 @dataclass(frozen=True)
@@ -76,12 +83,39 @@ def bands_from(choices: Sequence[BandChoice], threshold: float | None = None) ->
     return merged
 
 
+def by_draft_length(b: Breakdown, pr: Prospects) -> list[tuple[Prospects, float]]:
+    """An engine that changes k by batch size serves each k at its own batch: one
+    :class:`Prospects` per draft length in effect (at least :data:`MIN_POINT_CYCLES` cycles),
+    its costs from the per-k host phase times at that k's mean batch, the window's acceptance
+    and forward; empty where fewer than two ks drafted."""
+    out: list[tuple[Prospects, float]] = []
+    for ks in b.by_draft_length:
+        batch = ks.mean_batch
+        if ks.k < 1 or ks.cycles < MIN_POINT_CYCLES or batch is None or not batch > 0 \
+                or ks.k > len(pr.conditional):
+            continue
+        means = {p: s / ks.cycles for p, s in ks.phase_seconds.items()}
+        draft, verify = means.get("draft"), means.get("verify")
+        if draft is None or verify is None or not verify > 0:
+            continue
+        fixed = draft * DRAFT_FIXED_STEPS / (ks.k + DRAFT_FIXED_STEPS)
+        rest = math.fsum(m for p, m in means.items() if p not in ("draft", "verify"))
+        costs = CycleCosts(
+            clock="host", batch=batch, k=ks.k, cycle=draft + verify + rest, draft=draft,
+            draft_fixed=fixed, draft_fixed_from="steps",
+            draft_per_position=max(0.0, draft - fixed) / ks.k, verify=verify, rest=rest,
+            scale=1.0)
+        out.append((Prospects(costs, pr.model, pr.conditional[:ks.k]), ks.cycles))
+    return out if len(out) >= 2 else []
+
+
 def schedule(windows: Sequence[Window], models: Sequence[ForwardModel | None],
              threshold: float | None = None) -> tuple[list[Band], list[BandChoice]]:
     """The k for each band of batch sizes, from windows of one server at the batch sizes it
     served (each window's acceptance and costs, verify along its own fitted forward in
     ``models``: a line through one batch's points bends less than one through all): the bands
-    (:func:`bands_from`) and the choice at each batch size observed. Windows within
+    (:func:`bands_from`) and the choice at each batch size observed; an engine that changed k
+    by batch size gives one observation per k it drafted (:func:`by_draft_length`). Windows within
     :data:`BATCH_SAME_FACTOR` of each other's batch are one observation (the one of most
     cycles)."""
     found: list[BandChoice] = []
@@ -89,9 +123,10 @@ def schedule(windows: Sequence[Window], models: Sequence[ForwardModel | None],
         pr = prospects(w.breakdown, model)
         if pr is None:
             continue
-        c = choose_at(pr)
-        if c is not None:
-            found.append(BandChoice(c.batch, c.k, c.rates, w.breakdown.cycles))
+        for each, cycles in by_draft_length(w.breakdown, pr) or [(pr, w.breakdown.cycles)]:
+            c = choose_at(each)
+            if c is not None:
+                found.append(BandChoice(c.batch, c.k, c.rates, cycles))
     found.sort(key=lambda c: c.batch)
     kept: list[BandChoice] = []
     for c in found:
