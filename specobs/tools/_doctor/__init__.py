@@ -235,10 +235,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if prometheus:
             url = scr.normalize_url(args.prometheus, default_path="")
-            matchers = [pa.normalize_selector(args.selector)] if args.selector else []
-            if args.instance is not None:
-                matchers.append(f"instance={json.dumps(args.instance)}")
-            selector = ",".join(m for m in matchers if m)
+            selector = pa.server_selector(args.selector, args.instance)
             window = pa.parse_window(args.window)
             history = pa.parse_window(args.history)
         else:
