@@ -52,7 +52,9 @@ SPECOBS_CLOCK = "SPECOBS_CLOCK"
 """``auto`` (CUDA events when torch sees a GPU), ``cuda`` (required) or ``host`` (never events)."""
 
 SPECOBS_QUEUE_SIZE = "SPECOBS_QUEUE_SIZE"
-"""Most cycle records waiting for the resolver; when full the oldest is dropped and counted."""
+"""Most cycle records waiting for the resolver; when full the oldest is dropped and counted. A
+quarter of it (16 to 1,024, at most half) is how many cycles may wait behind a deferred one that
+is never settled before it is handed on (``unsettled``)."""
 
 SPECOBS_EVENT_POOL_SIZE = "SPECOBS_EVENT_POOL_SIZE"
 """CUDA events created and pre-recorded up front. When the pool runs dry a cycle is not
@@ -141,6 +143,9 @@ class Settings:
     poll_interval_seconds: float = 0.1
     #: How long the resolver holds a cycle ended by ``defer()`` for its ``settle()``; then it is
     #: counted with its times and without its tokens (``dropped_records{reason="unsettled"}``).
+    #: Sooner when a quarter of ``queue_size`` (16 to 1,024, at most half of it) cycles wait
+    #: behind it: the cycles after a deferred one wait for it, so that many bound how long they
+    #: are held up.
     settle_timeout_seconds: float = 5.0
     trace_head_rate: float = 0.001
     trace_slow_cycle_seconds: float | None = None

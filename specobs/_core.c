@@ -168,6 +168,9 @@ typedef struct {
     int k_max;
     PyObject *phases; /* tuple of str */
     Py_ssize_t wake_at;
+    /* A deferred cycle with this many done cycles waiting behind it is handed on unsettled
+     * without waiting out its timeout (specobs._ring.PyRing.settle_backlog). */
+    Py_ssize_t settle_backlog;
     int enabled;
     int sampling;       /* a clock is active: sample one cycle in ``interval`` */
     int64_t interval;
@@ -873,7 +876,10 @@ make_room(Ring *r)
         else if (STATE(old) == SLOT_OPEN)
             r->dropped_queue_full++;
         else if (STATE(old) == SLOT_DEFERRED) {
-            r->dropped_queue_full++;
+            /* Never settled, and the ring needs its slot: lost with its times (the resolver
+             * hands such a cycle on before, once settle_backlog cycles wait behind it, unless
+             * it is not keeping up). */
+            r->unsettled++;
             r->deferred--;
         }
         STATE_SET(old, SLOT_VOID);
@@ -1413,7 +1419,10 @@ hand_on(Ring *r, Slot *s)
     r->enqueued++;
     if (s->ev != NULL || s->copy != NULL)
         ADDN(&r->nheld, 1);
-    if (ADDN(&r->waiting, 1) >= r->wake_at) {
+    Py_ssize_t w = ADDN(&r->waiting, 1);
+    /* A deferred cycle holds up the ones behind it: the resolver hands it on unsettled once
+     * settle_backlog wait (see expire), so it is woken then too. */
+    if (w >= r->wake_at || (r->deferred > 0 && w >= r->settle_backlog)) {
         if (pump_active(r))
             pump_signal(r, PUMP_PASS); /* the pump walks now; no Python is needed */
         else
@@ -3201,8 +3210,10 @@ pump_walk(Ring *r, int64_t next_trace, int64_t slow_ns, int64_t settle_ns, int n
         if (st == SLOT_OPEN)
             return NULL;
         if (st == SLOT_DEFERRED) {
+            /* Every done cycle waits behind it (the walk took those before): expire's rule. */
             int64_t now = r->tick ? r->fake_now : now_ns();
-            return settle_ns >= 0 && now - s->ts[nph] >= settle_ns ? s_pump_expire : NULL;
+            int late = settle_ns >= 0 && now - s->ts[nph] >= settle_ns;
+            return late || LOADN(&r->waiting) >= r->settle_backlog ? s_pump_expire : NULL;
         }
         if (st == SLOT_VOID) {
             if (s->ev || s->acc || s->emitted || s->batch_obj || s->copy || s->draft
@@ -3522,8 +3533,8 @@ Ring_clear_queue(Ring *r, PyObject *Py_UNUSED(ignored))
     return PyLong_FromSsize_t(n);
 }
 
-/* Hand on, unsettled, the deferred cycles that ended ``timeout_ns`` or longer ago (see
- * PyRing.expire); returns how many. */
+/* Hand on, unsettled, the deferred cycles that ended ``timeout_ns`` or longer ago, or with
+ * ``settle_backlog`` done cycles waiting behind them (see PyRing.expire); returns how many. */
 static PyObject *
 Ring_expire(Ring *r, PyObject *arg)
 {
@@ -3537,14 +3548,17 @@ Ring_expire(Ring *r, PyObject *arg)
     Deferral d;
     defer_begin(&d);
     ring_lock(r);
+    Py_ssize_t behind = LOADN(&r->waiting); /* done cycles after the slot walked */
     for (uint64_t p = r->tail; p != r->head; p++) {
         Slot *s = &r->slots[p % (uint64_t)r->nslots];
         int st = STATE(s);
         if (st == SLOT_OPEN)
             break;
+        if (st == SLOT_DONE)
+            behind--;
         if (st != SLOT_DEFERRED)
             continue;
-        if (now - s->ts[r->nph] < (int64_t)timeout)
+        if (now - s->ts[r->nph] < (int64_t)timeout && behind < r->settle_backlog)
             break;
         r->deferred--;
         r->unsettled++;
@@ -3656,6 +3670,9 @@ Ring_init(Ring *r, PyObject *args, PyObject *kwds)
     r->nph = (int)nph;
     r->k_max = k_max;
     r->wake_at = wake_at;
+    r->settle_backlog = wake_at < capacity / 2 ? wake_at : capacity / 2;
+    if (r->settle_backlog < 1)
+        r->settle_backlog = 1;
     r->enabled = 1;
     r->interval = 1;
     r->clock_try_at = -1;
@@ -3845,6 +3862,8 @@ static PyMemberDef Ring_members[] = {
     {"interval", T_LONGLONG, offsetof(Ring, interval), 0, NULL},
     {"clock_try_at", T_LONGLONG, offsetof(Ring, clock_try_at), 0, NULL},
     {"wake_at", T_PYSSIZET, offsetof(Ring, wake_at), 0, NULL},
+    {"settle_backlog", T_PYSSIZET, offsetof(Ring, settle_backlog), 0,
+     "done cycles waiting behind a deferred one that hand it on unsettled before its timeout"},
     {"tick", T_LONGLONG, offsetof(Ring, tick), 0, NULL},
     {"capacity", T_PYSSIZET, offsetof(Ring, capacity), READONLY, NULL},
     {"begun", T_LONGLONG, offsetof(Ring, begun), READONLY, NULL},

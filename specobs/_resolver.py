@@ -884,6 +884,17 @@ class Resolver:
             catalog.DROP_REASON_EXCEPTION: counts[5],
         }
 
+    def _unsettled_message(self, n: int) -> Callable[[], str]:
+        """The line for deferred cycles handed on (or dropped) without a ``settle()``."""
+        timeout = self.settle_timeout_ns / 1e9
+        backlog = getattr(self.rec.ring, "settle_backlog", 0)
+        return lambda: (
+            f"{n} deferred cycle(s) never settled: each is handed on after "
+            f"settle_timeout_seconds={timeout:g}, or once {backlog} cycles wait behind it, or at "
+            f"shutdown, with its times and without its tokens "
+            f"(dropped_records{{reason=\"unsettled\"}}); expected a settle() for every defer() "
+            f"(a settling thread that died, or a result that never came back)")
+
     def _fold(self, counts: tuple[int, ...]) -> tuple[dict[str, int], dict[str, int]]:
         """What the recorder counted since the last fold: drops by reason, errors by kind.
         ``counts``: the ring's ``counters()``, read once per chunk with the sampler's figures.
@@ -900,6 +911,8 @@ class Resolver:
             if value != prev:
                 dropped[key] = value - prev
                 self._folded[key] = value
+        if dropped.get("unsettled"):
+            rec.log.warn("unsettled", self._unsettled_message(dropped["unsettled"]))
         errors: dict[str, int] = {}
         for kind, value in list(rec.errors.items()):
             key = "err:" + kind

@@ -23,7 +23,8 @@ dropped and counted (``dropped_queue_full``), its events handed back through
 **Deferred acceptance.** ``Cycle.defer()`` ends a cycle whose acceptance is known only later
 (state ``DEFERRED``: the drain stops at it as at an open slot); ``settle(...)``, from any
 thread, gives the acceptance as ``accept`` takes it and hands the cycle on; the resolver's
-``expire(timeout_ns)`` hands on, without tokens (``unsettled``), the ones nobody settled.
+``expire(timeout_ns)`` hands on, without tokens (``unsettled``), the ones nobody settled in
+time, or with ``settle_backlog`` cycles waiting behind them.
 
 **Handles.** The handle of the last ended cycle is kept and reused by the next ``begin`` only if
 nobody else holds it (its reference count), so a steady loop creates no object per cycle and a
@@ -530,7 +531,7 @@ class PyCycle:
         r._waiting += 1
         if s.ev is not None or s.copy is not None:
             r.held_cycles += 1
-        if r._waiting >= r.wake_at:
+        if r._waiting >= r.wake_at or (r.deferred and r._waiting >= r.settle_backlog):
             r._call(r.slow.wake)
 
     @_serialized
@@ -642,6 +643,12 @@ class PyRing:
         self._tail = 0
         self.k_max = max_draft_length
         self.wake_at = wake_at
+        #: A deferred cycle with this many done cycles waiting behind it is handed on unsettled
+        #: without waiting out its timeout (:meth:`expire`): the drain takes cycles in order, so
+        #: one that is never settled would hold every later one up until then. Half the ring at
+        #: most, so that it is handed on before a full ring drops it; the worker wakes the
+        #: resolver when it is reached.
+        self.settle_backlog = max(1, min(wake_at, capacity // 2))
         self._db = list(map(float, duration_bounds))
         self._bb = list(map(float, batch_bounds))
         for b in (self._db, self._bb):
@@ -776,7 +783,8 @@ class PyRing:
         self._waiting += 1
         if s.ev is not None or s.copy is not None:
             self.held_cycles += 1
-        if wake and self._waiting >= self.wake_at:
+        if wake and (self._waiting >= self.wake_at
+                     or (self.deferred and self._waiting >= self.settle_backlog)):
             self._call(self.slow.wake)
 
     def _void(self, s: _Slot) -> None:
@@ -828,7 +836,9 @@ class PyRing:
             elif old.state == OPEN:
                 self.dropped_queue_full += 1
             elif old.state == DEFERRED:
-                self.dropped_queue_full += 1
+                # Never settled, and the ring needs its slot: lost with its times (``expire``
+                # hands such a cycle on before, unless the resolver is not keeping up).
+                self.unsettled += 1
                 self.deferred -= 1
             old.state = VOID
             self._drop_held(old)
@@ -1345,8 +1355,10 @@ class PyRing:
 
     def expire(self, timeout_ns: int) -> int:
         """Hand on, unsettled, the deferred cycles that ended ``timeout_ns`` or longer ago (on
-        the ring's clock): their times are counted, their tokens and batch size not. Returns how
-        many. Deferred cycles end in order, so the walk stops at the first one still in time."""
+        the ring's clock), or that have :attr:`settle_backlog` done cycles waiting behind them:
+        their times are counted, their tokens and batch size not. Returns how many. Deferred
+        cycles end in order, so the walk stops at the first one still in time with fewer
+        waiting behind it."""
         if not self.deferred or self._hot._is_owned():  # type: ignore[attr-defined]
             return 0  # (a signal handler's, inside this thread's own call: the next pass)
         n = 0
@@ -1354,13 +1366,16 @@ class PyRing:
             now = self._now()
             slots = self._slots
             ns = len(slots)
+            behind = self._waiting  # done cycles after the slot walked
             for p in range(self._tail, self._head):
                 s = slots[p % ns]
                 if s.state == OPEN:
                     break
+                if s.state == DONE:
+                    behind -= 1
                 if s.state != DEFERRED:
                     continue
-                if now - s.ts[self.nph] < timeout_ns:
+                if now - s.ts[self.nph] < timeout_ns and behind < self.settle_backlog:
                     break
                 self.deferred -= 1
                 self.unsettled += 1
