@@ -282,8 +282,11 @@ class Recorder:
         self.errors: defaultdict[str, int] = defaultdict(int)
         self.dropped_pool = 0
         self.dropped_capture = 0
-        #: Moves after each change of ``errors``, ``dropped_pool`` or ``dropped_capture``: the
-        #: resolver folds them only when it moved (the ring's own counts it reads in one call).
+        #: Other losses counted in Python, by ``dropped_records`` reason (:meth:`drop`).
+        self.drops: defaultdict[str, int] = defaultdict(int)
+        #: Moves after each change of ``errors``, ``drops``, ``dropped_pool`` or
+        #: ``dropped_capture``: the resolver folds them only when it moved (the ring's own
+        #: counts it reads in one call).
         self.changes = 0
         if native is None:
             native = _ring.NATIVE
@@ -445,6 +448,13 @@ class Recorder:
         self.errors[kind] += 1
         self.changes += 1
         self.log.warn(kind, message)
+
+    def drop(self, reason: str, message: Message, n: int = 1) -> None:
+        """Count ``n`` losses as ``dropped_records{reason}`` (one of ``catalog.DROP_REASONS``)
+        and log it, rate-limited, as :meth:`misuse` does."""
+        self.drops[reason] += n
+        self.changes += 1
+        self.log.warn(reason, message)
 
     def misuse_value(self, kind: str, before: str, value: Any, after: str = "") -> None:
         """:meth:`misuse` with a message showing a caller's ``value`` between ``before`` and
