@@ -56,6 +56,16 @@ SPECOBS_QUEUE_SIZE = "SPECOBS_QUEUE_SIZE"
 quarter of it (16 to 1,024, at most half) is how many cycles may wait behind a deferred one that
 is never settled before it is handed on (``unsettled``)."""
 
+SPECOBS_MAX_CYCLE_SEQUENCES = "SPECOBS_MAX_CYCLE_SEQUENCES"
+"""Most values one list of a cycle's acceptance may carry (accepted lengths, draft lengths,
+emitted counts: one per sequence). Default 16384, at most 65536. A cycle past it is counted with
+its times and without its tokens (``dropped_records{reason="oversized"}``)."""
+
+SPECOBS_MAX_QUEUE_BYTES = "SPECOBS_MAX_QUEUE_BYTES"
+"""Most bytes the acceptance that waiting cycles keep as objects for the resolver may hold, as
+the ring estimates it (56 bytes and 8 a value per list). Default 64 MiB. A cycle that would take
+the queue past it is counted with its times and without its tokens (``oversized``)."""
+
 SPECOBS_EVENT_POOL_SIZE = "SPECOBS_EVENT_POOL_SIZE"
 """CUDA events created and pre-recorded up front. When the pool runs dry a cycle is not
 GPU-timed."""
@@ -133,6 +143,12 @@ class Settings:
     overhead_budget: float = 0.002
     clock: ClockMode = "auto"
     queue_size: int = 8192
+    #: Most values one list of a cycle's acceptance may carry; past it the cycle is counted
+    #: without tokens (``oversized``).
+    max_cycle_sequences: int = 16384
+    #: Most bytes the objects waiting cycles keep for the resolver may hold (the ring's
+    #: estimate); a cycle that would pass it is counted without tokens (``oversized``).
+    max_queue_bytes: int = 64 << 20
     event_pool_size: int = 2048
     max_draft_length: int = 8
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -368,6 +384,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("overhead_budget", SPECOBS_OVERHEAD_BUDGET, _number(0.0, 1.0, open_low=True)),
     Setting("clock", SPECOBS_CLOCK, _clock),
     Setting("queue_size", SPECOBS_QUEUE_SIZE, _integer(16, 10_000_000)),
+    Setting("max_cycle_sequences", SPECOBS_MAX_CYCLE_SEQUENCES, _integer(1, 65536)),
+    Setting("max_queue_bytes", SPECOBS_MAX_QUEUE_BYTES, _integer(1 << 16, 1 << 40)),
     Setting("event_pool_size", SPECOBS_EVENT_POOL_SIZE, _integer(4, 1_000_000)),
     Setting("max_draft_length", SPECOBS_MAX_DRAFT_LENGTH, _integer(1, MAX_DRAFT_LENGTH)),
     Setting("labels", SPECOBS_LABELS, lambda name, value, env: parse_labels(name, value)),

@@ -436,6 +436,19 @@ class Recorder:
         if clock is not None:
             clock.copy_event_failed(slot)  # type: ignore[attr-defined]
 
+    def oversized(self, kind: str, got: int, bound: int) -> None:
+        """A cycle's acceptance refused for its size (the ring's ``_refuse_payload``): counted as
+        ``dropped_records{reason="oversized"}``; the cycle keeps its times."""
+        if kind == "sequences":
+            what = (f"accept() with {got} values in one list: more than max_cycle_sequences="
+                    f"{bound} (SPECOBS_MAX_CYCLE_SEQUENCES)")
+        else:
+            what = (f"the acceptance waiting cycles keep for the resolver would hold {got} bytes: "
+                    f"more than max_queue_bytes={bound} (SPECOBS_MAX_QUEUE_BYTES; the resolver "
+                    f"is behind, or cycles carry large lists it must validate)")
+        self.drop("oversized", what + "; the cycle is counted with its times, without its "
+                  "tokens (dropped_records{reason=\"oversized\"})")
+
     def queue_full(self) -> None:
         self.log.warn("queue_full", "record queue full; dropping the oldest cycle records (the "
                       "resolver is not keeping up)")
