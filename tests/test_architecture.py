@@ -52,7 +52,7 @@ LAYERS: tuple[Layer, ...] = (
                           "specobs.catalog", "specobs.sampling", "specobs.timing",
                           "specobs._speedups", "specobs._bucketing", "specobs._deadline",
                           "specobs._ring", "specobs._core", "specobs._threadtime",
-                          "specobs._signalsafe", "specobs._genai_proposal"), ()),
+                          "specobs._signalsafe"), ()),
     Layer("settings", ("specobs._config",), ("foundations",)),
     Layer("recorder", ("specobs._recorder",), ("foundations",)),
     Layer("aggregation", ("specobs._aggregation",), ("foundations",)),

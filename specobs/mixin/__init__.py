@@ -42,9 +42,12 @@ REGION_PATHS: tuple[str, ...] = ("docs/integrations.md",)
 def render_regions() -> dict[str, str]:
     """Generated regions of hand-written files: relative path -> the region, its begin and end
     markers included. Pure, like :func:`render_all`."""
-    from specobs.mixin import _integrations
+    from specobs.mixin import _genai_proposal, _integrations
 
-    return {_integrations.PATH: _integrations.render()}
+    return {
+        _integrations.PATH: _integrations.render(),
+        _genai_proposal.PATH: _genai_proposal.render(),
+    }
 
 
 def _splice(current: str, region: str) -> str | None:

@@ -10,7 +10,7 @@ repository's ``model/gen-ai/*.yaml`` (``file_format: definition/2``, everything 
 the proposed ones. Every catalog metric appears in the region, proposed or with the reason it
 is not, so a metric added to the catalog shows up there on the next render.
 
-    python3 -m specobs._genai_proposal    # rewrite the region of docs/otel-genai.md
+    specobs generate    # rewrite the region of docs/otel-genai.md
 
 Stdlib only: the YAML is written by hand, one fixed shape.
 """
@@ -18,9 +18,7 @@ Stdlib only: the YAML is written by hand, one fixed shape.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from specobs import catalog as c
 
@@ -36,16 +34,14 @@ __all__ = [
     "ProposedAttribute",
     "ProposedMetric",
     "collector_config",
-    "main",
     "metrics_yaml",
     "registry_yaml",
     "render",
-    "splice",
 ]
 
 PATH = "docs/otel-genai.md"
-BEGIN = ("<!-- BEGIN GENERATED: the proposal, from specobs/_genai_proposal.py and the catalog "
-         "(python3 -m specobs._genai_proposal; do not edit by hand) -->")
+BEGIN = ("<!-- BEGIN GENERATED: the proposal, from specobs/mixin/_genai_proposal.py and the "
+         "catalog (specobs generate; do not edit by hand) -->")
 END = "<!-- END GENERATED: the proposal -->"
 
 #: The GenAI attributes every proposed metric carries, as the existing ``gen_ai.server.*``
@@ -403,30 +399,3 @@ def render() -> str:
         END,
     ]
     return "\n".join(lines) + "\n"
-
-
-def splice(current: str, region: str) -> str:
-    """``current`` with the text between :data:`BEGIN` and :data:`END` replaced by
-    ``region``; ValueError when the markers are not there once each, in order."""
-    start, stop = current.find(BEGIN), current.find(END)
-    if current.count(BEGIN) != 1 or current.count(END) != 1 or stop < start:
-        raise ValueError(f"{PATH} must hold the markers {BEGIN!r} and {END!r} once each, "
-                         f"in that order")
-    return current[:start] + region.rstrip("\n") + current[stop + len(END):]
-
-
-def main(root: str = ".") -> int:
-    """Rewrite the region of docs/otel-genai.md under ``root``; prints whether it changed."""
-    path = Path(root) / PATH
-    current = path.read_text(encoding="utf-8")
-    updated = splice(current, render())
-    if updated != current:
-        path.write_text(updated, encoding="utf-8")
-        print(f"wrote {PATH}")
-    else:
-        print(f"{PATH} is up to date")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:]))
