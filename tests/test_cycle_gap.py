@@ -32,36 +32,12 @@ from specobs.sinks.otlp import OtlpSink
 from specobs.tools import _breakdown as bd
 from specobs.tools import _scrape as scr
 from specobs.tools import _top
+from tests._cores import PHASES, K
 from tests._otlp_receiver import OtlpReceiver, attributes_to_dict
 
-CORES = ["native", "python"] if _ring.BUILT else ["python"]
-PHASES = ("draft", "verify", "bookkeeping")
-K = 4
 BOUNDS = catalog.DURATION_BUCKETS_SECONDS
 #: What the recording thread sleeps between cycles; no bucket bound lies between 5 ms and it.
 SLEEP = 0.006
-
-
-@pytest.fixture(params=CORES)
-def core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(_ring, "NATIVE", request.param == "native")
-    return str(request.param)
-
-
-@pytest.fixture
-def observers() -> Iterator[Callable[..., specobs.Observer]]:
-    made: list[specobs.Observer] = []
-
-    def new(**kwargs: Any) -> specobs.Observer:
-        kwargs.setdefault("poll_interval_seconds", 3600)
-        kwargs.setdefault("sinks", [])
-        obs = specobs.configure(clock="host", phases=PHASES, max_draft_length=K, **kwargs)
-        made.append(obs)
-        return obs
-
-    yield new
-    for obs in made:
-        obs.shutdown(2.0)
 
 
 @pytest.fixture
