@@ -53,7 +53,7 @@ LAYERS: tuple[Layer, ...] = (
                           "specobs._speedups", "specobs._bucketing", "specobs._deadline",
                           "specobs._ring", "specobs._core", "specobs._threadtime",
                           "specobs._signalsafe"), ()),
-    Layer("settings", ("specobs._config",), ("foundations",)),
+    Layer("settings", ("specobs._config", "specobs._config_reference"), ("foundations",)),
     Layer("recorder", ("specobs._recorder",), ("foundations",)),
     Layer("aggregation", ("specobs._aggregation",), ("foundations",)),
     Layer("series", ("specobs._series",), ("foundations",)),
@@ -68,9 +68,9 @@ LAYERS: tuple[Layer, ...] = (
           ("foundations", "settings", "recorder", "sinks", "observer")),
     # The wings: the facade and the public modules, plus the named exceptions in ALLOWED.
     Layer("instrument", ("specobs.instrument",), PUBLIC),
-    # The mixin renders the catalog and the engines' declared hook tables (the support table of
-    # docs/integrations.md); it knows nothing of a running observer.
-    Layer("mixin", ("specobs.mixin",), ("specobs.catalog", "instrument")),
+    # The mixin renders the catalog, the configuration reference and the engines' declared hook
+    # tables (the support table of docs/integrations.md); it knows nothing of a running observer.
+    Layer("mixin", ("specobs.mixin",), ("specobs.catalog", "settings", "instrument")),
     Layer("tools", ("specobs.tools",), (*PUBLIC, "instrument", "mixin")),
     Layer("demo", ("specobs.demo",), (*PUBLIC, "tools")),
     # The dispatcher loads each subcommand's module by name (``cli._SUBCOMMANDS``).
