@@ -59,7 +59,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from specobs import _bucketing
+import specobs._bucketing as _bucketing
 from specobs._signalsafe import GuardedLock
 
 __all__ = ["NATIVE", "Cycle", "Detail", "Drained", "PyCycle", "PyRing", "Ring"]

@@ -43,7 +43,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from specobs import _series, catalog
+import specobs._series as _series
+import specobs.catalog as catalog
 from specobs._config import prometheus_addr, prometheus_port
 from specobs._errors import ConfigurationError, require
 from specobs._model import HistogramData, Snapshot
