@@ -158,8 +158,9 @@ class SnapshotCollector:
     def _families(self, s: Snapshot) -> Iterator[Metric]:
         const_keys = list(s.labels)
         const_vals = list(s.labels.values())
-        # Every counter carries the observer's start (OpenMetrics ``_created``), so a reset -- a
-        # restart, or a forked child starting from zero -- is visible as such.
+        # The observer's start as OpenMetrics ``_created``, on the counters ``created_series``
+        # names (by default ``specobs_cycles_total`` only), so a reset -- a restart, or a forked
+        # child starting from zero -- shows as a new value.
         created = s.created_unix_seconds or None
         created_on = self._created_on
         ex = self._exemplars
