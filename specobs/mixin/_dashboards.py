@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specobs import catalog as c
+import specobs.catalog as c
 from specobs.mixin._config import MixinConfig, duration_seconds
 from specobs.mixin._panels import (
     NO_GPU_CLOCK,

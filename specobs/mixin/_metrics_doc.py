@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specobs import catalog as c
+import specobs.catalog as c
 from specobs.mixin._config import MixinConfig, markdown_heading
 from specobs.mixin._rules import (
     ENGINE_REQUEST_GAUGES,

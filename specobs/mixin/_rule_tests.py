@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specobs import catalog as c
+import specobs.catalog as c
 from specobs.mixin._config import RULE_FIELDS, MixinConfig, generated_notice
 from specobs.mixin._rules import AlertNames, AlertRule, RuleNames, alert_rules, dump_yaml
 

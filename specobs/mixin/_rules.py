@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from specobs import catalog as c
+import specobs.catalog as c
 from specobs.mixin._config import MixinConfig, duration_seconds, generated_notice
 
 __all__ = [

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
-from specobs import _series
+import specobs._series as _series
 from specobs._errors import require
 from specobs._model import HistogramData, ResolvedCycle, Snapshot
 from specobs._version import __version__
