@@ -304,6 +304,58 @@ VARIABLES: tuple[Variable, ...] = (
         "When the home directory is read-only, or to share trained weights between machines "
         "or containers.",
         "`specobs demo`, when it loads the draft weights"),
+    Variable(
+        "SPECOBS_GENAI_PROVIDER_NAME",
+        "Exporters",
+        "unset: the `serving_engine` label, else the instrumented engine",
+        "-",
+        "a provider name (`vllm`, `sglang`, ...)",
+        "The OpenTelemetry GenAI attribute `gen_ai.provider.name` of the OTLP resource and of"
+        " every cycle span. The `OtlpSink(provider_name=)` argument and `resource_attributes`"
+        " win over it; `OTEL_RESOURCE_ATTRIBUTES` loses to it (docs/otel-genai.md).",
+        "When the serving engine is not what the label or the integration says, e.g. a fork "
+        "of vLLM under its own name.",
+        "`OtlpSink()`, when it is attached to an observer"),
+    Variable(
+        "SPECOBS_GENAI_REQUEST_MODEL",
+        "Exporters",
+        "unset: the `model_name` label",
+        "-",
+        "a model name",
+        "`gen_ai.request.model` of the OTLP resource and cycle spans, with the same precedence.",
+        "When the model served is not the `model_name` label, or no label names it.",
+        "`OtlpSink()`, when it is attached to an observer"),
+    Variable(
+        "SPECOBS_GENAI_RESPONSE_MODEL",
+        "Exporters",
+        "unset: the request model",
+        "-",
+        "a model name",
+        "`gen_ai.response.model` of the OTLP resource and cycle spans, with the same precedence.",
+        "When the engine answers with another model than the one requested (an alias resolved"
+        " to a version).",
+        "`OtlpSink()`, when it is attached to an observer"),
+    Variable(
+        "SPECOBS_SERVER_ADDRESS",
+        "Exporters",
+        "unset: none",
+        "-",
+        "a host name or address",
+        "`server.address` of the OTLP resource and cycle spans: the address clients reach the"
+        " inference server on.",
+        "To join specobs's telemetry with the clients' GenAI spans, which carry the same "
+        "attribute.",
+        "`OtlpSink()`, when it is attached to an observer"),
+    Variable(
+        "SPECOBS_SERVER_PORT",
+        "Exporters",
+        "unset: none",
+        "-",
+        "an integer from 1 to 65535",
+        "`server.port` of the OTLP resource and cycle spans: the port clients reach the "
+        "inference server on.",
+        "With `SPECOBS_SERVER_ADDRESS`, for the same join.",
+        "`OtlpSink()`, when it is attached to an observer"),
 )
 
 

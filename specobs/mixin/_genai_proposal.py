@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from specobs import catalog as c
+import specobs.catalog as c
 
 __all__ = [
     "ATTRIBUTES",

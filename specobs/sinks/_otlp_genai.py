@@ -13,7 +13,7 @@ Where each value comes from, first match wins:
 1. the ``OtlpSink`` argument (``provider_name``, ``request_model``, ``response_model``,
    ``server_address``, ``server_port``);
 2. the key in the ``resource_attributes`` argument;
-3. the ``SPECOBS_GENAI_*`` / ``SPECOBS_SERVER_*`` variable below;
+3. the variable below (docs/configuration.md);
 4. the key in ``OTEL_RESOURCE_ATTRIBUTES``;
 5. what the observer knows, read when the sink is attached: the provider from the constant
    label ``serving_engine``, else the engine the integration instruments (``vllm``,

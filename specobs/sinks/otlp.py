@@ -339,7 +339,7 @@ class OtlpSink(Sink):
     ``request_model``, ``response_model``, ``server_address`` and ``server_port`` set the
     OpenTelemetry GenAI attributes ``gen_ai.provider.name``, ``gen_ai.request.model``,
     ``gen_ai.response.model``, ``server.address`` and ``server.port`` of the resource and of
-    every cycle span, over ``SPECOBS_GENAI_*`` / ``SPECOBS_SERVER_*``; unset, the provider and the
+    every cycle span, over their variables (docs/configuration.md); unset, the provider and the
     models come from the observer's ``serving_engine`` and ``model_name`` labels and its
     integration (:mod:`specobs.sinks._otlp_genai`, docs/otel-genai.md). ``traces`` /
     ``metrics`` turn either signal off; ``export_interval_seconds`` is the metric push period;
