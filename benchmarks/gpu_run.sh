@@ -86,6 +86,10 @@ for part in $parts; do
         --steps ${ADVISOR_STEPS:-400} --rounds ${ADVISOR_ROUNDS:-8} --builds ${ADVISOR_BUILDS:-1} \
         --json "$OUT/advisor_gpu.json" 2>&1 | tee "$OUT/advisor_gpu.log" | tail -n 30
       wait $cpu_pid; tail -n 30 "$OUT/advisor_cpu.log" ;;
+    schedule)  # the k for each band of batch sizes against a sweep of every k at each batch
+      python3 benchmarks/advisor_schedule.py --device cuda --batches ${SCHEDULE_BATCHES:-1,4,16,32} \
+        --ks 1,2,3,4,5,6,7,8 --start-k 4 --steps ${SCHEDULE_STEPS:-200} --rounds ${SCHEDULE_ROUNDS:-2} \
+        --json "$OUT/advisor_schedule.json" 2>&1 | tee "$OUT/advisor_schedule.log" | tail -n 30 ;;
     recipes)
       python3 benchmarks/demo_recipes.py --jobs 8 --threads 2 --seeds 0 1 2 3 4 5 6 7 \
         --recipe shipped '{}' 2>&1 | tee "$OUT/demo_recipes.jsonl" ;;

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Set
 from operator import attrgetter
 from typing import Any, NamedTuple
 
-from specobs import _bucketing
+import specobs._bucketing as _bucketing
 from specobs._config import MAX_DRAFT_LENGTH
 from specobs._model import Acceptance, BatchAcceptance
 from specobs._recorder import short_repr

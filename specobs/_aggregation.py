@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from operator import add
 from typing import TYPE_CHECKING, Any
 
-from specobs import catalog
+import specobs.catalog as catalog
 from specobs._bucketing import Bucketed
 from specobs._model import BatchAcceptance, Exemplar, HistogramData, Snapshot
 from specobs._ring import ByDraftLength, RingTotals, add_counts, add_ns_by_k

@@ -1,6 +1,7 @@
 """Settings: from arguments, then ``SPECOBS_*`` environment variables, then defaults.
 
-Every environment variable is a named constant below with its own docstring. Invalid values raise
+Every environment variable is a named constant below; :mod:`specobs._config_reference` documents
+each one (and every ``configure()`` argument) for docs/configuration.md. Invalid values raise
 :class:`~specobs.ConfigurationError` at configuration time, naming the variable, what was expected
 and what was got — never later on the hot path.
 """
@@ -36,89 +37,31 @@ DEFAULT_PHASES: tuple[str, ...] = ("draft", "verify", "bookkeeping")
 MAX_DRAFT_LENGTH = 64
 DEFAULT_PROMETHEUS_PORT = 9477
 
+# The variables, one constant each. What each one does, its default, unit and accepted values,
+# and when to change it: specobs._config_reference, rendered into docs/configuration.md.
 SPECOBS_ENABLED = "SPECOBS_ENABLED"
-"""``0``/``false`` turns every specobs call into a no-op without touching the engine's code."""
-
 SPECOBS_PHASES = "SPECOBS_PHASES"
-"""Comma-separated phase names in cycle order. Default ``draft,verify,bookkeeping``."""
-
 SPECOBS_SAMPLE_EVERY = "SPECOBS_SAMPLE_EVERY"
-"""Time one cycle in N on the GPU clock. Unset: adaptive, under ``SPECOBS_OVERHEAD_BUDGET``."""
-
 SPECOBS_OVERHEAD_BUDGET = "SPECOBS_OVERHEAD_BUDGET"
-"""Adaptive sampling keeps GPU-timing cost under this fraction of cycle time. Default 0.002."""
-
 SPECOBS_CLOCK = "SPECOBS_CLOCK"
-"""``auto`` (CUDA events when torch sees a GPU), ``cuda`` (required) or ``host`` (never events)."""
-
 SPECOBS_QUEUE_SIZE = "SPECOBS_QUEUE_SIZE"
-"""Most cycle records waiting for the resolver; when full the oldest is dropped and counted. A
-quarter of it (16 to 1,024, at most half) is how many cycles may wait behind a deferred one that
-is never settled before it is handed on (``unsettled``)."""
-
 SPECOBS_MAX_CYCLE_SEQUENCES = "SPECOBS_MAX_CYCLE_SEQUENCES"
-"""Most values one list of a cycle's acceptance may carry (accepted lengths, draft lengths,
-emitted counts: one per sequence). Default 16384, at most 65536. A cycle past it is counted with
-its times and without its tokens (``dropped_records{reason="oversized"}``)."""
-
 SPECOBS_MAX_QUEUE_BYTES = "SPECOBS_MAX_QUEUE_BYTES"
-"""Most bytes the acceptance that waiting cycles keep as objects for the resolver may hold, as
-the ring estimates it (56 bytes and 8 a value per list). Default 64 MiB. A cycle that would take
-the queue past it is counted with its times and without its tokens (``oversized``)."""
-
 SPECOBS_EVENT_POOL_SIZE = "SPECOBS_EVENT_POOL_SIZE"
-"""CUDA events created and pre-recorded up front. When the pool runs dry a cycle is not
-GPU-timed."""
-
 SPECOBS_MAX_DRAFT_LENGTH = "SPECOBS_MAX_DRAFT_LENGTH"
-"""Largest draft length k: bounds the ``position`` label and the accept-length buckets (0..k+1)."""
-
 SPECOBS_LABELS = "SPECOBS_LABELS"
-"""Constant labels on every series, ``model=llama-3-8b,engine=sglang``."""
-
 SPECOBS_MAX_LABEL_VALUE_LENGTH = "SPECOBS_MAX_LABEL_VALUE_LENGTH"
-"""Longest label value, in characters (default 256, at most 16384): every series repeats each
-constant label, so a longer one is refused at ``configure()`` rather than multiplied by every
-scrape and export."""
-
 SPECOBS_BASELINE_TOKENS_PER_SECOND = "SPECOBS_BASELINE_TOKENS_PER_SECOND"
-"""Non-speculative decode rate of one sequence, tokens/s: the baseline speculation must beat."""
-
 SPECOBS_PROMETHEUS_PORT = "SPECOBS_PROMETHEUS_PORT"
-"""Port of the Prometheus endpoint. Default 9477."""
-
 SPECOBS_PROMETHEUS_ADDR = "SPECOBS_PROMETHEUS_ADDR"
-"""Address the Prometheus endpoint binds. Default ``127.0.0.1``; ``0.0.0.0`` to be scraped
-remotely."""
-
 SPECOBS_EXPORTERS = "SPECOBS_EXPORTERS"
-"""Sinks ``configure()`` starts when none are passed: ``prometheus``, ``otlp``, both or ``none``."""
-
 SPECOBS_TRACE_HEAD_RATE = "SPECOBS_TRACE_HEAD_RATE"
-"""Fraction of cycles exported as traces regardless of duration (GPU-timed spans on GPU-sampled
-cycles, host-timed otherwise). Default 0.001: one trace a second at 1,000 cycles/s."""
-
 SPECOBS_TRACE_SLOW_CYCLE_SECONDS = "SPECOBS_TRACE_SLOW_CYCLE_SECONDS"
-"""Every cycle at least this slow (GPU time when sampled, else host time) is traced (tail
-sampling). Default: off."""
-
 SPECOBS_IDLE_GAP_SECONDS = "SPECOBS_IDLE_GAP_SECONDS"
-"""A gap between two cycles of one thread longer than this many seconds is the engine idling:
-counted in ``specobs_cycle_idle_gaps_total``, not observed in ``specobs_cycle_gap_seconds``.
-Default 1."""
-
 SPECOBS_RANK = "SPECOBS_RANK"
-"""This process's rank in a multi-process server (default: RANK / LOCAL_RANK, else 0)."""
-
 SPECOBS_ALL_RANKS = "SPECOBS_ALL_RANKS"
-"""``1``: every rank exports (with a ``rank`` label and port + rank). Default: rank 0 only."""
-
 SPECOBS_EXIT_TIMEOUT_SECONDS = "SPECOBS_EXIT_TIMEOUT_SECONDS"
-"""Most seconds the exit hook spends flushing every observer still open (records, the final
-OTLP export) when the interpreter exits. Default 5."""
-
 SPECOBS_OTLP_FORK_WAIT_SECONDS = "SPECOBS_OTLP_FORK_WAIT_SECONDS"
-"""Most seconds ``fork()`` waits for specobs's own OTLP/gRPC export in progress. Default 0.5."""
 
 DEFAULT_EXIT_TIMEOUT_SECONDS = 5.0
 #: How long ``fork()`` waits for specobs's own OTLP/gRPC export in progress (see
@@ -321,10 +264,19 @@ def _default_rank(env: Mapping[str, str]) -> int:
 
 
 # -- the settings table ------------------------------------------------------------------------
-#: ``parse(name, value, from_env)``: the validated value, or ConfigurationError naming ``name``
-#: (the argument or the variable), what was expected and what was got. ``from_env``: ``value``
-#: is the text of a variable rather than a Python value.
-Parser = Callable[[str, Any, bool], Any]
+@dataclass(frozen=True)
+class Parser:
+    """A setting's validation and what it accepts, in words (docs/configuration.md prints them).
+
+    ``parser(name, value, from_env)``: the validated value, or ConfigurationError naming ``name``
+    (the argument or the variable), what was expected and what was got. ``from_env``: ``value``
+    is the text of a variable rather than a Python value."""
+
+    check: Callable[[str, Any, bool], Any]
+    accepts: str
+
+    def __call__(self, name: str, value: Any, from_env: bool) -> Any:
+        return self.check(name, value, from_env)
 
 
 def _integer(minimum: int, maximum: int | None = None) -> Parser:
@@ -333,21 +285,23 @@ def _integer(minimum: int, maximum: int | None = None) -> Parser:
             return _parse_int(name, value, minimum=minimum, maximum=maximum)
         return _check_int(name, value, minimum=minimum, maximum=maximum)
 
-    return parse
+    words = (f"an integer from {minimum:,} to {maximum:,}" if maximum is not None
+             else f"an integer >= {minimum:,}")
+    return Parser(parse, words)
 
 
 def _number(low: float, high: float, *, open_low: bool) -> Parser:
     def parse(name: str, value: Any, from_env: bool) -> float:
         return _parse_float(name, value, low=low, high=high, open_low=open_low)
 
-    return parse
+    return Parser(parse, f"a number in {'(' if open_low else '['}{low:g}, {high:g}]")
 
 
-def _boolean(name: str, value: Any, from_env: bool) -> bool:
-    return _parse_bool(name, value) if from_env else bool(value)
+_boolean = Parser(lambda name, value, from_env: _parse_bool(name, value) if from_env
+                  else bool(value), "1/0, true/false, yes/no or on/off")
 
 
-def _clock(name: str, value: Any, from_env: bool) -> ClockMode:
+def _check_clock(name: str, value: Any, from_env: bool) -> ClockMode:
     if value not in ("auto", "cuda", "host"):
         raise ConfigurationError(
             f"{name} must be one of 'auto', 'cuda', 'host', got {value!r}"
@@ -355,13 +309,23 @@ def _clock(name: str, value: Any, from_env: bool) -> ClockMode:
     return cast(ClockMode, value)
 
 
-def _integration(name: str, value: Any, from_env: bool) -> str:
+def _check_integration(name: str, value: Any, from_env: bool) -> str:
     text = str(value)
     if not re.fullmatch(r"[a-z0-9_.-]{1,64}", text):
         raise ConfigurationError(
             f"{name} must be 1-64 characters of a-z, 0-9, '_', '.', '-', got {value!r}"
         )
     return text
+
+
+_clock = Parser(_check_clock, "`auto`, `cuda` or `host`")
+_integration = Parser(_check_integration, "1 to 64 characters of a-z, 0-9, `_`, `.`, `-`")
+_phases = Parser(lambda name, value, from_env: parse_phases(name, value),
+                 "1 to 16 distinct names, comma-separated; each a-z, 0-9 and `_`, starting with "
+                 "a letter, at most 32 characters")
+_labels = Parser(lambda name, value, from_env: parse_labels(name, value),
+                 "comma-separated `name=value` pairs; each name a Prometheus label name that "
+                 "specobs's own series do not use")
 
 
 @dataclass(frozen=True)
@@ -379,7 +343,7 @@ class Setting:
 #: over the variables, which win over the :class:`Settings` defaults.
 SETTINGS: tuple[Setting, ...] = (
     Setting("enabled", SPECOBS_ENABLED, _boolean),
-    Setting("phases", SPECOBS_PHASES, lambda name, value, env: parse_phases(name, value)),
+    Setting("phases", SPECOBS_PHASES, _phases),
     Setting("sample_every", SPECOBS_SAMPLE_EVERY, _integer(1)),
     Setting("overhead_budget", SPECOBS_OVERHEAD_BUDGET, _number(0.0, 1.0, open_low=True)),
     Setting("clock", SPECOBS_CLOCK, _clock),
@@ -388,7 +352,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_queue_bytes", SPECOBS_MAX_QUEUE_BYTES, _integer(1 << 16, 1 << 40)),
     Setting("event_pool_size", SPECOBS_EVENT_POOL_SIZE, _integer(4, 1_000_000)),
     Setting("max_draft_length", SPECOBS_MAX_DRAFT_LENGTH, _integer(1, MAX_DRAFT_LENGTH)),
-    Setting("labels", SPECOBS_LABELS, lambda name, value, env: parse_labels(name, value)),
+    Setting("labels", SPECOBS_LABELS, _labels),
     Setting("max_label_value_length", SPECOBS_MAX_LABEL_VALUE_LENGTH,
             _integer(1, MAX_LABEL_VALUE_LENGTH)),
     Setting("baseline_tokens_per_second", SPECOBS_BASELINE_TOKENS_PER_SECOND,

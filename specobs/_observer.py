@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec
 
-from specobs import _ring
+import specobs._ring as _ring
 from specobs._acceptance import MAX_TOKENS, bounded_count, integer_or_none
 from specobs._aggregation import Aggregation
 from specobs._config import (

@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from specobs import _ring, catalog
+import specobs._ring as _ring
+import specobs.catalog as catalog
 from specobs._model import CycleHandle
 from specobs.timing._base import record_stream_of
 

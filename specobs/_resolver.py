@@ -23,7 +23,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from specobs import _acceptance, _bucketing, catalog, sampling
+import specobs._acceptance as _acceptance
+import specobs._bucketing as _bucketing
+import specobs.catalog as catalog
+import specobs.sampling as sampling
 from specobs._acceptance import Record, batch_acceptance, resolved_acceptance
 from specobs._aggregation import Chunk
 from specobs._bucketing import Bucketed

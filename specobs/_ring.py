@@ -60,7 +60,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from specobs import _bucketing
+import specobs._bucketing as _bucketing
 from specobs._signalsafe import GuardedLock
 
 __all__ = ["NATIVE", "Cycle", "Detail", "Drained", "PyCycle", "PyRing", "Ring"]
@@ -135,22 +135,47 @@ class Detail(NamedTuple):
     cycle_k_obj: Any
 
 
-#: What ``drain`` returns (``drain_into`` adds the columns to the running totals instead):
-#: (cycles, host [(counts, sum ns)] per phase then the cycle, sum of cycle ns, last end stamp,
-#: sequences per accepted length, accepted, drafted, emitted, {draft length: sequences},
-#: batch sizes (counts, sum), batch sizes counted, details, copies read by the drain for the
-#: resolver to hand back to their pool, the counts by draft length (:data:`ByDraftLength`),
-#: the gaps between cycles (counts, sum ns) and the idle gaps counted).
-Drained = tuple[
-    int, list[tuple[list[int], int]], int, int | None, list[int], int, int, int,
-    dict[int, int], tuple[list[int], int], int, list[Detail], list[Any], "ByDraftLength",
-    tuple[list[int], int], int,
-]
 #: What a drain counts by draft length, only the lengths seen, keys sorted: ({cycle k: cycles},
 #: {cycle k: host ns per phase}, {cycle k: emitted tokens}, {sequence k: accepted tokens},
 #: {cycle k: sequences}: the batch sizes of those cycles, where counted).
 ByDraftLength = tuple[
     dict[int, int], dict[int, list[int]], dict[int, int], dict[int, int], dict[int, int]]
+
+
+class Drained(NamedTuple):
+    """One chunk, as :meth:`PyRing.drain` returns it (:meth:`PyRing.drain_into` adds the same
+    columns to the running totals instead). The native ring returns the same tuple, unnamed:
+    read it with ``Drained._make``. A histogram is ``(counts per bucket, raw sum)``, durations
+    in the clock's ns; the per-phase ones list the phases, then the whole cycle."""
+
+    cycles: int
+    #: Host-clock durations, per phase then the cycle.
+    host: list[_bucketing.Bucketed]
+    #: Sum of the drained cycles' host durations (ns).
+    host_cycle_ns: int
+    #: The last drained cycle's end stamp (the ring's clock, ns), or None.
+    last_end_ns: int | None
+    #: Sequences per accepted length 0..k_max.
+    sequences_by_accepted: list[int]
+    accepted: int
+    drafted: int
+    emitted: int
+    #: Sequences per draft length (only the lengths seen).
+    sequences_by_draft_length: dict[int, int]
+    #: Batch sizes: (counts per bucket, sum).
+    batch: _bucketing.Bucketed
+    #: Cycles whose batch size was counted.
+    batches: int
+    #: The cycles the resolver finishes in Python.
+    details: list[Detail]
+    #: Acceptance copies the drain read itself, for the resolver to hand back to their pool.
+    released: list[Any]
+    #: The counts by draft length (:data:`ByDraftLength`).
+    by_draft_length: ByDraftLength
+    #: Host-clock gaps between a thread's cycles, and the gaps longer than ``idle_gap_ns``
+    #: counted instead.
+    gap: _bucketing.Bucketed
+    idle_gaps: int
 
 
 def _columns(compiled: Any, reference: Any, *args: Any) -> Any:
@@ -1128,6 +1153,11 @@ class PyRing:
     def drain(
         self, bound: int, limit: int, trace: list[int], slow_ns: int, want_all: bool
     ) -> Drained:
+        """Consume the waiting cycles below ``bound`` (at most ``limit``) into one chunk: see
+        :class:`Drained`. ``trace``: sorted indices of cycles to hand over as traced;
+        ``slow_ns``: host-timed cycles at least this long are traced too (-1: none);
+        ``want_all``: hand every cycle over as a detail. The resolver calls
+        :meth:`drain_into`; this is the same walk, returned rather than added to the totals."""
         return self._drain_locked(bound, limit, trace, slow_ns, want_all, None)
 
     def _drain_locked(
@@ -1261,13 +1291,14 @@ class PyRing:
                             lens, self.k_max, w) if lens else [0] * w)
         bucketed = _columns(_bucketing.bucket, _bucketing.bucket_py, batches, self._bb, 1.0)
         gapped = _columns(_bucketing.bucket, _bucketing.bucket_py, gaps, self._db, 1e-9)
-        return (n, [(list(c), int(t)) for c, t in hl], total, tss[-1][nph] if tss else None,
-                list(lcounts), accepted, drafted, emitted, {k: kseq[k] for k in sorted(kseq)},
-                (list(bucketed[0]), bucketed[1]), len(batches), details, released,
-                ({k: kcyc[k] for k in sorted(kcyc)}, {k: khost[k] for k in sorted(khost)},
-                 {k: kem[k] for k in sorted(kem)}, {k: kacc[k] for k in sorted(kacc)},
-                 {k: kbat[k] for k in sorted(kbat)}),
-                (list(gapped[0]), int(gapped[1])), idle)
+        return Drained(
+            n, [(list(c), int(t)) for c, t in hl], total, tss[-1][nph] if tss else None,
+            list(lcounts), accepted, drafted, emitted, {k: kseq[k] for k in sorted(kseq)},
+            (list(bucketed[0]), bucketed[1]), len(batches), details, released,
+            ({k: kcyc[k] for k in sorted(kcyc)}, {k: khost[k] for k in sorted(khost)},
+             {k: kem[k] for k in sorted(kem)}, {k: kacc[k] for k in sorted(kacc)},
+             {k: kbat[k] for k in sorted(kbat)}),
+            (list(gapped[0]), int(gapped[1])), idle)
 
     def _gap(self, s: _Slot, gaps: list[int]) -> int:
         """A drained cycle's gap since the end of its thread's previous cycle (see the module's

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from specobs import catalog
+import specobs.catalog as catalog
 from specobs._model import CLOCKS, HistogramData, Snapshot
 
 __all__ = ["Family", "Value", "families", "le_text"]

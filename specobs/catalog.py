@@ -31,6 +31,7 @@ __all__ = [
     "CYCLES_BY_DRAFT_LENGTH",
     "CYCLE_DURATION",
     "CYCLE_GAP",
+    "CYCLE_SPAN_NAME",
     "DEFAULT_MAX_LABEL_VALUE_LENGTH",
     "DRAFTED_BY_DRAFT_LENGTH",
     "DRAFTED_BY_POSITION",
@@ -66,8 +67,10 @@ __all__ = [
     "SAMPLING_BUDGET",
     "SAMPLING_INTERVAL",
     "SEQUENCES_BY_DRAFT_LENGTH",
+    "SPAN_ATTRIBUTES",
     "WORKER_THREAD_TIME",
     "Metric",
+    "SpanAttribute",
     "accept_length_buckets",
     "by_prometheus_name",
     "draft_length_buckets",
@@ -569,3 +572,46 @@ def by_prometheus_name() -> dict[str, Metric]:
         for series in metric.series():
             out[series] = metric
     return out
+
+
+# -- traces ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpanAttribute:
+    """One attribute the OTLP sink sets on the spans of a traced cycle.
+
+    ``type`` is the OpenTelemetry attribute type (``string`` or ``int``); ``spans`` says which
+    spans carry it: ``cycle`` (the ``specobs.cycle`` span), ``phase`` (its child span per
+    phase) or ``both``; ``conditional``: set only when the cycle recorded what it reports.
+    """
+
+    key: str
+    type: Literal["string", "int"]
+    brief: str
+    spans: Literal["cycle", "phase", "both"]
+    conditional: bool = False
+
+
+#: The name of the span of a traced cycle; each phase is a child span named after the phase.
+CYCLE_SPAN_NAME = "specobs.cycle"
+
+#: Every ``specobs.*`` span attribute, in the order the cycle span sets them.
+SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
+    SpanAttribute("specobs.cycle.index", "int",
+                  "Index of the cycle among the cycles of its observer, from 0.", "both"),
+    SpanAttribute("specobs.clock", "string",
+                  "Clock the span durations come from: gpu (CUDA events) or host.", "both"),
+    SpanAttribute("specobs.host_duration_ns", "int",
+                  "Host-clock duration of the span, in nanoseconds, whatever its clock.", "both"),
+    SpanAttribute("specobs.batch_size", "int",
+                  "Sequences decoded together in the cycle.", "cycle", conditional=True),
+    SpanAttribute("specobs.draft_tokens", "int",
+                  "Draft tokens the cycle's sequences verified.", "cycle", conditional=True),
+    SpanAttribute("specobs.accepted_tokens", "int",
+                  "Draft tokens the target model accepted in the cycle.", "cycle",
+                  conditional=True),
+    SpanAttribute("specobs.emitted_tokens", "int",
+                  "Tokens the cycle emitted to its sequences (accepted plus bonus tokens).",
+                  "cycle", conditional=True),
+)

@@ -8,7 +8,7 @@ import tempfile
 
 import pytest
 
-pytest_plugins = ["tests._otlp_receiver", "tests._prometheus_server"]
+pytest_plugins = ["tests._otlp_receiver", "tests._prometheus_server", "tests._cores"]
 
 # The suite must never pick up a user's exporter settings (but keeps where its caches live,
 # and SPECOBS_CORE: scripts/check runs the hot path's tests again with SPECOBS_CORE=python, on

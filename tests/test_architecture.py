@@ -45,6 +45,9 @@ PUBLIC: tuple[str, ...] = (
     "specobs.timing.fake",
 )
 
+#: The package face, ``specobs/__init__.py``: no module below it may import it (it imports them).
+FACE = "specobs"
+
 #: The layers, bottom to top. A module may import its own layer (without a circle) and what its
 #: row names; nothing else. A module's layer is the row with the longest matching prefix.
 LAYERS: tuple[Layer, ...] = (
@@ -53,7 +56,7 @@ LAYERS: tuple[Layer, ...] = (
                           "specobs._speedups", "specobs._bucketing", "specobs._deadline",
                           "specobs._ring", "specobs._core", "specobs._threadtime",
                           "specobs._signalsafe"), ()),
-    Layer("settings", ("specobs._config",), ("foundations",)),
+    Layer("settings", ("specobs._config", "specobs._config_reference"), ("foundations",)),
     Layer("recorder", ("specobs._recorder",), ("foundations",)),
     Layer("aggregation", ("specobs._aggregation",), ("foundations",)),
     Layer("series", ("specobs._series",), ("foundations",)),
@@ -68,9 +71,9 @@ LAYERS: tuple[Layer, ...] = (
           ("foundations", "settings", "recorder", "sinks", "observer")),
     # The wings: the facade and the public modules, plus the named exceptions in ALLOWED.
     Layer("instrument", ("specobs.instrument",), PUBLIC),
-    # The mixin renders the catalog and the engines' declared hook tables (the support table of
-    # docs/integrations.md); it knows nothing of a running observer.
-    Layer("mixin", ("specobs.mixin",), ("specobs.catalog", "instrument")),
+    # The mixin renders the catalog, the configuration reference and the engines' declared hook
+    # tables (the support table of docs/integrations.md); it knows nothing of a running observer.
+    Layer("mixin", ("specobs.mixin",), ("specobs.catalog", "settings", "instrument")),
     Layer("tools", ("specobs.tools",), (*PUBLIC, "instrument", "mixin")),
     Layer("demo", ("specobs.demo",), (*PUBLIC, "tools")),
     # The dispatcher loads each subcommand's module by name (``cli._SUBCOMMANDS``).
@@ -105,8 +108,14 @@ def _modules(package: Path) -> dict[str, Path]:
 
 
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module → the package's modules it imports, read from the source under ``package``."""
+    """Module → the package's modules it imports, read from the source under ``package``.
+
+    ``from specobs import _ring`` is two edges: to ``specobs._ring``, and to the package face
+    (``specobs``, its ``__init__.py``), whose namespace the name is looked up in first; a
+    module imported by its own path (``from specobs._ring import Ring``, ``import
+    specobs._core as _core``) is one edge, to that module."""
     mods = _modules(package)
+    face = package.name
 
     def resolve(name: str) -> str | None:
         while name and name not in mods:
@@ -127,6 +136,8 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
                     base = ".".join([*up, base] if base else up)
                 if base.split(".")[0] != "specobs":
                     continue
+                if base == face:
+                    targets.add(face)
                 for alias in node.names:
                     full = f"{base}.{alias.name}"
                     targets.add(full if full in mods else resolve(base))
@@ -233,6 +244,10 @@ def violations(graph: Mapping[str, set[str]]) -> list[str]:
                 own, theirs = layer_of(module), layer_of(target)
                 where = "an upward import" if LAYERS.index(theirs) > LAYERS.index(own) else (
                     "not in its row of LAYERS nor in ALLOWED")
+                if target == FACE:
+                    where += (": an arrow back up to the package face; import the module by "
+                              "its own path (from specobs._ring import ..., import "
+                              "specobs._core as _core)")
                 found.append(f"{module} ({own.name}) imports {target} ({theirs.name}): {where}")
     return found
 
@@ -255,6 +270,37 @@ def test_the_package_follows_the_layer_table():
     graph = import_graph()
     assert len(graph) > 60  # the walk found the package
     assert violations(graph) == []
+
+
+def test_no_module_below_the_face_imports_it():
+    """``specobs/__init__.py`` imports the core; the core imports its modules by their own paths
+    (``import specobs._ring as _ring``), never through the face (``from specobs import _ring``),
+    so the import graph has no arrow back up to it. The wings that are not given the face (the
+    mixin) do not import it either."""
+    graph = import_graph()
+    facade = next(i for i, row in enumerate(LAYERS) if row.name == "facade")
+    below = [m for m, targets in graph.items()
+             if FACE in targets and LAYERS.index(layer_of(m)) < facade]
+    assert below == []
+    assert [m for m, targets in graph.items()
+            if FACE in targets and m.startswith("specobs.mixin")] == []
+    # The face itself imports the layers below it (the check above has something to find).
+    assert {"specobs._observer", "specobs._config", "specobs.sinks"} <= graph[FACE]
+
+
+def test_the_reader_tells_an_import_through_the_face_from_one_by_path(tmp_path: Path):
+    package = tmp_path / "specobs"
+    package.mkdir()
+    (package / "__init__.py").write_text("from specobs._b import B\n")
+    (package / "_a.py").write_text("A = 1\n")
+    (package / "_b.py").write_text("import specobs._a as _a\nfrom specobs._a import A\nB = A\n")
+    (package / "_c.py").write_text("from specobs import _a\n")
+    (package / "_d.py").write_text("def f():\n    from . import _a\n")
+    graph = import_graph(package)
+    assert graph["specobs"] == {"specobs._b"}
+    assert graph["specobs._b"] == {"specobs._a"}
+    assert graph["specobs._c"] == {FACE, "specobs._a"}
+    assert graph["specobs._d"] == {FACE, "specobs._a"}
 
 
 def test_modules_loaded_by_name_are_edges_of_the_graph():
@@ -351,6 +397,10 @@ PLANTED: tuple[tuple[str, str, str], ...] = (
     ("specobs._config", "specobs.sinks.prometheus", "an upward import"),
     ("specobs.sinks.prometheus", "specobs.tools._scrape", "an upward import"),
     ("specobs._series", "specobs._aggregation", "not in its row"),  # beside, not below
+    # ``from specobs import _core`` below the face: the face imports these modules.
+    ("specobs.timing.fake", FACE, "an arrow back up to the package face"),
+    ("specobs._recorder", FACE, "an arrow back up to the package face"),
+    ("specobs.mixin._rules", FACE, "an arrow back up to the package face"),
 )
 
 
@@ -394,6 +444,9 @@ def test_planted_imports_in_a_copy_of_the_package_fail(tmp_path: Path):
         "tools/_scrape.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                             "    from specobs._resolver import Resolver\n",
         "_model.py": "def _planted():\n    from . import _observer\n",
+        # Through the face, by name and relatively: each is the face plus the module.
+        "_recorder.py": "from specobs import _ring as _planted_ring\n",
+        "timing/fake.py": "def _planted():\n    from .. import _core\n",
     }
     for name, text in plants.items():
         path = copy / name
@@ -401,10 +454,13 @@ def test_planted_imports_in_a_copy_of_the_package_fail(tmp_path: Path):
     found = violations(import_graph(copy))
     assert sorted(line.split(" (")[0] + " -> " + line.split(" imports ")[1].split(" (")[0]
                   for line in found if "circle" not in line) == [
+        "specobs._model -> specobs",
         "specobs._model -> specobs._observer",
+        "specobs._recorder -> specobs",
         "specobs.mixin._rules -> specobs._observer",
         "specobs.mixin._rules -> specobs._resolver",
         "specobs.sinks._base -> specobs._aggregation",
+        "specobs.timing.fake -> specobs",
         "specobs.tools._scrape -> specobs._resolver",
     ]
     # The upward import closes a circle through the observer, and the checker says so too.

@@ -32,36 +32,12 @@ from specobs.sinks.otlp import OtlpSink
 from specobs.tools import _breakdown as bd
 from specobs.tools import _scrape as scr
 from specobs.tools import _top
+from tests._cores import PHASES, K
 from tests._otlp_receiver import OtlpReceiver, attributes_to_dict
 
-CORES = ["native", "python"] if _ring.BUILT else ["python"]
-PHASES = ("draft", "verify", "bookkeeping")
-K = 4
 BOUNDS = catalog.DURATION_BUCKETS_SECONDS
 #: What the recording thread sleeps between cycles; no bucket bound lies between 5 ms and it.
 SLEEP = 0.006
-
-
-@pytest.fixture(params=CORES)
-def core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(_ring, "NATIVE", request.param == "native")
-    return str(request.param)
-
-
-@pytest.fixture
-def observers() -> Iterator[Callable[..., specobs.Observer]]:
-    made: list[specobs.Observer] = []
-
-    def new(**kwargs: Any) -> specobs.Observer:
-        kwargs.setdefault("poll_interval_seconds", 3600)
-        kwargs.setdefault("sinks", [])
-        obs = specobs.configure(clock="host", phases=PHASES, max_draft_length=K, **kwargs)
-        made.append(obs)
-        return obs
-
-    yield new
-    for obs in made:
-        obs.shutdown(2.0)
 
 
 @pytest.fixture
@@ -328,11 +304,11 @@ def test_both_rings_give_each_thread_its_own_gaps_and_the_same_totals(
             if step == 60:  # half way: into the running totals, as the resolver drains
                 details += ring.drain_into(1 << 60, 1 << 30, [], -1, True)[2]
         # The rest in one chunk of its own (the gaps remembered across the two).
-        out = ring.drain(1 << 60, 1 << 30, [], -1, True)
-        details += out[11]
+        out = _ring.Drained._make(ring.drain(1 << 60, 1 << 30, [], -1, True))
+        details += out.details
         totals = _ring.RingTotals._make(ring.totals())
-        gap = ([a + b for a, b in zip(totals.gap[0], out[14][0], strict=True)],
-               totals.gap[1] + out[14][1])
+        gap = ([a + b for a, b in zip(totals.gap[0], out.gap[0], strict=True)],
+               totals.gap[1] + out.gap[1])
         gaps: list[int] = []
         last: dict[int, int] = {}
         prev = -1
@@ -347,9 +323,9 @@ def test_both_rings_give_each_thread_its_own_gaps_and_the_same_totals(
         observed = [g for g in gaps if g <= 6 * 997]
         assert len(details) == 120 and totals.cycles == 61  # the 3 discarded are not cycles
         assert gap == bucketed(observed)
-        assert totals.idle_gaps + out[15] == len(gaps) - len(observed) > 0
+        assert totals.idle_gaps + out.idle_gaps == len(gaps) - len(observed) > 0
         assert len(observed) > 20 and len({*observed}) > 1  # consecutive and interleaved gaps
-        outs.append((out[14], out[15], totals.gap, totals.idle_gaps))
+        outs.append((out.gap, out.idle_gaps, totals.gap, totals.idle_gaps))
     assert all(o == outs[0] for o in outs)
 
 
@@ -364,12 +340,12 @@ def test_a_thread_beyond_those_remembered_takes_the_place_of_the_least_recent(
             pool.submit(cycle, ring).result()
         pools[0].submit(cycle, ring).result()  # forgotten: no gap
         pools[2].submit(cycle, ring).result()  # remembered: a gap
-        out = ring.drain(1 << 60, 1 << 30, [], -1, False)
-        outs.append(out[14:])
+        out = _ring.Drained._make(ring.drain(1 << 60, 1 << 30, [], -1, False))
+        outs.append((out.gap, out.idle_gaps))
         # The only gap is thread 2's: from the end of the third cycle (index 2) to the begin of
         # the cycle of index n + 1, four clock reads a cycle, 997 ns a read.
-        assert out[14] == bucketed([((4 * (n + 1) + 1) - (4 * 2 + 4)) * 997])
-        assert out[15] == 0
+        assert out.gap == bucketed([((4 * (n + 1) + 1) - (4 * 2 + 4)) * 997])
+        assert out.idle_gaps == 0
     assert all(o == outs[0] for o in outs)
 
 

@@ -708,7 +708,8 @@ def test_a_cheap_draft_with_high_acceptance_is_advised_a_longer_k() -> None:
             host={"draft": 0.4e-3, "verify": 2e-3, "bookkeeping": 0.1e-3})
     f = dg.advise_k(b, measured())
     assert f is not None and (f.code, f.severity) == ("SPEC-ADVICE-K", "info")
-    assert f.evidence["best_k"] == 4.0 + dg.ADVICE_BEYOND and f.evidence["k"] == 4.0
+    assert f.evidence["best_k"] == min(dg.ADVICE_MAX_K, 4 + dg.ADVICE_BEYOND)
+    assert f.evidence["k"] == 4.0
     assert "(extrapolated beyond the measured k)" in f.sentence
     gain = f.evidence["predicted_gain"]
     assert isinstance(gain, float) and gain > dg.ADVICE_MIN_GAIN

@@ -9,7 +9,7 @@ acceptance the resolver validates, deferred cycles), and exported by both sinks.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,38 +20,15 @@ from prometheus_client.parser import text_string_to_metric_families
 import specobs
 from specobs import _ring, catalog
 from specobs.sinks.otlp import OtlpSink
+from tests._cores import CORES, PHASES, K
 from tests._otlp_receiver import OtlpReceiver, attributes_to_dict
-from tests.test_ring import K_MAX, PHASES, acceptance_input, make, normalise
+from tests.test_ring import K_MAX, acceptance_input, make, normalise
 
 try:
     import torch
 except ImportError:  # pragma: no cover - torch is a test extra
     torch = None
 
-CORES = ["native", "python"] if _ring.BUILT else ["python"]
-K = 4  # the observers' max_draft_length
-
-
-@pytest.fixture(params=CORES)
-def core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(_ring, "NATIVE", request.param == "native")
-    return str(request.param)
-
-
-@pytest.fixture
-def observers() -> Iterator[Callable[..., specobs.Observer]]:
-    made: list[specobs.Observer] = []
-
-    def new(**kwargs: Any) -> specobs.Observer:
-        kwargs.setdefault("poll_interval_seconds", 3600)
-        kwargs.setdefault("sinks", [specobs.MemorySink()])
-        obs = specobs.configure(clock="host", phases=PHASES, max_draft_length=K, **kwargs)
-        made.append(obs)
-        return obs
-
-    yield new
-    for obs in made:
-        obs.shutdown(2.0)
 
 
 def run(obs: specobs.Observer, accepted: Any = None, /, *, begin: Any = None,
@@ -299,7 +276,7 @@ def run_stream(kind: str, seed: int) -> list[Any]:
             args = (bound, rng.choice([4, 1000]), [], rng.choice([-1, 30 * 997]),
                     rng.random() < 0.2)
             if rng.random() < 0.3:
-                log.append(("drain", normalise(ring.drain(*args))))
+                log.append(("drain", normalise(_ring.Drained._make(ring.drain(*args)))))
             else:
                 log.append(("drain_into", normalise(ring.drain_into(*args))))
                 log.append(("totals", normalise(ring.totals())))

@@ -29,11 +29,8 @@ import bisect
 import json
 import logging
 import math
-import os
 import re
 import shlex
-import subprocess
-import sys
 import typing
 import zipfile
 from collections.abc import Callable, Sequence
@@ -48,10 +45,9 @@ import yaml
 
 from specobs.tools._diagnosis import _engine_config as ec
 from specobs.tools._diagnosis._engine_config import ENGINES, Band, mapping, render
+from tests import _pinned_wheels as pinned_wheels
 
-CACHE = Path(
-    os.environ.get("SPECOBS_CONTRACTS_CACHE", Path.home() / ".cache" / "specobs-contracts")
-)
+CACHE = pinned_wheels.CACHE
 VLLM_PINS = ("0.33.0", "0.34.0")
 SGLANG_PIN = "0.5.23"
 TRTLLM_SOURCE_DIR = "tensorrt-llm-src"
@@ -83,43 +79,17 @@ def expected(bands: Sequence[Band], max_batch: int) -> dict[int, int]:
 
 @pytest.fixture(scope="session")
 def pinned_wheel() -> Callable[[str, str], Path]:
-    """``(dist, version) -> wheel``: the cached wheel, downloaded once into the cache when
-    missing; skips the test with the reason when the package index cannot be reached."""
-
-    @cache
-    def fetch(dist: str, version: str) -> Path:
-        hits = sorted(CACHE.glob(f"{dist}-{version}-*.whl"))
-        if hits:
-            return hits[0]
-        CACHE.mkdir(parents=True, exist_ok=True)
-        try:
-            done = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                 f"{dist}=={version}", "-d", str(CACHE)],
-                capture_output=True, text=True, timeout=900,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            pytest.skip(f"cannot download the pinned wheel {dist}=={version}: {exc!r}")
-        hits = sorted(CACHE.glob(f"{dist}-{version}-*.whl"))
-        if done.returncode != 0 or not hits:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            pytest.skip(f"cannot reach the package index for the pinned wheel {dist}=={version} "
-                        f"(pip download --no-deps failed: {tail[0]})")
-        return hits[0]
-
-    return fetch
+    """``(dist, version) -> wheel``: the cached wheel, downloaded once when missing."""
+    return pinned_wheels.wheel
 
 
 def _read(wheel: Path, member: str) -> str:
-    with zipfile.ZipFile(wheel) as archive:
-        return archive.read(member).decode()
+    text = pinned_wheels.member(wheel, member)
+    assert text is not None, f"{wheel.name} has no {member}"
+    return text
 
 
-def _class(tree: ast.Module, name: str) -> ast.ClassDef:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and node.name == name:
-            return node
-    raise AssertionError(f"class {name} is missing")
+_class = pinned_wheels.class_def
 
 
 def _field(cls: ast.ClassDef, name: str) -> ast.AnnAssign:

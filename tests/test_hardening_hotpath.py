@@ -18,7 +18,7 @@ import time
 import pytest
 
 import specobs
-from specobs import _bucketing, _recorder, _ring
+from specobs import _bucketing, _recorder
 from specobs._recorder import short_repr
 
 
@@ -347,15 +347,6 @@ def test_threads_sharing_one_observer_count_every_begun_cycle_exactly_once(
 
 
 # -- what one cycle may carry (third hostile review, case 17) ------------------------------------
-
-CORES = ["native", "python"] if _ring.BUILT else ["python"]
-
-
-@pytest.fixture(params=CORES)
-def core(request, monkeypatch):
-    monkeypatch.setattr(_ring, "NATIVE", request.param == "native")
-    return request.param
-
 
 def _ended(obs, batch=None):
     c = obs.begin(batch)

@@ -16,11 +16,8 @@ import ast
 import importlib.machinery
 import importlib.metadata
 import importlib.util
-import os
-import subprocess
 import sys
 import types
-import zipfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -33,10 +30,9 @@ from specobs.instrument import vllm as vl_inst
 from specobs.instrument._base import PackageRange
 from specobs.instrument._package_sglang import PACKAGE as SGLANG_RANGE
 from specobs.instrument._package_transformers import PACKAGE as TRANSFORMERS_RANGE
+from tests import _pinned_wheels as pinned_wheels
 
-CACHE = Path(
-    os.environ.get("SPECOBS_CONTRACTS_CACHE", Path.home() / ".cache" / "specobs-contracts")
-)
+CACHE = pinned_wheels.CACHE
 
 SGLANG_PINS = ("0.5.10", "0.5.11", "0.5.12", "0.5.23")
 TRANSFORMERS_PINS = ("4.57.6", "5.17.0")
@@ -45,39 +41,8 @@ TRANSFORMERS_PINS = ("4.57.6", "5.17.0")
 # -- fetching and reading the pinned wheels --------------------------------------------------------
 
 
-@cache
-def _wheel(dist: str, version: str) -> Path:
-    def found() -> Path | None:
-        hits = sorted(CACHE.glob(f"{dist}-{version}-*.whl"))
-        return hits[0] if hits else None
-
-    hit = found()
-    if hit is None:
-        CACHE.mkdir(parents=True, exist_ok=True)
-        try:
-            done = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                 f"{dist}=={version}", "-d", str(CACHE)],
-                capture_output=True, text=True, timeout=900,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            pytest.skip(f"cannot download the pinned wheel {dist}=={version}: {exc!r}")
-        hit = found()
-        if done.returncode != 0 or hit is None:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            pytest.skip(
-                f"cannot reach the package index for the pinned wheel {dist}=={version} "
-                f"(pip download --no-deps failed: {tail[0]})"
-            )
-    return hit
-
-
 def _source(dist: str, version: str, path: str) -> str | None:
-    with zipfile.ZipFile(_wheel(dist, version)) as wheel:
-        try:
-            return wheel.read(path).decode()
-        except KeyError:
-            return None
+    return pinned_wheels.member(pinned_wheels.wheel(dist, version), path)
 
 
 @cache
@@ -86,11 +51,7 @@ def _tree(dist: str, version: str, path: str) -> ast.Module | None:
     return None if text is None else ast.parse(text)
 
 
-def _class(tree: ast.Module, name: str) -> ast.ClassDef:
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == name:
-            return node
-    raise AssertionError(f"class {name} is missing")
+_class = pinned_wheels.class_def
 
 
 def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef:

@@ -343,7 +343,8 @@ def test_metrics_doc_lists_every_metric_and_rule(rendered: dict[str, str]) -> No
         assert f"`{metric.name}`" in doc and f"`{metric.otel_name}`" in doc
     for rule in [*recording_rules(MixinConfig()), *history_rules(MixinConfig())]:
         assert f"`{rule.record}`" in doc
-    assert "E x t_verify / (t_draft + t_verify)" in doc
+    assert "E x t_plain / (t_draft + t_verify + t_bookkeeping)" in doc
+    assert "E x t_verify / (t_draft + t_verify)" not in doc
     assert "vllm:num_requests_running" in doc and "sglang:num_queue_reqs" in doc
 
 

@@ -250,7 +250,7 @@ def run_stream(kind: str, seed: int) -> list[Any]:
                     rng.random() < 0.2)
             log.append(("pending", normalise(held), bound))
             if rng.random() < 0.5:
-                log.append(("drain", normalise(ring.drain(*args))))
+                log.append(("drain", normalise(_ring.Drained._make(ring.drain(*args)))))
             else:  # into the running totals, as the resolver drains
                 log.append(("drain_into", normalise(ring.drain_into(*args))))
                 log.append(("totals", normalise(ring.totals()), ring.drained))
@@ -345,9 +345,9 @@ def test_a_handle_kept_after_end_is_never_reused_and_never_writes():
         fresh.mark("verify")
         fresh.mark("bookkeeping")
         fresh.end()
-        out = ring.drain(1 << 60, 100, [], -1, True)
-        assert out[0] == 2
-        assert [d[5] for d in out[11]] == [None, None]  # no acceptance landed on either
+        out = _ring.Drained._make(ring.drain(1 << 60, 100, [], -1, True))
+        assert out.cycles == 2
+        assert [d.acceptance for d in out.details] == [None, None]  # none landed on either
         assert ("misuse_mark", True, "'verify'", None) in slow.calls
         assert ("misuse", "end_without_begin") in slow.calls
         # The handle of a cycle nobody kept is reused: no object per cycle in a steady loop.
@@ -462,18 +462,18 @@ def test_completed_pinned_copies_are_read_by_the_drain_itself(kind):
             c.mark("verify")
             c.mark("bookkeeping")
             c.accept(FakeCuda(vals), **kw)
-    out = ring.drain(1 << 60, 100, [], -1, False)
-    n, _, _, _, lcounts, accepted, drafted, emitted, kseq, batch_b, batch_n, details, rel = out[:13]
-    assert n == 4
-    assert (accepted, drafted, emitted) == (6 + 8, 16 + 2 * K_MAX, 6 + 4 + 8 + 2)
-    assert kseq == {4: 4, K_MAX: 2}
-    assert lcounts[:5] == [1, 1, 1, 1, 2]
-    assert batch_n == 2  # the two native ones; the others are sized by the resolver
+    out = _ring.Drained._make(ring.drain(1 << 60, 100, [], -1, False))
+    details = out.details
+    assert out.cycles == 4
+    assert (out.accepted, out.drafted, out.emitted) == (6 + 8, 16 + 2 * K_MAX, 6 + 4 + 8 + 2)
+    assert out.sequences_by_draft_length == {4: 4, K_MAX: 2}
+    assert out.sequences_by_accepted[:5] == [1, 1, 1, 1, 2]
+    assert out.batches == 2  # the two native ones; the others are sized by the resolver
     assert all(type(d) is _ring.Detail for d in details)  # both rings hand the named class over
     assert [d.acceptance for d in details] == [[1, 9], [1, 1]]  # for the resolver to validate
     assert [d.copy for d in details] == [None, None]  # read already: no copy left to read
     assert [d.draft_length for d in details] == [4, [2, 2]]
-    assert rel == [copies[1], copies[2], copies[3], copies[4]]
+    assert out.released == [copies[1], copies[2], copies[3], copies[4]]
     assert all(c.released == 0 for c in copies.values())  # the resolver releases them
 
 
@@ -500,12 +500,44 @@ def test_a_pinned_copy_the_drain_cannot_read_stays_for_the_resolver(kind, bad):
             c.mark("verify")
             c.mark("bookkeeping")
             c.accept(FakeCuda([0, 0]))
-    out = ring.drain(1 << 60, 8, [], -1, False)
-    n, accepted, details, released = out[0], out[5], out[11], out[12]
-    assert n == 2
-    assert accepted == 3  # the good copy's, read natively
-    assert [d.copy for d in details] == [broken]  # left to read
-    assert released == [good]
+    out = _ring.Drained._make(ring.drain(1 << 60, 8, [], -1, False))
+    assert out.cycles == 2
+    assert out.accepted == 3  # the good copy's, read natively
+    assert [d.copy for d in out.details] == [broken]  # left to read
+    assert out.released == [good]
+
+
+@pytest.mark.parametrize("kind", ["native", "python"])
+def test_a_drain_is_read_by_name_on_both_rings(kind):
+    """The twin's ``drain`` returns a :class:`~specobs._ring.Drained`; the native ring returns
+    the same fields in the same order as a plain tuple, which ``Drained._make`` names. Each
+    field holds what its name says."""
+    ring, _slow = make(kind, 1, 8)
+    ring.record_fn = None  # no sampled cycle: nothing needs Python
+    with ring.begin(3) as c:
+        c.mark("verify")
+        c.mark("bookkeeping")
+        c.accept([2, 0, 4], draft_length=4)
+    with ring.begin() as c:
+        c.mark("verify")
+        c.mark("bookkeeping")
+        c.accept([1], draft_length=2)
+    raw = ring.drain(1 << 60, 8, [], -1, False)
+    assert len(raw) == len(_ring.Drained._fields)
+    assert (type(raw) is _ring.Drained) == isinstance(ring, _ring.PyRing)
+    out = _ring.Drained._make(raw)
+    assert out.cycles == 2
+    assert (out.accepted, out.drafted, out.emitted) == (7, 3 * 4 + 2, 7 + 4)
+    assert out.sequences_by_draft_length == {2: 1, 4: 3}
+    assert out.sequences_by_accepted == [1, 1, 1, 0, 1, 0, 0]  # lengths 0, 1, 2 and 4
+    assert out.batches == 2 and out.batch[1] == 3 + 1  # the second sized by its sequences
+    assert out.by_draft_length[0] == {2: 1, 4: 1}  # cycles by their draft length
+    assert len(out.host) == len(PHASES) + 1
+    assert all(sum(counts) == 2 for counts, _ in out.host)
+    assert out.host_cycle_ns == out.host[-1][1] > 0
+    assert isinstance(out.last_end_ns, int)
+    assert (out.details, out.released) == ([], [])
+    assert (sum(out.gap[0]), out.idle_gaps) == (1, 0)  # the second cycle's gap, same thread
 
 
 @pytest.mark.parametrize("pinned_type", [True, False], ids=["pinned-type", "landed-method"])
@@ -565,8 +597,9 @@ def test_pinned_copies_give_the_same_chunks_on_both_rings():
             c.mark("bookkeeping")
             c.accept(FakeCuda([0, 0]))
         held, bound = ring.pending(8)
+        out = _ring.Drained._make(ring.drain(bound, 8, [0], -1, True))
         outs.append((normalise([(h[0], h[2] is c1) for h in held]), bound,
-                     normalise(ring.drain(bound, 8, [0], -1, True)[:12])))
+                     normalise(out._replace(released=[r is c1 for r in out.released]))))
     assert outs[0] == outs[1]
 
 

@@ -28,6 +28,7 @@ OUTPUT_PATHS: tuple[str, ...] = (
     "deploy/prometheus/rules/specobs-rules.test.yml",
     "docs/runbook.md",
     "docs/metrics.md",
+    "docs/configuration.md",
     "deploy/k8s/base/prometheusrule.yaml",
     "deploy/k8s/base/dashboards/kustomization.yaml",
     "deploy/k8s/base/dashboards/cycle-breakdown.json",
@@ -42,9 +43,12 @@ REGION_PATHS: tuple[str, ...] = ("docs/integrations.md",)
 def render_regions() -> dict[str, str]:
     """Generated regions of hand-written files: relative path -> the region, its begin and end
     markers included. Pure, like :func:`render_all`."""
-    from specobs.mixin import _integrations
+    from specobs.mixin import _genai_proposal, _integrations
 
-    return {_integrations.PATH: _integrations.render()}
+    return {
+        _integrations.PATH: _integrations.render(),
+        _genai_proposal.PATH: _genai_proposal.render(),
+    }
 
 
 def _splice(current: str, region: str) -> str | None:
@@ -68,6 +72,7 @@ def render_all(config: MixinConfig = MixinConfig()) -> dict[str, str]:  # noqa: 
     """
     try:
         from specobs.mixin import (
+            _config_doc,
             _dashboards,
             _deploy,
             _metrics_doc,
@@ -86,6 +91,7 @@ def render_all(config: MixinConfig = MixinConfig()) -> dict[str, str]:  # noqa: 
         "deploy/prometheus/rules/specobs-rules.yml": _rules.render(config),
         "docs/runbook.md": _runbook.render(config),
         "docs/metrics.md": _metrics_doc.render(config),
+        _config_doc.PATH: _config_doc.render(),
     }
     tests = _rule_tests.render(config)
     if tests is not None:

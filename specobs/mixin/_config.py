@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 
-from specobs import catalog
+import specobs.catalog as catalog
 
 __all__ = ["RULE_FIELDS", "MixinConfig", "generated_notice", "markdown_heading"]
 

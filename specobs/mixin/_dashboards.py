@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specobs import catalog as c
+import specobs.catalog as c
 from specobs.mixin._config import MixinConfig, duration_seconds
 from specobs.mixin._panels import (
     NO_GPU_CLOCK,
@@ -427,12 +427,35 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         axis_label="sequences",
     )
 
-    verify = f'phase="{config.verify_phase}"'
-    draft_verify = f'phase=~"{config.draft_phase}|{config.verify_phase}"'
+    # The cost model at the measured point (the rule instance:specobs_speedup:predicted_*):
+    # tokens acceptance gives a sequence per cycle, times a plain step (1 / the baseline),
+    # over the cycle's phases on each clock.
+    baseline_any = f"(max by (instance) ({s(c.BASELINE_SEQUENCE_TOKENS.name)}) > 0)"
     predicted = (
-        f"{emitted_per_sequence}\n* on (instance) group_right ()\n(\n"
-        f"  {srate('instance, clock', phase + '_sum', verify)}\n  /\n"
-        f"  ({srate('instance, clock', phase + '_sum', draft_verify)} > 0)\n)"
+        f"(\n  (1 + {srate('instance', c.ACCEPTED_TOKENS.name)}\n  / ("
+        f"{srate('instance', c.BATCH_SIZE.name + '_sum')} > 0))\n"
+        f"  / on (instance)\n  {baseline_any}\n)\n"
+        f"/ on (instance) group_right ()\n(\n"
+        f"  {srate('instance, clock', phase + '_sum')}\n  /\n"
+        f"  ({srate('instance, clock', phase + '_count')} > 0)\n) > 0"
+    )
+    # Realized over wall time (gaps between cycles counted) over predicted on the host clock.
+    gap = c.CYCLE_GAP.name
+    busy_share = (
+        f"(\n  1 - {srate('instance', gap + '_sum')}\n  / ("
+        f"{srate('instance', gap + '_sum')} + {srate('instance', cycle + '_sum', HOST)} > 0)\n)"
+        f"\nor on (instance)\n(0 * {srate('instance', c.CYCLES.name)} + 1)"
+    )
+    calibration = (
+        f"{realized}\n* on (instance) group_left ()\n{busy_share}\n"
+        f"/ on (instance) group_left ()\n(\n"
+        f"  sum by (instance) (\n"
+        f"    (1 + {srate('instance', c.ACCEPTED_TOKENS.name)}\n    / ("
+        f"{srate('instance', c.BATCH_SIZE.name + '_sum')} > 0))\n"
+        f"    / on (instance)\n    {baseline_any}\n  )\n"
+        f"  / on (instance)\n"
+        f"  (sum by (instance) ({rate(phase + '_sum', HOST)})\n"
+        f"   / (max by (instance) ({rate(phase + '_count', HOST)}) > 0) > 0)\n)"
     )
 
     req = c.REQUEST_ACCEPTANCE.name
@@ -574,16 +597,18 @@ def render_cycle_breakdown(config: MixinConfig) -> str:
         f"({c.BASELINE_SEQUENCE_TOKENS.name}; the legend names its source: configured by hand, "
         "or measured by the engine at the batch size it serves: `specobs demo` runs plain "
         "decode steps between cycles, and a k schedule's k = 0 cycles give plain_steps); below "
-        "1 speculation is a loss. Predicted: the "
-        "measured tokens per sequence-cycle E (1 + accepted draft tokens; the per-position "
-        "counters give the conditional acceptances it sums) divided by the cycle's cost in "
-        "target steps, (draft + verify) / verify on each clock. It assumes a non-speculative "
-        "step costs one verify and ignores bookkeeping; realized below predicted is time lost "
-        "there (docs/metrics.md).",
+        "1 speculation is a loss. Predicted: the cost model at the measured point, the tokens "
+        "acceptance gives one sequence per cycle (1 + accepted draft tokens) times a plain "
+        "step's cost (1 / the baseline) over the cycle's draft + verify + bookkeeping, on each "
+        "clock. Calibration: realized over wall time (the time between cycles counted) over "
+        "predicted on the host clock, 1 while the model holds; below 1 time goes between "
+        "cycles or outside the phases, or tokens acceptance promised were not emitted "
+        "(docs/metrics.md).",
         "none",
         [
             (realized, "realized {{instance}} ({{source}} baseline)"),
             (predicted, "predicted {{instance}} ({{clock}} clock)"),
+            (calibration, "calibration {{instance}}"),
         ],
         axis_label="x baseline",
         threshold_line=1.0,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specobs import catalog as c
+import specobs.catalog as c
 from specobs.mixin._config import MixinConfig, markdown_heading
 from specobs.mixin._rules import (
     ENGINE_REQUEST_GAUGES,
@@ -104,17 +104,24 @@ def render(config: MixinConfig) -> str:
         "length\"\n  / \"mean acceptance length (incl. bonus)\", with the accepted drafts beside "
         "it (top:\n  `accept_len=4.26 accepted_per_draft=3.26`; live: `accept length 4.26 (1 + "
         "3.26)`).",
-        "- **Predicted speedup** = E x t_verify / (t_draft + t_verify), per clock, where E is "
-        "the measured tokens one sequence gains per cycle (`emitted / sequences` = 1 + "
-        "accepted / sequences) and t_draft, t_verify the measured mean phase times. E equals "
-        "1 + a_1 + a_1 a_2 + ... + a_1...a_k with a_i the *conditional* acceptance at position i "
-        "(`specobs_accepted_tokens_by_position_total{position=i}` over position i-1); the "
-        "i.i.d. closed form (1 - a^(k+1)) / (1 - a) needs that per-token conditional a, not "
-        "accepted / drafted, and is not used. Assumptions: one non-speculative decode step "
-        "costs what one verify costs (true where decoding is memory-bound, as on GPUs at small "
-        "batch; on a CPU a k+1-token verify costs more, so predicted under-reads), and "
-        "bookkeeping and host overhead are free. Realized below predicted is time lost in "
-        "bookkeeping, host overhead or a verify dearer than a step.",
+        "- **Predicted speedup** = E x t_plain / (t_draft + t_verify + t_bookkeeping), per "
+        "clock: the cost model at the measured point. E is the tokens acceptance gives one "
+        "sequence per cycle, 1 + accepted / sequences (= 1 + a_1 + a_1 a_2 + ... with a_i the "
+        "*conditional* acceptance at position i; the i.i.d. closed form (1 - a^(k+1)) / (1 - a) "
+        "needs that per-token conditional a, not accepted / drafted, and is not used); t_plain "
+        "= 1 / the baseline, the plain decode step the engine measured (or the one configured); "
+        "the t are the measured mean phase times. A plain step is not taken to cost one "
+        "verify: on every GPU at moderate batch a verify of B (k + 1) tokens costs more than a "
+        "step of B. `specobs doctor` fits the forward's cost over tokens from the plain step "
+        "and each k's verify to predict other ks (docs/diagnosis.md).",
+        "- **Calibration** (`instance:specobs_speedup:calibration_rate5m`) = realized speedup "
+        "over wall time (x (1 - the share of busy time between cycles)) / predicted on the "
+        "host clock. The baseline cancels, so it is 1 while the model accounts for the time "
+        "and the tokens, whatever the baseline's age. Below 1: time between cycles "
+        "(`instance:specobs_cycle_gap:share_rate5m`), cycle time outside the draft, verify and "
+        "bookkeeping phases, or tokens acceptance promised that were not emitted (sequences "
+        "that finished inside a cycle). doctor reads the same three when its prediction and "
+        "the realized speedup differ by more than 10%.",
         "- **The baseline and its `source`.** Realized speedup compares like with like only when "
         "the baseline was measured at the batch size the server runs at, on the same machine "
         "under the same load: per-sequence speed falls as the batch grows, with or without "

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specobs import catalog as c
+import specobs.catalog as c
 from specobs.mixin._config import RULE_FIELDS, MixinConfig, generated_notice
 from specobs.mixin._rules import AlertNames, AlertRule, RuleNames, alert_rules, dump_yaml
 
@@ -60,6 +60,8 @@ class ServerState:
     phase_gpu_seconds: dict[str, float] = field(
         default_factory=lambda: {"draft": 0.002, "verify": 0.006, "bookkeeping": 0.001}
     )
+    #: Host-clock phase means; None: the GPU clock's phases only.
+    phase_host_seconds: dict[str, float] | None = None
     baseline: float | None = 100.0
     #: The baseline gauge's ``source`` label; None: none (a configured baseline).
     baseline_source: str | None = None
@@ -195,6 +197,13 @@ def server_series(
             [s.cycles_per_second * s.phase_gpu_seconds[phase] for s in steps],
         )
         counter(_selector(f"{c.PHASE_DURATION.name}_count", gpu), cycles)
+    for phase in steps[0].phase_host_seconds or {}:
+        on_host = {**labels, "phase": phase, "clock": "host"}
+        counter(
+            _selector(f"{c.PHASE_DURATION.name}_sum", on_host),
+            [s.cycles_per_second * (s.phase_host_seconds or {})[phase] for s in steps],
+        )
+        counter(_selector(f"{c.PHASE_DURATION.name}_count", on_host), cycles)
     if any(s.requests_per_second is not None for s in steps):
         requests = [s.requests_per_second or 0.0 for s in steps]
         low = {**labels, "le": repr(float(MixinConfig().request_acceptance_low))}
@@ -710,7 +719,11 @@ def _expr_tests(config: MixinConfig) -> dict[str, Any]:
     """Recording-rule checks on a steady server (promql_expr_test)."""
     n = RuleNames(config)
     # 60 cycles/s of 10 ms with 5 ms between them: 0.9 s of each second busy.
-    state = ServerState(cycles_per_second=60.0, gap_seconds=0.005)
+    state = ServerState(
+        cycles_per_second=60.0,
+        gap_seconds=0.005,
+        phase_host_seconds={"draft": 0.002, "verify": 0.007, "bookkeeping": 0.001},
+    )
     steady = server_series([(state, 20)])
     out = dict(LABELS)
     # (the rule, with a matcher where it has several series; its labels; its value at 15m)
@@ -718,10 +731,15 @@ def _expr_tests(config: MixinConfig) -> dict[str, Any]:
         (n.sequence_speed, out, 300),
         (n.speedup_realized, {**out, "source": "configured"}, 3),
         (n.acceptance, out, 0.5),
-        # 3 measured tokens per sequence-cycle at (2 + 6) / 6 target steps per cycle.
-        (n.speedup_predicted, {**out, "clock": "gpu"}, 2.25),
+        # 3 tokens per sequence-cycle from acceptance; a plain step costs 1 / 100 s; a cycle
+        # 9 ms on the GPU clock and 10 ms on the host's.
+        (f'{n.speedup_predicted}{{clock="gpu"}}', {**out, "clock": "gpu"}, 3.333),
+        (f'{n.speedup_predicted}{{clock="host"}}', {**out, "clock": "host"}, 3.0),
+        # Realized 3x over cycle time is 2x over wall time (a third of it between cycles).
+        (n.speedup_calibration, {**out, "source": "configured"}, 0.667),
         (n.cohort_acceptance, _cohort(out), 0.5),
-        (f'{n.phase_share}{{phase="verify"}}', {**out, "phase": "verify", "clock": "gpu"}, 0.667),
+        (f'{n.phase_share}{{phase="verify", clock="gpu"}}',
+         {**out, "phase": "verify", "clock": "gpu"}, 0.667),
         (n.batch_size_mean, out, 8),
         (n.gap_mean, out, 0.005),
         # 5 ms of every 15 ms busy are outside cycles.
@@ -758,6 +776,7 @@ def _idle_tests(config: MixinConfig) -> dict[str, Any]:
         n.sequence_speed,
         n.speedup_realized,
         n.speedup_predicted,
+        n.speedup_calibration,
         n.sampled_ratio,
         n.cohort_acceptance,
         n.gap_mean,

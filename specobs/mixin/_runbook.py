@@ -235,8 +235,9 @@ _ENTRIES: dict[str, tuple[str, list[str]]] = {
             "Cycle breakdown, *Speedup: realized vs predicted*. Predicted below 1 too: acceptance "
             "is too low or drafting too costly for this draft length; shorten the draft or turn "
             "speculation off for this traffic.",
-            "Realized far below predicted: the time goes outside draft and verify (host overhead, "
-            "bookkeeping); compare the GPU and host clock panels.",
+            "Calibration below 1 (realized far below predicted): the time goes between cycles "
+            "(*Time between cycles*: scheduler, detokenisation, Python outside the step) or "
+            "outside the phases, or sequences finish inside cycles; `specobs doctor` names which.",
             "Is the baseline still right? `source=\"configured\"`: it was set by hand, and a "
             "new GPU, model or batch regime changes the non-speculative rate too; measure it at "
             "the batch size the server runs. A measured source (`demo_measured`) is taken at the "

@@ -35,7 +35,10 @@ Traces
     start + the sum. Attributes: ``specobs.cycle.index``, ``specobs.clock``,
     ``specobs.batch_size`` and, when the cycle recorded acceptance, ``specobs.draft_tokens``,
     ``specobs.accepted_tokens``, ``specobs.emitted_tokens``; every span also carries its
-    host-clock duration as ``specobs.host_duration_ns`` (an int).
+    host-clock duration as ``specobs.host_duration_ns`` (an int). The cycle span carries the
+    OpenTelemetry GenAI attributes of the resource as well (``gen_ai.provider.name``,
+    ``gen_ai.request.model``, ``gen_ai.response.model``, ``server.address``, ``server.port``:
+    :mod:`specobs.sinks._otlp_genai`).
 
 Bounded memory, counted drops (``specobs_exporter_dropped_records_total{reason="span_export"}``)
     At most ``max_queue_size`` spans are in flight (handed to the processor and not yet taken by
@@ -95,6 +98,9 @@ Configuration
     in the endpoint URL (argument or variable) are sent as an HTTP Basic ``authorization``
     header by both protocols and never printed: :attr:`OtlpSink.endpoint` and ``repr`` show the
     URL without them (an ``authorization`` header as well is a ``ConfigurationError``).
+    specobs's own ``SPECOBS_GENAI_PROVIDER_NAME``, ``SPECOBS_GENAI_REQUEST_MODEL``,
+    ``SPECOBS_GENAI_RESPONSE_MODEL``, ``SPECOBS_SERVER_ADDRESS`` and ``SPECOBS_SERVER_PORT`` set
+    the GenAI attributes (docs/otel-genai.md).
 """
 
 from __future__ import annotations
@@ -125,6 +131,7 @@ from opentelemetry.sdk.trace.export import (  # noqa: E402
     SpanExporter,
     SpanExportResult,
 )
+from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME  # noqa: E402
 
 from specobs.sinks._otlp_config import (  # noqa: E402
     OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
@@ -136,6 +143,11 @@ from specobs.sinks._otlp_config import (  # noqa: E402
     resolve_protocol,
 )
 from specobs.sinks._otlp_data import cycle_spans, metrics_data  # noqa: E402
+from specobs.sinks._otlp_genai import (  # noqa: E402
+    configured_attributes,
+    observer_defaults,
+    span_attributes,
+)
 
 __all__ = ["OtlpSink"]
 
@@ -323,7 +335,13 @@ class OtlpSink(Sink):
     Arguments override the standard ``OTEL_*`` variables (see the module docstring):
     ``endpoint`` (base URL), ``protocol`` (``"grpc"`` or ``"http/protobuf"``), ``headers``,
     ``timeout_seconds`` (per export, retries included), ``service_name``,
-    ``resource_attributes`` (merged over ``OTEL_RESOURCE_ATTRIBUTES``). ``traces`` /
+    ``resource_attributes`` (merged over ``OTEL_RESOURCE_ATTRIBUTES``). ``provider_name``,
+    ``request_model``, ``response_model``, ``server_address`` and ``server_port`` set the
+    OpenTelemetry GenAI attributes ``gen_ai.provider.name``, ``gen_ai.request.model``,
+    ``gen_ai.response.model``, ``server.address`` and ``server.port`` of the resource and of
+    every cycle span, over their variables (docs/configuration.md); unset, the provider and the
+    models come from the observer's ``serving_engine`` and ``model_name`` labels and its
+    integration (:mod:`specobs.sinks._otlp_genai`, docs/otel-genai.md). ``traces`` /
     ``metrics`` turn either signal off; ``export_interval_seconds`` is the metric push period;
     ``max_queue_size`` bounds the spans in flight. :attr:`endpoint` is the URL without any
     user and password it carried (those are sent as a Basic ``authorization`` header).
@@ -340,6 +358,11 @@ class OtlpSink(Sink):
         timeout_seconds: float | None = None,
         service_name: str | None = None,
         resource_attributes: Mapping[str, str | bool | int | float] | None = None,
+        provider_name: str | None = None,
+        request_model: str | None = None,
+        response_model: str | None = None,
+        server_address: str | None = None,
+        server_port: int | None = None,
         export_interval_seconds: float = DEFAULT_EXPORT_INTERVAL_SECONDS,
         traces: bool = True,
         metrics: bool = True,
@@ -386,9 +409,16 @@ class OtlpSink(Sink):
         if self._uses_grpc():
             global _FORK_WAIT_SECONDS
             _FORK_WAIT_SECONDS = otlp_fork_wait_seconds(environ)
-        attrs: dict[str, Any] = dict(resource_attributes or {})
+        genai_arguments, genai_env = configured_attributes(
+            {"provider_name": provider_name, "request_model": request_model,
+             "response_model": response_model, "server_address": server_address,
+             "server_port": server_port},
+            environ,
+        )  # fmt: skip
+        # Lowest first: the variables, the resource_attributes argument, the named arguments.
+        attrs: dict[str, Any] = {**genai_env, **(resource_attributes or {}), **genai_arguments}
         if service_name is not None:
-            attrs["service.name"] = service_name
+            attrs[SERVICE_NAME] = service_name
         try:
             # Resource.create reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME; ours win.
             self.resource = Resource.create(attrs)
@@ -409,6 +439,7 @@ class OtlpSink(Sink):
         self._processor: BatchSpanProcessor | None = None
         self._metric_exporter: MetricExporter | None = None
         self._exporters_shut = False
+        self._span_attributes = span_attributes(self.resource.attributes)
         self._init_thread_state()
 
     def _init_thread_state(self) -> None:
@@ -429,6 +460,7 @@ class OtlpSink(Sink):
         super().attach(source)
         self._attached = True
         source.add_cpu("otlp", 0.0)  # the component is exported from the start, at zero
+        self._add_observer_defaults(source)
         try:
             if self.wants_traces:
                 inner = make_span_exporter(
@@ -452,6 +484,17 @@ class OtlpSink(Sink):
                 f"and arguments: {exc}"
             ) from exc
         self._start_thread()
+
+    def _add_observer_defaults(self, source: MetricSource) -> None:
+        """The GenAI attributes the observer implies (its constant labels and integration),
+        where nothing configured them: added to the resource and the cycle spans."""
+        snapshot = source.snapshot()
+        defaults = observer_defaults(
+            self.resource.attributes, snapshot.labels, snapshot.info.get("integration"))
+        if defaults:
+            # merge(): the argument's values win, so every configured attribute stays.
+            self.resource = Resource(defaults).merge(self.resource)
+            self._span_attributes = span_attributes(self.resource.attributes)
 
     @staticmethod
     def _gate(protocol: str) -> AbstractContextManager[Any]:
@@ -585,7 +628,7 @@ class OtlpSink(Sink):
                 refused += need
                 continue
             room -= need
-            spans.extend(cycle_spans(r, self.resource))
+            spans.extend(cycle_spans(r, self.resource, self._span_attributes))
         if spans:
             with self._lock:
                 # shutdown() may have counted the in-flight spans meanwhile: count these here.

@@ -43,7 +43,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from specobs import _series, catalog
+import specobs._series as _series
+import specobs.catalog as catalog
 from specobs._config import prometheus_addr, prometheus_port
 from specobs._errors import ConfigurationError, require
 from specobs._model import HistogramData, Snapshot
@@ -157,8 +158,9 @@ class SnapshotCollector:
     def _families(self, s: Snapshot) -> Iterator[Metric]:
         const_keys = list(s.labels)
         const_vals = list(s.labels.values())
-        # Every counter carries the observer's start (OpenMetrics ``_created``), so a reset -- a
-        # restart, or a forked child starting from zero -- is visible as such.
+        # The observer's start as OpenMetrics ``_created``, on the counters ``created_series``
+        # names (by default ``specobs_cycles_total`` only), so a reset -- a restart, or a forked
+        # child starting from zero -- shows as a new value.
         created = s.created_unix_seconds or None
         created_on = self._created_on
         ex = self._exemplars

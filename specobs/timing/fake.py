@@ -348,7 +348,7 @@ class FakeNativeEventClock(FakeEventClock):
         if not self.native:
             return None
         try:
-            from specobs import _core
+            import specobs._core as _core
         except ImportError:
             return None
         fns: tuple[int, int, int] = _core._fake_event_fns()

@@ -225,7 +225,7 @@ def slopes(pr: Prospects) -> list[ForwardModel]:
 
 
 #: Positions beyond the measured ones the advisor extrapolates acceptance to.
-ADVICE_BEYOND = 3
+ADVICE_BEYOND = 6
 
 
 def candidates(k: int, model: ForwardModel | None) -> list[int]:
