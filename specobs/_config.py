@@ -45,6 +45,8 @@ SPECOBS_SAMPLE_EVERY = "SPECOBS_SAMPLE_EVERY"
 SPECOBS_OVERHEAD_BUDGET = "SPECOBS_OVERHEAD_BUDGET"
 SPECOBS_CLOCK = "SPECOBS_CLOCK"
 SPECOBS_QUEUE_SIZE = "SPECOBS_QUEUE_SIZE"
+SPECOBS_MAX_CYCLE_SEQUENCES = "SPECOBS_MAX_CYCLE_SEQUENCES"
+SPECOBS_MAX_QUEUE_BYTES = "SPECOBS_MAX_QUEUE_BYTES"
 SPECOBS_EVENT_POOL_SIZE = "SPECOBS_EVENT_POOL_SIZE"
 SPECOBS_MAX_DRAFT_LENGTH = "SPECOBS_MAX_DRAFT_LENGTH"
 SPECOBS_LABELS = "SPECOBS_LABELS"
@@ -84,6 +86,12 @@ class Settings:
     overhead_budget: float = 0.002
     clock: ClockMode = "auto"
     queue_size: int = 8192
+    #: Most values one list of a cycle's acceptance may carry; past it the cycle is counted
+    #: without tokens (``oversized``).
+    max_cycle_sequences: int = 16384
+    #: Most bytes the objects waiting cycles keep for the resolver may hold (the ring's
+    #: estimate); a cycle that would pass it is counted without tokens (``oversized``).
+    max_queue_bytes: int = 64 << 20
     event_pool_size: int = 2048
     max_draft_length: int = 8
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -94,6 +102,9 @@ class Settings:
     poll_interval_seconds: float = 0.1
     #: How long the resolver holds a cycle ended by ``defer()`` for its ``settle()``; then it is
     #: counted with its times and without its tokens (``dropped_records{reason="unsettled"}``).
+    #: Sooner when a quarter of ``queue_size`` (16 to 1,024, at most half of it) cycles wait
+    #: behind it: the cycles after a deferred one wait for it, so that many bound how long they
+    #: are held up.
     settle_timeout_seconds: float = 5.0
     trace_head_rate: float = 0.001
     trace_slow_cycle_seconds: float | None = None
@@ -337,6 +348,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("overhead_budget", SPECOBS_OVERHEAD_BUDGET, _number(0.0, 1.0, open_low=True)),
     Setting("clock", SPECOBS_CLOCK, _clock),
     Setting("queue_size", SPECOBS_QUEUE_SIZE, _integer(16, 10_000_000)),
+    Setting("max_cycle_sequences", SPECOBS_MAX_CYCLE_SEQUENCES, _integer(1, 65536)),
+    Setting("max_queue_bytes", SPECOBS_MAX_QUEUE_BYTES, _integer(1 << 16, 1 << 40)),
     Setting("event_pool_size", SPECOBS_EVENT_POOL_SIZE, _integer(4, 1_000_000)),
     Setting("max_draft_length", SPECOBS_MAX_DRAFT_LENGTH, _integer(1, MAX_DRAFT_LENGTH)),
     Setting("labels", SPECOBS_LABELS, _labels),

@@ -122,7 +122,28 @@ SETTING_TEXTS: Mapping[str, Text] = {
         "holds; when full, the oldest record is dropped and counted as "
         "`specobs_exporter_dropped_records_total{reason=\"queue_full\"}`.",
         "Raise it when `queue_full` drops grow in bursts (the resolver thread gets too little "
-        "CPU); the memory held grows in proportion."),
+        "CPU); the memory held grows in proportion. A quarter of it (16 to 1,024, at most "
+        "half) is also how many cycles may wait behind a deferred cycle that is never settled "
+        "before it is handed on, `unsettled`, without waiting out `settle_timeout_seconds`."),
+    "max_cycle_sequences": Text(
+        "Recording", "values per list",
+        "The most values one list of a cycle's acceptance may carry (accepted lengths, "
+        "per-sequence draft lengths, emitted counts: one per sequence), checked before "
+        "anything is copied. A cycle past it keeps its times and batch size, not its tokens "
+        "(`specobs_exporter_dropped_records_total{reason=\"oversized\"}`). Acceptance the ring "
+        "stores itself takes one byte a sequence in its slot, so at most `queue_size` + 1 "
+        "times this.",
+        "Raise it only for batches of more sequences than this in one step; lower it to bound "
+        "the slots' memory on a small host."),
+    "max_queue_bytes": Text(
+        "Recording", "bytes",
+        "The most the acceptance that waiting cycles keep as objects for the resolver may "
+        "hold (lists the ring cannot store itself, emitted counts, per-sequence draft "
+        "lengths), as the ring estimates it: 56 bytes and 8 a value per list, 64 for another "
+        "object; the default is 64 MiB. A cycle that would take the queue past it keeps its "
+        "times, not its tokens (`oversized`).",
+        "Raise it when `oversized` drops grow while the resolver keeps up with large batches "
+        "that pass `emitted` or draft lengths per sequence."),
     "event_pool_size": Text(
         "Recording", "CUDA events",
         "CUDA events created and recorded once up front, then reused. When none is free a "
@@ -172,7 +193,9 @@ SETTING_TEXTS: Mapping[str, Text] = {
         "is counted with its times and without its tokens "
         "(`specobs_exporter_dropped_records_total{reason=\"unsettled\"}`).",
         "Raise it when an engine settles its cycles later than this and `unsettled` drops "
-        "grow."),
+        "grow. A cycle never settled is handed on sooner once a quarter of `queue_size` "
+        "(16 to 1,024, at most half) cycles wait behind it: the cycles after a deferred one "
+        "wait for it."),
     "trace_head_rate": Text(
         "Tracing", "fraction of cycles",
         "The fraction of cycles exported as traces whatever their duration (GPU-timed spans on "

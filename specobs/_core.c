@@ -42,6 +42,10 @@
 #define MAX_PHASES 16
 /* Most sequences one accept() stores natively; more go to the resolver's Python validation. */
 #define NATIVE_MAX_SEQ 65536
+/* What one cycle's acceptance may carry until the recorder sets the settings' bounds
+ * (specobs._ring.MAX_CYCLE_SEQUENCES, MAX_QUEUE_BYTES). */
+#define MAX_CYCLE_SEQUENCES 16384
+#define MAX_QUEUE_BYTES (((int64_t)64) << 20)
 #define MAX_BATCH (((int64_t)1) << 31)
 #define MAX_BOUNDS 256
 #define NSPARES 4
@@ -139,6 +143,9 @@ typedef struct {
     int32_t dk, ak;
     PyObject *dk_obj;
     int has_obj_acc; /* acc / copy hold this cycle's acceptance (accept() was called) */
+    /* What acc, draft and emitted are estimated to hold (payload_bytes), counted in the
+     * ring's queued_bytes while the slot holds them. */
+    int64_t pbytes;
     /* A copy started by the native core: its pinned buffer, element size and length, and the
      * draft length its values are validated against (-1: not an int in 0..k_max, or an
      * ``emitted`` was given: the resolver validates in Python). A drain without the GIL reads
@@ -168,6 +175,14 @@ typedef struct {
     int k_max;
     PyObject *phases; /* tuple of str */
     Py_ssize_t wake_at;
+    /* A deferred cycle with this many done cycles waiting behind it is handed on unsettled
+     * without waiting out its timeout (specobs._ring.PyRing.settle_backlog). */
+    Py_ssize_t settle_backlog;
+    /* The bounds of what one cycle's acceptance may carry (specobs._ring.PyRing): sequences
+     * per list, and the estimated bytes of the objects the waiting cycles keep for the
+     * resolver (queued_bytes), past which a cycle's acceptance is refused (oversized). */
+    Py_ssize_t max_seq;
+    int64_t max_queue_bytes, queued_bytes;
     int enabled;
     int sampling;       /* a clock is active: sample one cycle in ``interval`` */
     int64_t interval;
@@ -396,7 +411,8 @@ static PyObject *s_ptr, *s_itemsize, *s_length, *s_fenced, *s_sentinel, *s_free;
 static PyObject *s_misuse, *s_misuse_mark, *s_misuse_end, *s_internal_error, *s_queue_full,
     *s_wake, *s_sample, *s_try_clock, *s_copy_to_host, *s_tolist, *s_is_cuda, *s_numel,
     *s_accepted, *s_draft_length, *s_batch_size, *s_emitted, *s_event, *s_dtype,
-    *s_is_contiguous, *s_get_device, *s_data_ptr, *s_handle, *s_copy_event_failed, *s_landed;
+    *s_is_contiguous, *s_get_device, *s_data_ptr, *s_handle, *s_copy_event_failed, *s_landed,
+    *s_oversized;
 static PyObject *m_begin_open, *m_end_twice, *m_accept_closed;
 static PyObject *m_defer_twice, *m_settle_twice, *m_settle_undeferred, *m_settle_late;
 
@@ -457,9 +473,18 @@ defer_end(Deferral *d)
     Py_XDECREF(d->list);
 }
 
-static void
-slot_clear_objs(Slot *s)
+/* The estimated bytes the slot's kept objects hold, and the ring's count of them. */
+static inline void
+slot_payload(Ring *r, Slot *s, int64_t bytes)
 {
+    r->queued_bytes += bytes - s->pbytes;
+    s->pbytes = bytes;
+}
+
+static void
+slot_clear_objs(Ring *r, Slot *s)
+{
+    slot_payload(r, s, 0);
     drop_ref(&s->acc);
     drop_ref(&s->draft);
     drop_ref(&s->emitted);
@@ -686,10 +711,10 @@ ensure_lens(Slot *s, Py_ssize_t n)
 }
 
 static int
-store_lengths(Slot *s, PyObject *seq, int k)
+store_lengths(Slot *s, PyObject *seq, int k, Py_ssize_t most)
 {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n > NATIVE_MAX_SEQ)
+    if (n > most)
         return 0;
     if (ensure_lens(s, n) < 0)
         return -1;
@@ -733,7 +758,7 @@ get_optional_attr(PyObject *o, PyObject *name, PyObject **out)
  * memoryview). 1 when stored, 0 when not (wrong format or shape, a value out of range: the
  * caller falls back to tolist() and the resolver's validation), -1 on a memory error. */
 static int
-store_buffer(Slot *s, PyObject *obj, int k)
+store_buffer(Slot *s, PyObject *obj, int k, Py_ssize_t most)
 {
     if (PyBytes_Check(obj) || PyByteArray_Check(obj) || !PyObject_CheckBuffer(obj))
         return 0;
@@ -748,7 +773,7 @@ store_buffer(Slot *s, PyObject *obj, int k)
         f++;
     Py_ssize_t n = view.ndim == 1 && view.itemsize > 0 ? view.len / view.itemsize : -1;
     char code = f[0] != 0 && f[1] == 0 ? f[0] : 0;
-    if (n < 0 || n > NATIVE_MAX_SEQ || code == 0 || strchr("bBhHiIlLqQ", code) == NULL)
+    if (n < 0 || n > most || code == 0 || strchr("bBhHiIlLqQ", code) == NULL)
         goto done;
     if (ensure_lens(s, n) < 0) {
         rc = -1;
@@ -873,12 +898,15 @@ make_room(Ring *r)
         else if (STATE(old) == SLOT_OPEN)
             r->dropped_queue_full++;
         else if (STATE(old) == SLOT_DEFERRED) {
-            r->dropped_queue_full++;
+            /* Never settled, and the ring needs its slot: lost with its times (the resolver
+             * hands such a cycle on before, once settle_backlog cycles wait behind it, unless
+             * it is not keeping up). */
+            r->unsettled++;
             r->deferred--;
         }
         STATE_SET(old, SLOT_VOID);
         slot_drop_held(r, old);
-        slot_clear_objs(old);
+        slot_clear_objs(r, old);
         STORE64(&r->tail, r->tail + 1);
     }
     ring_unlock(r);
@@ -1244,6 +1272,57 @@ parse_accept_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyObj
     return 0;
 }
 
+/* What a kept object is estimated to hold (specobs._ring.payload_bytes): an exact list or
+ * tuple 56 bytes and 8 a value (its items are small ints, cached), an exact int or None
+ * nothing, anything else 64. */
+static inline int64_t
+payload_bytes(PyObject *o)
+{
+    if (o == NULL || o == Py_None || PyLong_CheckExact(o))
+        return 0;
+    if (PyList_CheckExact(o) || PyTuple_CheckExact(o))
+        return 56 + 8 * (int64_t)Py_SIZE(o);
+    return 64;
+}
+
+/* Most sequences one accept() stores natively: the bound on a cycle, and never past the
+ * slot's own. */
+static inline Py_ssize_t
+native_most(const Ring *r)
+{
+    return r->max_seq < NATIVE_MAX_SEQ ? r->max_seq : NATIVE_MAX_SEQ;
+}
+
+/* The values of an exact list or tuple (-1: not one). */
+static inline Py_ssize_t
+payload_len(PyObject *o)
+{
+    return PyList_CheckExact(o) || PyTuple_CheckExact(o) ? Py_SIZE(o) : -1;
+}
+
+/* The cycle's acceptance refused for its size (``kind``: "sequences", more than max_seq in one
+ * list; "bytes", past max_queue_bytes): it keeps its times and batch size, no tokens; counted
+ * and logged by the recorder (``oversized``). Its acceptance was cleared before. */
+static void
+refuse_payload(Ring *r, Slot *s, const char *kind, int64_t got, int64_t bound)
+{
+    s->nseq = -1;
+    s->ak = -1;
+    s->has_obj_acc = 0;
+    PyObject *k = PyUnicode_InternFromString(kind);
+    PyObject *g = k ? PyLong_FromLongLong(got) : NULL;
+    PyObject *b = g ? PyLong_FromLongLong(bound) : NULL;
+    if (b == NULL)
+        report_internal(r);
+    else {
+        PyObject *args[3] = {k, g, b};
+        call_slow(r, s_oversized, args, 3);
+    }
+    Py_XDECREF(k);
+    Py_XDECREF(g);
+    Py_XDECREF(b);
+}
+
 /* The draft length and emitted counts a cycle's acceptance came with (``None``: not given),
  * kept for the resolver's validation; the slot holds none before. */
 static void
@@ -1278,6 +1357,7 @@ accept_parsed(Cycle *self, const AcceptArgs *a)
     /* A later accept() replaces an earlier one. */
     s->nseq = -1;
     s->has_obj_acc = 0;
+    slot_payload(r, s, 0);
     Py_CLEAR(s->acc);
     Py_CLEAR(s->draft);
     Py_CLEAR(s->emitted);
@@ -1286,6 +1366,17 @@ accept_parsed(Cycle *self, const AcceptArgs *a)
         hand_back(r, NULL, s->copy);
         Py_CLEAR(s->copy);
     }
+    /* What one cycle may carry: at most max_seq values in each list, and the objects the
+     * waiting cycles keep within max_queue_bytes (what the drafts and emitted counts hold is
+     * known now, the acceptance's once it is read). */
+    Py_ssize_t most = payload_len(draft) > payload_len(emitted) ? payload_len(draft)
+                                                                : payload_len(emitted);
+    if (most > r->max_seq || payload_len(accepted) > r->max_seq) {
+        Py_ssize_t got = payload_len(accepted) > most ? payload_len(accepted) : most;
+        refuse_payload(r, s, "sequences", got, r->max_seq);
+        Py_RETURN_NONE;
+    }
+    int64_t with = payload_bytes(draft) + payload_bytes(emitted);
     int64_t k = r->k_max;
     int native_k = draft == Py_None || exact_int_in(draft, 0, r->k_max, &k);
     s->ak = draft != Py_None && native_k ? (int32_t)k : -1;
@@ -1296,7 +1387,7 @@ accept_parsed(Cycle *self, const AcceptArgs *a)
     }
     else {
         if (native_k && emitted == Py_None) {
-            int stored = store_buffer(s, accepted, (int)k);
+            int stored = store_buffer(s, accepted, (int)k, native_most(r));
             if (stored == 1)
                 Py_RETURN_NONE;
             if (stored < 0) {
@@ -1315,7 +1406,12 @@ accept_parsed(Cycle *self, const AcceptArgs *a)
         if (!owns(self, s) || self->closed)
             Py_RETURN_NONE;
         if (cuda) {
+            if (r->queued_bytes + with > r->max_queue_bytes) {
+                refuse_payload(r, s, "bytes", r->queued_bytes + with, r->max_queue_bytes);
+                Py_RETURN_NONE;
+            }
             keep_draft_emitted(s, draft, emitted);
+            slot_payload(r, s, with);
             accept_cuda(r, self, s, accepted, native_k && emitted == Py_None ? (int32_t)k : -1);
             Py_RETURN_NONE;
         }
@@ -1335,12 +1431,18 @@ accept_parsed(Cycle *self, const AcceptArgs *a)
                 Py_DECREF(values);
                 Py_RETURN_NONE;
             }
+            if (payload_len(values) > r->max_seq) {
+                Py_ssize_t got = payload_len(values);
+                Py_DECREF(values);
+                refuse_payload(r, s, "sequences", got, r->max_seq);
+                Py_RETURN_NONE;
+            }
             if (PyList_CheckExact(values))
                 seq = values;
         }
     }
     if (seq != NULL && native_k && emitted == Py_None) {
-        int stored = store_lengths(s, seq, (int)k);
+        int stored = store_lengths(s, seq, (int)k, native_most(r));
         if (stored == 1) {
             Py_XDECREF(values);
             Py_RETURN_NONE;
@@ -1352,7 +1454,13 @@ accept_parsed(Cycle *self, const AcceptArgs *a)
         }
     }
     /* Kept for the resolver's validation: a copy of a list or tuple (the engine may reuse it),
-     * what tolist() gave, or the object itself. */
+     * what tolist() gave, or the object itself; within what the queue may keep. */
+    with += payload_bytes(values != NULL ? values : seq != NULL ? seq : accepted);
+    if (r->queued_bytes + with > r->max_queue_bytes) {
+        Py_XDECREF(values);
+        refuse_payload(r, s, "bytes", r->queued_bytes + with, r->max_queue_bytes);
+        Py_RETURN_NONE;
+    }
     PyObject *keep;
     if (values != NULL)
         keep = values;
@@ -1371,6 +1479,7 @@ accept_parsed(Cycle *self, const AcceptArgs *a)
     s->acc = keep;
     s->has_obj_acc = 1;
     keep_draft_emitted(s, draft, emitted);
+    slot_payload(r, s, with);
     Py_RETURN_NONE;
 }
 
@@ -1395,7 +1504,7 @@ clear_acceptance(Ring *r, Slot *s)
     s->batch = -1;
     PyObject *dk_obj = s->dk_obj; /* begin()'s draft length stays the cycle's */
     s->dk_obj = NULL;
-    slot_clear_objs(s);
+    slot_clear_objs(r, s);
     s->dk_obj = dk_obj;
     if (s->copy != NULL) {
         hand_back(r, NULL, s->copy);
@@ -1413,7 +1522,10 @@ hand_on(Ring *r, Slot *s)
     r->enqueued++;
     if (s->ev != NULL || s->copy != NULL)
         ADDN(&r->nheld, 1);
-    if (ADDN(&r->waiting, 1) >= r->wake_at) {
+    Py_ssize_t w = ADDN(&r->waiting, 1);
+    /* A deferred cycle holds up the ones behind it: the resolver hands it on unsettled once
+     * settle_backlog wait (see expire), so it is woken then too. */
+    if (w >= r->wake_at || (r->deferred > 0 && w >= r->settle_backlog)) {
         if (pump_active(r))
             pump_signal(r, PUMP_PASS); /* the pump walks now; no Python is needed */
         else
@@ -1634,7 +1746,7 @@ Ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     if (s->acc || s->draft || s->emitted || s->batch_obj || s->dk_obj || s->ev || s->copy) {
         /* Normally cleared when the tail passed it; dropping them may run Python code, so
          * before the slot is reserved, and the head read again after. */
-        slot_clear_objs(s);
+        slot_clear_objs(r, s);
         drop_ref(&s->ev);
         drop_ref(&s->copy);
         s = &r->slots[r->head % (uint64_t)r->nslots];
@@ -2471,7 +2583,7 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
             break;
         if (STATE(s) == SLOT_VOID) {
             slot_drop_held(r, s);
-            slot_clear_objs(s);
+            slot_clear_objs(r, s);
             STORE64(&r->tail, r->tail + 1);
             continue;
         }
@@ -2535,7 +2647,7 @@ drain_loop(Ring *r, Totals *t, long long bound, Py_ssize_t limit, PyObject *trac
         /* The resolver owns what the details reference now. */
         drop_ref(&s->ev);
         drop_ref(&s->copy);
-        slot_clear_objs(s);
+        slot_clear_objs(r, s);
         STATE_SET(s, SLOT_VOID);
         STORE64(&r->tail, r->tail + 1);
         ADDN(&r->waiting, -1);
@@ -3201,8 +3313,10 @@ pump_walk(Ring *r, int64_t next_trace, int64_t slow_ns, int64_t settle_ns, int n
         if (st == SLOT_OPEN)
             return NULL;
         if (st == SLOT_DEFERRED) {
+            /* Every done cycle waits behind it (the walk took those before): expire's rule. */
             int64_t now = r->tick ? r->fake_now : now_ns();
-            return settle_ns >= 0 && now - s->ts[nph] >= settle_ns ? s_pump_expire : NULL;
+            int late = settle_ns >= 0 && now - s->ts[nph] >= settle_ns;
+            return late || LOADN(&r->waiting) >= r->settle_backlog ? s_pump_expire : NULL;
         }
         if (st == SLOT_VOID) {
             if (s->ev || s->acc || s->emitted || s->batch_obj || s->copy || s->draft
@@ -3504,7 +3618,7 @@ Ring_clear_queue(Ring *r, PyObject *Py_UNUSED(ignored))
             n++;
         STATE_SET(s, SLOT_VOID); /* an open cycle's end() finds its slot gone */
         slot_drop_held(r, s);
-        slot_clear_objs(s);
+        slot_clear_objs(r, s);
         STORE64(&r->tail, r->tail + 1);
     }
     for (Py_ssize_t i = 0; r->pk_buf != NULL && i < 3 * PARK_CAP; i++)
@@ -3522,8 +3636,8 @@ Ring_clear_queue(Ring *r, PyObject *Py_UNUSED(ignored))
     return PyLong_FromSsize_t(n);
 }
 
-/* Hand on, unsettled, the deferred cycles that ended ``timeout_ns`` or longer ago (see
- * PyRing.expire); returns how many. */
+/* Hand on, unsettled, the deferred cycles that ended ``timeout_ns`` or longer ago, or with
+ * ``settle_backlog`` done cycles waiting behind them (see PyRing.expire); returns how many. */
 static PyObject *
 Ring_expire(Ring *r, PyObject *arg)
 {
@@ -3537,14 +3651,17 @@ Ring_expire(Ring *r, PyObject *arg)
     Deferral d;
     defer_begin(&d);
     ring_lock(r);
+    Py_ssize_t behind = LOADN(&r->waiting); /* done cycles after the slot walked */
     for (uint64_t p = r->tail; p != r->head; p++) {
         Slot *s = &r->slots[p % (uint64_t)r->nslots];
         int st = STATE(s);
         if (st == SLOT_OPEN)
             break;
+        if (st == SLOT_DONE)
+            behind--;
         if (st != SLOT_DEFERRED)
             continue;
-        if (now - s->ts[r->nph] < (int64_t)timeout)
+        if (now - s->ts[r->nph] < (int64_t)timeout && behind < r->settle_backlog)
             break;
         r->deferred--;
         r->unsettled++;
@@ -3656,6 +3773,11 @@ Ring_init(Ring *r, PyObject *args, PyObject *kwds)
     r->nph = (int)nph;
     r->k_max = k_max;
     r->wake_at = wake_at;
+    r->settle_backlog = wake_at < capacity / 2 ? wake_at : capacity / 2;
+    if (r->settle_backlog < 1)
+        r->settle_backlog = 1;
+    r->max_seq = MAX_CYCLE_SEQUENCES;
+    r->max_queue_bytes = MAX_QUEUE_BYTES;
     r->enabled = 1;
     r->interval = 1;
     r->clock_try_at = -1;
@@ -3734,7 +3856,7 @@ Ring_clear(Ring *r)
             Slot *s = &r->slots[i];
             Py_CLEAR(s->ev);
             Py_CLEAR(s->copy);
-            slot_clear_objs(s);
+            slot_clear_objs(r, s);
         }
     }
     return 0;
@@ -3845,6 +3967,14 @@ static PyMemberDef Ring_members[] = {
     {"interval", T_LONGLONG, offsetof(Ring, interval), 0, NULL},
     {"clock_try_at", T_LONGLONG, offsetof(Ring, clock_try_at), 0, NULL},
     {"wake_at", T_PYSSIZET, offsetof(Ring, wake_at), 0, NULL},
+    {"max_cycle_sequences", T_PYSSIZET, offsetof(Ring, max_seq), 0,
+     "most values one list of a cycle's acceptance may carry (more: refused, oversized)"},
+    {"max_queue_bytes", T_LONGLONG, offsetof(Ring, max_queue_bytes), 0,
+     "most bytes the objects waiting cycles keep may hold (past it: refused, oversized)"},
+    {"queued_bytes", T_LONGLONG, offsetof(Ring, queued_bytes), READONLY,
+     "the estimated bytes the objects waiting cycles keep hold"},
+    {"settle_backlog", T_PYSSIZET, offsetof(Ring, settle_backlog), 0,
+     "done cycles waiting behind a deferred one that hand it on unsettled before its timeout"},
     {"tick", T_LONGLONG, offsetof(Ring, tick), 0, NULL},
     {"capacity", T_PYSSIZET, offsetof(Ring, capacity), READONLY, NULL},
     {"begun", T_LONGLONG, offsetof(Ring, begun), READONLY, NULL},
@@ -4194,6 +4324,7 @@ PyInit__core(void)
     INTERN(s_cuda_event, "cuda_event");
     INTERN(s_copy_event_failed, "copy_event_failed");
     INTERN(s_landed, "landed");
+    INTERN(s_oversized, "oversized");
     INTERN(s_pump_woken, "woken");
     INTERN(s_pump_python, "python");
     INTERN(s_pump_expire, "expire");

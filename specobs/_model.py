@@ -81,8 +81,10 @@ class CycleHandle(Protocol):
 
     def defer(self) -> CycleHandle:
         """End the cycle with its acceptance to come from :meth:`settle` (any thread); its
-        times are final. Unsettled within ``settle_timeout_seconds``: counted with its times,
-        without tokens (``dropped_records{reason="unsettled"}``)."""
+        times are final. Cycles that end after it wait for it (they are taken in order).
+        Unsettled within ``settle_timeout_seconds``, or by the time a quarter of ``queue_size``
+        (16 to 1,024, at most half of it) cycles wait behind it: counted with its times, without
+        tokens (``dropped_records{reason="unsettled"}``), logged once."""
         ...
 
     def settle(

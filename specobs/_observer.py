@@ -221,6 +221,8 @@ class Observer:
         )
         self._recorder.enabled = settings.enabled
         self._recorder.ring.idle_gap_ns = round(settings.idle_gap_seconds * 1e9)
+        self._recorder.ring.max_cycle_sequences = settings.max_cycle_sequences
+        self._recorder.ring.max_queue_bytes = settings.max_queue_bytes
         self.aggregation.attach_ring(self._recorder.ring, self.anchor.offset_ns)
         self._resolver = Resolver(
             self._recorder,
@@ -566,7 +568,8 @@ def configure(
     """Create an observer. Arguments win over ``SPECOBS_*`` variables, which win over defaults.
 
     Every :class:`~specobs.Settings` field is a keyword argument (``phases``, ``sample_every``,
-    ``overhead_budget``, ``queue_size``, ``event_pool_size``, ``max_draft_length``, ``labels``,
+    ``overhead_budget``, ``queue_size``, ``max_cycle_sequences``, ``max_queue_bytes``,
+    ``event_pool_size``, ``max_draft_length``, ``labels``,
     ``baseline_tokens_per_second``, ``poll_interval_seconds``, ``trace_head_rate``,
     ``trace_slow_cycle_seconds``, ``idle_gap_seconds``, ``enabled``, ``rank``, ``all_ranks``,
     ``replica``, ``replicas``, ``leader``, ``integration``); each is validated by its row of

@@ -283,8 +283,11 @@ class Recorder:
         self.errors: defaultdict[str, int] = defaultdict(int)
         self.dropped_pool = 0
         self.dropped_capture = 0
-        #: Moves after each change of ``errors``, ``dropped_pool`` or ``dropped_capture``: the
-        #: resolver folds them only when it moved (the ring's own counts it reads in one call).
+        #: Other losses counted in Python, by ``dropped_records`` reason (:meth:`drop`).
+        self.drops: defaultdict[str, int] = defaultdict(int)
+        #: Moves after each change of ``errors``, ``drops``, ``dropped_pool`` or
+        #: ``dropped_capture``: the resolver folds them only when it moved (the ring's own
+        #: counts it reads in one call).
         self.changes = 0
         if native is None:
             native = _ring.NATIVE
@@ -434,6 +437,19 @@ class Recorder:
         if clock is not None:
             clock.copy_event_failed(slot)  # type: ignore[attr-defined]
 
+    def oversized(self, kind: str, got: int, bound: int) -> None:
+        """A cycle's acceptance refused for its size (the ring's ``_refuse_payload``): counted as
+        ``dropped_records{reason="oversized"}``; the cycle keeps its times."""
+        if kind == "sequences":
+            what = (f"accept() with {got} values in one list: more than max_cycle_sequences="
+                    f"{bound} (SPECOBS_MAX_CYCLE_SEQUENCES)")
+        else:
+            what = (f"the acceptance waiting cycles keep for the resolver would hold {got} bytes: "
+                    f"more than max_queue_bytes={bound} (SPECOBS_MAX_QUEUE_BYTES; the resolver "
+                    f"is behind, or cycles carry large lists it must validate)")
+        self.drop("oversized", what + "; the cycle is counted with its times, without its "
+                  "tokens (dropped_records{reason=\"oversized\"})")
+
     def queue_full(self) -> None:
         self.log.warn("queue_full", "record queue full; dropping the oldest cycle records (the "
                       "resolver is not keeping up)")
@@ -446,6 +462,13 @@ class Recorder:
         self.errors[kind] += 1
         self.changes += 1
         self.log.warn(kind, message)
+
+    def drop(self, reason: str, message: Message, n: int = 1) -> None:
+        """Count ``n`` losses as ``dropped_records{reason}`` (one of ``catalog.DROP_REASONS``)
+        and log it, rate-limited, as :meth:`misuse` does."""
+        self.drops[reason] += n
+        self.changes += 1
+        self.log.warn(reason, message)
 
     def misuse_value(self, kind: str, before: str, value: Any, after: str = "") -> None:
         """:meth:`misuse` with a message showing a caller's ``value`` between ``before`` and

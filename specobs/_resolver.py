@@ -781,13 +781,32 @@ class Resolver:
                 if all(type(x) is int and x >= 0 for x in g):
                     gpu[j] = g
                 else:
-                    rec.log.warn("elapsed", "GPU event times are not integer nanoseconds; those "
-                                 "cycles are counted without GPU times")
+                    self._refuse_gpu_times(g, clock)
             except Exception as exc:
                 rec.log.warn("elapsed", f"could not read GPU event times: {exc!r}")
             clock.release(ev)
             cost += d.cost_ns
         return gpu, cost, _perf() - t_read
+
+    def _refuse_gpu_times(self, g: list[Any], clock: Any) -> None:
+        """A sampled cycle whose GPU times cannot be used: the cycle keeps its host times and
+        tokens (counted by the ring already), without GPU times. A negative time -- an end
+        event before its start: the GPU clock stepped back, or events recorded out of order --
+        is counted as ``dropped_records{reason="clock_backwards"}``."""
+        rec = self.rec
+        i, x = next((i, x) for i, x in enumerate(g) if not (type(x) is int and x >= 0))
+        phase = rec.phases[i] if i < len(rec.phases) else str(i)
+        if type(x) is int:
+            rec.drop("clock_backwards", lambda: (
+                f"a sampled cycle's GPU events read {x} ns for phase {phase!r}: expected its end "
+                f"event at or after its start (elapsed >= 0); the GPU clock stepped back or the "
+                f"events were recorded out of order. Counted with its host times and tokens, "
+                f"without GPU times (dropped_records{{reason=\"clock_backwards\"}})"))
+            return
+        rec.log.warn("elapsed", lambda: (
+            f"GPU event times must be integer nanoseconds, got {short_repr(x)} for phase "
+            f"{phase!r} from {type(clock).__name__}.elapsed_ns; those cycles are counted without "
+            f"GPU times"))
 
     def _validate(
         self, details: list[Detail], k_max: int
@@ -885,7 +904,19 @@ class Resolver:
             "queue_full": counts[1],
             "unsettled": counts[2],
             catalog.DROP_REASON_EXCEPTION: counts[5],
+            **rec.drops,
         }
+
+    def _unsettled_message(self, n: int) -> Callable[[], str]:
+        """The line for deferred cycles handed on (or dropped) without a ``settle()``."""
+        timeout = self.settle_timeout_ns / 1e9
+        backlog = getattr(self.rec.ring, "settle_backlog", 0)
+        return lambda: (
+            f"{n} deferred cycle(s) never settled: each is handed on after "
+            f"settle_timeout_seconds={timeout:g}, or once {backlog} cycles wait behind it, or at "
+            f"shutdown, with its times and without its tokens "
+            f"(dropped_records{{reason=\"unsettled\"}}); expected a settle() for every defer() "
+            f"(a settling thread that died, or a result that never came back)")
 
     def _fold(self, counts: tuple[int, ...]) -> tuple[dict[str, int], dict[str, int]]:
         """What the recorder counted since the last fold: drops by reason, errors by kind.
@@ -903,6 +934,8 @@ class Resolver:
             if value != prev:
                 dropped[key] = value - prev
                 self._folded[key] = value
+        if dropped.get("unsettled"):
+            rec.log.warn("unsettled", self._unsettled_message(dropped["unsettled"]))
         errors: dict[str, int] = {}
         for kind, value in list(rec.errors.items()):
             key = "err:" + kind

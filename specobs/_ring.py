@@ -23,7 +23,8 @@ dropped and counted (``dropped_queue_full``), its events handed back through
 **Deferred acceptance.** ``Cycle.defer()`` ends a cycle whose acceptance is known only later
 (state ``DEFERRED``: the drain stops at it as at an open slot); ``settle(...)``, from any
 thread, gives the acceptance as ``accept`` takes it and hands the cycle on; the resolver's
-``expire(timeout_ns)`` hands on, without tokens (``unsettled``), the ones nobody settled.
+``expire(timeout_ns)`` hands on, without tokens (``unsettled``), the ones nobody settled in
+time, or with ``settle_backlog`` cycles waiting behind them.
 
 **Handles.** The handle of the last ended cycle is kept and reused by the next ``begin`` only if
 nobody else holds it (its reference count), so a steady loop creates no object per cycle and a
@@ -66,6 +67,10 @@ __all__ = ["NATIVE", "Cycle", "Detail", "Drained", "PyCycle", "PyRing", "Ring"]
 
 #: Most sequences one accept() stores in the slot; more are validated by the resolver.
 NATIVE_MAX_SEQ = 65536
+#: What one cycle's acceptance may carry until the recorder sets the settings' bounds
+#: (``max_cycle_sequences``, ``max_queue_bytes``; their defaults).
+MAX_CYCLE_SEQUENCES = 16384
+MAX_QUEUE_BYTES = 64 << 20
 NSPARES = 4
 #: Recording threads whose last cycle the drain remembers for the gaps between cycles; a new
 #: thread beyond them takes the place of the one whose last cycle ended first.
@@ -184,7 +189,8 @@ def _columns(compiled: Any, reference: Any, *args: Any) -> Any:
 class _Slot:
     __slots__ = (
         "acc", "accsum", "ak", "batch", "batch_obj", "copy", "cost", "dk", "dk_obj", "draft",
-        "emitted", "ev", "has_obj_acc", "idx", "k", "lens", "nseq", "state", "tid", "ts",
+        "emitted", "ev", "has_obj_acc", "idx", "k", "lens", "nseq", "pbytes", "state", "tid",
+        "ts",
     )
 
     def __init__(self) -> None:
@@ -206,6 +212,9 @@ class _Slot:
         self.emitted: Any = None
         self.batch_obj: Any = None
         self.has_obj_acc = False
+        #: What ``acc``, ``draft`` and ``emitted`` are estimated to hold (:func:`payload_bytes`),
+        #: counted in the ring's ``queued_bytes`` while the slot holds them.
+        self.pbytes = 0
         #: ``begin``'s draft length: an int in 0..k_max (-1: none or not taken), or the object
         #: as given for the resolver (``dk_obj``); ``accept``'s, when an int in 0..k_max (-1).
         self.dk = -1
@@ -256,6 +265,22 @@ def add_counts(into: dict[int, int], more: dict[int, int]) -> None:
         into[k] = into.get(k, 0) + n
 
 
+def payload_bytes(o: Any) -> int:
+    """What an object a slot keeps for the resolver is estimated to hold: a list or tuple 56
+    bytes and 8 a value (its items are small ints, which Python caches), an int or ``None``
+    nothing, anything else 64. Exact types only, as the native core tells them apart."""
+    if o is None or type(o) is int:
+        return 0
+    if type(o) is list or type(o) is tuple:
+        return 56 + 8 * len(o)
+    return 64
+
+
+def _payload_len(o: Any) -> int:
+    """The values of a list or tuple (exact types); -1 for anything else."""
+    return len(o) if type(o) is list or type(o) is tuple else -1
+
+
 def _exact_int_in(o: Any, lo: int, hi: int) -> int | None:
     if type(o) is int and lo <= o <= hi:
         return o
@@ -284,10 +309,11 @@ def _set_draft_length(s: _Slot, k: Any, k_max: int) -> None:
         s.dk_obj = k
 
 
-def _store_lengths(s: _Slot, seq: list[int] | tuple[int, ...], k: int) -> bool:
-    """Store exact ints in 0..k (checked with C-level builtins: no Python work per value)."""
+def _store_lengths(s: _Slot, seq: list[int] | tuple[int, ...], k: int, most: int) -> bool:
+    """Store at most ``most`` exact ints in 0..k (checked with C-level builtins: no Python work
+    per value)."""
     n = len(seq)
-    if n > NATIVE_MAX_SEQ:
+    if n > most:
         return False
     if n and (set(map(type, seq)) != _INT_ONLY or min(seq) < 0 or max(seq) > k):
         return False
@@ -298,7 +324,7 @@ def _store_lengths(s: _Slot, seq: list[int] | tuple[int, ...], k: int) -> bool:
     return True
 
 
-def _store_buffer(s: _Slot, obj: Any, k: int) -> bool:
+def _store_buffer(s: _Slot, obj: Any, k: int, most: int) -> bool:
     if isinstance(obj, (bytes, bytearray)):
         return False
     try:
@@ -308,12 +334,12 @@ def _store_buffer(s: _Slot, obj: Any, k: int) -> bool:
     try:
         fmt = view.format.lstrip("@=<")
         if (view.ndim != 1 or len(fmt) != 1 or fmt not in _INT_FORMATS
-                or not view.contiguous or len(view) > NATIVE_MAX_SEQ):
+                or not view.contiguous or len(view) > most):
             return False
         values = view.tolist()
     finally:
         view.release()
-    return _store_lengths(s, values, k)
+    return _store_lengths(s, values, k, most)
 
 
 #: Every pure-Python ring, for the fork handler below.
@@ -469,10 +495,21 @@ class PyCycle:
             _set_batch(s, batch_size)
         s.nseq = -1
         s.has_obj_acc = False
+        r._payload(s, 0)
         s.acc = s.draft = s.emitted = None
         if s.copy is not None:
             r.dropped.append((None, s.copy))
             s.copy = None
+        # What one cycle may carry: at most max_cycle_sequences values in each list, and the
+        # objects the waiting cycles keep within max_queue_bytes (what the drafts and emitted
+        # counts hold is known now, the acceptance's once it is read).
+        most = max(_payload_len(draft_length), _payload_len(emitted))
+        if most > r.max_cycle_sequences or _payload_len(accepted) > r.max_cycle_sequences:
+            r._refuse_payload(s, "sequences", max(most, _payload_len(accepted)),
+                              r.max_cycle_sequences)
+            return
+        with_ = payload_bytes(draft_length) + payload_bytes(emitted)
+        native_most = min(r.max_cycle_sequences, NATIVE_MAX_SEQ)
         k: int | None = r.k_max if draft_length is None else _exact_int_in(
             draft_length, 0, r.k_max)
         s.ak = -1 if draft_length is None or k is None else k
@@ -482,7 +519,8 @@ class PyCycle:
             if type(accepted) is list or type(accepted) is tuple:
                 seq = accepted
             else:
-                if k is not None and emitted is None and _store_buffer(s, accepted, k):
+                if (k is not None and emitted is None
+                        and _store_buffer(s, accepted, k, native_most)):
                     return
                 try:
                     cuda = bool(getattr(accepted, "is_cuda", False))
@@ -491,8 +529,12 @@ class PyCycle:
                 if not self._owns(s) or self._closed:
                     return
                 if cuda:
+                    if r.queued_bytes + with_ > r.max_queue_bytes:
+                        r._refuse_payload(s, "bytes", r.queued_bytes + with_, r.max_queue_bytes)
+                        return
                     s.draft = draft_length
                     s.emitted = emitted
+                    r._payload(s, with_)
                     r._accept_cuda(self, s, accepted)
                     return
                 tolist = getattr(accepted, "tolist", None)
@@ -500,11 +542,23 @@ class PyCycle:
                     values = tolist()
                     if not self._owns(s) or self._closed:
                         return
+                    if _payload_len(values) > r.max_cycle_sequences:
+                        got = _payload_len(values)
+                        values = None
+                        r._refuse_payload(s, "sequences", got, r.max_cycle_sequences)
+                        return
                     if type(values) is list:
                         seq = values
             if seq is not None and k is not None and emitted is None:
-                if _store_lengths(s, seq, k):
+                if _store_lengths(s, seq, k, native_most):
                     return
+            # Kept for the resolver's validation, within what the queue may keep.
+            with_ += payload_bytes(values if values is not None else
+                                   seq if seq is not None else accepted)
+            if r.queued_bytes + with_ > r.max_queue_bytes:
+                values = None
+                r._refuse_payload(s, "bytes", r.queued_bytes + with_, r.max_queue_bytes)
+                return
             if values is not None:
                 keep = values
             elif seq is not None:
@@ -518,6 +572,7 @@ class PyCycle:
         s.has_obj_acc = True
         s.draft = draft_length
         s.emitted = emitted
+        r._payload(s, with_)
 
     @_serialized
     def end(self) -> None:
@@ -555,7 +610,7 @@ class PyCycle:
         r._waiting += 1
         if s.ev is not None or s.copy is not None:
             r.held_cycles += 1
-        if r._waiting >= r.wake_at:
+        if r._waiting >= r.wake_at or (r.deferred and r._waiting >= r.settle_backlog):
             r._call(r.slow.wake)
 
     @_serialized
@@ -667,6 +722,20 @@ class PyRing:
         self._tail = 0
         self.k_max = max_draft_length
         self.wake_at = wake_at
+        #: A deferred cycle with this many done cycles waiting behind it is handed on unsettled
+        #: without waiting out its timeout (:meth:`expire`): the drain takes cycles in order, so
+        #: one that is never settled would hold every later one up until then. Half the ring at
+        #: most, so that it is handed on before a full ring drops it; the worker wakes the
+        #: resolver when it is reached.
+        self.settle_backlog = max(1, min(wake_at, capacity // 2))
+        #: What one cycle's acceptance may carry: at most this many values in each list (its
+        #: accepted lengths, draft lengths, emitted counts), and the objects the waiting cycles
+        #: keep for the resolver within this many bytes, as :func:`payload_bytes` estimates
+        #: them (``queued_bytes``). A cycle past either keeps its times, not its acceptance:
+        #: the recorder counts it (``oversized``).
+        self.max_cycle_sequences = MAX_CYCLE_SEQUENCES
+        self.max_queue_bytes = MAX_QUEUE_BYTES
+        self.queued_bytes = 0
         self._db = list(map(float, duration_bounds))
         self._bb = list(map(float, batch_bounds))
         for b in (self._db, self._bb):
@@ -782,9 +851,29 @@ class PyRing:
         self.dropped.append((s.ev, s.copy))
         s.ev = s.copy = None
 
+    def _payload(self, s: _Slot, nbytes: int) -> None:
+        """The estimated bytes the slot's kept objects hold, and the ring's count of them."""
+        self.queued_bytes += nbytes - s.pbytes
+        s.pbytes = nbytes
+
+    def _clear_objs(self, s: _Slot, grave: list[Any] | None = None) -> None:
+        self._payload(s, 0)
+        s.clear_objs(grave)
+
+    def _refuse_payload(self, s: _Slot, kind: str, got: int, bound: int) -> None:
+        """The cycle's acceptance refused for its size (``kind``: ``"sequences"``, more than
+        ``max_cycle_sequences`` in one list; ``"bytes"``, past ``max_queue_bytes``): it keeps
+        its times and batch size, no tokens; the recorder counts it and says so. Its
+        acceptance was cleared before."""
+        s.nseq = -1
+        s.ak = -1
+        s.has_obj_acc = False
+        self._call(self.slow.oversized, kind, got, bound)
+
     def _clear_acceptance(self, s: _Slot) -> None:
         """No tokens and no batch size for this cycle (its times stay, and begin's draft
         length)."""
+        self._payload(s, 0)
         s.nseq = -1
         s.ak = -1
         s.has_obj_acc = False
@@ -801,7 +890,8 @@ class PyRing:
         self._waiting += 1
         if s.ev is not None or s.copy is not None:
             self.held_cycles += 1
-        if wake and self._waiting >= self.wake_at:
+        if wake and (self._waiting >= self.wake_at
+                     or (self.deferred and self._waiting >= self.settle_backlog)):
             self._call(self.slow.wake)
 
     def _void(self, s: _Slot) -> None:
@@ -853,11 +943,13 @@ class PyRing:
             elif old.state == OPEN:
                 self.dropped_queue_full += 1
             elif old.state == DEFERRED:
-                self.dropped_queue_full += 1
+                # Never settled, and the ring needs its slot: lost with its times (``expire``
+                # hands such a cycle on before, unless the resolver is not keeping up).
+                self.unsettled += 1
                 self.deferred -= 1
             old.state = VOID
             self._drop_held(old)
-            old.clear_objs(grave)
+            self._clear_objs(old, grave)
             self._tail += 1
         return dropped
 
@@ -915,7 +1007,7 @@ class PyRing:
         pos = self._head
         s = slots[pos % len(slots)]
         # Made ready before the head moves past it: a drain stops at the head.
-        s.clear_objs()
+        self._clear_objs(s)
         s.ev = s.copy = None
         s.state = OPEN
         s.ts = [t]
@@ -1116,7 +1208,7 @@ class PyRing:
             s = slots[self._tail % ns]
             if s.state == VOID:
                 self._drop_held(s)
-                s.clear_objs(grave)
+                self._clear_objs(s, grave)
                 self._tail += 1
                 continue
             if s.state != DONE or s.idx >= bound:
@@ -1183,7 +1275,7 @@ class PyRing:
                     s.k if native else s.draft,
                     s.emitted, s.copy, int(native), traced, ck, s.dk_obj,
                 ))
-            s.clear_objs(grave)
+            self._clear_objs(s, grave)
             s.ev = s.copy = None
             s.state = VOID
             self._tail += 1
@@ -1366,7 +1458,7 @@ class PyRing:
                 n += 1
             s.state = VOID  # an open cycle's end() finds its slot gone
             self._drop_held(s)
-            s.clear_objs(grave)
+            self._clear_objs(s, grave)
             self._tail += 1
         self._waiting = 0
         self.held_cycles = 0
@@ -1376,8 +1468,10 @@ class PyRing:
 
     def expire(self, timeout_ns: int) -> int:
         """Hand on, unsettled, the deferred cycles that ended ``timeout_ns`` or longer ago (on
-        the ring's clock): their times are counted, their tokens and batch size not. Returns how
-        many. Deferred cycles end in order, so the walk stops at the first one still in time."""
+        the ring's clock), or that have :attr:`settle_backlog` done cycles waiting behind them:
+        their times are counted, their tokens and batch size not. Returns how many. Deferred
+        cycles end in order, so the walk stops at the first one still in time with fewer
+        waiting behind it."""
         if not self.deferred or self._hot._is_owned():  # type: ignore[attr-defined]
             return 0  # (a signal handler's, inside this thread's own call: the next pass)
         n = 0
@@ -1385,13 +1479,16 @@ class PyRing:
             now = self._now()
             slots = self._slots
             ns = len(slots)
+            behind = self._waiting  # done cycles after the slot walked
             for p in range(self._tail, self._head):
                 s = slots[p % ns]
                 if s.state == OPEN:
                     break
+                if s.state == DONE:
+                    behind -= 1
                 if s.state != DEFERRED:
                     continue
-                if now - s.ts[self.nph] < timeout_ns:
+                if now - s.ts[self.nph] < timeout_ns and behind < self.settle_backlog:
                     break
                 self.deferred -= 1
                 self.unsettled += 1

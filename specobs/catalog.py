@@ -170,6 +170,8 @@ DROP_REASONS: tuple[str, ...] = (
     "metric_export",  # OTLP metric exports that failed (the next export resends cumulative data)
     "resolver_error",  # cycles whose Python stages raised (a specobs bug; logged)
     "unsettled",  # deferred cycles not settled within the timeout: times counted, tokens not
+    "clock_backwards",  # a sampled cycle's GPU time read negative: counted without GPU times
+    "oversized",  # a cycle's acceptance past max_cycle_sequences / max_queue_bytes: no tokens
 )
 
 #: Kinds of hot-path misuse, counted in ``specobs_exporter_errors_total{kind}``.

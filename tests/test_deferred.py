@@ -194,9 +194,12 @@ def test_settle_from_another_thread_while_the_worker_runs_on(core: str) -> None:
         obs.shutdown()
 
 
-def test_a_deferred_cycle_in_a_full_ring_is_dropped_and_counted(core: str) -> None:
+def test_a_deferred_cycle_in_a_full_ring_is_dropped_and_counted_unsettled(core: str) -> None:
+    """A ring that fills before the resolver hands the deferred cycle on (here: no backlog
+    rule) drops it with its times, counted as never settled, not as the queue's fault."""
     obs = observer(queue_size=16)
     try:
+        obs._recorder.ring.settle_backlog = 1 << 30
         first = ended(obs, 1).defer()
         for _ in range(20):
             c = ended(obs, 1)
@@ -204,10 +207,66 @@ def test_a_deferred_cycle_in_a_full_ring_is_dropped_and_counted(core: str) -> No
             c.end()
         first.settle([1], draft_length=1)  # its slot is gone: late
         s = counts(obs)
-        assert s["queue_full"] >= 1 and s["bad_settle"] == 1
-        assert s["cycles"] + s["queue_full"] == 21
+        assert s["unsettled"] == 1 and s["bad_settle"] == 1
+        assert s["cycles"] + s["queue_full"] == 20
         assert s["accepted"] == s["cycles"]
         assert obs._recorder.ring.deferred == 0
+    finally:
+        obs.shutdown()
+
+
+def test_a_cycle_never_settled_holds_up_at_most_the_backlog(
+        core: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Third hostile review, case 13: a deferred cycle whose settling thread died. The drain
+    takes cycles in order, so the ones behind it wait; before, they waited until the ring was
+    full (2.7 s at 3,000 cycles/s, with a 5 s timeout), and then the deferred one was dropped
+    as ``queue_full``. Now it is handed on, with its times and without tokens, counted
+    ``unsettled`` and said once, as soon as ``settle_backlog`` cycles wait behind it, whatever
+    ``settle_timeout_seconds`` says; nothing behind it is lost."""
+    obs = observer(queue_size=256, settle_timeout_seconds=3600)
+    backlog = obs._recorder.ring.settle_backlog
+    assert backlog == 64  # a quarter of the queue (the worker's wake-up), half of it at most
+
+    def engine(n: int) -> None:
+        for _ in range(n):
+            c = ended(obs, 2)
+            c.accept([1, 2], draft_length=2)
+            c.end()
+
+    def settler(handle: Any) -> None:
+        raise RuntimeError("the settling thread died before settle()")
+
+    try:
+        with caplog.at_level("WARNING", logger="specobs"):
+            lost = ended(obs, 2).defer()
+            t = threading.Thread(target=settler, args=(lost,))
+            with pytest.MonkeyPatch.context() as mp:  # its traceback is the point, not noise
+                mp.setattr(threading, "excepthook", lambda args: None)
+                t.start()
+                t.join()
+            engine(backlog - 1)
+            # Held up, waiting for a settle() that may still come.
+            held = counts(obs, timeout=0.3)
+            assert (held["flushed"], held["cycles"], held["unsettled"]) == (False, 0, 0)
+            engine(1)
+            s = counts(obs)
+            assert s["flushed"] is True
+            assert (s["cycles"], s["unsettled"], s["queue_full"]) == (backlog + 1, 1, 0)
+            assert s["phases"] == [backlog + 1] * 2  # its times counted
+            assert s["accepted"] == 3 * backlog  # its tokens not
+            # The engine goes on: nothing behind the lost cycle waits or is lost.
+            for _ in range(10):
+                engine(backlog)
+                assert obs.force_flush(5) is True
+            # Another one lost the same way: counted, not said again.
+            ended(obs, 2).defer()
+            engine(backlog)
+            s = counts(obs)
+            assert (s["cycles"], s["unsettled"], s["queue_full"]) == (12 * backlog + 2, 2, 0)
+        lines = [r.getMessage() for r in caplog.records if "never settled" in r.getMessage()]
+        assert len(lines) == 1, lines
+        assert "settle_timeout_seconds=3600" in lines[0] and f"{backlog} cycles" in lines[0]
+        assert 'dropped_records{reason="unsettled"}' in lines[0]
     finally:
         obs.shutdown()
 

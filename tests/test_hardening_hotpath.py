@@ -344,3 +344,113 @@ def test_threads_sharing_one_observer_count_every_begun_cycle_exactly_once(
     assert s.dropped.get("misuse", 0) >= begun // 5  # the early ends, at least
     # Only whole cycles were enqueued (an early end or a cycle another begin closed never is).
     assert s.accepted_tokens_total == 6 * s.cycles_total
+
+
+# -- what one cycle may carry (third hostile review, case 17) ------------------------------------
+
+def _ended(obs, batch=None):
+    c = obs.begin(batch)
+    c.mark("verify")
+    c.mark("bookkeeping")
+    return c
+
+
+def _traced_while(record):
+    """``record()`` run under tracemalloc: the bytes still allocated after it (what the queue
+    holds, as nothing is drained meanwhile) and the peak during it."""
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        record()
+        gc.collect()
+        now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return now - base, peak - base
+
+
+@pytest.mark.parametrize("form", ["list", "ndarray"])
+def test_a_cycle_carrying_more_sequences_than_the_bound_is_refused_and_counted(
+        core, form, caplog):
+    """Fresh 10**5-long acceptance every cycle: the queue kept a copy of each (1.65 GB at full
+    rate, where the resolver lagged). Past ``max_cycle_sequences`` (16,384 by default) a
+    cycle's acceptance is refused before anything is copied: the cycle keeps its times and
+    batch size, counted as ``dropped_records{reason="oversized"}``, said once. Nothing drains
+    here (300 cycles stay under the wake-up), so what the queue keeps is all it would hold."""
+    import numpy as np
+
+    n = 300
+    obs = _observer(clock="host")
+    try:
+        def record():
+            for i in range(n):
+                c = _ended(obs, 4)
+                big = [i % 3] * 10**5 if form == "list" else np.full(10**5, i % 3)
+                c.accept(big, draft_length=4)
+                c.end()
+
+        with caplog.at_level(logging.WARNING, logger="specobs"):
+            kept, peak = _traced_while(record)
+        assert kept < 2 << 20, kept  # a copy per cycle was 800 KB: 240 MB for these
+        assert peak < 8 << 20, peak  # the caller's own list, one at a time
+        assert obs.force_flush(5)
+        s = obs.snapshot()
+    finally:
+        obs.shutdown()
+    assert (s.cycles_total, s.accepted_tokens_total, s.draft_tokens_total) == (n, 0, 0)
+    assert s.batch_size.count == n and s.phase_histograms[("verify", "host")].count == n
+    assert {k: v for k, v in s.dropped.items() if v} == {"oversized": n}
+    lines = _lines(caplog, "max_cycle_sequences")
+    assert len(lines) == 1, lines
+    assert "100000 values in one list: more than max_cycle_sequences=16384" in lines[0]
+    assert "SPECOBS_MAX_CYCLE_SEQUENCES" in lines[0] and 'reason="oversized"' in lines[0]
+
+
+def test_what_waiting_cycles_keep_is_bounded_in_bytes(core, caplog):
+    """Cycles within the per-cycle bound whose acceptance the resolver must validate in Python
+    (here: ``emitted`` given, as vLLM's instrumentor gives it) keep their lists in the queue. The
+    ring estimates what they hold and refuses a cycle whose acceptance would take the queue
+    past ``max_queue_bytes``; measured with tracemalloc, what the queue keeps stays within it,
+    while the resolver (never woken below 1,024 waiting cycles) drains nothing."""
+    limit = 4 << 20
+    n, seqs = 200, 16384
+    per_cycle = 2 * (56 + 8 * seqs)  # the copied acceptance and the emitted counts kept
+    fits = limit // per_cycle
+    obs = _observer(clock="host", max_queue_bytes=limit)
+    ring = obs._recorder.ring
+    seen = []
+    try:
+        def record():
+            for _ in range(n):
+                c = _ended(obs, seqs)
+                c.accept([1] * seqs, draft_length=2, emitted=[2] * seqs)
+                c.end()
+                seen.append(ring.queued_bytes)
+
+        with caplog.at_level(logging.WARNING, logger="specobs"):
+            kept, _ = _traced_while(record)
+        assert max(seen) == fits * per_cycle <= limit
+        assert kept < limit + (1 << 20), kept  # before: 200 cycles, 52 MB
+        assert obs.force_flush(10)
+        assert ring.queued_bytes == 0  # drained: the resolver holds them now, then lets go
+        s = obs.snapshot()
+    finally:
+        obs.shutdown()
+    assert s.cycles_total == n and s.accepted_tokens_total == fits * seqs
+    assert s.emitted_tokens_total == fits * 2 * seqs
+    assert {k: v for k, v in s.dropped.items() if v} == {"oversized": n - fits}
+    lines = _lines(caplog, "max_queue_bytes")
+    assert len(lines) == 1, lines
+    assert f"more than max_queue_bytes={limit} (SPECOBS_MAX_QUEUE_BYTES" in lines[0]
+
+
+@pytest.mark.parametrize(("setting", "bad"), [("SPECOBS_MAX_CYCLE_SEQUENCES", "0"),
+                                              ("SPECOBS_MAX_CYCLE_SEQUENCES", "65537"),
+                                              ("SPECOBS_MAX_QUEUE_BYTES", "1k")])
+def test_the_payload_bounds_are_validated_settings(setting, bad):
+    with pytest.raises(specobs.ConfigurationError, match=setting):
+        specobs.configure(sinks=[], clock="host", env={setting: bad})

@@ -398,3 +398,55 @@ def test_a_resolver_loop_that_dies_anyway_is_started_again_and_counted(monkeypat
             obs.shutdown(2)
     lines = [r.getMessage() for r in caplog.records if "resolver thread ended" in r.getMessage()]
     assert len(lines) == 1 and "SystemExit" in lines[0]
+
+
+@pytest.mark.parametrize("step", [-5_000, -10**15], ids=["5us", "1e15ns"])
+@pytest.mark.parametrize("native", [True, False], ids=["ring_reads", "python_reads"])
+def test_a_gpu_clock_stepping_back_is_counted_and_the_cycles_keep_their_counts(
+        step, native, caplog):
+    """Third hostile review, case 14: a GPU timeline that steps back between two marks (an end
+    event before its start: a negative elapsed time) lost those cycles' GPU times with no drop
+    counted, under a message about integer nanoseconds. Now each such cycle is counted as
+    ``dropped_records{reason="clock_backwards"}``, keeps its host times and tokens, and one
+    line says what was read and what was expected. The ring reading GPU times itself hands
+    such a cycle to Python, which counts it the same way."""
+    from prometheus_client import CollectorRegistry
+
+    from specobs.timing.fake import FakeGpu, FakeNativeEventClock
+
+    gpu = FakeGpu()
+    clock = FakeNativeEventClock(gpu, pool_size=256, native=native)
+    registry = CollectorRegistry()
+    with caplog.at_level("WARNING", logger="specobs"):
+        obs = specobs.configure(sinks=[specobs.PrometheusSink(registry=registry)], clock=clock,
+                                sample_every=1, max_draft_length=K, poll_interval_seconds=0.01,
+                                trace_head_rate=0.0)
+        try:
+            for i in range(20):
+                with obs.cycle(batch_size=2) as c:
+                    gpu.run(1000)
+                    c.mark("verify")
+                    gpu.run(2000 if i % 2 else step)  # even cycles: verify ends before it began
+                    c.mark("bookkeeping")
+                    gpu.run(500)
+                    c.accept(GOOD, draft_length=K)
+            gpu.completed_ns = 1 << 62  # everything recorded has completed
+            assert obs.force_flush(10)
+            s = obs.snapshot()
+            scraped = {}
+            for metric in registry.collect():
+                for sample in metric.samples:
+                    if sample.name == "specobs_exporter_dropped_records_total":
+                        scraped[sample.labels["reason"]] = sample.value
+        finally:
+            obs.shutdown(2)
+    assert s.cycles_total == 20 and s.accepted_tokens_total == 20 * sum(GOOD)
+    assert s.phase_histograms[("verify", "host")].count == 20
+    assert [s.phase_histograms[(p, "gpu")].count for p in s.phases] == [10, 10, 10]
+    assert s.phase_histograms[("verify", "gpu")].sum == pytest.approx(10 * 2000e-9)
+    assert {k: v for k, v in s.dropped.items() if v} == {"clock_backwards": 10}
+    assert scraped["clock_backwards"] == 10
+    lines = [r.getMessage() for r in caplog.records if "clock_backwards" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert f"read {step} ns for phase 'verify'" in lines[0] and "elapsed >= 0" in lines[0]
+    assert not [r for r in caplog.records if "integer nanoseconds" in r.getMessage()]

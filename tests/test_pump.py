@@ -193,6 +193,31 @@ def test_a_deferred_cycle_never_settled_is_handed_on_while_pumping() -> None:
         obs.shutdown(5)
 
 
+def test_a_deferred_cycle_never_settled_is_handed_on_at_the_backlog_while_pumping() -> None:
+    """The backlog rule in C: with a timeout no test reaches and no poll of its own, the
+    worker signals the pump once ``settle_backlog`` cycles wait behind a deferred one, and the
+    pump comes back to Python to hand it on (``expire``); one cycle fewer, and it waits."""
+    obs = specobs.configure(sinks=[], clock="host", poll_interval_seconds=3600,
+                            settle_timeout_seconds=3600, queue_size=256)
+    res = obs._resolver
+    backlog = obs._recorder.ring.settle_backlog
+    try:
+        with obs.cycle(batch_size=2) as c:
+            c.mark("verify")
+            c.mark("bookkeeping")
+            c.defer()  # never settled
+        host_cycles(obs, backlog - 1)
+        time.sleep(0.2)
+        assert obs.snapshot().dropped.get("unsettled", 0) == 0
+        host_cycles(obs, 1)
+        assert wait_for(lambda: obs.snapshot().dropped.get("unsettled", 0) == 1)
+        assert res.pump_returns.get("expire", 0) >= 1
+        assert obs.force_flush(10)
+        assert obs.snapshot().cycles_total == backlog + 1
+    finally:
+        obs.shutdown(5)
+
+
 def gpu_cycles(obs: specobs.Observer, gpu: FakeGpu, n: int, acc: Callable[[int], Any]) -> None:
     for i in range(n):
         with obs.cycle(batch_size=3) as c:

@@ -83,6 +83,9 @@ class Slow:
     def queue_full(self) -> None:
         self.calls.append(("queue_full",))
 
+    def oversized(self, kind: str, got: int, bound: int) -> None:
+        self.calls.append(("oversized", kind, got, bound))
+
     def wake(self) -> None:
         self.calls.append(("wake",))
 
@@ -200,6 +203,9 @@ def run_stream(kind: str, seed: int) -> list[Any]:
     # Gaps between cycles over this many ns are idle: never, or often (a clock read is 997 ns).
     # Drawn apart, so that the stream itself stays what each seed made it.
     ring.idle_gap_ns = [1 << 40, 6 * 997, 30 * 997][seed % 3]
+    if seed % 4 == 1:  # small bounds on what a cycle carries: some refused (oversized)
+        ring.max_cycle_sequences = 5
+        ring.max_queue_bytes = 200
     if rng.random() < 0.5:
         ring.sampling = 1
         ring.interval = rng.choice([1, 2, 5])
@@ -257,9 +263,12 @@ def run_stream(kind: str, seed: int) -> list[Any]:
             ring.interval = rng.choice([1, 3])
         log.append(("counters", step, ring.begun, ring.enqueued, ring.dropped_queue_full,
                     ring.discarded, ring.copy_ns, len(ring), ring.current is not None,
-                    ring.held_cycles, len(ring.pending(1 << 30)[0]), ring.poll(8, None, 4)))
+                    ring.held_cycles, len(ring.pending(1 << 30)[0]), ring.poll(8, None, 4),
+                    ring.queued_bytes))
     log.append(("final", normalise(ring.drain_into(1 << 60, 1 << 30, [], -1, True))))
     log.append(("totals", normalise(ring.totals()), ring.drained))
+    ring.clear_queue()
+    log.append(("queued_bytes", ring.queued_bytes))  # nothing kept: all given back
     ring.reset_totals()
     log.append(("reset", normalise(ring.totals())))
     log.append(("calls", slow.calls))
@@ -278,6 +287,7 @@ def test_native_ring_equals_its_specification(seed):
     counters = [e for e in native if e[0] == "counters"]
     assert counters and all(e[9] == e[10] for e in counters)
     assert any(e[9] > 0 for e in counters)
+    assert ("queued_bytes", 0) in native
 
 
 def test_the_streams_exercise_every_path():
@@ -307,12 +317,13 @@ def test_the_streams_exercise_every_path():
                 if out[15]:
                     seen.add("idle-gaps")
             elif entry[0] == "calls":
-                seen.update(str(c[0]) + (":" + str(c[1]) if c[0] == "misuse" else "")
-                            for c in entry[1])
+                seen.update(str(c[0]) + (":" + str(c[1]) if c[0] in ("misuse", "oversized")
+                                         else "") for c in entry[1])
             elif entry[0] == "dropped" and entry[1]:
                 seen.add("dropped-held")
     for want in ("drain_into", "resolved", "native-detail", "object-detail", "events", "copy",
                  "traced", "acceptance", "misuse_mark", "misuse_end", "queue_full", "wake",
+                 "oversized:sequences", "oversized:bytes",
                  "sample",
                  "try_clock", "misuse:begin_while_open", "misuse:end_without_begin",
                  "misuse:bad_acceptance", "dropped-held", "gaps", "idle-gaps"):
