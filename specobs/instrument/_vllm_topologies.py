@@ -54,11 +54,6 @@ COUNTED_ATTRIBUTE = "specobs_counted"
 ``update_from_output`` took since the previous schedule."""
 
 
-def _scheduler_output(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The ``scheduler_output`` argument of ``Scheduler.update_from_output``."""
-    return args[1] if len(args) > 1 else kwargs["scheduler_output"]
-
-
 class InlineWorker(Step):
     """The worker on the engine core's own thread: its scheduler counts each step right here."""
 
@@ -122,7 +117,7 @@ class InlineWorker(Step):
         if not pending:
             return None
         try:
-            scheduler_output = _scheduler_output(args, kwargs)
+            scheduler_output = args[1] if len(args) > 1 else kwargs["scheduler_output"]
             for entry in pending:
                 if entry.key is scheduler_output:
                     pending.remove(entry)
@@ -262,7 +257,7 @@ class EngineCore(Step):
         """``update_from_output`` begins: the number of the step whose counts it makes for the
         worker, or ``None`` for a step that is not a cycle (no drafts, not a plain step)."""
         try:
-            scheduler_output = _scheduler_output(args, kwargs)
+            scheduler_output = args[1] if len(args) > 1 else kwargs["scheduler_output"]
             key = getattr(scheduler_output, STEP_ATTRIBUTE, None)
             if scheduler_output.scheduled_spec_decode_tokens or is_plain(scheduler_output):
                 return key

@@ -319,16 +319,13 @@ def around_sample_tokens(original: Callable[..., Any], *args: Any, **kwargs: Any
 # -- the scheduler's hooks (the engine core) -------------------------------------------------
 
 
-def _scheduler_step() -> SchedulerPlace:
-    step: SchedulerPlace | None = _here.__dict__.get("scheduler")
-    return scheduler_thread(VllmInstrumentor()) if step is None else step
-
-
 def around_schedule(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The engine core schedules a step (known before its first step runs). An output without
     drafts that decodes is marked a plain step; the thread's topology may tag it for a worker
     elsewhere (``EngineCore.on_schedule``)."""
-    step = _scheduler_step()
+    step: SchedulerPlace | None = _here.__dict__.get("scheduler")
+    if step is None:
+        step = scheduler_thread(VllmInstrumentor())
     output = original(*args, **kwargs)
     try:
         scheduler = args[0]
@@ -348,7 +345,9 @@ def around_schedule(original: Callable[..., Any], *args: Any, **kwargs: Any) -> 
 def around_update_from_output(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The engine core takes a step's output. Where the thread's topology says this call
     settles a step, what vLLM counts of it (:func:`_counted_by_vllm`) goes to the topology."""
-    step = _scheduler_step()
+    step: SchedulerPlace | None = _here.__dict__.get("scheduler")
+    if step is None:
+        step = scheduler_thread(VllmInstrumentor())
     taken = step.settles(args, kwargs)
     if taken is None:
         return original(*args, **kwargs)
