@@ -106,8 +106,8 @@ def settle_with(entry: Deferred, counts: Counted, instrumentor: _base.BaseInstru
 class Step:
     """One thread's share of the bookkeeping that every topology does the same way.
 
-    A topology subclasses it and is built with the instrumentor it records for; a bare
-    ``Step`` holds the same state and is what the tests of this shared part use.
+    A topology subclasses it and is built with the instrumentor it records for. A bare
+    ``Step`` has none: it keeps the same state but cannot open a cycle.
     """
 
     __slots__ = (

@@ -94,6 +94,7 @@ class InlineWorker(Step):
             self.defer(self.scheduled, None)
 
     def abort(self) -> None:
+        """The runner raised mid-step: discard the open cycle, which waits no more."""
         self.waits = False
         super().abort()
 
