@@ -32,7 +32,8 @@ from specobs.instrument._package_sglang import CONTRACT as SGLANG_CONTRACT
 from specobs.instrument._package_vllm import CONTRACT as VLLM_CONTRACT
 from specobs.instrument._package_vllm import PACKAGE as VLLM_RANGE
 from specobs.mixin import _splice, check_all, render_regions, write_all
-from tests.test_instrument_contracts import CACHE, _wheel
+from tests._pinned_wheels import wheel as _wheel
+from tests.test_instrument_contracts import CACHE
 
 ROOT = Path(__file__).resolve().parent.parent
 

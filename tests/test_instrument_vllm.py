@@ -33,6 +33,7 @@ import specobs
 from specobs.instrument import vllm as vl_inst
 from specobs.instrument._base import Topology
 from specobs.instrument._package_vllm import PACKAGE as VLLM_RANGE
+from tests._pinned_wheels import wheel as _wheel
 from tests.test_instrument_contracts import (
     _calls,
     _class,
@@ -43,7 +44,6 @@ from tests.test_instrument_contracts import (
     _params,
     _source,
     _tree,
-    _wheel,
 )
 
 VERSION = "0.33.0"
