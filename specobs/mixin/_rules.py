@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specobs import catalog as c
+from specobs.mixin import _engines
 from specobs.mixin._config import MixinConfig, duration_seconds, generated_notice
 
 __all__ = [
@@ -92,12 +93,11 @@ class AlertRule:
 
 #: The engines' own request gauges the stall alert reads, besides specobs's (vLLM
 #: ``vllm/v1/metrics/loggers.py``, SGLang ``sglang/srt/metrics/collector.py``).
-ENGINE_REQUEST_GAUGES: tuple[str, ...] = (
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "sglang:num_running_reqs",
-    "sglang:num_queue_reqs",
+ENGINE_REQUEST_GAUGES: tuple[str, ...] = tuple(
+    name for engine in _engines.ENGINES for name in engine.request_gauges
 )
+#: The ``source`` label of a fleet series computed from an engine's own series.
+ENGINE_SOURCE = "engine"
 
 
 class RuleNames:
@@ -139,6 +139,15 @@ class RuleNames:
         self.up = "instance:specobs_up:max"
         self.last_cycle_age = f"instance:{c.LAST_CYCLE_TIMESTAMP.name}:age"
         self.alerts_firing = "instance:specobs_alerts:count_firing"
+        # The engines' own series normalised (one rule per quantity, every engine in it), and
+        # acceptance by draft position from the plugin or the engine.
+        ops = {"accept_length_incl_bonus": f"mean_rate{w}", "acceptance_by_position":
+               f"ratio_rate{w}"}
+        self.engine = {
+            q.key: f"instance:specobs_engine_{q.key}:{ops.get(q.key, f'rate{w}')}"
+            for q in _engines.QUANTITIES
+        }
+        self.acceptance_by_position = f"instance:specobs_acceptance_by_position:ratio_rate{w}"
         self.cohort_servers = "cohort:specobs_servers:count"
         self.cohort_emitted = f"cohort:{c.EMITTED_TOKENS.base_name}:rate{w}"
         self.cohort_acceptance = f"cohort:specobs_acceptance:ratio_rate{w}"
@@ -184,6 +193,32 @@ def _host(expr: str) -> str:
     return f'label_replace({expr}, "host", "$1", "instance", "(.+):[0-9]+")'
 
 
+def engine_rule_expr(config: MixinConfig, quantity: str) -> str:
+    """One normalising rule: every engine's transform of ``quantity`` labelled with its engine
+    and ``source="engine"``, less the hosts where specobs's plugin is scraped (its series win)."""
+    by, hby = config.by, config.host_by
+    terms = []
+    for engine in _engines.ENGINES:
+        t = engine.transform(quantity)
+        if t is None:
+            continue
+        expr = _engines.expand(t.template, by=by, selector=config.engine_selector,
+                               window=config.rate_window)
+        note = f"# {engine.title}: {t.caveat}\n" if t.caveat else f"# {engine.title}\n"
+        labelled = (
+            f'label_replace(label_replace(\n{expr}\n, "{config.engine_label}", "{engine.name}", '
+            f'"", ""), "source", "{ENGINE_SOURCE}", "", "")'
+        )
+        terms.append(note + _host(labelled))
+    union = "\nor\n".join(terms)
+    return (
+        f'label_replace(\n(\n{union}\n)\n'
+        f"# specobs's plugin wins where it is scraped on the same host.\n"
+        f"unless on ({hby}) {_host(f'up{{{config.selector}}}')}\n"
+        f', "host", "", "host", ".*")'
+    )
+
+
 def recording_rules(config: MixinConfig) -> list[RecordingRule]:
     """Every recording rule, in evaluation order (later rules read earlier ones).
 
@@ -206,13 +241,42 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
     engine_sel = ", ".join(
         m for m in (f'__name__=~"{"|".join(ENGINE_REQUEST_GAUGES)}"', config.engine_selector) if m
     )
+    e = n.engine
+
+    def own_or_engine(own: str, engine: str) -> str:
+        # Plugin series and engine series never share a host (the engine rule drops those), so
+        # "or" adds servers and never counts one twice.
+        return f"{own}\nor\n{engine}"
+
     return [
         RecordingRule(n.up, f"max by ({by}) (up{{{sel}}})"),
+        *(RecordingRule(e[q.key], engine_rule_expr(config, q.key)) for q in _engines.QUANTITIES),
         RecordingRule(n.cycles, _rate(c.CYCLES.name, config, by)),
-        RecordingRule(n.emitted, _rate(c.EMITTED_TOKENS.name, config, by)),
-        RecordingRule(n.drafted, _rate(c.DRAFT_TOKENS.name, config, by)),
-        RecordingRule(n.accepted, _rate(c.ACCEPTED_TOKENS.name, config, by)),
-        RecordingRule(n.sequences, _rate(f"{c.BATCH_SIZE.name}_sum", config, by)),
+        RecordingRule(
+            n.emitted, own_or_engine(_rate(c.EMITTED_TOKENS.name, config, by), e["emitted_tokens"])
+        ),
+        RecordingRule(
+            n.drafted, own_or_engine(_rate(c.DRAFT_TOKENS.name, config, by), e["draft_tokens"])
+        ),
+        RecordingRule(
+            n.accepted,
+            own_or_engine(_rate(c.ACCEPTED_TOKENS.name, config, by), e["accepted_tokens"]),
+        ),
+        # Sequence-cycles: an engine's drafts (verify steps of one sequence) are the same count.
+        RecordingRule(
+            n.sequences,
+            own_or_engine(_rate(f"{c.BATCH_SIZE.name}_sum", config, by), e["drafts"]),
+        ),
+        RecordingRule(
+            n.acceptance_by_position,
+            own_or_engine(
+                ratio(
+                    _rate(c.ACCEPTED_BY_POSITION.name, config, f"{by}, position"),
+                    _rate(c.DRAFTED_BY_POSITION.name, config, f"{by}, position"),
+                ),
+                e["acceptance_by_position"],
+            ),
+        ),
         RecordingRule(n.acceptance, ratio(n.accepted, n.drafted)),
         RecordingRule(n.emitted_per_sequence, ratio(n.emitted, n.sequences)),
         RecordingRule(n.drafted_per_sequence, ratio(n.drafted, n.sequences)),
@@ -227,9 +291,12 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         ),
         RecordingRule(
             n.accept_length_excl_bonus,
-            ratio(
-                _rate(f"{c.ACCEPT_LENGTH.name}_sum", config, by),
-                _rate(f"{c.ACCEPT_LENGTH.name}_count", config, by),
+            own_or_engine(
+                ratio(
+                    _rate(f"{c.ACCEPT_LENGTH.name}_sum", config, by),
+                    _rate(f"{c.ACCEPT_LENGTH.name}_count", config, by),
+                ),
+                f"{e['accept_length_incl_bonus']} - 1",
             ),
         ),
         # vLLM's dashboards show 1 + accepted / drafts: the target's bonus token included.
