@@ -35,6 +35,7 @@ from specobs._recorder import short_repr
 __all__ = [
     "MAX_BATCH",
     "MAX_DRAFT_LENGTH",
+    "MAX_TOKENS",
     "Record",
     "Report",
     "Validated",
@@ -42,6 +43,7 @@ __all__ = [
     "batch_acceptance",
     "batch_size_of",
     "batch_sizes",
+    "bounded_count",
     "cycle_acceptance",
     "cycle_draft_length",
     "draft_length_of",
@@ -84,12 +86,19 @@ Report = Callable[[str, str], None]
 MAX_BATCH = 1 << 31
 #: Most sequences one cycle's acceptance may hold (bounds the resolver's work per cycle).
 MAX_SEQUENCES = 1 << 20
+#: Most tokens one call may count: a cycle's ``emitted`` (a count, or the sum of one per
+#: sequence), a ``drafts_unverified`` report, a finished request's drafted tokens. Far above any
+#: real batch, and low enough that no running total reaches 2**63 - 1 -- the largest integer an
+#: exporter can encode (OTLP's int64; one value past it fails every later export of the
+#: process) -- before two billion calls at the bound itself.
+MAX_TOKENS = 1 << 32
 
 _GET_ACC = attrgetter("accepted")
 _GET_EMITTED = attrgetter("emitted")
 _GET_DRAFT_LEN = attrgetter("draft_length")
 _GET_BATCH = attrgetter("batch_size")
 _LIST_ONLY = {list}
+_INT_ONLY = {int}
 _NONE_ONLY = {None}
 
 
@@ -414,17 +423,31 @@ def _cycle_acceptance(c: Record, k_max: int, report: Report) -> Acceptance | Non
     em = c.emitted
     emitted = accepted + len(lengths)
     if em is not None:
-        try:
-            got = sum(as_count(x) for x in em) if _is_sequence(em) else as_count(em)
-        except (TypeError, ValueError, OverflowError):
-            got = -1
-        if got < 0:
-            report("bad_acceptance", f"emitted must be a count >= 0, got {short_repr(em)}; the "
-                   f"default (accepted + 1 per sequence) is used")
+        got = _emitted(em, len(lengths))
+        if got is None:
+            report("bad_acceptance", f"emitted must be a count between 0 and {MAX_TOKENS}, or "
+                   f"one per sequence ({len(lengths)} here) summing to at most that, got "
+                   f"{short_repr(em)}; the default (accepted + 1 per sequence) is used")
         else:
             emitted = got
     shape: list[int] | tuple[int, int] = per_seq_k if per_seq_k is not None else (k, len(lengths))
     return Acceptance(lengths, accepted, drafted, emitted, shape)
+
+
+def _emitted(em: Any, sequences: int) -> int | None:
+    """``emitted`` as the tokens one cycle gave its requests: a count, or one per sequence (as
+    many as there are sequences), within :data:`MAX_TOKENS` in all; ``None`` for anything else."""
+    if not _is_sequence(em):
+        return bounded_count(em, MAX_TOKENS)
+    if len(em) != sequences:
+        return None
+    total = 0
+    for x in em:
+        v = bounded_count(x, MAX_TOKENS)
+        if v is None:
+            return None
+        total += v
+    return total if total <= MAX_TOKENS else None
 
 
 def _is_sequence(x: Any) -> bool:
@@ -460,15 +483,24 @@ def as_count(a: Any) -> int:
     raise ValueError(f"not an integer count: {a!r}")
 
 
-def _batches_ok(batches: list[Any]) -> bool:
-    """Whether every batch size is an int in 0..MAX_BATCH, with C-level builtins only: a float
-    anywhere makes the sum a float, a string or None makes it raise."""
+def bounded_count(value: Any, limit: int) -> int | None:
+    """``value`` as a count in ``0..limit`` (:func:`as_count`: ints, integral floats, numpy /
+    torch integer scalars; no bools), else ``None``. Every count a caller hands specobs that
+    reaches an exporter's totals goes through this with its bound, so none can overflow what
+    an exporter encodes (a 64-bit integer) or count backwards."""
     try:
-        return type(sum(batches)) is int and (
-            not batches or (min(batches) >= 0 and max(batches) <= MAX_BATCH)
-        )
-    except (TypeError, ValueError):
+        v = as_count(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return v if 0 <= v <= limit else None
+
+
+def _batches_ok(batches: list[Any]) -> bool:
+    """Whether every batch size is an int in 0..MAX_BATCH, with C-level builtins only (a bool,
+    a numpy integer or a float anywhere sends the chunk to the per-cycle check)."""
+    if not set(map(type, batches)) <= _INT_ONLY:
         return False
+    return not batches or (min(batches) >= 0 and max(batches) <= MAX_BATCH)
 
 
 def _as_scalar_count(dl: Any) -> Any:
@@ -517,8 +549,4 @@ def cycle_draft_length(draft_length: Any, acceptance: Acceptance | None) -> int 
 def batch_size_of(b: Any) -> int | None:
     """A given ``batch_size`` as an int in 0..MAX_BATCH (numpy / torch integer scalars and
     integral floats made ints), or ``None`` for anything else."""
-    try:
-        v = as_count(b)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return v if 0 <= v <= MAX_BATCH else None
+    return bounded_count(b, MAX_BATCH)

@@ -11,7 +11,6 @@ report the same numbers. Bucket boundaries and names come from :mod:`specobs.cat
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
@@ -23,6 +22,7 @@ from specobs import catalog
 from specobs._bucketing import Bucketed
 from specobs._model import BatchAcceptance, Exemplar, HistogramData, Snapshot
 from specobs._ring import ByDraftLength, RingTotals, add_counts, add_ns_by_k
+from specobs._signalsafe import GuardedLock
 from specobs._threadtime import WorkerThreadTime
 
 if TYPE_CHECKING:
@@ -103,10 +103,12 @@ class _RequestAcceptance:
     engine wait for more than this copy)."""
 
     __slots__ = ("bounds", "changes", "counts", "exemplar_buckets", "exemplars", "finished",
-                 "lock", "sum")
+                 "lock", "pending", "sum")
 
     def __init__(self, changes: int = 0) -> None:
-        self.lock = threading.Lock()
+        self.lock = GuardedLock()  # a signal handler's request waits for no frame below it
+        #: Requests a signal handler reported while its thread held the lock: added next time.
+        self.pending: list[tuple[int, float, Exemplar | None]] = []
         self.bounds: tuple[float, ...] = catalog.REQUEST_ACCEPTANCE_BUCKETS
         self.counts = [0] * (len(self.bounds) + 1)
         self.sum = 0.0
@@ -125,28 +127,67 @@ class _RequestAcceptance:
             i = bisect_left(self.bounds, rate)
             if trace_id is not None and i < self.exemplar_buckets:
                 ex = Exemplar(rate, trace_id, None, time.time_ns())
-        with self.lock:
-            self.finished += 1
-            if drafted:
-                self.counts[i] += 1
-                self.sum += rate
-                if ex is not None:
-                    self.exemplars[i] = ex
-            self.changes += 1
+        one = (i if drafted else -1, rate, ex)
+        if not self.lock.acquire():
+            self.pending.append(one)
+            return
+        try:
+            self._add(one)
+            while self.pending:
+                self._add(self.pending.pop(0))
+        finally:
+            self.lock.release()
+
+    def _add(self, one: tuple[int, float, Exemplar | None]) -> None:
+        i, rate, ex = one
+        self.finished += 1
+        if i >= 0:
+            self.counts[i] += 1
+            self.sum += rate
+            if ex is not None:
+                self.exemplars[i] = ex
+        self.changes += 1
 
     def freeze(self) -> tuple[HistogramData | None, int | None]:
-        """The histogram and the requests reported, or ``(None, None)`` before the first."""
-        with self.lock:
+        """The histogram and the requests reported, or ``(None, None)`` before the first (read
+        as it stands by a signal handler that interrupted this thread inside the lock)."""
+        locked = self.lock.acquire()
+        try:
+            while locked and self.pending:
+                self._add(self.pending.pop(0))
             if not self.finished:
                 return None, None
             counts = tuple(self.counts)
             return (HistogramData(self.bounds, counts, self.sum, sum(counts),
                                   tuple(self.exemplars)), self.finished)
+        finally:
+            if locked:
+                self.lock.release()
+
+
+def _exportable_labels(values: dict[str, Any], max_length: int) -> tuple[dict[str, str], list[str]]:
+    """``values`` with each value made to keep the label rule, and the names of those changed
+    (each with a bounded view of its value)."""
+    out: dict[str, str] = {}
+    changed: list[str] = []
+    for key, value in values.items():
+        text = str(value)
+        if catalog.label_value_problem(text, max_length) is not None:
+            changed.append(f"{key}={text[:40]!a}")
+            text = catalog.exportable_label_value(text, max_length)
+        out[key] = text
+    return out, changed
 
 
 class Aggregation:
     """Histograms and counters for one observer. Every write goes through a method, under
-    ``_lock``; nothing outside this class touches its state."""
+    ``_lock``; nothing outside this class touches its state.
+
+    The lock is a :class:`~specobs._signalsafe.GuardedLock`: a signal handler that interrupted
+    a thread inside it (and calls ``force_flush``, ``shutdown``, ``set_requests`` ...) never
+    waits for itself. Its counts and gauges are kept and applied at the next write or
+    snapshot that takes the lock, and its snapshot reads the aggregation as it stands.
+    """
 
     def __init__(
         self,
@@ -157,18 +198,30 @@ class Aggregation:
         baseline_tokens_per_second: float | None = None,
         created_unix_nano: int | None = None,
         sampling_budget_ratio: float | None = None,
+        max_label_value_length: int = catalog.DEFAULT_MAX_LABEL_VALUE_LENGTH,
     ) -> None:
-        self._lock = threading.Lock()
+        self._lock = GuardedLock()
+        #: Writes made while this thread held the lock (a signal handler's): applied later.
+        self._deferred: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         self.phases = tuple(phases)
         self.max_draft_length = max_draft_length
-        self.labels = dict(labels or {})
-        self.info = dict(info or {})
+        # Label values that break the label rule (catalog.label_value_problem) would fail
+        # every scrape: ``configure()`` refuses such constant labels; what reaches here
+        # otherwise (a custom clock's name in ``info``) is made to fit and counted below.
+        self.labels, bad = _exportable_labels(labels or {}, max_label_value_length)
+        self.info, bad_info = _exportable_labels(info or {}, max_label_value_length)
+        bad += bad_info
         self.baseline_tokens_per_second = baseline_tokens_per_second
         #: The adaptive sampler's overhead budget (configured, so set once here beside the
         #: interval it steers; None when the interval is fixed).
         self.sampling_budget_ratio = sampling_budget_ratio
         self._zero(time.time_ns() if created_unix_nano is None else created_unix_nano,
                    ("hot_path", "resolver"))
+        if bad:
+            self.errors["bad_label"] += len(bad)
+            _log.warning("specobs: label values %s cannot be exported as given; their control "
+                         "characters are replaced and they are cut to %d characters "
+                         "(errors{kind=\"bad_label\"})", ", ".join(bad), max_label_value_length)
         self._generation = 0
         #: The hot path's ring, whose running totals (every cycle's host times, the acceptance
         #: and batch sizes it counted itself) the snapshot adds in; None before one attaches.
@@ -244,7 +297,8 @@ class Aggregation:
         total from zero with a new creation time (OpenMetrics ``_created`` and OTLP start times
         move, so consumers see a new series, not a counter going down). Labels, info, phases,
         the baseline and the CPU components stay."""
-        self._lock = threading.Lock()
+        self._lock = GuardedLock()
+        self._deferred = []
         self._thread_time.after_fork_in_child()
         with self._lock:
             self._zero(time.time_ns(), list(self.cpu_seconds))
@@ -259,47 +313,67 @@ class Aggregation:
         if ring is not None:
             self._thread_time.update(ring.writer)
 
+    def _write(self, body: Callable[..., None], *args: Any) -> None:
+        """``body(*args)`` under the lock; kept for the next write or snapshot when this thread
+        holds the lock already (a signal handler that interrupted it there)."""
+        if not self._lock.acquire():
+            self._deferred.append((body, args))
+            return
+        try:
+            if self._deferred:
+                self._apply_deferred()
+            body(*args)
+        finally:
+            self._lock.release()
+
+    def _apply_deferred(self) -> None:
+        """The writes kept by :meth:`_write`, in order (the lock held)."""
+        while self._deferred:
+            body, args = self._deferred.pop(0)
+            body(*args)
+
     def add_cpu(self, component: str, seconds: float) -> None:
         """Count ``seconds`` of thread CPU ``component`` spent (``specobs_exporter_cpu_time``)."""
-        with self._lock:
-            self.cpu_seconds[component] = self.cpu_seconds.get(component, 0.0) + seconds
+        self._write(self._add_cpu, component, seconds)
+
+    def _add_cpu(self, component: str, seconds: float) -> None:
+        self.cpu_seconds[component] = self.cpu_seconds.get(component, 0.0) + seconds
 
     def count_dropped(self, reason: str, n: int) -> None:
         """Count ``n`` records, spans or exports lost for ``reason`` (a catalog drop reason)."""
-        if n <= 0:
-            return
-        with self._lock:
-            self.dropped[reason] = self.dropped.get(reason, 0) + n
-            self._generation += 1
+        if n > 0:
+            self._write(self._count, {reason: n}, {})
 
     def count(self, dropped: dict[str, int], errors: dict[str, int]) -> None:
         """Add counts of drops and errors by reason and kind (the recorder's, folded in)."""
-        if not dropped and not errors:
-            return
-        with self._lock:
-            self._count(dropped, errors)
-            self._generation += 1
+        if dropped or errors:
+            self._write(self._count, dropped, errors)
 
     def _count(self, dropped: dict[str, int], errors: dict[str, int]) -> None:
         for reason, n in dropped.items():
             self.dropped[reason] = self.dropped.get(reason, 0) + n
         for kind, n in errors.items():
             self.errors[kind] = self.errors.get(kind, 0) + n
+        self._generation += 1
 
     def set_requests(self, running: float | None, waiting: float | None) -> None:
         """Set the request gauges (validated numbers; ``None`` leaves a gauge as it is)."""
-        with self._lock:
-            if running is not None:
-                self.requests_running = running
-            if waiting is not None:
-                self.requests_waiting = waiting
-            self._generation += 1
+        self._write(self._set_requests, running, waiting)
+
+    def _set_requests(self, running: float | None, waiting: float | None) -> None:
+        if running is not None:
+            self.requests_running = running
+        if waiting is not None:
+            self.requests_waiting = waiting
+        self._generation += 1
 
     def drafts_unverified(self, tokens: int) -> None:
         """Add draft tokens the engine left out of verification (validated: an int >= 0)."""
-        with self._lock:
-            self.draft_tokens_unverified = (self.draft_tokens_unverified or 0) + tokens
-            self._generation += 1
+        self._write(self._drafts_unverified, tokens)
+
+    def _drafts_unverified(self, tokens: int) -> None:
+        self.draft_tokens_unverified = (self.draft_tokens_unverified or 0) + tokens
+        self._generation += 1
 
     def request_finished(self, drafted: int, accepted: int, trace_id: int | None) -> None:
         """Count one finished request (validated: ``0 <= accepted <= drafted``; ``trace_id`` a
@@ -321,6 +395,8 @@ class Aggregation:
     def apply(self, chunk: Chunk) -> None:
         """Add one resolved :class:`Chunk`, whole."""
         with self._lock:
+            if self._deferred:
+                self._apply_deferred()
             self._count(chunk.dropped, chunk.errors)
             gpu_cycle = chunk.gpu_cycle
             if gpu_cycle is not None:
@@ -384,86 +460,99 @@ class Aggregation:
             except Exception as exc:  # the snapshot goes on with what is counted already
                 _log.warning("specobs: the resolver's catch-up before a snapshot failed: %r", exc)
         self.read_thread_time()
-        with self._lock:
-            ring = self._ring
-            t = RingTotals._make(ring.totals()) if ring is not None else None
-            nph = len(self.phases)
-            phase_h: dict[tuple[str, str], HistogramData] = {}
-            # The ring's totals hold the GPU times of the sampled cycles it read itself.
-            for i, p in enumerate(self.phases):
-                phase_h[(p, "gpu")] = self.phase_gpu[i].freeze(t.gpu[i] if t else None)
-                phase_h[(p, "host")] = self.phase_host[i].freeze(t.host[i] if t else None)
-            cycles, drafted, accepted, emitted = (
-                self.cycles, self.draft_tokens, self.accepted_tokens, self.emitted_tokens)
-            drafted_by_k = self.drafted_by_k
-            by_k = _ByK(self, t)
-            last = self.last_cycle_timestamp
-            accept_length = self.accept_length.freeze()
-            batch_size = self.batch_size.freeze()
-            cycle_host = self.cycle_host.freeze(t.host[nph] if t else None)
-            cycle_gpu = self.cycle_gpu.freeze(t.gpu[nph] if t else None)
-            cycle_gap = self.cycle_gap.freeze(t.gap if t else None)
-            idle_gaps = t.idle_gaps if t else 0
-            sampled = self.sampled_cycles + (sum(t.gpu[nph][0]) if t else 0)
-            if t is not None:
-                cycles += t.cycles
-                accept_length = self.accept_length.freeze(
-                    (t.sequences_by_accepted, t.accepted), 1.0)
-                accepted += t.accepted
-                drafted += t.drafted
-                emitted += t.emitted
-                if t.sequences_by_draft_length:
-                    drafted_by_k = list(drafted_by_k)
-                    for k, n in t.sequences_by_draft_length.items():
-                        drafted_by_k[k] += n
-                batch_size = self.batch_size.freeze(t.batch, 1.0)
-                if t.last_end_ns is not None:
-                    native_last = (self._ring_offset_ns + t.last_end_ns) / 1e9
-                    last = native_last if last is None else max(last, native_last)
-            request_acceptance, requests_finished = self.requests.freeze()
-            return Snapshot(
-                phases=self.phases,
-                max_draft_length=self.max_draft_length,
-                labels=dict(self.labels),
-                info=dict(self.info),
-                cycles_total=cycles,
-                draft_tokens_total=drafted,
-                accepted_tokens_total=accepted,
-                emitted_tokens_total=emitted,
-                sampled_cycles_total=sampled,
-                phase_histograms=phase_h,
-                cycle_histograms={"gpu": cycle_gpu, "host": cycle_host},
-                accept_length=accept_length,
-                drafted_by_position=tuple(
-                    sum(drafted_by_k[j + 1 :]) for j in range(self.max_draft_length)
-                ),
-                batch_size=batch_size,
-                last_cycle_timestamp_seconds=last,
-                baseline_tokens_per_second=by_k.baseline,
-                requests_running=self.requests_running,
-                requests_waiting=self.requests_waiting,
-                draft_tokens_unverified=self.draft_tokens_unverified,
-                dropped=dict(self.dropped),
-                errors=dict(self.errors),
-                cpu_seconds=dict(self.cpu_seconds),
-                sampling_interval=self.sampling_interval,
-                sampling_budget_ratio=self.sampling_budget_ratio,
-                overhead_ratio=self.overhead_ratio,
-                created_unix_nano=self.created_unix_nano,
-                worker_thread_seconds=self._thread_time.seconds(),
-                cycles_by_draft_length=by_k.cycles,
-                phase_seconds_by_draft_length=by_k.phase_seconds,
-                emitted_by_draft_length=by_k.emitted,
-                accepted_by_draft_length=by_k.accepted,
-                sequences_by_draft_length={
-                    k: n for k, n in enumerate(drafted_by_k) if k in by_k.accepted},
-                baseline_source=by_k.baseline_source,
-                batch_by_draft_length=by_k.batch,
-                cycle_gap=cycle_gap,
-                idle_gaps_total=idle_gaps,
-                request_acceptance=request_acceptance,
-                requests_finished_total=requests_finished,
-            )
+        # A signal handler that interrupted this thread inside the lock reads the
+        # aggregation as it stands (the interrupted write at most half made) rather than
+        # waiting for itself.
+        locked = self._lock.acquire()
+        try:
+            if locked and self._deferred:
+                self._apply_deferred()
+            return self._frozen()
+        finally:
+            if locked:
+                self._lock.release()
+
+    def _frozen(self) -> Snapshot:
+        """The snapshot's copy, the lock held."""
+        ring = self._ring
+        t = RingTotals._make(ring.totals()) if ring is not None else None
+        nph = len(self.phases)
+        phase_h: dict[tuple[str, str], HistogramData] = {}
+        # The ring's totals hold the GPU times of the sampled cycles it read itself.
+        for i, p in enumerate(self.phases):
+            phase_h[(p, "gpu")] = self.phase_gpu[i].freeze(t.gpu[i] if t else None)
+            phase_h[(p, "host")] = self.phase_host[i].freeze(t.host[i] if t else None)
+        cycles, drafted, accepted, emitted = (
+            self.cycles, self.draft_tokens, self.accepted_tokens, self.emitted_tokens)
+        drafted_by_k = self.drafted_by_k
+        by_k = _ByK(self, t)
+        last = self.last_cycle_timestamp
+        accept_length = self.accept_length.freeze()
+        batch_size = self.batch_size.freeze()
+        cycle_host = self.cycle_host.freeze(t.host[nph] if t else None)
+        cycle_gpu = self.cycle_gpu.freeze(t.gpu[nph] if t else None)
+        cycle_gap = self.cycle_gap.freeze(t.gap if t else None)
+        idle_gaps = t.idle_gaps if t else 0
+        sampled = self.sampled_cycles + (sum(t.gpu[nph][0]) if t else 0)
+        if t is not None:
+            cycles += t.cycles
+            accept_length = self.accept_length.freeze(
+                (t.sequences_by_accepted, t.accepted), 1.0)
+            accepted += t.accepted
+            drafted += t.drafted
+            emitted += t.emitted
+            if t.sequences_by_draft_length:
+                drafted_by_k = list(drafted_by_k)
+                for k, n in t.sequences_by_draft_length.items():
+                    drafted_by_k[k] += n
+            batch_size = self.batch_size.freeze(t.batch, 1.0)
+            if t.last_end_ns is not None:
+                native_last = (self._ring_offset_ns + t.last_end_ns) / 1e9
+                last = native_last if last is None else max(last, native_last)
+        request_acceptance, requests_finished = self.requests.freeze()
+        return Snapshot(
+            phases=self.phases,
+            max_draft_length=self.max_draft_length,
+            labels=dict(self.labels),
+            info=dict(self.info),
+            cycles_total=cycles,
+            draft_tokens_total=drafted,
+            accepted_tokens_total=accepted,
+            emitted_tokens_total=emitted,
+            sampled_cycles_total=sampled,
+            phase_histograms=phase_h,
+            cycle_histograms={"gpu": cycle_gpu, "host": cycle_host},
+            accept_length=accept_length,
+            drafted_by_position=tuple(
+                sum(drafted_by_k[j + 1 :]) for j in range(self.max_draft_length)
+            ),
+            batch_size=batch_size,
+            last_cycle_timestamp_seconds=last,
+            baseline_tokens_per_second=by_k.baseline,
+            requests_running=self.requests_running,
+            requests_waiting=self.requests_waiting,
+            draft_tokens_unverified=self.draft_tokens_unverified,
+            dropped=dict(self.dropped),
+            errors=dict(self.errors),
+            cpu_seconds=dict(self.cpu_seconds),
+            sampling_interval=self.sampling_interval,
+            sampling_budget_ratio=self.sampling_budget_ratio,
+            overhead_ratio=self.overhead_ratio,
+            created_unix_nano=self.created_unix_nano,
+            worker_thread_seconds=self._thread_time.seconds(),
+            cycles_by_draft_length=by_k.cycles,
+            phase_seconds_by_draft_length=by_k.phase_seconds,
+            emitted_by_draft_length=by_k.emitted,
+            accepted_by_draft_length=by_k.accepted,
+            sequences_by_draft_length={
+                k: n for k, n in enumerate(drafted_by_k) if k in by_k.accepted},
+            baseline_source=by_k.baseline_source,
+            batch_by_draft_length=by_k.batch,
+            cycle_gap=cycle_gap,
+            idle_gaps_total=idle_gaps,
+            request_acceptance=request_acceptance,
+            requests_finished_total=requests_finished,
+        )
 
 
 class _ByK:

@@ -16,6 +16,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
 from specobs._errors import ConfigurationError
+from specobs.catalog import (
+    DEFAULT_MAX_LABEL_VALUE_LENGTH,
+    MAX_LABEL_VALUE_LENGTH,
+    label_value_problem,
+)
 
 __all__ = [
     "DEFAULT_PHASES",
@@ -58,6 +63,11 @@ SPECOBS_MAX_DRAFT_LENGTH = "SPECOBS_MAX_DRAFT_LENGTH"
 
 SPECOBS_LABELS = "SPECOBS_LABELS"
 """Constant labels on every series, ``model=llama-3-8b,engine=sglang``."""
+
+SPECOBS_MAX_LABEL_VALUE_LENGTH = "SPECOBS_MAX_LABEL_VALUE_LENGTH"
+"""Longest label value, in characters (default 256, at most 16384): every series repeats each
+constant label, so a longer one is refused at ``configure()`` rather than multiplied by every
+scrape and export."""
 
 SPECOBS_BASELINE_TOKENS_PER_SECOND = "SPECOBS_BASELINE_TOKENS_PER_SECOND"
 """Non-speculative decode rate of one sequence, tokens/s: the baseline speculation must beat."""
@@ -124,6 +134,9 @@ class Settings:
     event_pool_size: int = 2048
     max_draft_length: int = 8
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: Longest value a label may have, in characters: constant labels longer than this are a
+    #: ConfigurationError; a value that reaches the exporters otherwise is cut to it, counted.
+    max_label_value_length: int = DEFAULT_MAX_LABEL_VALUE_LENGTH
     baseline_tokens_per_second: float | None = None
     poll_interval_seconds: float = 0.1
     #: How long the resolver holds a cycle ended by ``defer()`` for its ``settle()``; then it is
@@ -249,17 +262,27 @@ def parse_labels(name: str, value: object) -> dict[str, str]:
                 f"{type(val).__name__} {_short(val)}"
             )
         text = str(val)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            # A lone surrogate: what os.environ makes of bytes that are not UTF-8. Accepted,
-            # it would fail every scrape and export for the life of the process.
+        # The label rule's characters (its length is checked once max_label_value_length is
+        # known: resolve_settings). Accepted, a control character or a lone surrogate (what
+        # os.environ makes of bytes that are not UTF-8) would fail every scrape for the life of
+        # the process.
+        problem = label_value_problem(text, max_length=len(text))
+        if problem is not None:
             raise ConfigurationError(
-                f"{name}: the value of label {key!r} is not valid UTF-8 text (got {text!r}, "
-                f"{exc.reason} at character {exc.start}); label values must be UTF-8"
-            ) from None
+                f"{name}: the value of label {key!r} {problem}; got {_short(text)}")
         out[key] = text
     return out
+
+
+def _check_label_lengths(settings: Settings, name: str) -> None:
+    """Every constant label value within ``max_label_value_length`` (``name``: where the labels
+    came from, for the message)."""
+    for key, text in settings.labels.items():
+        if len(text) > settings.max_label_value_length:
+            raise ConfigurationError(
+                f"{name}: the value of label {key!r} "
+                f"{label_value_problem(text, settings.max_label_value_length)}; got "
+                f"{_short(text)}; shorten it, or raise the limit")
 
 
 def _short(value: object, limit: int = 60) -> str:
@@ -343,6 +366,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("event_pool_size", SPECOBS_EVENT_POOL_SIZE, _integer(4, 1_000_000)),
     Setting("max_draft_length", SPECOBS_MAX_DRAFT_LENGTH, _integer(1, MAX_DRAFT_LENGTH)),
     Setting("labels", SPECOBS_LABELS, lambda name, value, env: parse_labels(name, value)),
+    Setting("max_label_value_length", SPECOBS_MAX_LABEL_VALUE_LENGTH,
+            _integer(1, MAX_LABEL_VALUE_LENGTH)),
     Setting("baseline_tokens_per_second", SPECOBS_BASELINE_TOKENS_PER_SECOND,
             _number(0.0, 1e9, open_low=True)),
     Setting("poll_interval_seconds", None, _number(0.0, 86400.0, open_low=True)),
@@ -390,6 +415,8 @@ def resolve_settings(
     if base is None and "rank" not in values:
         values["rank"] = _default_rank(env)
     settings = replace(base or Settings(), **values)
+    from_env = "labels" not in arguments and base is None and _env(SPECOBS_LABELS, env)
+    _check_label_lengths(settings, SPECOBS_LABELS if from_env else "labels")
     if settings.replica is not None and settings.replica >= settings.replicas:
         raise ConfigurationError(
             f"replica must be an integer between 0 and {settings.replicas - 1} "

@@ -3498,7 +3498,9 @@ Ring_clear_queue(Ring *r, PyObject *Py_UNUSED(ignored))
     ring_lock(r);
     while (r->tail != r->head) {
         Slot *s = &r->slots[r->tail % (uint64_t)r->nslots];
-        if (STATE(s) == SLOT_DONE || STATE(s) == SLOT_DEFERRED)
+        /* Every cycle begun and not resolved, the one still open too (its thread died, or
+         * shutdown came first): each is lost here, and counted by the caller. */
+        if (STATE(s) == SLOT_DONE || STATE(s) == SLOT_DEFERRED || STATE(s) == SLOT_OPEN)
             n++;
         STATE_SET(s, SLOT_VOID); /* an open cycle's end() finds its slot gone */
         slot_drop_held(r, s);

@@ -67,10 +67,11 @@ class CycleHandle(Protocol):
         asynchronously, never synchronized). ``draft_length``: the tokens drafted for each
         sequence, an int or one per sequence (default: the observer's ``max_draft_length``).
         ``batch_size``: the sequences in the batch (default: how many lengths ``accepted`` holds).
-        ``emitted``: the tokens the cycle gave its requests, a count or one per sequence
-        (default: accepted + 1 per sequence). A value that cannot be read as counts is counted
-        as ``errors{kind="bad_acceptance"}`` and leaves this cycle without tokens; the call
-        itself never raises but for a call Python cannot bind (a ``TypeError``).
+        ``emitted``: the tokens the cycle gave its requests, a count or one per sequence, at
+        most 2**32 in all (default: accepted + 1 per sequence). A value that cannot be read as
+        counts is counted as ``errors{kind="bad_acceptance"}`` and leaves this cycle without
+        tokens (a bad ``emitted`` alone: the default is counted instead); the call itself never
+        raises but for a call Python cannot bind (a ``TypeError``).
         """
         return None
 

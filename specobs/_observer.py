@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec
 
 from specobs import _ring
-from specobs._acceptance import integer_or_none
+from specobs._acceptance import MAX_TOKENS, bounded_count, integer_or_none
 from specobs._aggregation import Aggregation
 from specobs._config import (
     Settings,
@@ -31,6 +31,7 @@ from specobs._errors import ConfigurationError, ObserverClosedError
 from specobs._model import CycleHandle, Snapshot
 from specobs._recorder import NULL_CYCLE, Recorder, short_repr
 from specobs._resolver import Resolver
+from specobs._signalsafe import GuardedLock
 from specobs._version import __version__ as _version
 from specobs.sinks._base import Sink
 from specobs.timing import EventClock
@@ -186,7 +187,7 @@ class Observer:
         self.sinks = list(sinks)
         self.anchor = WallAnchor()
         self._closed = False
-        self._lock = threading.Lock()
+        self._lock = GuardedLock()
         # The mode is configuration text; the budget a number (its gauge), given only where
         # the adaptive sampler holds the cost under it.
         fixed = settings.sample_every is not None
@@ -207,6 +208,7 @@ class Observer:
             # Cumulative series start when the observer was created (OTLP start time, _created).
             created_unix_nano=self.anchor.wall_ns,
             sampling_budget_ratio=None if fixed else settings.overhead_budget,
+            max_label_value_length=settings.max_label_value_length,
         )
         self._recorder = Recorder(
             settings.phases,
@@ -305,8 +307,8 @@ class Observer:
         """Report the engine's running and waiting request counts (for the stall alert).
 
         Called from engine loops, so like the hot path it never raises: a value that is not a
-        finite number >= 0 (text is not a number here, however it reads) is ignored (the gauge
-        keeps its last value) and counted as ``errors{kind="bad_request_counts"}``.
+        finite number >= 0 (text and bools are not numbers here, however they read) is ignored
+        (the gauge keeps its last value) and counted as ``errors{kind="bad_request_counts"}``.
         """
         rec = self._recorder
         if not rec.enabled:
@@ -317,8 +319,9 @@ class Observer:
                 continue
             try:
                 # Text is refused unread: float() would parse all of it, and its error message
-                # copies it whole (a megabyte string cost the engine's loop milliseconds).
-                ok = not isinstance(value, (str, bytes, bytearray, memoryview))
+                # copies it whole (a megabyte string cost the engine's loop milliseconds). A
+                # bool is a flag, not a count of requests.
+                ok = not isinstance(value, (str, bytes, bytearray, memoryview, bool))
                 v = float(value) if ok else 0.0
                 ok = ok and v >= 0.0 and v != float("inf")  # also False for NaN
             except Exception:
@@ -335,14 +338,16 @@ class Observer:
         """Report draft tokens the engine proposed and then left out of verification (an
         adaptive verify budget trimmed them), which ``accept()``'s drafted counts leave out:
         ``specobs_draft_tokens_unverified_total``. From any thread; never raises: a count that
-        is not an int >= 0 is ignored and counted as ``errors{kind="bad_acceptance"}``."""
+        is not an integer in 0..2**32 is ignored and counted as
+        ``errors{kind="bad_acceptance"}``."""
         rec = self._recorder
         if not rec.enabled:
             return
-        n = tokens if type(tokens) is int else integer_or_none(tokens)
-        if n is None or not 0 <= n < _UNVERIFIED_MAX:
+        n = bounded_count(tokens, MAX_TOKENS)
+        if n is None:
             rec.misuse_value("bad_acceptance", "drafts_unverified() needs a count of draft "
-                             "tokens, an int >= 0, got ", tokens, "; ignored")
+                             f"tokens, an int between 0 and {MAX_TOKENS}, got ", tokens,
+                             "; ignored")
             return
         if n:
             self.aggregation.drafts_unverified(n)
@@ -418,12 +423,19 @@ class Observer:
     def shutdown(self, timeout_seconds: float = 5.0) -> None:
         """Stop recording, resolve what can be resolved within the timeout, stop the sinks.
 
-        Idempotent. Afterwards every hot-path call is a cheap no-op.
+        Idempotent. Afterwards every hot-path call is a cheap no-op. Safe in a signal handler
+        (as are ``force_flush`` and the hot path): it never waits for a lock the interrupted
+        code holds, and a call that interrupts this observer's own ``shutdown`` returns at
+        once, leaving it to finish.
         """
-        with self._lock:
+        if not self._lock.acquire():
+            return  # a signal handler's call inside this thread's own shutdown: that one goes on
+        try:
             if self._closed:
                 return
             self._closed = True
+        finally:
+            self._lock.release()
         self._recorder.enabled = False
         if self.settings.enabled:
             self._resolver.shutdown(timeout_seconds)
@@ -436,7 +448,7 @@ class Observer:
         if rec.clock is not None and rec.clock.name == "cuda":
             # CUDA cannot be used in a forked child; keep counting on the host clock.
             rec.drop_clock()
-        self._lock = threading.Lock()
+        self._lock = GuardedLock()
         self._resolver.after_fork_in_child(start=False)
         for sink in self.sinks:
             try:
@@ -455,10 +467,6 @@ class Observer:
         state = "closed" if self._closed else "open"
         return f"<specobs.Observer phases={','.join(self.phases)} {state}>"
 
-
-_UNVERIFIED_MAX = 1 << 40
-"""More draft tokens than one report can be (a trillion): a corrupt value, refused before it
-reaches a counter that exporters must encode as a 64-bit number."""
 
 _TRACE_ID_MAX = (1 << 128) - 1
 

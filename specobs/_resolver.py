@@ -30,6 +30,7 @@ from specobs._bucketing import Bucketed
 from specobs._model import Acceptance, BatchAcceptance, ResolvedCycle
 from specobs._recorder import short_repr
 from specobs._ring import ByDraftLength, Detail, add_stamps_by_k
+from specobs._signalsafe import GuardedLock, Reentered, Wakeup
 
 if TYPE_CHECKING:
     from specobs._aggregation import Aggregation
@@ -62,6 +63,8 @@ MAX_CHUNK = 2048
 #: takes the GIL straight back (the worker then waits out the 5 ms switch interval). A real
 #: sleep lets a waiting worker in.
 YIELD_SECONDS = 20e-6
+#: Pause before the resolver's loop starts again after an exception ended it.
+RESTART_PAUSE_SECONDS = 0.05
 
 _log = logging.getLogger("specobs")
 _perf = time.perf_counter_ns
@@ -95,6 +98,18 @@ def next_chunk(limit: int, taken: int, cpu_ns: int, slice_ns: int) -> int:
     if cpu_ns > slice_ns and taken > MIN_CHUNK:
         return max(MIN_CHUNK, taken * slice_ns // cpu_ns)
     return limit
+
+
+def _sink_failed(sink: Any, exc: BaseException) -> Callable[[], str]:
+    """The message for a sink whose ``on_cycles`` raised, built only if logged."""
+    return lambda: (f"sink {type(sink).__name__} raised {short_repr(exc, 200)} from on_cycles; "
+                    f"its cycles of that chunk are lost to it (the aggregation has them)")
+
+
+def _restarted(exc: BaseException) -> Callable[[], str]:
+    """The message for a resolver loop that ended by an exception, built only if logged."""
+    return lambda: (f"the resolver thread ended by {short_repr(exc, 200)}; started again "
+                    f"(nothing it had aggregated is lost)")
 
 
 def _unread_copy(exc: BaseException) -> Callable[[], str]:
@@ -187,7 +202,9 @@ class Resolver:
     def _init_sync_state(self) -> None:
         self.consumed = 0  # cycles taken off the ring by the resolver
         self.drains = 0  # completed drain passes (force_flush waits for one that began later)
-        self._wake = threading.Event()
+        # Set by the worker's end() and by force_flush(), from signal handlers too: a set()
+        # that takes no lock Python code holds (see specobs/_signalsafe.py).
+        self._wake = Wakeup()
         self._stop = threading.Event()
         self._cond = threading.Condition()
         self._flush_waiters = 0  # force_flush calls waiting on _cond
@@ -195,7 +212,7 @@ class Resolver:
         #: let go of it (None: not tracked); each stretch from there to the next is one hold.
         self._held_since: int | None = None
         self._run_ident = 0  # the resolver's thread while it runs its loop
-        self._drain_lock = threading.Lock()
+        self._drain_lock = GuardedLock()  # never waited for by the thread that holds it
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -245,9 +262,23 @@ class Resolver:
             pump_wake()
 
     def _run(self) -> None:
+        """The thread's body, supervised: the loop catches what sinks and drains raise, and
+        anything that still ends it (a ``BaseException`` from elsewhere, a specobs bug) starts
+        it again on this thread after a pause, counted as ``errors{kind="resolver_restart"}``
+        and logged (rate-limited), until ``shutdown``."""
         self._run_ident = threading.get_ident()  # drain() on this thread is the loop's
         try:
-            self._loop()
+            while True:
+                try:
+                    self._loop()
+                    return
+                except BaseException as exc:  # a dead resolver would lose everything after
+                    if self._stop.is_set():
+                        return
+                    self.rec.misuse("resolver_restart", _restarted(exc))
+                    # A pause, so a fault that recurs at once costs a wake-up per pause, not a
+                    # spinning core; shutdown ends it early.
+                    self._stop.wait(RESTART_PAUSE_SECONDS)
         finally:
             self._run_ident = 0
 
@@ -308,8 +339,16 @@ class Resolver:
         """Wait until every record enqueued before this call is resolved and handed to sinks.
 
         Returns False if that did not happen within ``timeout_seconds`` (e.g. GPU work that has
-        not finished yet). Never waits longer.
+        not finished yet). Never waits longer. Called by a signal handler that interrupted this
+        thread inside a drain (or by a sink, from the resolver's own thread), it returns False
+        once it would have to wait for that drain: the drain goes on when the handler returns.
         """
+        try:
+            return self._force_flush(timeout_seconds)
+        except Reentered:
+            return False
+
+    def _force_flush(self, timeout_seconds: float) -> bool:
         deadline = time.monotonic() + max(0.0, timeout_seconds)
         target = self.rec.enqueued
         # Two passes later, one pass began after this call: it folded every count made before
@@ -467,9 +506,13 @@ class Resolver:
                 self._held_since = time.thread_time_ns()
 
     def _add_cpu(self) -> None:
-        """The resolver's thread CPU since the last call, into the aggregation."""
-        with self._drain_lock:
-            self._add_cpu_locked()
+        """The resolver's thread CPU since the last call, into the aggregation (left to the
+        holder of the drain lock when that is this very thread: a signal handler's call)."""
+        if self._drain_lock.acquire():
+            try:
+                self._add_cpu_locked()
+            finally:
+                self._drain_lock.release()
 
     def _add_cpu_locked(self) -> None:
         """``_add_cpu`` with the drain lock held by the caller."""
@@ -557,8 +600,11 @@ class Resolver:
             for sink in self.sinks:
                 try:
                     sink.on_cycles(out)
-                except Exception as exc:
-                    rec.log.warn("sink", f"sink {type(sink).__name__} failed on cycles: {exc!r}")
+                except BaseException as exc:
+                    # Whatever a sink raises -- SystemExit from a library's sys.exit(),
+                    # KeyboardInterrupt, CancelledError -- is the sink's failure, not a reason
+                    # for this thread to end: those cycles are missing from that sink alone.
+                    rec.misuse("sink_error", _sink_failed(sink, exc))
         return n
 
     # -- the stages ------------------------------------------------------------------------------

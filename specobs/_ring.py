@@ -60,6 +60,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from specobs import _bucketing
+from specobs._signalsafe import GuardedLock
 
 __all__ = ["NATIVE", "Cycle", "Detail", "Drained", "PyCycle", "PyRing", "Ring"]
 
@@ -299,7 +300,7 @@ def _new_locks_in_child() -> None:
     fork would never be released; each ring gets new ones (the native core does the same with
     its generation counter)."""
     for ring in list(_RINGS):
-        ring._lock = threading.Lock()
+        ring._lock = GuardedLock()
         ring._hot = threading.RLock()
 
 
@@ -308,15 +309,25 @@ if hasattr(os, "register_at_fork"):
 
 
 def _serialized(method: Any) -> Any:
-    """The method under its ring's hot-path lock (re-entrant: the recorder's callbacks may call
-    back into the ring). A native call is one step under the GIL; Python code is not, and
-    threads sharing an observer (misuse, counted, but never corrupting counts) would otherwise
-    interleave inside a call at any bytecode."""
+    """The method under its ring's hot-path lock. A native call is one step under the GIL;
+    Python code is not, and threads sharing an observer (misuse, counted, but never corrupting
+    counts) would otherwise interleave inside a call at any bytecode.
+
+    A call made while this very thread is inside one (a signal handler that interrupted it, or
+    a callback into the engine's code) finds that call half done: it is refused and counted as
+    ``errors{kind="signal_reentry"}`` (``begin`` returns the no-op handle). The methods that
+    call one another call the undecorated method (``__wrapped__``)."""
+    name = method.__name__
 
     @functools.wraps(method)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         ring = self if isinstance(self, PyRing) else self._ring
-        with ring._hot:
+        hot = ring._hot
+        if hot._is_owned():  # type: ignore[union-attr]  # the C RLock has it
+            ring._misuse("signal_reentry", f"{name}() called while this thread was inside "
+                         "another call of the same observer (a signal handler?); refused")
+            return ring.null_cycle if name == "begin" else self if name == "defer" else None
+        with hot:
             return method(self, *args, **kwargs)
 
     return call
@@ -532,7 +543,7 @@ class PyCycle:
             self._ring._misuse("end_without_begin", "defer() on a cycle that already ended")
             return self
         self._settle = _AWAITING
-        self.end()
+        PyCycle.end.__wrapped__(self)  # the lock is held
         s = self._slot()
         if s.state != DEFERRED or s.idx != self._seq:
             self._settle = _NOTHING  # discarded (counted there) or begun in graph capture
@@ -573,8 +584,9 @@ class PyCycle:
             if accepted is None:
                 r._clear_acceptance(s)
             else:
-                self.accept(accepted, draft_length=draft_length, batch_size=batch_size,
-                            emitted=emitted)
+                PyCycle.accept.__wrapped__(  # the lock is held
+                    self, accepted, draft_length=draft_length, batch_size=batch_size,
+                    emitted=emitted)
         finally:
             self._closed = 1
         if not self._owns(s):
@@ -600,7 +612,7 @@ class PyCycle:
                     r._void(s)
             return
         if not self._closed:
-            self.end()
+            PyCycle.end.__wrapped__(self)  # the lock is held
 
 
 class PyRing:
@@ -675,7 +687,7 @@ class PyRing:
         self.in_flight_index = -1
         self.in_flight_polls = 0
         self._waiting = 0
-        self._lock = threading.Lock()
+        self._lock = GuardedLock()  # never waited for by its holder (a signal handler)
         #: Held by the hot path's calls (``_serialized``): one at a time, as the native core's
         #: are under the GIL.
         self._hot = threading.RLock()
@@ -1303,8 +1315,12 @@ class PyRing:
 
     def clear_queue(self) -> int:
         grave: list[Any] = []
-        with self._lock:
+        if not self._lock.acquire():
+            return 0  # a signal handler's shutdown inside this thread's begin(): left as it is
+        try:
             n = self._clear_queue(grave)
+        finally:
+            self._lock.release()
         del grave
         return n
 
@@ -1313,7 +1329,9 @@ class PyRing:
         slots = self._slots
         while self._tail != self._head:
             s = slots[self._tail % len(slots)]
-            if s.state == DONE or s.state == DEFERRED:
+            # Every cycle begun and not resolved, the one still open too (its thread died, or
+            # shutdown came first): each is lost here, and counted by the caller.
+            if s.state == DONE or s.state == DEFERRED or s.state == OPEN:
                 n += 1
             s.state = VOID  # an open cycle's end() finds its slot gone
             self._drop_held(s)
@@ -1329,8 +1347,8 @@ class PyRing:
         """Hand on, unsettled, the deferred cycles that ended ``timeout_ns`` or longer ago (on
         the ring's clock): their times are counted, their tokens and batch size not. Returns how
         many. Deferred cycles end in order, so the walk stops at the first one still in time."""
-        if not self.deferred:
-            return 0
+        if not self.deferred or self._hot._is_owned():  # type: ignore[attr-defined]
+            return 0  # (a signal handler's, inside this thread's own call: the next pass)
         n = 0
         with self._hot:  # one at a time with the worker's calls and settle()
             now = self._now()

@@ -15,7 +15,7 @@ is exported.
 
 from __future__ import annotations
 
-import threading
+from specobs._signalsafe import GuardedLock
 
 __all__ = ["STATES", "WorkerThreadTime", "read_schedstat"]
 
@@ -37,7 +37,7 @@ class WorkerThreadTime:
     """Running and waiting seconds of the recording thread, as counters."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = GuardedLock()
         self._thread = 0
         self._last: tuple[int, int] | None = None
         self._ns = [0, 0]
@@ -48,7 +48,9 @@ class WorkerThreadTime:
         if not native_id:
             return
         now = read_schedstat(native_id)
-        with self._lock:
+        if not self._lock.acquire():
+            return  # a signal handler's read inside this thread's own: the next read adds it
+        try:
             if now is None:
                 self._thread, self._last = 0, None
                 return
@@ -58,15 +60,21 @@ class WorkerThreadTime:
                 self._ns[0] += max(0, now[0] - last[0])
                 self._ns[1] += max(0, now[1] - last[1])
             self._thread, self._last, self._seen = native_id, now, True
+        finally:
+            self._lock.release()
 
     def after_fork_in_child(self) -> None:
         """The parent's threads are not the child's: start again from zero."""
-        self._lock = threading.Lock()
+        self._lock = GuardedLock()
         self._thread, self._last, self._ns, self._seen = 0, None, [0, 0], False
 
     def seconds(self) -> dict[str, float]:
         """``{"running": s, "waiting": s}`` once a read succeeded, else ``{}``."""
-        with self._lock:
+        locked = self._lock.acquire()  # False: a signal handler's, inside this thread's read
+        try:
             if not self._seen:
                 return {}
             return {STATES[0]: self._ns[0] / 1e9, STATES[1]: self._ns[1] / 1e9}
+        finally:
+            if locked:
+                self._lock.release()

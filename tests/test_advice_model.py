@@ -83,11 +83,17 @@ SMOOTH = ("curved", "flat", "linear")
 @pytest.mark.parametrize("batch", [1, 8, 32])
 def test_the_advised_k_is_within_3_percent_of_the_best_from_every_start(
         name: str, batch: int) -> None:
+    """Within 3%; or, where the better k's gain lies inside what the data can tell (the
+    acceptance's interval, a plain step trusted to 3%), no advice, with the better k and its
+    spread named, and still within 4%."""
     e = engine(name)
     best = e.tokens_per_second(e.best_k(batch), batch)
     for start in range(2, 9):
-        chosen = advised(findings(dg.window(e.window(start, batch, 16000 // batch))))
-        assert e.tokens_per_second(chosen, batch) >= 0.97 * best, (name, batch, start, chosen)
+        f = findings(dg.window(e.window(start, batch, 16000 // batch)))["SPEC-ADVICE-K"]
+        chosen = advised({"SPEC-ADVICE-K": f})
+        frac = e.tokens_per_second(chosen, batch) / best
+        spread = f.severity == "ok" and "within the data's spread" in f.sentence
+        assert frac >= 0.97 or (spread and frac >= 0.96), (name, batch, start, chosen, frac)
 
 
 def test_one_token_count_seen_moves_k_one_step_at_a_time() -> None:
@@ -199,3 +205,41 @@ def test_time_between_cycles_is_named_with_its_effect() -> None:
     past, recent = lifetime_and_recent(h)
     ok = {f.code for f in dg.diagnose(recent, past)}
     assert "SPEC-GAP-OK" in ok and "SPEC-GAP-HIGH" not in ok
+
+
+def test_an_engine_that_changes_k_gives_the_fit_a_point_per_k_and_its_plain_steps() -> None:
+    """An adaptive engine's window mixes plain steps (k = 0) at batch 8, k = 2 at batch 4 and
+    k = 4 at batch 2: the per-k series give three token counts, and the line through them is the
+    engine's own forward."""
+    from specobs.tools.report._data import joined
+
+    e = engine("linear")
+    mixed = dg.window(joined([e.window(0, 8, 600, baseline="plain_steps"), e.window(2, 4, 600),
+                              e.window(4, 2, 600, baseline="plain_steps")]))
+    model = dg.model_of([mixed])
+    assert model is not None and model.sure and model.distinct == 3
+    sources = {p.source for p in model.points}
+    assert sources == {"plain steps", "verify k=2", "verify k=4"}
+    assert {p.tokens for p in model.points} == {8.0, 12.0, 10.0}
+    # linear(2 ms, 0.05 ms a token): the GPU clock's verify is laid onto the host cycle, a few
+    # percent apart
+    assert model.per_token_seconds == pytest.approx(0.05e-3, rel=0.1)
+    assert model.fixed_seconds == pytest.approx(2.0e-3, rel=0.1)
+
+
+def test_an_engine_that_changes_k_by_batch_gives_a_band_per_k_it_served() -> None:
+    """One window of an adaptive engine (k = 4 at batch 2, k = 2 at batch 8, k = 1 at batch
+    32): the schedule weighs each k's batch on its own costs, and each band's k is within 3% of
+    the best there."""
+    from specobs.tools.report._data import joined
+
+    e = engine("linear")
+    w = dg.window(joined([e.window(4, 2, 800, baseline=None), e.window(2, 8, 800, baseline=None),
+                          e.window(1, 32, 800, baseline="plain_steps")]))
+    bands, choices = dg.schedule([w], [dg.model_of([w])])
+    assert [round(c.batch) for c in choices] == [2, 8, 32]
+    for c in choices:
+        b = round(c.batch)
+        best = max(range(9), key=lambda kk, b=b: e.tokens_per_second(kk, b))
+        assert e.tokens_per_second(c.k, b) >= 0.97 * e.tokens_per_second(best, b), (b, c.k)
+    assert bands[0].lo == 1 and bands[-1].hi is None

@@ -78,3 +78,17 @@ def test_no_window_with_enough_cycles_exits_1(engines: Callable[..., Engine],
     eng.run(5)
     rc, out, _ = cli_here(capsys, "advise", eng.url, "--wait", "0.2", "--interval", "0.1")
     assert rc == 1 and "no schedule" in out
+
+
+@pytest.mark.parametrize("command", ["doctor", "top", "advise"])
+def test_a_missing_dependency_is_not_a_problem_found(command: str) -> None:
+    """Exit 2 with the package to install, never 1 (doctor's "a problem found")."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['httpx'] = None; from specobs.cli import main; "
+            f"sys.exit(main([{command!r}, 'http://127.0.0.1:9/metrics']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=test_top.cli_env(), timeout=60)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "httpx is missing: pip install 'specobs[cli,prometheus]'" in done.stderr

@@ -144,3 +144,22 @@ def test_doctor_on_the_healthy_demo_exits_0_with_each_documented_flag(
         assert checks["cycles advancing"][0] == "OK", checks["cycles advancing"]
     assert (rc, bad) == (0, []), out
 
+
+
+def test_ten_doctor_runs_in_a_row_give_the_same_k_advice(
+    demo: Served, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A newcomer runs doctor again and again on the steady demo: the advice is read from the
+    lifetime and judged at the pessimistic end of what the data can tell, so it does not
+    change from run to run (it used to name k = 4, 8, 7 and 8 on four runs)."""
+    switch(demo, None)
+    url = demo.sink.url
+    assert url is not None
+    advised = []
+    for _ in range(10):
+        rc, out, err = cli_here(capsys, "doctor", url, "--json")
+        assert err == "" and rc == 0, out
+        k = next(f for f in json.loads(out)["findings"] if f["code"] == "SPEC-ADVICE-K")
+        advised.append(int(k["evidence"]["best_k"] if k["severity"] == "info"
+                           else k["evidence"]["k"]))
+    assert len(set(advised)) == 1, advised

@@ -560,3 +560,70 @@ def test_the_fork_wait_is_read_when_a_grpc_sink_is_made(monkeypatch: pytest.Monk
     with pytest.raises(specobs.ConfigurationError, match="60"):
         OtlpSink(endpoint="http://127.0.0.1:9", protocol="grpc")
     assert otlp._FORK_WAIT_SECONDS == 2.5
+
+
+# -- a count no exporter can encode ------------------------------------------------------------
+
+# ``emitted`` values one cycle may not count: past what OTLP's int64 holds (alone or summed),
+# negative, not a whole number, a bool, or one per sequence of the wrong length.
+UNEXPORTABLE = [10**30, 2**63, 2**63 - 1, [10**18, 10**18], -1, 1.5, True, [3], [1, 2, 3],
+                [1, -1], 2**32 + 1]
+
+
+def _exported_sums(receiver: OtlpReceiver, transport: str) -> list[dict[str, float]]:
+    """Per metrics request, in order: each Sum point's value by metric name and attributes."""
+    out = []
+    for req in receiver.requests(transport=transport, signal="metrics"):  # type: ignore[arg-type]
+        found: dict[str, float] = {}
+        for rm in req.request.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.WhichOneof("data") != "sum":
+                        continue
+                    for p in m.sum.data_points:
+                        attrs = ",".join(f"{a.key}={a.value.string_value}" for a in p.attributes)
+                        value = p.as_int if p.WhichOneof("value") == "as_int" else p.as_double
+                        found[f"{m.name}{{{attrs}}}"] = value
+        out.append(found)
+    return out
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_an_emitted_count_no_exporter_can_encode_is_refused_and_export_goes_on(
+    otlp_receiver: OtlpReceiver, protocol: str, observers: Callable[..., specobs.Observer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """``accept(..., emitted=10**30)`` was counted, and from then on every OTLP metric export of
+    the process failed to encode (int64). Now each such value is refused where it is validated,
+    counted as ``bad_acceptance``, said once in the log, and the cycle counts its default
+    emitted tokens; exports keep arriving with exact totals."""
+    caplog.set_level(logging.WARNING, logger="specobs")
+    transport = "grpc" if protocol == "grpc" else "http"
+    endpoint = otlp_receiver.grpc_endpoint if protocol == "grpc" else otlp_receiver.http_endpoint
+    sink = OtlpSink(endpoint=endpoint, protocol=protocol, timeout_seconds=5, traces=False,
+                    export_interval_seconds=NEVER)
+    obs = observers(sinks=[sink], clock="host", max_draft_length=4)
+    run_cycles(obs, 2)  # emitted 2 each (1 accepted + the bonus token)
+    assert obs.force_flush(10.0)
+    for em in UNEXPORTABLE:
+        with obs.cycle() as c:
+            c.mark("verify")
+            c.mark("bookkeeping")
+            c.accept([1, 2], draft_length=4, emitted=em)  # default emitted: 1 + 2 + 2 = 5
+    run_cycles(obs, 2)
+    assert obs.force_flush(10.0)
+    run_cycles(obs, 1)
+    assert obs.force_flush(10.0)  # and the one after: the process's exports are not poisoned
+
+    sums = _exported_sums(otlp_receiver, transport)
+    assert len(sums) == 3
+    emitted = [s["specobs.emitted_tokens{}"] for s in sums]
+    bad = len(UNEXPORTABLE)
+    assert emitted == [4, 4 + 5 * bad + 4, 4 + 5 * bad + 6]
+    assert sums[-1]["specobs.exporter.errors{kind=bad_acceptance}"] == bad
+    assert sums[-1]["specobs.exporter.dropped_records{reason=metric_export}"] == 0
+    s = obs.snapshot()
+    assert (s.emitted_tokens_total, s.errors["bad_acceptance"]) == (4 + 5 * bad + 6, bad)
+    lines = [r.getMessage() for r in caplog.records if "emitted must be" in r.getMessage()]
+    assert len(lines) == 1  # said once (then once a minute at most, with a count)
+    assert "between 0 and 4294967296" in lines[0] and "1000000000000000000000000000000" in lines[0]

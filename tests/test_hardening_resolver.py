@@ -3,6 +3,7 @@ wedge. Driven through the public API with a MemorySink and the host clock."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
@@ -45,6 +46,11 @@ POISON = [
     ({"accepted": [-1, 2]}, "bad_acceptance", False, None),
     ({"accepted": [1, 2], "draft_length": float("inf")}, "bad_acceptance", False, None),
     ({"accepted": [1, 2], "emitted": float("inf")}, "bad_acceptance", True, 2),
+    # One emitted count per sequence, but not one for each sequence: the default is counted.
+    ({"accepted": [1, 2], "emitted": [1]}, "bad_acceptance", True, 2),
+    ({"accepted": [1, 2], "emitted": [1, 2, 3]}, "bad_acceptance", True, 2),
+    ({"accepted": [1, 2], "emitted": 2**63}, "bad_acceptance", True, 2),
+    ({"accepted": [1], "batch_size": True}, "bad_batch_size", True, None),  # a flag, not a size
     ({"accepted": [1], "batch_size": "8"}, "bad_batch_size", True, None),
     ({"accepted": [1], "batch_size": float("nan")}, "bad_batch_size", True, None),
     ({"accepted": [1], "batch_size": -7}, "bad_batch_size", True, None),
@@ -123,9 +129,10 @@ def test_nan_batch_size_never_poisons_the_histogram_sum():
     obs.shutdown()
 
 
-def test_begin_with_a_bad_batch_size_is_counted_not_raised():
+@pytest.mark.parametrize("bad", ["x", True], ids=repr)
+def test_begin_with_a_bad_batch_size_is_counted_not_raised(bad):
     obs, _ = observer()
-    with obs.cycle(batch_size="x") as c:
+    with obs.cycle(batch_size=bad) as c:
         c.mark("verify")
         c.mark("bookkeeping")
     with obs.cycle(batch_size=4) as c:
@@ -139,7 +146,7 @@ def test_begin_with_a_bad_batch_size_is_counted_not_raised():
 
 
 @pytest.mark.parametrize("bad", ["x", "4", b"4", "9" * 1_000_000, float("nan"), float("inf"),
-                                 -1, object()], ids=lambda v: repr(v)[:12])
+                                 -1, object(), True], ids=lambda v: repr(v)[:12])
 def test_set_requests_never_raises_and_keeps_the_last_good_value(bad, caplog):
     obs, _ = observer()
     obs.set_requests(running=3, waiting=1)
@@ -276,3 +283,118 @@ def test_a_cuda_copy_that_cannot_be_read_costs_its_own_cycle_counted_with_a_boun
     lines = [r.getMessage() for r in caplog.records if "copied acceptance" in r.getMessage()]
     assert len(lines) == 1 and "device lost" in lines[0] and len(lines[0]) < 400
     obs.shutdown(5)
+
+
+# -- the resolver thread: supervised ---------------------------------------------------------
+
+
+def _scraped_cycles(registry) -> float:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = generate_latest(registry).decode()
+    return next(smp.value for fam in text_string_to_metric_families(text)
+                for smp in fam.samples if smp.name == "specobs_cycles_total")
+
+
+def _resolved_without_a_flush(registry, n: int, within: float = 30.0) -> bool:
+    """Whether the scrape reaches ``n`` cycles by the resolver's own polls (no force_flush,
+    which would drain on the caller's thread and hide a dead resolver)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if _scraped_cycles(registry) >= n:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _resolver_alive() -> bool:
+    import threading
+
+    return any(t.name == "specobs-resolver" and t.is_alive() for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit(),
+                                 asyncio.CancelledError(), RuntimeError("sink bug")],
+                         ids=lambda e: type(e).__name__)
+def test_a_sink_raising_anything_never_stops_the_resolver(exc, caplog):
+    """A sink whose ``on_cycles`` raised ``SystemExit`` (a ``sys.exit()`` deep in a library),
+    ``KeyboardInterrupt``, ``GeneratorExit`` or ``CancelledError`` ended the resolver thread for
+    good: /metrics froze and nothing said so. Each raise is now the sink's loss alone, counted
+    as ``sink_error`` and logged once; the scrape keeps up on the resolver's own polls."""
+    from prometheus_client import CollectorRegistry
+
+    class Raising(specobs.Sink):
+        wants_cycles = True
+        calls = 0
+
+        def on_cycles(self, cycles):
+            Raising.calls += 1
+            raise exc
+
+    registry = CollectorRegistry()
+    with caplog.at_level("WARNING", logger="specobs"):
+        obs = specobs.configure(sinks=[Raising(), specobs.PrometheusSink(registry=registry)],
+                                clock="host", max_draft_length=K, poll_interval_seconds=0.02)
+        try:
+            for i in range(1, 4):
+                for _ in range(2000):
+                    cycle(obs, GOOD, draft_length=K)
+                assert _resolved_without_a_flush(registry, 2000 * i), (i, _scraped_cycles(registry))
+            assert _resolver_alive()
+            assert obs.force_flush(5)
+            s = obs.snapshot()
+            assert s.cycles_total == 6000 and s.dropped_total() == 0
+            assert s.errors["sink_error"] == Raising.calls >= 3
+            assert s.errors["resolver_restart"] == 0
+        finally:
+            obs.shutdown(2)
+    lines = [r.getMessage() for r in caplog.records if "from on_cycles" in r.getMessage()]
+    assert len(lines) == 1 and f"sink Raising raised {type(exc).__name__}" in lines[0]
+
+
+def test_a_resolver_loop_that_dies_anyway_is_started_again_and_counted(monkeypatch, caplog):
+    """Whatever ends the resolver's loop outside a sink (here ``SystemExit`` from the thread-time
+    read the loop makes between drains) no longer ends the thread: the supervisor starts the
+    loop again, counts ``resolver_restart`` and logs it, and cycles keep being resolved."""
+    from prometheus_client import CollectorRegistry
+
+    from specobs import _aggregation
+
+    real = _aggregation.Aggregation.read_thread_time
+    failures = {"left": 2}
+
+    def dying(self):
+        import threading
+
+        if threading.current_thread().name == "specobs-resolver" and failures["left"]:
+            failures["left"] -= 1
+            raise SystemExit(1)
+        real(self)
+
+    monkeypatch.setattr(_aggregation.Aggregation, "read_thread_time", dying)
+    registry = CollectorRegistry()
+    with caplog.at_level("WARNING", logger="specobs"):
+        # A sink that wants every cycle keeps the loop in Python (not in the native pump),
+        # polling every 0.02 s, so its thread-time reads come at once.
+        obs = specobs.configure(sinks=[specobs.PrometheusSink(registry=registry),
+                                       specobs.MemorySink()], clock="host",
+                                max_draft_length=K, poll_interval_seconds=0.02)
+        try:
+            deadline = time.monotonic() + 30
+            while failures["left"] and time.monotonic() < deadline:
+                time.sleep(0.02)  # the loop reads thread times every 0.1 s: both raise
+            assert failures["left"] == 0
+            for i in range(1, 4):
+                for _ in range(1000):
+                    cycle(obs, GOOD, draft_length=K)
+                assert _resolved_without_a_flush(registry, 1000 * i), (i, _scraped_cycles(registry))
+            assert _resolver_alive()
+            assert obs.force_flush(5)
+            s = obs.snapshot()
+            assert s.cycles_total == 3000 and s.dropped_total() == 0
+            assert s.errors["resolver_restart"] == 2
+        finally:
+            obs.shutdown(2)
+    lines = [r.getMessage() for r in caplog.records if "resolver thread ended" in r.getMessage()]
+    assert len(lines) == 1 and "SystemExit" in lines[0]

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import gzip
 import http.server
 import json
+import math
 import os
 import re
 import subprocess
 import sys
 import threading
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -37,6 +40,7 @@ import pytest
 from specobs.tools import _client
 from specobs.tools import _scrape as scr
 from tests import test_top
+from tests._hostile_server import Measured, run_measured
 from tests.test_top import ROOT, Engine, cli_env, cli_here, closed_port_url
 
 engines = test_top.engines
@@ -427,3 +431,267 @@ def test_create_app_refuses_a_token_that_is_not_utf8() -> None:
     # Checked before the engine is touched: no engine needed to see the refusal.
     with pytest.raises(ValueError, match=r"^the admin token is not UTF-8 text"):
         create_app(cast(Any, None), admin_token=token)
+
+
+# -- a token in a URL's query string --------------------------------------------------------------
+
+
+def test_display_url_redacts_credential_parameters() -> None:
+    d = _client.display_url
+    assert d("http://a:pw@h:1/metrics?access_token=S3CRET") == \
+        "http://h:1/metrics?access_token=REDACTED"
+    assert d("http://h/m?x=1&api_key=K1&y=2") == "http://h/m?x=1&api_key=REDACTED&y=2"
+    assert d("https://h/m?X-Amz-Signature=ab&X-Amz-Credential=c&region=eu") == \
+        "https://h/m?X-Amz-Signature=REDACTED&X-Amz-Credential=REDACTED&region=eu"
+    assert d("http://h/m?client_secret=s;password=p&Token=t&jwt=j") == \
+        "http://h/m?client_secret=REDACTED;password=REDACTED&Token=REDACTED&jwt=REDACTED"
+    assert d("http://h/m#access_token=T&state=s") == "http://h/m#access_token=REDACTED&state=s"
+    # Names that only contain a shorter word, valueless parameters and non-credentials stay.
+    for plain in ("http://h/m?monkey=3&match[]=up", "http://h/m?token", "http://h/m?key=",
+                  "http://h/m?q=a@b#x@y"):
+        assert d(plain) == plain
+    assert _client.scrub("404: /metrics?access_token=S3CRET%2B1 not found",
+                         "http://h/metrics?access_token=S3CRET%2B1") == \
+        "404: /metrics?access_token=REDACTED not found"
+
+
+def test_a_token_in_the_query_string_reaches_the_server_and_nothing_the_tools_write(
+    engines: Callable[..., Engine], gates: Callable[..., Gate], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--from "http://host/metrics?access_token=..."`` (an endpoint behind a proxy that takes
+    its token in the query): the token went into the report HTML (7 times), the ``--save``
+    file, stdout and ``doctor --json``. Now every URL the tools print or save goes through
+    the one redaction; the request still carries the token."""
+    token = _secret()
+    eng = engines(baseline=50.0).start()
+    gate = gates(eng.url.removesuffix("/metrics"))
+    url = gate.url(f"/metrics?access_token={token}&x-api-key={token}k&view=all")
+    shown = gate.url("/metrics?access_token=REDACTED&x-api-key=REDACTED&view=all")
+    written = []
+    rc, out, err = cli_here(capsys, "doctor", url, "--wait", WAIT, "--json")
+    assert json.loads(out)["url"] == shown, out + err
+    written += [out, err]
+    rc, out, err = cli_here(capsys, "top", url, "--once", "--plain", "--interval", "0.2")
+    assert rc == 0, out + err
+    written += [out, err]
+    page, saved = tmp_path / "run.html", tmp_path / "run.jsonl"
+    rc, out, err = cli_here(capsys, "report", "--from", url, "--duration", "1", "--interval",
+                            "0.5", "-o", str(page), "--save", str(saved), "--json")
+    assert rc == 0, out + err
+    html_text, saved_text = page.read_text(), saved.read_text()
+    assert json.loads(saved_text.splitlines()[0])["source"] == shown
+    assert shown.replace("&", "&amp;") in html_text or shown in html_text
+    written += [out, err, html_text, saved_text]
+    # A server that echoes the request in its error: the one-line message leaves it out.
+    echo = _Echo404()
+    try:
+        for tool in (["doctor", echo.url(token), "--wait", "0"],
+                     ["report", "--from", echo.url(token), "-o", str(tmp_path / "x.html")]):
+            rc, out, err = cli_here(capsys, *tool)
+            assert rc in (1, 2) and "answered HTTP 404" in out + err, out + err
+            assert "access_token=REDACTED" in out + err
+            written += [out, err]
+        assert echo.seen == 2
+    finally:
+        echo.close()
+    assert token not in "".join(written)
+    assert gate.allowed >= 6  # every request went out with the token
+
+
+class _Echo404:
+    """A server that answers 404 quoting the request line, query string included."""
+
+    def __init__(self) -> None:
+        owner = self
+        self.seen = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                owner.seen += 1
+                body = f"no such page: {self.path}\n".encode()
+                self.send_response(404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, token: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/m?access_token={token}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# -- snapshot files that are too big, nested, or not numbers --------------------------------------
+
+
+@pytest.fixture
+def saved_run(engines: Callable[..., Engine], tmp_path: Path,
+              capsys: pytest.CaptureFixture[str]) -> Path:
+    """A real ``--save`` file: six scrapes of a real endpoint."""
+    eng = engines(baseline=50.0).start()
+    saved = tmp_path / "run.jsonl"
+    rc, out, err = cli_here(capsys, "report", "--from", eng.url, "--duration", "1", "--interval",
+                            "0.2", "-o", str(tmp_path / "first.html"), "--save", str(saved))
+    assert rc == 0, out + err
+    return saved
+
+
+def _rows(saved: Path) -> tuple[str, list[dict[str, Any]]]:
+    lines = saved.read_text().splitlines()
+    return lines[0], [json.loads(line) for line in lines[1:]]
+
+
+def _grown(saved: Path, dest: Path, n: int) -> Path:
+    """``n`` rows continuing the real run of ``saved`` at its own pace: row i is the first row
+    plus i times what the run added from its first scrape to its last (every counter grows,
+    every histogram stays one), a scrape apart in time as the run's were on average."""
+    header, rows = _rows(saved)
+    first, last = rows[0], rows[-1]
+    end = {(name, json.dumps(labels, sort_keys=True)): v for name, labels, v in last["samples"]}
+    step = (last["t"] - first["t"]) / (len(rows) - 1)
+    scale = 1 / (len(rows) - 1)
+    opener: Any = gzip.open if dest.name.endswith(".gz") else open
+    with opener(dest, "wt") as f:
+        f.write(header + "\n")
+        for i in range(n):
+            samples = [[name, labels,
+                        v + (end[(name, json.dumps(labels, sort_keys=True))] - v) * i * scale]
+                       for name, labels, v in first["samples"]]
+            f.write(json.dumps({"t": round(first["t"] + step * i, 6), "fetch_seconds": 0.01,
+                                "samples": samples}, separators=(",", ":")) + "\n")
+    return dest
+
+
+def _report(path: Path, tmp_path: Path, *extra: str) -> Measured:
+    return run_measured(["report", "--from", str(path), "-o", str(tmp_path / "r.html"), *extra],
+                        env=cli_env(), cwd=str(ROOT), kill_after=240)
+
+
+def test_a_long_snapshot_file_is_read_in_one_pass_and_thinned(
+    saved_run: Path, tmp_path: Path
+) -> None:
+    """A day of ``--save`` (1 GB, about 50,000 rows) ran over 120 s at 2.7 GB before. A file is
+    now read line by line and thinned evenly to at most ``MAX_SNAPSHOTS`` rows, first and last
+    kept, so its whole-run totals are the file's own; stderr says how many were used. The test
+    file is 4,000 rows (about 100 MB) of a real run continued; memory stays that of a few
+    hundred snapshots."""
+    from specobs.tools.report import _data
+
+    rows = 4000
+    for name in ("long.jsonl", "long.jsonl.gz"):
+        path = _grown(saved_run, tmp_path / name, rows)
+        got = _report(path, tmp_path, "--json")
+        assert got.returncode == 0, got
+        kept = re.search(r": ([\d,]+) snapshots; the report uses ([\d,]+) of them", got.output)
+        assert kept is not None, got
+        assert int(kept.group(1).replace(",", "")) == rows
+        assert _data.MAX_SNAPSHOTS // 2 <= int(kept.group(2).replace(",", "")) <= \
+            _data.MAX_SNAPSHOTS + 1
+        summary = json.loads(got.output[got.output.index("{"):got.output.rindex("}") + 1])
+        _, first_rows = _rows(saved_run)
+        per_step = (sum(v for n, _, v in first_rows[-1]["samples"] if n == "specobs_cycles_total")
+                    - sum(v for n, _, v in first_rows[0]["samples"]
+                          if n == "specobs_cycles_total")) / (len(first_rows) - 1)
+        run = summary["runs"][0]
+        assert run["breakdown"]["cycles"] == pytest.approx(per_step * (rows - 1), rel=1e-9)
+        assert run["duration_seconds"] == pytest.approx(
+            (first_rows[-1]["t"] - first_rows[0]["t"]) / (len(first_rows) - 1) * (rows - 1),
+            rel=1e-6)
+        assert got.peak_rss_mb < 400, got  # the whole file parsed: gigabytes
+
+
+@pytest.mark.parametrize("what", ["bomb", "long_line", "many_lines", "max_bytes"])
+def test_a_snapshot_file_is_bounded_before_it_is_parsed(
+    what: str, saved_run: Path, tmp_path: Path
+) -> None:
+    """A 3 MB gzip that inflates to 3 GiB on one line took 48 s and 3.2 GB and ended in a
+    MemoryError traceback; ``--max-bytes`` did not apply to files. Each bound now stops the
+    read where it is reached, with one line and exit 1: a line over 64 MiB (gzip bomb or
+    plain), more than a million lines, more than ``--max-bytes`` in all (after
+    decompression)."""
+    header = saved_run.read_text().splitlines()[0] + "\n"
+    extra: tuple[str, ...] = ()
+    if what == "bomb":  # 1 MB of gzip, 1 GiB inflated, one line
+        path = tmp_path / "bomb.jsonl.gz"
+        z = zlib.compressobj(9, zlib.DEFLATED, 31)
+        with open(path, "wb") as f:
+            f.write(z.compress(header.encode()))
+            block = b"a" * (1 << 20)
+            for _ in range(1024):
+                f.write(z.compress(block))
+            f.write(z.flush())
+        expected = "line 2 is longer than 64 MiB"
+    elif what == "long_line":
+        path = tmp_path / "line.jsonl"
+        with open(path, "w") as f:
+            f.write(header + '{"t": 1, "samples": [' + "0," * (50 << 20))
+        expected = "line 2 is longer than 64 MiB"
+    elif what == "many_lines":
+        path = tmp_path / "lines.jsonl"
+        path.write_text(header + "\n" * 3_000_000)
+        expected = "has more than 1,000,000 lines"
+    else:
+        path = _grown(saved_run, tmp_path / "some.jsonl.gz", 200)
+        extra = ("--max-bytes", "1MiB")
+        expected = "holds more than 1 MiB (after decompression; line "
+    got = _report(path, tmp_path, *extra)
+    assert got.returncode == 1, got
+    lines = got.output.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in got.output, got
+    assert got.peak_rss_mb < 400, got
+
+
+def _corrupted(saved: Path, dest: Path, how: str) -> Path:
+    header, rows = _rows(saved)
+    if how == "inf":
+        rows[-1]["samples"] = [[n, lab, math.inf if n == "specobs_cycles_total" else v]
+                               for n, lab, v in rows[-1]["samples"]]
+    elif how == "1e308":
+        rows[-1]["samples"] = [[n, lab, 1e308 if n == "specobs_cycles_total" else v]
+                               for n, lab, v in rows[-1]["samples"]]
+    elif how == "nan":
+        rows[2]["samples"] = [[n, lab, math.nan if n == "specobs_cycles_total" else v]
+                              for n, lab, v in rows[2]["samples"]]
+    elif how == "backwards":
+        for i, row in enumerate(rows):
+            row["t"] = 1_800_000_000.0 - i
+    elif how == "same_time":
+        rows[3]["t"] = rows[2]["t"]
+    text = [header] + [json.dumps(r) for r in rows]
+    if how == "nested_row":
+        text.insert(2, "[" * 200_000)
+    elif how == "nested_header":
+        text[0] = "[" * 200_000
+    dest.write_text("\n".join(text) + "\n")
+    return dest
+
+
+@pytest.mark.parametrize(("how", "expected"), [
+    ("inf", "sample specobs_cycles_total has value inf"),
+    ("1e308", "sample specobs_cycles_total has value 1e+308"),
+    ("nan", "sample specobs_cycles_total has value nan"),
+    ("backwards", "not after line 2's"),
+    ("same_time", "not after line 4's"),
+    ("nested_row", "line 3 is not a snapshot (RecursionError"),
+    ("nested_header", "is not a specobs snapshot file"),
+])
+def test_a_snapshot_file_with_impossible_values_is_refused_in_one_line(
+    how: str, expected: str, saved_run: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``inf``, 1e308 or time running backwards gave a report and exit 0 ("inf cycles over 6 s",
+    a 300-digit count, "cycles over -6 s"); nested JSON gave a RecursionError traceback."""
+    path = _corrupted(saved_run, tmp_path / f"{how}.jsonl", how)
+    rc, out, err = cli_here(capsys, "report", "--from", str(path), "-o", str(tmp_path / "x.html"))
+    assert rc == 1, out + err
+    assert expected in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and not (tmp_path / "x.html").exists()

@@ -122,8 +122,9 @@ _BLIND: dict[str, str] = {
     "DecodingStalled": (
         "An engine whose request gauges are not scraped, or scraped under another host name "
         "than specobs's endpoint (the join is on the host part of `instance`); an engine that "
-        "stops speculating on purpose while serving (vLLM's disable-by-batch-size) fires it; a "
-        "dead process (its gauges go stale: ExporterDown)."
+        "stops speculating on purpose while serving fires it where its integration does not "
+        "record the plain steps (vLLM's k = 0 bands are recorded, as cycles of draft length 0, "
+        "and do not); a dead process (its gauges go stale: ExporterDown)."
     ),
     "ExporterDown": (
         "Engines that push OTLP through a collector (no scrape target: watch the collector)."

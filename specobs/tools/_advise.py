@@ -168,10 +168,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.prometheus is not None:
             url = scr.normalize_url(args.prometheus, default_path="")
-            matchers = [pa.normalize_selector(args.selector)] if args.selector else []
-            if args.instance is not None:
-                matchers.append(f"instance={json.dumps(args.instance)}")
-            selector = ",".join(m for m in matchers if m)
+            selector = pa.server_selector(args.selector, args.instance)
             window, history = pa.parse_window(args.window), pa.parse_window(args.history)
         else:
             url = scr.normalize_url(args.url)

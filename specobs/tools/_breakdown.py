@@ -223,6 +223,8 @@ class Breakdown:
     dropped_total: float
     sampling_interval: float | None
     overhead_ratio: float | None
+    #: specobs's CPU per cycle but for rendering /metrics (that comes per scrape: a viewer that
+    #: scrapes often would count its own requests).
     exporter_cpu_seconds_per_cycle: float | None
     info: dict[str, str] = field(default_factory=dict)
     #: Cycles the engine raised inside, discarded (``reason="exception"``): the engine's failure,
@@ -282,6 +284,10 @@ class Breakdown:
 def _own_drops(drops: Mapping[str, float]) -> list[tuple[str, float]]:
     """Every reason but ``exception`` (the engine's failure), sorted by reason."""
     return sorted((k, v) for k, v in drops.items() if k != catalog.DROP_REASON_EXCEPTION)
+
+
+#: The ``specobs_exporter_cpu_time_seconds_total`` component of rendering /metrics for a scrape.
+SCRAPE_CPU_COMPONENT = "prometheus"
 
 
 def _phases(delta: Series, gauges: Series) -> tuple[str, ...]:
@@ -349,7 +355,11 @@ def breakdown(delta: Delta) -> Breakdown:
     mean_batch = ratio(d.total(bs + "_sum"), cycles)
     _, host_cycle, _ = cycle["host"]
     seq_tps = ratio(ratio(emitted, d.total(bs + "_sum")), host_cycle)
-    cpu = d.total(catalog.EXPORTER_CPU.name)
+    # Per cycle, the work every cycle causes: rendering /metrics comes per scrape, and a viewer
+    # that scrapes every second (top, doctor) would otherwise count its own requests.
+    cpu_all = d.total(catalog.EXPORTER_CPU.name)
+    scrapes_cpu = d.total(catalog.EXPORTER_CPU.name, component=SCRAPE_CPU_COMPONENT) or 0.0
+    cpu = None if cpu_all is None else max(0.0, cpu_all - scrapes_cpu)
     thread = d.by(catalog.WORKER_THREAD_TIME.name, "state")
     info_labels = g.labels(catalog.INFO.name)
     dl = catalog.DRAFT_LENGTH.name

@@ -37,24 +37,32 @@ from specobs._deadline import SocketDeadline
 __all__ = [
     "DEFAULT_LIMITS",
     "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_FILE_BYTES",
     "DEFAULT_TIMEOUT_SECONDS",
     "MAX_REDIRECTS",
+    "REDACTED",
     "Fetched",
     "Limits",
     "ScrapeError",
     "add_limit_arguments",
     "add_source_arguments",
     "display_url",
+    "file_limit",
     "format_bytes",
     "get",
     "http_client",
     "limits_from",
     "parse_byte_size",
+    "scrub",
 ]
 
 #: Largest response body read, counted after decompression. A specobs endpoint serves tens of
 #: KiB and one Prometheus query result less; 16 MiB leaves room for big multi-observer endpoints.
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+#: Largest snapshot file ``specobs report`` reads (``--from FILE``, ``--max-bytes`` for a
+#: file), counted after decompression: a day of ``--save`` at one scrape every 2 s is about
+#: 1 GiB. The file is read in one pass and thinned to a bounded number of snapshots.
+DEFAULT_MAX_FILE_BYTES = 2 * 1024**3
 #: Deadline of one request: connect, headers, body and redirects together.
 DEFAULT_TIMEOUT_SECONDS = 5.0
 #: Redirect hops followed per request.
@@ -98,15 +106,80 @@ class Fetched:
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://)[^/?#]*@")
 
 
+#: One ``name=value`` parameter of a query string or a fragment, up to the next ``&`` or
+#: ``;`` (the value may be empty or absent).
+_PARAMETER = re.compile(r"(?P<name>[^&;=#]*)(?P<eq>=?)(?P<value>[^&;#]*)")
+#: Parameter names (lower case, ``-`` and ``_`` dropped) that name a credential, and the parts
+#: that make any name one: ``access_token``, ``X-Api-Key``, ``client_secret``, ``sig``.
+_SECRET_NAMES = frozenset({"key", "sig", "code", "pass", "pw", "auth", "jwt"})
+_SECRET_PARTS = ("token", "secret", "password", "passwd", "pwd", "apikey", "accesskey",
+                 "credential", "signature", "session", "authorization", "privatekey")
+#: What a redacted parameter's value shows instead.
+REDACTED = "REDACTED"
+
+
+def _is_secret_name(name: str) -> bool:
+    from urllib.parse import unquote_plus
+
+    key = unquote_plus(name).lower().replace("-", "").replace("_", "")
+    return key in _SECRET_NAMES or any(part in key for part in _SECRET_PARTS)
+
+
+def _redacted_parameters(text: str) -> str:
+    """``text`` (a query string or a fragment) with the value of each parameter whose name looks
+    like a credential replaced by :data:`REDACTED`; the rest kept byte for byte."""
+
+    def one(m: re.Match[str]) -> str:
+        if m.group("eq") and m.group("value") and _is_secret_name(m.group("name")):
+            return f"{m.group('name')}={REDACTED}"
+        return m.group(0)
+
+    return _PARAMETER.sub(one, text)
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` (a message that may quote what a server sent back, or an exception's words)
+    with every credential of ``url`` -- its userinfo's password, each credential-like
+    parameter's value, as given or percent-decoded -- replaced by :data:`REDACTED`."""
+    from urllib.parse import unquote, unquote_plus, urlsplit
+
+    found: list[str] = []
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        found.append(password)
+    for part in (url.partition("#")[0].partition("?")[2], url.partition("#")[2]):
+        for m in _PARAMETER.finditer(part):
+            if m.group("eq") and m.group("value") and _is_secret_name(m.group("name")):
+                value = m.group("value")
+                found += [value, unquote(value), unquote_plus(value)]
+    # Longest first, so a secret that contains another is replaced whole; short values (a
+    # "1" flag) are left alone rather than blanking every digit of the message.
+    for secret in sorted({f for f in found if len(f) >= 4}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
+
+
 def display_url(url: str) -> str:
-    """``url`` without its userinfo: ``http://alice:pw@host:9477/metrics`` →
-    ``http://host:9477/metrics``; a URL without credentials is returned as it is.
+    """``url`` as the tools show it: without its userinfo (``http://alice:pw@host:9477/metrics``
+    → ``http://host:9477/metrics``), and with the value of every query or fragment parameter
+    whose name looks like a credential (``access_token``, ``api_key``, ``X-Amz-Signature``,
+    ``password``, ...) replaced by ``REDACTED``; a URL with neither is returned as it is.
 
     Every URL the tools print, save or put in a title goes through this: a report or a snapshot
-    file is meant to be shared, and a password in it would go along. The request keeps the
-    credentials (httpx sends them as HTTP Basic authentication).
+    file is meant to be shared, and a password or a token in it would go along. The request
+    keeps them (httpx sends userinfo as HTTP Basic authentication, and the query as given).
     """
-    return _USERINFO.sub(r"\1", url, count=1)
+    url = _USERINFO.sub(r"\1", url, count=1)
+    if "?" not in url and "#" not in url:
+        return url
+    head, hash_, fragment = url.partition("#")
+    path, question, query = head.partition("?")
+    if question:
+        head = path + question + _redacted_parameters(query)
+    return head + hash_ + (_redacted_parameters(fragment) if hash_ else "")
 
 
 def format_bytes(n: int) -> str:
@@ -211,16 +284,20 @@ def add_source_arguments(parser: argparse.ArgumentParser, *, prometheus_help: st
     parser.add_argument("--prometheus", metavar="URL", default=None, help=prometheus_help)
 
 
-def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--timeout`` and ``--max-bytes``, shared with ``specobs top``."""
+def add_limit_arguments(parser: argparse.ArgumentParser, *, files: bool = False) -> None:
+    """``--timeout`` and ``--max-bytes``, shared with ``specobs top``. ``files``: the command
+    also reads snapshot files, which ``--max-bytes`` bounds as well (see :func:`file_limit`)."""
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
                         metavar="SECONDS",
                         help="deadline of each HTTP request: connecting, headers and the whole "
                              f"body (default: {DEFAULT_TIMEOUT_SECONDS:g})")
-    parser.add_argument("--max-bytes", type=_byte_size, default=DEFAULT_MAX_BYTES,
-                        metavar="SIZE",
-                        help="largest response body read, after decompression, e.g. 64MiB "
-                             f"(default: {format_bytes(DEFAULT_MAX_BYTES)})")
+    what = (f"largest response body read, after decompression, e.g. 64MiB (default: "
+            f"{format_bytes(DEFAULT_MAX_BYTES)})")
+    if files:
+        what += (f"; for a snapshot file, the whole file after decompression (default: "
+                 f"{format_bytes(DEFAULT_MAX_FILE_BYTES)})")
+    parser.add_argument("--max-bytes", type=_byte_size, default=None if files else
+                        DEFAULT_MAX_BYTES, metavar="SIZE", help=what)
 
 
 def _byte_size(text: str) -> int:
@@ -231,7 +308,13 @@ def _byte_size(text: str) -> int:
 
 
 def limits_from(args: argparse.Namespace) -> Limits:
-    return Limits(timeout_seconds=args.timeout, max_bytes=args.max_bytes)
+    max_bytes = DEFAULT_MAX_BYTES if args.max_bytes is None else args.max_bytes
+    return Limits(timeout_seconds=args.timeout, max_bytes=max_bytes)
+
+
+def file_limit(args: argparse.Namespace) -> int:
+    """What ``--max-bytes`` allows a snapshot file (after decompression)."""
+    return DEFAULT_MAX_FILE_BYTES if args.max_bytes is None else int(args.max_bytes)
 
 
 def http_client(args: argparse.Namespace) -> Any:
@@ -313,11 +396,11 @@ def get(
                 raise ScrapeError(too_late) from None
             raise ScrapeError(f"{shown} did not answer within {timeout_seconds:g} s") from None
         except httpx.ConnectError as exc:
-            raise ScrapeError(f"cannot connect to {shown}: {_reason(exc)}") from None
+            raise ScrapeError(f"cannot connect to {shown}: {scrub(_reason(exc), url)}") from None
         except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
             if deadline.passed():
                 raise ScrapeError(too_late) from None
-            raise ScrapeError(f"request to {shown} failed: {_reason(exc)}") from None
+            raise ScrapeError(f"request to {shown} failed: {scrub(_reason(exc), url)}") from None
 
 
 def _read_body(

@@ -22,7 +22,8 @@ from specobs.tools import _client
 from specobs.tools._client import Limits, ScrapeError
 from specobs.tools._scrape import COUNTER_SERIES, Delta, Series
 
-__all__ = ["normalize_selector", "parse_window", "prometheus_delta", "window_text"]
+__all__ = ["normalize_selector", "parse_window", "prometheus_delta", "server_selector",
+           "window_text"]
 
 # -- Prometheus as the source ---------------------------------------------------------------------
 
@@ -38,6 +39,15 @@ def parse_window(text: str) -> float:
     if value <= 0:
         raise ValueError(f"window must be positive, got {text!r}")
     return value
+
+
+def server_selector(selector: str, instance: str | None) -> str:
+    """The matchers of ``--selector`` and ``--instance`` (``doctor`` and ``advise``) as one
+    selector body: the selector normalized, the instance as an exact match."""
+    matchers = [normalize_selector(selector)] if selector else []
+    if instance is not None:
+        matchers.append(f"instance={json.dumps(instance)}")
+    return ",".join(m for m in matchers if m)
 
 
 def normalize_selector(text: str) -> str:

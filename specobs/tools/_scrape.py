@@ -255,7 +255,8 @@ def fetch_text(
     shown = _client.display_url(url)
     if response.status_code != 200:
         body = response.body.decode("utf-8", "replace").strip().splitlines()
-        detail = f": {body[0][:80]}" if body else ""
+        # The first line of the answer, less any credential of the URL a server echoes back.
+        detail = f": {_client.scrub(body[0], url)[:80]}" if body else ""
         raise ScrapeError(
             f"{shown} answered HTTP {response.status_code} {response.reason_phrase}{detail}"
         )

@@ -22,17 +22,19 @@ fail     speculation is broken or costs throughput: a stall, a collapsed draft, 
 The thresholds are module constants named after what they bound; docs/diagnosis.md says how
 each was chosen. The parts, each name importable from here:
 
-==============  ===============================================================================
-``_findings``   :class:`Finding`, :data:`CODES`, :data:`SEVERITIES`, :class:`Window`, and what
-                every classifier reads alike (the clock to judge by, a phase's mean)
-``_window``     the classifiers of one window: acceptance profile, cycle and host bound, stall,
-                speedup
-``_compare``    against a past (:data:`LIFETIME` or a :func:`saved_run`) and against a cohort
-``_cost``       the cost model: the forward's cost in tokens fitted from the server's own
-                points, a cycle's costs in host seconds
-``_advice``     the advisor: k, the predicted speedup, the draft's cost, the batch threshold,
-                a k for each band of batch sizes
-==============  ===============================================================================
+==================  ==============================================================================
+``_findings``       :class:`Finding`, :data:`CODES`, :data:`SEVERITIES`, :class:`Window`, and what
+                    every classifier reads alike (the clock to judge by, a phase's mean)
+``_window``         the classifiers of one window: acceptance profile, cycle and host bound, stall,
+                    speedup, time between cycles
+``_compare``        against a past (:data:`LIFETIME` or a :func:`saved_run`) and against a cohort
+``_cost``           the cost model: the forward's cost in tokens fitted from the server's own
+                    points, a cycle's costs in host seconds
+``_advice``         the advisor: k, the predicted speedup, the draft's cost
+``_batch``          the batch size above which speculation stops paying
+``_schedule``       a k for each band of batch sizes
+``_engine_config``  such a schedule in each engine's own configuration syntax
+==================  ==============================================================================
 """
 
 from __future__ import annotations
@@ -45,35 +47,34 @@ from specobs.tools._diagnosis._advice import (
     ADVICE_MAX_K,
     ADVICE_MIN_GAIN,
     ADVICE_Z,
+    DRAFT_EATS_GAIN,
+    DRAFT_GREW,
+    DRAFT_MAX_OF_VERIFY,
+    PLAIN_STEP_SPREAD,
+    TREND_MIN_RATES,
+    FirstPosition,
+    Prospects,
+    advise_k,
+    candidates,
+    draft_cost,
+    expected_tokens,
+    extended_rates,
+    nearest_best,
+    predict,
+    prospects,
+    rate_interval,
+    slopes,
+)
+from specobs.tools._diagnosis._batch import (
     BATCH_CONFIDENT_FACTOR,
     BATCH_EXTRAPOLATION_MAX,
     BATCH_FIT_POINTS,
     BATCH_SAME_FACTOR,
     BATCH_SEARCH_MAX_FACTOR,
-    DRAFT_EATS_GAIN,
-    DRAFT_GREW,
-    DRAFT_MAX_OF_VERIFY,
-    TREND_MIN_RATES,
-    BandChoice,
     BatchPoint,
-    FirstPosition,
-    Prospects,
-    advise_k,
-    bands_from,
     batch_point,
     batch_threshold,
-    candidates,
-    choose_at,
-    draft_cost,
-    expected_tokens,
-    extended_rates,
     line_threshold,
-    nearest_best,
-    predict,
-    prospects,
-    rate_interval,
-    schedule,
-    schedule_finding,
 )
 from specobs.tools._diagnosis._compare import (
     ACCEPT_DROP_MIN,
@@ -125,6 +126,14 @@ from specobs.tools._diagnosis._findings import (
     Window,
     window,
     worst,
+)
+from specobs.tools._diagnosis._schedule import (
+    BandChoice,
+    bands_from,
+    by_draft_length,
+    choose_at,
+    schedule,
+    schedule_finding,
 )
 from specobs.tools._diagnosis._window import (
     BOOKKEEPING_MAX_SHARE,
@@ -194,6 +203,7 @@ __all__ = [
     "MIN_RECENT_CYCLES",
     "MIN_SPEEDUP_CYCLES",
     "NOT_THE_SPECULATION",
+    "PLAIN_STEP_SPREAD",
     "SAME_TOKENS",
     "SEVERITIES",
     "SLOWER_CYCLE_FRACTION",
@@ -225,6 +235,7 @@ __all__ = [
     "batch_point",
     "batch_threshold",
     "between_cycles",
+    "by_draft_length",
     "candidates",
     "choose_at",
     "conditional_acceptance",
@@ -247,6 +258,7 @@ __all__ = [
     "schedule",
     "schedule_finding",
     "shift_z",
+    "slopes",
     "speedup",
     "stall",
     "status_line",
@@ -311,10 +323,10 @@ def diagnose(recent: Window, past: Window | None = None,
     gap = between_cycles(b, past.breakdown if past is not None else None)
     if gap is not None:
         out.append(gap)
-    if b.cycles >= MIN_SPEEDUP_CYCLES:
-        # The draft's cost and the advice are read from the same basis: a few seconds of a
-        # busy machine swing the phases by half, the lifetime that matches them does not.
-        basis = advice_basis(recent, past, compared)
+    # The draft's cost and the advice are read from the same basis: a few seconds of a busy
+    # machine swing the phases by half, the lifetime that matches them does not.
+    basis = advice_basis(recent, past, compared)
+    if basis.breakdown.cycles >= MIN_SPEEDUP_CYCLES:
         basis_model = model if basis is recent else model_of([basis])
         before = past.breakdown if past is not None and basis is recent else None
         costly = draft_cost(basis.breakdown, before, basis_model)
@@ -323,6 +335,7 @@ def diagnose(recent: Window, past: Window | None = None,
         advice = advise_k(basis.breakdown, basis_model, basis.drafted_first)
         if advice is not None:
             out.append(advice)
+    if b.cycles >= MIN_SPEEDUP_CYCLES:
         # The lifetime is not a point: its baseline gauge was read at its end, on the batch
         # served then, not on the lifetime's mean batch.
         served = [w for w in (recent, *batch_windows) if w.breakdown.cycles >= MIN_SPEEDUP_CYCLES]

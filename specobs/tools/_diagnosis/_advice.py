@@ -1,9 +1,9 @@
 """The advisor: the speculation length k the measured acceptance and costs favour, the speedup
-the cost model predicts (:mod:`._cost`), the draft's cost, the batch size above which
-speculation stops paying and a k for each band of batch sizes."""
+the cost model predicts (:mod:`._cost`) and the draft's cost."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,18 +15,32 @@ from specobs.tools._diagnosis._cost import (
     Prediction,
     cycle_costs,
 )
-from specobs.tools._diagnosis._engine_config import Band
-from specobs.tools._diagnosis._findings import Finding, Window, _clock, _mean, _ms, _x
+from specobs.tools._diagnosis._findings import Finding, _ms, _x
 from specobs.tools._diagnosis._window import conditional_acceptance
 
 __all__ = [
-    "ADVICE_ALIKE", "ADVICE_BEYOND", "ADVICE_MAX_K", "ADVICE_MIN_GAIN", "ADVICE_Z",
-    "BATCH_CONFIDENT_FACTOR", "BATCH_EXTRAPOLATION_MAX", "BATCH_FIT_POINTS",
-    "BATCH_SAME_FACTOR", "BATCH_SEARCH_MAX_FACTOR", "DRAFT_EATS_GAIN", "DRAFT_GREW",
-    "DRAFT_MAX_OF_VERIFY", "TREND_MIN_RATES", "BatchPoint", "FirstPosition",
-    "Prospects", "advise_k", "batch_point", "batch_threshold", "candidates", "draft_cost",
-    "expected_tokens", "extended_rates", "line_threshold", "nearest_best", "predict",
-    "prospects", "rate_interval",
+    "ADVICE_ALIKE",
+    "ADVICE_BEYOND",
+    "ADVICE_MAX_K",
+    "ADVICE_MIN_GAIN",
+    "ADVICE_Z",
+    "DRAFT_EATS_GAIN",
+    "DRAFT_GREW",
+    "DRAFT_MAX_OF_VERIFY",
+    "PLAIN_STEP_SPREAD",
+    "TREND_MIN_RATES",
+    "FirstPosition",
+    "Prospects",
+    "advise_k",
+    "candidates",
+    "draft_cost",
+    "expected_tokens",
+    "extended_rates",
+    "nearest_best",
+    "predict",
+    "prospects",
+    "rate_interval",
+    "slopes",
 ]
 
 #: The advisor considers k from 1 to this, and names another k only for a predicted gain of at
@@ -41,18 +55,6 @@ ADVICE_MIN_GAIN = 0.02
 #: Beyond the measured positions the in-cycle rates' trend is taken from at least this many of
 #: them (k >= 4); from fewer, their level alone.
 TREND_MIN_RATES = 3
-
-
-def _k_zero_above(batch: float) -> str:
-    """How each engine turns speculation off above a batch size: a k = 0 band of its
-    batch-size schedule (vLLM 0.33+ ``num_speculative_tokens_per_batch_size``, SGLang's
-    ``--speculative-adaptive-config`` tiers, TensorRT-LLM's ``draft_len_schedule``)."""
-    n = max(round(batch), 1)
-    return (f"vLLM: a k = 0 band in num_speculative_tokens_per_batch_size, "
-            f"[[1, {n}, k], [{n + 1}, max_num_seqs, 0]]; SGLang: candidate_steps [0] from batch "
-            f"{n + 1} in --speculative-adaptive-config; TensorRT-LLM (after 1.2): "
-            f"draft_len_schedule {{{n}: max_draft_len}}, batches above its largest key draft "
-            "nothing")
 
 
 def extended_rates(conditional: Sequence[float], n: int) -> list[float]:
@@ -204,6 +206,24 @@ class Prospects:
         return None if plain is None else self.rate(k, rates) * plain
 
 
+#: A plain step measured beside the cycles (by the engine, under the same load) is trusted to
+#: this fraction: the forward's slope is judged at both ends of what that allows.
+PLAIN_STEP_SPREAD = 0.03
+
+
+def slopes(pr: Prospects) -> list[ForwardModel]:
+    """The forward with its slope at both ends of what a plain step off by
+    :data:`PLAIN_STEP_SPREAD` allows (the slope is the difference between verify and the plain
+    step over the B k tokens between them, so a plain step 10% off moves it by 0.1 plain / B k);
+    none where the slope was not measured."""
+    model, costs = pr.model, pr.costs
+    if model is None or not model.sure:
+        return []
+    shift = PLAIN_STEP_SPREAD * model.at(costs.batch) / (costs.batch * costs.k)
+    return [dataclasses.replace(model, per_token_seconds=max(0.0, model.per_token_seconds + d))
+            for d in (-shift, shift)]
+
+
 #: Positions beyond the measured ones the advisor extrapolates acceptance to.
 ADVICE_BEYOND = 3
 
@@ -262,11 +282,13 @@ def advise_k(b: Breakdown, model: ForwardModel | None = None,
     ks = candidates(k, model)
     first = FirstPosition.fit(pr.conditional, k)
     low, high = rate_interval(pr.conditional, drafted_first)
+    alternatives = [pr, *(dataclasses.replace(pr, model=m) for m in slopes(pr))]
 
     def gains(kk: int) -> tuple[float, float, float]:
-        """The gain of ``kk`` over ``k``: predicted, and its pessimistic and optimistic ends."""
+        """The gain of ``kk`` over ``k``: predicted, and its pessimistic and optimistic ends
+        over the acceptance's interval and the forward's slope's."""
         g = pr.rate(kk) / pr.rate(k) - 1
-        ends = [pr.rate(kk, r) / pr.rate(k, r) - 1 for r in (low, high)]
+        ends = [a.rate(kk, r) / a.rate(k, r) - 1 for a in alternatives for r in (low, high)]
         return g, min(*ends, g), max(*ends, g)
 
     # Of the lengths alike the best, the nearest whose gain holds at the data's pessimistic
@@ -415,361 +437,3 @@ def draft_cost(b: Breakdown, past: Breakdown | None = None,
     return Finding("SPEC-DRAFT-COST", "ok",
                    f"{text}; it takes {eaten * 100:.0f}% of what a free draft would gain",
                    evidence)
-
-# -- the forward's cost in tokens, and the batch size where speculation stops paying -------------
-
-#: Batch sizes the threshold search looks at, as multiples of the measured mean batch.
-BATCH_SEARCH_MAX_FACTOR = 64.0
-
-
-#: Windows whose mean batches are within this factor of each other are one batch size observed.
-BATCH_SAME_FACTOR = 1.25
-#: The top batch sizes observed whose costs' log-log slopes extrapolate beyond them.
-BATCH_FIT_POINTS = 3
-#: A threshold extrapolated beyond the largest batch observed is named only up to this factor
-#: of it, with confidence "medium" up to BATCH_CONFIDENT_FACTOR and "low" beyond.
-BATCH_EXTRAPOLATION_MAX = 4.0
-BATCH_CONFIDENT_FACTOR = 2.0
-
-
-@dataclass(frozen=True)
-class BatchPoint:
-    """What one window says about one batch size: its mean ``batch``, the plain decode step
-    there (1 / a baseline measured on that batch), the host cycle, verify (on the window's
-    clock), the tokens per sequence-cycle and k, over ``cycles`` cycles."""
-
-    batch: float
-    plain_seconds: float
-    cycle_seconds: float
-    verify_seconds: float
-    tokens: float
-    k: int
-    cycles: float
-
-    @property
-    def speedup(self) -> float:
-        """Tokens per second per sequence against the plain step's: the realized speedup."""
-        return self.tokens * self.plain_seconds / self.cycle_seconds
-
-
-def batch_point(w: Window) -> BatchPoint | None:
-    """The :class:`BatchPoint` of a window whose baseline the engine measured on the served
-    batch (a configured one may be of any batch), with verify and the host cycle timed; else
-    ``None``."""
-    b = w.breakdown
-    clock = _clock(b)
-    host_cycle = b.cycle_mean_seconds.get("host")
-    baseline = b.baseline_tokens_per_second
-    k = sum(1 for _, rate in b.position_acceptance if rate is not None)
-    if not w.baseline_measured or not baseline or clock is None or host_cycle is None \
-            or not host_cycle > 0 or b.sequence_tokens_per_second is None or k < 1 \
-            or b.mean_batch_size is None or not b.mean_batch_size > 0:
-        return None
-    v = _mean(b, "verify", clock)
-    if v is None or not v > 0:
-        return None
-    # Under a GPU clock verify is the device's time and the cycle the host's: scale verify's
-    # share of the GPU phases onto the host cycle, which is what the tokens/s are over.
-    if clock != "host":
-        phases = math.fsum(s.mean_seconds for (p, c), s in b.stats.items()
-                           if c == clock and s.mean_seconds)
-        v = host_cycle * v / phases if phases > 0 else v
-    return BatchPoint(b.mean_batch_size, 1.0 / baseline, host_cycle, min(v, host_cycle),
-                      b.sequence_tokens_per_second * host_cycle, k, b.cycles)
-
-
-def line_threshold(point: BatchPoint) -> float | None:
-    """The batch where a straight line through ``point``'s one batch crosses 1 (the fit this
-    module made before it fitted over several batches; evidence ``line_threshold_batch``):
-    forward(n) = f + p n through the plain step (n = B) and verify (n = B (k + 1)), the rest of
-    the cycle scaling with verify. ``None`` where the line stays above 1 (p = 0, or up to
-    :data:`BATCH_SEARCH_MAX_FACTOR` times the batch), 1.0 where it is below 1 at batch 1. A
-    forward's cost per token changes with the batch, so this errs, low on the CPU demo (12 from
-    batch 1, 229 from 64, while speculation paid 1.6-2.1x at every batch 1..64)."""
-    batch, k = point.batch, point.k
-    per_token = max(0.0, (point.verify_seconds - point.plain_seconds) / (batch * k))
-    fixed = point.verify_seconds - per_token * batch * (k + 1)
-    scale = point.cycle_seconds / point.verify_seconds
-
-    def gain(bb: float) -> float:
-        return point.tokens * (fixed + per_token * bb) / (
-            (fixed + per_token * bb * (k + 1)) * scale)
-
-    if gain(1.0) < 1.0:
-        return 1.0
-    top = batch * BATCH_SEARCH_MAX_FACTOR
-    if per_token <= 0 or gain(top) >= 1.0:
-        return None
-    return _crossing(gain, 1.0, top)
-
-
-def _crossing(gain: Callable[[float], float], lo: float, hi: float) -> float:
-    """Where the falling ``gain`` crosses 1 between ``lo`` (>= 1) and ``hi`` (< 1), to 1%."""
-    while hi - lo > 0.01 * lo:
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if gain(mid) >= 1.0 else (lo, mid)
-    return lo
-
-
-def _distinct(points: Sequence[BatchPoint]) -> list[BatchPoint]:
-    """One point per batch size observed: points whose mean batches are within
-    :data:`BATCH_SAME_FACTOR` of each other merged (costs weighted by cycles, batch
-    geometric), sorted by batch."""
-    groups: list[list[BatchPoint]] = []
-    for p in sorted(points, key=lambda p: p.batch):
-        if groups and p.batch <= groups[-1][0].batch * BATCH_SAME_FACTOR:
-            groups[-1].append(p)
-        else:
-            groups.append([p])
-    out = []
-    for g in groups:
-        if len(g) == 1:
-            out.append(g[0])
-            continue
-        w = math.fsum(p.cycles for p in g) or float(len(g))
-
-        def avg(attr: str, g: list[BatchPoint] = g, w: float = w) -> float:
-            return math.fsum(getattr(p, attr) * (p.cycles or 1.0) for p in g) / w
-
-        out.append(BatchPoint(
-            batch=math.exp(math.fsum(math.log(p.batch) for p in g) / len(g)),
-            plain_seconds=avg("plain_seconds"), cycle_seconds=avg("cycle_seconds"),
-            verify_seconds=avg("verify_seconds"), tokens=avg("tokens"), k=g[0].k,
-            cycles=math.fsum(p.cycles for p in g)))
-    return out
-
-
-def _elasticity(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """The least-squares slope of log y on log x, clipped to [0, 1]: how a cost grows with the
-    batch (0: not at all, 1: in proportion)."""
-    lx = [math.log(x) for x in xs]
-    ly = [math.log(y) for y in ys]
-    mx, my = math.fsum(lx) / len(lx), math.fsum(ly) / len(ly)
-    den = math.fsum((x - mx) ** 2 for x in lx)
-    slope = math.fsum((x - mx) * (y - my) for x, y in zip(lx, ly, strict=True)) / den
-    return min(1.0, max(0.0, slope))
-
-
-def batch_threshold(points: Sequence[BatchPoint]) -> Finding | None:
-    """The batch size above which speculation stops paying (where a schedule of k by batch
-    size should reach k = 0: :func:`_k_zero_above`), from windows of one server at the batch
-    sizes it served
-    (:func:`batch_point` of each); ``None`` without a point.
-
-    Each point's speedup is measured: its tokens per sequence-cycle E times the plain step over
-    the cycle (the realized speedup against a baseline measured on that batch). Between two
-    batch sizes observed, the threshold is read off where the measured speedups cross 1
-    (interpolated in log batch). Beyond the largest observed, it is extrapolated: the plain
-    step, verify and the rest of the cycle each grow with the batch as a power law, its
-    exponent the log-log slope of that cost over the top :data:`BATCH_FIT_POINTS` batch sizes
-    observed (clipped to [0, 1]), E held at the largest batch's. The finding names an
-    extrapolated threshold only up to :data:`BATCH_EXTRAPOLATION_MAX` times the largest batch
-    observed, with the batches it was fitted on and a confidence; one batch size observed names
-    none (where a cost bends cannot be read from one batch)."""
-    if not points:
-        return None
-    obs = _distinct(points)
-    lo_b, hi_b = obs[0].batch, obs[-1].batch
-    speedups = [p.speedup for p in obs]
-    span = f"batch {lo_b:.1f}" if len(obs) == 1 else f"batches {lo_b:.1f}..{hi_b:.1f}"
-    seen = ", ".join(f"{_x(s)} at {p.batch:.1f}" for p, s in zip(obs, speedups, strict=True))
-    evidence: dict[str, float | str | None] = {
-        "k": float(obs[0].k), "batches_observed": float(len(obs)), "min_batch": lo_b,
-        "max_batch": hi_b, "min_speedup": min(speedups), "max_speedup": max(speedups),
-        "line_threshold_batch": line_threshold(obs[-1]), "extrapolation_factor": None,
-        "confidence": None, "extrapolated_batch": None,
-        **{f"speedup_batch{p.batch:.1f}": s for p, s in zip(obs, speedups, strict=True)},
-    }
-    # Where the measured speedups cross 1: the last batch that still pays, and the next.
-    paying = [i for i, s in enumerate(speedups) if s >= 1.0]
-    if not paying:
-        where = (" at any batch size" if lo_b <= 1.5
-                 else f"; below batch {lo_b:.1f} it was not measured")
-        return Finding(
-            "SPEC-ADVICE-BATCH", "info",
-            f"speculation did not pay at any batch size observed ({seen}){where}",
-            {**evidence, "threshold_batch": 1.0 if lo_b <= 1.5 else None,
-             "confidence": "measured"},
-            "see the speedup and acceptance findings",
-        )
-    last = paying[-1]
-    if last < len(obs) - 1:
-        a, b = obs[last], obs[last + 1]
-        sa, sb = speedups[last], speedups[last + 1]
-        # log speedup linear in log batch between the two batch sizes
-        t = math.log(sa) / (math.log(sa) - math.log(sb)) if sa > sb else 0.0
-        cross = math.exp(math.log(a.batch) + t * (math.log(b.batch) - math.log(a.batch)))
-        return Finding(
-            "SPEC-ADVICE-BATCH", "info",
-            f"speculation stops paying between batch {a.batch:.1f} ({_x(sa)}) and "
-            f"{b.batch:.1f} ({_x(sb)}), about {cross:.0f} (measured at {span}: {seen})",
-            {**evidence, "threshold_batch": cross, "confidence": "measured"},
-            f"disable speculation above batch {cross:.0f} ({_k_zero_above(cross)})",
-        )
-    # A batch below the largest that did not pay (noise, or a warming draft) is in ``seen``.
-    pays = ("every batch size observed" if len(paying) == len(obs)
-            else "the largest batch size observed")
-    if len(obs) == 1:
-        return Finding(
-            "SPEC-ADVICE-BATCH", "ok",
-            f"speculation pays at the one batch size observed ({seen}); where it stops paying "
-            "cannot be told from one batch size",
-            {**evidence, "threshold_batch": None},
-            "to find it, diagnose windows at several batch sizes: doctor --prometheus over a "
-            "history in which the load varied, or report over such a run",
-        )
-    top = obs[-BATCH_FIT_POINTS:]
-    xs = [p.batch for p in top]
-    e_plain = _elasticity(xs, [p.plain_seconds for p in top])
-    e_verify = _elasticity(xs, [p.verify_seconds for p in top])
-    e_rest = _elasticity(xs, [max(p.cycle_seconds - p.verify_seconds, 1e-12) for p in top])
-    last_p = obs[-1]
-    rest = max(last_p.cycle_seconds - last_p.verify_seconds, 0.0)
-
-    def gain(bb: float) -> float:
-        r = bb / last_p.batch
-        cycle = last_p.verify_seconds * math.pow(r, e_verify) + rest * math.pow(r, e_rest)
-        return last_p.tokens * last_p.plain_seconds * math.pow(r, e_plain) / cycle
-
-    evidence.update({"plain_exponent": e_plain, "verify_exponent": e_verify,
-                     "rest_exponent": e_rest, "fitted_on": f"{xs[0]:.1f}..{xs[-1]:.1f}"})
-    far = hi_b * BATCH_SEARCH_MAX_FACTOR
-    at: float | None = None if gain(far) >= 1.0 else _crossing(gain, hi_b, far)
-    factor = None if at is None else at / hi_b
-    evidence.update({"extrapolated_batch": at, "extrapolation_factor": factor})
-    if at is None or factor is None or factor > BATCH_EXTRAPOLATION_MAX:
-        trend = (f"the costs' trend stays above 1 up to {far:.0f}" if at is None else
-                 f"the costs' trend reaches 1 only at about {at:.0f}, {factor:.0f}x the "
-                 f"largest batch observed, too far to name")
-        return Finding(
-            "SPEC-ADVICE-BATCH", "ok",
-            f"speculation pays at {pays} ({seen}); extrapolated from "
-            f"batches {xs[0]:.1f}..{xs[-1]:.1f}, {trend}",
-            {**evidence, "threshold_batch": None},
-        )
-    confidence = "medium" if factor <= BATCH_CONFIDENT_FACTOR else "low"
-    return Finding(
-        "SPEC-ADVICE-BATCH", "info",
-        f"speculation pays at {pays} ({seen}); extrapolated from batches "
-        f"{xs[0]:.1f}..{xs[-1]:.1f}, it stops paying above about {at:.0f} ({factor:.1f}x the "
-        f"largest batch observed, confidence {confidence})",
-        {**evidence, "threshold_batch": at, "confidence": confidence},
-        f"disable speculation above batch {at:.0f} ({_k_zero_above(at)}) once a window at "
-        "that batch confirms it",
-    )
-
-
-# -- a k for each band of batch sizes -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BandChoice:
-    """The k chosen at one observed batch size, and the predicted tokens/s per sequence at each
-    k considered there (k = 0: the plain step)."""
-
-    batch: float
-    k: int
-    rates: dict[int, float]
-    cycles: float
-
-
-def choose_at(pr: Prospects) -> BandChoice | None:
-    """The best k at ``pr``'s batch among 0 .. :data:`ADVICE_MAX_K` (or one step either side of
-    the measured k where the forward's slope is unknown, and then 0 only where a plain step is
-    known); ``None`` without any k to weigh."""
-    plain = pr.plain()
-    ks = candidates(pr.costs.k, pr.model)
-    rates = {kk: pr.rate(kk) for kk in ks}
-    if plain is not None:
-        rates[0] = 1.0 / plain
-    if not rates:
-        return None
-    best = max(rates, key=lambda kk: rates[kk])
-    return BandChoice(pr.costs.batch, best, rates, 0.0)
-
-
-def bands_from(choices: Sequence[BandChoice], threshold: float | None = None) -> list[Band]:
-    """Contiguous bands from 1 up: each observed batch size's k over the batch sizes nearer to it
-    than to the next (boundaries at the geometric midpoints), the last k carried beyond the
-    largest observed batch (``measured`` False) up to ``threshold`` (the extrapolated batch where
-    speculation stops paying) and k = 0 beyond it; adjacent bands of one k merged."""
-    obs = sorted(choices, key=lambda c: c.batch)
-    if not obs:
-        return []
-    raw: list[Band] = []
-    lo = 1
-    for i, c in enumerate(obs):
-        if i + 1 < len(obs):
-            hi = max(lo, math.floor(math.sqrt(c.batch * obs[i + 1].batch)))
-        else:
-            hi = max(lo, math.floor(c.batch))
-        raw.append(Band(lo, hi, c.k, True))
-        lo = hi + 1
-    last = obs[-1].k
-    if threshold is not None and last > 0 and threshold >= lo:
-        raw.append(Band(lo, max(lo, math.floor(threshold)), last, False))
-        lo = max(lo, math.floor(threshold)) + 1
-        raw.append(Band(lo, None, 0, False))
-    else:
-        raw.append(Band(lo, None, last, False))
-    merged: list[Band] = []
-    for band in raw:
-        if merged and merged[-1].k == band.k:
-            prev = merged[-1]
-            merged[-1] = Band(prev.lo, band.hi, band.k, prev.measured or band.measured)
-        else:
-            merged.append(band)
-    return merged
-
-
-def schedule(windows: Sequence[Window], models: Sequence[ForwardModel | None],
-             threshold: float | None = None) -> tuple[list[Band], list[BandChoice]]:
-    """The k for each band of batch sizes, from windows of one server at the batch sizes it
-    served (each window's acceptance and costs, verify along its own fitted forward in
-    ``models``: a line through one batch's points bends less than one through all): the bands
-    (:func:`bands_from`) and the choice at each batch size observed. Windows within
-    :data:`BATCH_SAME_FACTOR` of each other's batch are one observation (the one of most
-    cycles)."""
-    found: list[BandChoice] = []
-    for w, model in zip(windows, models, strict=True):
-        pr = prospects(w.breakdown, model)
-        if pr is None:
-            continue
-        c = choose_at(pr)
-        if c is not None:
-            found.append(BandChoice(c.batch, c.k, c.rates, w.breakdown.cycles))
-    found.sort(key=lambda c: c.batch)
-    kept: list[BandChoice] = []
-    for c in found:
-        if kept and c.batch <= kept[-1].batch * BATCH_SAME_FACTOR:
-            if c.cycles > kept[-1].cycles:
-                kept[-1] = c
-            continue
-        kept.append(c)
-    return bands_from(kept, threshold), kept
-
-
-def schedule_finding(bands: Sequence[Band], choices: Sequence[BandChoice]) -> Finding | None:
-    """``SPEC-ADVICE-SCHEDULE``: the bands as one line, with the choice at each batch size
-    observed in the evidence; ``None`` without a band."""
-    if not bands:
-        return None
-    text = ", ".join(
-        f"{b.lo}-{'' if b.hi is None else b.hi}: k={b.k}{'' if b.measured else ' (not measured)'}"
-        for b in bands)
-    evidence: dict[str, float | str | None] = {
-        "bands": text, "batches_observed": float(len(choices)),
-        # specobs records no context length: whether the best k moves with it cannot be told.
-        "context_length": "not recorded",
-        **{f"best_k_at_batch{c.batch:.1f}": float(c.k) for c in choices},
-    }
-    for c in choices:
-        evidence.update({f"predicted_tokens_per_second_batch{c.batch:.1f}_k{kk}": r
-                         for kk, r in sorted(c.rates.items())})
-    observed = ", ".join(f"{c.batch:.1f}" for c in choices)
-    return Finding(
-        "SPEC-ADVICE-SCHEDULE", "info" if any(b.k != bands[0].k for b in bands) else "ok",
-        f"k by batch size: {text} (measured at batch {observed})", evidence,
-        "specobs advise prints it as each engine's configuration (--engine vllm, sglang, "
-        "trtllm)",
-    )

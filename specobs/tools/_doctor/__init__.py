@@ -38,7 +38,8 @@ baseline           realized speedup: per-sequence tokens/s over the non-speculat
 
 The exit status is 0 when healthy, 1 when a check WARNs or FAILs or a finding is warn or fail
 (a problem to act on), and 2 when the endpoint is unusable (unreachable, not a specobs endpoint,
-the second scrape failed), the command line is bad or ``--against`` names no saved run.
+the second scrape failed), the command line is bad, ``--against`` names no saved run or a
+package the command needs is not installed.
 
 ``--against FILE`` also compares the window with a run saved earlier by ``specobs report
 --save`` (the whole run, first sample to last): the ``SPEC-SAVED-*`` findings, acceptance down, a
@@ -234,10 +235,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if prometheus:
             url = scr.normalize_url(args.prometheus, default_path="")
-            matchers = [pa.normalize_selector(args.selector)] if args.selector else []
-            if args.instance is not None:
-                matchers.append(f"instance={json.dumps(args.instance)}")
-            selector = ",".join(m for m in matchers if m)
+            selector = pa.server_selector(args.selector, args.instance)
             window = pa.parse_window(args.window)
             history = pa.parse_window(args.history)
         else:
@@ -256,7 +254,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"{_PROG}: {exc.name or exc} is missing: pip install 'specobs[cli,prometheus]'",
               file=sys.stderr)
-        return 1
+        # Not 1, a problem found: a script must tell a missing dependency from a sick server.
+        return 2
     saved: SavedRun | None = None
     if args.against is not None:
         try:

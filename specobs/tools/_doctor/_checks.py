@@ -28,7 +28,7 @@ CPU_BUDGET_SECONDS_PER_CYCLE = 15e-6
 #: The ``specobs_exporter_cpu_time_seconds_total`` component of /metrics scrapes. Its cost comes
 #: per scrape, and doctor scrapes far more often than Prometheus does: counted per cycle, doctor's
 #: own requests would be judged. The check gives it per scrape instead, and does not judge it.
-SCRAPE_CPU_COMPONENT = "prometheus"
+SCRAPE_CPU_COMPONENT = bd.SCRAPE_CPU_COMPONENT
 #: Cycles between the scrapes below which the exporter's CPU per cycle is not judged when over
 #: budget: a cost paid now and then rather than per cycle (an OTLP push, the resolver's periodic
 #: work) weighs on few cycles.

@@ -182,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"{_PROG}: {exc.name or exc} is missing: pip install 'specobs[cli,prometheus]'",
               file=sys.stderr)
-        return 1
+        # Not 1, a problem found: a script must tell a missing dependency from a sick server.
+        return 2
 
     stdout = sys.stdout
     plain = args.plain or args.json or not stdout.isatty()

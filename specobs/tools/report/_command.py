@@ -97,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also print one JSON object on stdout: each run's summary and, for "
                              "one run, its findings, for --compare every metric's verdict and "
                              "the regressions (the exit status is the same)")
-    _client.add_limit_arguments(parser)
+    _client.add_limit_arguments(parser, files=True)
 
 
 # -- running --------------------------------------------------------------------------------------
@@ -153,7 +153,8 @@ def _load_source(
     progress: _Progress,
 ) -> data.Run:
     if os.path.exists(spec) and not _is_url(spec):
-        source, snapshots = data.load_snapshots(spec)
+        source, snapshots = data.load_snapshots(spec, max_bytes=_client.file_limit(args),
+                                                note=progress.done)
         return data.run_from_scrapes(name or os.path.basename(spec), source, snapshots)
     if not _is_url(spec):
         raise data.RunError(f"{spec}: no such file (and not a URL such as "
