@@ -29,6 +29,7 @@ __all__ = [
     "by_name",
     "expand",
     "metric_names",
+    "union",
 ]
 
 COUNTER = "counter"
@@ -231,6 +232,12 @@ ENGINES: tuple[Engine, ...] = (
         ),
         (
             Transform("draft_tokens", "{rate:trtllm_spec_decode_num_draft_tokens_total}"),
+            Transform(
+                "drafts",
+                "max by (BY) ({rate_pos:trtllm_spec_decode_drafted_tokens_total|token_position})",
+                "the tokens drafted at the first position: every verify step that drafted "
+                "drafted one there (TensorRT-LLM exports no count of drafts)",
+            ),
             Transform("accepted_tokens", "{rate:trtllm_spec_decode_num_accepted_tokens_total}"),
             Transform("emitted_tokens", "{rate:trtllm_generation_tokens_total}",
                       "counted per request when it finishes"),
@@ -340,6 +347,28 @@ def expand(template: str, *, by: str, selector: str, window: str) -> str:
                 f'"$1", "{label}", "(.*)"))')
 
     return _PLACEHOLDER.sub(one, template).replace("(BY)", f"({by})")
+
+
+def union(quantity: str, *, by: str, selector: str, window: str, engine_label: str,
+          source: str) -> str | None:
+    """Every engine's transform of ``quantity`` in one PromQL union, each term labelled with its
+    engine (``engine_label``) and ``source``, after a comment saying what the engine's figure
+    means; ``None`` when no engine gives ``quantity``. The recording rules and ``specobs
+    doctor``/``top`` read the engines' series through this one expression."""
+    terms = []
+    for engine in ENGINES:
+        t = engine.transform(quantity)
+        if t is None:
+            continue
+        expr = expand(t.template, by=by, selector=selector, window=window)
+        note = f"# {engine.title}: {t.caveat}\n" if t.caveat else f"# {engine.title}\n"
+        terms.append(note + _label(_label(expr, engine_label, engine.name), "source", source))
+    return "\nor\n".join(terms) if terms else None
+
+
+def _label(expr: str, label: str, value: str) -> str:
+    """``expr`` with ``label`` set to ``value`` on every series."""
+    return f'label_replace(\n{expr}\n, "{label}", "{value}", "", "")'
 
 
 def metric_names() -> frozenset[str]:

@@ -745,9 +745,9 @@ def _expr_tests(config: MixinConfig) -> dict[str, Any]:
 #: Engine servers without the plugin for :func:`_engine_tests`: the engine, its target labels,
 #: its series as (name, extra labels, per-second rate for a counter or value for a gauge), and
 #: the fleet figures the rules must give (acceptance, tokens/s, accept length incl. the bonus,
-#: acceptance at position 0).
+#: acceptance at position 0, tokens per sequence-cycle: tokens/s over drafts/s).
 _ENGINE_SERVERS: tuple[tuple[str, dict[str, str], list[tuple[str, dict[str, str], float]],
-                             tuple[float, float, float, float | None]], ...] = (
+                             tuple[float, float, float, float | None, float]], ...] = (
     ("vllm", {"job": "vllm", "instance": "10.0.1.1:8000", "model_name": "llama-3-8b",
               "engine": "0"},
      [("vllm:spec_decode_num_drafts_total", {}, 10), ("vllm:spec_decode_num_draft_tokens_total",
@@ -755,13 +755,13 @@ _ENGINE_SERVERS: tuple[tuple[str, dict[str, str], list[tuple[str, dict[str, str]
       ("vllm:spec_decode_num_accepted_tokens_per_pos_total", {"position": "0"}, 8),
       ("vllm:spec_decode_num_accepted_tokens_per_pos_total", {"position": "1"}, 6),
       ("vllm:generation_tokens_total", {}, 30)],
-     (0.5, 30, 3.0, 0.8)),
+     (0.5, 30, 3.0, 0.8, 3.0)),
     ("sglang", {"job": "sglang", "instance": "10.0.1.2:30000", "model_name": "llama-3-8b",
                 "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"},
      [("sglang:spec_verify_calls_total", {}, 10), ("sglang:spec_num_draft_tokens", {}, -5),
       ("sglang:spec_accept_rate", {}, -0.25), ("sglang:spec_accept_length", {}, -2.0),
       ("sglang:generation_tokens_total", {"is_streaming": "false"}, 20)],
-     (0.25, 20, 2.0, None)),
+     (0.25, 20, 2.0, None, 2.0)),
     ("trtllm", {"job": "trtllm", "instance": "10.0.1.3:8000", "model_name": "llama-3-8b",
                 "engine_type": "trtllm"},
      [("trtllm_spec_decode_num_draft_tokens_total", {}, 30),
@@ -770,14 +770,14 @@ _ENGINE_SERVERS: tuple[tuple[str, dict[str, str], list[tuple[str, dict[str, str]
       ("trtllm_spec_decode_accepted_tokens_total", {"token_position": "0"}, 7),
       ("trtllm_spec_decode_acceptance_length", {}, -2.2),
       ("trtllm_generation_tokens_total", {}, 25)],
-     (0.4, 25, 2.2, 0.7)),
+     (0.4, 25, 2.2, 0.7, 2.5)),
     ("llamacpp", {"job": "llamacpp", "instance": "10.0.1.4:8080"},
      [("llamacpp:spec_decode_num_drafts_total", {}, 5),
       ("llamacpp:spec_decode_num_draft_tokens_total", {}, 15),
       ("llamacpp:spec_decode_num_accepted_tokens_total", {}, 9),
       ("llamacpp:spec_decode_num_accepted_tokens_per_pos_total", {"position": "0"}, 4),
       ("llamacpp:tokens_predicted_total", {}, 14)],
-     (0.6, 14, 2.8, 0.8)),
+     (0.6, 14, 2.8, 0.8, 2.8)),
     ("lmdeploy", {"job": "lmdeploy", "instance": "10.0.1.5:23333", "model_name": "llama-3-8b",
                   "engine": "0"},
      [("lmdeploy:spec_decode_num_drafts_total", {}, 4),
@@ -785,7 +785,7 @@ _ENGINE_SERVERS: tuple[tuple[str, dict[str, str], list[tuple[str, dict[str, str]
       ("lmdeploy:spec_decode_num_accepted_tokens_total", {}, 3),
       ("lmdeploy:spec_decode_num_accepted_tokens_per_pos_total", {"position": "0"}, 2),
       ("lmdeploy:generation_tokens_total", {}, 7)],
-     (0.25, 7, 1.75, 0.5)),
+     (0.25, 7, 1.75, 0.5, 1.75)),
 )
 
 
@@ -804,13 +804,15 @@ def _engine_tests(config: MixinConfig) -> dict[str, Any]:
 
     inputs = server_series([(ServerState(), steps)])
     checks: list[tuple[str, dict[str, str], float]] = []
-    for engine, target, metrics, (acceptance, emitted, length, pos0) in _ENGINE_SERVERS:
+    for engine, target, metrics, (acceptance, emitted, length, pos0, per_sequence) in \
+            _ENGINE_SERVERS:
         labels = {**GROUP, **target}
         inputs += [series(name, {**labels, **extra}, f) for name, extra, f in metrics]
         out = {k: v for k, v in labels.items() if k in config.instance_labels}
         out |= {config.engine_label: engine, "source": "engine"}
         checks += [(n.acceptance, out, acceptance), (n.emitted, out, emitted),
-                   (n.accept_length_incl_bonus, out, length)]
+                   (n.accept_length_incl_bonus, out, length),
+                   (n.emitted_per_sequence, out, per_sequence)]
         if pos0 is not None:
             checks.append((n.acceptance_by_position, {**out, "position": "0"}, pos0))
     # vLLM's own endpoint on the plugin's host (10.0.0.1) with other figures: dropped.

@@ -175,6 +175,24 @@ def _rate(metric: str, config: MixinConfig, by: str, matchers: str = "") -> str:
     return f"sum by ({by}) (rate({metric}{{{selector}}}[{config.rate_window}]))"
 
 
+def _ratio(num: str, den: str) -> str:
+    """``num / den`` where the denominator is positive: an idle server has no series, not NaN."""
+    return f"{num}\n/\n({den} > 0)"
+
+
+def _mean(histogram: str, config: MixinConfig, by: str, matchers: str = "") -> str:
+    """A histogram's mean over the rate window: the rate of its sum over that of its count."""
+    return _ratio(_rate(f"{histogram}_sum", config, by, matchers),
+                  _rate(f"{histogram}_count", config, by, matchers))
+
+
+def _plugin_or_engine(plugin: str, engine_rule: str) -> str:
+    """A fleet series from specobs's plugin, or else from the engine's own series. The engine
+    rule drops every host where the plugin is scraped, so "or" adds servers and never counts
+    one twice."""
+    return f"{plugin}\nor\n{engine_rule}"
+
+
 def request_low_share_expr(config: MixinConfig, by: str) -> str:
     """The share of finished requests with acceptance <= ``request_acceptance_low`` over
     ``request_window``, by ``by``: the bucket's rate over the count's."""
@@ -196,25 +214,16 @@ def _host(expr: str) -> str:
 def engine_rule_expr(config: MixinConfig, quantity: str) -> str:
     """One normalising rule: every engine's transform of ``quantity`` labelled with its engine
     and ``source="engine"``, less the hosts where specobs's plugin is scraped (its series win)."""
-    by, hby = config.by, config.host_by
-    terms = []
-    for engine in _engines.ENGINES:
-        t = engine.transform(quantity)
-        if t is None:
-            continue
-        expr = _engines.expand(t.template, by=by, selector=config.engine_selector,
-                               window=config.rate_window)
-        note = f"# {engine.title}: {t.caveat}\n" if t.caveat else f"# {engine.title}\n"
-        labelled = (
-            f'label_replace(label_replace(\n{expr}\n, "{config.engine_label}", "{engine.name}", '
-            f'"", ""), "source", "{ENGINE_SOURCE}", "", "")'
-        )
-        terms.append(note + _host(labelled))
-    union = "\nor\n".join(terms)
+    union = _engines.union(quantity, by=config.by, selector=config.engine_selector,
+                           window=config.rate_window, engine_label=config.engine_label,
+                           source=ENGINE_SOURCE)
+    if union is None:
+        raise ValueError(f"no engine gives the fleet quantity {quantity!r}")
+    hosted = _host(f"(\n{union}\n)")
     return (
-        f'label_replace(\n(\n{union}\n)\n'
+        f"label_replace(\n{hosted}\n"
         f"# specobs's plugin wins where it is scraped on the same host.\n"
-        f"unless on ({hby}) {_host(f'up{{{config.selector}}}')}\n"
+        f"unless on ({config.host_by}) {_host(f'up{{{config.selector}}}')}\n"
         f', "host", "", "host", ".*")'
     )
 
@@ -232,9 +241,6 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
     hby = config.host_by
     sel = config.selector
 
-    def ratio(num: str, den: str) -> str:
-        return f"{num}\n/\n({den} > 0)"
-
     cycle_buckets = f"{c.CYCLE_DURATION.name}_bucket"
     host = 'clock="host"'
     own_requests = f'__name__=~"{c.REQUESTS_RUNNING.name}|{c.REQUESTS_WAITING.name}"'
@@ -242,62 +248,41 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         m for m in (f'__name__=~"{"|".join(ENGINE_REQUEST_GAUGES)}"', config.engine_selector) if m
     )
     e = n.engine
-
-    def own_or_engine(own: str, engine: str) -> str:
-        # Plugin series and engine series never share a host (the engine rule drops those), so
-        # "or" adds servers and never counts one twice.
-        return f"{own}\nor\n{engine}"
+    # The fleet counters' rates: from the plugin's counter, else from the engine's quantity.
+    # Sequence-cycles: an engine's drafts (verify steps of one sequence) are the same count.
+    counted = (
+        (n.emitted, c.EMITTED_TOKENS.name, "emitted_tokens"),
+        (n.drafted, c.DRAFT_TOKENS.name, "draft_tokens"),
+        (n.accepted, c.ACCEPTED_TOKENS.name, "accepted_tokens"),
+        (n.sequences, f"{c.BATCH_SIZE.name}_sum", "drafts"),
+    )
 
     return [
         RecordingRule(n.up, f"max by ({by}) (up{{{sel}}})"),
         *(RecordingRule(e[q.key], engine_rule_expr(config, q.key)) for q in _engines.QUANTITIES),
         RecordingRule(n.cycles, _rate(c.CYCLES.name, config, by)),
-        RecordingRule(
-            n.emitted, own_or_engine(_rate(c.EMITTED_TOKENS.name, config, by), e["emitted_tokens"])
-        ),
-        RecordingRule(
-            n.drafted, own_or_engine(_rate(c.DRAFT_TOKENS.name, config, by), e["draft_tokens"])
-        ),
-        RecordingRule(
-            n.accepted,
-            own_or_engine(_rate(c.ACCEPTED_TOKENS.name, config, by), e["accepted_tokens"]),
-        ),
-        # Sequence-cycles: an engine's drafts (verify steps of one sequence) are the same count.
-        RecordingRule(
-            n.sequences,
-            own_or_engine(_rate(f"{c.BATCH_SIZE.name}_sum", config, by), e["drafts"]),
-        ),
+        *(RecordingRule(record, _plugin_or_engine(_rate(plugin, config, by), e[quantity]))
+          for record, plugin, quantity in counted),
         RecordingRule(
             n.acceptance_by_position,
-            own_or_engine(
-                ratio(
+            _plugin_or_engine(
+                _ratio(
                     _rate(c.ACCEPTED_BY_POSITION.name, config, f"{by}, position"),
                     _rate(c.DRAFTED_BY_POSITION.name, config, f"{by}, position"),
                 ),
                 e["acceptance_by_position"],
             ),
         ),
-        RecordingRule(n.acceptance, ratio(n.accepted, n.drafted)),
-        RecordingRule(n.emitted_per_sequence, ratio(n.emitted, n.sequences)),
-        RecordingRule(n.drafted_per_sequence, ratio(n.drafted, n.sequences)),
-        RecordingRule(n.batch_size_mean, ratio(n.sequences, n.cycles)),
+        RecordingRule(n.acceptance, _ratio(n.accepted, n.drafted)),
+        RecordingRule(n.emitted_per_sequence, _ratio(n.emitted, n.sequences)),
+        RecordingRule(n.drafted_per_sequence, _ratio(n.drafted, n.sequences)),
+        RecordingRule(n.batch_size_mean, _ratio(n.sequences, n.cycles)),
         # The k in effect (engines change it at run time): the fleet table's "Mean k".
-        RecordingRule(
-            n.draft_length_mean,
-            ratio(
-                _rate(f"{c.DRAFT_LENGTH.name}_sum", config, by),
-                _rate(f"{c.DRAFT_LENGTH.name}_count", config, by),
-            ),
-        ),
+        RecordingRule(n.draft_length_mean, _mean(c.DRAFT_LENGTH.name, config, by)),
         RecordingRule(
             n.accept_length_excl_bonus,
-            own_or_engine(
-                ratio(
-                    _rate(f"{c.ACCEPT_LENGTH.name}_sum", config, by),
-                    _rate(f"{c.ACCEPT_LENGTH.name}_count", config, by),
-                ),
-                f"{e['accept_length_incl_bonus']} - 1",
-            ),
+            _plugin_or_engine(_mean(c.ACCEPT_LENGTH.name, config, by),
+                              f"{e['accept_length_incl_bonus']} - 1"),
         ),
         # vLLM's dashboards show 1 + accepted / drafts: the target's bonus token included.
         RecordingRule(n.accept_length_incl_bonus, f"1 + {n.accept_length_excl_bonus}"),
@@ -305,13 +290,7 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         # baseline alerts) reads nothing else, and no dashboard reads this rule; the GPU clock
         # was 2 of the 21 raw series per server the alert group reads over its rate window.
         # (``specobs top`` and the report compute both clocks' means from the raw counters.)
-        RecordingRule(
-            n.cycle_mean,
-            ratio(
-                _rate(f"{c.CYCLE_DURATION.name}_sum", config, f"{by}, clock", host),
-                _rate(f"{c.CYCLE_DURATION.name}_count", config, f"{by}, clock", host),
-            ),
-        ),
+        RecordingRule(n.cycle_mean, _mean(c.CYCLE_DURATION.name, config, f"{by}, clock", host)),
         # The host clock only (every cycle; what the fleet table, outliers and heatmap show):
         # 2 clocks x 20 bucket rates per server were the costliest rule at 1,000 servers. The
         # GPU clock's quantiles are on the cycle breakdown, from the raw histogram.
@@ -321,16 +300,10 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         # The engine's time outside cycles (scheduler, detokenisation, Python between steps):
         # the mean gap from a cycle's end to its thread's next begin, idle gaps left out, and
         # the gaps' share of the time the engine was busy (gaps plus host cycle time).
-        RecordingRule(
-            n.gap_mean,
-            ratio(
-                _rate(f"{c.CYCLE_GAP.name}_sum", config, by),
-                _rate(f"{c.CYCLE_GAP.name}_count", config, by),
-            ),
-        ),
+        RecordingRule(n.gap_mean, _mean(c.CYCLE_GAP.name, config, by)),
         RecordingRule(
             n.gap_share,
-            ratio(
+            _ratio(
                 _rate(f"{c.CYCLE_GAP.name}_sum", config, by),
                 f"(\n  {_rate(f'{c.CYCLE_GAP.name}_sum', config, by)}\n  +\n"
                 f"  {_rate(f'{c.CYCLE_DURATION.name}_sum', config, by, host)}\n)",
@@ -338,13 +311,7 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         ),
         # The GPU clock exists only on sampled cycles, so each clock's mean is its own
         # rate(sum) / rate(count); never divide GPU time by the count of all cycles.
-        RecordingRule(
-            n.phase_mean,
-            ratio(
-                _rate(f"{c.PHASE_DURATION.name}_sum", config, f"{by}, phase, clock"),
-                _rate(f"{c.PHASE_DURATION.name}_count", config, f"{by}, phase, clock"),
-            ),
-        ),
+        RecordingRule(n.phase_mean, _mean(c.PHASE_DURATION.name, config, f"{by}, phase, clock")),
         RecordingRule(
             n.phase_share,
             f"{n.phase_mean}\n/ ignoring (phase) group_left ()\n"
@@ -377,7 +344,7 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         RecordingRule(n.dropped, _rate(c.DROPPED_RECORDS.name, config, f"{by}, reason")),
         RecordingRule(
             n.sampled_ratio,
-            ratio(_rate(c.SAMPLED_CYCLES.name, config, by), n.cycles),
+            _ratio(_rate(c.SAMPLED_CYCLES.name, config, by), n.cycles),
         ),
         RecordingRule(
             n.last_cycle_age, f"time() - max by ({by}) ({c.LAST_CYCLE_TIMESTAMP.name}{{{sel}}})"
@@ -392,7 +359,7 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         RecordingRule(n.cohort_emitted, f"sum by ({cby}) ({n.emitted})"),
         RecordingRule(
             n.cohort_acceptance,
-            ratio(f"sum by ({cby}) ({n.accepted})", f"sum by ({cby}) ({n.drafted})"),
+            _ratio(f"sum by ({cby}) ({n.accepted})", f"sum by ({cby}) ({n.drafted})"),
         ),
         RecordingRule(n.cohort_acceptance_median, f"quantile by ({cby}) (0.5, {n.acceptance})"),
         RecordingRule(n.cohort_speed_median, f"quantile by ({cby}) (0.5, {n.sequence_speed})"),
