@@ -32,6 +32,7 @@ from specobs.mixin import MixinConfig, render_all
 from specobs.mixin._panels import fill_variables
 from specobs.mixin._rules import AlertNames
 from tests._engine_exposition import EngineExposition, Workload, engine_hosts, workload_figures
+from tests.test_top import cli_here
 
 try:
     import specobs
@@ -89,6 +90,8 @@ class PluginServer:
             max_draft_length=self.K,
             labels={"model_name": MODEL, "serving_engine": "transformers"},
             poll_interval_seconds=0.02,
+            # The pacing waits between bursts of cycles: idle, not the engine's overhead.
+            idle_gap_seconds=0.001,
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="plugin-server", daemon=True)
@@ -244,3 +247,22 @@ def test_every_engine_and_the_plugin_on_one_fleet_view(
     assert firing[0]["labels"].get("model_name") is None  # llama.cpp labels no model
     # One server per cohort: no peers to fall below.
     assert server.firing(AlertNames.ACCEPTANCE_BELOW_COHORT) == []
+
+    # doctor over the whole Prometheus names the server, and only that one fails.
+    rc, out, err = cli_here(capsys, "doctor", "--prometheus", server.url, "--window", "4s",
+                            "--history", "8s", "--json")
+    assert err == "" and rc == 1, (rc, err, out)
+    report = json.loads(out)
+    lines = {c["name"]: c for c in report["checks"]}
+    assert set(expected) <= set(lines)
+    assert lines[collapsing.target]["verdict"] == "FAIL", lines[collapsing.target]
+    assert "SPEC-ACCEPT-COLLAPSE" in lines[collapsing.target]["reason"]
+    assert [i for i in expected if lines[i]["verdict"] == "FAIL"] == [collapsing.target]
+    failed = [f for f in report["findings"] if f["severity"] == "fail"]
+    assert [(f["code"], f["evidence"]["instance"]) for f in failed] == [
+        ("SPEC-ACCEPT-COLLAPSE", collapsing.target)], failed
+    assert failed[0]["sentence"].startswith(f"{collapsing.target} (llama.cpp server, engine")
+    # What needs the plugin is said so for the five engine servers, never judged.
+    needs = lines["needs the plugin"]
+    assert needs["verdict"] == "SKIP"
+    assert sorted(needs["data"]["instances"]) == sorted(s.target for s in fleet.engines.values())
