@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from specobs.mixin import MixinConfig, render_all
-from specobs.mixin._panels import fill_variables
+from specobs.mixin._panels import NEEDS_PLUGIN, NEEDS_PLUGIN_VALUE, fill_variables
 from specobs.mixin._rules import AlertNames
 from tests._engine_exposition import EngineExposition, Workload, engine_hosts, workload_figures
 from tests.test_top import cli_here
@@ -139,10 +139,11 @@ class Fleet:
     def expected(self) -> dict[str, dict[str, Any]]:
         """Instance -> its engine label, acceptance and tokens/s, from the inputs."""
         out = {self.plugin.target: {"serving_engine": "transformers", "job": "specobs",
+                                    "source": "plugin",
                                     "acceptance": self.plugin.acceptance,
                                     "emitted_per_second": self.plugin.emitted_per_second}}
         for name, server in self.engines.items():
-            out[server.target] = {"serving_engine": name, "job": name,
+            out[server.target] = {"serving_engine": name, "job": name, "source": "engine",
                                   **workload_figures(name, server.workload)}
         return out
 
@@ -162,13 +163,30 @@ def fleet() -> Iterator[Fleet]:
         plugin.stop()
 
 
+def _servers_table(dashboard: dict[str, Any]) -> dict[str, Any]:
+    return next(p for p in _panels(dashboard["panels"])
+                if p.get("type") == "table" and p.get("title") == "Servers")
+
+
 def _servers_columns(dashboard: dict[str, Any]) -> dict[str, str]:
     """The fleet dashboard's "Servers" table: column header -> its query, as generated."""
-    table = next(p for p in _panels(dashboard["panels"])
-                 if p.get("type") == "table" and p.get("title") == "Servers")
+    table = _servers_table(dashboard)
     renames = next(t["options"]["renameByName"] for t in table["transformations"]
                    if t["id"] == "organize")
     return {renames[f"Value #{t['refId']}"]: t["expr"] for t in table["targets"]}
+
+
+def _cell_text(dashboard: dict[str, Any], header: str, value: float) -> str | None:
+    """What a cell of ``header`` shows for ``value`` by the column's value mappings."""
+    table = _servers_table(dashboard)
+    override = next(o for o in table["fieldConfig"]["overrides"]
+                    if o["matcher"]["options"] == header)
+    for prop in override["properties"]:
+        if prop["id"] == "mappings":
+            for mapping in prop["value"]:
+                if mapping["type"] == "value" and float(next(iter(mapping["options"]))) == value:
+                    return str(next(iter(mapping["options"].values()))["text"])
+    return None
 
 
 def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -190,6 +208,7 @@ def _matches(expected: dict[str, dict[str, Any]], key: str, rel: float
         got = _by_instance(result)
         return set(got) == set(expected) and all(
             got[i][0].get("serving_engine") == e["serving_engine"]
+            and got[i][0].get("source") == e["source"]
             and math.isclose(got[i][1], e[key], rel_tol=rel)
             for i, e in expected.items()
         )
@@ -209,7 +228,8 @@ def test_every_engine_and_the_plugin_on_one_fleet_view(
         extra_jobs={name: [s.target] for name, s in fleet.engines.items()})
     server.wait_for_target_up(timeout_seconds=30)
 
-    columns = _servers_columns(json.loads(files["dashboards/fleet.json"]))
+    dashboard = json.loads(files["dashboards/fleet.json"])
+    columns = _servers_columns(dashboard)
     tokens = fill_variables(columns["Tokens/s"], "4s")
     acceptance = fill_variables(columns["Acceptance"], "4s")
     expected = fleet.expected()
@@ -227,6 +247,31 @@ def test_every_engine_and_the_plugin_on_one_fleet_view(
                                        timeout_seconds=60))
     for instance, e in expected.items():
         assert got[instance][1] == pytest.approx(e["emitted_per_second"], rel=0.1), instance
+        assert got[instance][0]["source"] == e["source"], instance
+    # Every server is up, its engine endpoint or the plugin's.
+    up = _by_instance(server.query(fill_variables(columns["Up"], "4s")))
+    assert {i: v for i, (_, v) in up.items()} == dict.fromkeys(expected, 1.0)
+    # A column only the plugin measures: the plugin's server has its figure; every engine
+    # server a cell that reads "needs the plugin", not a zero.
+    batch = _by_instance(server.wait_for(
+        fill_variables(columns["Mean batch"], "4s"), lambda r: len(r) == 6, timeout_seconds=30))
+    assert batch[fleet.plugin.target][1] == pytest.approx(len(PluginServer.ACCEPTED), rel=0.01)
+    for engine in fleet.engines.values():
+        labels, value = batch[engine.target]
+        assert (labels["source"], value) == ("engine", NEEDS_PLUGIN_VALUE), engine.target
+    assert _cell_text(dashboard, "Mean batch", NEEDS_PLUGIN_VALUE) == NEEDS_PLUGIN
+
+    # The engine servers alone selected: every other fleet panel has data, or is one that says
+    # it needs the plugin, and then has none (never a zero).
+    engine_only = {"job": "|".join(fleet.engines),
+                   "instance": "|".join(e.target for e in fleet.engines.values())}
+    for panel in _panels(dashboard["panels"]):
+        if panel["type"] in ("row", "table"):
+            continue
+        results = [server.query(fill_variables(t["expr"], "4s", engine_only))
+                   for t in panel["targets"]]
+        needs = panel["fieldConfig"]["defaults"].get("noValue") == NEEDS_PLUGIN
+        assert any(results) != needs, (panel["title"], results)
 
     # A healthy past for the drop alert: its reference reaches back the history window plus
     # its offset, in history steps.

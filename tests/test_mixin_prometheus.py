@@ -125,6 +125,7 @@ def _substitute(expr: str, engine: FakeEngine) -> str:
         .replace("$job", "specobs")
         .replace("$instance", engine.target)
         .replace("$model", LABELS["model_name"])
+        .replace("$serving_engine", ".*")
         .replace("$cluster", ".*")
         .replace("$namespace", ".*")
     )
@@ -185,7 +186,8 @@ def test_every_expression_returns_data_from_a_real_recorder(
             result = server.query(f"group by ({label}) ({_substitute(selector, engine)})")
             values = {r["metric"].get(label) for r in result}
             expected = {"job": "specobs", "instance": engine.target,
-                        "model": LABELS["model_name"]}  # fmt: skip
+                        "model": LABELS["model_name"],
+                        "serving_engine": LABELS["serving_engine"]}  # fmt: skip
             if variable["name"] in expected:
                 assert expected[variable["name"]] in values, (path, variable["name"], result)
     assert empty == [], "expressions with no data:\n" + "\n".join(empty)

@@ -21,6 +21,7 @@ from specobs.mixin._config import MixinConfig, duration_seconds, generated_notic
 __all__ = [
     "BASELINE_CONFIGURED",
     "ENGINE_REQUEST_GAUGES",
+    "ENGINE_SOURCE",
     "AlertNames",
     "AlertRule",
     "RecordingRule",
