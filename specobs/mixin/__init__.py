@@ -40,11 +40,13 @@ REGION_PATHS: tuple[str, ...] = ("docs/integrations.md",)
 
 
 def render_regions() -> dict[str, str]:
-    """Generated regions of hand-written files: relative path -> the region, its begin and end
-    markers included. Pure, like :func:`render_all`."""
+    """Generated regions of hand-written files: relative path (``#`` and a name after it for a
+    file's second region) -> the region, its begin and end markers included. Pure, like
+    :func:`render_all`."""
     from specobs.mixin import _integrations
 
-    return {_integrations.PATH: _integrations.render()}
+    return {_integrations.PATH: _integrations.render(),
+            f"{_integrations.PATH}#engine-series": _integrations.render_engine_series()}
 
 
 def _splice(current: str, region: str) -> str | None:
@@ -124,7 +126,8 @@ def write_all(
     for relative in _stale(Path(root), rendered):
         (Path(root) / relative).unlink()
         changed.append(relative)
-    for relative, region in render_regions().items():
+    for key, region in render_regions().items():
+        relative = key.partition("#")[0]
         path = Path(root) / relative
         if not path.exists():
             continue  # the hand-written file is not under this root: nothing to splice into
@@ -134,7 +137,8 @@ def write_all(
             spliced = current.rstrip("\n") + "\n\n" + region
         if spliced != current:
             path.write_text(spliced, encoding="utf-8")
-            changed.append(relative)
+            if relative not in changed:
+                changed.append(relative)
     return changed
 
 
@@ -155,10 +159,11 @@ def check_all(
             continue
         if current != text:
             drifted.append(relative)
-    for relative, region in render_regions().items():
+    for key, region in render_regions().items():
+        relative = key.partition("#")[0]
         path = Path(root) / relative
         if path.exists():
             current = path.read_text(encoding="utf-8")
-            if _splice(current, region) != current:
+            if _splice(current, region) != current and relative not in drifted:
                 drifted.append(relative)
     return sorted(drifted + _stale(Path(root), rendered))

@@ -29,6 +29,7 @@ __all__ = [
     "by_name",
     "expand",
     "metric_names",
+    "template_series",
     "union",
 ]
 
@@ -145,7 +146,9 @@ ENGINES: tuple[Engine, ...] = (
         ),
         (
             *_vllm_schema("vllm:"),
-            Transform("emitted_tokens", "{rate:vllm:generation_tokens_total}"),
+            Transform("emitted_tokens", "{rate:vllm:generation_tokens_total}",
+                      "every generated token, each request's first (from its prefill) "
+                      "included, which specobs's emitted tokens leave out"),
         ),
         ("vllm:num_requests_running", "vllm:num_requests_waiting"),
     ),
@@ -369,6 +372,11 @@ def union(quantity: str, *, by: str, selector: str, window: str, engine_label: s
 def _label(expr: str, label: str, value: str) -> str:
     """``expr`` with ``label`` set to ``value`` on every series."""
     return f'label_replace(\n{expr}\n, "{label}", "{value}", "", "")'
+
+
+def template_series(template: str) -> tuple[str, ...]:
+    """The engine series a transform reads, in the order it names them, each once."""
+    return tuple(dict.fromkeys(m.group(2) for m in _PLACEHOLDER.finditer(template)))
 
 
 def metric_names() -> frozenset[str]:
