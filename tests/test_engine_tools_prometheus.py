@@ -198,3 +198,26 @@ def test_top_asks_for_one_engine_server(setup: Setup, capsys: pytest.CaptureFixt
     rc, out, _ = setup.top(capsys, '{job=~"vllm|sglang"}', "--plain")
     assert rc == 1
     assert "2 servers without the plugin match" in out and "narrow --selector" in out
+
+
+def test_top_live_view_of_an_engine_server_names_what_needs_the_plugin(setup: Setup) -> None:
+    import httpx
+    from rich.console import Console
+
+    from specobs.tools._top._sources import PrometheusSource
+    from specobs.tools._top._views import LiveView
+
+    vllm = setup.engines["vllm"]
+    with httpx.Client(timeout=5) as client:
+        frame = PrometheusSource(client, setup.prometheus.url,
+                                 f'instance="{vllm.target}"', 5.0).poll()
+    assert frame.kind == "data" and frame.engine == "vLLM", frame
+    console = Console(record=True, width=140, color_system=None)
+    console.print(LiveView("test", 2.0, console).render(frame, None))
+    text = console.export_text()
+    assert f"vLLM's own series at {vllm.target}: no specobs plugin" in text
+    for name, _ in es.NEEDS_PLUGIN:
+        assert f"{name}: {es.NEEDS_PLUGIN_TEXT}" in text, text
+    assert re.search(r"acceptance (59\.\d|60\.\d)%", text) and "per position" in text, text
+    # Nothing of the plugin's cycle view: no clock tables, no drops line.
+    assert "host clock:" not in text and "drops" not in text

@@ -19,7 +19,6 @@ plugin's series of that server win. Every failure is a
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +32,7 @@ from specobs.tools._client import Limits
 from specobs.tools._scrape import Delta, Series
 
 __all__ = ["ENGINE_LABEL", "NEEDS_PLUGIN", "NEEDS_PLUGIN_TEXT", "SOURCE", "EngineServer",
-           "engine_servers", "host_of", "needs_plugin_text"]
+           "engine_servers", "host_of"]
 
 #: The label the engine's name is given, as the recording rules give it.
 ENGINE_LABEL = "serving_engine"
@@ -43,8 +42,8 @@ SOURCE = "engine"
 NEEDS_PLUGIN: tuple[tuple[str, str], ...] = (
     ("phase timing", "draft, verify and bookkeeping time per cycle on the GPU and host clocks"),
     ("cycle breakdown", "cycles, batch sizes, the k in effect and the time between cycles"),
-    ("emitted tokens", "the exact tokens a sequence gains per cycle (the engine counts "
-                       "generated tokens per request)"),
+    ("emitted tokens", "the exact tokens a sequence gains per cycle, where the engine counts "
+                       "the tokens it generated"),
     ("speedup", "tokens/s per sequence against the non-speculative baseline"),
 )
 #: How a figure only the plugin measures is shown.
@@ -89,11 +88,6 @@ class EngineServer:
                                   self.title, self.per_position)
 
 
-def needs_plugin_text(what: str) -> str:
-    """How a figure only the plugin measures is described: ``needs the plugin (what)``."""
-    return f"{NEEDS_PLUGIN_TEXT} ({what}); this server exports only its engine's own series"
-
-
 def host_of(instance: str) -> str:
     """``instance`` without its port, as the rules' ``host`` label is made."""
     head, sep, port = instance.rpartition(":")
@@ -133,15 +127,14 @@ def engine_servers(
             if host_of(instance) in plugin_hosts:
                 continue
             figures.setdefault(instance, {}).setdefault(q.key, []).append((labels, value))
+    gauges = _request_gauges(client, base_url, selector, at, limits) if figures else {}
     out: dict[str, EngineServer] = {}
     for instance, by_quantity in sorted(figures.items()):
         first = next(iter(by_quantity.values()))[0][0]
-        engine = first.get(ENGINE_LABEL, "")
-        gauges = _request_gauges(client, base_url, selector, instance, engine, at, limits)
         counters, drafts = _counters(by_quantity, window_seconds)
         out[instance] = EngineServer(
-            instance, engine, first.get("job", ""), first.get("model_name"),
-            Delta(counters, gauges, window_seconds), drafts,
+            instance, first.get(ENGINE_LABEL, ""), first.get("job", ""), first.get("model_name"),
+            Delta(counters, gauges.get(instance, Series()), window_seconds), drafts,
         )
     return out
 
@@ -182,18 +175,18 @@ def _counters(by_quantity: dict[str, list[tuple[dict[str, str], float]]], second
     return out, drafts
 
 
-def _request_gauges(client: Any, base_url: str, selector: str, instance: str, engine: str,
-                    at: float, limits: Limits) -> Series:
-    """The engine's requests running and waiting at ``at``, as specobs's request gauges."""
-    table = _engines.by_name().get(engine)
-    out = Series()
-    if table is None or len(table.request_gauges) != 2:
-        return out
-    matchers = ",".join(m for m in (selector, f"instance={json.dumps(instance)}") if m)
-    for name, ours in zip(table.request_gauges,
-                          (catalog.REQUESTS_RUNNING.name, catalog.REQUESTS_WAITING.name),
-                          strict=True):
-        values = _query(client, base_url, f"sum({name}{{{matchers}}})", at, limits)
-        if values:
-            out.add(ours, {}, values[0][1])
+def _request_gauges(client: Any, base_url: str, selector: str, at: float, limits: Limits
+                    ) -> dict[str, Series]:
+    """Instance -> the engine's requests running and waiting at ``at``, as specobs's request
+    gauges: one query per engine gauge, every server at once."""
+    out: dict[str, Series] = {}
+    for engine in _engines.ENGINES:
+        if len(engine.request_gauges) != 2:
+            continue
+        for name, ours in zip(engine.request_gauges,
+                              (catalog.REQUESTS_RUNNING.name, catalog.REQUESTS_WAITING.name),
+                              strict=True):
+            promql = f"sum by (instance) ({name}{{{selector}}})"
+            for labels, value in _query(client, base_url, promql, at, limits):
+                out.setdefault(labels.get("instance", ""), Series()).add(ours, {}, value)
     return out
