@@ -230,7 +230,7 @@ def test_dashboard_expressions_parse_in_prometheus_2_42(
     exprs = [e for path, es in all_exprs(rendered).items() if path != RULES for e in es]
     substitutions = {
         "$__rate_interval": "1m", "$job": "specobs", "$instance": ".+", "$model": ".*",
-        "$cluster": ".*", "$namespace": ".*",
+        "$serving_engine": ".*", "$cluster": ".*", "$namespace": ".*",
     }  # fmt: skip
     rules = []
     for i, expr in enumerate(exprs):
