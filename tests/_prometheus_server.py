@@ -1,7 +1,8 @@
 """Run the real Debian ``prometheus`` binary (2.42) for tests, and ``promtool``.
 
 :class:`PrometheusServer` writes a config (one scrape job, default name ``"specobs"``, with static
-targets such as ``"127.0.0.1:9477"``, plus optional rule files) into a directory, starts::
+targets such as ``"127.0.0.1:9477"``; more jobs through ``extra_jobs``, such as the engines' own
+endpoints; plus optional rule files) into a directory, starts::
 
     prometheus --config.file=DIR/prometheus.yml --storage.tsdb.path=DIR/data
                --web.listen-address=127.0.0.1:FREEPORT --enable-feature=exemplar-storage
@@ -32,7 +33,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,7 @@ class PrometheusServer:
         extra_args: Sequence[str] = (),
         *,
         job_name: str = "specobs",
+        extra_jobs: Mapping[str, Sequence[str]] | None = None,
         scrape_timeout: str | None = None,
         directory: str | os.PathLike[str] | None = None,
         start: bool = True,
@@ -154,6 +156,10 @@ class PrometheusServer:
         self.scrape_timeout = scrape_timeout or scrape_interval
         self.extra_args = list(extra_args)
         self.job_name = job_name
+        self.extra_jobs = {name: list(t) for name, t in (extra_jobs or {}).items()}
+        if self.job_name in self.extra_jobs:
+            raise ValueError(f"extra_jobs repeats the job name {self.job_name!r}; Prometheus "
+                             "refuses two scrape configs of one job")
         self._own_tempdir: tempfile.TemporaryDirectory[str] | None = None
         if directory is None:
             self._own_tempdir = tempfile.TemporaryDirectory(prefix="specobs-prometheus-")
@@ -185,10 +191,9 @@ class PrometheusServer:
             },
             "rule_files": [str(p) for p in self.rule_files],
             "scrape_configs": [
-                {
-                    "job_name": self.job_name,
-                    "static_configs": [{"targets": self.scrape_targets}],
-                }
+                {"job_name": name, "static_configs": [{"targets": targets}]}
+                for name, targets in {self.job_name: self.scrape_targets,
+                                      **self.extra_jobs}.items()
             ],
         }
         self.config_path.write_text(json.dumps(config, indent=2) + "\n")

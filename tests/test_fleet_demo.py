@@ -90,7 +90,7 @@ def _substitute(expr: str, target: str, model: str, rate: str = RATE_INTERVAL) -
     """What Grafana sends for the dashboards' variables, with one server selected."""
     out = expr.replace("$__rate_interval", rate)
     for name, value in (("cluster", ".*"), ("namespace", ".*"), ("job", "specobs"),
-                        ("model", model), ("instance", target)):
+                        ("model", model), ("serving_engine", ".*"), ("instance", target)):
         out = out.replace(f"${name}", value)
     assert "$" not in out.replace("$1", ""), out
     return out

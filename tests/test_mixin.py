@@ -15,6 +15,7 @@ import yaml
 from specobs import catalog
 from specobs.mixin import OUTPUT_PATHS, MixinConfig, check_all, render_all, write_all
 from specobs.mixin._dashboards import ENGINE_LATENCY
+from specobs.mixin._engines import metric_names as engine_metric_names
 from specobs.mixin._panels import dashboard_queries
 from specobs.mixin._rules import (
     ENGINE_REQUEST_GAUGES,
@@ -31,7 +32,7 @@ RULES = "deploy/prometheus/rules/specobs-rules.yml"
 RULE_TESTS = "deploy/prometheus/rules/specobs-rules.test.yml"
 #: Series Prometheus itself produces, which rules may read, and the engines' own gauges.
 PROMETHEUS_SERIES = frozenset({
-    "up", "ALERTS", *ENGINE_REQUEST_GAUGES,
+    "up", "ALERTS", *ENGINE_REQUEST_GAUGES, *engine_metric_names(),
     *(f"{name}_bucket" for _, _, names in ENGINE_LATENCY for name in names),
 })
 
@@ -229,7 +230,7 @@ def test_dashboard_expressions_parse_in_prometheus_2_42(
     exprs = [e for path, es in all_exprs(rendered).items() if path != RULES for e in es]
     substitutions = {
         "$__rate_interval": "1m", "$job": "specobs", "$instance": ".+", "$model": ".*",
-        "$cluster": ".*", "$namespace": ".*",
+        "$serving_engine": ".*", "$cluster": ".*", "$namespace": ".*",
     }  # fmt: skip
     rules = []
     for i, expr in enumerate(exprs):
@@ -255,6 +256,8 @@ def test_every_series_queried_is_in_the_catalog_or_a_recording_rule(
     for source, exprs in all_exprs(rendered).items():
         assert exprs, source
         for expr in exprs:
+            # PromQL comments (the engine rules say what each engine's figure means) hold words.
+            expr = re.sub(r"(?m)^#.*$", "", expr)
             names = metric_names(expr) - {""}
             for regex in re.findall(r'__name__=~"([^"]+)"', expr):
                 names |= set(regex.split("|"))

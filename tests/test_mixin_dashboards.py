@@ -13,7 +13,8 @@ import pytest
 from specobs import catalog
 from specobs.mixin import MixinConfig, render_all
 from specobs.mixin._dashboards import ENGINE_LATENCY, NO_ENGINE_METRICS
-from specobs.mixin._rules import recording_rules
+from specobs.mixin._panels import NEEDS_PLUGIN
+from specobs.mixin._rules import RuleNames, _reads, recording_rules
 from tests.test_mixin_promql import label_values_query, selectors
 
 PATHS = ("dashboards/cycle-breakdown.json", "dashboards/fleet.json")
@@ -65,10 +66,16 @@ def test_template_datasource_rule(path: str) -> None:
 @params
 def test_template_group_job_model_instance_rules(path: str) -> None:
     vs = variables(DASHBOARDS[path])
-    assert list(vs) == ["datasource", "cluster", "namespace", "job", "model", "instance",
-                        "filters"]
+    # The fleet picks servers by engine too (with the plugin, or the engines' own series).
+    engine = ["serving_engine"] if path == "dashboards/fleet.json" else []
+    assert list(vs) == ["datasource", "cluster", "namespace", "job", "model", *engine,
+                        "instance", "filters"]
     assert vs["filters"]["type"] == "adhoc" and vs["filters"]["datasource"] == DATASOURCE
-    for name in ("cluster", "namespace", "job", "model", "instance"):
+    if engine:
+        assert 'model_name=~"$model"' in vs["serving_engine"]["query"]
+        assert 'serving_engine=~"$serving_engine"' in vs["instance"]["query"]
+        assert vs["serving_engine"]["allValue"] == ".*"
+    for name in ("cluster", "namespace", "job", "model", *engine, "instance"):
         v = vs[name]
         assert v["type"] == "query"
         assert v["datasource"] == DATASOURCE
@@ -145,17 +152,36 @@ def test_the_engines_own_latency_sits_beside_the_cycle_view_and_says_when_it_is_
             assert 'model_name=~"$model"' in e and "$instance" not in e and "$job" not in e
 
 
+def _engine_fed() -> set[str]:
+    """The recording rules the engines' own series feed (directly or through another rule)."""
+    rules = {r.record: r.expr for r in recording_rules(MixinConfig())}
+    fed = set(RuleNames(MixinConfig()).engine.values())
+    for record, expr in rules.items():  # evaluation order: inputs come first
+        if _reads(expr) & fed:
+            fed.add(record)
+    return fed
+
+
 @params
 def test_no_nan_where_a_value_or_no_traffic_belongs(path: str) -> None:
     """Every division guards its denominator, every quantile drops NaN, and empty panels say
-    "No traffic" (GPU-clock-only panels: "No GPU-timed cycles", true on a busy CPU server)."""
+    "No traffic" (GPU-clock-only panels: "No GPU-timed cycles", true on a busy CPU server;
+    fleet panels no engine's own series feed: "Needs specobs's plugin", what a selection of
+    servers without it sees; a rule fed by the engines may still need the plugin, as a ratio
+    over cycle time does: tests/test_engine_fleet_prometheus.py checks those on a real
+    Prometheus)."""
+    fed = _engine_fed()
     for panel in panels(DASHBOARDS[path]):
         defaults = panel["fieldConfig"]["defaults"]
         gpu_only = all('clock="gpu"' in t["expr"] for t in panel["targets"])
         engine = all(_engine_series(t["expr"]) for t in panel["targets"])
-        if panel["type"] != "heatmap":
-            expected = ("No GPU-timed cycles" if gpu_only else
-                        NO_ENGINE_METRICS if engine else "No traffic")
+        plugin_only = path == "dashboards/fleet.json" and panel["type"] != "table" and not any(
+            _reads(t["expr"]) & fed for t in panel["targets"])
+        expected = ("No GPU-timed cycles" if gpu_only else NO_ENGINE_METRICS if engine
+                    else NEEDS_PLUGIN if plugin_only else "No traffic")
+        if path == "dashboards/fleet.json" and expected == "No traffic":
+            assert defaults.get("noValue") in (expected, NEEDS_PLUGIN), panel["title"]
+        else:
             assert defaults.get("noValue") == expected, panel["title"]
         for target in panel["targets"]:
             expr = target["expr"]
@@ -301,7 +327,9 @@ def test_fleet_reads_recording_rules_only() -> None:
               if v["type"] == "query"]  # fmt: skip
     for expr in exprs:
         names = {name for name, _, _ in selectors(expr)}
-        assert names and names <= recorded, f"raw series {names - recorded} in {expr!r}"
+        # up: whether a server without the plugin answers its engine's scrape (one instant
+        # series per server, as cheap as a recorded one).
+        assert names and names <= recorded | {"up"}, f"raw series {names - recorded} in {expr!r}"
         assert not names & {"cohort:specobs_servers:count"} or True
         assert "rate(" not in expr and "$__rate_interval" not in expr
 

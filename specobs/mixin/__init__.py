@@ -37,16 +37,18 @@ OUTPUT_PATHS: tuple[str, ...] = (
 
 
 #: Hand-written files with a generated region :func:`render_regions` renders.
-REGION_PATHS: tuple[str, ...] = ("docs/integrations.md",)
+REGION_PATHS: tuple[str, ...] = ("docs/integrations.md", "docs/otel-genai.md")
 
 
 def render_regions() -> dict[str, str]:
-    """Generated regions of hand-written files: relative path -> the region, its begin and end
-    markers included. Pure, like :func:`render_all`."""
+    """Generated regions of hand-written files: relative path (``#`` and a name after it for a
+    file's second region) -> the region, its begin and end markers included. Pure, like
+    :func:`render_all`."""
     from specobs.mixin import _genai_proposal, _integrations
 
     return {
         _integrations.PATH: _integrations.render(),
+        f"{_integrations.PATH}#engine-series": _integrations.render_engine_series(),
         _genai_proposal.PATH: _genai_proposal.render(),
     }
 
@@ -130,7 +132,8 @@ def write_all(
     for relative in _stale(Path(root), rendered):
         (Path(root) / relative).unlink()
         changed.append(relative)
-    for relative, region in render_regions().items():
+    for key, region in render_regions().items():
+        relative = key.partition("#")[0]
         path = Path(root) / relative
         if not path.exists():
             continue  # the hand-written file is not under this root: nothing to splice into
@@ -140,7 +143,8 @@ def write_all(
             spliced = current.rstrip("\n") + "\n\n" + region
         if spliced != current:
             path.write_text(spliced, encoding="utf-8")
-            changed.append(relative)
+            if relative not in changed:
+                changed.append(relative)
     return changed
 
 
@@ -161,10 +165,11 @@ def check_all(
             continue
         if current != text:
             drifted.append(relative)
-    for relative, region in render_regions().items():
+    for key, region in render_regions().items():
+        relative = key.partition("#")[0]
         path = Path(root) / relative
         if path.exists():
             current = path.read_text(encoding="utf-8")
-            if _splice(current, region) != current:
+            if _splice(current, region) != current and relative not in drifted:
                 drifted.append(relative)
     return sorted(drifted + _stale(Path(root), rendered))

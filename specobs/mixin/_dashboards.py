@@ -18,13 +18,18 @@ from typing import Any
 import specobs.catalog as c
 from specobs.mixin._config import MixinConfig, duration_seconds
 from specobs.mixin._panels import (
+    NEEDS_PLUGIN,
+    NEEDS_PLUGIN_VALUE,
     NO_GPU_CLOCK,
     NO_TRAFFIC,
     RATE,
     PanelBuilder,
     dashboard_variables,
 )
-from specobs.mixin._rules import BASELINE_CONFIGURED, RuleNames
+from specobs.mixin._rules import BASELINE_CONFIGURED, ENGINE_SOURCE, RuleNames
+
+#: The ``source`` the fleet dashboard gives a server's figures from specobs's plugin.
+PLUGIN_SOURCE = "plugin"
 
 __all__ = ["ENGINE_LATENCY", "NO_ENGINE_METRICS", "render_cycle_breakdown", "render_fleet"]
 
@@ -32,13 +37,16 @@ GPU = 'clock="gpu"'
 HOST = 'clock="host"'
 
 
-def _matchers(config: MixinConfig, *, instance: bool = True) -> str:
-    """The dashboard variables as label matchers: group labels, job, model (and instance)."""
+def _matchers(config: MixinConfig, *, instance: bool = True, engine: bool = False) -> str:
+    """The dashboard variables as label matchers: group labels, job, model (and instance, and
+    with ``engine`` the serving engine)."""
     parts = [f'{label}=~"${label}"' for label in config.group_labels]
     parts.append('job=~"$job"')
     if instance:
         parts.append('instance=~"$instance"')
     parts.append(f'{config.model_label}=~"$model"')
+    if engine:
+        parts.append(f'{config.engine_label}=~"${config.engine_label}"')
     return ", ".join(parts)
 
 
@@ -736,7 +744,7 @@ def render_fleet(config: MixinConfig) -> str:
             'instance=~"$instance"',
         ]
     )
-    sel = _matchers(config)
+    sel = _matchers(config, engine=True)
     model = config.model_label
     engine = config.engine_label
     k = config.outlier_count
@@ -744,17 +752,51 @@ def render_fleet(config: MixinConfig) -> str:
     def s(name: str, extra: str = "", selector: str = sel) -> str:
         return f"{name}{{{selector}{', ' + extra if extra else ''}}}"
 
+    # Servers read through their engine's own series (no plugin) carry source="engine" on the
+    # fleet series the engines feed; the plugin's carry no source. The table shows both.
+    server_labels = config.instance_labels
+    by = ", ".join(server_labels)
+    by_source = ", ".join((*server_labels, "source"))
+    engine_only = f'source="{ENGINE_SOURCE}"'
+    engine_servers = f"group by ({by_source}) ({s(n.emitted, engine_only)})"
+
+    def from_plugin(expr: str) -> str:
+        return f'label_replace(\n{expr}\n, "source", "{PLUGIN_SOURCE}", "", "")'
+
+    def either(agg: str, rule: str) -> str:
+        """One figure per server, the plugin's or the engine's, with its source."""
+        return (f"{agg} by ({by_source}) (\n"
+                f'label_replace({s(rule)}, "source", "{PLUGIN_SOURCE}", "source", "")\n)')
+
+    def plugin_only(expr: str) -> str:
+        """The plugin's figure (``expr`` aggregated by server); a server without the plugin
+        gets the value its cell reads as "needs the plugin"."""
+        return f"{from_plugin(expr)}\nor\n{NEEDS_PLUGIN_VALUE} * {engine_servers}"
+
+    # Up: the plugin's endpoint, or the engine's own where the engine's series feed the fleet.
+    join = ", ".join((*config.group_labels, "job", "instance"))
+    servers_up = (
+        f"{from_plugin(f'max by ({by}) ({s(n.up, selector=target)})')}\nor\n"
+        f"{engine_servers}\n* on ({join})\nmax by ({join}) (up{{{target}}})"
+    )
+    needs_plugin = (
+        " Servers without specobs's plugin (read through their engine's own series) export no "
+        f'such figure: "{NEEDS_PLUGIN}" when only they are selected.'
+    )
+
     b = PanelBuilder(config)
     b.row("Fleet totals")
     b.stat(
         "Servers up",
-        "Scrape targets of the selected jobs whose last scrape succeeded.",
+        "Servers whose last scrape succeeded: specobs's endpoints, and the engines' own "
+        "endpoints of servers without the plugin.",
         "none",
-        f"sum({s(n.up, selector=target)})",
+        f"sum(\n{servers_up}\n)",
     )
     b.stat(
         "Tokens/s",
-        "Tokens emitted per second across the selected servers.",
+        "Tokens emitted per second across the selected servers (the engine's own generation "
+        "counter where a server has no plugin).",
         "short",
         f"sum({s(n.emitted)})",
     )
@@ -766,26 +808,29 @@ def render_fleet(config: MixinConfig) -> str:
     )
     b.stat(
         "Cycles/s",
-        "Speculative decoding cycles per second across the selected servers.",
+        "Speculative decoding cycles per second across the selected servers." + needs_plugin,
         "short",
         f"sum({s(n.cycles)})",
+        no_value=NEEDS_PLUGIN,
     )
     b.stat(
         "Median tokens/s per sequence",
-        "Median over servers of what one sequence experiences.",
+        "Median over servers of what one sequence experiences." + needs_plugin,
         "short",
         f"quantile(0.5, {s(n.sequence_speed)})",
+        no_value=NEEDS_PLUGIN,
     )
     b.stat(
         "Firing alerts",
-        "specobs alerts firing for the selected servers.",
+        "specobs alerts firing for the selected servers (a cohort's alerts, which servers "
+        "without the plugin raise too, are on the alerts page)." + needs_plugin,
         "none",
         f"sum({s(n.alerts_firing, selector=target)})",
+        no_value=NEEDS_PLUGIN,
     )
 
     b.row("Servers")
-    index = config.instance_labels  # one row per server: its model and engine named
-    by = ", ".join(index)
+    index = (*server_labels, "source")  # one row per server: its model, engine and source
     drill = {
         "title": "Cycle breakdown of ${__data.fields.instance}",
         "url": f"/d/{config.uid_prefix}cycle-breakdown?${{__url_time_range}}"
@@ -794,28 +839,33 @@ def render_fleet(config: MixinConfig) -> str:
     }
     gpu_share = s(n.phase_share, f'phase="{config.verify_phase}", clock="gpu"')
     host_share = s(n.phase_share, f'phase="{config.verify_phase}", clock="host"')
+    plugin_columns = ("Speedup", "Mean k", "Mean batch", "p99 cycle", "Verify share",
+                      "Last cycle age", "Firing alerts")
     b.table(
         "Servers",
-        "One row per server and its model: up, tokens/s, realized speedup (red below 1), "
+        "One row per server and its model: where its figures come from (source: specobs's "
+        "plugin, or the engine's own series), up, tokens/s, realized speedup (red below 1), "
         "acceptance, the mean draft length k in effect (engines change it with the batch) and "
         "the mean batch, p99 cycle time (host clock), verify share of the cycle (GPU clock "
         "where sampled, else host), seconds since the last cycle, and firing specobs alerts "
-        "(red). Click an instance to open its cycle breakdown.",
+        f'(red). A server without the plugin reads "{NEEDS_PLUGIN}" in the columns only the '
+        "plugin measures. Click an instance to open its cycle breakdown.",
         [
-            ("Up", "none", f"max by ({by}) ({s(n.up, selector=target)})"),
-            ("Tokens/s", "short", f"sum by ({by}) ({s(n.emitted)})"),
-            ("Speedup", "none", f"max by ({by}) ({s(n.speedup_realized)})"),
-            ("Acceptance", "percentunit", f"max by ({by}) ({s(n.acceptance)})"),
-            ("Mean k", "short", f"max by ({by}) ({s(n.draft_length_mean)})"),
-            ("Mean batch", "short", f"max by ({by}) ({s(n.batch_size_mean)})"),
-            ("p99 cycle", "s", f"max by ({by}) ({s(n.cycle_p99, HOST)})"),
+            ("Up", "none", servers_up),
+            ("Tokens/s", "short", either("sum", n.emitted)),
+            ("Speedup", "none", plugin_only(f"max by ({by}) ({s(n.speedup_realized)})")),
+            ("Acceptance", "percentunit", either("max", n.acceptance)),
+            ("Mean k", "short", plugin_only(f"max by ({by}) ({s(n.draft_length_mean)})")),
+            ("Mean batch", "short", plugin_only(f"max by ({by}) ({s(n.batch_size_mean)})")),
+            ("p99 cycle", "s", plugin_only(f"max by ({by}) ({s(n.cycle_p99, HOST)})")),
             (
                 "Verify share",
                 "percentunit",
-                f"max by ({by}) ({gpu_share})\nor\nmax by ({by}) ({host_share})",
+                plugin_only(f"max by ({by}) ({gpu_share})\nor\nmax by ({by}) ({host_share})"),
             ),
-            ("Last cycle age", "s", f"max by ({by}) ({s(n.last_cycle_age)})"),
-            ("Firing alerts", "none", f"sum by ({by}) ({s(n.alerts_firing, selector=target)})"),
+            ("Last cycle age", "s", plugin_only(f"max by ({by}) ({s(n.last_cycle_age)})")),
+            ("Firing alerts", "none",
+             plugin_only(f"sum by ({by}) ({s(n.alerts_firing, selector=target)})")),
         ],
         index=index,
         row_link=drill,
@@ -826,27 +876,32 @@ def render_fleet(config: MixinConfig) -> str:
             # Red from the stall alert's threshold on: no cycle for that long.
             "Last cycle age": [("green", None), ("red", duration_seconds(config.stall_after))],
         },
+        plugin_only=frozenset(plugin_columns),
     )
 
     b.row("Outliers")
     b.timeseries(
         f"Slowest {k} servers: tokens/s per sequence",
-        f"The {k} servers whose sequences decode slowest (bottom-k of the per-sequence speed).",
+        f"The {k} servers whose sequences decode slowest (bottom-k of the per-sequence speed)."
+        + needs_plugin,
         "short",
         [(f"bottomk({k}, {s(n.sequence_speed)})", "{{instance}}")],
         axis_label="tokens/s",
+        no_value=NEEDS_PLUGIN,
     )
     b.timeseries(
         f"Lowest {k} acceptance rates",
-        f"The {k} servers whose draft model is accepted least.",
+        f"The {k} servers whose draft model is accepted least, with the plugin or through "
+        "their engine's own series.",
         "percentunit",
-        [(f"bottomk({k}, {s(n.acceptance)})", "{{instance}}")],
+        [(f"bottomk({k}, {s(n.acceptance)})", f"{{{{instance}}}} ({{{{{engine}}}}})")],
     )
     b.timeseries(
         f"Highest {k} p99 cycle times",
-        f"The {k} servers with the slowest p99 cycle (host clock).",
+        f"The {k} servers with the slowest p99 cycle (host clock)." + needs_plugin,
         "s",
         [(f"topk({k}, {s(n.cycle_p99, HOST)})", "{{instance}}")],
+        no_value=NEEDS_PLUGIN,
     )
 
     b.row("By model and engine")
@@ -873,39 +928,45 @@ def render_fleet(config: MixinConfig) -> str:
         b.timeseries(
             f"Realized speedup by {label}",
             "Mean over servers of tokens/s per sequence over the non-speculative baseline, "
-            f"per {label} and baseline source (configured, or measured by the engine).",
+            f"per {label} and baseline source (configured, or measured by the engine)."
+            + needs_plugin,
             "none",
             [(f"avg by ({label}, source) ({s(n.speedup_realized)})",
               f"{{{{{label}}}}} ({{{{source}}}} baseline)")],
             axis_label="x baseline",
+            no_value=NEEDS_PLUGIN,
         )
 
     b.row("Distributions across instances")
     # Per cohort, not per server: the instance selection does not narrow these two.
-    cohort = _matchers(config, instance=False)
+    cohort = _matchers(config, instance=False, engine=True)
     b.heatmap(
         "Cycle time across the fleet (host clock)",
         "Distribution of cycle durations over all servers of the selected clusters, jobs and "
         "models (the instance selection does not apply), from the per-cohort bucket rates of the "
-        "recording rules.",
+        "recording rules." + needs_plugin,
         "s",
         f"sum by (le) ({s(n.cohort_cycle_bucket, HOST, selector=cohort)})",
         w=12,
+        no_value=NEEDS_PLUGIN,
     )
     b.heatmap(
         "Accept length across the fleet",
         "Distribution of accepted draft tokens per sequence per cycle over all servers of the "
-        "selected clusters, jobs and models (the instance selection does not apply).",
+        "selected clusters, jobs and models (the instance selection does not apply)."
+        + needs_plugin,
         "short",
         f"sum by (le) ({s(n.cohort_accept_length_bucket, selector=cohort)})",
         w=12,
+        no_value=NEEDS_PLUGIN,
     )
 
     return b.dashboard(
         "fleet",
         "fleet",
-        "Health of every speculative decoding server: throughput, acceptance, cycle time, "
-        "outliers, per-model and per-engine breakdowns. Reads recording rules only. Generated by "
-        "`specobs generate`.",
-        dashboard_variables(config, n.cycles, single_instance=False),
+        "Health of every speculative decoding server, with specobs's plugin or through its "
+        "engine's own series (vLLM, SGLang, TensorRT-LLM, llama.cpp, LMDeploy): throughput, "
+        "acceptance, cycle time, outliers, per-model and per-engine breakdowns. Reads recording "
+        "rules only. Generated by `specobs generate`.",
+        dashboard_variables(config, n.emitted, single_instance=False, engine=True),
     )

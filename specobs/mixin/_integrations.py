@@ -1,4 +1,6 @@
-"""The support table of docs/integrations.md, rendered from the engines' declared hook tables.
+"""The generated regions of docs/integrations.md: the support table, rendered from the engines'
+declared hook tables, and the engines' own series table, rendered from
+:mod:`specobs.mixin._engines`.
 
 Per engine: the floor and the tested range, each variant of hook points with when it is required,
 and each speculative method or worker class with what specobs does with it (timed through which
@@ -10,13 +12,19 @@ when it drifts.
 from __future__ import annotations
 
 from specobs.instrument import _contract, _support
+from specobs.mixin import _engines
+from specobs.mixin._config import MixinConfig
 
-__all__ = ["BEGIN", "END", "PATH", "render"]
+__all__ = ["BEGIN", "END", "ENGINE_SERIES_BEGIN", "ENGINE_SERIES_END", "PATH", "render",
+           "render_engine_series"]
 
 PATH = "docs/integrations.md"
 BEGIN = ("<!-- BEGIN GENERATED: support table, from specobs/instrument/_package_*.py "
          "(specobs generate; do not edit by hand) -->")
 END = "<!-- END GENERATED: support table -->"
+ENGINE_SERIES_BEGIN = ("<!-- BEGIN GENERATED: engine series, from specobs/mixin/_engines.py "
+                       "(specobs generate; do not edit by hand) -->")
+ENGINE_SERIES_END = "<!-- END GENERATED: engine series -->"
 
 _REQUIREMENT = {
     _contract.REQUIRED: "always",
@@ -75,4 +83,44 @@ def render() -> str:
     for contract in _support.CONTRACTS:
         lines += [*_engine(contract), ""]
     lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+def render_engine_series(config: MixinConfig = MixinConfig()) -> str:  # noqa: B008 - frozen
+    """The engines' own series table, markers included, ending with a newline: for each engine
+    and fleet quantity, the series the normalising rule reads and what the figure means there,
+    and the release (or commit) and file each name was read from."""
+    from specobs.mixin._rules import ENGINE_SOURCE, RuleNames
+
+    rules = RuleNames(config).engine
+    titles = {q.key: q.title for q in _engines.QUANTITIES}
+    lines = [
+        ENGINE_SERIES_BEGIN, "",
+        "Generated from the table the normalising rules are built from. Each fleet quantity is "
+        f"one rule (its name below), labelled `{config.engine_label}` (the engine) and "
+        f'`source="{ENGINE_SOURCE}"`, with the job, instance and model labels of the server.',
+        "",
+        "| quantity | rule |",
+        "| --- | --- |",
+    ]
+    lines += [f"| {titles[key]} | `{name}` |" for key, name in rules.items()]
+    for engine in _engines.ENGINES:
+        lines += [
+            "",
+            f"**{engine.title}**, read from {_cell(engine.source)}.",
+            "",
+            "| quantity | the engine's series | what the figure means there |",
+            "| --- | --- | --- |",
+        ]
+        for q in _engines.QUANTITIES:
+            t = engine.transform(q.key)
+            if t is None:
+                lines.append(f"| {q.title} | none | not exported: absent, never 0 |")
+                continue
+            series = ", ".join(f"`{n}`" for n in _engines.template_series(t.template))
+            lines.append(f"| {q.title} | {series} | {_cell(t.caveat) or 'as specobs counts it'} |")
+        if engine.request_gauges:
+            gauges = ", ".join(f"`{n}`" for n in engine.request_gauges)
+            lines.append(f"| requests running, waiting (the stall alert) | {gauges} | gauges |")
+    lines += ["", ENGINE_SERIES_END]
     return "\n".join(lines) + "\n"

@@ -21,6 +21,8 @@ from specobs.mixin._config import MixinConfig
 
 __all__ = [
     "DATASOURCE",
+    "NEEDS_PLUGIN",
+    "NEEDS_PLUGIN_VALUE",
     "NO_GPU_CLOCK",
     "NO_TRAFFIC",
     "RATE",
@@ -39,6 +41,11 @@ NO_TRAFFIC = "No traffic"
 #: What a GPU-clock-only panel shows on a busy server with no GPU-timed cycle (a CPU engine, or
 #: no sampled cycle in the window): not "No traffic", which would be wrong there.
 NO_GPU_CLOCK = "No GPU-timed cycles"
+#: What a panel or a table cell shows for servers read through their engine's own series where
+#: the figure needs specobs's plugin (phase timing, cycles, batch, speedup).
+NEEDS_PLUGIN = "Needs specobs's plugin"
+#: The value a table query gives such a cell; the cell maps it to :data:`NEEDS_PLUGIN`.
+NEEDS_PLUGIN_VALUE = -1
 #: A ratio of two zero rates (an idle server) reads "No traffic", not NaN.
 _NAN_MAPPING = [
     {"type": "special", "options": {"match": "nan", "result": {"text": NO_TRAFFIC, "index": 0}}}
@@ -300,6 +307,7 @@ class PanelBuilder:
         w: int = 8,
         h: int = 8,
         exemplars: bool = False,
+        no_value: str = NO_TRAFFIC,
     ) -> None:
         links = self._links(exemplars)
         targets = self._targets([(expr, "{{le}}")], exemplars)
@@ -310,7 +318,8 @@ class PanelBuilder:
             yBucketBound="upper",
             hideZeroBuckets=True,
             extraJson={
-                "fieldConfig": {"defaults": {"unit": unit, "links": links}},
+                "fieldConfig": {"defaults": {"unit": unit, "links": links,
+                                             "noValue": no_value}},
                 "options": {
                     "calculate": False,
                     "cellGap": 1,
@@ -325,7 +334,7 @@ class PanelBuilder:
 
     def stat(
         self, title: str, description: str, unit: str, expr: str, *, w: int = 4, h: int = 4,
-        red_below: float | None = None, decimals: int | None = None,
+        red_below: float | None = None, decimals: int | None = None, no_value: str = NO_TRAFFIC,
     ) -> None:
         """One number, its sparkline behind it. ``red_below``: red under that value, green
         from it (speedup below 1), else one neutral colour."""
@@ -337,7 +346,7 @@ class PanelBuilder:
             reduceCalc="lastNotNull",
             graphMode="area",
             decimals=decimals,
-            noValue=NO_TRAFFIC,
+            noValue=no_value,
             mappings=_NAN_MAPPING,
             thresholds=steps,
         )
@@ -353,11 +362,13 @@ class PanelBuilder:
         index: tuple[str, ...] = ("job", "instance"),
         row_link: dict[str, Any] | None = None,
         colours: dict[str, list[tuple[str, float | None]]] | None = None,
+        plugin_only: frozenset[str] = frozenset(),
     ) -> None:
         """``columns``: (header, unit, instant expr aggregated ``by`` the ``index`` labels).
         ``row_link``: a data link on the instance column (drill-down). ``colours``: header ->
         threshold steps (colour, from value; the first from -inf): that column's cells are
-        coloured by them."""
+        coloured by them. ``plugin_only``: headers whose query gives :data:`NEEDS_PLUGIN_VALUE`
+        for a server without the plugin; such a cell reads :data:`NEEDS_PLUGIN`."""
         targets = self._targets([(expr, header) for header, _, expr in columns], instant=True)
         renames = {
             f"Value #{t['refId']}": header
@@ -373,6 +384,10 @@ class PanelBuilder:
                     {"id": "thresholds", "value": {"mode": "absolute", "steps": [
                         {"color": colour, "value": value} for colour, value in steps]}},
                 ]
+            if header in plugin_only:
+                props.append({"id": "mappings", "value": [*_NAN_MAPPING, {
+                    "type": "value", "options": {str(NEEDS_PLUGIN_VALUE): {
+                        "text": NEEDS_PLUGIN, "color": "transparent", "index": 1}}}]})
             overrides.append({"matcher": {"id": "byName", "options": header},
                               "properties": props})
         if row_link is not None:
@@ -447,12 +462,13 @@ class PanelBuilder:
 
 
 def dashboard_variables(
-    config: MixinConfig, source: str, *, single_instance: bool
+    config: MixinConfig, source: str, *, single_instance: bool, engine: bool = False
 ) -> list[g.Template]:
-    """``datasource``, the group labels (``cluster``, ``namespace``), ``job``, ``model`` and
-    ``instance``, each query filtered by the ones before it, then ad-hoc filters (any other
-    label: a DP rank, an engine index, a pod). ``single_instance``: the instance variable opens
-    on one server (a per-server dashboard must not open on all of them); more can be picked."""
+    """``datasource``, the group labels (``cluster``, ``namespace``), ``job``, ``model``, with
+    ``engine`` the serving engine (``MixinConfig.engine_label``), and ``instance``, each query
+    filtered by the ones before it, then ad-hoc filters (any other label: a DP rank, an engine
+    index, a pod). ``single_instance``: the instance variable opens on one server (a per-server
+    dashboard must not open on all of them); more can be picked."""
 
     def query(
         name: str, label: str, matchers: list[str], all_value: str, *, opens_on_all: bool = True
@@ -490,6 +506,10 @@ def dashboard_variables(
     chain.append('job=~"$job"')
     variables.append(query("model", "Model", list(chain), ".*"))
     chain.append(f'{config.model_label}=~"$model"')
+    if engine:
+        label = config.engine_label
+        variables.append(query(label, "Engine", list(chain), ".*"))
+        chain.append(f'{label}=~"${label}"')
     variables.append(
         query("instance", "Instance", list(chain), ".+", opens_on_all=not single_instance))
     variables.append(g.Template(name="filters", label="Filters", query="", type="adhoc",
@@ -516,6 +536,6 @@ def fill_variables(expr: str, rate_interval: str, values: dict[str, str] | None 
     """Grafana's variables as a dashboard opened on everything (or on ``values``) sends them."""
     values = values or {}
     expr = expr.replace("$__rate_interval", rate_interval).replace("$__interval", rate_interval)
-    for var in ("cluster", "namespace", "job", "model", "instance"):
+    for var in ("cluster", "namespace", "job", "model", "serving_engine", "instance"):
         expr = expr.replace(f"${var}", values.get(var, ".*"))
     return expr

@@ -760,6 +760,110 @@ def _expr_tests(config: MixinConfig) -> dict[str, Any]:
     }
 
 
+#: Engine servers without the plugin for :func:`_engine_tests`: the engine, its target labels,
+#: its series as (name, extra labels, per-second rate for a counter or value for a gauge), and
+#: the fleet figures the rules must give (acceptance, tokens/s, accept length incl. the bonus,
+#: acceptance at position 0, tokens per sequence-cycle: tokens/s over drafts/s).
+_ENGINE_SERVERS: tuple[tuple[str, dict[str, str], list[tuple[str, dict[str, str], float]],
+                             tuple[float, float, float, float | None, float]], ...] = (
+    ("vllm", {"job": "vllm", "instance": "10.0.1.1:8000", "model_name": "llama-3-8b",
+              "engine": "0"},
+     [("vllm:spec_decode_num_drafts_total", {}, 10), ("vllm:spec_decode_num_draft_tokens_total",
+      {}, 40), ("vllm:spec_decode_num_accepted_tokens_total", {}, 20),
+      ("vllm:spec_decode_num_accepted_tokens_per_pos_total", {"position": "0"}, 8),
+      ("vllm:spec_decode_num_accepted_tokens_per_pos_total", {"position": "1"}, 6),
+      ("vllm:generation_tokens_total", {}, 30)],
+     (0.5, 30, 3.0, 0.8, 3.0)),
+    ("sglang", {"job": "sglang", "instance": "10.0.1.2:30000", "model_name": "llama-3-8b",
+                "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"},
+     [("sglang:spec_verify_calls_total", {}, 10), ("sglang:spec_num_draft_tokens", {}, -5),
+      ("sglang:spec_accept_rate", {}, -0.25), ("sglang:spec_accept_length", {}, -2.0),
+      ("sglang:generation_tokens_total", {"is_streaming": "false"}, 20)],
+     (0.25, 20, 2.0, None, 2.0)),
+    ("trtllm", {"job": "trtllm", "instance": "10.0.1.3:8000", "model_name": "llama-3-8b",
+                "engine_type": "trtllm"},
+     [("trtllm_spec_decode_num_draft_tokens_total", {}, 30),
+      ("trtllm_spec_decode_num_accepted_tokens_total", {}, 12),
+      ("trtllm_spec_decode_drafted_tokens_total", {"token_position": "0"}, 10),
+      ("trtllm_spec_decode_accepted_tokens_total", {"token_position": "0"}, 7),
+      ("trtllm_spec_decode_acceptance_length", {}, -2.2),
+      ("trtllm_generation_tokens_total", {}, 25)],
+     (0.4, 25, 2.2, 0.7, 2.5)),
+    ("llamacpp", {"job": "llamacpp", "instance": "10.0.1.4:8080"},
+     [("llamacpp:spec_decode_num_drafts_total", {}, 5),
+      ("llamacpp:spec_decode_num_draft_tokens_total", {}, 15),
+      ("llamacpp:spec_decode_num_accepted_tokens_total", {}, 9),
+      ("llamacpp:spec_decode_num_accepted_tokens_per_pos_total", {"position": "0"}, 4),
+      ("llamacpp:tokens_predicted_total", {}, 14)],
+     (0.6, 14, 2.8, 0.8, 2.8)),
+    ("lmdeploy", {"job": "lmdeploy", "instance": "10.0.1.5:23333", "model_name": "llama-3-8b",
+                  "engine": "0"},
+     [("lmdeploy:spec_decode_num_drafts_total", {}, 4),
+      ("lmdeploy:spec_decode_num_draft_tokens_total", {}, 12),
+      ("lmdeploy:spec_decode_num_accepted_tokens_total", {}, 3),
+      ("lmdeploy:spec_decode_num_accepted_tokens_per_pos_total", {"position": "0"}, 2),
+      ("lmdeploy:generation_tokens_total", {}, 7)],
+     (0.25, 7, 1.75, 0.5, 1.75)),
+)
+
+
+def _engine_tests(config: MixinConfig) -> dict[str, Any]:
+    """The engines' own series normalised: each engine-only server's acceptance, tokens/s,
+    accept length and position-0 acceptance in the fleet rules, labelled with its engine and
+    ``source="engine"``; and a vLLM endpoint on the plugin's host left out (no double count).
+    A negative figure in the table is a gauge's value, a positive one a counter's rate."""
+    n = RuleNames(config)
+    steps = 20
+
+    def series(name: str, labels: dict[str, str], figure: float) -> dict[str, str]:
+        values = [abs(figure)] * (steps + 1) if figure < 0 else [
+            figure * 60 * i for i in range(steps + 1)]
+        return {"series": _selector(name, labels), "values": _notation(list(values))}
+
+    inputs = server_series([(ServerState(), steps)])
+    checks: list[tuple[str, dict[str, str], float]] = []
+    for engine, target, metrics, (acceptance, emitted, length, pos0, per_sequence) in \
+            _ENGINE_SERVERS:
+        labels = {**GROUP, **target}
+        inputs += [series(name, {**labels, **extra}, f) for name, extra, f in metrics]
+        out = {k: v for k, v in labels.items() if k in config.instance_labels}
+        out |= {config.engine_label: engine, "source": "engine"}
+        checks += [(n.acceptance, out, acceptance), (n.emitted, out, emitted),
+                   (n.accept_length_incl_bonus, out, length),
+                   (n.emitted_per_sequence, out, per_sequence)]
+        if pos0 is not None:
+            checks.append((n.acceptance_by_position, {**out, "position": "0"}, pos0))
+    # vLLM's own endpoint on the plugin's host (10.0.0.1) with other figures: dropped.
+    plugin_host = {**GROUP, "job": "vllm", "instance": "10.0.0.1:8000",
+                   "model_name": "llama-3-8b", "engine": "0"}
+    inputs += [series("vllm:spec_decode_num_draft_tokens_total", plugin_host, 1000),
+               series("vllm:spec_decode_num_accepted_tokens_total", plugin_host, 10)]
+    def where(rule: str, labels: dict[str, str]) -> str:
+        return _selector(rule, {k: labels[k] for k in ("instance", "position") if k in labels})
+
+    tests = [
+        {
+            "expr": f"round({where(rule, labels)}, 0.001)",
+            "eval_time": "15m",
+            "exp_samples": [{"labels": _selector("", labels), "value": value}],
+        }
+        for rule, labels, value in checks
+    ]
+    tests += [
+        {"expr": f'{n.engine["draft_tokens"]}{{instance="10.0.0.1:8000"}}', "eval_time": "15m",
+         "exp_samples": []},
+        {"expr": f"round({n.acceptance}{{instance=\"10.0.0.1:9477\"}}, 0.001)",
+         "eval_time": "15m",
+         "exp_samples": [{"labels": _selector("", LABELS), "value": 0.5}]},
+    ]
+    return {
+        "name": "the engines' own series in the fleet rules, the plugin winning on its host",
+        "interval": "1m",
+        "input_series": inputs,
+        "promql_expr_test": tests,
+    }
+
+
 def _idle_tests(config: MixinConfig) -> dict[str, Any]:
     """An idle server stores no NaN: every ratio rule is absent, not NaN."""
     n = RuleNames(config)
@@ -802,7 +906,7 @@ def render(config: MixinConfig) -> str | None:
     if not is_default(config):
         return None
     alerts = {a.alert: a for a in alert_rules(config)}
-    tests: list[dict[str, Any]] = [_expr_tests(config), _idle_tests(config)]
+    tests: list[dict[str, Any]] = [_expr_tests(config), _engine_tests(config), _idle_tests(config)]
     for case in _cases():
         tests.append(
             {

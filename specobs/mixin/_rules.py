@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import specobs.catalog as c
+from specobs.mixin import _engines
 from specobs.mixin._config import MixinConfig, duration_seconds, generated_notice
 
 __all__ = [
     "BASELINE_CONFIGURED",
     "ENGINE_REQUEST_GAUGES",
+    "ENGINE_SOURCE",
     "AlertNames",
     "AlertRule",
     "RecordingRule",
@@ -92,12 +94,11 @@ class AlertRule:
 
 #: The engines' own request gauges the stall alert reads, besides specobs's (vLLM
 #: ``vllm/v1/metrics/loggers.py``, SGLang ``sglang/srt/metrics/collector.py``).
-ENGINE_REQUEST_GAUGES: tuple[str, ...] = (
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "sglang:num_running_reqs",
-    "sglang:num_queue_reqs",
+ENGINE_REQUEST_GAUGES: tuple[str, ...] = tuple(
+    name for engine in _engines.ENGINES for name in engine.request_gauges
 )
+#: The ``source`` label of a fleet series computed from an engine's own series.
+ENGINE_SOURCE = "engine"
 
 
 class RuleNames:
@@ -140,6 +141,15 @@ class RuleNames:
         self.up = "instance:specobs_up:max"
         self.last_cycle_age = f"instance:{c.LAST_CYCLE_TIMESTAMP.name}:age"
         self.alerts_firing = "instance:specobs_alerts:count_firing"
+        # The engines' own series normalised (one rule per quantity, every engine in it), and
+        # acceptance by draft position from the plugin or the engine.
+        ops = {"accept_length_incl_bonus": f"mean_rate{w}", "acceptance_by_position":
+               f"ratio_rate{w}"}
+        self.engine = {
+            q.key: f"instance:specobs_engine_{q.key}:{ops.get(q.key, f'rate{w}')}"
+            for q in _engines.QUANTITIES
+        }
+        self.acceptance_by_position = f"instance:specobs_acceptance_by_position:ratio_rate{w}"
         self.cohort_servers = "cohort:specobs_servers:count"
         self.cohort_emitted = f"cohort:{c.EMITTED_TOKENS.base_name}:rate{w}"
         self.cohort_acceptance = f"cohort:specobs_acceptance:ratio_rate{w}"
@@ -167,6 +177,24 @@ def _rate(metric: str, config: MixinConfig, by: str, matchers: str = "") -> str:
     return f"sum by ({by}) (rate({metric}{{{selector}}}[{config.rate_window}]))"
 
 
+def _ratio(num: str, den: str) -> str:
+    """``num / den`` where the denominator is positive: an idle server has no series, not NaN."""
+    return f"{num}\n/\n({den} > 0)"
+
+
+def _mean(histogram: str, config: MixinConfig, by: str, matchers: str = "") -> str:
+    """A histogram's mean over the rate window: the rate of its sum over that of its count."""
+    return _ratio(_rate(f"{histogram}_sum", config, by, matchers),
+                  _rate(f"{histogram}_count", config, by, matchers))
+
+
+def _plugin_or_engine(plugin: str, engine_rule: str) -> str:
+    """A fleet series from specobs's plugin, or else from the engine's own series. The engine
+    rule drops every host where the plugin is scraped, so "or" adds servers and never counts
+    one twice."""
+    return f"{plugin}\nor\n{engine_rule}"
+
+
 def request_low_share_expr(config: MixinConfig, by: str) -> str:
     """The share of finished requests with acceptance <= ``request_acceptance_low`` over
     ``request_window``, by ``by``: the bucket's rate over the count's."""
@@ -185,6 +213,23 @@ def _host(expr: str) -> str:
     return f'label_replace({expr}, "host", "$1", "instance", "(.+):[0-9]+")'
 
 
+def engine_rule_expr(config: MixinConfig, quantity: str) -> str:
+    """One normalising rule: every engine's transform of ``quantity`` labelled with its engine
+    and ``source="engine"``, less the hosts where specobs's plugin is scraped (its series win)."""
+    union = _engines.union(quantity, by=config.by, selector=config.engine_selector,
+                           window=config.rate_window, engine_label=config.engine_label,
+                           source=ENGINE_SOURCE)
+    if union is None:
+        raise ValueError(f"no engine gives the fleet quantity {quantity!r}")
+    hosted = _host(f"(\n{union}\n)")
+    return (
+        f"label_replace(\n{hosted}\n"
+        f"# specobs's plugin wins where it is scraped on the same host.\n"
+        f"unless on ({config.host_by}) {_host(f'up{{{config.selector}}}')}\n"
+        f', "host", "", "host", ".*")'
+    )
+
+
 def recording_rules(config: MixinConfig) -> list[RecordingRule]:
     """Every recording rule, in evaluation order (later rules read earlier ones).
 
@@ -198,40 +243,48 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
     hby = config.host_by
     sel = config.selector
 
-    def ratio(num: str, den: str) -> str:
-        return f"{num}\n/\n({den} > 0)"
-
     cycle_buckets = f"{c.CYCLE_DURATION.name}_bucket"
     host = 'clock="host"'
     own_requests = f'__name__=~"{c.REQUESTS_RUNNING.name}|{c.REQUESTS_WAITING.name}"'
     engine_sel = ", ".join(
         m for m in (f'__name__=~"{"|".join(ENGINE_REQUEST_GAUGES)}"', config.engine_selector) if m
     )
+    e = n.engine
+    # The fleet counters' rates: from the plugin's counter, else from the engine's quantity.
+    # Sequence-cycles: an engine's drafts (verify steps of one sequence) are the same count.
+    counted = (
+        (n.emitted, c.EMITTED_TOKENS.name, "emitted_tokens"),
+        (n.drafted, c.DRAFT_TOKENS.name, "draft_tokens"),
+        (n.accepted, c.ACCEPTED_TOKENS.name, "accepted_tokens"),
+        (n.sequences, f"{c.BATCH_SIZE.name}_sum", "drafts"),
+    )
+
     return [
         RecordingRule(n.up, f"max by ({by}) (up{{{sel}}})"),
+        *(RecordingRule(e[q.key], engine_rule_expr(config, q.key)) for q in _engines.QUANTITIES),
         RecordingRule(n.cycles, _rate(c.CYCLES.name, config, by)),
-        RecordingRule(n.emitted, _rate(c.EMITTED_TOKENS.name, config, by)),
-        RecordingRule(n.drafted, _rate(c.DRAFT_TOKENS.name, config, by)),
-        RecordingRule(n.accepted, _rate(c.ACCEPTED_TOKENS.name, config, by)),
-        RecordingRule(n.sequences, _rate(f"{c.BATCH_SIZE.name}_sum", config, by)),
-        RecordingRule(n.acceptance, ratio(n.accepted, n.drafted)),
-        RecordingRule(n.emitted_per_sequence, ratio(n.emitted, n.sequences)),
-        RecordingRule(n.drafted_per_sequence, ratio(n.drafted, n.sequences)),
-        RecordingRule(n.batch_size_mean, ratio(n.sequences, n.cycles)),
-        # The k in effect (engines change it at run time): the fleet table's "Mean k".
+        *(RecordingRule(record, _plugin_or_engine(_rate(plugin, config, by), e[quantity]))
+          for record, plugin, quantity in counted),
         RecordingRule(
-            n.draft_length_mean,
-            ratio(
-                _rate(f"{c.DRAFT_LENGTH.name}_sum", config, by),
-                _rate(f"{c.DRAFT_LENGTH.name}_count", config, by),
+            n.acceptance_by_position,
+            _plugin_or_engine(
+                _ratio(
+                    _rate(c.ACCEPTED_BY_POSITION.name, config, f"{by}, position"),
+                    _rate(c.DRAFTED_BY_POSITION.name, config, f"{by}, position"),
+                ),
+                e["acceptance_by_position"],
             ),
         ),
+        RecordingRule(n.acceptance, _ratio(n.accepted, n.drafted)),
+        RecordingRule(n.emitted_per_sequence, _ratio(n.emitted, n.sequences)),
+        RecordingRule(n.drafted_per_sequence, _ratio(n.drafted, n.sequences)),
+        RecordingRule(n.batch_size_mean, _ratio(n.sequences, n.cycles)),
+        # The k in effect (engines change it at run time): the fleet table's "Mean k".
+        RecordingRule(n.draft_length_mean, _mean(c.DRAFT_LENGTH.name, config, by)),
         RecordingRule(
             n.accept_length_excl_bonus,
-            ratio(
-                _rate(f"{c.ACCEPT_LENGTH.name}_sum", config, by),
-                _rate(f"{c.ACCEPT_LENGTH.name}_count", config, by),
-            ),
+            _plugin_or_engine(_mean(c.ACCEPT_LENGTH.name, config, by),
+                              f"{e['accept_length_incl_bonus']} - 1"),
         ),
         # vLLM's dashboards show 1 + accepted / drafts: the target's bonus token included.
         RecordingRule(n.accept_length_incl_bonus, f"1 + {n.accept_length_excl_bonus}"),
@@ -239,13 +292,7 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         # baseline alerts) reads nothing else, and no dashboard reads this rule; the GPU clock
         # was 2 of the 21 raw series per server the alert group reads over its rate window.
         # (``specobs top`` and the report compute both clocks' means from the raw counters.)
-        RecordingRule(
-            n.cycle_mean,
-            ratio(
-                _rate(f"{c.CYCLE_DURATION.name}_sum", config, f"{by}, clock", host),
-                _rate(f"{c.CYCLE_DURATION.name}_count", config, f"{by}, clock", host),
-            ),
-        ),
+        RecordingRule(n.cycle_mean, _mean(c.CYCLE_DURATION.name, config, f"{by}, clock", host)),
         # The host clock only (every cycle; what the fleet table, outliers and heatmap show):
         # 2 clocks x 20 bucket rates per server were the costliest rule at 1,000 servers. The
         # GPU clock's quantiles are on the cycle breakdown, from the raw histogram.
@@ -255,16 +302,10 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         # The engine's time outside cycles (scheduler, detokenisation, Python between steps):
         # the mean gap from a cycle's end to its thread's next begin, idle gaps left out, and
         # the gaps' share of the time the engine was busy (gaps plus host cycle time).
-        RecordingRule(
-            n.gap_mean,
-            ratio(
-                _rate(f"{c.CYCLE_GAP.name}_sum", config, by),
-                _rate(f"{c.CYCLE_GAP.name}_count", config, by),
-            ),
-        ),
+        RecordingRule(n.gap_mean, _mean(c.CYCLE_GAP.name, config, by)),
         RecordingRule(
             n.gap_share,
-            ratio(
+            _ratio(
                 _rate(f"{c.CYCLE_GAP.name}_sum", config, by),
                 f"(\n  {_rate(f'{c.CYCLE_GAP.name}_sum', config, by)}\n  +\n"
                 f"  {_rate(f'{c.CYCLE_DURATION.name}_sum', config, by, host)}\n)",
@@ -272,13 +313,7 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         ),
         # The GPU clock exists only on sampled cycles, so each clock's mean is its own
         # rate(sum) / rate(count); never divide GPU time by the count of all cycles.
-        RecordingRule(
-            n.phase_mean,
-            ratio(
-                _rate(f"{c.PHASE_DURATION.name}_sum", config, f"{by}, phase, clock"),
-                _rate(f"{c.PHASE_DURATION.name}_count", config, f"{by}, phase, clock"),
-            ),
-        ),
+        RecordingRule(n.phase_mean, _mean(c.PHASE_DURATION.name, config, f"{by}, phase, clock")),
         RecordingRule(
             n.phase_share,
             f"{n.phase_mean}\n/ ignoring (phase) group_left ()\n"
@@ -321,7 +356,7 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         RecordingRule(n.dropped, _rate(c.DROPPED_RECORDS.name, config, f"{by}, reason")),
         RecordingRule(
             n.sampled_ratio,
-            ratio(_rate(c.SAMPLED_CYCLES.name, config, by), n.cycles),
+            _ratio(_rate(c.SAMPLED_CYCLES.name, config, by), n.cycles),
         ),
         RecordingRule(
             n.last_cycle_age, f"time() - max by ({by}) ({c.LAST_CYCLE_TIMESTAMP.name}{{{sel}}})"
@@ -336,7 +371,7 @@ def recording_rules(config: MixinConfig) -> list[RecordingRule]:
         RecordingRule(n.cohort_emitted, f"sum by ({cby}) ({n.emitted})"),
         RecordingRule(
             n.cohort_acceptance,
-            ratio(f"sum by ({cby}) ({n.accepted})", f"sum by ({cby}) ({n.drafted})"),
+            _ratio(f"sum by ({cby}) ({n.accepted})", f"sum by ({cby}) ({n.drafted})"),
         ),
         RecordingRule(n.cohort_acceptance_median, f"quantile by ({cby}) (0.5, {n.acceptance})"),
         RecordingRule(n.cohort_speed_median, f"quantile by ({cby}) (0.5, {n.sequence_speed})"),

@@ -22,8 +22,13 @@ from specobs.tools import _client
 from specobs.tools._client import Limits, ScrapeError
 from specobs.tools._scrape import COUNTER_SERIES, Delta, Series
 
-__all__ = ["normalize_selector", "parse_window", "prometheus_delta", "server_selector",
-           "window_text"]
+__all__ = ["NoPluginSeries", "normalize_selector", "parse_window", "prometheus_delta",
+           "server_selector", "window_text"]
+
+
+class NoPluginSeries(ScrapeError):
+    """Prometheus answered, but holds no series of specobs's plugin for the selector (the
+    servers may still export their engine's own series)."""
 
 # -- Prometheus as the source ---------------------------------------------------------------------
 
@@ -141,7 +146,7 @@ def prometheus_delta(
         promql = f"{m.name}{{{selector}}}"
         _add_result(gauges, m.name, prom_query(client, base_url, promql, at, limits))
     if not gauges.has(catalog.INFO.name):
-        raise ScrapeError(
+        raise NoPluginSeries(
             f"Prometheus at {_client.display_url(base_url)} has no "
             f"{catalog.INFO.name}{{{selector}}}: check the selector and that Prometheus scrapes "
             "the specobs endpoint"

@@ -98,6 +98,7 @@ from specobs.tools._diagnosis._compare import (
     UNIFORM_MIN_SHARE,
     UNIFORM_SPREAD,
     Reference,
+    acceptance_against_past,
     against_cohort,
     against_past,
     saved_run,
@@ -227,6 +228,7 @@ __all__ = [
     "Prospects",
     "Reference",
     "Window",
+    "acceptance_against_past",
     "acceptance_profile",
     "advise_k",
     "against_cohort",
@@ -243,6 +245,7 @@ __all__ = [
     "cycle_bound",
     "cycle_costs",
     "diagnose",
+    "diagnose_engine",
     "draft_cost",
     "draft_fixed",
     "expected_tokens",
@@ -350,6 +353,32 @@ def diagnose(recent: Window, past: Window | None = None,
             found = schedule_finding(bands, choices)
             if found is not None:
                 out.append(found)
+    return out
+
+
+def diagnose_engine(recent: Window, past: Window | None, engine: str,
+                    per_position: bool) -> list[Finding]:
+    """The findings a server without specobs's plugin allows, from its engine's own series
+    (``specobs.tools._engine_series``): the acceptance profile where the engine exports
+    acceptance by draft position, and acceptance against ``past``. ``recent.drafted_first``
+    holds the window's drafts. Cycles, phases and the speedup need the plugin: no finding is
+    made of them (the tools say so beside the findings)."""
+    b = recent.breakdown
+    if per_position:
+        out = [acceptance_profile(b, recent.drafted_first)]
+    else:
+        rate = "-" if b.acceptance_rate is None else f"{b.acceptance_rate * 100:.0f}%"
+        out = [Finding(
+            "SPEC-ACCEPT-UNKNOWN", "info",
+            f"acceptance {rate}, but {engine} exports no acceptance by draft position: a draft "
+            "broken from its first token cannot be told from a weak one",
+            {"acceptance_rate": b.acceptance_rate},
+            "specobs's plugin counts drafted and accepted tokens at every position",
+        )]
+    if past is not None and past.drafted_first is not None \
+            and recent.drafted_first is not None:
+        out.extend(acceptance_against_past(b, past.breakdown,
+                                           (past.drafted_first, recent.drafted_first)))
     return out
 
 

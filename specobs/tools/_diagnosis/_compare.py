@@ -16,7 +16,8 @@ __all__ = [
     "LIFETIME", "MACHINE_SPREAD", "MIN_PAST_CYCLES", "MIN_RECENT_CYCLES", "NOT_THE_SPECULATION",
     "SLOWER_CYCLE_FRACTION", "SLOWER_RATIO", "SLOWER_Z", "THROUGHPUT_DROP", "THROUGHPUT_SEVERE",
     "UNIFORM_MIN_SHARE",
-    "UNIFORM_SPREAD", "Reference", "against_cohort", "against_past", "saved_run", "shift_z",
+    "UNIFORM_SPREAD", "Reference", "acceptance_against_past", "against_cohort", "against_past",
+    "saved_run", "shift_z",
 ]
 
 #: Cycles the past (the lifetime before the window) and the recent window each need to compare.
@@ -96,16 +97,9 @@ def against_past(recent: Breakdown, past: Breakdown, drafted: tuple[float, float
     ref = reference
     out: list[Finding] = []
     pa, ra = past.acceptance_rate, recent.acceptance_rate
-    found, z = _acceptance_below(pa, ra, drafted)
-    if found and pa is not None and ra is not None:
-        out.append(Finding(
-            f"{ref.prefix}-ACCEPT-DOWN", "warn",
-            f"acceptance fell from {_pct(pa)} {ref.over} to {_pct(ra)} in the last "
-            f"{recent.elapsed_seconds:.1f} s ({(ra - pa) * 100:+.0f} points)",
-            {"past": pa, "recent": ra, "z": z},
-            "something changed in the draft or the traffic: a deploy, a new draft "
-            "checkpoint, a different prompt mix; see the acceptance profile",
-        ))
+    down = _accept_down(recent, past, drafted, ref)
+    if down is not None:
+        out.append(down)
     clock = "gpu" if recent.cycle_counts.get("gpu", 0.0) >= MIN_CLOCK_CYCLES and \
         past.cycle_counts.get("gpu", 0.0) >= MIN_CLOCK_CYCLES else "host"
     past_cycle = past.cycle_mean_seconds.get(clock)
@@ -135,6 +129,40 @@ def against_past(recent: Breakdown, past: Breakdown, drafted: tuple[float, float
                            f"the last {recent.elapsed_seconds:.1f} s match {ref.name} "
                            f"(acceptance {_pct(pa)} → {_pct(ra)})", {"past": pa, "recent": ra}))
     return out
+
+
+def _accept_down(recent: Breakdown, past: Breakdown, drafted: tuple[float, float] | None,
+                 ref: Reference) -> Finding | None:
+    """``<prefix>-ACCEPT-DOWN`` when acceptance fell by a drop worth a finding."""
+    pa, ra = past.acceptance_rate, recent.acceptance_rate
+    found, z = _acceptance_below(pa, ra, drafted)
+    if not found or pa is None or ra is None:
+        return None
+    return Finding(
+        f"{ref.prefix}-ACCEPT-DOWN", "warn",
+        f"acceptance fell from {_pct(pa)} {ref.over} to {_pct(ra)} in the last "
+        f"{recent.elapsed_seconds:.1f} s ({(ra - pa) * 100:+.0f} points)",
+        {"past": pa, "recent": ra, "z": z},
+        "something changed in the draft or the traffic: a deploy, a new draft "
+        "checkpoint, a different prompt mix; see the acceptance profile",
+    )
+
+
+def acceptance_against_past(recent: Breakdown, past: Breakdown, drafts: tuple[float, float],
+                            reference: Reference = LIFETIME) -> list[Finding]:
+    """Acceptance alone against the past, for a server read through its engine's own series
+    (no cycles, no phases): ``drafts`` (past, recent), the verify steps of one sequence that
+    drafted, stand in for the cycles :func:`against_past` needs, and are the counts of the
+    z score. Empty when either side drafted too little."""
+    if drafts[1] < MIN_RECENT_CYCLES or drafts[0] < MIN_PAST_CYCLES:
+        return []
+    down = _accept_down(recent, past, drafts, reference)
+    if down is not None:
+        return [down]
+    pa, ra = past.acceptance_rate, recent.acceptance_rate
+    return [Finding(f"{reference.prefix}-STEADY", "ok",
+                    f"the last {recent.elapsed_seconds:.1f} s match {reference.name} "
+                    f"(acceptance {_pct(pa)} → {_pct(ra)})", {"past": pa, "recent": ra})]
 
 
 #: Recent findings (codes without their prefix) that explain a slowdown by the machine, not by

@@ -54,11 +54,14 @@ Credentials in the URL (``http://user:password@host/``) are sent as HTTP Basic a
 and never printed.
 
 With ``--prometheus`` the same findings come from a Prometheus server instead: ``increase()``
-over ``--window`` for the servers ``--instance`` and ``--selector`` match (one server, or their
-sum, which the ``one server`` line says), against the ``--history`` before the window; the
-endpoint's checks give way to ``prometheus`` (the query answered, with the servers matched;
-exit 2 when not), ``history`` and ``batch sizes``: the history split into windows as long as
-``--window``, whose batch sizes ``SPEC-ADVICE-BATCH`` is fitted over with the window's.
+over ``--window`` for the servers ``--instance`` and ``--selector`` match, against the
+``--history`` before the window; the endpoint's checks give way to ``prometheus`` (the query
+answered, with the servers matched; exit 2 when not), ``history`` and ``batch sizes``: the
+history split into windows as long as ``--window``, whose batch sizes ``SPEC-ADVICE-BATCH`` is
+fitted over with the window's. A server without specobs's plugin is read through its engine's
+own series (acceptance, its profile, tokens/s), what needs the plugin a ``SKIP`` line saying so;
+several servers are each diagnosed on their own, one line per server named by its instance
+(:mod:`._prometheus`).
 
 Each request has one deadline, ``--timeout`` seconds for connecting, the headers and the whole
 body, and reads at most ``--max-bytes`` of body after decompression (default 16 MiB): an endpoint
@@ -109,8 +112,10 @@ _PROG = "specobs doctor"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``specobs doctor``."""
     _client.add_source_arguments(
-        parser, prometheus_help="diagnose one server from a Prometheus server instead: "
-                                "increase() over --window, against the --history before it")
+        parser, prometheus_help="diagnose from a Prometheus server instead: increase() over "
+                                "--window, against the --history before it; servers without "
+                                "the plugin through their engine's own series; several "
+                                "servers each on its own")
     parser.add_argument("--instance", default=None, metavar="INSTANCE",
                         help="with --prometheus: the server's instance label (host:port)")
     parser.add_argument("--selector", default="",

@@ -1,6 +1,12 @@
 """``specobs doctor --prometheus``: the same findings from a Prometheus server's ``increase()``
 windows instead of two scrapes, one server against its cohort, and the batch threshold fitted
-over the batch sizes the history served (:func:`history_windows`)."""
+over the batch sizes the history served (:func:`history_windows`).
+
+A server without specobs's plugin is read through its engine's own series
+(:mod:`specobs.tools._engine_series`): its acceptance, profile and tokens/s are judged, and
+what needs the plugin is a ``SKIP`` line saying so. When the selector matches several servers
+(plugin or engine alike) each is diagnosed on its own (:func:`_survey`): a line per server
+with its worst finding, and the findings that warn or fail named with their server."""
 
 from __future__ import annotations
 
@@ -10,11 +16,13 @@ import time
 from typing import Any
 
 from specobs import catalog
+from specobs.mixin import _engines
 from specobs.tools import _client
 from specobs.tools import _diagnosis as dg
+from specobs.tools import _engine_series as es
 from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
-from specobs.tools._doctor._checks import Check, Report
+from specobs.tools._doctor._checks import _VERDICT, Check, Report
 
 __all__ = ["BATCH_WINDOWS_MAX", "COHORT_LABELS", "examine_prometheus", "history_split",
            "history_windows"]
@@ -29,28 +37,52 @@ def examine_prometheus(
 ) -> Report:
     """Diagnose the servers ``selector`` matches from a Prometheus server: ``increase()`` over
     the last ``window_seconds`` against the ``history_seconds`` before it (the same breakdown
-    and findings as two scrapes give; the endpoint checks do not apply)."""
+    and findings as two scrapes give; the endpoint checks do not apply). Servers without the
+    plugin are read through their engine's own series; several servers are each diagnosed on
+    their own."""
     at = time.time() if now is None else now
     shown = f"{_client.display_url(base_url)} {{{selector}}}"
+    recent: scr.Delta | None
     try:
         recent = pa.prometheus_delta(client, base_url, selector, window_seconds, limits=limits,
                                      at=at, extra_gauges=_DIAGNOSIS_GAUGES)
+        plugin_error = ""
+    except pa.NoPluginSeries as exc:
+        recent, plugin_error = None, str(exc)
     except scr.ScrapeError as exc:
+        # Prometheus itself failed: asking it again for the engines' series would not help.
         return Report([Check("prometheus", "FAIL", str(exc))])
-    instances = sorted({d.get("instance", "") for d in recent.gauges.labels(catalog.INFO.name)})
+    plugin = _instances(recent)
+    try:
+        engines = es.engine_servers(client, base_url, selector, window_seconds, limits=limits,
+                                    at=at, plugin_hosts=frozenset(map(es.host_of, plugin)))
+    except scr.ScrapeError as exc:
+        if recent is None:
+            return Report([Check("prometheus", "FAIL", plugin_error)])
+        plugin_error, engines = str(exc), {}
+    if recent is None and not engines:
+        return Report([Check(
+            "prometheus", "FAIL",
+            f"{plugin_error}; nor does it hold an engine's own speculative decoding series "
+            f"for the selector ({', '.join(e.title for e in _engines.ENGINES)})",
+        )])
+    window_text = pa.window_text(window_seconds)
+    if len(plugin) + len(engines) > 1:
+        return _survey(client, base_url, selector, recent, engines, window_seconds,
+                       history_seconds, limits, at, shown)
+    if engines:
+        (server,) = engines.values()
+        return _engine_report(client, base_url, selector, server, window_seconds,
+                              history_seconds, limits, at, shown)
+    assert recent is not None
+    instances = plugin
     checks = [Check(
         "prometheus", "OK",
         f"{shown}: {len(instances)} server{'s' if len(instances) != 1 else ''} "
         f"({', '.join(i for i in instances if i) or 'no instance label'}), window "
-        f"{pa.window_text(window_seconds)}",
+        f"{window_text}",
         {"instances": instances},
     )]
-    if len(instances) > 1:
-        checks.append(Check(
-            "one server", "INFO",
-            f"{len(instances)} servers match: the findings are of their sum; narrow it with "
-            "--instance", {"instances": instances},
-        ))
     past: dg.Window | None = None
     try:
         before = pa.prometheus_delta(client, base_url, selector, history_seconds, limits=limits,
@@ -77,6 +109,161 @@ def examine_prometheus(
         findings += _against_cohort(client, base_url, recent, window, instances[0],
                                     window_seconds, limits, at, checks)
     return Report(checks, findings, window)
+
+
+def _instances(delta: scr.Delta | None) -> list[str]:
+    """The servers of a plugin's window: the instances of its info series."""
+    if delta is None:
+        return []
+    return sorted({d.get("instance", "") for d in delta.gauges.labels(catalog.INFO.name)})
+
+
+def _only(delta: scr.Delta, instance: str) -> scr.Delta:
+    """The part of a window of several servers that is ``instance``'s."""
+
+    def keep(series: scr.Series) -> scr.Series:
+        return scr.Series({key: value for key, value in series.samples.items()
+                           if dict(key[1]).get("instance") == instance})
+
+    return scr.Delta(keep(delta.counters), keep(delta.gauges), delta.elapsed_seconds)
+
+
+def _needs_plugin(checks: list[Check], which: str) -> None:
+    """One ``SKIP`` line per figure only the plugin measures."""
+    for name, what in es.NEEDS_PLUGIN:
+        checks.append(Check(name, "SKIP", f"{es.NEEDS_PLUGIN_TEXT}: {what} ({which})",
+                            {"needs_plugin": True}))
+
+
+def _engine_figures(server: es.EngineServer) -> str:
+    b = server.window().breakdown
+    return (f"acceptance {_pct(b.acceptance_rate)}, accept length "
+            f"{_num(b.mean_acceptance_length, 2)}, {_num(b.emitted_tokens_per_second, 1)} "
+            "tokens/s")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _engine_report(client: Any, base_url: str, selector: str, server: es.EngineServer,
+                   window_seconds: float, history_seconds: float, limits: _client.Limits,
+                   at: float, shown: str) -> Report:
+    """One server without the plugin: its engine's own series over the window, against the
+    history before it."""
+    checks = [Check(
+        "prometheus", "OK",
+        f"{shown}: 1 server ({server.instance}, {server.title}'s own series, job {server.job}; "
+        f"no specobs plugin), window {pa.window_text(window_seconds)}",
+        {"instances": [server.instance], es.ENGINE_LABEL: server.engine,
+         "source": es.SOURCE},
+    )]
+    past = _engine_past(client, base_url, selector, server, window_seconds, history_seconds,
+                        limits, at, checks)
+    checks.append(Check("engine series", "OK", f"{server.title}: {_engine_figures(server)}",
+                        {"engine": server.engine}))
+    _needs_plugin(checks, f"{server.title} exports none of it")
+    return Report(checks, server.findings(past), server.window())
+
+
+def _engine_past(client: Any, base_url: str, selector: str, server: es.EngineServer,
+                 window_seconds: float, history_seconds: float, limits: _client.Limits,
+                 at: float, checks: list[Check]) -> es.EngineServer | None:
+    """The same server over the history before the window, with a ``history`` line."""
+    history = pa.window_text(history_seconds)
+    try:
+        before = es.engine_servers(client, base_url, f"instance={json.dumps(server.instance)}",
+                                   history_seconds, limits=limits, at=at - window_seconds)
+    except scr.ScrapeError as exc:
+        checks.append(Check("history", "INFO", f"no past to compare with: {exc}"))
+        return None
+    past = before.get(server.instance)
+    if past is None or not past.drafts:
+        checks.append(Check("history", "INFO", f"no drafts in the {history} before the window: "
+                                               "nothing to compare with"))
+        return None
+    checks.append(Check("history", "OK", f"compared with the {history} before the window"))
+    return past
+
+
+def _survey(client: Any, base_url: str, selector: str, recent: scr.Delta | None,
+            engines: dict[str, es.EngineServer], window_seconds: float, history_seconds: float,
+            limits: _client.Limits, at: float, shown: str) -> Report:
+    """Several servers, each diagnosed on its own against its own past: a line per server with
+    its worst findings, and every finding that warns or fails named with its server. A sum of
+    servers would mean nothing across engines, and one bad server would vanish in it."""
+    plugin = _instances(recent)
+    servers = [*plugin, *engines]
+    checks = [Check(
+        "prometheus", "OK",
+        f"{shown}: {len(servers)} servers ({len(plugin)} with the plugin, {len(engines)} read "
+        f"through their engine's own series), window {pa.window_text(window_seconds)}: each "
+        "diagnosed on its own",
+        {"instances": servers},
+    )]
+    before: scr.Delta | None = None
+    if plugin:
+        try:
+            before = pa.prometheus_delta(client, base_url, selector, history_seconds,
+                                         limits=limits, at=at - window_seconds)
+        except scr.ScrapeError:
+            before = None
+    try:
+        engines_before = es.engine_servers(
+            client, base_url, selector, history_seconds, limits=limits, at=at - window_seconds,
+            plugin_hosts=frozenset(map(es.host_of, plugin))) if engines else {}
+    except scr.ScrapeError:
+        engines_before = {}
+    findings: list[dg.Finding] = []
+    for instance in plugin:
+        assert recent is not None
+        mine = _only(recent, instance)
+        past = None
+        if before is not None:
+            theirs = _only(before, instance)
+            if (theirs.counters.total(catalog.CYCLES.name) or 0.0) > 0:
+                past = dg.window(theirs)
+        window = dg.window(mine, at)
+        info = mine.gauges.labels(catalog.INFO.name)
+        engine = (info[0].get(es.ENGINE_LABEL) if info else None) or "?"
+        b = window.breakdown
+        found = dg.diagnose(window, past)
+        figures = (f"acceptance {_pct(b.acceptance_rate)}, "
+                   f"{_num(b.emitted_tokens_per_second, 1)} tokens/s")
+        checks.append(_server_line(instance, f"{engine}, plugin", figures, found))
+        findings += _named(instance, f"{engine}, plugin", found)
+    for instance, server in engines.items():
+        found = server.findings(engines_before.get(instance))
+        where = f"{server.title}, engine series"
+        checks.append(_server_line(instance, where, _engine_figures(server), found))
+        findings += _named(instance, where, found)
+    if engines:
+        checks.append(Check(
+            "needs the plugin", "SKIP",
+            f"{', '.join(name for name, _ in es.NEEDS_PLUGIN)} of the {len(engines)} "
+            f"server{'s' if len(engines) != 1 else ''} read through their engine's own series "
+            f"({', '.join(engines)}): {es.NEEDS_PLUGIN_TEXT}",
+            {"needs_plugin": [name for name, _ in es.NEEDS_PLUGIN], "instances": list(engines)}))
+    return Report(checks, findings)
+
+
+def _server_line(instance: str, where: str, figures: str, found: list[dg.Finding]) -> Check:
+    level = dg.worst(found)
+    worst = [f.code for f in found if f.severity == level and level in ("warn", "fail")]
+    return Check(instance, _VERDICT[level],
+                 f"{where}: {figures}" + (f"; {', '.join(worst)}" if worst else ""),
+                 {"instance": instance, "codes": [f.code for f in found]})
+
+
+def _named(instance: str, where: str, found: list[dg.Finding]) -> list[dg.Finding]:
+    """The findings that warn or fail, their sentence naming the server."""
+    return [dg.Finding(f.code, f.severity, f"{instance} ({where}): {f.sentence}",
+                       {**f.evidence, "instance": instance}, f.advice)
+            for f in found if f.severity in ("warn", "fail")]
 
 
 #: The history is split into windows as long as ``--window``, or into this many longer ones.

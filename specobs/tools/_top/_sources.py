@@ -13,6 +13,7 @@ from specobs import catalog
 from specobs.tools import _breakdown as bd
 from specobs.tools import _client
 from specobs.tools import _diagnosis as dg
+from specobs.tools import _engine_series as es
 from specobs.tools import _promapi as pa
 from specobs.tools import _scrape as scr
 from specobs.tools._top._requests import RequestAcceptance, request_acceptance
@@ -31,6 +32,11 @@ class Frame:
     findings: tuple[dg.Finding, ...] = ()
     #: The interval's finished requests' acceptance; ``None`` when the source has none.
     requests: RequestAcceptance | None = None
+    #: The engine whose own series the frame was read from (a server without specobs's
+    #: plugin: what needs the plugin is absent, not zero); ``None`` for the plugin's series.
+    engine: str | None = None
+    #: The server of an engine frame.
+    instance: str | None = None
 
 
 class EndpointSource:
@@ -62,7 +68,9 @@ class EndpointSource:
 
 
 class PrometheusSource:
-    """Queries ``increase(...[window])`` from a Prometheus server on every poll."""
+    """Queries ``increase(...[window])`` from a Prometheus server on every poll; where the
+    selector matches no plugin's series, one server's engine series
+    (:mod:`specobs.tools._engine_series`)."""
 
     def __init__(self, client: Any, base_url: str, selector: str, window_seconds: float,
                  limits: _client.Limits = _client.DEFAULT_LIMITS) -> None:
@@ -82,6 +90,8 @@ class PrometheusSource:
                 self.client, self.base_url, self.selector, self.window_seconds,
                 limits=self.limits,
             )
+        except pa.NoPluginSeries as exc:
+            return self._engine_frame(str(exc))
         except scr.ScrapeError as exc:
             return Frame("error", str(exc))
         if not delta.counters.has(catalog.CYCLES.name):
@@ -93,6 +103,31 @@ class PrometheusSource:
         window = dg.window(delta, time.time())
         return _data_frame(window.breakdown, tuple(dg.diagnose(window)),
                            request_acceptance(delta.counters, {}))
+
+
+    def _engine_frame(self, plugin_error: str) -> Frame:
+        """One server read through its engine's own series, or the plugin's error when the
+        selector matches no engine series either."""
+        try:
+            servers = es.engine_servers(self.client, self.base_url, self.selector,
+                                        self.window_seconds, limits=self.limits, at=time.time())
+        except scr.ScrapeError:
+            return Frame("error", plugin_error)
+        if not servers:
+            return Frame("error", f"{plugin_error}; nor does it hold an engine's own "
+                                  "speculative decoding series for the selector")
+        if len(servers) > 1:
+            return Frame("error", f"{len(servers)} servers without the plugin match "
+                                  f"({', '.join(servers)}): their engines' figures do not add "
+                                  "up; narrow --selector to one instance")
+        (server,) = servers.values()
+        b = server.window().breakdown
+        if b.acceptance_rate is None and b.emitted_tokens_per_second is None:
+            return Frame("waiting", f"waiting for Prometheus to hold two samples of "
+                                    f"{server.title}'s series in the last "
+                                    f"{scr.format_rate(self.window_seconds, 0)} s")
+        return Frame("data", "", b, tuple(server.findings(None)), None,
+                     engine=server.title, instance=server.instance)
 
 
 def _data_frame(b: bd.Breakdown, findings: tuple[dg.Finding, ...] = (),

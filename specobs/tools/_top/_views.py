@@ -12,12 +12,19 @@ from typing import Any, TextIO
 
 from specobs.tools import _breakdown as bd
 from specobs.tools import _diagnosis as dg
+from specobs.tools import _engine_series as es
 from specobs.tools import _scrape as scr
 from specobs.tools._top import _requests
 from specobs.tools._top._sources import Frame, status_text
 
-__all__ = ["JsonView", "LiveView", "PlainView", "bar", "frame_json", "plain_line", "spark"]
+__all__ = ["ENGINE_FIELDS", "JsonView", "LiveView", "PlainView", "bar", "frame_json",
+           "plain_line", "spark"]
 
+#: The breakdown's fields a server's engine series give (the rest needs the plugin).
+ENGINE_FIELDS = frozenset({
+    "elapsed_seconds", "acceptance_rate", "mean_accept_length", "position_acceptance",
+    "emitted_tokens_per_second", "requests_running", "requests_waiting",
+})
 _BAR_WIDTH = 16
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
 _SPARK = " ▁▂▃▄▅▆▇█"
@@ -58,6 +65,8 @@ def plain_line(frame: Frame, now: float | None = None) -> str:
     if frame.kind != "data" or b is None:
         label = {"error": "error: ", "reset": "", "waiting": ""}.get(frame.kind, "")
         return f"{stamp} {label}{frame.message}"
+    if frame.engine is not None:
+        return _engine_line(stamp, frame, b)
     if not b.cycles > 0:
         return f"{stamp} {frame.message}"
     us = True
@@ -103,10 +112,34 @@ def plain_line(frame: Frame, now: float | None = None) -> str:
     if frame.requests is not None:
         parts.append(_requests.plain_text(frame.requests))
     if frame.findings:
-        level = dg.worst(frame.findings)
-        codes = [f.code for f in frame.findings if f.severity == level]
-        parts.append(f"status={level}({','.join(codes)})" if level in ("warn", "fail")
-                     else "status=ok")
+        parts.append(_status(frame.findings))
+    return " ".join(parts)
+
+
+def _status(findings: tuple[dg.Finding, ...]) -> str:
+    level = dg.worst(findings)
+    codes = [f.code for f in findings if f.severity == level]
+    return f"status={level}({','.join(codes)})" if level in ("warn", "fail") else "status=ok"
+
+
+def _engine_line(stamp: str, frame: Frame, b: bd.Breakdown) -> str:
+    """The plain line of a server read through its engine's own series: what it gives, and
+    what needs the plugin named as such (never a zero)."""
+    pos = ",".join(scr.format_percent(v, 0) for _, v in b.position_acceptance)
+    parts = [
+        stamp, f"source={es.SOURCE}", f"engine={frame.engine}", f"instance={frame.instance}",
+        f"accept={scr.format_percent(b.acceptance_rate)}",
+        f"accept_len={scr.format_rate(b.mean_acceptance_length, 2)}",
+        f"pos=[{pos}]" if pos else "pos=[none exported]",
+        f"tok/s={scr.format_rate(b.emitted_tokens_per_second)}",
+    ]
+    if b.requests_running is not None or b.requests_waiting is not None:
+        parts.append(f"requests={scr.format_rate(b.requests_running, 0)}"
+                     f"+{scr.format_rate(b.requests_waiting, 0)}waiting")
+    needs = ",".join(name.replace(" ", "_") for name, _ in es.NEEDS_PLUGIN)
+    parts.append(f"{needs}={es.NEEDS_PLUGIN_TEXT.replace(' ', '_')}")
+    if frame.findings:
+        parts.append(_status(frame.findings))
     return " ".join(parts)
 
 
@@ -133,6 +166,15 @@ def frame_json(frame: Frame, now: float | None = None) -> dict[str, Any]:
     b = frame.breakdown
     if b is not None:
         out["breakdown"] = b.as_json()
+    out["source"] = es.SOURCE if frame.engine is not None else "plugin"
+    if frame.engine is not None:
+        out["engine"], out["instance"] = frame.engine, frame.instance
+        # What only the plugin measures is left out of the breakdown (a cycle count of 0
+        # would read as a stall), and named here instead.
+        if b is not None:
+            out["breakdown"] = {k: v for k, v in out["breakdown"].items() if k in ENGINE_FIELDS}
+            out["breakdown"]["mean_acceptance_length"] = b.mean_acceptance_length
+        out["needs_plugin"] = [name for name, _ in es.NEEDS_PLUGIN]
     out["requests"] = (None if frame.requests is None
                        else dataclasses.asdict(frame.requests))
     out["status"] = status_text(frame.findings) if frame.findings else None
@@ -234,13 +276,48 @@ class LiveView:
             level = dg.worst(shown.findings)
             style = {"fail": "bold red", "warn": "bold yellow"}.get(level, "green")
             parts.append(Text(f"status {status_text(shown.findings)}", style=style))
-        if b is not None:
+        if b is not None and shown is not None and shown.engine is not None:
+            parts += self._engine_body(b, shown)
+        elif b is not None:
             parts += self._body(b)
         requests = frame.requests if frame.breakdown is not None else (
             last.requests if last is not None else None)
         if b is not None and requests is not None:
             parts.append(Text(_requests.live_text(requests)))
         return Group(*parts)
+
+    def _engine_body(self, b: bd.Breakdown, frame: Frame) -> list[Any]:
+        """A server read through its engine's own series: its figures, and a line for each
+        figure only the plugin measures."""
+        from rich.table import Table
+        from rich.text import Text
+
+        out: list[Any] = [Text(f"{frame.engine}'s own series at {frame.instance}: no specobs "
+                               "plugin", style="bold")]
+        grid = Table.grid(padding=(0, 3))
+        for _ in range(3):
+            grid.add_column(no_wrap=True)
+        grid.add_row(
+            f"acceptance {scr.format_percent(b.acceptance_rate)}",
+            f"accept length {scr.format_rate(b.mean_acceptance_length, 2)}",
+            f"emitted {scr.format_rate(b.emitted_tokens_per_second)} tok/s",
+        )
+        grid.add_row(
+            f"requests running {scr.format_rate(b.requests_running, 0)}",
+            f"waiting {scr.format_rate(b.requests_waiting, 0)}", "",
+        )
+        out.append(grid)
+        if b.position_acceptance:
+            line = Text("per position ")
+            line.append("".join(spark(v) for _, v in b.position_acceptance), style="green")
+            line.append("  " + "  ".join(
+                f"{p}: {scr.format_percent(v, 0)}" for p, v in b.position_acceptance))
+            out.append(line)
+        else:
+            out.append(Text("per position: the engine exports none", style="dim"))
+        for name, what in es.NEEDS_PLUGIN:
+            out.append(Text(f"{name}: {es.NEEDS_PLUGIN_TEXT} ({what})", style="dim"))
+        return out
 
     def _body(self, b: bd.Breakdown) -> list[Any]:
         from rich import box
