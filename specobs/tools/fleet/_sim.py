@@ -26,16 +26,10 @@ from typing import Any
 
 from specobs import Settings, catalog
 from specobs._model import CLOCKS
-from specobs.tools.fleet._engine_series import (
-    ENGINE_PORTS,
-    EngineCollector,
-    EngineState,
-    engine_job,
-    target_labels,
-)
-from specobs.tools.fleet._engine_series import render as render_engine
+from specobs.tools.fleet import _engine_series as es
 from specobs.tools.fleet._mix import DEFAULT_MIX, PLUGIN_ENGINES, ServerKind, layout
 from specobs.tools.fleet._schedule import Fault
+from specobs.tools.fleet._shapes import Hist, lognormal_fractions, request_fractions
 
 __all__ = ["CLUSTERS", "ENDPOINT_ENGINE", "ENDPOINT_SPECOBS", "ENGINE_SPEEDS", "GPU_SAMPLE_EVERY",
            "MODELS", "NAMESPACE", "PHASES", "Fleet", "ModelProfile", "SimServer"]
@@ -78,21 +72,6 @@ ENDPOINT_ENGINE = "engine"
 CLUSTERS: tuple[str, ...] = ("us-east-1", "eu-west-1")
 
 
-def _lognormal_fractions(bounds: tuple[float, ...], mean: float, sigma: float) -> list[float]:
-    """Fraction of a log-normal with this mean falling in each bucket (+Inf last)."""
-    if mean <= 0:
-        return [1.0] + [0.0] * len(bounds)
-    mu = math.log(mean) - sigma * sigma / 2
-    cdf = [0.5 * (1 + math.erf((math.log(b) - mu) / (sigma * math.sqrt(2)))) if b > 0 else 0.0
-           for b in bounds]
-    out, prev = [], 0.0
-    for c in cdf:
-        out.append(max(c - prev, 0.0))
-        prev = c
-    out.append(max(1.0 - prev, 0.0))
-    return out
-
-
 #: The engine's time between two cycles (its scheduler, Python between steps) as a share of the
 #: host cycle, plus a fixed part: the simulated ``specobs_cycle_gap_seconds``.
 GAP_SHARE = 0.04
@@ -100,61 +79,6 @@ GAP_FIXED_SECONDS = 0.00004
 
 TOKENS_PER_REQUEST = 200
 """Sequence-cycles per finished request in the simulation (its per-request acceptance)."""
-
-
-def _request_fractions(rate: float) -> list[float]:
-    """Per-request acceptance buckets: most requests near the server's rate, a few far below
-    (the healthy spread of prompts), none above 1."""
-    bounds = catalog.REQUEST_ACCEPTANCE_BUCKETS
-    centre = min(range(len(bounds)), key=lambda i: abs(bounds[i] - rate))
-    out = [0.0] * (len(bounds) + 1)
-    out[centre] += 0.7
-    out[max(centre - 1, 0)] += 0.15
-    out[min(centre + 1, len(bounds) - 1)] += 0.1
-    out[max(centre - 3, 0)] += 0.05
-    return out
-
-
-class _Hist:
-    """A histogram's cumulative state in floats; exposed as floored integer counts (monotone).
-
-    The sum grows with the exposed count, not with the fractional one: each bucket floors on its
-    own, so the exposed count lags the fractional count by up to one per occupied bucket, and a sum
-    of the fractional count would make ``rate(_sum) / rate(_count)`` read up to a third above the
-    mean over a few sampled GPU cycles (a fresh pod's first scrapes) — a real histogram's sum is
-    always the sum of the observations it counted.
-    """
-
-    __slots__ = ("bounds", "counts", "exposed", "fractions", "mean", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0.0] * (len(bounds) + 1)
-        self.exposed = 0  # the sum of the floored bucket counts
-        self.sum = 0.0
-        self.fractions = [0.0] * (len(bounds) + 1)
-        self.mean = 0.0
-
-    def shape(self, fractions: list[float], mean: float) -> None:
-        self.fractions = fractions
-        self.mean = mean
-
-    def add(self, n: float) -> None:
-        if n <= 0:
-            return
-        counts = self.counts
-        for i, f in enumerate(self.fractions):
-            if f:
-                counts[i] += n * f
-        exposed = sum(int(c) for c in counts)
-        self.sum += (exposed - self.exposed) * self.mean
-        self.exposed = exposed
-
-    def data(self) -> Any:
-        from specobs import HistogramData
-
-        counts = tuple(int(c) for c in self.counts)
-        return HistogramData(self.bounds, counts, self.sum, sum(counts))
 
 
 class _Aggregationish:
@@ -194,7 +118,7 @@ class SimServer:
     last_cycle_timestamp: float | None = None
     cycles: float = 0.0
     sequences: float = 0.0
-    hists: dict[str, _Hist] = field(default_factory=dict)
+    hists: dict[str, Hist] = field(default_factory=dict)
     agg: _Aggregationish = field(default_factory=_Aggregationish)
     registry: Any = None
     engine_registry: Any = None
@@ -217,7 +141,7 @@ class SimServer:
         return self.endpoints[0]
 
     def endpoint_instance(self, endpoint: str) -> str:
-        port = METRICS_PORT_LABEL if endpoint == ENDPOINT_SPECOBS else ENGINE_PORTS[self.engine]
+        port = METRICS_PORT_LABEL if endpoint == ENDPOINT_SPECOBS else es.ENGINE_PORTS[self.engine]
         return f"{self.pod}:{port}"
 
     def endpoint_path(self, endpoint: str) -> str:
@@ -240,8 +164,8 @@ class SimServer:
                   "instance": self.endpoint_instance(endpoint), "pod": self.pod,
                   "cluster": self.cluster, "namespace": NAMESPACE}
         if endpoint == ENDPOINT_ENGINE:
-            labels |= {"job": engine_job(self.engine),
-                       **target_labels(self.engine, self.model.name)}
+            labels |= {"job": es.engine_job(self.engine),
+                       **es.target_labels(self.engine, self.model.name)}
         return labels
 
     def labels(self) -> dict[str, str]:
@@ -251,7 +175,7 @@ class SimServer:
                   "pod": self.pod, "host": self.pod, "model_name": self.model.name,
                   "serving_engine": self.engine, "source": self.kind.source}
         if not self.kind.plugin:
-            labels["job"] = engine_job(self.engine)
+            labels["job"] = es.engine_job(self.engine)
         return labels
 
     # -- the model ---------------------------------------------------------------------------------
@@ -272,13 +196,13 @@ class SimServer:
     def restart(self, now_wall: float, now_mono: float) -> None:
         """Counters from zero, a new ``_created`` (a process restart)."""
         dur = catalog.DURATION_BUCKETS_SECONDS
-        self.hists = {f"{p}/{c}": _Hist(dur) for p in PHASES for c in CLOCKS}
-        self.hists["cycle/gpu"] = _Hist(dur)
-        self.hists["cycle/host"] = _Hist(dur)
-        self.hists["gap"] = _Hist(dur)
-        self.hists["accept"] = _Hist(catalog.accept_length_buckets(self.model.draft_length))
-        self.hists["batch"] = _Hist(catalog.BATCH_SIZE_BUCKETS)
-        self.hists["requests"] = _Hist(catalog.REQUEST_ACCEPTANCE_BUCKETS)
+        self.hists = {f"{p}/{c}": Hist(dur) for p in PHASES for c in CLOCKS}
+        self.hists["cycle/gpu"] = Hist(dur)
+        self.hists["cycle/host"] = Hist(dur)
+        self.hists["gap"] = Hist(dur)
+        self.hists["accept"] = Hist(catalog.accept_length_buckets(self.model.draft_length))
+        self.hists["batch"] = Hist(catalog.BATCH_SIZE_BUCKETS)
+        self.hists["requests"] = Hist(catalog.REQUEST_ACCEPTANCE_BUCKETS)
         self.cycles = self.sequences = 0.0
         self.agg = _Aggregationish()
         self.created = now_wall
@@ -301,7 +225,7 @@ class SimServer:
         if self.kind.engine_series:
             self.engine_registry = CollectorRegistry(auto_describe=False)
             self.engine_registry.register(
-                EngineCollector(self.engine, self.model.name, self.engine_state))
+                es.EngineCollector(self.engine, self.model.name, self.engine_state))
 
     def _shape(self) -> None:
         sig = 0.18
@@ -310,20 +234,20 @@ class SimServer:
             g = g * (self.verify_factor if p == "verify" else 1.0)
             h = g * 1.04 + 0.00003
             host[p] = h
-            self.hists[f"{p}/gpu"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
+            self.hists[f"{p}/gpu"].shape(lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
                                                               g, sig), g)
-            self.hists[f"{p}/host"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
+            self.hists[f"{p}/host"].shape(lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
                                                                h, sig), h)
         gpu_cycle = sum(self.phase_gpu_seconds.values()) + self.phase_gpu_seconds["verify"] * (
             self.verify_factor - 1)
         host_cycle = sum(host.values())
-        self.hists["cycle/gpu"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
+        self.hists["cycle/gpu"].shape(lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
                                                            gpu_cycle, sig), gpu_cycle)
-        self.hists["cycle/host"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
+        self.hists["cycle/host"].shape(lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
                                                             host_cycle, sig), host_cycle)
         self.cycle_seconds = host_cycle
         gap = host_cycle * GAP_SHARE + GAP_FIXED_SECONDS
-        self.hists["gap"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS, gap, sig),
+        self.hists["gap"].shape(lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS, gap, sig),
                                 gap)
         self.gap_seconds = gap
         # accept length L per sequence: P(L >= j) = product of the first j conditional acceptances
@@ -334,11 +258,11 @@ class SimServer:
         exactly = [at_least[j] - (at_least[j + 1] if j < k else 0.0) for j in range(k + 1)]
         mean_len = sum(at_least[1:])
         self.hists["accept"].shape([*exactly, 0.0, 0.0], mean_len)
-        self.hists["batch"].shape(_lognormal_fractions(catalog.BATCH_SIZE_BUCKETS,
+        self.hists["batch"].shape(lognormal_fractions(catalog.BATCH_SIZE_BUCKETS,
                                                        self.batch, 0.35), self.batch)
         # Finished requests' acceptance: spread around the server's acceptance rate.
         rate = mean_len / k
-        self.hists["requests"].shape(_request_fractions(rate), rate)
+        self.hists["requests"].shape(request_fractions(rate), rate)
 
     def set_fault(self, now_wall: float, now_mono: float, **state: Any) -> None:
         self.advance(now_wall, now_mono)
@@ -438,7 +362,7 @@ class SimServer:
             draft_tokens_unverified=0,
         )
 
-    def engine_state(self) -> EngineState:
+    def engine_state(self) -> es.EngineState:
         """The engine's own counters and gauges over the same cycles as :meth:`snapshot`."""
         k = self.model.draft_length
         accept = self.hists["accept"]
@@ -448,7 +372,7 @@ class SimServer:
         shares = accept.fractions
         gpu = self.phase_gpu_seconds
         draft, verify = gpu["draft"], gpu["verify"] * self.verify_factor
-        return EngineState(
+        return es.EngineState(
             k=k,
             drafts=drafts,
             accepted_by_position=by_position,
@@ -466,7 +390,7 @@ class SimServer:
         from prometheus_client.exposition import choose_encoder
 
         if (endpoint or self.primary) == ENDPOINT_ENGINE:
-            return render_engine(self.engine_registry, self.engine, accept)
+            return es.render(self.engine_registry, self.engine, accept)
         encoder, ctype = choose_encoder(accept)
         return ctype, encoder(self.registry)
 
