@@ -281,3 +281,20 @@ def test_a_plugin_host_serves_both_endpoints_and_faults_hit_the_right_one(tmp_pa
     rolled = {g["labels"]["instance"] for g in json.loads(targets.read_text())}
     assert {"sim-0000-r1:9477", "sim-0000-r1:8000"} <= rolled
     assert fleet.events[-1]["servers"][0]["instance"] == "sim-0000-r1:9477"
+
+
+def test_the_command_serves_the_mix_and_says_which_servers_are_which(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    targets = tmp_path / "targets.json"
+    code = main(["fleet-sim", "--servers", "5", "--port", "0", "--duration", "0.5",
+                 "--engines", "lmdeploy:3,sglang+plugin:2", "--models", "1",
+                 "--targets-file", str(targets)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "(servers 0-2 lmdeploy, 3-4 sglang+plugin;" in out
+    groups = [g["labels"] for g in json.loads(targets.read_text())]
+    assert [(g["instance"], g.get("job")) for g in groups] == [
+        ("sim-0000-r0:23333", "lmdeploy"), ("sim-0001-r0:23333", "lmdeploy"),
+        ("sim-0002-r0:23333", "lmdeploy"), ("sim-0003-r0:9477", None),
+        ("sim-0003-r0:30000", "sglang"), ("sim-0004-r0:9477", None),
+        ("sim-0004-r0:30000", "sglang")]

@@ -64,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "'vllm:2,sglang,plugin:3'; each kind's servers form one block of "
                              "indexes, in the order given. --score judges an engine-only "
                              "server's acceptance_collapse and bad_rollout only: its series "
-                             "cannot show the other faults (see docs/deploy.md#sizing)")
+                             "cannot show the other faults (docs/deploy.md, 'A fleet of mixed "
+                             "engines')")
     parser.add_argument("--scrape-failure-ratio", type=float, default=0.002,
                         help="fraction of scrapes answered 503 at random (default 0.002)")
     parser.add_argument("--restarts-per-hour", type=float, default=0.2,
