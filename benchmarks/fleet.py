@@ -62,8 +62,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specobs.mixin import MixinConfig, render_all
+from specobs.mixin._config import duration_seconds
 from specobs.mixin._panels import dashboard_queries, fill_variables
-from specobs.mixin._rules import RuleNames, _seconds, detection_seconds, history_rules
+from specobs.mixin._rules import RuleNames, detection_seconds, history_rules
 from specobs.tools.fleet._score import ALERT_MAP, firing_from_matrix, load_events, score
 from specobs.tools.fleet._sim import MODELS, NAMESPACE, PHASES, Fleet
 
@@ -152,7 +153,7 @@ def backfill(fleet: Fleet, config: MixinConfig, end: float, hours: float, step: 
     # The history alerts' averages, recorded every history_step by their own group.
     averaged = {r.expr.partition("(")[2].partition("[")[0]: r.record
                 for r in history_rules(config)}
-    every = int(_seconds(config.history_step))
+    every = int(duration_seconds(config.history_step))
     history_times = [start + i * every for i in range(int(hours * 3600 // every))]
     samples = 0
     opened = fleet.servers[0].instance

@@ -99,3 +99,71 @@ def test_the_first_firing_query_covers_the_run() -> None:
     assert first_firing_query(125.4, 2.0) == (
         'min_over_time(timestamp(ALERTS{alertstate="firing", alertname=~"Specobs.*"})'
         "[125s:2s])")
+
+
+def _server(pod: str, engine: str, model: str, source: str) -> dict[str, str]:
+    """A server as fleet-sim's events name it: an engine-only one under its engine's job."""
+    port = "9477" if source == "plugin" else "8000"
+    server = {"cluster": "c", "namespace": "inference", "instance": f"{pod}:{port}", "pod": pod,
+              "host": pod, "model_name": model, "serving_engine": engine, "source": source}
+    return server | ({"job": engine} if source == "engine" else {})
+
+
+def test_an_engine_only_servers_faults_are_judged_where_its_series_show_them() -> None:
+    """A collapse and a rollout of an engine-only server are judged; its slowdown, stall and
+    broken endpoint are not (no alert can see them: not a miss). A cohort alert of the engine's
+    job names its engine-only servers and never the plugin's servers of the same model."""
+    from specobs.tools.fleet._score import FaultEvent, judged, score, score_table
+
+    engine_a = _server("e-a", "vllm", "m", "engine")
+    engine_b = _server("e-b", "vllm", "m", "engine")
+    plugin = _server("p-a", "vllm", "m", "plugin")
+    faults = [
+        FaultEvent("acceptance_collapse", 100.0, (engine_a,)),
+        FaultEvent("verify_slowdown", 100.0, (engine_b, plugin)),
+        FaultEvent("stall", 100.0, (engine_b,)),
+        FaultEvent("exporter_down", 100.0, (engine_b,)),
+        FaultEvent("bad_rollout", 100.0, (engine_a, plugin)),
+    ]
+    assert [judged(f.kind, s) for f in faults for s in f.servers] == [
+        True, False, True, False, False, True, True]
+    cohort = {"cluster": "c", "namespace": "inference", "model_name": "m",
+              "serving_engine": "vllm"}
+    firing = [
+        ({"alertname": AlertNames.ACCEPTANCE_BELOW_COHORT, "instance": "e-a:8000"}, 130.0),
+        ({"alertname": AlertNames.PHASE_LATENCY_ABOVE_COHORT, "instance": "p-a:9477"}, 140.0),
+        # The rollout's drop, in the engine-only cohort only: the plugin's cohort is missed.
+        ({"alertname": AlertNames.ACCEPTANCE_RATE_DROP, "job": "vllm", **cohort}, 135.0),
+        # A rate drop of the plugin's cohort before any fault: named by no fault.
+        ({"alertname": AlertNames.ACCEPTANCE_RATE_DROP, "job": "specobs", **cohort}, 50.0),
+    ]
+    scores = score(firing, faults)
+    below = scores[AlertNames.ACCEPTANCE_BELOW_COHORT]
+    assert (below.expected, below.detected, below.delays_seconds) == (1, 1, [30.0])
+    phase = scores[AlertNames.PHASE_LATENCY_ABOVE_COHORT]
+    assert (phase.expected, phase.detected) == (1, 1)  # the plugin server's only
+    assert scores[AlertNames.DECODING_STALLED].expected == 0
+    assert scores[AlertNames.EXPORTER_DOWN].expected == 0
+    drop = scores[AlertNames.ACCEPTANCE_RATE_DROP]
+    # Two cohorts expected (engine-only and plugin, told apart by job), one found.
+    assert (drop.expected, drop.detected, drop.true_positives, drop.false_positives) == (
+        2, 1, 1, 1)
+    assert drop.false == [{"alertname": AlertNames.ACCEPTANCE_RATE_DROP, "job": "specobs",
+                           **cohort}]
+    table = score_table(scores, faults)
+    assert table.splitlines()[-1] == (
+        "  not judged (engine-only servers; their engine's series cannot show it): "
+        "exporter_down on e-b:8000, stall on e-b:8000, verify_slowdown on e-b:8000")
+
+
+def test_the_plugins_cohort_alert_is_not_credited_to_engine_only_servers() -> None:
+    from specobs.tools.fleet._score import FaultEvent, score
+
+    engine_a = _server("e-a", "sglang", "m", "engine")
+    cohort = {"cluster": "c", "namespace": "inference", "model_name": "m",
+              "serving_engine": "sglang"}
+    faults = [FaultEvent("bad_rollout", 100.0, (engine_a,))]
+    scores = score([({"alertname": AlertNames.ACCEPTANCE_RATE_DROP, "job": "specobs", **cohort},
+                     120.0)], faults)
+    drop = scores[AlertNames.ACCEPTANCE_RATE_DROP]
+    assert (drop.expected, drop.detected, drop.false_positives) == (1, 0, 1)

@@ -11,6 +11,7 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,16 @@ from specobs import catalog
 from specobs.cli import main
 from specobs.mixin import MixinConfig, render_all
 from specobs.mixin._panels import dashboard_queries, fill_variables
+from specobs.mixin._rules import RuleNames
+from specobs.tools.fleet._mix import parse_mix
 from specobs.tools.fleet._schedule import ScheduleError, load_schedule
-from specobs.tools.fleet._score import SHORT_WINDOWS, firing_from_matrix, load_events, score
+from specobs.tools.fleet._score import (
+    SHORT_WINDOWS,
+    AlertScore,
+    firing_from_matrix,
+    load_events,
+    score,
+)
 from specobs.tools.fleet._sim import MODELS, Fleet
 from tests._prometheus_server import PrometheusServer, prometheus_path, promtool
 
@@ -217,13 +226,114 @@ FAULTS = [
 
 
 def test_fleet_of_50_alerts_exactly_the_faulted_servers(tmp_path: Path) -> None:
+    scores, table, evidence = _fleet_scores(tmp_path, N_SERVERS, FAULTS, EXPECTED_ALERTS)
+    for name in EXPECTED_ALERTS:
+        assert scores[name].recall == 1.0, table
+    for s in scores.values():
+        assert s.precision in (None, 1.0), (table, evidence)
+    # Detection within the shortened windows: the rate window (30 s) plus `for` plus scrapes.
+    for name in EXPECTED_ALERTS:
+        assert max(scores[name].delays_seconds) < 75, table
+
+
+#: A mixed fleet of 22 servers, 2 models, 1 cluster: each engine's own series only (servers 0-14,
+#: three per engine: models A, B, A), the plugin in vLLM with vLLM's own endpoint beside it
+#: (15-19: A, B, A, B, A) and the same in SGLang (20-21: A, B). Model A is llama-3.1-8b, B
+#: llama-3.1-70b.
+MIXED_SERVERS = 22
+MIXED_ENGINES = "vllm:3,sglang:3,trtllm:3,llamacpp:3,lmdeploy:3,vllm+plugin:5,sglang+plugin:2"
+MIXED_FAULTS = [
+    # One model-A server of each engine-only cohort (its partner is the cohort's other half).
+    f"acceptance_collapse servers=0,3,6,9,12 at={FAULT_AT:g}",
+    # Every model-B server, engine-only and plugin: one acceptance drop per cohort.
+    f"bad_rollout model=llama-3.1-70b at={FAULT_AT:g}",
+    # Judged where the plugin is loaded; not judged on engine-only server 2 (no phase timing).
+    f"verify_slowdown servers=2,15 at={FAULT_AT:g}",
+    # A plugin host whose engine's own request gauges say requests are running.
+    f"stall servers=20 at={FAULT_AT:g}",
+]
+MIXED_EXPECTED = {"SpecobsAcceptanceBelowCohort", "SpecobsAcceptanceRateDrop",
+                  "SpecobsPhaseLatencyAboveCohort", "SpecobsDecodingStalled"}
+
+
+def test_mixed_fleet_of_engines_alerts_exactly_the_faulted_servers(tmp_path: Path) -> None:
+    """Servers with only their engine's own series, of every engine in the rules' table, beside
+    servers with specobs's plugin (and their engine's endpoint on the same host): the engines'
+    acceptance reaches the fleet series with the simulated values, a plugin host counts once, and
+    the alerts fire for exactly the faults each source can show."""
+    scores, table, evidence = _fleet_scores(
+        tmp_path, MIXED_SERVERS, MIXED_FAULTS, MIXED_EXPECTED, _mixed_fleet_is_read_right,
+        mix=parse_mix(MIXED_ENGINES), models=2, clusters=1)
+    # Every expected unit: 5 engine-only collapses; 7 cohorts of model B (5 engines' own, vLLM
+    # and SGLang with the plugin); the plugin server's slowdown only; the stalled plugin host.
+    assert {name: scores[name].expected for name in MIXED_EXPECTED} == {
+        "SpecobsAcceptanceBelowCohort": 5, "SpecobsAcceptanceRateDrop": 7,
+        "SpecobsPhaseLatencyAboveCohort": 1, "SpecobsDecodingStalled": 1}, table
+    for name in MIXED_EXPECTED:
+        assert scores[name].recall == 1.0, table
+    for s in scores.values():
+        assert s.precision in (None, 1.0), (table, evidence)
+    for name in MIXED_EXPECTED:
+        assert max(scores[name].delays_seconds) < 75, table
+
+
+def _mixed_fleet_is_read_right(fleet: Fleet, prom: PrometheusServer, n: RuleNames) -> None:
+    """Before the faults: each engine-only server's acceptance and accept length in the fleet
+    series equal what it simulates, labelled with its engine and ``source="engine"``; each
+    plugin host has one series per rule, the plugin's, while its engine's own is scraped."""
+    def by_instance(expr: str) -> dict[str, tuple[dict[str, str], float]]:
+        return {r["metric"]["instance"]: (r["metric"], float(r["value"][1]))
+                for r in prom.query(expr)}
+
+    acceptance = by_instance(n.acceptance)
+    length = by_instance(n.accept_length_incl_bonus)
+    position0 = by_instance(f'{n.acceptance_by_position}{{position="0"}}')
+    seen = set()
+    for s in fleet.servers:
+        if s.kind.plugin:
+            continue
+        k, accept = s.model.draft_length, s.hists["accept"]
+        labels, value = acceptance[s.instance]
+        assert labels["serving_engine"] == s.engine and labels["source"] == "engine", labels
+        assert labels["job"] == s.engine and labels["model_name"] == s.model.name, labels
+        assert value == pytest.approx(accept.mean / k, rel=0.03), (s.instance, value)
+        assert length[s.instance][1] == pytest.approx(1 + accept.mean, rel=0.03), s.instance
+        if s.instance in position0:  # the engines with per-position counters
+            share = sum(accept.fractions[1: k + 1])
+            assert position0[s.instance][1] == pytest.approx(share, rel=0.03), s.instance
+        seen.add(s.engine)
+    assert seen == {"vllm", "sglang", "trtllm", "llamacpp", "lmdeploy"}
+    assert {i.split(":")[0] for i in position0} >= {
+        s.pod for s in fleet.servers if s.engine != "sglang" and not s.kind.plugin}
+    plugin_hosts = [s for s in fleet.servers if s.kind.plugin]
+    for rule in (n.drafted, n.accepted, n.emitted, n.sequences):
+        series = prom.query(rule)
+        for s in plugin_hosts:
+            mine = [r["metric"] for r in series if r["metric"]["pod"] == s.pod]
+            assert [m["instance"] for m in mine] == [s.instance], (rule, mine)
+            assert "source" not in mine[0], (rule, mine)
+    engines_own = prom.query('count by (pod) ({__name__=~"vllm:spec_decode_num_drafts_total|'
+                             'sglang:spec_verify_calls_total", instance=~".*:(8000|30000)"})')
+    assert {r["metric"]["pod"] for r in engines_own} >= {s.pod for s in plugin_hosts}
+
+
+#: Checks on the healthy fleet, before its faults: (fleet, Prometheus, the rules' names).
+HealthyCheck = Callable[[Fleet, PrometheusServer, RuleNames], None]
+
+
+def _fleet_scores(tmp_path: Path, n_servers: int, fault_flags: list[str],
+                  expected: set[str], healthy: HealthyCheck | None = None, **fleet_kwargs: Any
+                  ) -> tuple[dict[str, AlertScore], Any, dict[str, Any]]:
+    """Serve a fleet with these faults to a real Prometheus running the generated rules at
+    shortened windows, and score the alerts that fired: the scores, a table of them and, for
+    each false positive's instance, what it went through."""
     prometheus_path()
     config = MixinConfig(**SHORT_WINDOWS)  # type: ignore[arg-type]
     files = render_all(config)
     rules = tmp_path / "rules.yml"
     rules.write_text(files["deploy/prometheus/rules/specobs-rules.yml"])
     targets, events = tmp_path / "targets.json", tmp_path / "events.jsonl"
-    faults = load_schedule(None, FAULTS, N_SERVERS, MODEL_NAMES)
+    faults = load_schedule(None, fault_flags, n_servers, MODEL_NAMES)
     # Prometheus first, on an empty target file: the faults are due FAULT_AT seconds after the
     # fleet is created, so its start-up (slow on a busy machine) must not eat into that time.
     targets.write_text("[]\n")
@@ -235,18 +345,21 @@ def test_fleet_of_50_alerts_exactly_the_faulted_servers(tmp_path: Path) -> None:
     try:
         with _FileSdPrometheus(targets, rule_files=[rules], scrape_interval="3s",
                                evaluation_interval="3s", directory=tmp_path / "prom") as prom:
-            fleet = Fleet(N_SERVERS, faults, seed=7, restarts_per_hour=6.0,
-                          restart_downtime_seconds=5.0, events_path=events, targets_path=targets)
+            fleet = Fleet(n_servers, faults, seed=7, restarts_per_hour=6.0,
+                          restart_downtime_seconds=5.0, events_path=events, targets_path=targets,
+                          **fleet_kwargs)
             # Served until the test is done with it; the duration is only a bound.
             serving = asyncio.run_coroutine_threadsafe(
                 fleet.serve("127.0.0.1", 0, 600.0, lambda _f: started.set()), loop)
             assert started.wait(10)
-            matrix, t0, failed_scrapes = _alerts_of_a_fleet(fleet, prom, files)
+            matrix, t0, failed_scrapes = _alerts_of_a_fleet(
+                fleet, prom, files, expected,
+                None if healthy is None else lambda: healthy(fleet, prom, RuleNames(config)))
         # Prometheus has stopped: its keep-alive connections to the simulator are closed.
     finally:
         _stop_simulator(loop, sim, serving)
     fleet_events = load_events(events)
-    assert len(fleet_events) == len(FAULTS)
+    assert len(fleet_events) == len(fault_flags)
     scores = score(firing_from_matrix(matrix), fleet_events)
     table = {name: (s.precision, s.recall, [round(d) for d in s.delays_seconds], s.false)
              for name, s in scores.items()}
@@ -261,13 +374,7 @@ def test_fleet_of_50_alerts_exactly_the_faulted_servers(tmp_path: Path) -> None:
                           for rec in map(json.loads, events.read_text().splitlines())
                           if any(srv.get("instance") == inst for srv in rec.get("servers", []))]}
         for inst in sorted(false_instances)}
-    for name in EXPECTED_ALERTS:
-        assert scores[name].recall == 1.0, table
-    for s in scores.values():
-        assert s.precision in (None, 1.0), (table, evidence)
-    # Detection within the shortened windows: the rate window (30 s) plus `for` plus scrapes.
-    for name in EXPECTED_ALERTS:
-        assert max(scores[name].delays_seconds) < 75, table
+    return scores, table, evidence
 
 
 def _stop_simulator(loop: asyncio.AbstractEventLoop, thread: threading.Thread,
@@ -308,17 +415,20 @@ FALSE_POSITIVE_WATCH_SECONDS = 12.0
 
 
 def _alerts_of_a_fleet(
-    fleet: Any, prom: PrometheusServer, files: dict[str, str]
+    fleet: Fleet, prom: PrometheusServer, files: dict[str, str], expected: set[str],
+    healthy: Callable[[], None] | None = None,
 ) -> tuple[Any, float, dict[str, list[tuple[float, str]]]]:
-    """Prometheus over the running fleet: numbers before the faults, then the firing alerts.
+    """Prometheus over the running fleet: numbers before the faults (and ``healthy``'s checks),
+    then the firing alerts.
 
     Also each instance's failed scrapes, as (seconds since the fleet started, that scrape's
     duration), so a false positive can be told from a scrape that really failed.
     """
     t0 = fleet.start_wall
+    n_targets = len(fleet.by_path)  # one per endpoint: a server may serve two
     up = prom.wait_for("count(up == 1)", lambda r: bool(r) and float(r[0]["value"][1])
-                       >= N_SERVERS - 2, timeout_seconds=60)
-    assert float(up[0]["value"][1]) >= N_SERVERS - 2
+                       >= n_targets - 2, timeout_seconds=60)
+    assert float(up[0]["value"][1]) >= n_targets - 2
     # A rule's health is "unknown" until its group first runs (each group on its own schedule,
     # the history group every 15 s): wait for every group to have run on the fleet's data.
     groups = prom.wait_for_rule_evaluations(after=time.time(), timeout_seconds=60)
@@ -346,11 +456,14 @@ def _alerts_of_a_fleet(
         values = [float(s["value"][1]) for s in result]
         assert all(math.isfinite(v) for v in values), f"{title}: {values}"
     assert prom.query('ALERTS{alertstate="firing"}') == []
+    if healthy is not None:
+        healthy()
+    assert time.time() < t0 + FAULT_AT, "the healthy fleet's checks ran into its faults"
 
     deadline = t0 + FAULT_AT + 75
     while time.time() < deadline:
-        if EXPECTED_ALERTS <= {a["labels"]["alertname"] for a in prom.alerts()
-                               if a["state"] == "firing"}:
+        if expected <= {a["labels"]["alertname"] for a in prom.alerts()
+                        if a["state"] == "firing"}:
             break
         time.sleep(2)
     prom.wait_for_rule_evaluations(after=time.time() + FALSE_POSITIVE_WATCH_SECONDS,

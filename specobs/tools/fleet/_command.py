@@ -12,6 +12,7 @@ from pathlib import Path
 from specobs import MissingDependencyError
 from specobs.tools import _client
 from specobs.tools import _promapi as pa
+from specobs.tools.fleet._mix import DEFAULT_MIX, MixError, describe_layout, kinds, parse_mix
 from specobs.tools.fleet._schedule import ScheduleError, load_schedule
 from specobs.tools.fleet._score import (
     fault_events,
@@ -48,6 +49,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--clusters", type=int, default=2, choices=(1, 2),
                         help="clusters the fleet spans (default 2)")
+    parser.add_argument("--models", type=int, default=len(MODELS),
+                        choices=range(1, len(MODELS) + 1),
+                        help=f"models the fleet serves, of {', '.join(m.name for m in MODELS)} "
+                             f"(default {len(MODELS)}); fewer models, larger cohorts")
+    parser.add_argument("--engines", default="plugin", metavar="KIND[:WEIGHT],...",
+                        help="the fleet's mix of servers (default plugin): 'plugin' runs "
+                             "specobs's plugin in vLLM or SGLang; 'vllm+plugin' and "
+                             "'sglang+plugin' serve the plugin's endpoint and the engine's own "
+                             "beside it; an engine name (" + ", ".join(
+                                 k.name for k in kinds().values() if not k.plugin)
+                             + ") serves only that engine's own series, on its own port and job "
+                             "(the job is the engine's name). WEIGHT sets the ratio, e.g. "
+                             "'vllm:2,sglang,plugin:3'; each kind's servers form one block of "
+                             "indexes, in the order given. --score judges an engine-only "
+                             "server's acceptance_collapse and bad_rollout only: its series "
+                             "cannot show the other faults (docs/deploy.md, 'A fleet of mixed "
+                             "engines')")
     parser.add_argument("--scrape-failure-ratio", type=float, default=0.002,
                         help="fraction of scrapes answered 503 at random (default 0.002)")
     parser.add_argument("--restarts-per-hour", type=float, default=0.2,
@@ -100,20 +118,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"specobs fleet-sim: {exc}", file=sys.stderr)
         return 1
     try:
+        mix = parse_mix(args.engines)
         faults = load_schedule(args.schedule, args.fault, args.servers,
-                               tuple(m.name for m in MODELS))
-    except ScheduleError as exc:
+                               tuple(m.name for m in MODELS[: args.models]))
+    except (MixError, ScheduleError) as exc:
         print(f"specobs fleet-sim: {exc}", file=sys.stderr)
         return 2
     fleet = Fleet(args.servers, faults, seed=args.seed,
                   scrape_failure_ratio=args.scrape_failure_ratio,
                   restarts_per_hour=args.restarts_per_hour,
                   restart_downtime_seconds=args.restart_downtime, clusters=args.clusters,
-                  events_path=args.events_file, targets_path=args.targets_file)
+                  events_path=args.events_file, targets_path=args.targets_file, mix=mix,
+                  models=args.models)
 
     def ready(f: Fleet) -> None:
-        print(f"specobs fleet-sim: {f.n} servers on http://{f.address}/s/<i>/r<gen>/metrics; "
-              f"targets in {args.targets_file} (file_sd); faults: "
+        mixed = "" if mix == DEFAULT_MIX else (
+            f" (servers {describe_layout(f.layout)}; an engine's own series at "
+            "/s/<i>/r<gen>/<engine>/metrics)")
+        print(f"specobs fleet-sim: {f.n} servers on http://{f.address}/s/<i>/r<gen>/metrics"
+              f"{mixed}; targets in {args.targets_file} (file_sd); faults: "
               + ("; ".join(x.describe() for x in faults) or "none"), flush=True)
 
     try:

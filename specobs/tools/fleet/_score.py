@@ -8,6 +8,12 @@ began; every other firing alert is a false positive. Recall counts, for every fa
 (alert, server/host/cohort) pairs that fired; time to fire is from the fault to the first
 evaluation at which the alert was firing.
 
+A server without specobs's plugin (``--engines``) is seen only through its engine's own series,
+which show acceptance but not phase timing, the time of the last cycle, or a specobs endpoint.
+Its faults are judged only where those series can show them (:data:`ENGINE_VISIBLE`): an
+acceptance collapse and a bad rollout; a verify slowdown, a stall or a broken endpoint of such a
+server expects no alert (not counted as a miss), and the alerts they allow stay allowed.
+
 ``specobs fleet-sim --score PROMETHEUS_URL`` asks the Prometheus that scrapes the fleet and
 evaluates the rules when each alert first fired (:func:`first_firing_query`), scores the alerts
 against the faults the run injected and prints the table (:func:`score_table`). Alert names come
@@ -25,12 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specobs.mixin import _engines
 from specobs.mixin._rules import ALERT_PREFIX
 from specobs.mixin._rules import AlertNames as A
+from specobs.tools.fleet._engine_series import engine_job
 
-__all__ = ["ALERT_MAP", "SHORT_WINDOWS", "AlertScore", "FaultEvent", "fault_events",
-           "firing_from_matrix", "firing_from_vector", "first_firing_query", "load_events",
-           "score", "score_table"]
+__all__ = ["ALERT_MAP", "ENGINE_VISIBLE", "SHORT_WINDOWS", "AlertScore", "FaultEvent",
+           "fault_events", "firing_from_matrix", "firing_from_vector", "first_firing_query",
+           "judged", "load_events", "score", "score_table"]
 
 #: fault kind -> (alerts that must fire, alerts that may fire as true symptoms)
 ALERT_MAP: dict[str, tuple[frozenset[str], frozenset[str]]] = {
@@ -54,6 +62,16 @@ ALERT_MAP: dict[str, tuple[frozenset[str], frozenset[str]]] = {
                    A.ACCEPTANCE_BELOW_COHORT, A.DECODE_THROUGHPUT_BELOW_COHORT}),
     ),
 }
+
+#: Fault kinds an engine-only server's own series show: acceptance, from its accepted and drafted
+#: counters (or SGLang's gauges). The rest need specobs's plugin: a verify slowdown shows only in
+#: phase timing, a stall only against the time of the last cycle (the engines' counters merely
+#: stop), and exporter_down breaks a specobs endpoint that such a server does not have (its own
+#: endpoint's ``up`` belongs to the engine's job, which no specobs alert reads).
+ENGINE_VISIBLE: frozenset[str] = frozenset({"acceptance_collapse", "bad_rollout"})
+#: The jobs engine-only servers are scraped under: a cohort alert of one of these jobs is about
+#: engine-only servers, never about the plugin's servers of the same model and engine.
+_ENGINE_JOBS = frozenset(engine_job(e.name) for e in _engines.ENGINES)
 
 #: MixinConfig overrides for runs of minutes: rate windows of 30 s (10 scrapes at 3 s), a 2 min
 #: history ending 20 s ago (read from 15 s averages), ``for`` of 15-30 s. Scrape and evaluate
@@ -100,6 +118,13 @@ def load_events(path: str | Path) -> list[FaultEvent]:
     return fault_events(json.loads(line) for line in Path(path).read_text().splitlines())
 
 
+def judged(kind: str, server: dict[str, str]) -> bool:
+    """Is this fault of this server judged: does some alert have to fire for it? A server's
+    ``source`` is ``engine`` when only its engine's series are scraped (older event files have
+    none: the plugin)."""
+    return server.get("source", "plugin") != "engine" or kind in ENGINE_VISIBLE
+
+
 def _unit(alert_labels: dict[str, str], server: dict[str, str]) -> bool:
     """Does an alert with these labels name this server (its instance, host or cohort)?"""
     if "instance" in alert_labels:
@@ -107,7 +132,12 @@ def _unit(alert_labels: dict[str, str], server: dict[str, str]) -> bool:
     if "host" in alert_labels:
         return (alert_labels["host"] == server["host"]
                 and alert_labels.get("cluster", "") == server["cluster"])
-    return all(alert_labels.get(k, "") == server[k] for k in _COHORT)
+    if not all(alert_labels.get(k, "") == server[k] for k in _COHORT):
+        return False
+    # Engine-only servers form cohorts of their engine's job, apart from the plugin's servers
+    # of the same model and engine.
+    job = alert_labels.get("job", "")
+    return job == server["job"] if "job" in server else job not in _ENGINE_JOBS
 
 
 def _unit_key(alert: str, server: dict[str, str], scope: str) -> tuple[str, ...]:
@@ -115,7 +145,7 @@ def _unit_key(alert: str, server: dict[str, str], scope: str) -> tuple[str, ...]
         return (alert, server["instance"])
     if scope == "host":
         return (alert, server["cluster"], server["host"])
-    return (alert, *(server[k] for k in _COHORT))
+    return (alert, *(server[k] for k in _COHORT), server.get("job", ""))
 
 
 @dataclass
@@ -178,7 +208,8 @@ def score(firing: Iterable[tuple[dict[str, str], float]], faults: list[FaultEven
     for fault in faults:
         expected, _ = ALERT_MAP[fault.kind]
         for name in expected:
-            units = {_unit_key(name, server, _scope(name)) for server in fault.servers}
+            units = {_unit_key(name, server, _scope(name)) for server in fault.servers
+                     if judged(fault.kind, server)}
             s = get(name)
             for key in sorted(units):
                 s.expected += 1
@@ -237,4 +268,9 @@ def score_table(scores: dict[str, AlertScore], faults: list[FaultEvent]) -> str:
     total = AlertScore("all", tp, fp, expected, detected)
     lines.append(f"  {'all':<52} {tp:>4} {fp:>4} {pct(total.precision):>9} "
                  f"{pct(total.recall):>7}")
+    unjudged = sorted({(f.kind, s["instance"]) for f in faults for s in f.servers
+                       if not judged(f.kind, s)})
+    if unjudged:
+        lines.append("  not judged (engine-only servers; their engine's series cannot show it): "
+                     + ", ".join(f"{kind} on {instance}" for kind, instance in unjudged))
     return "\n".join(lines)

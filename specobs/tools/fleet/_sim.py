@@ -1,11 +1,14 @@
 """The simulated fleet of ``specobs fleet-sim``: servers with their spread, faults applied on a
 schedule, restarts and rollouts, served from one loopback port.
 
-Every simulated server's exposition is a real :class:`specobs.Snapshot` rendered by the
+A server with specobs's plugin serves a real :class:`specobs.Snapshot` rendered by the
 Prometheus sink's own collector (:class:`specobs.sinks.prometheus.SnapshotCollector`) and
-``prometheus_client``'s encoders, with content negotiation as the real endpoint does. Every fault,
-restart and rollout is kept in :attr:`Fleet.events` (and appended to the events file when one is
-given) for :mod:`specobs.tools.fleet._score`.
+``prometheus_client``'s encoders, with content negotiation as the real endpoint does. A server
+without it (``--engines``, :mod:`._mix`) serves its engine's own series instead
+(:mod:`._engine_series`) on the engine's port and job, over the same simulated cycles; a server
+of kind ``vllm+plugin`` or ``sglang+plugin`` serves both. Every fault, restart and rollout is kept
+in :attr:`Fleet.events` (and appended to the events file when one is given) for
+:mod:`specobs.tools.fleet._score`.
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from typing import Any
 
 from specobs import Settings, catalog
 from specobs._model import CLOCKS
+from specobs.tools.fleet import _engine_series as es
+from specobs.tools.fleet._mix import DEFAULT_MIX, PLUGIN_ENGINES, ServerKind, layout
 from specobs.tools.fleet._schedule import Fault
+from specobs.tools.fleet._shapes import Hist, lognormal_fractions, request_fractions
 
-__all__ = ["CLUSTERS", "ENGINES", "GPU_SAMPLE_EVERY", "MODELS", "NAMESPACE", "PHASES", "Fleet",
-           "ModelProfile", "SimServer"]
+__all__ = ["CLUSTERS", "ENDPOINT_ENGINE", "ENDPOINT_SPECOBS", "ENGINE_SPEEDS", "GPU_SAMPLE_EVERY",
+           "MODELS", "NAMESPACE", "PHASES", "Fleet", "ModelProfile", "SimServer"]
 
 #: The phases of a simulated cycle: specobs's default phases.
 PHASES: tuple[str, ...] = Settings().phases
@@ -57,24 +63,13 @@ MODELS: tuple[ModelProfile, ...] = (
     ModelProfile("qwen2.5-32b", 5, (0.80, 0.68, 0.58, 0.50, 0.44), 0.0010, 0.022, 20),
     ModelProfile("mixtral-8x7b", 4, (0.74, 0.62, 0.52, 0.45), 0.0009, 0.019, 32),
 )
-#: Engine name, the integration specobs_info reports, relative speed.
-ENGINES: tuple[tuple[str, str, float], ...] = (("vllm", "vllm_v1", 1.0), ("sglang", "sglang", 0.93))
+#: Each engine's relative speed (the phases' time divides by it).
+ENGINE_SPEEDS: dict[str, float] = {"vllm": 1.0, "sglang": 0.93, "trtllm": 1.08, "llamacpp": 0.6,
+                                   "lmdeploy": 0.97}
+#: A server's two endpoints: specobs's exposition and the engine's own.
+ENDPOINT_SPECOBS = "specobs"
+ENDPOINT_ENGINE = "engine"
 CLUSTERS: tuple[str, ...] = ("us-east-1", "eu-west-1")
-
-
-def _lognormal_fractions(bounds: tuple[float, ...], mean: float, sigma: float) -> list[float]:
-    """Fraction of a log-normal with this mean falling in each bucket (+Inf last)."""
-    if mean <= 0:
-        return [1.0] + [0.0] * len(bounds)
-    mu = math.log(mean) - sigma * sigma / 2
-    cdf = [0.5 * (1 + math.erf((math.log(b) - mu) / (sigma * math.sqrt(2)))) if b > 0 else 0.0
-           for b in bounds]
-    out, prev = [], 0.0
-    for c in cdf:
-        out.append(max(c - prev, 0.0))
-        prev = c
-    out.append(max(1.0 - prev, 0.0))
-    return out
 
 
 #: The engine's time between two cycles (its scheduler, Python between steps) as a share of the
@@ -84,61 +79,6 @@ GAP_FIXED_SECONDS = 0.00004
 
 TOKENS_PER_REQUEST = 200
 """Sequence-cycles per finished request in the simulation (its per-request acceptance)."""
-
-
-def _request_fractions(rate: float) -> list[float]:
-    """Per-request acceptance buckets: most requests near the server's rate, a few far below
-    (the healthy spread of prompts), none above 1."""
-    bounds = catalog.REQUEST_ACCEPTANCE_BUCKETS
-    centre = min(range(len(bounds)), key=lambda i: abs(bounds[i] - rate))
-    out = [0.0] * (len(bounds) + 1)
-    out[centre] += 0.7
-    out[max(centre - 1, 0)] += 0.15
-    out[min(centre + 1, len(bounds) - 1)] += 0.1
-    out[max(centre - 3, 0)] += 0.05
-    return out
-
-
-class _Hist:
-    """A histogram's cumulative state in floats; exposed as floored integer counts (monotone).
-
-    The sum grows with the exposed count, not with the fractional one: each bucket floors on its
-    own, so the exposed count lags the fractional count by up to one per occupied bucket, and a sum
-    of the fractional count would make ``rate(_sum) / rate(_count)`` read up to a third above the
-    mean over a few sampled GPU cycles (a fresh pod's first scrapes) — a real histogram's sum is
-    always the sum of the observations it counted.
-    """
-
-    __slots__ = ("bounds", "counts", "exposed", "fractions", "mean", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0.0] * (len(bounds) + 1)
-        self.exposed = 0  # the sum of the floored bucket counts
-        self.sum = 0.0
-        self.fractions = [0.0] * (len(bounds) + 1)
-        self.mean = 0.0
-
-    def shape(self, fractions: list[float], mean: float) -> None:
-        self.fractions = fractions
-        self.mean = mean
-
-    def add(self, n: float) -> None:
-        if n <= 0:
-            return
-        counts = self.counts
-        for i, f in enumerate(self.fractions):
-            if f:
-                counts[i] += n * f
-        exposed = sum(int(c) for c in counts)
-        self.sum += (exposed - self.exposed) * self.mean
-        self.exposed = exposed
-
-    def data(self) -> Any:
-        from specobs import HistogramData
-
-        counts = tuple(int(c) for c in self.counts)
-        return HistogramData(self.bounds, counts, self.sum, sum(counts))
 
 
 class _Aggregationish:
@@ -157,9 +97,11 @@ class SimServer:
     index: int
     model: ModelProfile
     engine: str
+    #: What specobs_info names the plugin's integration ("" without the plugin).
     integration: str
     cluster: str
     rng: random.Random
+    kind: ServerKind = DEFAULT_MIX[0][0]
     acceptance: tuple[float, ...] = ()
     batch: float = 1.0
     phase_gpu_seconds: dict[str, float] = field(default_factory=dict)
@@ -176,9 +118,10 @@ class SimServer:
     last_cycle_timestamp: float | None = None
     cycles: float = 0.0
     sequences: float = 0.0
-    hists: dict[str, _Hist] = field(default_factory=dict)
+    hists: dict[str, Hist] = field(default_factory=dict)
     agg: _Aggregationish = field(default_factory=_Aggregationish)
     registry: Any = None
+    engine_registry: Any = None
     _snapshot: Any = None
 
     # -- identity ---------------------------------------------------------------------------------
@@ -187,18 +130,53 @@ class SimServer:
         return f"sim-{self.index:04d}-r{self.generation}"
 
     @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The endpoints this server serves: specobs's (the plugin), the engine's, or both."""
+        return ((ENDPOINT_SPECOBS,) if self.kind.plugin else ()) + (
+            (ENDPOINT_ENGINE,) if self.kind.engine_series else ())
+
+    @property
+    def primary(self) -> str:
+        """The endpoint alerts name this server by: specobs's where the plugin is loaded."""
+        return self.endpoints[0]
+
+    def endpoint_instance(self, endpoint: str) -> str:
+        port = METRICS_PORT_LABEL if endpoint == ENDPOINT_SPECOBS else es.ENGINE_PORTS[self.engine]
+        return f"{self.pod}:{port}"
+
+    def endpoint_path(self, endpoint: str) -> str:
+        if endpoint == ENDPOINT_SPECOBS:
+            return f"/s/{self.index}/r{self.generation}/metrics"
+        return f"/s/{self.index}/r{self.generation}/{self.engine}/metrics"
+
+    @property
     def instance(self) -> str:
-        return f"{self.pod}:{METRICS_PORT_LABEL}"
+        return self.endpoint_instance(self.primary)
 
     @property
     def path(self) -> str:
-        return f"/s/{self.index}/r{self.generation}/metrics"
+        return self.endpoint_path(self.primary)
+
+    def target_labels(self, endpoint: str) -> dict[str, str]:
+        """The file_sd labels of one endpoint's target. The engine's endpoint is scraped under
+        the engine's own job, and gets the model's name where the engine's series carry none."""
+        labels = {"__metrics_path__": self.endpoint_path(endpoint),
+                  "instance": self.endpoint_instance(endpoint), "pod": self.pod,
+                  "cluster": self.cluster, "namespace": NAMESPACE}
+        if endpoint == ENDPOINT_ENGINE:
+            labels |= {"job": es.engine_job(self.engine),
+                       **es.target_labels(self.engine, self.model.name)}
+        return labels
 
     def labels(self) -> dict[str, str]:
-        """The labels every series of this server carries in Prometheus."""
-        return {"cluster": self.cluster, "namespace": NAMESPACE, "instance": self.instance,
-                "pod": self.pod, "host": self.pod, "model_name": self.model.name,
-                "serving_engine": self.engine}
+        """The labels every series of this server's primary endpoint carries in Prometheus (and
+        the rules' engine label), with ``source``: plugin or engine (only its engine's series)."""
+        labels = {"cluster": self.cluster, "namespace": NAMESPACE, "instance": self.instance,
+                  "pod": self.pod, "host": self.pod, "model_name": self.model.name,
+                  "serving_engine": self.engine, "source": self.kind.source}
+        if not self.kind.plugin:
+            labels["job"] = es.engine_job(self.engine)
+        return labels
 
     # -- the model ---------------------------------------------------------------------------------
     def setup(self, now_wall: float, now_mono: float) -> None:
@@ -206,7 +184,7 @@ class SimServer:
         self.acceptance = tuple(min(a * r.uniform(0.96, 1.04), 0.97)
                                 for a in self.model.acceptance)
         self.batch = self.model.batch * r.uniform(0.85, 1.15)
-        speed = dict((e, s) for e, _, s in ENGINES)[self.engine] * r.uniform(0.95, 1.05)
+        speed = ENGINE_SPEEDS[self.engine] * r.uniform(0.95, 1.05)
         self.phase_gpu_seconds = {
             "draft": self.model.draft_length * self.model.draft_step_seconds
             * (1 + 0.004 * self.batch) / speed,
@@ -218,13 +196,13 @@ class SimServer:
     def restart(self, now_wall: float, now_mono: float) -> None:
         """Counters from zero, a new ``_created`` (a process restart)."""
         dur = catalog.DURATION_BUCKETS_SECONDS
-        self.hists = {f"{p}/{c}": _Hist(dur) for p in PHASES for c in CLOCKS}
-        self.hists["cycle/gpu"] = _Hist(dur)
-        self.hists["cycle/host"] = _Hist(dur)
-        self.hists["gap"] = _Hist(dur)
-        self.hists["accept"] = _Hist(catalog.accept_length_buckets(self.model.draft_length))
-        self.hists["batch"] = _Hist(catalog.BATCH_SIZE_BUCKETS)
-        self.hists["requests"] = _Hist(catalog.REQUEST_ACCEPTANCE_BUCKETS)
+        self.hists = {f"{p}/{c}": Hist(dur) for p in PHASES for c in CLOCKS}
+        self.hists["cycle/gpu"] = Hist(dur)
+        self.hists["cycle/host"] = Hist(dur)
+        self.hists["gap"] = Hist(dur)
+        self.hists["accept"] = Hist(catalog.accept_length_buckets(self.model.draft_length))
+        self.hists["batch"] = Hist(catalog.BATCH_SIZE_BUCKETS)
+        self.hists["requests"] = Hist(catalog.REQUEST_ACCEPTANCE_BUCKETS)
         self.cycles = self.sequences = 0.0
         self.agg = _Aggregationish()
         self.created = now_wall
@@ -238,10 +216,16 @@ class SimServer:
 
         from specobs.sinks.prometheus import SnapshotCollector
 
-        self.registry = CollectorRegistry(auto_describe=False)
-        # The collector reads a MetricSource: this server is one, with a snapshot built from
-        # the simulation.
-        self.registry.register(SnapshotCollector(self, exemplars=False))
+        self.registry = self.engine_registry = None
+        if self.kind.plugin:
+            self.registry = CollectorRegistry(auto_describe=False)
+            # The collector reads a MetricSource: this server is one, with a snapshot built
+            # from the simulation.
+            self.registry.register(SnapshotCollector(self, exemplars=False))
+        if self.kind.engine_series:
+            self.engine_registry = CollectorRegistry(auto_describe=False)
+            self.engine_registry.register(
+                es.EngineCollector(self.engine, self.model.name, self.engine_state))
 
     def _shape(self) -> None:
         sig = 0.18
@@ -250,20 +234,20 @@ class SimServer:
             g = g * (self.verify_factor if p == "verify" else 1.0)
             h = g * 1.04 + 0.00003
             host[p] = h
-            self.hists[f"{p}/gpu"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
+            self.hists[f"{p}/gpu"].shape(lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
                                                               g, sig), g)
-            self.hists[f"{p}/host"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
+            self.hists[f"{p}/host"].shape(lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
                                                                h, sig), h)
         gpu_cycle = sum(self.phase_gpu_seconds.values()) + self.phase_gpu_seconds["verify"] * (
             self.verify_factor - 1)
         host_cycle = sum(host.values())
-        self.hists["cycle/gpu"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
+        self.hists["cycle/gpu"].shape(lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
                                                            gpu_cycle, sig), gpu_cycle)
-        self.hists["cycle/host"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
+        self.hists["cycle/host"].shape(lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS,
                                                             host_cycle, sig), host_cycle)
         self.cycle_seconds = host_cycle
         gap = host_cycle * GAP_SHARE + GAP_FIXED_SECONDS
-        self.hists["gap"].shape(_lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS, gap, sig),
+        self.hists["gap"].shape(lognormal_fractions(catalog.DURATION_BUCKETS_SECONDS, gap, sig),
                                 gap)
         self.gap_seconds = gap
         # accept length L per sequence: P(L >= j) = product of the first j conditional acceptances
@@ -274,11 +258,11 @@ class SimServer:
         exactly = [at_least[j] - (at_least[j + 1] if j < k else 0.0) for j in range(k + 1)]
         mean_len = sum(at_least[1:])
         self.hists["accept"].shape([*exactly, 0.0, 0.0], mean_len)
-        self.hists["batch"].shape(_lognormal_fractions(catalog.BATCH_SIZE_BUCKETS,
+        self.hists["batch"].shape(lognormal_fractions(catalog.BATCH_SIZE_BUCKETS,
                                                        self.batch, 0.35), self.batch)
         # Finished requests' acceptance: spread around the server's acceptance rate.
         rate = mean_len / k
-        self.hists["requests"].shape(_request_fractions(rate), rate)
+        self.hists["requests"].shape(request_fractions(rate), rate)
 
     def set_fault(self, now_wall: float, now_mono: float, **state: Any) -> None:
         self.advance(now_wall, now_mono)
@@ -378,9 +362,35 @@ class SimServer:
             draft_tokens_unverified=0,
         )
 
-    def render(self, accept: str) -> tuple[str, bytes]:
+    def engine_state(self) -> es.EngineState:
+        """The engine's own counters and gauges over the same cycles as :meth:`snapshot`."""
+        k = self.model.draft_length
+        accept = self.hists["accept"]
+        counts = [int(c) for c in accept.counts]  # as exposed: each bucket floored
+        by_position = tuple(sum(counts[j + 1: k + 1]) for j in range(k))
+        drafts = sum(counts)
+        shares = accept.fractions
+        gpu = self.phase_gpu_seconds
+        draft, verify = gpu["draft"], gpu["verify"] * self.verify_factor
+        return es.EngineState(
+            k=k,
+            drafts=drafts,
+            accepted_by_position=by_position,
+            generated=sum(by_position) + drafts,
+            steps_per_request=TOKENS_PER_REQUEST,
+            recent_accept_length=accept.mean,
+            recent_accepted_share=tuple(sum(shares[j + 1: k + 1]) for j in range(k)),
+            draft_overhead=draft / (draft + verify + gpu["bookkeeping"]),
+            requests_running=round(self.batch),
+            requests_waiting=float(self.rng.randint(0, 3)),
+        )
+
+    def render(self, accept: str, endpoint: str | None = None) -> tuple[str, bytes]:
+        """One endpoint's exposition (the primary one by default) for this Accept header."""
         from prometheus_client.exposition import choose_encoder
 
+        if (endpoint or self.primary) == ENDPOINT_ENGINE:
+            return es.render(self.engine_registry, self.engine, accept)
         encoder, ctype = choose_encoder(accept)
         return ctype, encoder(self.registry)
 
@@ -391,7 +401,11 @@ class Fleet:
     def __init__(self, n_servers: int, faults: list[Fault], *, seed: int = 0,
                  scrape_failure_ratio: float = 0.002, restarts_per_hour: float = 0.2,
                  restart_downtime_seconds: float = 10.0, clusters: int = 2,
-                 events_path: Path | None = None, targets_path: Path | None = None) -> None:
+                 events_path: Path | None = None, targets_path: Path | None = None,
+                 mix: tuple[tuple[ServerKind, float], ...] = DEFAULT_MIX,
+                 models: int = len(MODELS)) -> None:
+        if not 1 <= models <= len(MODELS):
+            raise ValueError(f"models must be in 1..{len(MODELS)}, got {models}")
         self.n = n_servers
         self.faults = faults
         self.rng = random.Random(seed)
@@ -406,17 +420,31 @@ class Fleet:
         now_wall, now_mono = time.time(), time.monotonic()
         self.start_wall, self.start_mono = now_wall, now_mono
         self._last_tick_mono = now_mono
+        self.models = MODELS[:models]
+        #: Each server's kind and its index in its kind's block, in server order.
+        self.layout = layout(n_servers, mix)
         self.servers: list[SimServer] = []
-        for i in range(n_servers):
-            engine, integration, _ = ENGINES[(i // len(MODELS)) % len(ENGINES)]
+        for i, (kind, j) in enumerate(self.layout):
+            # Within a kind's block: models vary fastest, then (plugin) the engine, then the
+            # cluster, so every cohort (model x engine x cluster) gets servers early.
+            model = self.models[j % models]
+            if kind.engine is None:
+                engine = PLUGIN_ENGINES[(j // models) % len(PLUGIN_ENGINES)][0]
+                cluster = CLUSTERS[(j // (models * len(PLUGIN_ENGINES))) % clusters]
+            else:
+                engine = kind.engine
+                cluster = CLUSTERS[(j // models) % clusters]
             s = SimServer(
-                index=i, model=MODELS[i % len(MODELS)], engine=engine, integration=integration,
-                cluster=CLUSTERS[(i // (len(MODELS) * len(ENGINES))) % clusters],
-                rng=random.Random(seed * 1_000_003 + i),
+                index=i, model=model, engine=engine,
+                integration=kind.integration(engine) if kind.plugin else "",
+                cluster=cluster, rng=random.Random(seed * 1_000_003 + i), kind=kind,
             )
             s.setup(now_wall, now_mono)
             self.servers.append(s)
-        self.by_path = {s.path: s for s in self.servers}
+        #: Each endpoint's path -> its server and which endpoint it is.
+        self.by_path: dict[str, tuple[SimServer, str]] = {}
+        for s in self.servers:
+            self._route(s, add=True)
         self._applied: set[tuple[int, str]] = set()
         self.scrapes = 0
         self.failed_scrapes = 0
@@ -431,13 +459,18 @@ class Fleet:
         with open(self.events_path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
+    def _route(self, s: SimServer, *, add: bool) -> None:
+        for endpoint in s.endpoints:
+            if add:
+                self.by_path[s.endpoint_path(endpoint)] = (s, endpoint)
+            else:
+                del self.by_path[s.endpoint_path(endpoint)]
+
     def write_targets(self) -> None:
         if self.targets_path is None:
             return
-        groups = [{"targets": [self.address],
-                   "labels": {"__metrics_path__": s.path, "instance": s.instance, "pod": s.pod,
-                              "cluster": s.cluster, "namespace": NAMESPACE}}
-                  for s in self.servers]
+        groups = [{"targets": [self.address], "labels": s.target_labels(endpoint)}
+                  for s in self.servers for endpoint in s.endpoints]
         tmp = self.targets_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(groups, indent=1) + "\n")
         os.replace(tmp, self.targets_path)  # file_sd must never read half a file
@@ -490,11 +523,11 @@ class Fleet:
             for s in targets:
                 # The rollout replaces every pod of the model: new names, counters from zero,
                 # and (a broken draft shipped with it) lower acceptance; undoing it rolls again.
-                del self.by_path[s.path]
+                self._route(s, add=False)
                 s.generation += 1
                 s.acceptance_factor = (fault.factor or 1.0) if start else 1.0
                 s.restart(now_wall, now_mono)
-                self.by_path[s.path] = s
+                self._route(s, add=True)
             self.write_targets()
             self.event(f"{fault.kind}:{'start' if start else 'end'}", targets,
                        fault=fault.describe(), replaced=old)
@@ -503,17 +536,20 @@ class Fleet:
 
     # -- HTTP --------------------------------------------------------------------------------------
     def respond(self, path: str, accept: str) -> tuple[int, str, bytes]:
-        s = self.by_path.get(path.split("?", 1)[0])
-        if s is None:
+        found = self.by_path.get(path.split("?", 1)[0])
+        if found is None:
             return 404, "text/plain", b"no such simulated server\n"
+        s, endpoint = found
         now_mono = time.monotonic()
         self.scrapes += 1
-        if s.exporter_down or now_mono < s.down_until or (
+        # exporter_down breaks the server's primary endpoint: specobs's where the plugin is
+        # loaded (the engine's own endpoint beside it keeps answering), else the engine's.
+        if (s.exporter_down and endpoint == s.primary) or now_mono < s.down_until or (
                 self.rng.random() < self.scrape_failure_ratio):
             self.failed_scrapes += 1
             return 503, "text/plain", b"simulated failure\n"
         s.advance(time.time(), now_mono)
-        ctype, body = s.render(accept)
+        ctype, body = s.render(accept, endpoint)
         return 200, ctype, body
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
