@@ -146,6 +146,13 @@ def test_doctor_on_the_healthy_demo_exits_0_with_each_documented_flag(
 
 
 
+#: The recent window's findings a change in the machine's load raises: time, not tokens.
+LOAD_CHANGED = {
+    "SPEC-RECENT-BOUNDARY-COST", "SPEC-RECENT-HOST-BUSY", "SPEC-RECENT-PHASE-SLOWER",
+    "SPEC-RECENT-SLOWER-ALL", "SPEC-RECENT-THROUGHPUT-DOWN",
+}
+
+
 def test_ten_doctor_runs_in_a_row_give_the_same_k_advice(
     demo: Served, capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -158,8 +165,16 @@ def test_ten_doctor_runs_in_a_row_give_the_same_k_advice(
     advised = []
     for _ in range(10):
         rc, out, err = cli_here(capsys, "doctor", url, "--json")
-        assert err == "" and rc == 0, out
-        k = next(f for f in json.loads(out)["findings"] if f["code"] == "SPEC-ADVICE-K")
+        report = json.loads(out)
+        # Exit 0 on the healthy demo is the test above's. Here the machine's load may change
+        # between runs (another process starting), and doctor rightly says the last seconds
+        # ran slower than the lifetime; nothing else may be wrong.
+        raised = {f["code"] for f in report["findings"] if f["severity"] in ("warn", "fail")}
+        assert err == "" and rc in (0, 1), out
+        assert raised <= LOAD_CHANGED, raised
+        assert (rc == 0) == (not raised), out
+        assert not [c for c in report["checks"] if c["verdict"] in ("WARN", "FAIL")], out
+        k = next(f for f in report["findings"] if f["code"] == "SPEC-ADVICE-K")
         advised.append(int(k["evidence"]["best_k"] if k["severity"] == "info"
                            else k["evidence"]["k"]))
     assert len(set(advised)) == 1, advised
