@@ -1526,14 +1526,10 @@ hand_on(Ring *r, Slot *s)
     /* A deferred cycle holds up the ones behind it: the resolver hands it on unsettled once
      * settle_backlog wait (see expire), so it is woken then too. */
     if (w >= r->wake_at || (r->deferred > 0 && w >= r->settle_backlog)) {
-        if (pump_active(r)) {
+        if (pump_active(r))
             pump_signal(r, PUMP_PASS); /* the pump walks now; no Python is needed */
-        } else {
-            /* The resolver is in Python: its wake event covers a wait there, and the kept
-             * flag makes its next pump() walk at once instead of waiting for a poll. */
-            pump_signal(r, PUMP_PASS);
+        else
             call_slow(r, s_wake, NULL, 0);
-        }
     }
 }
 
