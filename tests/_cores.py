@@ -24,19 +24,24 @@ def core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return str(request.param)
 
 
-@pytest.fixture
-def observers() -> Iterator[Callable[..., specobs.Observer]]:
-    """``new(**configure_kwargs)``: host-clock observers with :data:`PHASES` and :data:`K`, a
-    memory sink and no periodic flush unless told; all shut down after the test."""
+def observer_factory(**defaults: Any) -> Iterator[Callable[..., specobs.Observer]]:
+    """``new(**configure_kwargs)`` over ``defaults``, each observer shut down when the generator
+    is closed: the body of every observer-making fixture."""
     made: list[specobs.Observer] = []
 
     def new(**kwargs: Any) -> specobs.Observer:
-        kwargs.setdefault("poll_interval_seconds", 3600)
-        kwargs.setdefault("sinks", [specobs.MemorySink()])
-        obs = specobs.configure(clock="host", phases=PHASES, max_draft_length=K, **kwargs)
+        obs = specobs.configure(**{**defaults, **kwargs})
         made.append(obs)
         return obs
 
     yield new
     for obs in made:
         obs.shutdown(2.0)
+
+
+@pytest.fixture
+def observers() -> Iterator[Callable[..., specobs.Observer]]:
+    """``new(**configure_kwargs)``: host-clock observers with :data:`PHASES` and :data:`K`, a
+    memory sink and no periodic flush unless told; all shut down after the test."""
+    yield from observer_factory(clock="host", phases=PHASES, max_draft_length=K,
+                                poll_interval_seconds=3600, sinks=[specobs.MemorySink()])

@@ -34,6 +34,7 @@ from specobs.sinks import _otlp_config, otlp
 from specobs.sinks._otlp_config import MAX_RESPONSE_BYTES, redact_url, split_userinfo
 from specobs.sinks._otlp_data import metrics_data
 from specobs.sinks.otlp import OtlpSink
+from tests._cores import observer_factory
 from tests._hostile_collector import HostileCollector
 from tests._otlp_receiver import OtlpReceiver
 
@@ -46,16 +47,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture
 def observers() -> Iterator[Callable[..., specobs.Observer]]:
     """``specobs.configure`` that shuts every observer down after the test."""
-    made: list[specobs.Observer] = []
-
-    def make(**kwargs: Any) -> specobs.Observer:
-        obs = specobs.configure(**kwargs)
-        made.append(obs)
-        return obs
-
-    yield make
-    for obs in made:
-        obs.shutdown(2.0)
+    yield from observer_factory()
 
 
 @pytest.fixture

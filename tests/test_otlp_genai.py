@@ -17,6 +17,7 @@ import specobs
 from specobs import catalog
 from specobs.sinks import _otlp_genai
 from specobs.sinks.otlp import OtlpSink
+from tests._cores import observer_factory
 from tests._otlp_receiver import OtlpReceiver, ReceivedSpan, attributes_to_dict
 
 pytestmark = pytest.mark.slow
@@ -37,16 +38,7 @@ def protocol(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def observers() -> Iterator[Callable[..., specobs.Observer]]:
     """``specobs.configure`` that shuts every observer down after the test."""
-    made: list[specobs.Observer] = []
-
-    def make(**kwargs: Any) -> specobs.Observer:
-        obs = specobs.configure(**kwargs)
-        made.append(obs)
-        return obs
-
-    yield make
-    for obs in made:
-        obs.shutdown(2.0)
+    yield from observer_factory()
 
 
 def sink_for(receiver: OtlpReceiver, protocol: str, **kwargs: Any) -> OtlpSink:

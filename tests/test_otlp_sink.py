@@ -22,6 +22,7 @@ import specobs
 from specobs import catalog
 from specobs.sinks.otlp import OtlpSink
 from specobs.timing import FakeEventClock, FakeGpu
+from tests._cores import observer_factory
 from tests._otlp_receiver import OtlpReceiver, ReceivedSpan, attributes_to_dict
 
 pytestmark = pytest.mark.slow
@@ -52,16 +53,7 @@ def transport_of(protocol: str) -> str:
 @pytest.fixture
 def observers() -> Iterator[Callable[..., specobs.Observer]]:
     """``specobs.configure`` that shuts every observer down after the test."""
-    made: list[specobs.Observer] = []
-
-    def make(**kwargs: Any) -> specobs.Observer:
-        obs = specobs.configure(**kwargs)
-        made.append(obs)
-        return obs
-
-    yield make
-    for obs in made:
-        obs.shutdown(2.0)
+    yield from observer_factory()
 
 
 def run_gpu_cycles(obs: specobs.Observer, gpu: FakeGpu, cycles: list[Any]) -> None:
