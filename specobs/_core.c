@@ -3441,14 +3441,17 @@ Ring_pump(Ring *r, PyObject *const *args, Py_ssize_t nargs)
             break;
         }
         if (__atomic_load_n(&r->wk_wanted, __ATOMIC_SEQ_CST) > 0) {
-            /* Another thread's drain or poll: it walks, then the pump goes on waiting. */
+            /* Another thread's drain or poll walks first. A wake or a poll taken with it
+             * stays owed (that walker stops at a deferred cycle and never expires it), so
+             * the pump walks once more unless it was only asked to yield. */
             pthread_mutex_unlock(&r->wk);
             while (__atomic_load_n(&r->wk_wanted, __ATOMIC_SEQ_CST) > 0) {
                 struct timespec pause = {0, 20000};
                 nanosleep(&pause, NULL);
             }
             pthread_mutex_lock(&r->wk);
-            continue;
+            if (flag == PUMP_YIELD)
+                continue;
         }
         pthread_mutex_lock(&r->mu);
         why = pump_walk(r, next_trace, slow_ns, settle_ns, nev);

@@ -12,6 +12,7 @@ as an engine waiting on its GPU does, so the pump runs beside it."""
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -216,6 +217,41 @@ def test_a_deferred_cycle_never_settled_is_handed_on_at_the_backlog_while_pumpin
         assert obs.snapshot().cycles_total == backlog + 1
     finally:
         obs.shutdown(5)
+
+
+def test_a_wake_that_meets_a_snapshot_walking_the_ring_is_not_lost() -> None:
+    """The pump takes its wake and then yields the ring to a snapshot's drain; that drain stops
+    at the deferred cycle and never expires it, so the pump must still walk once afterwards.
+    The race is timing-dependent: each trial hands on the backlog's last cycle while another
+    thread takes snapshots without pause, and the deferred cycle must be handed on every time."""
+    for _ in range(25):
+        obs = specobs.configure(sinks=[], clock="host", poll_interval_seconds=3600,
+                                settle_timeout_seconds=3600, queue_size=64)
+        backlog = obs._recorder.ring.settle_backlog
+        stop = threading.Event()
+
+        def snapshots() -> None:
+            while not stop.is_set():
+                obs.snapshot()
+
+        walker = threading.Thread(target=snapshots)
+        try:
+            with obs.cycle(batch_size=2) as c:
+                c.mark("verify")
+                c.mark("bookkeeping")
+                c.defer()  # never settled
+            host_cycles(obs, backlog - 1)
+            walker.start()
+            host_cycles(obs, 1)
+            time.sleep(0.01)
+            stop.set()
+            walker.join()
+            assert wait_for(lambda: obs.snapshot().dropped.get("unsettled", 0) == 1, 5)
+        finally:
+            stop.set()
+            if walker.is_alive():
+                walker.join()
+            obs.shutdown(5)
 
 
 def gpu_cycles(obs: specobs.Observer, gpu: FakeGpu, n: int, acc: Callable[[int], Any]) -> None:
