@@ -219,6 +219,11 @@ def test_a_deferred_cycle_never_settled_is_handed_on_at_the_backlog_while_pumpin
         obs.shutdown(5)
 
 
+def _snapshots_until(obs: specobs.Observer, stop: threading.Event) -> None:
+    while not stop.is_set():
+        obs.snapshot()
+
+
 def test_a_wake_that_meets_a_snapshot_walking_the_ring_is_not_lost() -> None:
     """The pump takes its wake and then yields the ring to a snapshot's drain; that drain stops
     at the deferred cycle and never expires it, so the pump must still walk once afterwards.
@@ -230,11 +235,7 @@ def test_a_wake_that_meets_a_snapshot_walking_the_ring_is_not_lost() -> None:
         backlog = obs._recorder.ring.settle_backlog
         stop = threading.Event()
 
-        def snapshots() -> None:
-            while not stop.is_set():
-                obs.snapshot()
-
-        walker = threading.Thread(target=snapshots)
+        walker = threading.Thread(target=_snapshots_until, args=(obs, stop))
         try:
             with obs.cycle(batch_size=2) as c:
                 c.mark("verify")
@@ -246,7 +247,7 @@ def test_a_wake_that_meets_a_snapshot_walking_the_ring_is_not_lost() -> None:
             time.sleep(0.01)
             stop.set()
             walker.join()
-            assert wait_for(lambda: obs.snapshot().dropped.get("unsettled", 0) == 1, 5)
+            assert wait_for(lambda o=obs: o.snapshot().dropped.get("unsettled", 0) == 1, 5)
         finally:
             stop.set()
             if walker.is_alive():
