@@ -26,7 +26,7 @@ from specobs.mixin._panels import (
     PanelBuilder,
     dashboard_variables,
 )
-from specobs.mixin._rules import BASELINE_CONFIGURED, ENGINE_SOURCE, RuleNames
+from specobs.mixin._rule_names import BASELINE_CONFIGURED, ENGINE_SOURCE, RuleNames
 
 #: The ``source`` the fleet dashboard gives a server's figures from specobs's plugin.
 PLUGIN_SOURCE = "plugin"

@@ -20,7 +20,8 @@ from typing import Any
 
 import specobs.catalog as c
 from specobs.mixin._config import RULE_FIELDS, MixinConfig, generated_notice
-from specobs.mixin._rules import AlertNames, AlertRule, RuleNames, alert_rules, dump_yaml
+from specobs.mixin._rule_names import AlertNames, AlertRule, RuleNames
+from specobs.mixin._rules import alert_rules, dump_yaml
 
 __all__ = ["ServerState", "detection_times", "engine_series", "render", "server_series"]
 
