@@ -318,6 +318,22 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _not_proposed_rows(proposed: dict[str, ProposedMetric]) -> list[str]:
+    """A row for every metric of the catalog not proposed, with why."""
+    rows = []
+    for metric in c.CATALOG:
+        if metric.otel_name in proposed:
+            continue
+        if metric.otel_name in NOT_PROPOSED:
+            reason = NOT_PROPOSED[metric.otel_name]
+        elif metric.self_metric:
+            reason = "specobs's own health"
+        else:
+            reason = "not proposed yet"
+        rows.append(f"| `{metric.name}` | {_cell(reason)} |")
+    return rows
+
+
 def render() -> str:
     """The generated region of docs/otel-genai.md, its markers included. Pure."""
     proposed = {m.metric.otel_name: m for m in METRICS}
@@ -363,16 +379,7 @@ def render() -> str:
         "| specobs (Prometheus) | why |",
         "| --- | --- |",
     ]
-    for metric in c.CATALOG:
-        if metric.otel_name in proposed:
-            continue
-        if metric.otel_name in NOT_PROPOSED:
-            reason = NOT_PROPOSED[metric.otel_name]
-        elif metric.self_metric:
-            reason = "specobs's own health"
-        else:
-            reason = "not proposed yet"
-        lines.append(f"| `{metric.name}` | {_cell(reason)} |")
+    lines += _not_proposed_rows(proposed)
     lines += [
         "",
         "### Attribute registry (`model/gen-ai/registry.yaml` shape)",

@@ -90,7 +90,7 @@ def render_engine_series(config: MixinConfig = MixinConfig()) -> str:  # noqa: B
     """The engines' own series table, markers included, ending with a newline: for each engine
     and fleet quantity, the series the normalising rule reads and what the figure means there,
     and the release (or commit) and file each name was read from."""
-    from specobs.mixin._rules import ENGINE_SOURCE, RuleNames
+    from specobs.mixin._rule_names import ENGINE_SOURCE, RuleNames
 
     rules = RuleNames(config).engine
     titles = {q.key: q.title for q in _engines.QUANTITIES}

@@ -26,7 +26,23 @@ def _buckets(metric: c.Metric) -> str:
 
 
 def render(config: MixinConfig) -> str:
+    """docs/metrics.md: the catalog, its labels, the quantities derived from it, the series
+    read from other exporters, and every recording rule."""
     n = RuleNames(config)
+    lines = [
+        *_catalog(config),
+        *_label_values(config),
+        *_derived_counts(config, n),
+        *_derived_speedup(),
+        *_derived_per_cycle(n),
+        *_other_exporters(config),
+        *_recording_rules(config, n),
+    ]
+    return "\n".join(lines)
+
+
+def _catalog(config: MixinConfig) -> list[str]:
+    """The table of every metric, then each histogram's buckets."""
     lines = [
         *markdown_heading("specobs/catalog.py", "specobs metrics"),
         "Every series specobs exports. The OpenTelemetry name and unit translate to the "
@@ -50,7 +66,11 @@ def render(config: MixinConfig) -> str:
     for metric in c.CATALOG:
         if metric.kind == "histogram":
             lines.append(f"| `{metric.name}` | {_buckets(metric)} |")
-    lines += [
+    return lines
+
+
+def _label_values(config: MixinConfig) -> list[str]:
+    return [
         "",
         "## Label values",
         "",
@@ -66,6 +86,12 @@ def render(config: MixinConfig) -> str:
         "- `kind` of `specobs_exporter_errors_total`: "
         + ", ".join(f"`{k}`" for k in c.ERROR_KINDS)
         + ".",
+    ]
+
+
+def _derived_counts(config: MixinConfig, n: RuleNames) -> list[str]:
+    """Acceptance, the batch, per-sequence speed, realized speedup, accept length."""
+    return [
         "",
         "## Derived quantities",
         "",
@@ -104,6 +130,12 @@ def render(config: MixinConfig) -> str:
         "length\"\n  / \"mean acceptance length (incl. bonus)\", with the accepted drafts beside "
         "it (top:\n  `accept_len=4.26 accepted_per_draft=3.26`; live: `accept length 4.26 (1 + "
         "3.26)`).",
+    ]
+
+
+def _derived_speedup() -> list[str]:
+    """The cost model's prediction, its calibration, and the baseline's source."""
+    return [
         "- **Predicted speedup** = E x t_plain / (t_draft + t_verify + t_bookkeeping), per "
         "clock: the cost model at the measured point. E is the tokens acceptance gives one "
         "sequence per cycle, 1 + accepted / sequences (= 1 + a_1 + a_1 a_2 + ... with a_i the "
@@ -153,6 +185,12 @@ def render(config: MixinConfig) -> str:
         "batches speculation runs at, so at those small batches realized speedup reads high "
         "against it. Read it beside the k in effect and the batch (the dashboards show both), "
         "or configure a baseline measured at the served batch where that matters.",
+    ]
+
+
+def _derived_per_cycle(n: RuleNames) -> list[str]:
+    """The draft length in effect, the time between cycles, the batch at k, the overhead."""
+    return [
         "- **The draft length in effect.** Engines change k at run time (vLLM's "
         "`num_speculative_tokens_per_batch_size` bands, k = 0 included; SGLang's adaptive tiers; "
         "TRT-LLM's `draft_len_schedule`). Each cycle is counted under the k the engine passed "
@@ -211,6 +249,11 @@ def render(config: MixinConfig) -> str:
         "with CUDA tensors; measure the loss itself before acting on a tenth of a point. "
         "`specobs_exporter_cpu_time_seconds_total{component=\"acceptance_copy\"}` is the copies' "
         "part.",
+    ]
+
+
+def _other_exporters(config: MixinConfig) -> list[str]:
+    return [
         "",
         "## Series from other exporters",
         "",
@@ -220,6 +263,12 @@ def render(config: MixinConfig) -> str:
         "port) within the same "
         + (", ".join(f"`{g}`" for g in config.group_labels) or "Prometheus")
         + ", so the engine's endpoint and specobs's of one pod or machine meet.",
+    ]
+
+
+def _recording_rules(config: MixinConfig, n: RuleNames) -> list[str]:
+    """The rule groups explained, then one row per recording rule with its expression."""
+    lines = [
         "",
         "## Recording rules",
         "",
@@ -257,4 +306,4 @@ def render(config: MixinConfig) -> str:
         "stays fast for a thousand servers.",
         "",
     ]
-    return "\n".join(lines)
+    return lines

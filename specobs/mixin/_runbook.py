@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from specobs.mixin import _rule_tests
 from specobs.mixin._config import MixinConfig, duration_seconds, markdown_heading
-from specobs.mixin._rules import ALERT_PREFIX, RuleNames, alert_rules, history_name
+from specobs.mixin._rule_names import ALERT_PREFIX, AlertRule, RuleNames
+from specobs.mixin._rules import alert_rules, history_name
 
 __all__ = ["doctor_entries", "render"]
 
@@ -332,8 +333,27 @@ _ENTRIES: dict[str, tuple[str, list[str]]] = {
 
 
 def render(config: MixinConfig) -> str:
+    """docs/runbook.md: what the alerts share, a summary table, then one entry per alert."""
     names = RuleNames(config)
-    lines = [
+    alerts = alert_rules(config)
+    lines = [*_intro(config, names), *_summary(config, alerts), ""]
+    for alert in alerts:
+        lines += _entry(alert)
+    lines += [
+        "## Recording rules these alerts read",
+        "",
+        f"Per-sequence speed `{names.sequence_speed}`, acceptance `{names.acceptance}`, realized "
+        f"speedup `{names.speedup_realized}`, phase means `{names.phase_mean}`, mean batch size "
+        f"`{names.batch_size_mean}`. docs/metrics.md lists every recording rule with its "
+        "expression.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _intro(config: MixinConfig, names: RuleNames) -> list[str]:
+    """The page's heading and what every alert shares: history, cohorts, detection times."""
+    return [
         *markdown_heading("specobs/mixin", "specobs runbook"),
         "One entry per alert of `deploy/prometheus/rules/specobs-rules.yml`: what it means and "
         "what to check first. Every alert carries `severity`, a static `summary`, a templated "
@@ -371,7 +391,11 @@ def render(config: MixinConfig) -> str:
         "| Alert | Severity | For | Catches | Detected after (promtool) | Cannot see |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    alerts = alert_rules(config)
+
+
+def _summary(config: MixinConfig, alerts: list[AlertRule]) -> list[str]:
+    """One table row per alert, with the detection times the promtool cases prove."""
+    lines = []
     times = _rule_tests.detection_times() if _rule_tests.is_default(config) else {}
     for alert in alerts:
         measured = (
@@ -386,44 +410,38 @@ def render(config: MixinConfig) -> str:
             f"| [{alert.alert}](#{alert.anchor}) | {alert.severity} | {alert.for_} | "
             f"{alert.summary} | {measured} | {_BLIND[short]} |"
         )
-    lines.append("")
-    for alert in alerts:
-        meaning, checks = _ENTRIES[alert.alert.removeprefix(ALERT_PREFIX)]
-        lines += [
-            f"## {alert.alert}",
-            "",
-            f"**Severity:** {alert.severity} · **for:** {alert.for_} · **summary:** "
-            f"{alert.summary}",
-            "",
-            meaning,
-            "",
-            f"**Cannot see:** {_BLIND[alert.alert.removeprefix(ALERT_PREFIX)]}",
-            "",
-            _doctor_line(alert.alert.removeprefix(ALERT_PREFIX)),
-            "",
-            "**Check first:**",
-            "",
-            *[f"{i}. {check}" for i, check in enumerate(checks, 1)],
-            "",
-            "<details><summary>Expression</summary>",
-            "",
-            "```promql",
-            alert.expr,
-            "```",
-            "",
-            "</details>",
-            "",
-        ]
-    lines += [
-        "## Recording rules these alerts read",
+    return lines
+
+
+def _entry(alert: AlertRule) -> list[str]:
+    """One alert's section: what it means, what it cannot see, what to check, its expression."""
+    short = alert.alert.removeprefix(ALERT_PREFIX)
+    meaning, checks = _ENTRIES[short]
+    return [
+        f"## {alert.alert}",
         "",
-        f"Per-sequence speed `{names.sequence_speed}`, acceptance `{names.acceptance}`, realized "
-        f"speedup `{names.speedup_realized}`, phase means `{names.phase_mean}`, mean batch size "
-        f"`{names.batch_size_mean}`. docs/metrics.md lists every recording rule with its "
-        "expression.",
+        f"**Severity:** {alert.severity} · **for:** {alert.for_} · **summary:** "
+        f"{alert.summary}",
+        "",
+        meaning,
+        "",
+        f"**Cannot see:** {_BLIND[short]}",
+        "",
+        _doctor_line(short),
+        "",
+        "**Check first:**",
+        "",
+        *[f"{i}. {check}" for i, check in enumerate(checks, 1)],
+        "",
+        "<details><summary>Expression</summary>",
+        "",
+        "```promql",
+        alert.expr,
+        "```",
+        "",
+        "</details>",
         "",
     ]
-    return "\n".join(lines)
 
 
 def _doctor_line(name: str) -> str:
