@@ -8,16 +8,12 @@ worker classes; which of them specobs does not time, and why, is the SGLang inst
 empty ``owner`` is a module-level function.
 """
 
-from specobs.instrument._contract import (
-    WHERE_PRESENT,
-    Contract,
-    HookPoint,
-    PackageRange,
-    SpeculativeMethod,
-    Variant,
-)
+from typing import Any
 
-PACKAGE = PackageRange("sglang", minimum="0.5.5", tested_below="0.5.24")
+from specobs.instrument import _contract
+from specobs.instrument._contract import HookPoint, Variant
+
+PACKAGE = _contract.PackageRange("sglang", minimum="0.5.5", tested_below="0.5.24")
 """SGLang; the EAGLE worker seams (V1 up to 0.5.12, V2 throughout) hold from 0.5.5; tested
 through 0.5.23."""
 
@@ -29,106 +25,93 @@ _STEP_FIELDS = ("speculative_num_steps", "topk", "speculative_num_draft_tokens")
 
 
 def _worker(name: str, points: tuple[HookPoint, ...], description: str,
-            requirement: str = WHERE_PRESENT) -> Variant:
+            requirement: str = _contract.WHERE_PRESENT) -> Variant:
     return Variant(name, requirement, points, description)
 
 
+def _on(module: str, owner: str, *methods: str, **options: Any) -> tuple[HookPoint, ...]:
+    """Points on the methods of one class of a ``sglang.srt.speculative`` module; ``options``
+    (``fields``, ``optional``) apply to each."""
+    return tuple(HookPoint(_SPEC + module, owner, method, **options) for method in methods)
+
+
 EAGLE_V2 = _worker("EAGLEWorkerV2", (
-    HookPoint(_SPEC + "eagle_worker_v2", "EAGLEWorkerV2", _STEP,
-              fields=_STEP_FIELDS),
+    *_on("eagle_worker_v2", "EAGLEWorkerV2", _STEP, fields=_STEP_FIELDS),
     # Only releases with DP-attention prefill coordination have it; patched where present.
-    HookPoint(_SPEC + "eagle_worker_v2", "EAGLEWorkerV2", "_forward_dp_spec_prefill_coordination",
-              optional=True),
-    HookPoint(_SPEC + "eagle_worker_v2", "EAGLEWorkerV2", "verify"),
-    HookPoint(_SPEC + "eagle_worker_v2", "EagleDraftWorker", "draft"),
-    HookPoint(_SPEC + "eagle_worker_v2", "EagleDraftWorker", _EXTEND),
+    *_on("eagle_worker_v2", "EAGLEWorkerV2", "_forward_dp_spec_prefill_coordination",
+         optional=True),
+    *_on("eagle_worker_v2", "EAGLEWorkerV2", "verify"),
+    *_on("eagle_worker_v2", "EagleDraftWorker", "draft", _EXTEND),
 ), "EAGLE, EAGLE3 and NEXTN (sglang/srt/speculative/eagle_worker_v2.py)")
 
 STANDALONE_V2 = _worker("StandaloneWorkerV2", (
     # A subclass of EAGLEWorkerV2: the step and verify it inherits are the hooked ones.
-    HookPoint(_SPEC + "standalone_worker_v2", "StandaloneWorkerV2", _STEP),
-    HookPoint(_SPEC + "standalone_worker_v2", "StandaloneWorkerV2", "verify"),
+    *_on("standalone_worker_v2", "StandaloneWorkerV2", _STEP, "verify"),
 ), "STANDALONE: EAGLEWorkerV2's step, inherited")
 
 MULTI_LAYER_V2 = _worker("MultiLayerEagleWorkerV2", (
-    HookPoint(_SPEC + "multi_layer_eagle_worker_v2", "MultiLayerEagleWorkerV2", _STEP,
-              fields=_STEP_FIELDS),
-    HookPoint(_SPEC + "multi_layer_eagle_worker_v2", "MultiLayerEagleWorkerV2", "verify"),
-    HookPoint(_SPEC + "multi_layer_eagle_worker_v2", "MultiLayerEagleDraftWorker", "draft"),
-    HookPoint(_SPEC + "multi_layer_eagle_worker_v2", "MultiLayerEagleDraftWorker", _EXTEND),
+    *_on("multi_layer_eagle_worker_v2", "MultiLayerEagleWorkerV2", _STEP, fields=_STEP_FIELDS),
+    *_on("multi_layer_eagle_worker_v2", "MultiLayerEagleWorkerV2", "verify"),
+    *_on("multi_layer_eagle_worker_v2", "MultiLayerEagleDraftWorker", "draft", _EXTEND),
 ), "EAGLE with enable_multi_layer_eagle")
 
 FROZEN_KV_MTP_V2 = _worker("FrozenKVMTPWorkerV2", (
-    HookPoint(_SPEC + "frozen_kv_mtp_worker_v2", "FrozenKVMTPWorkerV2", _STEP,
-              fields=_STEP_FIELDS),
+    *_on("frozen_kv_mtp_worker_v2", "FrozenKVMTPWorkerV2", _STEP, fields=_STEP_FIELDS),
     # Inherited from EAGLEWorkerV2 (hooked there).
-    HookPoint(_SPEC + "frozen_kv_mtp_worker_v2", "FrozenKVMTPWorkerV2", "verify"),
+    *_on("frozen_kv_mtp_worker_v2", "FrozenKVMTPWorkerV2", "verify"),
     # 0.5.12's FROZEN_KV_MTP has no draft worker class of its own: patched where present.
-    HookPoint(_SPEC + "frozen_kv_mtp_worker_v2", "FrozenKVMTPDraftWorker", "draft",
-              optional=True),
-    HookPoint(_SPEC + "frozen_kv_mtp_worker_v2", "FrozenKVMTPDraftWorker", _EXTEND,
-              optional=True),
+    *_on("frozen_kv_mtp_worker_v2", "FrozenKVMTPDraftWorker", "draft", _EXTEND, optional=True),
 ), "FROZEN_KV_MTP: its own step, EAGLEWorkerV2's verify")
 
 NGRAM = _worker("NGRAMWorker", (
-    HookPoint(_SPEC + "ngram_worker", "NGRAMWorker", _STEP,
-              fields=("draft_token_num",)),
-    HookPoint(_SPEC + "ngram_worker", "NGRAMWorker", "_prepare_for_speculative_decoding"),
-    HookPoint(_SPEC + "ngram_worker", "NGRAMWorker", "_update_ngram_corpus"),
+    *_on("ngram_worker", "NGRAMWorker", _STEP, fields=("draft_token_num",)),
+    *_on("ngram_worker", "NGRAMWorker", "_prepare_for_speculative_decoding",
+         "_update_ngram_corpus"),
 ), "NGRAM: host-side n-gram drafting, target verify, corpus update")
 
 DFLASH_V2 = _worker("DFlashWorkerV2", (
-    HookPoint(_SPEC + "dflash_worker_v2", "DFlashWorkerV2", _STEP),
-    HookPoint(_SPEC + "dflash_worker_v2", "DFlashWorkerV2",
-              "_update_target_mamba_state_after_verify"),
-    HookPoint(_SPEC + "dflash_worker_v2", "DFlashWorkerV2",
-              "_append_target_hidden_to_draft_kv_by_loc"),
-    HookPoint(_SPEC + "dflash_info", "DFlashVerifyInput", "prepare_for_verify"),
+    *_on("dflash_worker_v2", "DFlashWorkerV2", _STEP, "_update_target_mamba_state_after_verify",
+         "_append_target_hidden_to_draft_kv_by_loc"),
+    *_on("dflash_info", "DFlashVerifyInput", "prepare_for_verify"),
 ), "DFLASH (sglang/srt/speculative/dflash_worker_v2.py)")
 
 UNO_V2 = _worker("UnoWorkerV2", (
-    HookPoint(_SPEC + "uno_worker_v2", "UnoWorkerV2", _STEP),
-    HookPoint(_SPEC + "uno_worker_v2", "UnoWorkerV2", "_make_forward_batch"),
+    *_on("uno_worker_v2", "UnoWorkerV2", _STEP, "_make_forward_batch"),
     # A module-level function, wrapped as UNO's module imported it (eagle_worker_common's).
-    HookPoint(_SPEC + "uno_worker_v2", "", "run_eagle_verify"),
+    *_on("uno_worker_v2", "", "run_eagle_verify"),
 ), "UNO (sglang/srt/speculative/uno_worker_v2.py)")
 
 DSPARK_V2 = _worker("DSparkWorkerV2", (
-    HookPoint(_SPEC + "dspark_components.dspark_worker_v2", "DSparkWorkerV2", _STEP),
-    HookPoint(_SPEC + "dspark_components.dspark_worker_v2", "DSparkWorkerV2",
-              "_forward_dp_spec_prefill_coordination"),
-    HookPoint(_SPEC + "dspark_components.dspark_worker_v2", "DSparkWorkerV2",
-              "_commit_target_mamba_states_after_verify"),
-    HookPoint(_SPEC + "dspark_components.dspark_draft", "DraftBlockProposer", "propose"),
+    *_on("dspark_components.dspark_worker_v2", "DSparkWorkerV2", _STEP,
+         "_forward_dp_spec_prefill_coordination", "_commit_target_mamba_states_after_verify"),
+    *_on("dspark_components.dspark_draft", "DraftBlockProposer", "propose"),
 ), "DSPARK (sglang/srt/speculative/dspark_components/dspark_worker_v2.py)")
 
 EAGLE_V1 = _worker("EAGLEWorker", (
-    HookPoint(_SPEC + "eagle_worker", "EAGLEWorker", _STEP),
-    HookPoint(_SPEC + "eagle_worker", "EAGLEWorker", "draft"),
-    HookPoint(_SPEC + "eagle_worker", "EAGLEWorker", "verify"),
-    HookPoint(_SPEC + "eagle_worker", "EAGLEWorker", "forward_draft_extend_after_decode"),
+    *_on("eagle_worker", "EAGLEWorker", _STEP, "draft", "verify",
+         "forward_draft_extend_after_decode"),
 ), "the V1 EAGLE worker of releases up to 0.5.12")
 
-RESULT_PROCESSOR = Variant("result processor", WHERE_PRESENT, (
+RESULT_PROCESSOR = Variant("result processor", _contract.WHERE_PRESENT, (
     HookPoint("sglang.srt.managers.scheduler_components.batch_result_processor",
               "SchedulerBatchResultProcessor", "process_batch_result_decode",
               ("batch", "result")),
 ), "where a decode step's rows are counted (0.5.23's SchedulerBatchResultProcessor)")
 
-WORKER_FACTORY = Variant("worker factory", WHERE_PRESENT, (
+WORKER_FACTORY = Variant("worker factory", _contract.WHERE_PRESENT, (
     HookPoint(_SPEC + "spec_info", "SpeculativeAlgorithm", "create_worker"),
 ), "create_worker: an unhooked worker class is reported on its first step")
 
-PLUGIN_ALGORITHMS = Variant("plugin algorithms", WHERE_PRESENT, (
+PLUGIN_ALGORITHMS = Variant("plugin algorithms", _contract.WHERE_PRESENT, (
     HookPoint(_SPEC + "spec_registry", "CustomSpecAlgo", "create_worker"),
 ), "algorithms registered by plugins (0.5.11 on)")
 
-CONTRACT = Contract(
+CONTRACT = _contract.Contract(
     engine="SGLang",
     package=PACKAGE,
     variants=(EAGLE_V2, STANDALONE_V2, MULTI_LAYER_V2, FROZEN_KV_MTP_V2, NGRAM, DFLASH_V2,
               UNO_V2, DSPARK_V2, EAGLE_V1, RESULT_PROCESSOR, WORKER_FACTORY, PLUGIN_ALGORITHMS),
-    methods=tuple(SpeculativeMethod(v.name, (v.name,), v.description) for v in (
+    methods=tuple(_contract.SpeculativeMethod(v.name, (v.name,), v.description) for v in (
         EAGLE_V2, STANDALONE_V2, MULTI_LAYER_V2, FROZEN_KV_MTP_V2, NGRAM, DFLASH_V2, UNO_V2,
         DSPARK_V2, EAGLE_V1)),
     one_of=(EAGLE_V2.name, EAGLE_V1.name),

@@ -46,11 +46,14 @@ in flight is verified once more in the next step; result processing skips that r
 pipeline stage and 0.5.23's ``SchedulerBatchResultProcessor``, a decode step's cycle ends when
 the worker's step returns with its acceptance deferred, and is settled in
 ``process_batch_result_decode`` with the rows SGLang counts and the tokens it keeps
-(:func:`around_process_batch_result_decode`).
+(:func:`around_process_batch_result_decode`). Where a step's cycle is settled is the process's
+place, and what a worker's step verifies its variant: both are objects chosen once
+(:mod:`specobs.instrument._sglang_topologies`), which the hooks call without asking.
 
-Topology (:func:`topology_of`): the process that records is the TP rank 0 of the last pipeline
-stage of each data-parallel replica (with DP attention: of each attention-DP group); replicas are
-told apart by ``dp_rank`` and get port + ``dp_rank``.
+Topology (:func:`topology_of`, :mod:`specobs.instrument._sglang_ranks`): the process that
+records is the TP rank 0 of the last pipeline stage of each data-parallel replica (with DP
+attention: of each attention-DP group); replicas are told apart by ``dp_rank`` and get port +
+``dp_rank``.
 """
 
 from __future__ import annotations
@@ -64,7 +67,21 @@ from typing import TYPE_CHECKING, Any
 
 from specobs._config import env_flag
 from specobs.instrument import _base
+from specobs.instrument import _sglang_topologies as _places
 from specobs.instrument._package_sglang import PACKAGE
+from specobs.instrument._sglang_ranks import topology_from as topology_from
+from specobs.instrument._sglang_ranks import topology_of as topology_of
+from specobs.instrument._sglang_reads import (
+    ACCEPTED_PER_REQUEST_FIELDS as ACCEPTED_PER_REQUEST_FIELDS,
+)
+from specobs.instrument._sglang_reads import dflash_draft_length as dflash_draft_length
+from specobs.instrument._sglang_reads import dspark_draft_length as dspark_draft_length
+from specobs.instrument._sglang_reads import eagle_draft_length as eagle_draft_length
+from specobs.instrument._sglang_reads import first_batch, max_draft_length
+from specobs.instrument._sglang_reads import ngram_draft_length as ngram_draft_length
+from specobs.instrument._sglang_reads import uno_draft_length as uno_draft_length
+from specobs.instrument._sglang_topologies import PP_PHASES as PP_PHASES
+from specobs.instrument._sglang_topologies import SettledAtStep, WorkerStep
 
 if TYPE_CHECKING:
     from specobs import Observer
@@ -92,8 +109,6 @@ RESULT_PROCESSOR_MODULE = "sglang.srt.managers.scheduler_components.batch_result
 """Where the scheduler processes a decode step's result (0.5.23: ``SchedulerBatchResultProcessor.
 process_batch_result_decode``), on the worker's thread: under overlap scheduling after the next
 step was launched. A step's cycle is settled there (:func:`around_process_batch_result_decode`)."""
-_PENDING = "_specobs_pending"
-"""The attribute of a step's ``GenerationBatchResult`` holding its deferred cycle."""
 SPEC_REGISTRY_MODULE = _SPEC + "spec_registry"
 WORKER_FACTORIES = (
     (SPEC_INFO_MODULE, "SpeculativeAlgorithm"),
@@ -102,17 +117,6 @@ WORKER_FACTORIES = (
 """The classes whose ``create_worker`` picks the worker class the scheduler builds (built-in
 algorithms, and algorithms registered by plugins)."""
 
-ACCEPTED_PER_REQUEST_FIELDS = (
-    "num_correct_drafts_per_req_cpu",  # 0.5.12 and later
-    "num_accepted_drafts_per_req_cpu",  # 0.5.11
-    "accept_length_per_req_cpu",  # up to 0.5.10 (since 0.5.19 also a dLLM field, never EAGLE's)
-)
-"""Names, newest first, of the per-request accepted-draft counts (bonus token excluded)."""
-
-PP_PHASES = ("verify", "bookkeeping", "draft")
-"""Phase order of ``EAGLEWorkerV2`` on the last pipeline stage when ``pp_size > 1``: the
-scheduler hands it the verify input relayed from earlier stages, and it drafts the next round's
-chain after the draft extend (the PP tail draft)."""
 
 _failed = _base.LogOnce()
 _log = logging.getLogger("specobs.instrument")
@@ -123,322 +127,47 @@ def _enabled(env: dict[str, str] | os._Environ[str] | None = None) -> bool:
     return env_flag(SPECOBS_SGLANG, env)
 
 
-# -- topology --------------------------------------------------------------------------------------
-
-
-def topology_from(
-    *,
-    tp_rank: int,
-    tp_size: int,
-    pp_rank: int = 0,
-    pp_size: int = 1,
-    dp_rank: int | None = None,
-    dp_ranks: int = 1,
-    attn_dp_size: int = 1,
-) -> _base.Topology:
-    """Where a scheduler process sits, from SGLang's ranks and widths.
-
-    ``dp_ranks`` counts the data-parallel units that each run their own batches: replicas
-    (``--dp-size``, each with its own WORLD, so their WORLD ranks repeat) or attention-DP groups
-    (``--enable-dp-attention``: one WORLD, TP ranks laid out DP-major). ``dp_rank`` is this
-    process's unit, as SGLang's launcher hands it to the scheduler. The leader is the first TP
-    rank of the unit on the last pipeline stage -- the only stage that runs the speculative
-    worker's draft, verify and acceptance.
-    """
-    group = max(tp_size // max(attn_dp_size, 1), 1)
-    local_tp = tp_rank % group
-    last_stage = pp_rank == pp_size - 1
-    replicas = max(dp_ranks, 1)
-    replica = None
-    if replicas > 1:
-        replica = dp_rank if dp_rank is not None else tp_rank // group
-        replica = min(max(replica, 0), replicas - 1)
-    return _base.Topology(
-        leader=local_tp == 0 and last_stage,
-        rank=pp_rank * group + local_tp,
-        replica=replica,
-        replicas=replicas,
-    )
-
-
-def _parallel_context() -> Any:
-    """SGLang's published parallel context (0.5.23: ``runtime_context.get_parallel()``)."""
-    import sys
-
-    module = sys.modules.get("sglang.srt.runtime_context")
-    if module is None:
-        return None
-    try:
-        parallel = module.get_parallel()
-        int(parallel.tp_rank)  # raises when this process published no ranks
-    except Exception:
-        return None
-    return parallel
-
-
-def topology_of(worker: Any) -> _base.Topology:
-    """The topology of the process running ``worker`` (a speculative worker of any release).
-
-    Reads SGLang's runtime context when it is published (0.5.23), else the ranks the target
-    ``TpModelWorker`` holds and the server arguments (older releases), else torch.distributed.
-    """
-    parallel = _parallel_context()
-    if parallel is not None:
-
-        def read(name: str, default: Any) -> Any:
-            try:
-                value = getattr(parallel, name)
-            except Exception:
-                return default
-            return default if value is None else value
-
-        dp_size = int(read("dp_size", 1))
-        attn_dp = int(read("attn_dp_size", 1))
-        return topology_from(
-            tp_rank=int(parallel.tp_rank), tp_size=int(read("tp_size", 1)),
-            pp_rank=int(read("pp_rank", 0)), pp_size=int(read("pp_size", 1)),
-            dp_rank=parallel.dp_rank if _has(parallel, "dp_rank") else None,
-            dp_ranks=int(read("num_dp_ranks", dp_size * attn_dp)), attn_dp_size=attn_dp,
-        )  # fmt: skip
-    target = getattr(worker, "target_worker", None) or getattr(worker, "_target_worker", None)
-    args = getattr(worker, "server_args", None) or getattr(target, "server_args", None)
-
-    def rank(name: str) -> int | None:
-        for holder in (worker, target):
-            value = getattr(holder, name, None)
-            if isinstance(value, int):
-                return value
-        return None
-
-    tp_rank = rank("tp_rank")
-    if tp_rank is None:
-        tp_rank = _world_rank()
-    dp_size = int(getattr(args, "dp_size", 1) or 1)
-    attn_dp = dp_size if getattr(args, "enable_dp_attention", False) else 1
-    return topology_from(
-        tp_rank=tp_rank, tp_size=int(getattr(args, "tp_size", 0) or tp_rank + 1),
-        pp_rank=rank("pp_rank") or 0, pp_size=int(getattr(args, "pp_size", 1) or 1),
-        dp_rank=rank("dp_rank"), dp_ranks=dp_size, attn_dp_size=attn_dp,
-    )  # fmt: skip
-
-
-def _has(obj: Any, name: str) -> bool:
-    try:
-        getattr(obj, name)
-    except Exception:
-        return False
-    return True
-
-
-def _world_rank() -> int:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
-    except Exception:
-        pass
-    return 0
-
-
-def _pp_size(worker: Any) -> int:
-    parallel = _parallel_context()
-    if parallel is not None:
-        try:
-            return int(parallel.pp_size)
-        except Exception:
-            return 1
-    args = getattr(worker, "server_args", None)
-    return int(getattr(args, "pp_size", 1) or 1)
-
-
-# -- draft length ----------------------------------------------------------------------------------
-
-
-def eagle_draft_length(worker: Any) -> int:
-    """Tokens verified per request by one EAGLE-family step (tree or chain)."""
-    steps = getattr(worker, "speculative_num_steps", None)
-    if steps is not None and int(steps) == 0:
-        return 0  # adaptive speculation turned drafting off for this batch size
-    topk = int(getattr(worker, "topk", 1) or 1)
-    tokens = getattr(worker, "speculative_num_draft_tokens", None)
-    if tokens is not None and (topk > 1 or steps is None):
-        return max(int(tokens) - 1, 0)
-    return int(steps or 0)
-
-
-def ngram_draft_length(worker: Any) -> int:
-    """NGRAM verifies a tree of ``draft_token_num`` nodes, the first being the last real token."""
-    tokens = getattr(worker, "draft_token_num", None)
-    if tokens is None:
-        tokens = getattr(worker, "speculative_num_draft_tokens", None)
-    return max(int(tokens if tokens is not None else 1) - 1, 0)
-
-
-def dflash_draft_length(worker: Any) -> int:
-    """DFLASH verifies its whole block: ``block_size`` tokens, the first the last real token."""
-    return max(int(worker.block_size) - 1, 0)
-
-
-def uno_draft_length(worker: Any) -> int:
-    """UNO's proposals per request. Linear: the forward width ``F`` holds the clean root (an
-    exact target token, not a draft) and ``F - 1`` proposals, all verified. Tree
-    (``tree_mode``): EAGLE's verify over ``Q`` nodes rooted at the clean root: ``Q - 1``."""
-    if getattr(worker, "tree_mode", False):
-        return max(int(worker.verify_width) - 1, 0)
-    return max(int(worker.forward_width) - 1, 0)
-
-
-def dspark_draft_length(worker: Any) -> int:
-    """DSPARK's full verify window less the anchor: ``gamma``. A step whose result carries
-    ``cap_lens`` (ragged verify) verified fewer per request; those widths replace this one
-    (:func:`_verified_widths`)."""
-    return max(int(worker.verify_num_draft_tokens) - 1, 0)
-
-
-_MAX_DRAFT_LENGTH_LIMIT = 64  # specobs' own bound on max_draft_length
-
-
-def _max_draft_length(worker: Any, now: int) -> int | None:
-    configured = getattr(worker, "speculative_num_draft_tokens", None)
-    longest = max(now, int(configured) - 1 if configured is not None else 0)
-    return min(longest, _MAX_DRAFT_LENGTH_LIMIT) if longest > 8 else None
-
-
 # -- the hooks: hook(original_fn, *args, **kwargs) -------------------------------------------------
 
 
-def _is_decode(batch: Any) -> bool:
-    """A decode step the worker's own step runs as draft, verify, draft extend.
-
-    With DP attention a batch is flagged ``is_extend_in_batch`` when any rank of the group
-    prefills; the worker then runs the step as prefill, except with
-    ``SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION=1``, where a decode rank's cycle goes through
-    ``_forward_dp_spec_prefill_coordination`` (its own hook: :func:`_has_decode_rows`).
-    """
-    if getattr(batch, "is_extend_in_batch", False):
-        return False
-    return _has_decode_rows(batch)
+def _place(worker: Any) -> SettledAtStep:
+    instrumentor = SGLangInstrumentor()
+    hooked = RESULT_PROCESSOR_MODULE in instrumentor._patched_modules
+    return _places.here(instrumentor, worker, processing_hooked=hooked)
 
 
-def _has_decode_rows(batch: Any) -> bool:
-    """Neither prefill nor idle on this rank, whatever the peers of its DP group do."""
-    mode = batch.forward_mode
-    if mode.is_extend():
-        return False
-    is_idle = getattr(mode, "is_idle", None)
-    return not (is_idle is not None and is_idle())
-
-
-def _non_draft(result: Any) -> int:
-    """Tokens per request a step emits that were not drafts: the bonus token, and UNO's clean
-    root too (``GenerationBatchResult.num_non_draft_tokens_per_req``: 1, UNO 2)."""
-    n = getattr(result, "num_non_draft_tokens_per_req", 1)
-    return n if type(n) is int and n >= 0 else 1
-
-
-def _accepted(result: Any) -> Any:
-    for name in ACCEPTED_PER_REQUEST_FIELDS:
-        value = getattr(result, name, None)
-        if value is not None:
-            return value
-    accept_lens = getattr(result, "accept_lens", None)
-    if accept_lens is not None:
-        # Includes the non-draft tokens. On the GPU this is one tiny kernel queued on the
-        # worker's stream; specobs copies the result to pinned memory asynchronously and reads
-        # it later.
-        return accept_lens - _non_draft(result)
-    return None
-
-
-def _host_list(value: Any, *, processed: bool = False) -> list[int] | None:
-    """``value``'s per-request counts as a host list; ``None`` when they are still on the GPU
-    (reading them would synchronize the worker's stream). ``processed``: the scheduler's result
-    processing has already synchronized and read them (``.tolist()``), so reading is free."""
-    if type(value) is list:
-        return value
-    if type(value) is tuple:
-        return list(value)
-    if not processed and getattr(value, "is_cuda", False):
-        return None
-    tolist = getattr(value, "tolist", None)
-    out = tolist() if tolist is not None else None
-    return out if type(out) is list else None
-
-
-def _verified_widths(result: Any, k: int, *, processed: bool = False) -> int | list[int] | None:
-    """Drafts verified per request: ``k`` for every row, else, when the step planned a ragged
-    verify (DSPARK's ``cap_lens``: each row's verify window, the anchor included), each row's
-    window less the anchor. ``None``: the windows are still on the GPU."""
-    caps = getattr(result, "cap_lens", None)
-    if caps is None:
-        return k
-    widths = _host_list(caps, processed=processed)
-    return None if widths is None else [max(int(w) - 1, 0) for w in widths]
-
-
-def _exact(
-    result: Any, k: int, *, processed: bool = False
-) -> tuple[Any, int | list[int], int | None] | None:
-    """``(accepted, draft lengths, emitted)`` of every row of a step's result, as ``accept``
-    takes them (``emitted`` ``None``: accepted + 1 per row); ``None`` when counting them exactly
-    would need values still on the GPU (the cycle keeps its times, without tokens)."""
-    accepted = _accepted(result)
-    if accepted is None:
-        return None
-    n = _non_draft(result)
-    widths = _verified_widths(result, k, processed=processed)
-    if n == 1 and type(widths) is int:
-        return accepted, widths, None
-    counts = _host_list(accepted, processed=processed)
-    if counts is None or widths is None:
-        return None
-    if type(widths) is list and len(widths) != len(counts):
-        return None
-    return counts, widths, sum(counts) + n * len(counts)
-
-
-def _first_batch(kwargs: dict[str, Any]) -> Any:
-    for name in ("batch", "model_worker_batch"):
-        if name in kwargs:
-            return kwargs[name]
-    raise TypeError("forward_batch_generation() called without a batch")
-
-
-def _observer_for(worker: Any, draft_length: int, pp_order: bool) -> Observer:
+def _observer_for(
+    worker: Any, draft_length: int, step: WorkerStep, place: SettledAtStep
+) -> Observer:
     instrumentor = SGLangInstrumentor()
     observer = instrumentor.current_observer
     if observer is None:
-        phases = PP_PHASES if pp_order and _pp_size(worker) > 1 else _base.DEFAULT_PHASES
         observer = instrumentor.observer(
-            phases=phases,
-            max_draft_length=_max_draft_length(worker, draft_length),
+            phases=place.phases(step),
+            max_draft_length=max_draft_length(worker, draft_length),
             topology=topology_of(worker),
         )
     return observer
 
 
-def _cycle_hook(
-    draft_length: Callable[[Any], int],
-    pp_order: bool = False,
-    is_cycle: Callable[[Any], bool] = _is_decode,
-) -> Callable[..., Any]:
-    """The hook for a worker's decode step: one cycle, acceptance read from its result."""
+def _cycle_hook(step: WorkerStep) -> Callable[..., Any]:
+    """The hook for a worker's decode step: one cycle, ended where this process's place says."""
 
     def around_step(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        worker, batch = args[0], (args[1] if len(args) > 1 else _first_batch(kwargs))
-        tracker = None
+        worker, batch = args[0], (args[1] if len(args) > 1 else first_batch(kwargs))
+        tracker = place = None
         try:
             # The guard: a subclass's step that calls super() is still one cycle.
-            if _local.__dict__.get("tracker") is None and is_cycle(batch):
-                observer = _observer_for(worker, draft_length(worker), pp_order)
+            if _local.__dict__.get("tracker") is None and step.is_cycle(batch):
+                place = _place(worker)
+                observer = _observer_for(worker, step.draft_length(worker), step, place)
                 tracker = _base.PhaseTracker(observer)
                 tracker.start(int(batch.seq_lens.shape[0]))
                 _local.tracker = tracker
         except Exception:
             _failed("the cycle start (forward_batch_generation)")
             tracker = None
-        if tracker is None:
+        if tracker is None or place is None:
             return original(*args, **kwargs)
         try:
             result = original(*args, **kwargs)
@@ -449,103 +178,12 @@ def _cycle_hook(
         _local.tracker = None
         try:
             # Read after the step: adaptive speculation may have changed it for this step.
-            k = draft_length(worker)
-            pending = getattr(result, "__dict__", None)
-            if pending is not None and _defers(worker, batch):
-                # Times final now; the rows the scheduler's result processing counts (not
-                # those of requests that finished while the step was in flight) come later,
-                # and so does the acceptance: that processing copies it to the host itself,
-                # so nothing is launched on the worker's stream for it here.
-                pending[_PENDING] = (tracker.defer(), k)
-            else:
-                exact = _exact(result, k)
-                if exact is not None:
-                    tracker.accept(exact[0], exact[1], emitted=exact[2])
-                tracker.finish()
+            place.step_returned(tracker, batch, result, step.draft_length(worker))
         except Exception:
             _failed("the cycle end (forward_batch_generation)")
         return result
 
     return around_step
-
-
-def _defers(worker: Any, batch: Any) -> bool:
-    """Whether this step's cycle waits for the scheduler's result processing: it is hooked in
-    this process, the batch is one it processes as decode, and there is one pipeline stage
-    (under PP the last stage's result reaches the processing as another object)."""
-    if RESULT_PROCESSOR_MODULE not in SGLangInstrumentor()._patched_modules:
-        return False
-    if not batch.forward_mode.is_decode():
-        return False
-    return _pp_size(worker) == 1
-
-
-def _output_len(req: Any) -> int:
-    """The request's output tokens as SGLang returns them: through its stop, when it has one."""
-    through_stop = getattr(req, "output_ids_through_stop", None)
-    return len(through_stop if through_stop is not None else req.output_ids)
-
-
-def _settle(handle: Any, result: Any, k: int, rows: list[tuple[Any, bool, int]] | None) -> None:
-    """Give a deferred step the rows SGLang's result processing counted: their accepted drafts
-    (the host list it made), the drafts each verified (``k``, or DSPARK's ragged window less
-    the anchor) and the tokens their outputs grew by (bonus, and UNO's clean root, included)."""
-    exact = _exact(result, k, processed=rows is not None)
-    if exact is None:
-        handle.settle(None)
-        return
-    accepted, widths, emitted = exact
-    if rows is None or type(accepted) is not list or len(accepted) != len(rows):
-        # What the step returned, every row.
-        handle.settle(accepted, draft_length=widths, emitted=emitted)
-        _report_unverified(k, widths)
-        return
-    live = [i for i, row in enumerate(rows) if row[1]]
-    if not live:
-        handle.settle(None)  # every row finished in flight: a cycle without tokens
-        return
-    kept = widths if isinstance(widths, int) else [widths[i] for i in live]
-    emitted = sum(_output_len(rows[i][0]) - rows[i][2] for i in live)
-    handle.settle([accepted[i] for i in live], draft_length=kept, batch_size=len(live),
-                  emitted=emitted)  # fmt: skip
-    _count_requests([rows[i][0] for i in live], [accepted[i] for i in live], kept)
-    _report_unverified(k, kept)
-
-
-def _report_unverified(k: int, widths: Any) -> None:
-    """DSPARK's ragged verify: each row verified its window, the rest of the ``k`` drafts it
-    proposed were left out (``specobs_draft_tokens_unverified_total``)."""
-    if isinstance(widths, int):
-        return
-    unverified = sum(max(k - int(w), 0) for w in widths)
-    observer = SGLangInstrumentor().current_observer if unverified else None
-    if observer is not None:
-        observer.drafts_unverified(unverified)
-
-
-_REQUEST_FIGURES = "_specobs_request"
-"""The attribute of a running ``Req`` holding [drafted, accepted] of the rows specobs counted."""
-
-
-def _count_requests(reqs: list[Any], accepted: list[Any], widths: Any) -> None:
-    """Add a settled step's rows to their requests' figures, and report each request the step
-    finished (``Req.finished()`` once the processing ran) with its drafted and accepted drafts
-    over its life. Accepted is what SGLang's own ``spec_num_correct_drafts`` counts; drafted is
-    what specobs counted per row (SGLang's ``spec_num_proposed_drafts`` is verify passes times
-    the configured k, wrong under adaptive steps and ragged windows)."""
-    finished: list[tuple[int, int]] = []
-    for j, req in enumerate(reqs):
-        figures = getattr(req, _REQUEST_FIGURES, None)
-        if figures is None:
-            figures = [0, 0]
-            setattr(req, _REQUEST_FIGURES, figures)
-        figures[0] += int(widths if isinstance(widths, int) else widths[j])
-        figures[1] += int(accepted[j])
-        if req.finished():
-            finished.append((figures[0], figures[1]))
-            delattr(req, _REQUEST_FIGURES)
-    if finished:
-        SGLangInstrumentor().report_requests(finished)
 
 
 def around_process_batch_result_decode(
@@ -557,10 +195,10 @@ def around_process_batch_result_decode(
     such a row (``req.finished() or req.is_retracted``: no per-request counts, no tokens), and
     so does specobs. Emitted tokens are the growth of each row's output through its stop."""
     result = args[2] if len(args) > 2 else kwargs.get("result")
-    pending = getattr(result, "__dict__", {}).pop(_PENDING, None)
+    pending = getattr(result, "__dict__", {}).pop(_places.PENDING_ATTRIBUTE, None)
     if pending is None:
         return original(*args, **kwargs)
-    handle, k = pending
+    place, handle, k = pending
     rows = None
     try:
         batch = args[1] if len(args) > 1 else kwargs["batch"]
@@ -573,14 +211,14 @@ def around_process_batch_result_decode(
         out = original(*args, **kwargs)
     except BaseException:
         try:
-            _settle(handle, result, k, None)
+            place.settle(handle, result, k, None)
         except Exception:
             _failed("the cycle end (process_batch_result_decode)")
         raise
     try:
         # The host list the processing made (num_correct_drafts_per_req_cpu), else the step's
         # accept_lens less the non-draft tokens.
-        _settle(handle, result, k, rows)
+        place.settle(handle, result, k, rows)
     except Exception:
         _failed("the cycle end (process_batch_result_decode)")
     return out
@@ -607,16 +245,16 @@ def _around_phase(start: str | None, end: str | None) -> Callable[..., Any]:
     return hook
 
 
-around_decode_step = _cycle_hook(eagle_draft_length, pp_order=True)
+around_decode_step = _cycle_hook(_places.EAGLE)
 """One decode step of an EAGLE-family worker (V1 or V2) is one cycle."""
-around_coordinated_step = _cycle_hook(eagle_draft_length, pp_order=True, is_cycle=_has_decode_rows)
+around_coordinated_step = _cycle_hook(_places.EAGLE_COORDINATED)
 """``EAGLEWorkerV2._forward_dp_spec_prefill_coordination`` on a rank that decodes while a peer
 of its DP-attention group prefills (``SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION=1``): a full
 draft, verify and draft extend over this rank's decode rows, one cycle. On a prefilling rank it
 drafts over an idle batch and prefills: not a cycle."""
-around_plain_step = _cycle_hook(eagle_draft_length)
+around_plain_step = _cycle_hook(_places.EAGLE_PLAIN)
 """One decode step of an EAGLE-family worker without a PP tail draft (multi-layer, FrozenKV)."""
-around_ngram_step = _cycle_hook(ngram_draft_length)
+around_ngram_step = _cycle_hook(_places.NGRAM)
 """One decode step of the NGRAM worker is one cycle."""
 _around_head_draft = _around_phase(None, "verify")
 _around_tail_draft = _around_phase("draft", None)
@@ -637,13 +275,13 @@ around_draft_extend = _around_phase("bookkeeping", None)
 """The draft model's catch-up over the accepted tokens (or NGRAM's corpus update) is
 bookkeeping."""
 
-around_dflash_step = _cycle_hook(dflash_draft_length)
+around_dflash_step = _cycle_hook(_places.DFLASH)
 """One decode step of ``DFlashWorkerV2`` (its block draft, verify and draft-KV commit)."""
-around_uno_step = _cycle_hook(uno_draft_length)
+around_uno_step = _cycle_hook(_places.UNO)
 """One decode step of ``UnoWorkerV2`` (linear or tree)."""
-around_dspark_step = _cycle_hook(dspark_draft_length)
+around_dspark_step = _cycle_hook(_places.DSPARK)
 """One decode step of ``DSparkWorkerV2``."""
-around_dspark_coordinated_step = _cycle_hook(dspark_draft_length, is_cycle=_has_decode_rows)
+around_dspark_coordinated_step = _cycle_hook(_places.DSPARK_COORDINATED)
 """``DSparkWorkerV2._forward_dp_spec_prefill_coordination`` on a rank that decodes while a peer
 of its DP-attention group prefills: it runs the rank's decode step (one cycle); on a
 prefilling rank it prefills (not a cycle)."""
@@ -849,14 +487,18 @@ class SGLangInstrumentor(_base.BaseInstrumentor):
         return self._instrument_checked(observer, skip_dep_check)
 
     def _instrument(self) -> None:
+        _places.forget()
         self._watch(watched_modules())
 
     def _uninstrument(self) -> None:
         _reported.clear()
+        _places.forget()
 
     def _patch_module(self, module: Any) -> None:
         """Wrap this module's worker factories and hook targets."""
         name = module.__name__
+        if name == RESULT_PROCESSOR_MODULE:
+            _places.forget()  # a cycle settled at its step until now is settled there from now
         for factory_module, factory in WORKER_FACTORIES:
             owner = getattr(module, factory, None) if factory_module == name else None
             if owner is not None and "create_worker" in vars(owner):

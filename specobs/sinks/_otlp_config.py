@@ -63,6 +63,7 @@ __all__ = [
     "CollectorResponseError",
     "OtlpProtocol",
     "bounded_session",
+    "check_sink_arguments",
     "make_metric_exporter",
     "make_span_exporter",
     "positive_seconds",
@@ -122,6 +123,29 @@ def positive_seconds(name: str, value: object) -> float:
     if not (v > 0 and math.isfinite(v)):
         raise ConfigurationError(f"{name} must be a number of seconds > 0, got {value!r}")
     return v
+
+
+def check_sink_arguments(
+    traces: bool, metrics: bool, max_queue_size: int, endpoint: str | None
+) -> None:
+    """Refuse an ``OtlpSink`` that would export nothing, or an unusable queue bound or endpoint."""
+    if not traces and not metrics:
+        raise ConfigurationError(
+            "OtlpSink(traces=False, metrics=False) would export nothing; "
+            "enable at least one signal or drop the sink."
+        )
+    if (
+        isinstance(max_queue_size, bool)
+        or not isinstance(max_queue_size, int)
+        or (max_queue_size < 1)
+    ):
+        raise ConfigurationError(
+            f"max_queue_size must be an integer >= 1, got {max_queue_size!r}"
+        )
+    if endpoint is not None and (not isinstance(endpoint, str) or not endpoint.strip()):
+        raise ConfigurationError(
+            f"endpoint must be a URL such as 'http://localhost:4317', got {endpoint!r}"
+        )
 
 
 def _after_scheme(url: str) -> tuple[str, str]:

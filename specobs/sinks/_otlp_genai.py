@@ -43,6 +43,7 @@ from opentelemetry.semconv.attributes.server_attributes import (  # noqa: E402
     SERVER_ADDRESS,
     SERVER_PORT,
 )
+from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME  # noqa: E402
 
 __all__ = [
     "ENGINE_LABEL",
@@ -56,6 +57,7 @@ __all__ = [
     "SPECOBS_SERVER_PORT",
     "configured_attributes",
     "observer_defaults",
+    "sink_resource",
     "span_attributes",
 ]
 
@@ -178,3 +180,31 @@ def observer_defaults(
 def span_attributes(resource_attributes: Mapping[str, Any]) -> dict[str, Any]:
     """The GenAI attributes of the resource, which every cycle span carries too."""
     return {k: resource_attributes[k] for k in GENAI_KEYS if k in resource_attributes}
+
+
+def sink_resource(
+    arguments: Mapping[str, object],
+    resource_attributes: Mapping[str, str | bool | int | float] | None,
+    service_name: str | None,
+    env: Mapping[str, str],
+) -> Any:
+    """The sink's OTLP ``Resource``: the GenAI variables, then ``resource_attributes``, then the
+    GenAI ``arguments`` (as :func:`configured_attributes` takes them) and ``service_name``, each
+    over the one before; ``Resource.create`` adds ``OTEL_RESOURCE_ATTRIBUTES`` and
+    ``OTEL_SERVICE_NAME`` below them all.
+
+    Raises :class:`~specobs.ConfigurationError` on an invalid value or variable.
+    """
+    from opentelemetry.sdk.resources import Resource
+
+    genai_arguments, genai_env = configured_attributes(arguments, env)
+    attrs: dict[str, Any] = {**genai_env, **(resource_attributes or {}), **genai_arguments}
+    if service_name is not None:
+        attrs[SERVICE_NAME] = service_name
+    try:
+        return Resource.create(attrs)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"could not build the OTLP resource from OTEL_RESOURCE_ATTRIBUTES / "
+            f"OTEL_SERVICE_NAME / resource_attributes: {exc}"
+        ) from exc

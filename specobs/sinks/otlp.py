@@ -126,16 +126,12 @@ from opentelemetry.sdk.metrics.export import (  # noqa: E402
 )
 from opentelemetry.sdk.resources import Resource  # noqa: E402
 from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402
-from opentelemetry.sdk.trace.export import (  # noqa: E402
-    BatchSpanProcessor,
-    SpanExporter,
-    SpanExportResult,
-)
-from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME  # noqa: E402
+from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: E402
 
 from specobs.sinks._otlp_config import (  # noqa: E402
     OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
     OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+    check_sink_arguments,
     make_metric_exporter,
     make_span_exporter,
     positive_seconds,
@@ -143,9 +139,14 @@ from specobs.sinks._otlp_config import (  # noqa: E402
     resolve_protocol,
 )
 from specobs.sinks._otlp_data import cycle_spans, metrics_data  # noqa: E402
+from specobs.sinks._otlp_export import (  # noqa: E402
+    CountingSpanExporter,
+    FlushRequest,
+    GrpcForkGate,
+)
 from specobs.sinks._otlp_genai import (  # noqa: E402
-    configured_attributes,
     observer_defaults,
+    sink_resource,
     span_attributes,
 )
 
@@ -159,73 +160,11 @@ _MAX_EXPORT_BATCH_SIZE = 512
 # How often the span processor exports without being asked (it also wakes when a batch fills).
 _SPAN_SCHEDULE_DELAY_MILLIS = 1000.0
 #: How long ``fork()`` waits for specobs's own gRPC export in progress to end (see
-#: _GrpcForkGate): ``SPECOBS_OTLP_FORK_WAIT_SECONDS``, read when a gRPC sink is made.
+#: GrpcForkGate): ``SPECOBS_OTLP_FORK_WAIT_SECONDS``, read when a gRPC sink is made.
 _FORK_WAIT_SECONDS = DEFAULT_OTLP_FORK_WAIT_SECONDS
 
+_GRPC_FORK_GATE = GrpcForkGate(lambda: _FORK_WAIT_SECONDS)
 
-class _GrpcForkGate:
-    """Keeps ``fork()`` out of specobs's own gRPC calls.
-
-    gRPC core's fork handlers reset its poller in the child only when no thread is inside gRPC
-    at the moment of the fork; otherwise they are skipped ("Other threads are currently calling
-    into gRPC, skipping fork() handlers") and the child inherits a poller owned by a thread that
-    does not exist: its first gRPC call may abort the process (``ev_epoll1_linux.cc Check
-    failed``) or hang. (``GRPC_ENABLE_FORK_SUPPORT=1`` does not help here: with exports in
-    flight, children and the parent hung.) So every gRPC export and shutdown of this module
-    passes through this gate; before a fork the gate waits up to :data:`_FORK_WAIT_SECONDS` for
-    the calls in progress to end and holds new ones back until the fork is done. A child forked
-    while a call was still in progress is told so (:meth:`unsafe_here`) and does not touch
-    gRPC at all.
-    """
-
-    def __init__(self) -> None:
-        self._reinit()
-        self.child_unsafe = False
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(before=self._before_fork, after_in_parent=self._after_in_parent,
-                                after_in_child=self._after_in_child)
-
-    def _reinit(self) -> None:
-        self._pid = os.getpid()
-        self._cond = threading.Condition(threading.Lock())
-        self._active = 0
-        self._busy_at_fork = False
-
-    def __enter__(self) -> None:
-        with self._cond:
-            self._active += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._cond:
-            self._active -= 1
-            if self._active == 0:
-                self._cond.notify_all()
-
-    def _before_fork(self) -> None:
-        self._cond.acquire()  # held through fork(): no call starts meanwhile
-        if self._active:
-            self._busy_at_fork = not self._cond.wait_for(
-                lambda: self._active == 0, _FORK_WAIT_SECONDS)
-
-    def _after_in_parent(self) -> None:
-        self._busy_at_fork = False
-        self._cond.release()
-
-    def _after_in_child(self) -> None:
-        # Also called from OtlpSink.after_fork_in_child: the observer's fork hook may have been
-        # registered before this one, and so run first. Once per process.
-        if self._pid == os.getpid():
-            return
-        self.child_unsafe = self.child_unsafe or self._busy_at_fork
-        self._reinit()
-
-    def unsafe_here(self) -> bool:
-        """Whether this process descends from a fork that landed inside a gRPC call."""
-        self._after_in_child()
-        return self.child_unsafe
-
-
-_GRPC_FORK_GATE = _GrpcForkGate()
 # The clocks metric points are stamped from (OtlpSink.now_ns); module attributes so that a test
 # can step the wall clock without touching the real one.
 _wall_clock_ns = time.time_ns
@@ -234,96 +173,6 @@ _monotonic_ns = time.perf_counter_ns
 # OtlpSink.after_fork_in_child).
 _PARENT_EXPORTERS: list[object] = []
 
-
-class _CountingSpanExporter(SpanExporter):
-    """Wraps the OTLP span exporter: counts what it received and what failed, and its CPU.
-
-    ``received`` is read by the sink's admission check (in flight = submitted - received). Once
-    ``close()`` ran, later exports (a processor thread that outlived a timed-out shutdown) return
-    FAILURE at once and are not counted again: the sink already counted them as lost.
-    """
-
-    def __init__(self, inner: SpanExporter, sink: OtlpSink, gate: AbstractContextManager[Any]
-                 ) -> None:
-        self._inner = inner
-        self._sink = sink
-        self._gate = gate
-        self.received = 0
-        self.exporting = 0  # spans of the export in progress
-        self._abandoned = False
-        self._closed = False
-        self._shut = False
-        self._lock = threading.Lock()
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        n = len(spans)
-        with self._lock:
-            if self._closed:
-                return SpanExportResult.FAILURE
-            self.received += n
-            self.exporting = n
-        t0 = time.thread_time_ns()
-        try:
-            with self._gate:
-                result = self._inner.export(spans)
-        except Exception as exc:  # the processor would only log it; we count it too
-            _log.warning("specobs: OTLP span export raised: %r", exc)
-            result = SpanExportResult.FAILURE
-        with self._lock:
-            self.exporting = 0
-            abandoned = self._abandoned
-        if not abandoned:  # else shutdown() already counted this batch as lost
-            self._sink._exported_spans(
-                n, result is SpanExportResult.SUCCESS, time.thread_time_ns() - t0
-            )
-        return result
-
-    def abandon(self) -> int:
-        """Shutdown ran out of time: refuse further exports and return the spans of the
-        export still in progress (lost: the process may end before it returns)."""
-        with self._lock:
-            self._closed = True
-            self._abandoned = True
-            lost, self.exporting = self.exporting, 0
-        return lost
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-
-    @property
-    def inner(self) -> SpanExporter:
-        return self._inner
-
-    def reset_in_child(self, inner: SpanExporter) -> None:
-        self._lock = threading.Lock()
-        self._inner = inner
-        self.received = 0
-        self._closed = False
-        self._shut = False
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        with self._lock:
-            self._closed = True
-            if self._shut:
-                return
-            self._shut = True
-        try:
-            with self._gate:
-                self._inner.shutdown()
-        except Exception as exc:
-            _log.warning("specobs: OTLP span exporter shutdown failed: %r", exc)
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
-
-
-class _FlushRequest:
-    __slots__ = ("done", "ok")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.ok = False
 
 
 class OtlpSink(Sink):
@@ -369,23 +218,7 @@ class OtlpSink(Sink):
         max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
     ) -> None:
         environ = os.environ
-        if not traces and not metrics:
-            raise ConfigurationError(
-                "OtlpSink(traces=False, metrics=False) would export nothing; "
-                "enable at least one signal or drop the sink."
-            )
-        if (
-            isinstance(max_queue_size, bool)
-            or not isinstance(max_queue_size, int)
-            or (max_queue_size < 1)
-        ):
-            raise ConfigurationError(
-                f"max_queue_size must be an integer >= 1, got {max_queue_size!r}"
-            )
-        if endpoint is not None and (not isinstance(endpoint, str) or not endpoint.strip()):
-            raise ConfigurationError(
-                f"endpoint must be a URL such as 'http://localhost:4317', got {endpoint!r}"
-            )
+        check_sink_arguments(traces, metrics, max_queue_size, endpoint)
         # The URL as given (it may carry credentials), and as it may be shown.
         self._endpoint = None if endpoint is None else endpoint.strip()
         self.endpoint = None if self._endpoint is None else redact_url(self._endpoint)
@@ -409,25 +242,17 @@ class OtlpSink(Sink):
         if self._uses_grpc():
             global _FORK_WAIT_SECONDS
             _FORK_WAIT_SECONDS = otlp_fork_wait_seconds(environ)
-        genai_arguments, genai_env = configured_attributes(
+        self.resource = sink_resource(
             {"provider_name": provider_name, "request_model": request_model,
              "response_model": response_model, "server_address": server_address,
              "server_port": server_port},
-            environ,
+            resource_attributes, service_name, environ,
         )  # fmt: skip
-        # Lowest first: the variables, the resource_attributes argument, the named arguments.
-        attrs: dict[str, Any] = {**genai_env, **(resource_attributes or {}), **genai_arguments}
-        if service_name is not None:
-            attrs[SERVICE_NAME] = service_name
-        try:
-            # Resource.create reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME; ours win.
-            self.resource = Resource.create(attrs)
-        except Exception as exc:
-            raise ConfigurationError(
-                f"could not build the OTLP resource from OTEL_RESOURCE_ATTRIBUTES / "
-                f"OTEL_SERVICE_NAME / resource_attributes: {exc}"
-            ) from exc
+        self._init_export_state()
+        self._init_thread_state()
 
+    def _init_export_state(self) -> None:
+        """The clocks' anchor, the exporters (made on attach) and the span accounting."""
         self._anchor_monotonic_ns = _monotonic_ns()
         self._anchor_wall_ns = _wall_clock_ns()
         self._lock = threading.Lock()
@@ -435,12 +260,11 @@ class OtlpSink(Sink):
         self._attached = False
         self._submitted = 0  # spans handed to the processor
         self._failed_span_batches = 0
-        self._span_exporter: _CountingSpanExporter | None = None
+        self._span_exporter: CountingSpanExporter | None = None
         self._processor: BatchSpanProcessor | None = None
         self._metric_exporter: MetricExporter | None = None
         self._exporters_shut = False
         self._span_attributes = span_attributes(self.resource.attributes)
-        self._init_thread_state()
 
     def _init_thread_state(self) -> None:
         self._wake = threading.Event()
@@ -448,7 +272,7 @@ class OtlpSink(Sink):
         self._stopping = False
         self._metrics_exporting = False
         self._metrics_abandoned = False
-        self._requests: list[_FlushRequest] = []
+        self._requests: list[FlushRequest] = []
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -465,8 +289,8 @@ class OtlpSink(Sink):
             if self.wants_traces:
                 inner = make_span_exporter(
                     self.traces_protocol, self._endpoint, self.headers, self.timeout_seconds)
-                self._span_exporter = _CountingSpanExporter(
-                    inner, self, self._gate(self.traces_protocol))
+                self._span_exporter = CountingSpanExporter(
+                    inner, self._exported_spans, self._gate(self.traces_protocol))
                 self._processor = BatchSpanProcessor(
                     self._span_exporter,
                     max_queue_size=self.max_queue_size,
@@ -520,9 +344,10 @@ class OtlpSink(Sink):
         call.
 
         With gRPC, a child forked while one of specobs's exports was still in progress (past
-        :data:`_FORK_WAIT_SECONDS`) cannot use gRPC safely (see :class:`_GrpcForkGate`): the
-        sink stays off in that child, says so in one warning, and counts the spans it refuses
-        as ``span_export`` drops. The process itself is never put at risk.
+        :data:`_FORK_WAIT_SECONDS`) cannot use gRPC safely (see
+        :class:`~specobs.sinks._otlp_export.GrpcForkGate`): the sink stays off in that child,
+        says so in one warning, and counts the spans it refuses as ``span_export`` drops. The
+        process itself is never put at risk.
         """
         self._lock = threading.Lock()
         if self._closed or not self._attached:
@@ -566,7 +391,7 @@ class OtlpSink(Sink):
         """
         if not self._attached or self._closed:
             return False
-        req = _FlushRequest()
+        req = FlushRequest()
         with self._lock:
             self._requests.append(req)
         self._wake.set()

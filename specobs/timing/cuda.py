@@ -169,48 +169,10 @@ class CudaEventClock(EventPool):
         )
         self.stream = stream if stream is not None else torch.cuda.current_stream(self.device)
         self.pool_size = pool_size
-        base = torch.cuda.Event.__mro__[1]
-        base_record = getattr(base, "record", None)
-        # The base-class record takes the stream positionally and skips the Python wrapper that
-        # would look the current stream up when none is given.
-        self._torch_record: Callable[[Any, Any], None] = (
-            base_record if callable(base_record) else torch.cuda.Event.record
-        )
-        self.record_fn: Callable[[Any, Any], None] = self._torch_record
-        #: What ``record_fn`` takes as its stream: the stream object, or on the direct path
-        #: the raw ``cudaStream_t``.
-        self.record_stream: Any = self.stream
-        base_query = getattr(base, "query", None)
-        base_elapsed = getattr(base, "elapsed_time", None)
-        self._query: Callable[[Any], bool] = (
-            base_query if callable(base_query) else torch.cuda.Event.query
-        )
-        self._elapsed: Callable[[Any, Any], float] = (
-            base_elapsed if callable(base_elapsed) else torch.cuda.Event.elapsed_time
-        )
-
-        def new_event() -> Any:
-            ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            # Pre-record so the driver event exists before the hot path ever touches it.
-            ev.record(self.stream)
-            return ev
-
+        self._bind_torch_calls()
         with torch.cuda.device(self.device):
-            events = [new_event() for _ in range(pool_size)]
-            self._pinned: dict[Any, list[_PinnedSlot]] = {}
-            for dtype_name in _PINNED_DTYPES:
-                free: list[_PinnedSlot] = []
-                dtype = getattr(torch, dtype_name)
-                # One pinned allocation per dtype, its buffers views of it: one host
-                # registration at the clock's start, not one per buffer.
-                arena = torch.empty(pinned_buffers * pinned_capacity, dtype=dtype,
-                                    pin_memory=True)  # fmt: skip
-                free.extend(
-                    _PinnedSlot(arena[i * pinned_capacity:(i + 1) * pinned_capacity],
-                                new_event(), free)
-                    for i in range(pinned_buffers)
-                )
-                self._pinned[dtype] = free
+            events = [self._new_event() for _ in range(pool_size)]
+            self._pinned = self._pinned_slots(pinned_buffers, pinned_capacity)
         EventPool.__init__(self, events)
         self._capturing = torch.cuda.is_current_stream_capturing
         self._pinned_capacity = pinned_capacity
@@ -221,8 +183,58 @@ class CudaEventClock(EventPool):
         self.stream_switched = False
         #: Direct calls the runtime refused (each redone through torch).
         self.direct_errors = 0
-        # The direct runtime path (see the module docstring): the library, each event's handle
-        # (``cudaEvent_t`` as an int), the resolver thread bound to it.
+        self._bind_runtime(events, release_gil)
+
+    def _bind_torch_calls(self) -> None:
+        """Torch's event calls, taken from the base class where it has them."""
+        event_class = self._torch.cuda.Event
+        base = event_class.__mro__[1]
+        base_record = getattr(base, "record", None)
+        # The base-class record takes the stream positionally and skips the Python wrapper that
+        # would look the current stream up when none is given.
+        self._torch_record: Callable[[Any, Any], None] = (
+            base_record if callable(base_record) else event_class.record
+        )
+        self.record_fn: Callable[[Any, Any], None] = self._torch_record
+        #: What ``record_fn`` takes as its stream: the stream object, or on the direct path
+        #: the raw ``cudaStream_t``.
+        self.record_stream: Any = self.stream
+        base_query = getattr(base, "query", None)
+        base_elapsed = getattr(base, "elapsed_time", None)
+        self._query: Callable[[Any], bool] = (
+            base_query if callable(base_query) else event_class.query
+        )
+        self._elapsed: Callable[[Any, Any], float] = (
+            base_elapsed if callable(base_elapsed) else event_class.elapsed_time
+        )
+
+    def _new_event(self) -> Any:
+        ev = self._torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        # Pre-record so the driver event exists before the hot path ever touches it.
+        ev.record(self.stream)
+        return ev
+
+    def _pinned_slots(self, buffers: int, capacity: int) -> dict[Any, list[_PinnedSlot]]:
+        """The free pinned slots of each dtype acceptance copies use, on the clock's device."""
+        torch = self._torch
+        pinned: dict[Any, list[_PinnedSlot]] = {}
+        for dtype_name in _PINNED_DTYPES:
+            free: list[_PinnedSlot] = []
+            dtype = getattr(torch, dtype_name)
+            # One pinned allocation per dtype, its buffers views of it: one host
+            # registration at the clock's start, not one per buffer.
+            arena = torch.empty(buffers * capacity, dtype=dtype, pin_memory=True)
+            free.extend(
+                _PinnedSlot(arena[i * capacity:(i + 1) * capacity], self._new_event(), free)
+                for i in range(buffers)
+            )
+            pinned[dtype] = free
+        return pinned
+
+    def _bind_runtime(self, events: list[Any], release_gil: bool) -> None:
+        """The direct runtime path (see the module docstring): the library, each event's handle
+        (``cudaEvent_t`` as an int), the resolver thread bound to it; the hot path records
+        through it when a test record works and the GIL is held around its calls."""
         self.release_gil = release_gil
         self._direct_thread: int | None = None
         self._direct_checked = False
