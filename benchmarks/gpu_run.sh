@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything specobs claims about GPUs, run on the device machine (an H200):
-#   core      build the native core (specobs/_core.c) with this machine's Python, then its tests
+#   core      build the native core (specobs/_core/) with this machine's Python, then its tests
 #             (the differential test against the pure-Python ring, handles, memory checks) and
 #             the GPU tests on the pure-Python ring
 #   tests     the GPU tests (tests/test_gpu.py) and the transformers instrumentor's CUDA tests

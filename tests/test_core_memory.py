@@ -1,4 +1,4 @@
-"""Memory safety of the native core (specobs/_core.c), checked by tools that see what a test's
+"""Memory safety of the native core (specobs/_core/*.c), checked by tools that see what a test's
 assertions cannot: a use after free, a write past a slot, a reference dropped twice.
 
 * ``python -X dev`` runs the random streams of tests/test_ring.py and an observer end to end
@@ -25,7 +25,8 @@ import pytest
 from specobs import _ring
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "specobs" / "_core.c"
+#: The native core's C files, built here as one shared object (setup.py builds the same).
+SOURCES = sorted((ROOT / "specobs" / "_core").glob("*.c"))
 
 pytestmark = [
     pytest.mark.skipif(not _ring.BUILT, reason="the native core is not built here"),
@@ -108,7 +109,7 @@ def _run(
 def _build(tmp: Path, *, flags: list[str], defines: tuple[str, ...] = ()) -> Path:
     out = tmp / f"_core{sysconfig.get_config_var('EXT_SUFFIX')}"
     cmd = [os.environ.get("CC", "gcc"), "-shared", "-fPIC", "-g", "-O1", *flags, *defines,
-           f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o", str(out)]
+           f"-I{sysconfig.get_paths()['include']}", *map(str, SOURCES), "-o", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
     return out
 

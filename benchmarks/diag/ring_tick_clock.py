@@ -1,6 +1,6 @@
 """What the pure-Python ring's test clock costs each cycle, two ways: the clock function swapped
 when ``tick`` is set (as shipped: ``_now`` is ``perf_counter_ns`` itself while ``tick`` is 0),
-against a plain ``tick`` attribute checked on every read (as ``specobs/_core.c``'s
+against a plain ``tick`` attribute checked on every read (as ``specobs/_core/core.h``'s
 ``ring_now`` does). The public-API loop at batch 8, host clock, the two ways alternating.
 
     PYTHONPATH=. python benchmarks/diag/ring_tick_clock.py [--cycles 20000] [--rounds 10]
