@@ -1,4 +1,4 @@
-"""The native ring (specobs/_core.c) against its specification (specobs/_ring.py).
+"""The native ring (specobs/_core/) against its specification (specobs/_ring.py).
 
 Random cycle streams -- every kind of accept() input, misuse, exceptions inside a cycle, a full
 ring, sampled cycles with events, CUDA copies, graph capture, traced and slow cycles, drains at
