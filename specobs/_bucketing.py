@@ -10,7 +10,7 @@ scaled once by the aggregation.
 
 Why compiled: the resolver shares the GIL with the inference worker, and inside a GPU loop a
 worker waiting for the GIL leaves the GPU idle, so every microsecond the resolver spends per
-cycle comes off throughput (benchmarks/RESULTS.md, issue 15).
+cycle comes off throughput (benchmarks/RESULTS.md has the figures).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ aggregation's exemplars, counters as monotonic cumulative ``Sum`` points startin
 snapshot's creation time, gauges as ``Gauge`` points, the info metric as a gauge of 1 whose
 attributes are the info labels. Constant labels are point attributes, first.
 :func:`cycle_spans` builds one traced cycle's spans as SDK ``ReadableSpan`` objects directly (no
-tracer, no context; the SDK's per-span path measured 16-18 µs a span).
+tracer, no context: the SDK's per-span path costs several times more; benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """CUDA events as a clock: pooled, pre-recorded, recorded on a cached stream, never synchronized.
 
-Costs measured on an H200 VM (torch 2.11): ``Event.record(stream)`` with the stream object cached
-2.05 µs, without it 7.4 µs (``torch.cuda.current_stream()`` alone is 4.7 µs); constructing an
-Event 0.9 µs, and the driver event itself is created lazily on first record. So the pool is built
-and every event recorded once up front, the stream object is cached, and the hot path records
-with that stream.
+``Event.record(stream)`` with the stream object cached costs a fraction of a record that looks
+the stream up (``torch.cuda.current_stream()`` alone costs more than the record), constructing
+an Event is not free, and the driver event itself is created lazily on first record
+(benchmarks/RESULTS.md has the figures). So the pool is built and every event recorded once up
+front, the stream object is cached, and the hot path records with that stream.
 
 Nothing here calls ``synchronize()``: the resolver thread asks ``query()`` and only reads the
 elapsed time of completed events.
@@ -12,11 +12,11 @@ elapsed time of completed events.
 **The CUDA runtime, called directly and with the GIL held.** Every call this clock makes on
 the hot path and on the resolver is one the runtime answers at once: ``cudaEventRecord`` and
 ``cudaMemcpyAsync`` enqueue work, ``cudaEventQuery`` and ``cudaEventElapsedTime`` read an
-event's state (0.4 µs each when the process is idle). torch's wrappers release the GIL around
+event's state (well under a microsecond when the process is idle). torch's wrappers release the GIL around
 each of them, and inside a busy GPU loop that release is what costs: a resolver thread waiting
 for the GIL takes it at every release, and the thread that released it then waits for a handoff
 (an OS wake-up, microseconds to tens of microseconds) to get it back; a worker loses it at each
-sampled cycle's event records, the resolver at each read (benchmarks/RESULTS.md, issue 15).
+sampled cycle's event records, the resolver at each read (benchmarks/RESULTS.md).
 So the calls go to the runtime library torch itself loaded (found in ``/proc/self/maps``, so
 the events belong to the runtime that made them) through ``ctypes.PyDLL``, which keeps the GIL
 for the call: one runtime call per record, per copy and per phase read, no wrapper, no handoff.
