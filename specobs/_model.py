@@ -50,6 +50,12 @@ class CycleHandle(Protocol):
     index: int
 
     def mark(self, phase: str, /) -> None:
+        """End the running phase and start the next.
+
+        Args:
+            phase: the phase that starts now, one of the observer's ``phases`` after the first
+                (a name out of order or unknown is counted as ``errors{kind="bad_phase"}``).
+        """
         return None
 
     def accept(
@@ -62,16 +68,21 @@ class CycleHandle(Protocol):
     ) -> None:
         """Record this cycle's acceptance; counted when the resolver takes the cycle.
 
-        ``accepted``: each sequence's accepted draft tokens, not counting the bonus token (a
-        list, tuple, numpy array, CPU or CUDA tensor; a CUDA tensor is copied to the host
-        asynchronously, never synchronized). ``draft_length``: the tokens drafted for each
-        sequence, an int or one per sequence (default: the observer's ``max_draft_length``).
-        ``batch_size``: the sequences in the batch (default: how many lengths ``accepted`` holds).
-        ``emitted``: the tokens the cycle gave its requests, a count or one per sequence, at
-        most 2**32 in all (default: accepted + 1 per sequence). A value that cannot be read as
-        counts is counted as ``errors{kind="bad_acceptance"}`` and leaves this cycle without
-        tokens (a bad ``emitted`` alone: the default is counted instead); the call itself never
-        raises but for a call Python cannot bind (a ``TypeError``).
+        A value that cannot be read as counts is counted as ``errors{kind="bad_acceptance"}``
+        and leaves this cycle without tokens (a bad ``emitted`` alone: the default is counted
+        instead); the call itself never raises but for a call Python cannot bind (a
+        ``TypeError``).
+
+        Args:
+            accepted: each sequence's accepted draft tokens, not counting the bonus token (a
+                list, tuple, numpy array, CPU or CUDA tensor; a CUDA tensor is copied to the
+                host asynchronously, never synchronized).
+            draft_length: the tokens drafted for each sequence, an int or one per sequence
+                (default: the observer's ``max_draft_length``).
+            batch_size: the sequences in the batch (default: how many lengths ``accepted``
+                holds).
+            emitted: the tokens the cycle gave its requests, a count or one per sequence, at
+                most 2**32 in all (default: accepted + 1 per sequence).
         """
         return None
 
@@ -95,7 +106,14 @@ class CycleHandle(Protocol):
         batch_size: int | None = None,
         emitted: Any = None,
     ) -> None:
-        """A deferred cycle's acceptance, as ``accept`` takes it (``None``: no tokens)."""
+        """A deferred cycle's acceptance, from any thread.
+
+        Args:
+            accepted: as :meth:`accept` takes it; ``None``: the cycle counts no tokens.
+            draft_length: as :meth:`accept` takes it.
+            batch_size: as :meth:`accept` takes it.
+            emitted: as :meth:`accept` takes it.
+        """
         return None
 
     def __enter__(self) -> CycleHandle: ...
@@ -236,19 +254,61 @@ class Snapshot:
         return _unix_seconds(self.created_unix_nano)
 
     def phase(self, phase: str, clock: str) -> HistogramData:
-        """The ``specobs_phase_duration_seconds{phase, clock}`` histogram."""
+        """The ``specobs_phase_duration_seconds{phase, clock}`` histogram.
+
+        Args:
+            phase: a phase of :attr:`phases`.
+            clock: ``"host"`` or ``"gpu"``.
+
+        Returns:
+            The histogram; ``KeyError`` for a phase or clock the observer does not record.
+        """
         return self.phase_histograms[(phase, clock)]
 
     def phase_count(self, phase: str, clock: str) -> int:
+        """Cycles counted in one phase's histogram.
+
+        Args:
+            phase: a phase of :attr:`phases`.
+            clock: ``"host"`` or ``"gpu"``.
+
+        Returns:
+            The histogram's count.
+        """
         return self.phase_histograms[(phase, clock)].count
 
     def phase_seconds_sum(self, phase: str, clock: str) -> float:
+        """Seconds summed in one phase's histogram.
+
+        Args:
+            phase: a phase of :attr:`phases`.
+            clock: ``"host"`` or ``"gpu"``.
+
+        Returns:
+            The histogram's sum in seconds.
+        """
         return self.phase_histograms[(phase, clock)].sum
 
     def cycle_count(self, clock: str) -> int:
+        """Cycles counted in the whole-cycle histogram of one clock.
+
+        Args:
+            clock: ``"host"`` or ``"gpu"``.
+
+        Returns:
+            The ``specobs_cycle_duration_seconds{clock}`` histogram's count.
+        """
         return self.cycle_histograms[clock].count
 
     def cycle_seconds_sum(self, clock: str) -> float:
+        """Seconds summed in the whole-cycle histogram of one clock.
+
+        Args:
+            clock: ``"host"`` or ``"gpu"``.
+
+        Returns:
+            The ``specobs_cycle_duration_seconds{clock}`` histogram's sum in seconds.
+        """
         return self.cycle_histograms[clock].sum
 
     @property

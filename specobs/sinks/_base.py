@@ -55,16 +55,37 @@ class Sink:
     source: MetricSource
 
     def attach(self, source: MetricSource) -> None:
+        """Keep the observer's source of snapshots; called once by ``configure()``.
+
+        Args:
+            source: what the sink reads totals from (``source.snapshot()``).
+        """
         self.source = source
 
     def on_cycles(self, cycles: Sequence[ResolvedCycle]) -> None:
-        pass
+        """Take a batch of resolved cycles, on the resolver's thread.
+
+        Args:
+            cycles: every resolved cycle if :attr:`wants_cycles`, else only the traced ones.
+        """
 
     def force_flush(self, timeout_seconds: float) -> bool:
+        """Export what is pending.
+
+        Args:
+            timeout_seconds: how long the call may take.
+
+        Returns:
+            Whether everything pending was exported in time.
+        """
         return True
 
     def shutdown(self, timeout_seconds: float) -> None:
-        pass
+        """Export what is pending and let go of threads and sockets; the sink is not reused.
+
+        Args:
+            timeout_seconds: how long the call may take.
+        """
 
     def after_fork_in_child(self) -> None:
         """Called in a forked child after the observer rebuilt its resolver and zeroed its

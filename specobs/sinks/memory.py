@@ -25,6 +25,11 @@ class MemorySink(Sink):
     >>> mem.snapshot().accepted_tokens_total
     3
     >>> obs.shutdown()
+
+    Args:
+        max_cycles: resolved cycles kept, the oldest let go first (0: none, and the resolver
+            hands this sink no cycles).
+        traces: whether the resolver picks cycles to trace for this sink.
     """
 
     def __init__(self, max_cycles: int = 100_000, *, traces: bool = False) -> None:

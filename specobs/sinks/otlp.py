@@ -181,21 +181,33 @@ class OtlpSink(Sink):
     >>> sink = OtlpSink(endpoint="http://collector:4317")            # doctest: +SKIP
     >>> obs = specobs.configure(sinks=[sink], trace_slow_cycle_seconds=0.05)  # doctest: +SKIP
 
-    Arguments override the standard ``OTEL_*`` variables (see the module docstring):
-    ``endpoint`` (base URL), ``protocol`` (``"grpc"`` or ``"http/protobuf"``), ``headers``,
-    ``timeout_seconds`` (per export, retries included), ``service_name``,
-    ``resource_attributes`` (merged over ``OTEL_RESOURCE_ATTRIBUTES``). ``provider_name``,
-    ``request_model``, ``response_model``, ``server_address`` and ``server_port`` set the
-    OpenTelemetry GenAI attributes ``gen_ai.provider.name``, ``gen_ai.request.model``,
-    ``gen_ai.response.model``, ``server.address`` and ``server.port`` of the resource and of
-    every cycle span, over their variables (docs/configuration.md); unset, the provider and the
-    models come from the observer's ``serving_engine`` and ``model_name`` labels and its
-    integration (:mod:`specobs.sinks._otlp_genai`, docs/otel-genai.md). ``traces`` /
-    ``metrics`` turn either signal off; ``export_interval_seconds`` is the metric push period;
-    ``max_queue_size`` bounds the spans in flight. :attr:`endpoint` is the URL without any
-    user and password it carried (those are sent as a Basic ``authorization`` header).
+    Arguments override the standard ``OTEL_*`` variables (see the module docstring). The GenAI
+    arguments set ``gen_ai.provider.name``, ``gen_ai.request.model``, ``gen_ai.response.model``,
+    ``server.address`` and ``server.port`` on the resource and on every cycle span, over their
+    variables (docs/configuration.md); unset, the provider and the models come from the
+    observer's ``serving_engine`` and ``model_name`` labels and its integration
+    (docs/otel-genai.md). :attr:`endpoint` is the URL without any user and password it carried
+    (those are sent as a Basic ``authorization`` header).
 
-    Raises :class:`~specobs.ConfigurationError` on an invalid argument or variable.
+    Args:
+        endpoint: the collector's base URL.
+        protocol: ``"grpc"`` or ``"http/protobuf"``.
+        headers: sent with every export.
+        timeout_seconds: per export, retries included.
+        service_name: the resource's ``service.name``.
+        resource_attributes: merged over ``OTEL_RESOURCE_ATTRIBUTES``.
+        provider_name: ``gen_ai.provider.name``.
+        request_model: ``gen_ai.request.model``.
+        response_model: ``gen_ai.response.model``.
+        server_address: ``server.address``.
+        server_port: ``server.port``.
+        export_interval_seconds: the metric push period.
+        traces: whether cycle spans are exported.
+        metrics: whether metrics are exported.
+        max_queue_size: the spans in flight at most.
+
+    Raises:
+        ConfigurationError: an invalid argument or variable.
     """
 
     def __init__(
@@ -384,10 +396,15 @@ class OtlpSink(Sink):
         self._start_thread()
 
     def force_flush(self, timeout_seconds: float) -> bool:
-        """Export the queued spans, then the metrics, on the export thread.
+        """Export the queued spans, then the metrics, on the export thread; never waits
+        longer than ``timeout_seconds``.
 
-        Returns True when both were delivered within ``timeout_seconds``; False on timeout or
-        when the collector refused them (what was refused is counted). Never waits longer.
+        Args:
+            timeout_seconds: how long the call may take.
+
+        Returns:
+            True when both were delivered in time; False on timeout or when the collector
+            refused them (what was refused is counted).
         """
         if not self._attached or self._closed:
             return False
@@ -403,6 +420,9 @@ class OtlpSink(Sink):
         If the export thread has not finished by then, the exporters are shut down at once
         (aborting their retries and cancelling in-flight gRPC calls) and every span not yet taken
         by the exporter is counted as dropped. Idempotent.
+
+        Args:
+            timeout_seconds: how long the call may take.
         """
         with self._lock:
             if self._closed:
@@ -569,8 +589,15 @@ class OtlpSink(Sink):
                 _log.warning("specobs: OTLP metric exporter shutdown failed: %r", exc)
 
     def metrics_data(self, s: Snapshot, now_ns: int | None = None) -> Any:
-        """The snapshot as OTLP ``MetricsData`` (:func:`specobs.sinks._otlp_data.metrics_data`),
-        its points stamped :meth:`now_ns` unless ``now_ns`` is given."""
+        """The snapshot as OTLP ``MetricsData`` (:func:`specobs.sinks._otlp_data.metrics_data`).
+
+        Args:
+            s: the snapshot to render.
+            now_ns: the points' timestamp; default :meth:`now_ns`.
+
+        Returns:
+            An ``opentelemetry.sdk.metrics.export.MetricsData``.
+        """
         return metrics_data(s, self.resource, self.now_ns() if now_ns is None else now_ns)
 
     def now_ns(self) -> int:

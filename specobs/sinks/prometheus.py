@@ -198,9 +198,18 @@ class PrometheusSink(Sink):
     ``PrometheusSink()``: serve ``/metrics`` on ``SPECOBS_PROMETHEUS_ADDR:SPECOBS_PROMETHEUS_PORT``
     (default ``127.0.0.1:9477``; ``port=0`` picks a free port, read it from :attr:`port`).
     ``PrometheusSink(registry=r)``: register into ``r`` and serve nothing (the server already
-    exposes ``r``); pass ``port=`` as well to also serve it. ``created_series``: which counters
-    carry ``_created`` (``"cycles"``, the default: ``specobs_cycles_total`` only; ``"all"``;
-    ``"none"``; see the module docstring).
+    exposes ``r``); pass ``port=`` as well to also serve it.
+
+    Args:
+        port: the port to serve on (0: a free one); default ``SPECOBS_PROMETHEUS_PORT``.
+        addr: the address to bind; default ``SPECOBS_PROMETHEUS_ADDR``.
+        registry: a prometheus_client registry to register into instead of serving one.
+        exemplars: whether histograms carry trace exemplars (OpenMetrics only).
+        created_series: which counters carry ``_created``: ``"cycles"`` (the default:
+            ``specobs_cycles_total`` only), ``"all"`` or ``"none"`` (see the module docstring).
+
+    Raises:
+        ConfigurationError: a port outside 0..65535 or an unknown ``created_series``.
     """
 
     def __init__(
