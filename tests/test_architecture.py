@@ -65,7 +65,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer("acceptance", ("specobs._acceptance",), ("foundations", "settings", "recorder")),
     Layer("resolver", ("specobs._resolver",),
           ("foundations", "recorder", "aggregation", "acceptance", "sinks")),
-    Layer("observer", ("specobs._observer",),
+    Layer("observer", ("specobs._observer", "specobs._lifetime"),
           ("foundations", "settings", "recorder", "aggregation", "acceptance", "sinks",
            "resolver")),
     Layer("facade", ("specobs",),
