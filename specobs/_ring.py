@@ -1,4 +1,4 @@
-"""The hot path's ring of cycle slots, in pure Python: the specification of ``specobs/_core.c``.
+"""The hot path's ring of cycle slots, in pure Python: the specification of ``specobs/_core/``.
 
 Both implement the same two types with the same behaviour (tests/test_ring.py runs random
 cycle streams through both and requires identical chunks and counters); :data:`Ring` is the
@@ -79,7 +79,8 @@ __all__ = [
 
 
 class PyRing(RingWorker, RingDrain):
-    """See the module's docstring; ``specobs/_core.c``'s ``Ring`` is the same in C."""
+    """See the module's docstring; the native core's ``Ring`` (``specobs/_core/``) is the same
+    in C."""
 
 
 try:

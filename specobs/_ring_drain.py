@@ -145,9 +145,9 @@ class RingDrain(RingState):
         self._ne_thread = threading.get_ident()
 
     def _read_gpu(self, ev: Any) -> list[int] | None:
-        """A sampled cycle's GPU phase times through the runtime (see ``read_gpu`` in
-        specobs/_core.c): ms as a float, rounded half to even to ns; None when a handle cannot
-        be read, the runtime refuses, or a time is negative."""
+        """A sampled cycle's GPU phase times through the runtime (see ``specobs_read_gpu`` in
+        specobs/_core/events.c): ms as a float, rounded half to even to ns; None when a handle
+        cannot be read, the runtime refuses, or a time is negative."""
         nph = self.nph
         try:
             if type(ev) is not list or len(ev) != nph + 1:
@@ -188,7 +188,7 @@ class RingDrain(RingState):
             raise TypeError("trace must be a list of cycle indices")
         # Python code can switch threads anywhere: the worker's drop of the oldest slots
         # (``_make_room``) waits for the walk (the native ring needs no lock: no Python code
-        # runs inside its walk, see ``drop_ref`` in specobs/_core.c).
+        # runs inside its walk, see ``drop_ref`` in specobs/_core/core.h).
         grave: list[Any] = []
         with self._lock:
             out = self._drain(bound, limit, _Chunk(trace, slow_ns, want_all, gpu), grave)
@@ -326,7 +326,7 @@ class RingDrain(RingState):
     def _gap(self, s: Slot, gaps: list[int]) -> int:
         """A drained cycle's gap since the end of its thread's previous cycle (see the module's
         docstring), appended to ``gaps``; returns 1 when it was an idle one (not appended).
-        ``add_gap`` in specobs/_core.c does the same."""
+        ``add_gap`` in specobs/_core/core.h does the same."""
         tids, ends = self._gap_tids, self._gap_ends
         if self._gap_next >= 0 and s.idx != self._gap_next:
             tids.clear()  # a cycle in between was lost: no gap spans it
@@ -377,7 +377,8 @@ class RingDrain(RingState):
 
     def _read_copy(self, s: Slot, released: list[Any]) -> None:
         """A completed copy of the clock's pinned-buffer type read straight from pinned memory
-        (see ``read_copy`` in specobs/_core.c); on any error the copy stays for the resolver."""
+        (see ``specobs_read_copy`` in specobs/_core/copies.c); on any error the copy stays for
+        the resolver."""
         copy = s.copy
         try:
             ptr, isz, n = copy.ptr, copy.itemsize, copy.length

@@ -2,7 +2,7 @@
 
 A drain returns one chunk (:class:`Drained`); ``drain_into`` adds the chunk to the ring's running
 totals (:class:`RingTotals`) instead, so the totals are the sum of the chunks drained into them
-(:func:`add_chunk`). The native ring (``specobs/_core.c``) returns the same tuples, unnamed, in
+(:func:`add_chunk`). The native ring (``specobs/_core/``) returns the same tuples, unnamed, in
 the same field order: read them with ``Drained._make`` and ``RingTotals._make``. Cycles that need
 Python come over as :class:`Detail` records.
 """

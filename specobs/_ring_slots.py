@@ -1,7 +1,7 @@
 """The pure-Python ring's slots: what one cycle's slot holds, its states, and how the worker's
 values are stored in it (taken natively, or kept as objects for the resolver).
 
-See :mod:`specobs._ring` for the ring as a whole; ``specobs/_core.c`` keeps the same slot in C.
+See :mod:`specobs._ring` for the ring as a whole; ``specobs/_core/`` keeps the same slot in C.
 """
 
 from __future__ import annotations

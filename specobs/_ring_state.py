@@ -135,7 +135,7 @@ class RingState:
         self._fake_now = 0
         #: The open cycle, or None: read by the recorder, written only here (in C, a getter).
         self.current: Handle | None = None
-        #: Closed handles kept for reuse (see ``close_current`` in specobs/_core.c).
+        #: Closed handles kept for reuse (see ``close_current`` in specobs/_core/ring.c).
         self._spares: list[Handle | None] = [None] * NSPARES
         self.dropped: list[tuple[Any, Any]] = []
         #: Cycles :meth:`drain_into` has taken (the aggregation's generation moves with it).

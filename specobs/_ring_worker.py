@@ -333,7 +333,7 @@ class RingWorker(RingState):
 
     def _make_room(self, grave: list[Any]) -> bool:
         """Drop the oldest slots while the ring holds ``capacity``; whether a done cycle was
-        dropped (see ``make_room`` in specobs/_core.c)."""
+        dropped (see ``make_room`` in specobs/_core/ring.c)."""
         dropped = False
         slots = self._slots
         while self._head - self._tail >= self.capacity:
