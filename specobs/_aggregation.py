@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import specobs.catalog as catalog
 from specobs._bucketing import Bucketed
 from specobs._model import BatchAcceptance, Exemplar, HistogramData, Snapshot
-from specobs._ring import ByDraftLength, RingTotals, add_counts, add_ns_by_k
+from specobs._ring_results import ByDraftLength, RingTotals, add_counts, add_ns_by_k
 from specobs._signalsafe import GuardedLock
 from specobs._threadtime import WorkerThreadTime
 
@@ -473,15 +473,10 @@ class Aggregation:
                 self._lock.release()
 
     def _frozen(self) -> Snapshot:
-        """The snapshot's copy, the lock held."""
+        """The snapshot's copy, the lock held: what the aggregation holds, the ring's running
+        totals added."""
         ring = self._ring
         t = RingTotals._make(ring.totals()) if ring is not None else None
-        nph = len(self.phases)
-        phase_h: dict[tuple[str, str], HistogramData] = {}
-        # The ring's totals hold the GPU times of the sampled cycles it read itself.
-        for i, p in enumerate(self.phases):
-            phase_h[(p, "gpu")] = self.phase_gpu[i].freeze(t.gpu[i] if t else None)
-            phase_h[(p, "host")] = self.phase_host[i].freeze(t.host[i] if t else None)
         cycles, drafted, accepted, emitted = (
             self.cycles, self.draft_tokens, self.accepted_tokens, self.emitted_tokens)
         drafted_by_k = self.drafted_by_k
@@ -489,11 +484,6 @@ class Aggregation:
         last = self.last_cycle_timestamp
         accept_length = self.accept_length.freeze()
         batch_size = self.batch_size.freeze()
-        cycle_host = self.cycle_host.freeze(t.host[nph] if t else None)
-        cycle_gpu = self.cycle_gpu.freeze(t.gpu[nph] if t else None)
-        cycle_gap = self.cycle_gap.freeze(t.gap if t else None)
-        idle_gaps = t.idle_gaps if t else 0
-        sampled = self.sampled_cycles + (sum(t.gpu[nph][0]) if t else 0)
         if t is not None:
             cycles += t.cycles
             accept_length = self.accept_length.freeze(
@@ -519,9 +509,6 @@ class Aggregation:
             draft_tokens_total=drafted,
             accepted_tokens_total=accepted,
             emitted_tokens_total=emitted,
-            sampled_cycles_total=sampled,
-            phase_histograms=phase_h,
-            cycle_histograms={"gpu": cycle_gpu, "host": cycle_host},
             accept_length=accept_length,
             drafted_by_position=tuple(
                 sum(drafted_by_k[j + 1 :]) for j in range(self.max_draft_length)
@@ -548,11 +535,30 @@ class Aggregation:
                 k: n for k, n in enumerate(drafted_by_k) if k in by_k.accepted},
             baseline_source=by_k.baseline_source,
             batch_by_draft_length=by_k.batch,
-            cycle_gap=cycle_gap,
-            idle_gaps_total=idle_gaps,
             request_acceptance=request_acceptance,
             requests_finished_total=requests_finished,
+            **self._frozen_durations(t),
         )
+
+    def _frozen_durations(self, t: RingTotals | None) -> dict[str, Any]:
+        """The snapshot's duration histograms and gaps, and the sampled cycles: the
+        aggregation's, the ring's totals added (they hold every cycle's host times, and the
+        GPU times of the sampled cycles the ring read itself)."""
+        nph = len(self.phases)
+        phase_h: dict[tuple[str, str], HistogramData] = {}
+        for i, p in enumerate(self.phases):
+            phase_h[(p, "gpu")] = self.phase_gpu[i].freeze(t.gpu[i] if t else None)
+            phase_h[(p, "host")] = self.phase_host[i].freeze(t.host[i] if t else None)
+        return {
+            "phase_histograms": phase_h,
+            "cycle_histograms": {
+                "gpu": self.cycle_gpu.freeze(t.gpu[nph] if t else None),
+                "host": self.cycle_host.freeze(t.host[nph] if t else None),
+            },
+            "sampled_cycles_total": self.sampled_cycles + (sum(t.gpu[nph][0]) if t else 0),
+            "cycle_gap": self.cycle_gap.freeze(t.gap if t else None),
+            "idle_gaps_total": t.idle_gaps if t else 0,
+        }
 
 
 class _ByK:

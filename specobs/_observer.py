@@ -7,12 +7,9 @@ aggregation and sinks.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import os
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec
 
@@ -21,13 +18,14 @@ from specobs._acceptance import MAX_TOKENS, bounded_count, integer_or_none
 from specobs._aggregation import Aggregation
 from specobs._config import (
     Settings,
-    exit_timeout_seconds,
     exporters,
     prometheus_addr,
     prometheus_port,
     resolve_settings,
 )
 from specobs._errors import ConfigurationError, ObserverClosedError
+from specobs._lifetime import install_hooks
+from specobs._lifetime import live as _live
 from specobs._model import CycleHandle, Snapshot
 from specobs._recorder import NULL_CYCLE, Recorder, short_repr
 from specobs._resolver import Resolver
@@ -44,85 +42,6 @@ ClockFactory = Callable[[], "EventClock | None"]
 __all__ = ["Observer", "configure"]
 
 _log = logging.getLogger("specobs")
-#: Every observer not yet shut down, held strongly: an observer the user keeps only in a local
-#: variable (``def main(): obs = configure(...)``) still has its threads and endpoint running
-#: after that variable is gone, so the exit hook must still find it, flush it and stop them.
-#: ``shutdown()`` removes it. Insertion-ordered, so the exit hook shuts down in creation order.
-_live: dict[int, Observer] = {}
-_fork_hook_installed = False
-
-
-def _after_fork_in_child() -> None:
-    for obs in list(_live.values()):
-        try:
-            obs._after_fork_in_child()
-        except Exception as exc:  # pragma: no cover - never break the child
-            _log.warning("specobs: could not rebuild the observer after fork: %r", exc)
-
-
-def _install_fork_hook() -> None:
-    global _fork_hook_installed
-    if not _fork_hook_installed:
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=_after_fork_in_child)
-        atexit.register(_at_exit)
-        _fork_hook_installed = True
-
-
-def _at_exit() -> None:
-    """Shut down every observer still open when the interpreter exits.
-
-    Engine integrations never call ``shutdown()``; without this the records of the last poll
-    interval and the final OTLP export were lost. Bounded by ``SPECOBS_EXIT_TIMEOUT_SECONDS``
-    (default 5 s) for all observers together; what could not be delivered in time is counted
-    (``dropped{reason="shutdown"}`` for records, ``span_export`` / ``metric_export`` for OTLP,
-    counted before the final export so a collector that is up still receives the counts) and
-    named in one log line.
-    """
-    observers = [o for o in list(_live.values()) if not o.closed]
-    if not observers:
-        return
-    timeout = exit_timeout_seconds()
-    # On a daemon thread, joined for the timeout: each observer's shutdown is bounded, but a
-    # custom sink that ignores its timeout must not keep the interpreter from exiting.
-    done = threading.Thread(
-        target=_shutdown_all, args=(observers, time.monotonic() + timeout),
-        name="specobs-exit", daemon=True,
-    )  # fmt: skip
-    done.start()
-    done.join(timeout + _EXIT_GRACE_SECONDS)
-    if done.is_alive():
-        _log.warning(
-            "specobs: at exit, the shutdown of %d observer(s) did not finish within %.3g s (a "
-            "sink that does not return?); exiting without it", len(observers), timeout,
-        )
-
-
-#: How long past ``SPECOBS_EXIT_TIMEOUT_SECONDS`` the exit hook waits for the shutdowns (their
-#: own bounds are the timeout; this covers the thread's start and the final log line).
-_EXIT_GRACE_SECONDS = 0.5
-
-
-def _shutdown_all(observers: list[Observer], deadline: float) -> None:
-    for i, obs in enumerate(observers):
-        share = max(0.0, deadline - time.monotonic()) / (len(observers) - i)
-        try:
-            before = obs.aggregation.snapshot()
-            obs.shutdown(share)
-            after = obs.aggregation.snapshot()
-        except Exception as exc:  # never a traceback at exit
-            _log.warning("specobs: exit flush failed: %r", exc)
-            continue
-        lost = {
-            reason: after.dropped.get(reason, 0) - before.dropped.get(reason, 0)
-            for reason in ("shutdown", "span_export", "metric_export")
-        }
-        if any(lost.values()):
-            _log.warning(
-                "specobs: at exit, within %.3g s, could not deliver %d cycle records, %d spans "
-                "and %d metric exports (counted in specobs_exporter_dropped_records_total)",
-                share, lost["shutdown"], lost["span_export"], lost["metric_export"],
-            )
 
 
 _P = ParamSpec("_P")
@@ -188,28 +107,7 @@ class Observer:
         self.anchor = WallAnchor()
         self._closed = False
         self._lock = GuardedLock()
-        # The mode is configuration text; the budget a number (its gauge), given only where
-        # the adaptive sampler holds the cost under it.
-        fixed = settings.sample_every is not None
-        sampling_desc = f"every_{settings.sample_every}" if fixed else "adaptive"
-        self.aggregation = Aggregation(
-            settings.phases,
-            settings.max_draft_length,
-            labels=dict(settings.labels),
-            info={
-                "version": _version,
-                "phases": ",".join(settings.phases),
-                "gpu_clock": clock_name,
-                "sampling": sampling_desc,
-                "integration": settings.integration,
-                "core": "native" if _ring.NATIVE else "python",
-            },
-            baseline_tokens_per_second=settings.baseline_tokens_per_second,
-            # Cumulative series start when the observer was created (OTLP start time, _created).
-            created_unix_nano=self.anchor.wall_ns,
-            sampling_budget_ratio=None if fixed else settings.overhead_budget,
-            max_label_value_length=settings.max_label_value_length,
-        )
+        self.aggregation = _aggregation_for(settings, clock_name, self.anchor.wall_ns)
         self._recorder = Recorder(
             settings.phases,
             queue_size=settings.queue_size,
@@ -245,6 +143,14 @@ class Observer:
             self.begin = self._recorder.begin  # type: ignore[method-assign]
         if type(self).cycle is Observer.cycle:
             self.cycle = self._recorder.begin  # type: ignore[method-assign]
+        self._attach_sinks()
+        if settings.enabled:
+            self._resolver.start()
+            _live[id(self)] = self
+            install_hooks()
+
+    def _attach_sinks(self) -> None:
+        """Attach every sink to the aggregation; if one fails, stop the ones started before."""
         attached: list[Sink] = []
         try:
             for sink in self.sinks:
@@ -259,10 +165,6 @@ class Observer:
                 except Exception as exc:
                     _log.warning("specobs: could not stop sink %r: %r", sink, exc)
             raise
-        if settings.enabled:
-            self._resolver.start()
-            _live[id(self)] = self
-            _install_fork_hook()
 
     # -- hot path ------------------------------------------------------------------------------
     def begin(self, batch_size: int | None = None, draft_length: int | None = None
@@ -470,6 +372,32 @@ class Observer:
         return f"<specobs.Observer phases={','.join(self.phases)} {state}>"
 
 
+def _aggregation_for(settings: Settings, clock_name: str, created_unix_nano: int) -> Aggregation:
+    """The observer's aggregation, its ``specobs_info`` labels said from the settings."""
+    # The mode is configuration text; the budget a number (its gauge), given only where
+    # the adaptive sampler holds the cost under it.
+    fixed = settings.sample_every is not None
+    sampling_desc = f"every_{settings.sample_every}" if fixed else "adaptive"
+    return Aggregation(
+        settings.phases,
+        settings.max_draft_length,
+        labels=dict(settings.labels),
+        info={
+            "version": _version,
+            "phases": ",".join(settings.phases),
+            "gpu_clock": clock_name,
+            "sampling": sampling_desc,
+            "integration": settings.integration,
+            "core": "native" if _ring.NATIVE else "python",
+        },
+        baseline_tokens_per_second=settings.baseline_tokens_per_second,
+        # Cumulative series start when the observer was created (OTLP start time, _created).
+        created_unix_nano=created_unix_nano,
+        sampling_budget_ratio=None if fixed else settings.overhead_budget,
+        max_label_value_length=settings.max_label_value_length,
+    )
+
+
 _TRACE_ID_MAX = (1 << 128) - 1
 
 
@@ -619,3 +547,4 @@ def configure(
         sinks = _sinks_from_env(settings, os.environ if env is None else env)
     clk, factory, clock_name = _make_clock(settings, clock)
     return Observer(settings, sinks, clock=clk, clock_factory=factory, clock_name=clock_name)
+
