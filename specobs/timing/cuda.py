@@ -12,8 +12,8 @@ elapsed time of completed events.
 **The CUDA runtime, called directly and with the GIL held.** Every call this clock makes on
 the hot path and on the resolver is one the runtime answers at once: ``cudaEventRecord`` and
 ``cudaMemcpyAsync`` enqueue work, ``cudaEventQuery`` and ``cudaEventElapsedTime`` read an
-event's state (well under a microsecond when the process is idle). torch's wrappers release the GIL around
-each of them, and inside a busy GPU loop that release is what costs: a resolver thread waiting
+event's state (well under a microsecond when the process is idle). torch's wrappers release
+the GIL around each of them, and inside a busy GPU loop that release is what costs: a resolver thread waiting
 for the GIL takes it at every release, and the thread that released it then waits for a handoff
 (an OS wake-up, microseconds to tens of microseconds) to get it back; a worker loses it at each
 sampled cycle's event records, the resolver at each read (benchmarks/RESULTS.md).
