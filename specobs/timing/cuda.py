@@ -9,22 +9,21 @@ front, the stream object is cached, and the hot path records with that stream.
 Nothing here calls ``synchronize()``: the resolver thread asks ``query()`` and only reads the
 elapsed time of completed events.
 
-**The CUDA runtime, called directly and with the GIL held.** Every call this clock makes on
-the hot path and on the resolver is one the runtime answers at once: ``cudaEventRecord`` and
-``cudaMemcpyAsync`` enqueue work, ``cudaEventQuery`` and ``cudaEventElapsedTime`` read an
-event's state (well under a microsecond when the process is idle). torch's wrappers release
-the GIL around each of them, and inside a busy GPU loop that release is what costs: a resolver thread waiting
-for the GIL takes it at every release, and the thread that released it then waits for a handoff
-(an OS wake-up, microseconds to tens of microseconds) to get it back; a worker loses it at each
-sampled cycle's event records, the resolver at each read (benchmarks/RESULTS.md).
-So the calls go to the runtime library torch itself loaded (found in ``/proc/self/maps``, so
-the events belong to the runtime that made them) through ``ctypes.PyDLL``, which keeps the GIL
-for the call: one runtime call per record, per copy and per phase read, no wrapper, no handoff.
-torch's calls remain where that library cannot be found, where a test record fails, or when
-``release_gil=True`` (a benchmark's comparison). A direct call that fails is cleared from the
-runtime's "last error" (torch checks it after its own launches and would raise in the
-engine), counted, and redone through torch. The first reading on the resolver's thread is
-compared with torch's own before the direct reads are trusted.
+**The CUDA runtime, called directly and with the GIL held.** Every call this clock makes on the hot
+path and on the resolver is one the runtime answers at once: ``cudaEventRecord`` and
+``cudaMemcpyAsync`` enqueue work, ``cudaEventQuery`` and ``cudaEventElapsedTime`` read an event's
+state (well under a microsecond when the process is idle). torch's wrappers release the GIL around
+each of them, and inside a busy GPU loop that release is what costs: a resolver thread waiting for
+the GIL takes it at every release, and the thread that released it then waits for a handoff (an OS
+wake-up, microseconds to tens of microseconds) to get it back; a worker loses it at each sampled
+cycle's event records, the resolver at each read (benchmarks/RESULTS.md). So the calls go to the
+runtime library torch itself loaded (found in ``/proc/self/maps``, so the events belong to the
+runtime that made them) through ``ctypes.PyDLL``, which keeps the GIL for the call: one runtime call
+per record, per copy and per phase read, no wrapper, no handoff. torch's calls remain where that
+library cannot be found, where a test record fails, or when ``release_gil=True`` (a benchmark's
+comparison). A direct call that fails is cleared from the runtime's "last error" (torch checks it
+after its own launches and would raise in the engine), counted, and redone through torch. The first
+reading on the resolver's thread is compared with torch's own before the direct reads are trusted.
 
 Holding the GIL through an enqueue is safe as long as the enqueue does not wait for the GPU: it
 waits only when the stream's launch queue is full (the host thousands of launches ahead), and
