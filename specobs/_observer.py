@@ -90,6 +90,13 @@ class Observer:
     An observer belongs to one engine thread: configure one per thread. Shared, it still counts
     each begun cycle once, but a ``begin()`` discards the cycle another thread has open
     (``errors{kind="begin_while_open"}``, ``dropped_records_total{reason="misuse"}``).
+
+    Args:
+        settings: the validated settings (:func:`configure` builds them).
+        sinks: where resolved data goes.
+        clock: the GPU clock to use (tests); default chosen by ``settings.clock``.
+        clock_factory: builds the clock once the engine has initialised CUDA (``"auto"``).
+        clock_name: the clock's name in ``specobs_info``.
     """
 
     def __init__(
@@ -169,21 +176,34 @@ class Observer:
     # -- hot path ------------------------------------------------------------------------------
     def begin(self, batch_size: int | None = None, draft_length: int | None = None
               ) -> CycleHandle:
-        """Start a cycle (and its first phase). Returns the cycle; also kept as ``current``.
+        """Start a cycle (and its first phase).
 
-        ``draft_length``: the k the engine scheduled for this cycle's draft phase, an int in
-        0..``max_draft_length`` (0: a step that drafts nothing under the engine's schedule, a
-        cycle all the same; numpy / torch integer scalars are taken). The per-k series
-        (``specobs_draft_length``, ``specobs_*_by_draft_length``) count the cycle under it;
-        without it, under the draft length ``accept`` names (an int, or the largest of one per
-        sequence), or not at all. A bad value is counted as ``errors{kind="bad_draft_length"}``
-        and the cycle is kept without a k; nothing raises."""
+        The per-k series (``specobs_draft_length``, ``specobs_*_by_draft_length``) count the
+        cycle under ``draft_length``; without it, under the draft length ``accept`` names (an
+        int, or the largest of one per sequence), or not at all. A bad value is counted as
+        ``errors{kind="bad_draft_length"}`` and the cycle is kept without a k; nothing raises.
+
+        Args:
+            batch_size: the sequences in the batch (default: what ``accept`` names).
+            draft_length: the k the engine scheduled for this cycle's draft phase, an int in
+                0..``max_draft_length`` (0: a step that drafts nothing under the engine's
+                schedule, a cycle all the same; numpy / torch integer scalars are taken).
+
+        Returns:
+            The cycle's handle, also kept as ``current``."""
         c: CycleHandle = self._recorder.begin(batch_size, draft_length)
         return c
 
     def cycle(self, batch_size: int | None = None, draft_length: int | None = None
               ) -> CycleHandle:
-        """``begin`` for use as a context manager: the cycle ends when the block exits."""
+        """``begin`` for use as a context manager: the cycle ends when the block exits.
+
+        Args:
+            batch_size: as :meth:`begin` takes it.
+            draft_length: as :meth:`begin` takes it.
+
+        Returns:
+            The cycle's handle, a context manager."""
         c: CycleHandle = self._recorder.begin(batch_size, draft_length)
         return c
 
@@ -194,7 +214,10 @@ class Observer:
         return c
 
     def mark(self, phase: str) -> None:
-        """End the running phase of the current cycle and start ``phase``."""
+        """End the running phase of the current cycle and start the next.
+
+        Args:
+            phase: the phase that starts now (see :meth:`CycleHandle.mark`)."""
         c = self._recorder.current
         if c is None:
             if self._recorder.enabled:
@@ -213,6 +236,10 @@ class Observer:
         Called from engine loops, so like the hot path it never raises: a value that is not a
         finite number >= 0 (text and bools are not numbers here, however they read) is ignored
         (the gauge keeps its last value) and counted as ``errors{kind="bad_request_counts"}``.
+
+        Args:
+            running: requests the engine is running now.
+            waiting: requests queued for a slot.
         """
         rec = self._recorder
         if not rec.enabled:
@@ -243,7 +270,10 @@ class Observer:
         adaptive verify budget trimmed them), which ``accept()``'s drafted counts leave out:
         ``specobs_draft_tokens_unverified_total``. From any thread; never raises: a count that
         is not an integer in 0..2**32 is ignored and counted as
-        ``errors{kind="bad_acceptance"}``."""
+        ``errors{kind="bad_acceptance"}``.
+
+        Args:
+            tokens: draft tokens left out of verification since the last call."""
         rec = self._recorder
         if not rec.enabled:
             return
@@ -271,6 +301,11 @@ class Observer:
         Like the hot path it never raises: counts that are not integers with ``0 <= accepted
         <= drafted`` are ignored, and a trace id that is neither is dropped (the request still
         counts); each is counted as ``errors{kind="bad_request_acceptance"}`` and logged once.
+
+        Args:
+            drafted: draft tokens proposed for the request over its life.
+            accepted: those verification accepted, bonus tokens not counted.
+            trace_id: the request's trace, an int or 32 hex digits; ``None``: none.
         """
         rec = self._recorder
         if not rec.enabled:
@@ -315,7 +350,13 @@ class Observer:
         return self.aggregation.snapshot()
 
     def force_flush(self, timeout_seconds: float = 5.0) -> bool:
-        """Resolve everything recorded so far and flush the sinks. Bounded by the timeout."""
+        """Resolve everything recorded so far and flush the sinks.
+
+        Args:
+            timeout_seconds: how long the call may take in all.
+
+        Returns:
+            Whether everything was resolved and every sink flushed in time."""
         if self._closed:
             raise ObserverClosedError(
                 "Cannot flush: the observer has been shut down. Call specobs.configure() again."
@@ -331,6 +372,9 @@ class Observer:
         (as are ``force_flush`` and the hot path): it never waits for a lock the interrupted
         code holds, and a call that interrupts this observer's own ``shutdown`` returns at
         once, leaving it to finish.
+
+        Args:
+            timeout_seconds: how long the call may take in all.
         """
         if not self._lock.acquire():
             return  # a signal handler's call inside this thread's own shutdown: that one goes on
@@ -495,18 +539,9 @@ def configure(
 ) -> Observer:
     """Create an observer. Arguments win over ``SPECOBS_*`` variables, which win over defaults.
 
-    Every :class:`~specobs.Settings` field is a keyword argument (``phases``, ``sample_every``,
-    ``overhead_budget``, ``queue_size``, ``max_cycle_sequences``, ``max_queue_bytes``,
-    ``event_pool_size``, ``max_draft_length``, ``labels``,
-    ``baseline_tokens_per_second``, ``poll_interval_seconds``, ``trace_head_rate``,
-    ``trace_slow_cycle_seconds``, ``idle_gap_seconds``, ``enabled``, ``rank``, ``all_ranks``,
-    ``replica``, ``replicas``, ``leader``, ``integration``); each is validated by its row of
-    ``specobs._config.SETTINGS``. Pass ``settings`` to start from a :class:`Settings` instead of
-    the variables and defaults. ``sinks``: where data goes; default from ``SPECOBS_EXPORTERS``
-    (``prometheus``, ``otlp``), else none (read back with :meth:`Observer.snapshot`).
-    ``clock``: ``"auto"`` (CUDA events once the engine has initialised CUDA), ``"cuda"``,
-    ``"host"``, or a clock object (tests). ``sample_every``: GPU-time one cycle in N; default
-    adaptive under ``overhead_budget``.
+    Every :class:`~specobs.Settings` field is a keyword argument, validated by its row of
+    ``specobs._config.SETTINGS`` (docs/configuration.md lists them). ``sample_every``: GPU-time
+    one cycle in N; default adaptive under ``overhead_budget``.
 
     Multi-process servers: only rank 0 records unless ``all_ranks`` (then each rank gets a
     ``rank`` label and, for the default Prometheus endpoint, port + rank). A server of
@@ -517,7 +552,20 @@ def configure(
     replica that records (default: ``rank == 0``); engines whose sampling runs on the last
     pipeline stage pass it. ``integration`` names who records (``specobs_info``).
 
-    Raises :class:`~specobs.ConfigurationError` on any invalid or unknown setting.
+    Args:
+        settings: start from these settings instead of the variables and defaults.
+        sinks: where data goes; default from ``SPECOBS_EXPORTERS`` (``prometheus``,
+            ``otlp``), else none (read back with :meth:`Observer.snapshot`).
+        clock: ``"auto"`` (CUDA events once the engine has initialised CUDA), ``"cuda"``,
+            ``"host"``, or a clock object (tests).
+        env: the environment to read ``SPECOBS_*`` from (default ``os.environ``).
+        **overrides: any :class:`~specobs.Settings` field.
+
+    Returns:
+        The observer, recording.
+
+    Raises:
+        ConfigurationError: an invalid or unknown setting.
     """
     if settings is not None and not isinstance(settings, Settings):
         raise ConfigurationError(
