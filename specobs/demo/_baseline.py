@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from specobs import catalog
-from specobs.demo._engine import capture_cuda_graph
+from specobs.demo._cuda_graphs import capture_cuda_graph
 
 __all__ = ["DEMO_MEASURED", "BaselineCollector", "BaselineProbe", "BaselineReading"]
 

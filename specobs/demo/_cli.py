@@ -346,11 +346,12 @@ def _choose_baseline(
     if os.environ.get("SPECOBS_BASELINE_TOKENS_PER_SECOND"):
         return None, "configured by SPECOBS_BASELINE_TOKENS_PER_SECOND", None
     from ._baseline import BaselineProbe
+    from ._cuda_graphs import batch_buckets
 
     probe = BaselineProbe(
         engine.target, engine.max_batch, every_cycles=_BASELINE_EVERY_CYCLES,
         window_seconds=_BASELINE_WINDOW_SECONDS, device=engine.device,
-        cuda_graph_buckets=engine._buckets() if engine.cuda_graphs else (),
+        cuda_graph_buckets=batch_buckets(engine.max_batch) if engine.cuda_graphs else (),
     )  # fmt: skip
     engine.baseline_probe = probe
     _say("the non-speculative baseline is measured while serving: a plain decode step "
