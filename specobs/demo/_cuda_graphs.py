@@ -77,10 +77,7 @@ class EngineGraphs:
         return g.out[0][:b]
 
     def verify(
-        self,
-        slots_h: torch.Tensor,
-        tlen_h: torch.Tensor,
-        draft_tokens: torch.Tensor,
+        self, slots_h: torch.Tensor, tlen_h: torch.Tensor, draft_tokens: torch.Tensor,
         layers: tuple[int, ...],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The verify forward's predictions and hidden states, replayed."""

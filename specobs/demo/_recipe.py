@@ -51,7 +51,7 @@ _progress = threading.local()
 def target_progress(callback: Callable[[int, int, float], None]) -> Iterator[None]:
     """Within the block, target training on this thread calls ``callback(step, total,
     elapsed_seconds)`` after every optimizer step (``specobs demo`` shows steps, elapsed time
-    and an estimate during the first run's 45-120 s of training). Not part of the cache key."""
+    and an estimate during the first run's training). Not part of the cache key."""
     previous = getattr(_progress, "callback", None)
     _progress.callback = callback
     try:
