@@ -58,10 +58,10 @@ __all__ = [
 # Everything here needs torch, so nothing is imported until it is asked for: the server module
 # lives in this package and must import without paying for torch (its tests give it stand-ins).
 _WHERE = {
-    "FAULTS": "._engine", "EngineStats": "._engine", "RequestHandle": "._engine",
+    "FAULTS": "._engine", "EngineStats": "._request", "RequestHandle": "._request",
     "SpecDecodeEngine": "._engine", "DraftConfig": "._draft", "DraftHead": "._draft",
     "KVCache": "._model", "TargetConfig": "._model", "TargetModel": "._model",
-    "WordTokenizer": "._model", "greedy_generate": "._model", "TrainSettings": "._train",
+    "WordTokenizer": "._model", "greedy_generate": "._model", "TrainSettings": "._recipe",
     "TrainedModels": "._train", "resolve_cache_dir": "._train", "build_engine": "._factory",
     "load_models": "._factory",
 }  # fmt: skip
