@@ -3,8 +3,8 @@
 Realized speedup is "tokens/s one sequence gets with speculation" over "tokens/s it would get
 without". The second figure is only worth comparing when it was measured like the first: at the
 same batch size, on the same machine, under the same load. A baseline measured once at start-up,
-at batch 1, on an idle process, is none of these (two starts of one VM measured 22.7 and 57.5
-tokens/s, and batch 1 against the served batch of ~3.5 made a healthy CPU demo read 0.38x).
+at batch 1, on an idle process, is none of these: it varies from start to start, and against a
+larger served batch it made a healthy CPU demo read as slower than plain decoding.
 
 So :class:`BaselineProbe` measures the baseline *while serving*: every ``every_cycles``-th step
 the engine thread, right after a speculative cycle, runs one plain (non-speculative) decode step
@@ -15,9 +15,9 @@ runs outside the observer's cycle, so specobs's cycle times do not include it. T
 the thread, the cores and the GIL with the cycles around it, so a busy machine slows both alike.
 
 An engine that replays CUDA graphs gets its plain step replayed as a CUDA graph too, per batch
-bucket, as the engine replays its draft and verify: on an H200 (batch 4, k=4) the graph-replayed
-baseline was 982 tokens/s and the demo's speculation 1.97x it; the same step with eager launches
-measured 154 tokens/s and would have claimed 12.6x.
+bucket, as the engine replays its draft and verify: a plain step with eager launches is
+launch-bound at this model size, and would make speculation look several times better than it
+is.
 
 The baseline is ``1 / mean step time`` over the probes of the last ``window_seconds`` (tokens/s
 per sequence), the same ratio of sums the recording rules use for the speculative side
@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from specobs import catalog
-from specobs.demo._engine import capture_cuda_graph
+from specobs.demo._cuda_graphs import capture_cuda_graph
 
 __all__ = ["DEMO_MEASURED", "BaselineCollector", "BaselineProbe", "BaselineReading"]
 

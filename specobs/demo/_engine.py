@@ -12,27 +12,30 @@ New requests are prefilled before the cycle (prefill is not a speculative cycle)
 token-for-token the target's plain greedy decoding (:func:`greedy_generate`). On CUDA the draft
 chain and the verify forward are captured as CUDA graphs per batch bucket, and every forward
 runs its float32 matmuls in TF32 (:func:`~specobs.demo._model.serving_matmuls`).
+
+This module schedules: it admits requests, runs the cycle's phases in order, counts and hands
+tokens to requests (:mod:`._request`). The tensors and the forwards are :mod:`._forwards`'s,
+their CUDA graphs :mod:`._cuda_graphs`'s.
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
-import contextlib
 import dataclasses
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 import specobs
-from specobs.tools._breakdown import ratio
 
+from ._cuda_graphs import EngineGraphs
 from ._draft import DraftHead
+from ._forwards import SpecForwards
 from ._model import (
     TargetModel,
     WordTokenizer,
@@ -40,6 +43,7 @@ from ._model import (
     validate_max_tokens,
     validate_prompt,
 )
+from ._request import EngineStats, RequestHandle
 
 __all__ = ["FAULTS", "EngineStats", "RequestHandle", "SpecDecodeEngine"]
 
@@ -48,151 +52,33 @@ _log = logging.getLogger("specobs.demo")
 FAULTS = (None, "wrong-hidden-layers", "slow-verify", "stall", "sync-between-phases")
 """Values ``SpecDecodeEngine.fault`` accepts."""
 
-TokenCallback = Callable[[list[int], bool], None]
+
+def _check_sizes(
+    k: int, max_batch: int, slow_verify_repeats: int, sync_stall_seconds: float
+) -> None:
+    """Raise ``ValueError`` for an engine size or fault setting out of range."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+    if not isinstance(slow_verify_repeats, int) or slow_verify_repeats < 1:
+        raise ValueError(
+            f"slow_verify_repeats must be an int >= 1, got {slow_verify_repeats!r}"
+        )
+    if not (isinstance(sync_stall_seconds, (int, float)) and not isinstance(
+            sync_stall_seconds, bool) and 0 <= sync_stall_seconds <= 1):
+        raise ValueError(
+            f"sync_stall_seconds must be a number of seconds in [0, 1], got "
+            f"{sync_stall_seconds!r}"
+        )
 
 
-class RequestHandle:
-    """A submitted request. Tokens arrive incrementally (thread-safe to read from any thread).
-
-    ``tokens`` is a snapshot of the output so far; ``stream()`` yields new chunks as they come;
-    ``wait()`` / ``future`` give the whole output; ``finish_reason`` is ``"length"`` (max_tokens
-    reached or the sequence filled ``max_seq_len``), ``"stop"`` (eos generated; the eos token is
-    not part of the output) or ``"cancelled"``. ``drafted_tokens`` / ``accepted_tokens``: its
-    draft tokens so far and those the target accepted (reported to the observer with
-    ``trace_id`` when it finishes, ``Observer.request_finished``).
-    """
-
-    def __init__(
-        self, request_id: int, prompt_ids: list[int], max_tokens: int, eos_id: int | None,
-        trace_id: int | None = None,
-    ) -> None:
-        self.id = request_id
-        self.trace_id = trace_id
-        self.drafted_tokens = 0
-        self.accepted_tokens = 0
-        self.prompt_ids = tuple(prompt_ids)
-        self.max_tokens = max_tokens
-        self.eos_id = eos_id
-        self.future: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
-        self.finish_reason: str | None = None
-        self.submitted_at = time.monotonic()
-        self.first_token_at: float | None = None
-        self.finished_at: float | None = None
-        self._tokens: list[int] = []
-        self._cond = threading.Condition()
-        self._callbacks: list[TokenCallback] = []
-        self._cancelled = False
-
-    @property
-    def tokens(self) -> list[int]:
-        with self._cond:
-            return list(self._tokens)
-
-    @property
-    def done(self) -> bool:
-        return self.future.done()
-
-    def add_callback(self, fn: TokenCallback) -> None:
-        """Call ``fn(new_tokens, done)`` on the engine thread whenever tokens arrive (and once
-        with what already arrived). Keep it quick, e.g. ``loop.call_soon_threadsafe``."""
-        with self._cond:
-            self._callbacks.append(fn)
-            have, done = list(self._tokens), self.future.done()
-        if have or done:
-            fn(have, done)
-
-    def wait(self, timeout: float | None = None) -> list[int]:
-        """The whole output; raises ``TimeoutError`` after ``timeout`` seconds."""
-        return self.future.result(timeout)
-
-    def stream(self, timeout: float | None = None) -> Iterator[list[int]]:
-        """Yield chunks of new tokens until the request is done; ``TimeoutError`` when nothing
-        arrives for ``timeout`` seconds."""
-        seen = 0
-        while True:
-            with self._cond:
-                if len(self._tokens) == seen and not self.future.done():
-                    if not self._cond.wait(timeout) and len(self._tokens) == seen:
-                        raise TimeoutError(f"no token for request {self.id} in {timeout} s")
-                chunk = self._tokens[seen:]
-                finished = self.future.done() and len(self._tokens) == seen + len(chunk)
-            seen += len(chunk)
-            if chunk:
-                yield chunk
-            if finished:
-                return
-
-    def cancel(self) -> None:
-        """Stop generating (e.g. the client went away); the engine frees the slot next step."""
-        self._cancelled = True
-
-    # Engine side -------------------------------------------------------------------------
-    def _emit(self, new: list[int], finish_reason: str | None) -> None:
-        with self._cond:
-            if new and self.first_token_at is None:
-                self.first_token_at = time.monotonic()
-            self._tokens.extend(new)
-            if finish_reason is not None:
-                self.finish_reason = finish_reason
-                self.finished_at = time.monotonic()
-            callbacks = list(self._callbacks)
-            self._cond.notify_all()
-        if finish_reason is not None and not self.future.done():
-            self.future.set_result(self.tokens)
-            with self._cond:
-                self._cond.notify_all()
-        for fn in callbacks:
-            try:
-                fn(new, finish_reason is not None)
-            except Exception:  # a consumer's bug must not stop the engine
-                _log.exception("token callback of request %d failed", self.id)
-
-    def _fail(self, exc: BaseException) -> None:
-        with self._cond:
-            self.finish_reason = "error"
-            self.finished_at = time.monotonic()
-        if not self.future.done():
-            self.future.set_exception(exc)
-        with self._cond:
-            self._cond.notify_all()
-            callbacks = list(self._callbacks)
-        for fn in callbacks:
-            with contextlib.suppress(Exception):
-                fn([], True)
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineStats:
-    """Counters since the engine started. ``acceptance_rate`` = accepted / drafted tokens;
-    ``mean_accept_length`` = accepted draft tokens per sequence per cycle (0..k)."""
-
-    cycles: int
-    prefills: int
-    requests_submitted: int
-    requests_finished: int
-    active: int
-    waiting: int
-    draft_tokens: int
-    accepted_tokens: int
-    emitted_tokens: int
-    sequence_cycles: int
-    k: int
-    fault: str | None
-
-    @property
-    def acceptance_rate(self) -> float:
-        # 0.0 before anything was drafted: /health's JSON has always carried a number here.
-        return ratio(self.accepted_tokens, self.draft_tokens) or 0.0
-
-    @property
-    def mean_accept_length(self) -> float:
-        return ratio(self.accepted_tokens, self.sequence_cycles) or 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["acceptance_rate"] = self.acceptance_rate
-        out["mean_accept_length"] = self.mean_accept_length
-        return out
+def _miswired_layers(layer_ids: tuple[int, ...], n_layers: int) -> tuple[int, ...]:
+    """The layers the ``wrong-hidden-layers`` fault feeds the draft: the mis-wiring a real
+    deployment gets by reading layers off the wrong end of the stack."""
+    n = n_layers
+    wrong = (n - 1, max(0, n - 2), 0)
+    return wrong if layer_ids != wrong else (0, 1 % n, 2 % n)
 
 
 @dataclasses.dataclass
@@ -243,20 +129,7 @@ class SpecDecodeEngine:
         sync_stall_seconds: float = 0.005,
         eos_id: int | None = None,
     ) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be an int >= 1, got {k!r}")
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
-        if not isinstance(slow_verify_repeats, int) or slow_verify_repeats < 1:
-            raise ValueError(
-                f"slow_verify_repeats must be an int >= 1, got {slow_verify_repeats!r}"
-            )
-        if not (isinstance(sync_stall_seconds, (int, float)) and not isinstance(
-                sync_stall_seconds, bool) and 0 <= sync_stall_seconds <= 1):
-            raise ValueError(
-                f"sync_stall_seconds must be a number of seconds in [0, 1], got "
-                f"{sync_stall_seconds!r}"
-            )
+        _check_sizes(k, max_batch, slow_verify_repeats, sync_stall_seconds)
         self.sync_stall_seconds = float(sync_stall_seconds)
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -277,25 +150,13 @@ class SpecDecodeEngine:
             eos_id if eos_id is not None else (tokenizer.eos_id if tokenizer is not None else None)
         )
         self.fault = fault  # validated by the property
-        c = self.config
         self.layer_ids = tuple(draft.config.layer_ids)
-        # The mis-wiring a real deployment gets by reading layers off the wrong end of the stack.
-        n = c.n_layers
-        self.wrong_layer_ids = (
-            (n - 1, max(0, n - 2), 0)
-            if self.layer_ids != (n - 1, max(0, n - 2), 0)
-            else (0, 1 % n, 2 % n)
+        self.wrong_layer_ids = _miswired_layers(self.layer_ids, self.config.n_layers)
+        self._fw = SpecForwards(
+            self.target, self.draft, k=k, max_batch=max_batch, device=self.device
         )
-        # Slot ``max_batch`` is scratch: padding rows of a CUDA-graph bucket write there.
-        n_slots = max_batch + 1
-        self._scratch = max_batch
-        self.target_cache = target.new_cache(n_slots, device=self.device)
-        self.draft_cache = draft.new_cache(n_slots, device=self.device)
-        d3 = 3 * c.d_model
-        self._pend_hidden = torch.zeros(n_slots, k + 1, d3, device=self.device)
-        self._pend_tokens = torch.zeros(n_slots, k + 1, dtype=torch.long, device=self.device)
-        self._pend_count = torch.ones(n_slots, dtype=torch.long, device=self.device)
-        self._arange = torch.arange(k + 1, device=self.device)
+        self.target_cache = self._fw.target_cache
+        self.draft_cache = self._fw.draft_cache
 
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -313,9 +174,10 @@ class SpecDecodeEngine:
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs=True needs a CUDA device, got device='cpu'")
         self.cuda_graphs = bool(cuda_graphs)
-        self._graphs: dict[tuple[str, int, bool], _Graph] = {}
-        if self.cuda_graphs:
-            self._capture_all()
+        self._graphs = (
+            EngineGraphs(self._fw, self.max_batch, self.layer_ids, self.wrong_layer_ids)
+            if self.cuda_graphs else None
+        )
 
     # Public API ----------------------------------------------------------------------------
     @property
@@ -496,9 +358,7 @@ class SpecDecodeEngine:
             probe = self.baseline_probe
             if probe is not None:
                 # After the cycle, outside it: a plain decode step of the same sequences.
-                probe.after_cycle(
-                    self._pend_tokens[torch.tensor(active, device=self.device), 0], positions
-                )
+                probe.after_cycle(self._fw.last_tokens(active), positions)
             return True
 
     def _drop_cancelled(self) -> None:
@@ -524,49 +384,16 @@ class SpecDecodeEngine:
         return self.wrong_layer_ids if fault == "wrong-hidden-layers" else self.layer_ids
 
     def _prefill(self, admitted: list[tuple[int, RequestHandle]], fault: str | None) -> None:
-        dev = self.device
-        lens = [len(r.prompt_ids) for _, r in admitted]
-        p_max = max(lens)
-        tokens = torch.zeros(len(admitted), p_max, dtype=torch.long)
-        for i, (_, r) in enumerate(admitted):
-            tokens[i, : lens[i]] = torch.tensor(r.prompt_ids)
-        tokens = tokens.to(dev)
-        slots = torch.tensor([s for s, _ in admitted], device=dev)
-        positions = torch.arange(p_max, device=dev).expand(len(admitted), p_max)
-        logits, hidden = self.target(
-            tokens,
-            positions,
-            cache=self.target_cache,
-            slots=slots,
-            hidden_layers=self._layers(fault),
+        first = self._fw.prefill(
+            [s for s, _ in admitted], [r.prompt_ids for _, r in admitted], self._layers(fault)
         )
-        assert hidden is not None
-        last = torch.tensor(lens, device=dev) - 1
-        rows = torch.arange(len(admitted), device=dev)
-        first = logits[rows, last].argmax(-1)
-        if p_max > 1:
-            # Draft prefill over positions 0..P-2: inputs (g_t, x_{t+1}). Position P-1 stays
-            # pending so the first cycle's draft step consumes it like any other.
-            self.draft(
-                hidden[:, :-1],
-                tokens[:, 1:],
-                positions[:, :-1],
-                fused=True,
-                cache=self.draft_cache,
-                slots=slots,
-            )
-        self._pend_hidden[slots, 0] = hidden[rows, last]
-        self._pend_tokens[slots, 0] = first
-        self._pend_count[slots] = 1
-        first_host = first.tolist()
         with self._lock:
             self._counts["prefills"] += 1
-            for (slot, req), n in zip(admitted, lens, strict=True):
-                st = _Slot(req, target_len=n, draft_start=n - 1, pending_count=1)
-                self.target_cache.lengths[slot] = n
-                self.draft_cache.lengths[slot] = n - 1
-                self._slots[slot] = st
-        self._deliver([(slot, [tok]) for (slot, _), tok in zip(admitted, first_host, strict=True)])
+            for slot, req in admitted:
+                n = len(req.prompt_ids)
+                self._fw.set_lengths(slot, n, n - 1)
+                self._slots[slot] = _Slot(req, target_len=n, draft_start=n - 1, pending_count=1)
+        self._deliver([(slot, [tok]) for (slot, _), tok in zip(admitted, first, strict=True)])
 
     def _deliver(self, batch: list[tuple[int, list[int]]]) -> None:
         """Hand new tokens to the slots' requests, truncated at max_tokens / eos, and free the
@@ -614,11 +441,11 @@ class SpecDecodeEngine:
             slots_h = torch.tensor(active)
             start_h = torch.tensor([st.draft_start for st in states])
             tlen_h = torch.tensor([st.target_len for st in states])
-            if self.cuda_graphs:
-                draft_tokens = self._graph_draft(slots_h, start_h)
+            if self._graphs is not None:
+                draft_tokens = self._graphs.draft(slots_h, start_h)
             else:
                 attend = max(st.target_len for st in states) + k + 1
-                draft_tokens = self._draft_chain(
+                draft_tokens = self._fw.draft_chain(
                     slots_h,
                     start_h,
                     attend_len=attend,
@@ -633,11 +460,11 @@ class SpecDecodeEngine:
             for _ in range(repeats):
                 # Repeats rewrite the same KV entries with the same values: real extra work,
                 # same result.
-                if self.cuda_graphs:
-                    preds, hidden = self._graph_verify(slots_h, tlen_h, draft_tokens, layers)
+                if self._graphs is not None:
+                    preds, hidden = self._graphs.verify(slots_h, tlen_h, draft_tokens, layers)
                 else:
                     attend = max(st.target_len for st in states) + k + 1
-                    preds, hidden = self._verify(
+                    preds, hidden = self._fw.verify(
                         slots_h, tlen_h, draft_tokens, layers, attend_len=attend
                     )
             if fault == "sync-between-phases":
@@ -646,10 +473,7 @@ class SpecDecodeEngine:
             # -- bookkeeping ---------------------------------------------------------------
             match = (draft_tokens == preds[:, :k]).to(torch.long)
             accepted = match.cumprod(dim=1).sum(dim=1)
-            slots_d = slots_h.to(self.device)
-            self._pend_hidden[slots_d] = hidden
-            self._pend_tokens[slots_d] = preds
-            self._pend_count[slots_d] = accepted + 1
+            self._fw.keep_pending(slots_h, hidden, preds, accepted)
             # The one host sync of the cycle, as in real servers: tokens must reach requests.
             acc_host = accepted.cpu()
             preds_host = preds.cpu().tolist()
@@ -665,8 +489,7 @@ class SpecDecodeEngine:
                 st.draft_start = st.target_len
                 st.pending_count = a + 1
                 st.target_len += a + 1
-                self.target_cache.lengths[slot] = st.target_len
-                self.draft_cache.lengths[slot] = st.draft_start
+                self._fw.set_lengths(slot, st.target_len, st.draft_start)
             self._deliver(
                 [
                     (slot, row[: a + 1])
@@ -684,126 +507,6 @@ class SpecDecodeEngine:
         elif self.sync_stall_seconds > 0:
             time.sleep(self.sync_stall_seconds)
 
-    # Device work (the same code runs eagerly and under CUDA graph capture) -------------------
-    def _draft_chain(
-        self,
-        slots_h: torch.Tensor,
-        start_h: torch.Tensor,
-        *,
-        attend_len: int,
-        q_len: int,
-        slots: torch.Tensor | None = None,
-        start: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        dev = self.device
-        if slots is None or start is None:
-            slots, start = slots_h.to(dev), start_h.to(dev)
-        max_pos = self.config.max_seq_len - 1
-        count = self._pend_count[slots]
-        b = slots.shape[0]
-        rows = torch.arange(b, device=dev)
-        positions = (start.unsqueeze(1) + self._arange[:q_len]).clamp(max=max_pos)
-        feats = self._pend_hidden[slots, :q_len]
-        toks = self._pend_tokens[slots, :q_len]
-        h, logits = self.draft(
-            feats,
-            toks,
-            positions,
-            fused=True,
-            cache=self.draft_cache,
-            slots=slots,
-            attend_len=attend_len,
-        )
-        last = count - 1
-        h = h[rows, last].unsqueeze(1)
-        tok = logits[rows, last].argmax(-1)
-        out = [tok]
-        pos = start + count
-        for _ in range(self.k - 1):
-            h, logits = self.draft(
-                h,
-                tok.unsqueeze(1),
-                pos.clamp(max=max_pos).unsqueeze(1),
-                fused=False,
-                cache=self.draft_cache,
-                slots=slots,
-                attend_len=attend_len,
-            )
-            tok = logits[:, 0].argmax(-1)
-            out.append(tok)
-            pos = pos + 1
-        return torch.stack(out, dim=1)
-
-    def _verify(
-        self,
-        slots_h: torch.Tensor,
-        tlen_h: torch.Tensor,
-        draft_tokens: torch.Tensor,
-        layers: tuple[int, ...],
-        *,
-        attend_len: int,
-        slots: torch.Tensor | None = None,
-        tlen: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        dev = self.device
-        if slots is None or tlen is None:
-            slots, tlen = slots_h.to(dev), tlen_h.to(dev)
-        b = slots.shape[0]
-        rows = torch.arange(b, device=dev)
-        pending = self._pend_tokens[slots, self._pend_count[slots] - 1]
-        tokens = torch.cat((pending.unsqueeze(1), draft_tokens), dim=1)
-        positions = (tlen.unsqueeze(1) + self._arange).clamp(max=self.config.max_seq_len - 1)
-        del rows
-        logits, hidden = self.target(
-            tokens,
-            positions,
-            cache=self.target_cache,
-            slots=slots,
-            attend_len=attend_len,
-            hidden_layers=layers,
-        )
-        assert hidden is not None
-        return logits.argmax(-1), hidden
-
-    # CUDA graphs ---------------------------------------------------------------------------
-    def _buckets(self) -> list[int]:
-        out, b = [], 1
-        while b < self.max_batch:
-            out.append(b)
-            b *= 2
-        return [*out, self.max_batch]
-
-    def _capture_all(self) -> None:
-        for b in self._buckets():
-            self._graphs[("draft", b, False)] = _Graph(self, "draft", b, self.layer_ids)
-            for layers in (self.layer_ids, self.wrong_layer_ids):
-                self._graphs[("verify", b, layers == self.wrong_layer_ids)] = _Graph(
-                    self, "verify", b, layers
-                )
-
-    def _bucket(self, b: int) -> int:
-        return next(x for x in self._buckets() if x >= b)
-
-    def _graph_draft(self, slots_h: torch.Tensor, start_h: torch.Tensor) -> torch.Tensor:
-        b = slots_h.shape[0]
-        g = self._graphs[("draft", self._bucket(b), False)]
-        g.load(slots_h, start_h)
-        g.graph.replay()
-        return g.out[0][:b]
-
-    def _graph_verify(
-        self,
-        slots_h: torch.Tensor,
-        tlen_h: torch.Tensor,
-        draft_tokens: torch.Tensor,
-        layers: tuple[int, ...],
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        b = slots_h.shape[0]
-        g = self._graphs[("verify", self._bucket(b), layers == self.wrong_layer_ids)]
-        g.load(slots_h, tlen_h, draft_tokens)
-        g.graph.replay()
-        return g.out[0][:b], g.out[1][:b]
-
     def _fail_all(self, exc: BaseException) -> None:
         with self._lock:
             reqs = [st.request for st in self._slots.values()]
@@ -811,75 +514,3 @@ class SpecDecodeEngine:
             self._counts["requests_finished"] += len(reqs)
         for r in reqs:
             r._fail(exc)
-
-
-def capture_cuda_graph(run: Callable[[], Any], device: Any) -> tuple[Any, Any]:
-    """``run`` warmed up on a side stream, then captured: ``(graph, outputs)``.
-
-    Replaying the graph recomputes ``outputs`` in place from the tensors ``run`` read.
-    """
-    side = torch.cuda.Stream(device=device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side), torch.inference_mode(), serving_matmuls(device):
-        for _ in range(2):
-            run()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.inference_mode(), serving_matmuls(device):
-        out = run()
-    torch.cuda.current_stream(device).synchronize()
-    return graph, out
-
-
-class _Graph:
-    """One captured draft chain or verify forward for a fixed batch bucket, with static inputs.
-    Padding rows use the scratch slot, so their KV writes touch no live sequence."""
-
-    def __init__(
-        self, engine: SpecDecodeEngine, kind: str, bucket: int, layers: tuple[int, ...]
-    ) -> None:
-        dev = engine.device
-        self.kind = kind
-        self.bucket = bucket
-        self.scratch = engine._scratch
-        self.slots = torch.full((bucket,), engine._scratch, dtype=torch.long, device=dev)
-        self.start = torch.zeros(bucket, dtype=torch.long, device=dev)
-        self.drafts = torch.zeros(bucket, engine.k, dtype=torch.long, device=dev)
-        max_len = engine.config.max_seq_len
-        k = engine.k
-
-        def run() -> tuple[torch.Tensor, ...]:
-            if kind == "draft":
-                return (
-                    engine._draft_chain(
-                        self.slots,
-                        self.start,
-                        attend_len=max_len,
-                        q_len=k + 1,
-                        slots=self.slots,
-                        start=self.start,
-                    ),
-                )
-            return engine._verify(
-                self.slots,
-                self.start,
-                self.drafts,
-                layers,
-                attend_len=max_len,
-                slots=self.slots,
-                tlen=self.start,
-            )
-
-        self.graph, self.out = capture_cuda_graph(run, dev)
-
-    def load(
-        self, slots_h: torch.Tensor, start_h: torch.Tensor, drafts: torch.Tensor | None = None
-    ) -> None:
-        b = slots_h.shape[0]
-        self.slots[:b].copy_(slots_h, non_blocking=True)
-        self.slots[b:].fill_(self.scratch)
-        self.start[:b].copy_(start_h, non_blocking=True)
-        self.start[b:].zero_()
-        if drafts is not None:
-            self.drafts[:b].copy_(drafts)
-            self.drafts[b:].zero_()

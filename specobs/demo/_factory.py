@@ -42,14 +42,8 @@ def load_models(
     if draft_d_ff is not None:
         draft_kwargs["d_ff"] = draft_d_ff
     draft_config = DraftConfig.for_target(target_config, **draft_kwargs)
-    return load_or_train(
-        target_config,
-        draft_config,
-        seed=seed,
-        cache_dir=cache_dir,
-        settings=train_settings,
-        draft_in_background=draft_in_background,
-    )
+    return load_or_train(target_config, draft_config, seed=seed, cache_dir=cache_dir,
+                         settings=train_settings, draft_in_background=draft_in_background)
 
 
 def build_engine(
@@ -75,24 +69,11 @@ def build_engine(
     ``draft_in_background=True``: on a cold cache only the target is trained here, and the
     engine starts with an untrained draft head; start its training with
     ``engine.models.pending.start(engine.load_draft_state)`` (see ``BackgroundDraft``)."""
-    models = load_models(
-        seed=seed,
-        cache_dir=cache_dir,
-        layer_ids=layer_ids,
-        train_settings=train_settings,
-        draft_in_background=draft_in_background,
-        **model_overrides,
-    )
-    engine = SpecDecodeEngine(
-        models.target,
-        models.draft,
-        models.language.tokenizer,
-        k=k,
-        max_batch=max_batch,
-        device=device,
-        observer=observer,
-        fault=fault,
-        cuda_graphs=cuda_graphs,
-    )
+    models = load_models(seed=seed, cache_dir=cache_dir, layer_ids=layer_ids,
+                         train_settings=train_settings, draft_in_background=draft_in_background,
+                         **model_overrides)
+    engine = SpecDecodeEngine(models.target, models.draft, models.language.tokenizer, k=k,
+                              max_batch=max_batch, device=device, observer=observer, fault=fault,
+                              cuda_graphs=cuda_graphs)
     engine.models = models
     return engine

@@ -42,8 +42,8 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class TargetConfig:
-    """Shape of the target transformer. The defaults run 60-200 speculative cycles/s at batch 4
-    on two CPU cores (k=4) and train in 40-50 s there.
+    """Shape of the target transformer. The defaults are small enough to serve and train on a
+    laptop CPU (benchmarks/RESULTS.md has the rates).
 
     ``residual_growth``: block ``i`` (0-based) adds ``1 + residual_growth * i`` times its output
     to the residual stream, so the stream's norm grows with depth (about 9x from the first block
@@ -336,11 +336,11 @@ def serving_matmuls(device: torch.device) -> Iterator[None]:
 
     Every forward the demo runs on CUDA (its cycles, their CUDA-graph captures, the baseline's
     plain step, the greedy reference) runs inside this, so they compare alike. In full fp32,
-    cuBLAS picks a kernel for 8 to 16 rows (a batch of 4 verifying k = 1..3) that costs six times
-    the one for 4 or 20 rows, which doubled the demo's verify at k <= 3 on an H200 against
-    k >= 4 (benchmarks/diag/demo_forward_cost.py); in TF32 the forward costs the same from 4 to
-    36 rows. The setting is process-wide while the block runs (torch has no per-thread one);
-    the previous one is restored after. CPU: unchanged."""
+    cuBLAS may pick a much slower kernel for 8 to 16 rows (a batch of 4 verifying k = 1..3) than
+    for 4 or 20 rows, so the demo's verify cost far more at k <= 3 (benchmarks/RESULTS.md,
+    benchmarks/diag/demo_forward_cost.py); in TF32 the forward costs the same from 4 to 36 rows.
+    The setting is process-wide while the block runs (torch has no per-thread one); the previous
+    one is restored after. CPU: unchanged."""
     if device.type != "cuda":
         yield
         return
