@@ -83,24 +83,10 @@ CPU
     Work inside gRPC's own C-core threads is not visible to ``thread_time_ns``.
 
 Configuration
-    The standard variables, read when the sink is attached: ``OTEL_EXPORTER_OTLP_ENDPOINT`` (and
-    ``_TRACES_ENDPOINT`` / ``_METRICS_ENDPOINT``), ``OTEL_EXPORTER_OTLP_PROTOCOL`` (and
-    ``_TRACES_PROTOCOL`` / ``_METRICS_PROTOCOL``), ``OTEL_EXPORTER_OTLP_HEADERS``,
-    ``OTEL_EXPORTER_OTLP_TIMEOUT``, ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``; the
-    endpoint, header, timeout, TLS and compression variables are interpreted by the official
-    exporters themselves, so they mean here what they mean to every other Python OpenTelemetry
-    program (note that the Python exporters read ``OTEL_EXPORTER_OTLP_TIMEOUT`` in seconds).
-    The protocol defaults to ``grpc`` as the Python SDK's own ``otlp`` exporter does (the
-    specification recommends ``http/protobuf``; set ``OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf``
-    for that). Constructor arguments override the variables: ``endpoint`` is a base URL like
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` (for ``http/protobuf`` the sink appends ``/v1/traces`` and
-    ``/v1/metrics``) and wins over the per-signal endpoint variables too. A user and password
-    in the endpoint URL (argument or variable) are sent as an HTTP Basic ``authorization``
-    header by both protocols and never printed: :attr:`OtlpSink.endpoint` and ``repr`` show the
-    URL without them (an ``authorization`` header as well is a ``ConfigurationError``).
-    specobs's own ``SPECOBS_GENAI_PROVIDER_NAME``, ``SPECOBS_GENAI_REQUEST_MODEL``,
-    ``SPECOBS_GENAI_RESPONSE_MODEL``, ``SPECOBS_SERVER_ADDRESS`` and ``SPECOBS_SERVER_PORT`` set
-    the GenAI attributes (docs/otel-genai.md).
+    The standard ``OTEL_*`` variables, read when the sink is attached, mean what they mean to
+    every other Python OpenTelemetry program; constructor arguments override them; a user and
+    password in the endpoint URL are sent as HTTP Basic and never printed (docs/integrations.md,
+    "OTLP configuration").
 """
 
 from __future__ import annotations
