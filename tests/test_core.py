@@ -680,21 +680,6 @@ def test_adaptive_sampling_converges_under_the_budget():
     obs.shutdown()
 
 
-@pytest.mark.parametrize(("limit", "taken", "cpu_us", "expected"), [
-    (64, 64, 100, 128),    # a full slice well under the 1 ms target: twice as many next
-    (64, 64, 600, 64),     # full, but not well under it: as it was
-    (64, 10, 100, 64),     # not full (nothing more to take): as it was
-    (2048, 2048, 10, 2048),  # at the largest already
-    (256, 256, 4000, 64),  # four times over: a quarter of what it took
-    (256, 200, 40000, 16),  # far over: never under the smallest
-    (16, 16, 4000, 16),    # over, but already at the smallest
-])
-def test_the_next_slice_is_sized_by_time(limit: int, taken: int, cpu_us: int, expected: int):
-    from specobs._holds import next_chunk
-
-    assert next_chunk(limit, taken, cpu_us * 1000, 1_000_000) == expected
-
-
 def test_the_resolvers_cpu_counts_per_cycle_that_ended_gathered_over_enough_cycles(
     monkeypatch: pytest.MonkeyPatch,
 ):
