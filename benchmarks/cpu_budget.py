@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from export_overhead import populated_observer  # the same worst-case observer
 
 import specobs
+from specobs._holds import HoldMeter, Tuning
 
 #: Stand-in for the engine's work: hashing 16 KiB releases the GIL for ~8 us (as a worker
 #: waiting on the GPU does), so the resolver runs concurrently, as in a server.
@@ -106,21 +107,6 @@ class GcPauses:
         self.runs[key] = self.runs.get(key, 0) + 1
 
 
-def _time_holds(res: object) -> None:
-    """Time each chunk of a resolver that does not time its own holds (older code)."""
-    inner = res._drain_locked  # type: ignore[attr-defined]
-
-    def timed(*args: object) -> int:
-        t = time.thread_time_ns()
-        n: int = inner(*args)
-        cpu = time.thread_time_ns() - t
-        res.max_hold_ns = max(res.max_hold_ns, cpu)  # type: ignore[attr-defined]
-        res.long_holds += cpu > 100_000  # type: ignore[attr-defined]
-        return n
-
-    res._drain_locked = timed  # type: ignore[attr-defined]
-
-
 def api_cpu(n: int, batch: int, repeats: int, slice_us: float = 0.0) -> dict[str, float]:
     acc = [i % 5 for i in range(batch)]
     on_cpu: list[float] = []
@@ -138,13 +124,10 @@ def api_cpu(n: int, batch: int, repeats: int, slice_us: float = 0.0) -> dict[str
         obs = specobs.configure(clock="host", sinks=[specobs.MemorySink(max_cycles=0)])
         res = obs._resolver
         if slice_us:
-            res.slice_ns = int(slice_us * 1e3)
+            res.tune(Tuning(slice_ns=int(slice_us * 1e3)))
         _loop(obs, 2000, acc)  # warm
-        res.max_hold_ns = res.long_holds = 0
-        if not hasattr(res, "slices"):  # code before issue 15: time its chunks here
-            _time_holds(res)
+        meter = res.tune(meter=HoldMeter())
         res0 = obs.snapshot().cpu_seconds["resolver"]
-        slices0 = getattr(res, "slices", 0)
         gcp = GcPauses()
         gc.callbacks.append(gcp)
         try:
@@ -153,9 +136,9 @@ def api_cpu(n: int, batch: int, repeats: int, slice_us: float = 0.0) -> dict[str
             gc.callbacks.remove(gcp)
         s = obs.snapshot()
         res_cpu.append((s.cpu_seconds["resolver"] - res0) / n * 1e6)
-        hold = getattr(obs._resolver, "max_hold_ns", 0)
-        long_holds.append(getattr(obs._resolver, "long_holds", 0))
-        slices.append(getattr(obs._resolver, "slices", 0) - slices0)
+        hold = meter.max_hold_ns
+        long_holds.append(meter.long_holds)
+        slices.append(meter.slices)
         gc_res.append(gcp.longest.get("specobs-resolver", 0.0))
         gc_main.append(gcp.longest.get("MainThread", 0.0))
         obs.shutdown()
@@ -205,8 +188,7 @@ def gc_heap(n: int, batch: int, repeats: int) -> dict[str, dict[str, float]]:
                 _loop(obs, 5000, acc)  # warm: the free list fills
             res = getattr(obs, "_resolver", None)
             res0 = obs.snapshot().cpu_seconds.get("resolver", 0.0) if res else 0.0
-            if res is not None:
-                res.max_hold_ns = res.long_holds = 0
+            meter = res.tune(meter=HoldMeter()) if res is not None else None
             gcp = GcPauses()
             gc.callbacks.append(gcp)
             try:
@@ -230,7 +212,7 @@ def gc_heap(n: int, batch: int, repeats: int) -> dict[str, dict[str, float]]:
                 ("gap_max_ms", gap / 1e6),
                 ("resolver_us", (obs.snapshot().cpu_seconds.get("resolver", 0.0) - res0) / n
                  * 1e6 if res else 0.0),
-                ("hold_us", (res.max_hold_ns / 1e3) if res else 0.0),
+                ("hold_us", (meter.max_hold_ns / 1e3) if meter else 0.0),
                 ("tracked", len(gc.get_objects())),
             ):
                 row.setdefault(key, []).append(float(value))

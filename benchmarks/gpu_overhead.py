@@ -61,6 +61,7 @@ import torch
 
 import specobs
 from specobs import _bucketing
+from specobs._holds import HoldMeter, Tuning
 
 PHASES = ("draft", "verify", "bookkeeping")
 SPECOBS_MODES = (
@@ -292,9 +293,8 @@ def run_mode(
         k = w.k
         res = obs._resolver
         _use_bucketing(_REFERENCE if mode == "reference" else _COMPILED)
-        slices0, gc0 = res.slices, dict(GC_IN_THREAD)
-        res.max_hold_ns = res.long_holds = 0
-        res.holds.clear()
+        meter = res.tune(meter=HoldMeter())
+        gc0 = dict(GC_IN_THREAD)
         t0 = time.perf_counter()
         for _ in range(cycles):
             c = obs.begin(w.batch)
@@ -333,19 +333,20 @@ def run_mode(
         # collections that ran on its thread during this run (milliseconds).
         # The self-reported overhead's parts, in % of a cycle: event records (hot path, on
         # sampled cycles), host stamps (estimate), the resolver's CPU per record.
-        if res._cycle_ewma > 0:
+        model = res.model
+        if model.cycle_ewma > 0:
             info["overhead_parts_pct"] = {
-                "events": round(res._cost_ewma / max(s.sampling_interval, 1)
-                                / res._cycle_ewma * 100, 3),
-                "stamps": round(300 * 4 / res._cycle_ewma * 100, 3),
-                "copies": round(getattr(res, "_copy_ewma", 0.0) / res._cycle_ewma * 100, 3),
-                "resolver": round(res._record_ns / res._cycle_ewma * 100, 3),
+                "events": round(model.cost_ewma / max(s.sampling_interval, 1)
+                                / model.cycle_ewma * 100, 3),
+                "stamps": round(300 * 4 / model.cycle_ewma * 100, 3),
+                "copies": round(model.copy_ewma / model.cycle_ewma * 100, 3),
+                "resolver": round(model.record_ns / model.cycle_ewma * 100, 3),
             }
-        info["slices"] = res.slices - slices0
-        info["max_hold_us"] = res.max_hold_ns / 1e3
-        info["long_holds"] = res.long_holds
-        info["pump_returns"] = dict(res.pump_returns)  # why the pump came back, since it began
-        hs = sorted(res.holds)
+        info["slices"] = meter.slices
+        info["max_hold_us"] = meter.max_hold_ns / 1e3
+        info["long_holds"] = meter.long_holds
+        info["pump_returns"] = dict(meter.pump_returns)  # why the pump came back, this run
+        hs = sorted(meter.holds)
         info["hold_p50_us"] = hs[len(hs) // 2] / 1e3 if hs else 0.0
         info["hold_p90_us"] = hs[int(len(hs) * 0.9)] / 1e3 if hs else 0.0
         info["holds_over_20us"] = sum(h > 20_000 for h in hs)
@@ -403,19 +404,14 @@ def make_observer(mode: str) -> specobs.Observer:
     if mode in ("torchcalls", "everytorch"):
         obs.clock.bind_thread = lambda: False  # type: ignore[union-attr]
     if mode == "nopump":  # the resolver's loop of waits and drains, without the native pump
-        obs._resolver.use_pump = False
-        obs._resolver.wake()
+        obs._resolver.tune(Tuning(use_pump=False))
     if mode == "chunk32":
         obs._resolver.chunk = 32
         obs._resolver.poll = 0.05
-    if mode in ("slice200", "every200"):
-        obs._resolver.slice_ns = 200_000
-    if mode == "slice80":
-        obs._resolver.slice_ns = 80_000
-    if mode in ("slice50", "every50"):
-        obs._resolver.slice_ns = 50_000
-    if mode == "slice20":
-        obs._resolver.slice_ns = 20_000
+    slice_us = {"slice200": 200, "every200": 200, "slice80": 80, "slice50": 50, "every50": 50,
+                "slice20": 20}.get(mode)
+    if slice_us is not None:
+        obs._resolver.tune(Tuning(slice_ns=slice_us * 1000))
     if mode in UPPER_BOUND_MODES:
         _aggregate_nothing(obs, read_events=mode == "readonly")
     return obs

@@ -4,7 +4,7 @@
 
 The loop of benchmarks/cpu_budget.py (host clock, list acceptance, ``MemorySink(max_cycles=0)``,
 a worker that lets go of the GIL for ~8 us a cycle as one waiting on its GPU), in alternating
-rounds: the native ring's pump (``Resolver.use_pump = True``, the default), the loop of waits
+rounds: the native ring's pump (``Tuning.use_pump``, on by default), the loop of waits
 and drains alone (``False``), and a disabled observer (the floor). Per variant, over the loop
 only (the final flush is left out: it is the caller's, not the steady state): process CPU per
 cycle above the floor, the resolver's holds of the GIL (thread CPU of each stretch between two
@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import specobs
 from specobs import _ring
+from specobs._holds import HoldMeter, Tuning
 
 _WORK = bytes(16384)
 
@@ -66,16 +67,13 @@ def run(n: int, rounds: int, batch: int) -> dict[str, dict[str, float]]:
                 continue
             obs = specobs.configure(clock="host", sinks=[specobs.MemorySink(max_cycles=0)])
             res = obs._resolver
-            res.use_pump = variant == "pump"
-            res.wake()
+            res.tune(Tuning(use_pump=variant == "pump"))
             _cycles(obs, 2000, acc)  # warm
             obs.force_flush(30)
-            res.holds.clear()
-            returns0 = dict(res.pump_returns)
+            meter = res.tune(meter=HoldMeter())
             cpu, wall = _cycles(obs, n, acc)
-            holds = list(res.holds)
-            returns = {k: v - returns0.get(k, 0) for k, v in res.pump_returns.items()
-                       if v != returns0.get(k, 0)}
+            holds = list(meter.holds)
+            returns = dict(meter.pump_returns)
             assert obs.force_flush(60)
             s = obs.snapshot()
             obs.shutdown()

@@ -64,7 +64,11 @@ LAYERS: tuple[Layer, ...] = (
     Layer("series", ("specobs._series",), ("foundations",)),
     Layer("sinks", ("specobs.sinks",), ("foundations", "settings", "series")),
     Layer("acceptance", ("specobs._acceptance",), ("foundations", "settings", "recorder")),
-    Layer("resolver", ("specobs._resolver",),
+    # The resolver and the parts it owns: stages, the sampler's model, folding, holds, the ring
+    # it needs, and calls into sinks.
+    Layer("resolver", ("specobs._resolver", "specobs._stages", "specobs._overhead",
+                       "specobs._fold", "specobs._holds", "specobs._ring_protocol",
+                       "specobs._sinkcalls"),
           ("foundations", "recorder", "aggregation", "acceptance", "sinks")),
     Layer("observer", ("specobs._observer", "specobs._lifetime"),
           ("foundations", "settings", "recorder", "aggregation", "acceptance", "sinks",

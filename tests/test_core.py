@@ -673,25 +673,11 @@ def test_adaptive_sampling_converges_under_the_budget():
     # sampling), the host stamps and the resolver's CPU per record: on cycles of a few
     # microseconds the last two dominate, so it is well above the budget here.
     r = obs._resolver
-    events_only = r._cost_ewma / s.sampling_interval / r._cycle_ewma
+    m = r.model
+    events_only = m.cost_ewma / s.sampling_interval / m.cycle_ewma
     assert events_only <= 0.005 * 1.5
-    assert s.overhead_ratio > events_only + r._record_ns / r._cycle_ewma * 0.99
+    assert s.overhead_ratio > events_only + m.record_ns / m.cycle_ewma * 0.99
     obs.shutdown()
-
-
-@pytest.mark.parametrize(("limit", "taken", "cpu_us", "expected"), [
-    (64, 64, 100, 128),    # a full slice well under the 1 ms target: twice as many next
-    (64, 64, 600, 64),     # full, but not well under it: as it was
-    (64, 10, 100, 64),     # not full (nothing more to take): as it was
-    (2048, 2048, 10, 2048),  # at the largest already
-    (256, 256, 4000, 64),  # four times over: a quarter of what it took
-    (256, 200, 40000, 16),  # far over: never under the smallest
-    (16, 16, 4000, 16),    # over, but already at the smallest
-])
-def test_the_next_slice_is_sized_by_time(limit: int, taken: int, cpu_us: int, expected: int):
-    from specobs._resolver import next_chunk
-
-    assert next_chunk(limit, taken, cpu_us * 1000, 1_000_000) == expected
 
 
 def test_the_resolvers_cpu_counts_per_cycle_that_ended_gathered_over_enough_cycles(
@@ -703,31 +689,32 @@ def test_the_resolvers_cpu_counts_per_cycle_that_ended_gathered_over_enough_cycl
     per-record figure, and the gauge read 26% of a 0.21 ms cycle on the H200 where the
     resolver's exported CPU came to 0.3%. Now: the CPU over every cycle that ended, once
     enough have."""
-    from specobs import _resolver
+    from specobs import _overhead
 
-    monkeypatch.setattr(_resolver, "RESOLVER_FIGURE_NS", 10**15)  # by cycles only, here
+    monkeypatch.setattr(_overhead, "RESOLVER_FIGURE_NS", 10**15)  # by cycles only, here
     gpu = FakeGpu()
     obs = specobs.configure(clock=FakeEventClock(gpu, pool_size=4096), poll_interval_seconds=3600)
     r = obs._resolver
+    m = r.model
     try:
         for _ in range(300):
             run_cycle(obs, gpu)
         gpu.complete()
         # The cycles that ended since the figure last moved; the resolver spent 1 µs a cycle
         # on them, in slices that took whatever number of records.
-        ended = obs._recorder.enqueued - r._cpu_acc_cycles_from
-        assert ended >= _resolver.RESOLVER_FIGURE_CYCLES
-        before = r._record_ns
-        r._cpu_acc = 1_000 * ended
+        ended = obs._recorder.enqueued - m.cpu_from
+        assert ended >= _overhead.RESOLVER_FIGURE_CYCLES
+        before = m.record_ns
+        m.cpu_acc = 1_000 * ended
         r._adapt(0, 0, 100_000.0)
         expected = sampling.smoothed(before, 1_000.0)
-        assert r._record_ns == pytest.approx(expected)
+        assert m.record_ns == pytest.approx(expected)
         # One more cycle and a 50 µs slice: too few cycles to move the figure (the CPU waits
         # for the next ones), so a flush's slice is not a spike.
         run_cycle(obs, gpu)
-        r._cpu_acc += 50_000
+        m.cpu_acc += 50_000
         r._adapt(0, 0, 100_000.0)
-        assert r._record_ns == pytest.approx(expected)
+        assert m.record_ns == pytest.approx(expected)
     finally:
         obs.shutdown()
 
@@ -758,7 +745,8 @@ def test_the_resolvers_reads_of_a_sampled_cycle_count_against_the_budget():
             gpu.complete()
             obs.force_flush()
         r = obs._resolver
-        out = obs.snapshot().sampling_interval, r._read_ewma, r._cost_ewma, r._cycle_ewma
+        m = r.model
+        out = obs.snapshot().sampling_interval, m.read_ewma, m.cost_ewma, m.cycle_ewma
         obs.shutdown()
         return out
 

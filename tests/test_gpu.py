@@ -291,7 +291,7 @@ def test_cuda_acceptance_of_any_shape_and_integer_dtype_is_copied_exactly(cuda_o
     assert obs.clock.direct_hot_path and obs.clock.direct_errors == 0
     # The worker's time starting the copies is measured, and exported as specobs's CPU: a
     # runtime call a copy, at least 1 µs each and under 1 ms on any host.
-    assert obs._resolver._copy_ewma > 0
+    assert obs._resolver.model.copy_ewma > 0
     copy_seconds = s.cpu_seconds["acceptance_copy"]
     assert len(tensors) * 1e-6 < copy_seconds < len(tensors) * 1e-3, copy_seconds
 

@@ -171,9 +171,9 @@ def test_a_resolver_bug_drops_its_chunk_counted_and_flush_still_works(monkeypatc
     for _ in range(5):
         cycle(obs, GOOD, draft_length=K)
     assert obs.force_flush(5)
-    from specobs import _resolver
+    from specobs import _stages
 
-    real = _resolver.Resolver._read_gpu  # a stage every chunk goes through
+    real = _stages.read_gpu  # a stage every chunk goes through
     calls = {"n": 0}
 
     def broken(*args):
@@ -182,7 +182,7 @@ def test_a_resolver_bug_drops_its_chunk_counted_and_flush_still_works(monkeypatc
             raise RuntimeError("boom")
         return real(*args)
 
-    monkeypatch.setattr(_resolver.Resolver, "_read_gpu", broken)
+    monkeypatch.setattr(_stages, "read_gpu", broken)
     for _ in range(7):
         cycle(obs, GOOD, draft_length=K)
     t0 = time.monotonic()
@@ -217,31 +217,31 @@ def test_resolver_holds_are_sized_by_time_not_by_count(monkeypatch):
     proportion, full slices under half of it double, so expensive records mean short holds and
     cheap ones few, long-enough holds. Driven with a fake thread clock, so nothing here depends
     on the machine's speed."""
-    from specobs import _resolver
+    from specobs import _holds
 
     clock = [0]
-    monkeypatch.setattr(_resolver.time, "thread_time_ns", lambda: clock[0])
+    monkeypatch.setattr(time, "thread_time_ns", lambda: clock[0])
     sink = _CostlySink(clock, cost_ns=10_000)  # 10 µs per record
     obs = specobs.configure(sinks=[sink], clock="host", max_draft_length=K,
                             poll_interval_seconds=3600)
     r = obs._resolver
-    assert r.slice_ns == _resolver.SLICE_NS
-    r.slice_ns = 200_000  # the arithmetic below is for 200 µs holds
+    assert r.tuning.slice_ns == _holds.SLICE_NS
+    meter = r.tune(_holds.Tuning(slice_ns=200_000), _holds.HoldMeter())  # for 200 µs holds
     for _ in range(1000):
         cycle(obs, GOOD, draft_length=K)
     assert obs.force_flush(10)
     assert obs.snapshot().cycles_total == 1000
     # The first slice (CHUNK = 32 records, 320 µs) is over the target: the next ones hold 20.
     assert r.chunk == 20
-    assert r.max_hold_ns == 32 * 10_000
-    assert r.slices >= 1000 // 20
+    assert meter.max_hold_ns == 32 * 10_000
+    assert meter.slices >= 1000 // 20
     sink.cost_ns = 1_000  # cheap records: full slices well under the target double
     for _ in range(3000):
         cycle(obs, GOOD, draft_length=K)
     assert obs.force_flush(10)
     assert obs.snapshot().cycles_total == 4000
     assert 100 <= r.chunk <= 200  # 20 -> 40 -> 80 -> 160: each under half the target
-    assert r.max_hold_ns == 32 * 10_000  # nothing held longer since
+    assert meter.max_hold_ns == 32 * 10_000  # nothing held longer since
     obs.shutdown()
 
 

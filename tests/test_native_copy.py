@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import specobs
+from specobs._holds import Tuning
 from specobs.timing import FakeDeviceArray, FakeGpu, FakeNativeCopyClock
 
 
@@ -152,8 +153,7 @@ def test_the_resolver_is_woken_when_the_free_slots_run_low(pump: bool) -> None:
     ring = rec.ring
     pumping = pump and hasattr(ring, "pump")
     if not pumping:
-        obs._resolver.use_pump = False
-        obs._resolver.wake()
+        obs._resolver.tune(Tuning(use_pump=False))
     deadline = time.monotonic() + 10
     while getattr(ring, "pumping", 0) != pumping and time.monotonic() < deadline:
         time.sleep(0.005)
@@ -274,7 +274,7 @@ def test_the_poll_never_reads_a_cycle_in_flight_and_equals_its_specification(see
     import random
 
     from specobs import _ring
-    from specobs._resolver import IN_FLIGHT_POLLS_BEFORE_QUERY as POLLS
+    from specobs._stages import IN_FLIGHT_POLLS_BEFORE_QUERY as POLLS
 
     rng = random.Random(seed)
     gpu = FakeGpu()

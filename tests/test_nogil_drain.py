@@ -12,6 +12,7 @@ import pytest
 
 import specobs
 from specobs import _ring
+from specobs._holds import Tuning
 
 native_only = pytest.mark.skipif(not _ring.NATIVE, reason="the native core is not built here")
 
@@ -96,7 +97,7 @@ def test_every_cycle_picked_for_a_trace_is_traced_when_a_backlog_drains_in_chunk
                 c.accept([1, 2], draft_length=4)
         res = obs._resolver
         res.chunk = chunk
-        res.slice_ns = 1 << 40  # chunks stay this size
+        res.tune(Tuning(slice_ns=1 << 40))  # chunks stay this size
         res.drain()
         traced = sorted(c.index for c in mem.cycles if c.trace_id is not None)
         assert obs.snapshot().cycles_total == 1000

@@ -5,7 +5,7 @@ drop or misuse counted, a new recording thread, a wake. The export path does the
 resolver's Python before each snapshot (``Resolver.catch_up``).
 
 Each test compares what the pump counts with what the loop of waits and drains counts
-(``Resolver.use_pump = False``), or with the exact figures of the stream it ran, and checks that
+(``Tuning(use_pump=False)``), or with the exact figures of the stream it ran, and checks that
 the resolver's thread stayed in C where it should. The worker lets go of the GIL between cycles
 as an engine waiting on its GPU does, so the pump runs beside it."""
 
@@ -21,6 +21,7 @@ import pytest
 
 import specobs
 from specobs import _ring
+from specobs._holds import HoldMeter, Tuning
 from specobs.timing import FakeDeviceArray, FakeGpu, FakeNativeCopyClock
 from specobs.timing.fake import FakeNativeEventClock
 from tests import test_nogil_drain as nogil_drain
@@ -35,6 +36,13 @@ def host_cycles(obs: specobs.Observer, n: int) -> None:
     nogil_drain.host_cycles(obs, n, _WORK)
 
 
+def metered(obs: specobs.Observer) -> Any:
+    """The observer's resolver, with a meter of its holds and pump returns attached."""
+    res = obs._resolver
+    res.tune(meter=HoldMeter())
+    return res
+
+
 def settled(obs: specobs.Observer) -> None:
     """After a flush: its last wakes brought the pump back once more; wait until it is in C
     again and has stayed there for 0.3 s, so what follows sees only what the stream makes it do
@@ -43,11 +51,11 @@ def settled(obs: specobs.Observer) -> None:
     ring = obs._recorder.ring
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        before = dict(res.pump_returns)
+        before = dict(res.meter.pump_returns)
         time.sleep(0.3)
-        if ring.pumping == 1 and res.pump_returns == before:
+        if ring.pumping == 1 and res.meter.pump_returns == before:
             return
-    raise AssertionError(f"the pump never settled: {res.pump_returns}")
+    raise AssertionError(f"the pump never settled: {res.meter.pump_returns}")
 
 
 def wait_for(cond: Callable[[], bool], seconds: float = 20.0) -> bool:
@@ -62,6 +70,7 @@ def wait_for(cond: Callable[[], bool], seconds: float = 20.0) -> bool:
 def settled_observer(warm: int) -> specobs.Observer:
     """A host-clock observer that ran ``warm`` cycles, flushed, and whose pump settled in C."""
     obs = specobs.configure(sinks=[], clock="host", poll_interval_seconds=0.001)
+    metered(obs)
     try:
         host_cycles(obs, warm)
         assert obs.force_flush(10)
@@ -78,15 +87,15 @@ def test_the_steady_state_stays_in_c_and_counts_every_cycle_once() -> None:
     res = obs._resolver
     ring = obs._recorder.ring
     try:
-        returns = dict(res.pump_returns)
-        holds = len(res.holds)
+        returns = dict(res.meter.pump_returns)
+        holds = len(res.meter.holds)
         walked = ring.pump_walked
         host_cycles(obs, n)
         # Nothing in the stream needs Python: the resolver's thread never came back to it, and
         # held the GIL not once, while the pump walked the cycles beside the worker.
         assert wait_for(lambda: ring.pump_walked - walked == n), ring.pump_walked - walked
-        assert res.pump_returns == returns
-        assert len(res.holds) == holds
+        assert res.meter.pump_returns == returns
+        assert len(res.meter.holds) == holds
         assert ring.pumping == 1
         assert obs.force_flush(10)
         s = obs.snapshot()
@@ -108,13 +117,13 @@ def test_a_snapshot_catches_up_what_the_resolver_would_have_done() -> None:
     res = obs._resolver
     ring = obs._recorder.ring
     try:
-        returns = dict(res.pump_returns)
+        returns = dict(res.meter.pump_returns)
         consumed = res.consumed
         host_cycles(obs, 3000)
         assert wait_for(lambda: len(ring) == 0)
         obs._recorder.misuse("bad_acceptance", "made in Python on the worker")
         s = obs.snapshot()  # no flush
-        assert res.pump_returns == returns
+        assert res.meter.pump_returns == returns
         assert s.cycles_total == 3200
         assert s.errors.get("bad_acceptance") == 1
         assert res.consumed - consumed == 3000  # what force_flush waits for
@@ -125,18 +134,18 @@ def test_a_snapshot_catches_up_what_the_resolver_would_have_done() -> None:
 
 def test_another_threads_drain_walks_beside_the_pump_without_bringing_it_back() -> None:
     obs = specobs.configure(sinks=[], clock="host", poll_interval_seconds=3600)
-    res = obs._resolver
+    res = metered(obs)
     ring = obs._recorder.ring
     ring.wake_at = 1 << 30  # no pass of the pump's own: the drains here take everything
     try:
         assert wait_for(lambda: ring.pumping == 1)
-        returns = dict(res.pump_returns)
+        returns = dict(res.meter.pump_returns)
         total = 0
         for _ in range(5):
             host_cycles(obs, 400)
             total += res.drain()
         assert total == 2000 and len(ring) == 0
-        assert res.pump_returns == returns and ring.pumping == 1
+        assert res.meter.pump_returns == returns and ring.pumping == 1
         assert obs.snapshot().cycles_total == 2000
     finally:
         obs.shutdown(5)
@@ -156,8 +165,7 @@ def test_every_cycle_picked_for_a_trace_is_traced(pump: bool) -> None:
     mem = TraceSink()
     obs = specobs.configure(sinks=[mem], clock="host", poll_interval_seconds=0.001,
                             trace_head_rate=rate)
-    obs._resolver.use_pump = pump
-    obs._resolver.wake()
+    obs._resolver.tune(Tuning(use_pump=pump), HoldMeter())
     try:
         host_cycles(obs, n)
         assert obs.force_flush(10)
@@ -171,13 +179,13 @@ def test_every_cycle_picked_for_a_trace_is_traced(pump: bool) -> None:
     assert all(c.accepted == 13 and c.drafted == 32 for c in traced)
     if pump:  # back in Python for each: the drain then takes what waits, the pump goes on
         assert obs._recorder.ring.pump_walked > 0
-        assert obs._resolver.pump_returns.get("python", 0) > 0
+        assert obs._resolver.meter.pump_returns.get("python", 0) > 0
 
 
 def test_a_deferred_cycle_never_settled_is_handed_on_while_pumping() -> None:
     obs = specobs.configure(sinks=[], clock="host", poll_interval_seconds=0.002,
                             settle_timeout_seconds=0.2)
-    res = obs._resolver
+    res = metered(obs)
     try:
         host_cycles(obs, 10)
         with obs.cycle(batch_size=2) as c:
@@ -189,7 +197,7 @@ def test_a_deferred_cycle_never_settled_is_handed_on_while_pumping() -> None:
         assert obs.force_flush(10)
         s = obs.snapshot()
         assert s.cycles_total == 21
-        assert res.pump_returns.get("expire", 0) >= 1
+        assert res.meter.pump_returns.get("expire", 0) >= 1
     finally:
         obs.shutdown(5)
 
@@ -200,7 +208,7 @@ def test_a_deferred_cycle_never_settled_is_handed_on_at_the_backlog_while_pumpin
     pump comes back to Python to hand it on (``expire``); one cycle fewer, and it waits."""
     obs = specobs.configure(sinks=[], clock="host", poll_interval_seconds=3600,
                             settle_timeout_seconds=3600, queue_size=256)
-    res = obs._resolver
+    res = metered(obs)
     backlog = obs._recorder.ring.settle_backlog
     try:
         with obs.cycle(batch_size=2) as c:
@@ -212,7 +220,7 @@ def test_a_deferred_cycle_never_settled_is_handed_on_at_the_backlog_while_pumpin
         assert obs.snapshot().dropped.get("unsettled", 0) == 0
         host_cycles(obs, 1)
         assert wait_for(lambda: obs.snapshot().dropped.get("unsettled", 0) == 1)
-        assert res.pump_returns.get("expire", 0) >= 1
+        assert res.meter.pump_returns.get("expire", 0) >= 1
         assert obs.force_flush(10)
         assert obs.snapshot().cycles_total == backlog + 1
     finally:
@@ -277,13 +285,12 @@ def run_events(pump: bool, n: int, pool: int) -> tuple[specobs.Snapshot, dict[st
     clock = FakeNativeEventClock(gpu, pool_size=pool)
     obs = specobs.configure(sinks=[], clock=clock, sample_every=2, poll_interval_seconds=0.002,
                             max_draft_length=4, trace_head_rate=0.0)
-    obs._resolver.use_pump = pump
-    obs._resolver.wake()
+    obs._resolver.tune(Tuning(use_pump=pump), HoldMeter())
     try:
         gpu_cycles(obs, gpu, n, lambda i: [i % 5, (i * 3) % 5, 4 - i % 5])
         gpu.complete()
         assert obs.force_flush(30)
-        return obs.snapshot(), dict(obs._resolver.pump_returns), obs._recorder.ring
+        return obs.snapshot(), dict(obs._resolver.meter.pump_returns), obs._recorder.ring
     finally:
         obs.shutdown(5)
 
@@ -321,8 +328,7 @@ def run_copies(pump: bool, n: int) -> tuple[specobs.Snapshot, FakeNativeCopyCloc
     clock = FakeNativeCopyClock(gpu, buffers=256, fence_every=4)  # the CUDA clock's
     obs = specobs.configure(sinks=[], clock=clock, sample_every=1000,
                             poll_interval_seconds=0.002, max_draft_length=4)
-    obs._resolver.use_pump = pump
-    obs._resolver.wake()
+    obs._resolver.tune(Tuning(use_pump=pump), HoldMeter())
     try:
         gpu_cycles(obs, gpu, n, lambda i: FakeDeviceArray([i % 5, (i * 3) % 5, 4 - i % 5]))
         gpu.complete()
@@ -407,16 +413,16 @@ def test_a_worker_filling_the_ring_wakes_a_pass_not_python() -> None:
     """Past ``wake_at`` waiting cycles the ring wakes the pump itself (no Python call on the
     worker): the pump walks them, on a poll interval far longer than the run."""
     obs = specobs.configure(sinks=[], clock="host", poll_interval_seconds=3600, queue_size=4096)
-    res = obs._resolver
+    res = metered(obs)
     ring = obs._recorder.ring
     try:
         host_cycles(obs, 10)  # the pump comes back once for the new recording thread
         assert obs.force_flush(10)
         settled(obs)
-        returns = dict(res.pump_returns)
+        returns = dict(res.meter.pump_returns)
         host_cycles(obs, 20_000)  # five rings' worth
         assert wait_for(lambda: ring.pump_walked >= 20_000 - ring.wake_at)
-        assert res.pump_returns == returns
+        assert res.meter.pump_returns == returns
         assert obs.force_flush(10)
         s = obs.snapshot()
         assert s.cycles_total == 20_010 and s.dropped_total() == 0

@@ -5,7 +5,7 @@ The public-API loop of benchmarks/cpu_budget.py (host clock, list acceptance, a 
 ``--cycles`` cycles; each slice's two stretches with the GIL held (thread CPU from the slice's
 start to the walk letting go of it, and from the walk taking it back to the slice's end) are
 read from the ring's walk stamps. Then the cost of the first and of a second call of the same
-small function right after a walk (``Resolver._fold``, ~1 µs warm), wall ns: the first Python
+small function right after a walk (``_fold.drops_now``), wall ns: the first Python
 after the walk runs on caches the walk (and the worker, on the other CPU) emptied.
 
     PYTHONPATH=. python benchmarks/diag/hold_floor.py [--batch 8] [--cycles 100000]
@@ -18,7 +18,8 @@ import time
 from typing import Any
 
 import specobs
-from specobs import _resolver
+from specobs import _fold, _resolver
+from specobs._holds import HoldMeter
 
 
 def pct(v: list[int], p: float) -> float:
@@ -50,10 +51,11 @@ def main() -> None:
         return n
 
     def timed_resolve(self: Any, chunk: Any, clock: Any) -> Any:
+        counts = self.rec.ring.counters()
         t0 = pc()
-        self._fold()
+        _fold.drops_now(self.rec, counts)
         t1 = pc()
-        self._fold()
+        _fold.drops_now(self.rec, counts)
         first.append(t1 - t0)
         second.append(pc() - t1)
         return resolve(self, chunk, clock)
@@ -74,16 +76,16 @@ def main() -> None:
     for v in (pre, post, first, second):
         v.clear()
     res = obs._resolver
-    res.holds.clear()
+    meter = res.tune(meter=HoldMeter())
     loop(args.cycles)
     obs.force_flush(5)
-    holds = list(res.holds)
+    holds = list(meter.holds)
     print(f"batch {args.batch}, {args.cycles} cycles: {len(holds)} slices, {len(pre)} with a "
           f"walk without the GIL")
     for name, v in (("slice's longest stretch under the GIL", holds),
                     ("  before the walk", pre), ("  after the walk", post),
-                    ("first _fold() after the walk (wall)", first),
-                    ("the same _fold() again (wall)", second)):
+                    ("first drops_now() after the walk (wall)", first),
+                    ("the same drops_now() again (wall)", second)):
         if v:
             print(f"{name:40s} p50 {pct(v, .5):7.1f}  p90 {pct(v, .9):7.1f}  "
                   f"max {max(v) / 1e3:7.1f} us")

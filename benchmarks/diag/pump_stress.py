@@ -16,6 +16,7 @@ import faulthandler
 import sys
 
 import specobs
+from specobs._holds import HoldMeter
 from tests.test_nogil_drain import host_cycles
 
 
@@ -27,12 +28,13 @@ def main() -> int:
     faulthandler.dump_traceback_later(40 * int(sys.argv[1]), exit=True)
     for k in range(int(sys.argv[1])):
         obs = specobs.configure(sinks=[], poll_interval_seconds=0.001, queue_size=1 << 15)
+        obs._resolver.tune(meter=HoldMeter())  # why the pump came back, for a hang's line
         host_cycles(obs, 60_000)  # the stream the drain's and the pump's tests run
         if not obs.force_flush(10):
             r = obs._resolver
             ring = r.rec.ring
             print(f"HANG at run {k}: consumed {r.consumed}, enqueued {r.rec.enqueued}, waiting "
-                  f"{len(ring)}, drains {r.drains}, returns {r.pump_returns}, pumping "
+                  f"{len(ring)}, drains {r.drains}, returns {r.meter.pump_returns}, pumping "
                   f"{ring.pumping}, begun {ring.begun}, drained {ring.drained}, pump_walked "
                   f"{ring.pump_walked}, counted {obs.snapshot().cycles_total}, pending "
                   f"{ring.pending(100)}", flush=True)

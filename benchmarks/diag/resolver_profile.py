@@ -36,6 +36,7 @@ import torch
 from gpu_overhead import build, warm
 
 import specobs
+from specobs._holds import HoldMeter
 
 
 class CallTimer:
@@ -101,7 +102,7 @@ def run(wl: Any, k: int, batch: int, n: int, *, every: bool, direct: bool,
     obs.force_flush(timeout_seconds=30)
     s0 = obs.snapshot()
     q.calls = q.wall = q.cpu = e.calls = e.wall = e.cpu = 0
-    res.max_hold_ns = 0
+    meter = res.tune(meter=HoldMeter())
     if prof is not None:
         prof.clear()
     el = loop(n)
@@ -115,7 +116,7 @@ def run(wl: Any, k: int, batch: int, n: int, *, every: bool, direct: bool,
         "interval": s.sampling_interval,
         "resolver_us_per_cycle": (s.cpu_seconds["resolver"] - s0.cpu_seconds["resolver"])
         / max(cycles, 1) * 1e6,
-        "max_hold_us": res.max_hold_ns / 1e3,
+        "max_hold_us": meter.max_hold_ns / 1e3,
         "overhead_pct": s.overhead_ratio * 100,
         "direct": bool(getattr(clock, "_direct_checked", False)),
     }

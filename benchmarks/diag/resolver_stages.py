@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 import specobs
-from specobs import _resolver
+from specobs import _resolver, _stages
+from specobs._holds import HoldMeter
 
 STAGES: dict[str, list[int]] = {}
 
@@ -38,13 +39,17 @@ def main() -> None:
     import torch
 
     R = _resolver.Resolver
-    for name in ("_drain_locked", "_poll", "_trace_indices", "_resolve", "_fold", "_adapt",
-                 "_adapt_some", "_native_gpu", "_read_gpu", "_validate"):
+    for name in ("_drain_locked", "_resolve", "_fold", "_adapt", "_adapt_some"):
         setattr(R, name, timed(name, getattr(R, name)))
+    for name in ("poll", "read_gpu", "validate"):
+        setattr(_stages, name, timed(name, getattr(_stages, name)))
+    for cls, name in ((_stages.Traces, "pick"), (_stages.NativeReads, "take")):
+        setattr(cls, name, timed(f"{cls.__name__}.{name}", getattr(cls, name)))
     torch.cuda.init()
     x = torch.randn(512, 512, device="cuda")
     acc_cuda = torch.tensor([1, 2, 0, 3], device="cuda")
     obs = specobs.configure(sinks=[], clock="cuda")
+    meter = obs._resolver.tune(meter=HoldMeter())
     ring = obs._recorder.ring
     real_drain_into = ring.drain_into
 
@@ -72,9 +77,8 @@ def main() -> None:
         n += 1
     torch.cuda.synchronize()
     obs.force_flush(10)
-    res = obs._resolver
-    hs = sorted(res.holds)
-    print(f"cycles {n}, slices {res.slices}, holds p50 {hs[len(hs) // 2] / 1e3:.0f} / p90 "
+    hs = sorted(meter.holds)
+    print(f"cycles {n}, slices {meter.slices}, holds p50 {hs[len(hs) // 2] / 1e3:.0f} / p90 "
           f"{hs[int(len(hs) * 0.9)] / 1e3:.0f} / max {hs[-1] / 1e3:.0f} us, native gpu "
           f"{ring.native_gpu_cycles}, walked {ring.nogil_cycles}")
     for name, v in STAGES.items():
