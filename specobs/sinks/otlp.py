@@ -71,17 +71,6 @@ fork()
     says so in one warning. ``GRPC_ENABLE_FORK_SUPPORT`` is left alone: with exports in flight
     it made parents and children hang.
 
-Timestamps
-    Metric points are stamped with the wall clock, but never before the sink's anchor plus the
-    monotonic time elapsed since (:meth:`OtlpSink.now_ns`), and never before their start: after
-    the clock is stepped back, points keep moving forward on the timeline the spans use.
-
-CPU
-    ``time.thread_time_ns`` around building and exporting metrics (on ``specobs-otlp``) and
-    around each span export (on the processor's thread) goes into ``cpu_seconds["otlp"]``. Building
-    spans happens in ``on_cycles`` on the resolver thread and is already counted as ``resolver``.
-    Work inside gRPC's own C-core threads is not visible to ``thread_time_ns``.
-
 Configuration
     The standard ``OTEL_*`` variables, read when the sink is attached, mean what they mean to
     every other Python OpenTelemetry program; constructor arguments override them; a user and
