@@ -26,6 +26,7 @@ import socketserver
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 
 import pytest
 
@@ -168,8 +169,5 @@ class HostileCollector:
 @pytest.fixture
 def hostile_collector() -> Iterator[HostileCollector]:
     """A :class:`HostileCollector` in mode ``ok`` (set ``.mode``), closed after the test."""
-    collector = HostileCollector()
-    try:
+    with closing(HostileCollector()) as collector:
         yield collector
-    finally:
-        collector.close()
