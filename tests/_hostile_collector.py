@@ -22,52 +22,27 @@ kernel accepted (what the client read plus what socket buffers held when it hung
 from __future__ import annotations
 
 import socket
-import socketserver
-import threading
-import time
 from collections.abc import Iterator
+from contextlib import closing
 
 import pytest
+
+from tests._raw_http import RawHttpServer
 
 __all__ = ["HostileCollector", "hostile_collector"]
 
 
-class _Gone(Exception):
-    """The client left, the collector is closing, or the handler ran out of time."""
-
-
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class HostileCollector:
+class HostileCollector(RawHttpServer):
     """The collector on a free loopback port; :attr:`endpoint` is its OTLP/HTTP base URL."""
 
     def __init__(self, mode: str = "ok", *, drip_seconds: float = 0.5,
                  max_seconds: float = 30.0) -> None:
         self.mode = mode
-        self.drip_seconds = drip_seconds
-        self.max_seconds = max_seconds
-        self.closing = threading.Event()
-        self._lock = threading.Lock()
         self._sent: list[int] = []
-        owner = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                try:
-                    owner._serve(self.request)
-                except (_Gone, OSError):
-                    pass
-
-        self.server = _Server(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-            name="hostile-collector", daemon=True,
-        )
-        self._thread.start()
+        super().__init__(name="hostile-collector", drip_seconds=drip_seconds,
+                         max_seconds=max_seconds, poll_interval=0.05)  # fmt: skip
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.start()
 
     @property
     def requests(self) -> int:
@@ -79,14 +54,9 @@ class HostileCollector:
         with self._lock:
             return list(self._sent)
 
-    def close(self) -> None:
-        self.closing.set()
-        self.server.shutdown()
-        self.server.server_close()
-
     # -- one connection (keep-alive: one request after another) -----------------------------
 
-    def _serve(self, sock: socket.socket) -> None:
+    def _handle(self, sock: socket.socket) -> None:
         sock.settimeout(5)
         pending = b""
         while not self.closing.is_set():
@@ -113,21 +83,14 @@ class HostileCollector:
             self._answer(sock, index)
 
     def _answer(self, sock: socket.socket, index: int) -> None:
-        started = time.monotonic()
-
-        def send(data: bytes) -> None:
-            if self.closing.is_set() or time.monotonic() - started > self.max_seconds:
-                raise _Gone
-            try:
-                sock.sendall(data)
-            except OSError:
-                raise _Gone from None
+        def sent(n: int) -> None:
             with self._lock:
-                self._sent[index] += len(data)
+                self._sent[index] += n
+
+        send = self._sender(sock, sent)
 
         def pause() -> None:
-            if self.closing.wait(self.drip_seconds):
-                raise _Gone
+            self._pause(self.drip_seconds)
 
         proto = "Content-Type: application/x-protobuf"
         chunked = "Transfer-Encoding: chunked"
@@ -168,8 +131,5 @@ class HostileCollector:
 @pytest.fixture
 def hostile_collector() -> Iterator[HostileCollector]:
     """A :class:`HostileCollector` in mode ``ok`` (set ``.mode``), closed after the test."""
-    collector = HostileCollector()
-    try:
+    with closing(HostileCollector()) as collector:
         yield collector
-    finally:
-        collector.close()

@@ -27,13 +27,13 @@ import collections
 import functools
 import os
 import socket
-import socketserver
-import threading
 import time
 import zlib
 from collections.abc import Iterator
 
 import pytest
+
+from tests._raw_http import RawHttpServer
 
 __all__ = [
     "BOMB_BYTES", "HUGE_BYTES", "HostileServer", "Measured", "hostile_server", "run_measured",
@@ -56,39 +56,13 @@ def _gzip_bomb() -> bytes:
     return b"".join(parts)
 
 
-class _Gone(Exception):
-    """The client left, the server is closing, or the handler ran out of time."""
-
-
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class HostileServer:
+class HostileServer(RawHttpServer):
     """The server on a free loopback port, serving from daemon threads."""
 
     def __init__(self, drip_seconds: float = 0.2, max_seconds: float = 60.0) -> None:
-        self.drip_seconds = drip_seconds
-        self.max_seconds = max_seconds
         self.hits: collections.Counter[str] = collections.Counter()
-        self.closing = threading.Event()
-        self._lock = threading.Lock()
-        owner = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                try:
-                    owner._handle(self.request)
-                except (_Gone, OSError):
-                    pass
-
-        self.server = _Server(("127.0.0.1", 0), Handler)
-        self.port = int(self.server.server_address[1])
-        self._thread = threading.Thread(
-            target=self.server.serve_forever, name="hostile-server", daemon=True
-        )
-        self._thread.start()
+        super().__init__(name="hostile-server", drip_seconds=drip_seconds, max_seconds=max_seconds)
+        self.start()
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -96,11 +70,6 @@ class HostileServer:
     def bomb(self) -> bytes:
         with self._lock:
             return _gzip_bomb()
-
-    def close(self) -> None:
-        self.closing.set()
-        self.server.shutdown()
-        self.server.server_close()
 
     # -- one connection ---------------------------------------------------------------------
 
@@ -117,19 +86,7 @@ class HostileServer:
         mode = path.split("?")[0].strip("/").split("/")[0]
         with self._lock:
             self.hits[mode] += 1
-        started = time.monotonic()
-
-        def send(data: bytes) -> None:
-            if self.closing.is_set() or time.monotonic() - started > self.max_seconds:
-                raise _Gone
-            try:
-                sock.sendall(data)
-            except OSError:
-                raise _Gone from None
-
-        def pause(seconds: float) -> None:
-            if self.closing.wait(seconds):
-                raise _Gone
+        send, pause = self._sender(sock), self._pause
 
         def head(status: str, *headers: str) -> bytes:
             lines = [f"HTTP/1.1 {status}", "Connection: close", *headers, "", ""]

@@ -41,6 +41,8 @@ from typing import Any
 import httpx
 import pytest
 
+from specobs.mixin import MixinConfig
+
 __all__ = [
     "PrometheusError",
     "PrometheusServer",
@@ -48,6 +50,7 @@ __all__ = [
     "prometheus_server",
     "promtool",
     "promtool_path",
+    "short_windows",
 ]
 
 _SKIP_REASON = (
@@ -113,6 +116,20 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def short_windows(**windows: str) -> MixinConfig:
+    """The mixin's config with the rate and history windows short enough for a test to wait
+    through: rates over 4 s, a 12 s history offset by 4 s in 2 s steps, and the acceptance-drop
+    alert pending 2 s; ``windows`` sets the rest (``stall_after="3s"``, ``cohort_for="2s"``)."""
+    return MixinConfig(
+        rate_window="4s",
+        history_window="12s",
+        history_offset="4s",
+        history_step="2s",
+        acceptance_drop_for="2s",
+        **windows,
+    )
 
 
 def _unix_seconds(rfc3339: str) -> float:

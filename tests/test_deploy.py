@@ -25,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -37,6 +36,7 @@ import yaml
 
 from specobs import catalog
 from tests._prometheus_server import free_port
+from tests._sink_recorder import SinkRecorder
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -684,47 +684,20 @@ def test_stack_local_help_and_bad_flags() -> None:
         assert result.returncode == 2 and message in result.stderr, (bad, result.stderr)
 
 
-class _Recorder:
+class _Recorder(SinkRecorder):
     """A real specobs observer and PrometheusSink, fed speculative cycles on a fake GPU."""
 
     def __init__(self) -> None:
-        import specobs
-        from specobs.timing import FakeEventClock, FakeGpu
-
-        self.gpu = FakeGpu()
-        self.sink = specobs.PrometheusSink(port=0, addr="127.0.0.1")
-        self.obs = specobs.configure(
-            sinks=[self.sink],
-            clock=FakeEventClock(self.gpu, pool_size=1024),
-            sample_every=1,
+        super().__init__(
+            name="deploy-test-engine",
+            pool_size=1024,
             max_draft_length=4,
             labels={"model": "tiny", "engine": "fake"},
-            poll_interval_seconds=0.02,
+            pause_seconds=0.005,
         )
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="deploy-test-engine", daemon=True)
-        self._thread.start()
 
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.sink.port}"
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            with self.obs.cycle(batch_size=2) as cycle:
-                self.gpu.run(200_000)
-                cycle.mark("verify")
-                self.gpu.run(600_000)
-                cycle.mark("bookkeeping")
-                self.gpu.run(100_000)
-                cycle.accept([3, 1], draft_length=4)
-            self.gpu.complete()
-            self._stop.wait(0.005)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.obs.shutdown(5)
+    def step(self) -> None:
+        self.cycle([3, 1], draft_length=4)
 
 
 @pytest.fixture
@@ -735,11 +708,8 @@ def recorder() -> Iterator[_Recorder]:
         specobs.PrometheusSink  # noqa: B018 - prometheus_client installed?
     except (ImportError, AttributeError) as exc:
         pytest.skip(f"needs specobs's Prometheus sink ({exc}): pip install -e '.[prometheus]'")
-    rec = _Recorder()
-    try:
+    with _Recorder() as rec:
         yield rec
-    finally:
-        rec.stop()
 
 
 def _start_script(argv: list[str], log: Path, env: dict[str, str] | None = None) -> Any:

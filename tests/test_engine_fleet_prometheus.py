@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -28,15 +27,16 @@ from typing import Any
 
 import pytest
 
-from specobs.mixin import MixinConfig, render_all
+from specobs.mixin import render_all
 from specobs.mixin._panels import NEEDS_PLUGIN, NEEDS_PLUGIN_VALUE, fill_variables
 from specobs.mixin._rules import AlertNames
 from tests._engine_exposition import EngineExposition, Workload, engine_hosts, workload_figures
+from tests._prometheus_server import short_windows
+from tests._sink_recorder import SinkRecorder
 from tests.test_top import cli_here
 
 try:
     import specobs
-    from specobs.timing import FakeEventClock, FakeGpu
 
     specobs.PrometheusSink  # noqa: B018 - prometheus_client present?
     _MISSING = ""
@@ -46,14 +46,7 @@ except (ImportError, AttributeError) as exc:
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(_MISSING), reason=f"needs {_MISSING}")]
 
 RULES = "deploy/prometheus/rules/specobs-rules.yml"
-CONFIG = MixinConfig(
-    rate_window="4s",
-    history_window="12s",
-    history_offset="4s",
-    history_step="2s",
-    acceptance_drop_for="2s",
-    cohort_for="2s",
-)
+CONFIG = short_windows(cohort_for="2s")
 MODEL = "llama-3-8b"
 
 #: Each engine's workload: different k, acceptance and traffic, so that no two servers give
@@ -71,7 +64,7 @@ COLLAPSING = "llamacpp"
 COLLAPSED = (0.15, 0.1, 0.05)
 
 
-class PluginServer:
+class PluginServer(SinkRecorder):
     """A server with specobs's plugin: a real Observer and PrometheusSink, running a fixed
     number of speculative cycles per second (paced on the wall clock, catching up after a slow
     moment) with the same acceptance every cycle, so its figures are known."""
@@ -81,25 +74,17 @@ class PluginServer:
     ACCEPTED = (3, 2)  # per sequence, batch 2
 
     def __init__(self) -> None:
-        self.gpu = FakeGpu()
-        self.sink = specobs.PrometheusSink(port=0, addr="127.0.0.1")
-        self.obs = specobs.configure(
-            sinks=[self.sink],
-            clock=FakeEventClock(self.gpu, pool_size=4096),
-            sample_every=1,
+        self._started: float | None = None
+        self._done = 0
+        super().__init__(
+            name="plugin-server",
+            pool_size=4096,
             max_draft_length=self.K,
             labels={"model_name": MODEL, "serving_engine": "transformers"},
-            poll_interval_seconds=0.02,
+            pause_seconds=0.005,
             # The pacing waits between bursts of cycles: idle, not the engine's overhead.
             idle_gap_seconds=0.001,
         )
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="plugin-server", daemon=True)
-        self._thread.start()
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.sink.port}"
 
     @property
     def acceptance(self) -> float:
@@ -109,27 +94,14 @@ class PluginServer:
     def emitted_per_second(self) -> float:
         return self.CYCLES_PER_SECOND * (len(self.ACCEPTED) + sum(self.ACCEPTED))
 
-    def _run(self) -> None:
-        started, done = time.monotonic(), 0
-        while not self._stop.is_set():
-            due = int((time.monotonic() - started) * self.CYCLES_PER_SECOND)
-            while done < due:
-                with self.obs.cycle(batch_size=len(self.ACCEPTED)) as cycle:
-                    self.gpu.run(200_000)
-                    cycle.mark("verify")
-                    self.gpu.run(600_000)
-                    cycle.mark("bookkeeping")
-                    self.gpu.run(100_000)
-                    cycle.accept(list(self.ACCEPTED), draft_length=self.K)
-                self.gpu.complete()
-                done += 1
-            self.obs.set_requests(running=len(self.ACCEPTED), waiting=0)
-            self._stop.wait(0.005)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.obs.shutdown(5)
+    def step(self) -> None:
+        if self._started is None:
+            self._started = time.monotonic()
+        due = int((time.monotonic() - self._started) * self.CYCLES_PER_SECOND)
+        while self._done < due:
+            self.cycle(self.ACCEPTED, draft_length=self.K)
+            self._done += 1
+        self.obs.set_requests(running=len(self.ACCEPTED), waiting=0)
 
 
 class Fleet:

@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
-import specobs
 from specobs.instrument import vllm as vl_inst
 from tests._arithmetic import watching
+from tests._vllm_stand_ins import instrumented_vllm
 from tests.test_instrument_contracts import _class, _method, _tree
 
 VERSION = "0.33.0"
@@ -133,33 +133,6 @@ class _Scheduler:
         return {0: types.SimpleNamespace(outputs=outputs)}
 
 
-@contextlib.contextmanager
-def _instrumented(monkeypatch: pytest.MonkeyPatch, runner: type, scheduler: type,
-                  phases: tuple[str, ...]) -> Iterator[None]:  # fmt: skip
-    """``runner`` and ``scheduler`` as vLLM's V1 runner and scheduler classes, in stand-in
-    modules patched by a fresh instrumentor with an in-memory observer of ``phases``."""
-    modules = {
-        "vllm": types.ModuleType("vllm"),
-        vl_inst.V1_MODULE: types.ModuleType(vl_inst.V1_MODULE),
-        vl_inst.SCHEDULER_MODULE: types.ModuleType(vl_inst.SCHEDULER_MODULE),
-    }
-    setattr(modules[vl_inst.V1_MODULE], vl_inst.RUNNER_CLASS, runner)
-    setattr(modules[vl_inst.SCHEDULER_MODULE], vl_inst.SCHEDULER_CLASS, scheduler)
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    inst = vl_inst.VllmInstrumentor()
-    inst.uninstrument()
-    inst._observer = None
-    observer = specobs.configure(sinks=[specobs.MemorySink()], clock="host", phases=phases)
-    assert inst.instrument(observer=observer, skip_dep_check=True)
-    try:
-        yield
-    finally:
-        inst.uninstrument()
-        inst._observer = None
-        observer.shutdown(timeout_seconds=5.0)
-
-
 @pytest.fixture
 def stand_ins(monkeypatch: pytest.MonkeyPatch,
               request: pytest.FixtureRequest) -> Iterator[tuple[type, type]]:  # fmt: skip
@@ -168,7 +141,7 @@ def stand_ins(monkeypatch: pytest.MonkeyPatch,
     pytest.importorskip("torch")
     runner = type("GPUModelRunner", (getattr(request, "param", _Runner),), {})
     scheduler = type("Scheduler", (_Scheduler,), {})
-    with _instrumented(monkeypatch, runner, scheduler, PHASES):
+    with instrumented_vllm(monkeypatch, vl_inst.V1_MODULE, runner, scheduler, PHASES):
         yield runner, scheduler
 
 
@@ -594,7 +567,7 @@ def async_stand_ins(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[dict[str,
         "update_from_output": real["update_from_output"],
         "schedule": lambda self, throttle=False: self.build(throttle),
     })  # fmt: skip
-    with _instrumented(monkeypatch, runner, scheduler, ASYNC_PHASES):
+    with instrumented_vllm(monkeypatch, vl_inst.V1_MODULE, runner, scheduler, ASYNC_PHASES):
         yield real, runner(real["AsyncModelRunnerOutput"])
 
 
@@ -881,7 +854,7 @@ def worker_process_stand_ins(
         "_update_request_with_output": real["_update_request_with_output"],
         "schedule": lambda self, throttle=False: self.build(throttle),
     })  # fmt: skip
-    with _instrumented(monkeypatch, runner, scheduler, ASYNC_PHASES):
+    with instrumented_vllm(monkeypatch, vl_inst.V1_MODULE, runner, scheduler, ASYNC_PHASES):
         yield real, output_module, runner(real["AsyncModelRunnerOutput"])
 
 

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -130,6 +131,16 @@ class Child:
         return err
 
 
+def _serving() -> tuple[specobs.PrometheusSink, specobs.Observer, Any]:
+    """A Prometheus sink on a free port behind a host-clock observer that never polls on its
+    own: the sink, the observer and the sink's HTTP server."""
+    sink = specobs.PrometheusSink(port=0)
+    obs = specobs.configure(sinks=[sink], clock="host", poll_interval_seconds=3600)
+    server = sink.server
+    assert server is not None
+    return sink, obs, server
+
+
 @linux_only
 def test_out_of_descriptors_the_endpoint_rests_instead_of_spinning_and_serves_again():
     child = Child(OUT_OF_FDS)
@@ -226,10 +237,7 @@ def scrape_ok(url: str) -> bool:
 
 @linux_only
 def test_idle_connections_holding_every_slot_do_not_lock_out_scrapes():
-    sink = specobs.PrometheusSink(port=0)
-    obs = specobs.configure(sinks=[sink], clock="host", poll_interval_seconds=3600)
-    server = sink.server
-    assert server is not None
+    sink, obs, server = _serving()
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(sink.port), "40"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -252,10 +260,7 @@ def test_idle_connections_holding_every_slot_do_not_lock_out_scrapes():
 
 
 def test_a_slow_head_that_keeps_coming_is_not_evicted_before_idle_connections():
-    sink = specobs.PrometheusSink(port=0)
-    obs = specobs.configure(sinks=[sink], clock="host", poll_interval_seconds=3600)
-    server = sink.server
-    assert server is not None
+    sink, obs, server = _serving()
     server.max_connections = 4
     held: list[socket.socket] = []
 
@@ -304,10 +309,7 @@ ODD_REQUESTS = [
 
 
 def test_odd_requests_are_answered_or_closed_and_the_endpoint_keeps_serving():
-    sink = specobs.PrometheusSink(port=0)
-    obs = specobs.configure(sinks=[sink], clock="host", poll_interval_seconds=3600)
-    server = sink.server
-    assert server is not None
+    sink, obs, server = _serving()
     server.read_timeout_seconds = 0.3
     try:
         for request, answer in ODD_REQUESTS:

@@ -308,13 +308,12 @@ def _snapshot(observer: Any) -> Any:
     return observer.snapshot()
 
 
-def test_sglang_plugin_through_sglangs_own_loader_and_hook_registry(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fresh_instrumentors: Any
-) -> None:
-    version = "0.5.23"
-    calls: list[str] = []
-    module = _sglang_v2_module(monkeypatch, calls)
-    original_forward = module.EAGLEWorkerV2.forward_batch_generation
+def _sglang_plugin_loader(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, version: str
+) -> tuple[types.ModuleType, types.ModuleType]:
+    """SGLang's own ``sglang.srt.plugins`` loader and ``hook_registry``, loaded from its wheel at
+    ``version``, with specobs's entry point the only plugin, ``SPECOBS_SGLANG=1``, and the
+    instrumentor seeing ``version`` installed: ``(hook_registry, plugins)``."""
     monkeypatch.setattr(sg_inst.SGLangInstrumentor, "package", _Installed(SGLANG_RANGE, version))
     environ = _package(monkeypatch, "sglang.srt.environ", path=False)
 
@@ -335,6 +334,17 @@ def test_sglang_plugin_through_sglangs_own_loader_and_hook_registry(
         plugins, "entry_points", lambda group: [entry] if group == entry.group else []
     )
     monkeypatch.setenv(sg_inst.SPECOBS_SGLANG, "1")
+    return registry, plugins
+
+
+def test_sglang_plugin_through_sglangs_own_loader_and_hook_registry(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fresh_instrumentors: Any
+) -> None:
+    version = "0.5.23"
+    calls: list[str] = []
+    module = _sglang_v2_module(monkeypatch, calls)
+    original_forward = module.EAGLEWorkerV2.forward_batch_generation
+    registry, plugins = _sglang_plugin_loader(monkeypatch, tmp_path, version)
     monkeypatch.setenv("SPECOBS_CLOCK", "host")
     for var in ("SPECOBS_EXPORTERS", "SPECOBS_RANK", "RANK", "LOCAL_RANK", "SPECOBS_PHASES"):
         monkeypatch.delenv(var, raising=False)

@@ -44,6 +44,7 @@ from tests.test_instrument_contracts import (
     _package,
     _params,
     _Result,
+    _sglang_plugin_loader,
     _snapshot,
     _source,
     _tree,
@@ -533,6 +534,15 @@ def _memory_observer(**kwargs: Any) -> Any:
     return specobs.configure(sinks=[specobs.MemorySink()], clock="host", rank=0, **kwargs)
 
 
+def _instrumented_observer(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The host clock only, then SGLang's instrumentor installed with a memory-sink observer,
+    which it returns."""
+    _host_only(monkeypatch)
+    observer = _memory_observer()
+    _instrument(monkeypatch, observer)
+    return observer
+
+
 # -- behaviour: the plugin through SGLang's own loader ---------------------------------------------
 
 
@@ -543,26 +553,7 @@ def test_plugin_through_sglangs_own_loader_patches_every_covered_class(
     v2 = _eagle_v2(monkeypatch, calls)
     original = v2.EAGLEWorkerV2.forward_batch_generation
     ml = _multi_layer(monkeypatch, calls)
-    monkeypatch.setattr(sg_inst.SGLangInstrumentor, "package", _Installed(SGLANG_RANGE, LATEST))
-    environ = _package(monkeypatch, "sglang.srt.environ", path=False)
-
-    class _Unset:
-        def get(self) -> None:
-            return None
-
-    environ.envs = types.SimpleNamespace(SGLANG_PLUGINS=_Unset(), SGLANG_PLATFORM=_Unset())
-    _package(monkeypatch, "sglang.srt.plugins")
-    registry = _load_from_wheel(
-        monkeypatch, tmp_path, "sglang", LATEST, "sglang.srt.plugins.hook_registry"
-    )
-    plugins = _load_from_wheel(monkeypatch, tmp_path, "sglang", LATEST, "sglang.srt.plugins")
-    entry = importlib.metadata.EntryPoint(
-        name="specobs", value="specobs.instrument.sglang:sglang_plugin", group="sglang.srt.plugins"
-    )
-    monkeypatch.setattr(
-        plugins, "entry_points", lambda group: [entry] if group == entry.group else []
-    )
-    monkeypatch.setenv(sg_inst.SPECOBS_SGLANG, "1")
+    registry, plugins = _sglang_plugin_loader(monkeypatch, tmp_path, LATEST)
     _host_only(monkeypatch)
     try:
         plugins.load_plugins()
@@ -640,9 +631,7 @@ def test_standalone_inherits_the_eagle_hooks(
     calls: list[str] = []
     v2 = _eagle_v2(monkeypatch, calls)
     sa = _standalone(monkeypatch, v2)
-    _host_only(monkeypatch)
-    observer = _memory_observer()
-    _instrument(monkeypatch, observer)
+    observer = _instrumented_observer(monkeypatch)
     assert sg_inst.is_hooked(sa.StandaloneWorkerV2)
     sa.StandaloneWorkerV2(accept=[3, 3]).forward_batch_generation(_Batch("decode", 2))
     snap = _snapshot(observer)
@@ -655,9 +644,7 @@ def test_multi_layer_eagle_phases_and_tree_counts(
 ) -> None:
     calls: list[str] = []
     ml = _multi_layer(monkeypatch, calls)
-    _host_only(monkeypatch)
-    observer = _memory_observer()
-    _instrument(monkeypatch, observer)
+    observer = _instrumented_observer(monkeypatch)
     worker = ml.MultiLayerEagleWorkerV2(accept=[2, 1, 5], topk=2, steps=4, tokens=6)
     worker.forward_batch_generation(_Batch("extend", 3))
     worker.forward_batch_generation(_Batch("decode", 3))
@@ -679,9 +666,7 @@ def test_frozen_kv_mtp_is_one_cycle_with_the_inherited_verify(
     calls: list[str] = []
     v2 = _eagle_v2(monkeypatch, calls)
     frozen = _frozen(monkeypatch, calls, v2)
-    _host_only(monkeypatch)
-    observer = _memory_observer()
-    _instrument(monkeypatch, observer)
+    observer = _instrumented_observer(monkeypatch)
     assert sg_inst.is_hooked(frozen.FrozenKVMTPWorkerV2)
     worker = frozen.FrozenKVMTPWorkerV2(accept=[3, 1])
     for _ in range(4):
@@ -702,9 +687,7 @@ def test_subclass_step_calling_super_counts_one_cycle(
 ) -> None:
     calls: list[str] = []
     v2 = _eagle_v2(monkeypatch, calls)
-    _host_only(monkeypatch)
-    observer = _memory_observer()
-    _instrument(monkeypatch, observer)
+    observer = _instrumented_observer(monkeypatch)
 
     class Wrapped(v2.EAGLEWorkerV2):  # type: ignore[misc, name-defined]
         def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -726,9 +709,7 @@ def test_ngram_draft_is_the_lookup_and_bookkeeping_the_corpus_update(
 ) -> None:
     calls: list[str] = []
     ng = _ngram(monkeypatch, calls)
-    _host_only(monkeypatch)
-    observer = _memory_observer()
-    _instrument(monkeypatch, observer)
+    observer = _instrumented_observer(monkeypatch)
     worker = ng.NGRAMWorker(accept=[1, 3, 8])
     worker.forward_batch_generation(_Batch("extend", 3))
     for _ in range(2):
@@ -998,9 +979,7 @@ def test_dp_attention_decode_rank_beside_a_prefilling_peer_is_a_cycle_when_coord
     an idle batch anyway). Plain decode steps are cycles either way."""
     calls: list[str] = []
     v2 = _real_eagle_v2(monkeypatch, tmp_path, calls, coordination=coordination, rank=0)
-    _host_only(monkeypatch)
-    observer = _memory_observer()
-    _instrument(monkeypatch, observer)
+    observer = _instrumented_observer(monkeypatch)
     worker = v2.EAGLEWorkerV2(accept=[1, 4, 2])
     # Rank 0 decodes 3 requests, rank 1 prefills 50 tokens: a heterogeneous plan.
     for _ in range(2):
@@ -1035,9 +1014,7 @@ def test_dp_attention_prefilling_rank_of_a_coordinated_step_records_nothing(
     """The peer's side: it drafts over an idle batch (the collectives need it) and prefills."""
     calls: list[str] = []
     v2 = _real_eagle_v2(monkeypatch, tmp_path, calls, coordination=True, rank=1)
-    _host_only(monkeypatch)
-    observer = _memory_observer()
-    _instrument(monkeypatch, observer)
+    observer = _instrumented_observer(monkeypatch)
     worker = v2.EAGLEWorkerV2(accept=[2])
     worker.forward_batch_generation(
         _DPBatch("extend", 2, peers_prefill=True, counts=[3, 50], prefills=[0, 1])

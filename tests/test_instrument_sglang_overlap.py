@@ -28,9 +28,7 @@ from tests.test_instrument_contracts import _method, _package
 from tests.test_instrument_sglang import (
     LATEST,
     _class_in,
-    _host_only,
-    _instrument,
-    _memory_observer,
+    _instrumented_observer,
     _Mode,
     _real_eagle_v2,
     _real_methods,
@@ -290,9 +288,7 @@ def test_zombie_rows_under_overlap_scheduling_are_left_out_as_sglang_leaves_them
     v2.EAGLEWorkerV2.verify = verify
     v2.EAGLEWorkerV2.on_verify_complete_cpu = lambda self, drafts, batch_size: None
     processor_cls = _processor_class(monkeypatch)
-    _host_only(monkeypatch)
-    observer = _memory_observer()
-    _instrument(monkeypatch, observer)
+    observer = _instrumented_observer(monkeypatch)
     worker = v2.EAGLEWorkerV2(accept=[])
     worker.speculative_num_steps, worker.speculative_num_draft_tokens = K, K + 1
     reqs = _requests(_req_class())

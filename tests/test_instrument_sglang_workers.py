@@ -37,6 +37,7 @@ from tests.test_instrument_sglang import (
     _class_in,
     _host_only,
     _instrument,
+    _instrumented_observer,
     _memory_observer,
     _module_path,
     _returned_classes,
@@ -674,9 +675,7 @@ def test_uno_emits_two_tokens_per_row_beyond_its_accepted_proposals(
 ) -> None:
     calls: list[tuple[str, str | None]] = []
     uno = _uno(monkeypatch, calls)
-    _host_only(monkeypatch)
-    observer = _memory_observer()
-    _instrument(monkeypatch, observer)
+    observer = _instrumented_observer(monkeypatch)
     assert sg_inst.is_hooked(uno.UnoWorkerV2)
     worker = uno.UnoWorkerV2(accept=accept, width=width, topk=topk, q=q)
     assert _cycle(observer, lambda: worker.forward_batch_generation(_Batch("extend", 2)))[
@@ -709,9 +708,7 @@ def test_uno_accept_lens_on_the_device_keep_the_times_without_a_sync(
     read on the worker's thread, so the cycle keeps its times and counts no tokens."""
     calls: list[tuple[str, str | None]] = []
     uno = _uno(monkeypatch, calls)
-    _host_only(monkeypatch)
-    observer = _memory_observer()
-    _instrument(monkeypatch, observer)
+    observer = _instrumented_observer(monkeypatch)
     worker = uno.UnoWorkerV2(accept=[1, 2])
     worker._result = lambda: _BatchResult(accept_lens=_OnDevice(), num_non_draft_tokens_per_req=2)
     got = _cycle(observer, lambda: worker.forward_batch_generation(_Batch("decode", 2)))
@@ -737,9 +734,7 @@ def test_uno_through_sglangs_own_result_processing(
     calls: list[tuple[str, str | None]] = []
     uno = _uno(monkeypatch, calls)
     processor_cls = _processor_class(monkeypatch)
-    _host_only(monkeypatch)
-    observer = _memory_observer()
-    _instrument(monkeypatch, observer)
+    observer = _instrumented_observer(monkeypatch)
     reqs = _uno_reqs(_req_class())
     worker = uno.UnoWorkerV2(accept=[], width=4)
     processor = processor_cls(worker)
@@ -785,9 +780,7 @@ def test_dspark_counts_the_drafts_each_row_verified(
 ) -> None:
     calls: list[tuple[str, str | None]] = []
     dspark = _dspark(monkeypatch, calls)
-    _host_only(monkeypatch)
-    observer = _memory_observer()
-    _instrument(monkeypatch, observer)
+    observer = _instrumented_observer(monkeypatch)
     assert sg_inst.is_hooked(dspark.DSparkWorkerV2)
     worker = dspark.DSparkWorkerV2(accept=accept, caps=caps, gamma=4)
     rows = len(accept)
@@ -814,9 +807,7 @@ def test_dspark_windows_on_the_device_are_not_read_on_the_workers_thread(
 ) -> None:
     calls: list[tuple[str, str | None]] = []
     dspark = _dspark(monkeypatch, calls)
-    _host_only(monkeypatch)
-    observer = _memory_observer()
-    _instrument(monkeypatch, observer)
+    observer = _instrumented_observer(monkeypatch)
     worker = dspark.DSparkWorkerV2(accept=[1, 1], caps=[3, 3], on_device=True)
     got = _cycle(observer, lambda: worker.forward_batch_generation(_Batch("decode", 2)))
     # Times kept; the configured width is not counted in place of the admitted ones.
@@ -829,9 +820,7 @@ def test_dspark_coordinated_decode_rank_is_one_cycle(
 ) -> None:
     calls: list[tuple[str, str | None]] = []
     dspark = _dspark(monkeypatch, calls)
-    _host_only(monkeypatch)
-    observer = _memory_observer()
-    _instrument(monkeypatch, observer)
+    observer = _instrumented_observer(monkeypatch)
     worker = dspark.DSparkWorkerV2(accept=[2, 0], caps=None, gamma=3)
     decode = _Batch("decode", 2)
     decode.is_extend_in_batch = True  # a peer of its DP-attention group prefills
@@ -852,9 +841,7 @@ def test_dspark_through_sglangs_own_result_processing(
     calls: list[tuple[str, str | None]] = []
     dspark = _dspark(monkeypatch, calls)
     processor_cls = _processor_class(monkeypatch)
-    _host_only(monkeypatch)
-    observer = _memory_observer()
-    _instrument(monkeypatch, observer)
+    observer = _instrumented_observer(monkeypatch)
     base = _req_class()
 
     def init(self: Any, rid: str, max_new_tokens: int, script: list[list[int]]) -> None:

@@ -29,31 +29,27 @@ MAX_NEW_TOKENS = 40
 NUM_ASSISTANT_TOKENS = 4
 
 
+#: What the target and the assistant share for assisted generation: one tokenizer's vocabulary
+#: and special tokens.
+_VOCAB: dict[str, Any] = {"vocab_size": 64, "pad_token_id": 0, "bos_token_id": 1,
+                          "eos_token_id": None}  # fmt: skip
+
+
 def _llama_config() -> Any:
     return transformers.LlamaConfig(
-        vocab_size=64,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=None,
+        **_VOCAB,
     )
 
 
 def _gpt2_config() -> Any:
     return transformers.GPT2Config(
-        vocab_size=64,
-        n_embd=32,
-        n_layer=2,
-        n_head=4,
-        n_positions=256,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=None,
+        n_embd=32, n_layer=2, n_head=4, n_positions=256, **_VOCAB
     )
 
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-import specobs
 from specobs.instrument import _vllm_topologies as topologies
 from specobs.instrument import vllm as vl_inst
 from specobs.instrument._vllm_topologies import EngineCore, InlineWorker, WorkerProcess
+from tests._vllm_stand_ins import instrumented_vllm
 
 DRAFTS = {"a": [1, 1, 1], "b": [2, 2, 2], "c": [3, 3, 3]}
 ACCEPTED = {"a": 2, "b": 3, "c": 0}
@@ -120,24 +120,10 @@ def _instrumented(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[type, type,
     runner = type("GPUModelRunner", (_Runner,), {})
     # vLLM defines schedule on Scheduler itself, where the hook is put.
     scheduler = type("Scheduler", (_Scheduler,), {"schedule": _Scheduler.schedule})
-    modules = {name: types.ModuleType(name)
-               for name in ("vllm", vl_inst.V2_MODULE, vl_inst.SCHEDULER_MODULE)}  # fmt: skip
-    setattr(modules[vl_inst.V2_MODULE], vl_inst.RUNNER_CLASS, runner)
-    setattr(modules[vl_inst.SCHEDULER_MODULE], vl_inst.SCHEDULER_CLASS, scheduler)
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    inst = vl_inst.VllmInstrumentor()
-    inst.uninstrument()
-    inst._observer = None
-    observer = specobs.configure(sinks=[specobs.MemorySink()], clock="host",
-                                 phases=vl_inst.V2_PHASES)  # fmt: skip
-    assert inst.instrument(observer=observer, skip_dep_check=True)
-    try:
+    with instrumented_vllm(
+        monkeypatch, vl_inst.V2_MODULE, runner, scheduler, vl_inst.V2_PHASES
+    ) as observer:
         yield runner, scheduler, observer
-    finally:
-        inst.uninstrument()
-        inst._observer = None
-        observer.shutdown(timeout_seconds=5.0)
 
 
 def _counted(observer: Any) -> dict[str, Any]:

@@ -4,7 +4,6 @@ recorder (fake GPU clock, real PrometheusSink), and the generated alerts firing 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,12 @@ from specobs.mixin import MixinConfig, _engines, render_all
 from specobs.mixin._panels import dashboard_queries
 from specobs.mixin._rules import RuleNames, alert_rules, recording_rules
 from tests._engine_exposition import EngineExposition, Workload, engine_hosts
+from tests._prometheus_server import short_windows
+from tests._sink_recorder import SinkRecorder
 from tests.test_mixin_promql import label_values_query
 
 try:
     import specobs
-    from specobs.timing import FakeEventClock, FakeGpu
 
     _MISSING = "" if hasattr(specobs, "configure") else "specobs.configure"
     specobs.PrometheusSink  # noqa: B018 - prometheus_client present?
@@ -39,63 +39,36 @@ HEALTHY = [3, 4, 2, 4]  # accepted draft tokens per sequence, k = 4
 WRONG_LAYERS = [0, 1, 0, 0]
 
 
-class FakeEngine:
+class FakeEngine(SinkRecorder):
     """A real observer and Prometheus sink, driven by a thread that runs speculative cycles
     on a fake GPU. ``accepted``, ``decoding`` and ``waiting`` can be changed while it runs."""
 
     def __init__(self) -> None:
-        self.gpu = FakeGpu()
-        self.sink = specobs.PrometheusSink(port=0, addr="127.0.0.1")
-        self.obs = specobs.configure(
-            sinks=[self.sink],
-            clock=FakeEventClock(self.gpu, pool_size=4096),
-            sample_every=1,
-            max_draft_length=4,
-            labels=LABELS,
-            baseline_tokens_per_second=40.0,
-            poll_interval_seconds=0.02,
-        )
         self.accepted = list(HEALTHY)
         self.decoding = True
         self.waiting = 1.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fake-engine", daemon=True)
-        self._thread.start()
+        super().__init__(
+            name="fake-engine",
+            pool_size=4096,
+            max_draft_length=4,
+            labels=LABELS,
+            pause_seconds=0.003,
+            baseline_tokens_per_second=40.0,
+        )
 
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.sink.port}"
-
-    def _run(self) -> None:
-        obs, gpu = self.obs, self.gpu
-        while not self._stop.is_set():
-            if self.decoding:
-                with obs.cycle(batch_size=len(self.accepted)) as cycle:
-                    gpu.run(200_000)
-                    cycle.mark("verify")
-                    gpu.run(600_000)
-                    cycle.mark("bookkeeping")
-                    gpu.run(100_000)
-                    cycle.accept(list(self.accepted), draft_length=4)
-                gpu.complete()
-                # Each cycle finishes one request, whose acceptance is that of this cycle's rows.
-                obs.request_finished(drafted=4 * len(self.accepted), accepted=sum(self.accepted))
-            obs.set_requests(running=len(self.accepted), waiting=self.waiting)
-            self._stop.wait(0.003)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.obs.shutdown(5)
+    def step(self) -> None:
+        if self.decoding:
+            accepted = list(self.accepted)
+            self.cycle(accepted, draft_length=4)
+            # Each cycle finishes one request, whose acceptance is that of this cycle's rows.
+            self.obs.request_finished(drafted=4 * len(accepted), accepted=sum(accepted))
+        self.obs.set_requests(running=len(self.accepted), waiting=self.waiting)
 
 
 @pytest.fixture
 def engine() -> Iterator[FakeEngine]:
-    eng = FakeEngine()
-    try:
+    with FakeEngine() as eng:
         yield eng
-    finally:
-        eng.stop()
 
 
 @pytest.fixture
@@ -198,15 +171,7 @@ def test_acceptance_and_stall_alerts_fire_end_to_end(
 ) -> None:
     """Healthy, then the draft wired to the wrong hidden layers, then stalled — with the
     generated rules, windows shortened through the config."""
-    config = MixinConfig(
-        rate_window="4s",
-        history_window="12s",
-        history_offset="4s",
-        history_step="2s",
-        acceptance_drop_for="2s",
-        stall_after="3s",
-        stall_for="2s",
-    )
+    config = short_windows(stall_after="3s", stall_for="2s")
     rules_path = tmp_path / "specobs-rules.yml"
     rules_path.write_text(render_all(config)[RULES])
     assert yaml.safe_load(rules_path.read_text())["groups"]

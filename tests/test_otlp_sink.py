@@ -383,6 +383,16 @@ def test_metrics_are_pushed_periodically(
 # -- configuration -----------------------------------------------------------------------------
 
 
+
+def _one_traced_cycle(observers: Callable[..., specobs.Observer], sink: OtlpSink) -> None:
+    """One cycle, traced, through an observer exporting to ``sink`` only, flushed."""
+    obs = observers(sinks=[sink], clock="host", trace_head_rate=1.0)
+    with obs.cycle() as c:
+        c.mark("verify")
+        c.mark("bookkeeping")
+    assert obs.force_flush(5.0)
+
+
 def test_standard_environment_variables(
     otlp_receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch,
     observers: Callable[..., specobs.Observer],
@@ -395,11 +405,7 @@ def test_standard_environment_variables(
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test,team=infer")
     sink = OtlpSink(export_interval_seconds=NEVER)
     assert (sink.traces_protocol, sink.metrics_protocol) == ("http/protobuf", "http/protobuf")
-    obs = observers(sinks=[sink], clock="host", trace_head_rate=1.0)
-    with obs.cycle() as c:
-        c.mark("verify")
-        c.mark("bookkeeping")
-    assert obs.force_flush(5.0)
+    _one_traced_cycle(observers, sink)
 
     requests = otlp_receiver.requests()
     assert {(r.transport, r.signal) for r in requests} == {("http", "traces"), ("http", "metrics")}
@@ -423,11 +429,7 @@ def test_per_signal_variables(
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "grpc")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", otlp_receiver.grpc_endpoint)
     sink = OtlpSink(export_interval_seconds=NEVER)
-    obs = observers(sinks=[sink], clock="host", trace_head_rate=1.0)
-    with obs.cycle() as c:
-        c.mark("verify")
-        c.mark("bookkeeping")
-    assert obs.force_flush(5.0)
+    _one_traced_cycle(observers, sink)
     assert {(r.transport, r.signal) for r in otlp_receiver.requests()} == {
         ("http", "traces"), ("grpc", "metrics"),
     }  # fmt: skip
@@ -448,11 +450,7 @@ def test_arguments_override_environment_variables(
         timeout_seconds=5, service_name="from-arg", resource_attributes={"region": "arg"},
         export_interval_seconds=NEVER,
     )  # fmt: skip
-    obs = observers(sinks=[sink], clock="host", trace_head_rate=1.0)
-    with obs.cycle() as c:
-        c.mark("verify")
-        c.mark("bookkeeping")
-    assert obs.force_flush(5.0)
+    _one_traced_cycle(observers, sink)
     requests = otlp_receiver.requests()
     assert {(r.transport, r.signal) for r in requests} == {("grpc", "traces"), ("grpc", "metrics")}
     assert all(r.headers.get("x-arg") == "1" for r in requests)

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -205,11 +206,8 @@ class Chromium:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Chromium]:
-    b = Chromium()
-    try:
+    with closing(Chromium()) as b:
         yield b
-    finally:
-        b.close()
 
 
 # -- two real demos, a real Prometheus, the reports -----------------------------------------------

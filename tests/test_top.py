@@ -218,11 +218,8 @@ class BadServer:
 
 @pytest.fixture(scope="module")
 def bad_server() -> Iterator[BadServer]:
-    server = BadServer()
-    try:
+    with contextlib.closing(BadServer()) as server:
         yield server
-    finally:
-        server.close()
 
 
 def closed_port_url() -> str:

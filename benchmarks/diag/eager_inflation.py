@@ -19,6 +19,17 @@ for _ in range(2000):
 torch.cuda.synchronize()
 
 
+def observed_step(obs):
+    """One draft-verify-bookkeeping step of the workload, observed as one cycle."""
+    c = obs.begin()
+    w.draft()
+    c.mark("verify")
+    w.verify()
+    c.mark("bookkeeping")
+    w.bookkeeping()
+    c.end()
+
+
 def run(label, poll, n=1500, every=1):
     mem = specobs.MemorySink(max_cycles=n)
     obs = specobs.configure(
@@ -26,13 +37,7 @@ def run(label, poll, n=1500, every=1):
     )
     t0 = time.perf_counter()
     for _ in range(n):
-        c = obs.begin()
-        w.draft()
-        c.mark("verify")
-        w.verify()
-        c.mark("bookkeeping")
-        w.bookkeeping()
-        c.end()
+        observed_step(obs)
     torch.cuda.synchronize()
     el = time.perf_counter() - t0
     obs.force_flush(60)
@@ -62,13 +67,7 @@ run("1 in 4, no resolver", 1000, every=4)
 mem = specobs.MemorySink()
 obs = specobs.configure(clock="host", sinks=[mem])
 for _ in range(1500):
-    c = obs.begin()
-    w.draft()
-    c.mark("verify")
-    w.verify()
-    c.mark("bookkeeping")
-    w.bookkeeping()
-    c.end()
+    observed_step(obs)
 obs.force_flush()
 print(
     "host clock only: host",
