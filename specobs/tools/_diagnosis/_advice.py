@@ -9,52 +9,29 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specobs.tools._breakdown import Breakdown
-from specobs.tools._diagnosis._cost import (
-    CycleCosts,
-    ForwardModel,
-    Prediction,
-    cycle_costs,
-)
+from specobs.tools._diagnosis._cost import CycleCosts, ForwardModel, Prediction, cycle_costs
 from specobs.tools._diagnosis._findings import Finding, _ms, _x
+from specobs.tools._diagnosis._thresholds import (
+    ADVICE_ALIKE,
+    ADVICE_BEYOND,
+    ADVICE_MAX_K,
+    ADVICE_MIN_GAIN,
+    ADVICE_Z,
+    DRAFT_EATS_GAIN,
+    DRAFT_GREW,
+    DRAFT_MAX_OF_VERIFY,
+    PLAIN_STEP_SPREAD,
+    TREND_MIN_RATES,
+)
 from specobs.tools._diagnosis._window import conditional_acceptance
 
 __all__ = [
-    "ADVICE_ALIKE",
-    "ADVICE_BEYOND",
-    "ADVICE_MAX_K",
-    "ADVICE_MIN_GAIN",
-    "ADVICE_Z",
-    "DRAFT_EATS_GAIN",
-    "DRAFT_GREW",
-    "DRAFT_MAX_OF_VERIFY",
-    "PLAIN_STEP_SPREAD",
-    "TREND_MIN_RATES",
-    "FirstPosition",
-    "Prospects",
-    "advise_k",
-    "candidates",
-    "draft_cost",
-    "expected_tokens",
-    "extended_rates",
-    "nearest_best",
-    "predict",
-    "prospects",
-    "rate_interval",
-    "slopes",
+    "FirstPosition", "Prospects", "advise_k", "candidates", "draft_cost", "expected_tokens",
+    "extended_rates", "nearest_best", "predict", "prospects", "rate_interval", "slopes",
 ]
-
-#: The advisor considers k from 1 to this, and names another k only for a predicted gain of at
-#: least ADVICE_MIN_GAIN.
-ADVICE_MAX_K = 8
-ADVICE_MIN_GAIN = 0.02
 
 
 # -- the advisor ----------------------------------------------------------------------------------
-
-
-#: Beyond the measured positions the in-cycle rates' trend is taken from at least this many of
-#: them (k >= 4); from fewer, their level alone.
-TREND_MIN_RATES = 3
 
 
 def extended_rates(conditional: Sequence[float], n: int) -> list[float]:
@@ -143,11 +120,6 @@ class FirstPosition:
         return self.after_rejection / (1 - (self.after_full - self.after_rejection) * later)
 
 
-#: The advice's gain is judged at the pessimistic end of an interval this many standard errors
-#: of the conditional rates wide (each rate a share of the drafts that reached its position).
-ADVICE_Z = 1.0
-
-
 def rate_interval(conditional: Sequence[float], drafted_first: float | None,
                   z: float = ADVICE_Z) -> tuple[list[float], list[float]]:
     """The conditional rates ``z`` standard errors below and above the measured ones: a_i was
@@ -206,11 +178,6 @@ class Prospects:
         return None if plain is None else self.rate(k, rates) * plain
 
 
-#: A plain step measured beside the cycles (by the engine, under the same load) is trusted to
-#: this fraction: the forward's slope is judged at both ends of what that allows.
-PLAIN_STEP_SPREAD = 0.03
-
-
 def slopes(pr: Prospects) -> list[ForwardModel]:
     """The forward with its slope at both ends of what a plain step off by
     :data:`PLAIN_STEP_SPREAD` allows (the slope is the difference between verify and the plain
@@ -224,10 +191,6 @@ def slopes(pr: Prospects) -> list[ForwardModel]:
             for d in (-shift, shift)]
 
 
-#: Positions beyond the measured ones the advisor extrapolates acceptance to.
-ADVICE_BEYOND = 6
-
-
 def candidates(k: int, model: ForwardModel | None) -> list[int]:
     """The lengths the advisor weighs from a measured ``k``: 1 .. k + :data:`ADVICE_BEYOND`
     (at most :data:`ADVICE_MAX_K`) where the forward's growth with tokens was measured, so that
@@ -236,11 +199,6 @@ def candidates(k: int, model: ForwardModel | None) -> list[int]:
     if model is not None and model.sure:
         return list(range(1, min(ADVICE_MAX_K, k + ADVICE_BEYOND) + 1))
     return [kk for kk in (k - 1, k, k + 1) if 1 <= kk <= ADVICE_MAX_K]
-
-
-#: Lengths predicted within this fraction of the best are alike: of them the one nearest the
-#: measured k is advised (a flat optimum does not make the advice jump between its ends).
-ADVICE_ALIKE = 0.02
 
 
 def nearest_best(ks: Sequence[int], rate: Callable[[int], float], k: int) -> int:
@@ -369,14 +327,6 @@ def predict(b: Breakdown, model: ForwardModel | None) -> Prediction | None:
 
 
 # -- the draft's cost ----------------------------------------------------------------------------
-
-#: The draft is called costly when it costs at least this share of a verify (each cycle pays
-#: nearly two target forwards; EAGLE-class heads cost 0.05-0.2 of a target step a position) and
-#: eats at least DRAFT_EATS_GAIN of what speculation would gain with a free draft.
-DRAFT_MAX_OF_VERIFY = 0.85
-DRAFT_EATS_GAIN = 0.75
-#: A draft whose cost a position grew by this factor against the past is named as grown.
-DRAFT_GREW = 1.5
 
 
 def draft_cost(b: Breakdown, past: Breakdown | None = None,

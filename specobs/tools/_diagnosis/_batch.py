@@ -8,11 +8,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specobs.tools._diagnosis._findings import Finding, Window, _clock, _mean, _x
+from specobs.tools._diagnosis._thresholds import (
+    BATCH_CONFIDENT_FACTOR,
+    BATCH_EXTRAPOLATION_MAX,
+    BATCH_FIT_POINTS,
+    BATCH_SAME_FACTOR,
+    BATCH_SEARCH_MAX_FACTOR,
+)
 
-__all__ = [
-    "BATCH_CONFIDENT_FACTOR", "BATCH_EXTRAPOLATION_MAX", "BATCH_FIT_POINTS", "BATCH_SAME_FACTOR",
-    "BATCH_SEARCH_MAX_FACTOR", "BatchPoint", "batch_point", "batch_threshold", "line_threshold",
-]
+__all__ = ["BatchPoint", "batch_point", "batch_threshold", "line_threshold"]
 
 
 def _k_zero_above(batch: float) -> str:
@@ -25,20 +29,6 @@ def _k_zero_above(batch: float) -> str:
             f"{n + 1} in --speculative-adaptive-config; TensorRT-LLM (after 1.2): "
             f"draft_len_schedule {{{n}: max_draft_len}}, batches above its largest key draft "
             "nothing")
-
-
-#: Batch sizes the threshold search looks at, as multiples of the measured mean batch.
-BATCH_SEARCH_MAX_FACTOR = 64.0
-
-
-#: Windows whose mean batches are within this factor of each other are one batch size observed.
-BATCH_SAME_FACTOR = 1.25
-#: The top batch sizes observed whose costs' log-log slopes extrapolate beyond them.
-BATCH_FIT_POINTS = 3
-#: A threshold extrapolated beyond the largest batch observed is named only up to this factor
-#: of it, with confidence "medium" up to BATCH_CONFIDENT_FACTOR and "low" beyond.
-BATCH_EXTRAPOLATION_MAX = 4.0
-BATCH_CONFIDENT_FACTOR = 2.0
 
 
 @dataclass(frozen=True)

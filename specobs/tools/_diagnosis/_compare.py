@@ -8,57 +8,33 @@ from dataclasses import dataclass
 from statistics import median
 
 from specobs.tools._breakdown import Breakdown, PhaseStats
-from specobs.tools._diagnosis._findings import MIN_CLOCK_CYCLES, Finding, _mean, _ms, _pct
+from specobs.tools._diagnosis._findings import Finding, _mean, _ms, _pct
+from specobs.tools._diagnosis._thresholds import (
+    ACCEPT_DROP_MIN,
+    ACCEPT_DROP_Z,
+    BOUNDARY_SPREAD,
+    COHORT_BATCH_TOLERANCE,
+    COHORT_PHASE_RATIO,
+    DOMINANT_FRACTION,
+    EVERY_PHASE_MIN_RATIO,
+    HOST_WAIT_EXPLAINS,
+    MACHINE_SPREAD,
+    MIN_CLOCK_CYCLES,
+    MIN_PAST_CYCLES,
+    MIN_RECENT_CYCLES,
+    SLOWER_CYCLE_FRACTION,
+    SLOWER_RATIO,
+    SLOWER_Z,
+    THROUGHPUT_DROP,
+    THROUGHPUT_SEVERE,
+    UNIFORM_MIN_SHARE,
+    UNIFORM_SPREAD,
+)
 
 __all__ = [
-    "ACCEPT_DROP_MIN", "ACCEPT_DROP_Z", "BOUNDARY_SPREAD", "COHORT_BATCH_TOLERANCE",
-    "COHORT_PHASE_RATIO", "DOMINANT_FRACTION", "EVERY_PHASE_MIN_RATIO", "HOST_WAIT_EXPLAINS",
-    "LIFETIME", "MACHINE_SPREAD", "MIN_PAST_CYCLES", "MIN_RECENT_CYCLES", "NOT_THE_SPECULATION",
-    "SLOWER_CYCLE_FRACTION", "SLOWER_RATIO", "SLOWER_Z", "THROUGHPUT_DROP", "THROUGHPUT_SEVERE",
-    "UNIFORM_MIN_SHARE",
-    "UNIFORM_SPREAD", "Reference", "acceptance_against_past", "against_cohort", "against_past",
-    "saved_run", "shift_z",
+    "LIFETIME", "NOT_THE_SPECULATION", "Reference", "acceptance_against_past", "against_cohort",
+    "against_past", "saved_run", "shift_z",
 ]
-
-#: Cycles the past (the lifetime before the window) and the recent window each need to compare.
-MIN_PAST_CYCLES = 100.0
-MIN_RECENT_CYCLES = 20.0
-#: Acceptance down by at least this much (absolute) and this z score: a finding.
-ACCEPT_DROP_MIN = 0.10
-ACCEPT_DROP_Z = 4.0
-#: A phase slower than its past mean by this factor (and by this fraction of the past cycle).
-SLOWER_RATIO = 1.25
-SLOWER_CYCLE_FRACTION = 0.10
-#: ... and by at least this many standard errors of the difference of the two means, where the
-#: histograms give a spread (:func:`shift_z`): a rise that a few slow cycles in distant buckets
-#: make (a stall of the machine) is not a phase that got slower.
-SLOWER_Z = 4.0
-#: The whole machine slowed only if the phases holding at least UNIFORM_MIN_SHARE of the past
-#: cycle slowed by factors within UNIFORM_SPREAD of each other.
-UNIFORM_MIN_SHARE = 0.01
-UNIFORM_SPREAD = 1.5
-#: ... or, where one factor still fits at least as well as one added time, every one of those
-#: phases slowed by at least EVERY_PHASE_MIN_RATIO and by factors within MACHINE_SPREAD of each
-#: other: a host busy with other work preempts the engine's thread in slices of milliseconds,
-#: which lengthens a short phase by a larger factor than a long one (recorded on the CPU demo
-#: with both cores taken by other processes: draft 1.34x, verify 1.60x, bookkeeping 2.09x).
-EVERY_PHASE_MIN_RATIO = 1.15
-MACHINE_SPREAD = 2.5
-#: The recording thread waited for a CPU at least this fraction of the time the phases gained
-#: (per cycle, more than over the lifetime): other work on the host is where that time went.
-HOST_WAIT_EXPLAINS = 0.5
-#: Slowed phases whose added times are within this factor of each other: one cost per boundary,
-#: when one added time fits the phase means better than one factor.
-BOUNDARY_SPREAD = 1.5
-#: Slowed phases reported on their own: those slowed by at least this fraction of the largest
-#: factor (the others' slowdown is secondary).
-DOMINANT_FRACTION = 0.5
-#: Per-sequence tokens/s below this fraction of the past: throughput down. A warning where a
-#: finding about the speculation explains it, or below THROUGHPUT_SEVERE unexplained; a fall
-#: nothing explains is the batch, the prompt mix or the machine (a few seconds of a busy CPU
-#: demo fell by 20-55% with every speculation signal steady), told as info.
-THROUGHPUT_DROP = 0.8
-THROUGHPUT_SEVERE = 0.4
 
 
 # -- the recent window against its own past -------------------------------------------------------
@@ -349,11 +325,6 @@ def _host_busy(changes: dict[str, tuple[float, float]], clock: str, past: Breakd
 
 
 # -- against the cohort ---------------------------------------------------------------------------
-
-#: A phase this many times the cohort's mean, at a batch no larger than BATCH_TOLERANCE times
-#: theirs: the generated PhaseLatencyAboveCohort alert's default ratios (MixinConfig).
-COHORT_PHASE_RATIO = 1.5
-COHORT_BATCH_TOLERANCE = 1.2
 
 
 def against_cohort(b: Breakdown, cohort: Breakdown, peers: int, name: str,

@@ -24,31 +24,17 @@ from dataclasses import dataclass
 
 from specobs.tools._breakdown import Breakdown
 from specobs.tools._diagnosis._findings import _clock, _mean, _ms
+from specobs.tools._diagnosis._thresholds import (
+    CALIBRATION_TOLERANCE,
+    DRAFT_FIXED_STEPS,
+    MIN_POINT_CYCLES,
+    SAME_TOKENS,
+)
 
 __all__ = [
-    "CALIBRATION_TOLERANCE",
-    "DRAFT_FIXED_STEPS",
-    "MIN_POINT_CYCLES",
-    "SAME_TOKENS",
-    "CostPoint",
-    "CycleCosts",
-    "ForwardModel",
-    "Prediction",
-    "cost_points",
-    "cycle_costs",
-    "draft_fixed",
-    "fit_forward",
+    "CostPoint", "CycleCosts", "ForwardModel", "Prediction", "cost_points", "cycle_costs",
+    "draft_fixed", "fit_forward",
 ]
-
-#: A draft length in effect needs this many cycles in the window to be a point of the fit.
-MIN_POINT_CYCLES = 8.0
-#: Points whose token counts are within this factor of each other are one point: no slope can
-#: be read between them.
-SAME_TOKENS = 1.1
-#: The draft's part that does not grow with k, in draft steps, where the host's draft time does
-#: not give it (:func:`draft_fixed`): the draft phase of k is taken to cost k + DRAFT_FIXED_STEPS
-#: steps (docs/diagnosis.md).
-DRAFT_FIXED_STEPS = 0.5
 
 
 @dataclass(frozen=True)
@@ -257,9 +243,6 @@ def cost_points(b: Breakdown, baseline_measured: bool, costs: CycleCosts | None 
 
 
 # -- the speedup predicted, against the realized one ---------------------------------------------
-
-#: Predicted and realized speedups further apart than this, relatively, are explained.
-CALIBRATION_TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,13 @@ from dataclasses import dataclass, field
 
 from specobs import catalog
 from specobs.tools._breakdown import Breakdown, breakdown
+from specobs.tools._diagnosis._thresholds import MIN_CLOCK_CYCLES
 from specobs.tools._scrape import Delta
 
-__all__ = ["CODES", "MIN_CLOCK_CYCLES", "SEVERITIES", "Finding", "Window", "window", "worst"]
+__all__ = ["CODES", "SEVERITIES", "Finding", "Window", "window", "worst"]
 
 SEVERITIES: tuple[str, ...] = ("ok", "info", "warn", "fail")
 """Severities from best to worst."""
-
-#: Cycles a clock needs in the interval before its phase shares are used.
-MIN_CLOCK_CYCLES = 10.0
 
 
 @dataclass(frozen=True)

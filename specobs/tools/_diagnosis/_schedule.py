@@ -9,18 +9,18 @@ from dataclasses import dataclass
 
 from specobs.tools._breakdown import Breakdown
 from specobs.tools._diagnosis._advice import Prospects, candidates, prospects
-from specobs.tools._diagnosis._batch import BATCH_SAME_FACTOR
-from specobs.tools._diagnosis._cost import (
-    DRAFT_FIXED_STEPS,
-    MIN_POINT_CYCLES,
-    CycleCosts,
-    ForwardModel,
-)
+from specobs.tools._diagnosis._cost import CycleCosts, ForwardModel
 from specobs.tools._diagnosis._engine_config import Band
 from specobs.tools._diagnosis._findings import Finding, Window
+from specobs.tools._diagnosis._thresholds import (
+    BATCH_SAME_FACTOR,
+    DRAFT_FIXED_STEPS,
+    MIN_POINT_CYCLES,
+)
 
-__all__ = ["BandChoice", "bands_from", "by_draft_length", "choose_at", "schedule",
-           "schedule_finding"]
+__all__ = [
+    "BandChoice", "bands_from", "by_draft_length", "choose_at", "schedule", "schedule_finding",
+]
 
 
 @dataclass(frozen=True)

@@ -9,53 +9,28 @@ from statistics import median
 from specobs.tools._breakdown import Breakdown, ratio, speedups
 from specobs.tools._diagnosis._compare import slower_by
 from specobs.tools._diagnosis._cost import Prediction
-from specobs.tools._diagnosis._findings import (
+from specobs.tools._diagnosis._findings import Finding, Window, _clock, _ms, _n, _pct, _x
+from specobs.tools._diagnosis._thresholds import (
+    BOOKKEEPING_MAX_SHARE,
+    BOUND_SHARE,
+    CHAIN_MIN,
+    COLLAPSE_RECOVERY,
+    FIRST_POSITION_MIN,
+    GAP_GREW,
+    GAP_MAX_SHARE,
+    GAP_SKEW,
+    HOST_GAP_MIN,
+    LOCKSTEP_MAX,
     MIN_CLOCK_CYCLES,
-    Finding,
-    Window,
-    _clock,
-    _ms,
-    _n,
-    _pct,
-    _x,
+    MIN_DRAFTED_TOKENS,
+    MIN_SPEEDUP_CYCLES,
+    WARMING_RISE_MIN,
 )
 
 __all__ = [
-    "BOOKKEEPING_MAX_SHARE", "BOUND_SHARE", "CHAIN_MIN", "COLLAPSE_RECOVERY",
-    "FIRST_POSITION_MIN", "GAP_GREW", "GAP_MAX_SHARE", "GAP_SKEW", "HOST_GAP_MIN",
-    "LOCKSTEP_MAX", "MIN_DRAFTED_TOKENS", "MIN_SPEEDUP_CYCLES", "WARMING_RISE_MIN",
-    "acceptance_profile", "between_cycles", "conditional_acceptance", "cycle_bound",
-    "host_bound", "speedup", "stall",
+    "acceptance_profile", "between_cycles", "conditional_acceptance", "cycle_bound", "host_bound",
+    "speedup", "stall",
 ]
-
-#: Drafted tokens at the first position below which the acceptance profile is not classified.
-MIN_DRAFTED_TOKENS = 200.0
-#: Conditional acceptance at the first position below which the draft is called broken or weak.
-FIRST_POSITION_MIN = 0.6
-#: A collapse: the later positions' conditional acceptance at least this far above the first's.
-COLLAPSE_RECOVERY = 0.15
-#: A later position whose conditional acceptance falls below this ends the useful chain.
-CHAIN_MIN = 0.5
-#: The phase share above which a cycle is called bound by that phase.
-BOUND_SHARE = 0.6
-#: Bookkeeping share (on the clock used) above which bookkeeping is a problem.
-BOOKKEEPING_MAX_SHARE = 0.25
-#: Host cycle above the GPU phases' sum by this fraction of the host cycle: host-bound.
-HOST_GAP_MIN = 0.15
-#: Host and GPU per-phase means within this fraction of the cycle, summed over the phases: the
-#: host and the GPU meet at every phase boundary (no overlap).
-LOCKSTEP_MAX = 0.05
-#: Cycles in the interval below which a speedup is not judged.
-MIN_SPEEDUP_CYCLES = 50.0
-#: Acceptance up by this much: the draft is still warming up (training, a cache filling).
-WARMING_RISE_MIN = 0.05
-#: The engine's steady time between cycles (the median gap) above this share of a cycle and its
-#: gap: time outside the cycles costs tokens/s.
-GAP_MAX_SHARE = 0.10
-#: A steady gap this many times the past's is named as grown.
-GAP_GREW = 1.5
-#: A mean gap above this multiple of the median: idle waits skew it, the median is the steady gap.
-GAP_SKEW = 3.0
 
 
 # -- acceptance profile ---------------------------------------------------------------------------
