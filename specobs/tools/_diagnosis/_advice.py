@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from specobs.tools._breakdown import Breakdown
 from specobs.tools._diagnosis._cost import CycleCosts, ForwardModel, Prediction, cycle_costs
-from specobs.tools._diagnosis._findings import Finding, _ms, _x
+from specobs.tools._diagnosis._findings import Finding
 from specobs.tools._diagnosis._thresholds import (
     ADVICE_ALIKE,
     ADVICE_BEYOND,
@@ -24,6 +24,8 @@ from specobs.tools._diagnosis._thresholds import (
     TREND_MIN_RATES,
 )
 from specobs.tools._diagnosis._window import conditional_acceptance
+from specobs.tools._diagnosis._words import ms as _ms
+from specobs.tools._diagnosis._words import x as _x
 
 __all__ = [
     "FirstPosition", "Prospects", "advise_k", "candidates", "draft_cost", "expected_tokens",

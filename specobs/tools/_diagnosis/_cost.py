@@ -23,13 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specobs.tools._breakdown import Breakdown
-from specobs.tools._diagnosis._findings import _clock, _mean, _ms
+from specobs.tools._diagnosis._findings import _clock, _mean
 from specobs.tools._diagnosis._thresholds import (
     CALIBRATION_TOLERANCE,
     DRAFT_FIXED_STEPS,
     MIN_POINT_CYCLES,
     SAME_TOKENS,
 )
+from specobs.tools._diagnosis._words import ms as _ms
 
 __all__ = [
     "CostPoint", "CycleCosts", "ForwardModel", "Prediction", "cost_points", "cycle_costs",
