@@ -199,7 +199,7 @@ def candidates(k: int, model: ForwardModel | None) -> list[int]:
     acceptance is not extrapolated far beyond the positions measured; one step either side where
     the forward's growth was not measured."""
     if model is not None and model.sure:
-        return list(range(1, min(ADVICE_MAX_K, k + ADVICE_BEYOND) + 1))
+        return list(range(1, int(min(ADVICE_MAX_K, k + ADVICE_BEYOND)) + 1))
     return [kk for kk in (k - 1, k, k + 1) if 1 <= kk <= ADVICE_MAX_K]
 
 

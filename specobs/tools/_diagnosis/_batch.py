@@ -196,7 +196,7 @@ def _extrapolated(obs: Sequence[BatchPoint], evidence: Evidence,
     ``BATCH_FIT_POINTS`` batch sizes observed (clipped to [0, 1]), E held at the largest
     batch's. A threshold is named only up to ``BATCH_EXTRAPOLATION_MAX`` times the largest
     batch observed, with the batches it was fitted on and a confidence."""
-    top = obs[-BATCH_FIT_POINTS:]
+    top = obs[-int(BATCH_FIT_POINTS):]
     xs = [p.batch for p in top]
     e_plain = _elasticity(xs, [p.plain_seconds for p in top])
     e_verify = _elasticity(xs, [p.verify_seconds for p in top])
