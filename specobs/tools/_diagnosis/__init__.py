@@ -103,6 +103,7 @@ from specobs.tools._diagnosis._window import (
     speedup,
     stall,
 )
+from specobs.tools._diagnosis._words import found
 
 __all__ = [
     "BATCH_SAME_FACTOR",
@@ -265,14 +266,8 @@ def diagnose_engine(recent: Window, past: Window | None, engine: str,
     if per_position:
         out = [acceptance_profile(b, recent.drafted_first)]
     else:
-        rate = "-" if b.acceptance_rate is None else f"{b.acceptance_rate * 100:.0f}%"
-        out = [Finding(
-            "SPEC-ACCEPT-UNKNOWN", "info",
-            f"acceptance {rate}, but {engine} exports no acceptance by draft position: a draft "
-            "broken from its first token cannot be told from a weak one",
-            {"acceptance_rate": b.acceptance_rate},
-            "specobs's plugin counts drafted and accepted tokens at every position",
-        )]
+        out = [found("SPEC-ACCEPT-UNKNOWN", "info", {"acceptance_rate": b.acceptance_rate},
+                     "engine", engine=engine)]
     if past is not None and past.drafted_first is not None \
             and recent.drafted_first is not None:
         out.extend(acceptance_against_past(b, past.breakdown,

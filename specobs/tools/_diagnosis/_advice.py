@@ -7,6 +7,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from specobs.tools._breakdown import Breakdown
 from specobs.tools._diagnosis._cost import CycleCosts, ForwardModel, Prediction, cycle_costs
@@ -18,14 +19,12 @@ from specobs.tools._diagnosis._thresholds import (
     ADVICE_MIN_GAIN,
     ADVICE_Z,
     DRAFT_EATS_GAIN,
-    DRAFT_GREW,
     DRAFT_MAX_OF_VERIFY,
     PLAIN_STEP_SPREAD,
     TREND_MIN_RATES,
 )
 from specobs.tools._diagnosis._window import conditional_acceptance
-from specobs.tools._diagnosis._words import ms as _ms
-from specobs.tools._diagnosis._words import x as _x
+from specobs.tools._diagnosis._words import found
 
 __all__ = [
     "FirstPosition", "Prospects", "advise_k", "candidates", "draft_cost", "expected_tokens",
@@ -276,27 +275,11 @@ def advise_k(b: Breakdown, model: ForwardModel | None = None,
     if plain is not None:
         evidence["plain_step_seconds"] = plain
         evidence.update({f"predicted_speedup_k{kk}": pr.rate(kk) * plain for kk in ks})
-    how = ("from the forward's cost fitted on " + _points_text(model)
-           if model is not None and model.sure else
-           "holding verify's cost (its growth with tokens was not measured: one step of k "
-           "at a time)")
+    fitted_on = _points_text(model) if model is not None and model.sure else None
+    words: dict[str, Any] = {"k": k, "best": best, "fitted_on": fitted_on}
     if best == k or gain_low < ADVICE_MIN_GAIN:
-        near = "" if best == k else (
-            f"; k={best} is predicted {gain * 100:+.0f}% but within the data's spread "
-            f"({gain_low * 100:+.0f}% .. {gain_high * 100:+.0f}%)")
-        return Finding("SPEC-ADVICE-K", "ok",
-                       f"k={k} is the best speculation length the measured acceptance and "
-                       f"costs predict (another k gains under {ADVICE_MIN_GAIN * 100:.0f}%)"
-                       f"{near}; {how}", evidence)
-    beyond = " (extrapolated beyond the measured k)" if best > k else ""
-    return Finding(
-        "SPEC-ADVICE-K", "info",
-        f"k={best} is predicted {gain * 100:+.0f}% tokens/s per sequence against the k={k} "
-        f"measured ({gain_low * 100:+.0f}% .. {gain_high * 100:+.0f}%){beyond}; {how}",
-        evidence,
-        f"try k={best} and compare; the draft grows by {costs.draft_per_position * 1e3:.3f} ms "
-        f"a position over {costs.draft_fixed * 1e3:.3f} ms that does not grow",
-    )
+        return found("SPEC-ADVICE-K", "ok", evidence, "best", **words)
+    return found("SPEC-ADVICE-K", "info", evidence, **words)
 
 
 def _points_text(model: ForwardModel | None) -> str:
@@ -365,27 +348,11 @@ def draft_cost(b: Breakdown, past: Breakdown | None = None,
         "speedup_with_a_free_draft": free, "gain_eaten_by_draft": eaten,
         "best_k_at_this_draft_cost": float(best),
     }
-    grown = ""
     if past is not None:
         before = cycle_costs(past)
         if before is not None and before.draft_per_position > 0:
-            factor = costs.draft_per_position / before.draft_per_position
-            evidence["draft_per_position_against_past"] = factor
-            if factor >= DRAFT_GREW:
-                grown = f"; it costs {factor:.1f}x a position what it did before"
-    text = (f"the draft costs {costs.draft / costs.verify:.2f} of a verify "
-            f"({_ms(costs.draft)} against {_ms(costs.verify)} at k={k}), "
-            f"{per_step:.2f} of a plain target step a position{grown}")
+            evidence["draft_per_position_against_past"] = \
+                costs.draft_per_position / before.draft_per_position
     if costs.draft >= DRAFT_MAX_OF_VERIFY * costs.verify and eaten >= DRAFT_EATS_GAIN:
-        return Finding(
-            "SPEC-DRAFT-COSTLY", "warn",
-            f"{text}: it eats {eaten * 100:.0f}% of the gain (predicted {_x(speedup)}, "
-            f"{_x(free)} with a free draft); at this cost the best k is {best}",
-            evidence,
-            "look at the draft: a slower kernel or device, a draft model larger than intended, "
-            "eager launches where CUDA graphs were captured, contention on its stream "
-            "(EAGLE-class heads cost 0.05-0.2 of a target step a position)",
-        )
-    return Finding("SPEC-DRAFT-COST", "ok",
-                   f"{text}; it takes {eaten * 100:.0f}% of what a free draft would gain",
-                   evidence)
+        return found("SPEC-DRAFT-COSTLY", "warn", evidence, k=k, best=best)
+    return found("SPEC-DRAFT-COST", "ok", evidence, k=k, best=best)

@@ -11,12 +11,13 @@ from specobs.tools._breakdown import Breakdown
 from specobs.tools._diagnosis._advice import Prospects, candidates, prospects
 from specobs.tools._diagnosis._cost import CycleCosts, ForwardModel
 from specobs.tools._diagnosis._engine_config import Band
-from specobs.tools._diagnosis._findings import Finding, Window
+from specobs.tools._diagnosis._findings import Evidence, Finding, Window
 from specobs.tools._diagnosis._thresholds import (
     BATCH_SAME_FACTOR,
     DRAFT_FIXED_STEPS,
     MIN_POINT_CYCLES,
 )
+from specobs.tools._diagnosis._words import found
 
 __all__ = [
     "BandChoice", "bands_from", "by_draft_length", "choose_at", "schedule", "schedule_finding",
@@ -146,7 +147,7 @@ def schedule_finding(bands: Sequence[Band], choices: Sequence[BandChoice]) -> Fi
     text = ", ".join(
         f"{b.lo}-{'' if b.hi is None else b.hi}: k={b.k}{'' if b.measured else ' (not measured)'}"
         for b in bands)
-    evidence: dict[str, float | str | None] = {
+    evidence: Evidence = {
         "bands": text, "batches_observed": float(len(choices)),
         # specobs records no context length: whether the best k moves with it cannot be told.
         "context_length": "not recorded",
@@ -155,10 +156,6 @@ def schedule_finding(bands: Sequence[Band], choices: Sequence[BandChoice]) -> Fi
     for c in choices:
         evidence.update({f"predicted_tokens_per_second_batch{c.batch:.1f}_k{kk}": r
                          for kk, r in sorted(c.rates.items())})
-    observed = ", ".join(f"{c.batch:.1f}" for c in choices)
-    return Finding(
-        "SPEC-ADVICE-SCHEDULE", "info" if any(b.k != bands[0].k for b in bands) else "ok",
-        f"k by batch size: {text} (measured at batch {observed})", evidence,
-        "specobs advise prints it as each engine's configuration (--engine vllm, sglang, "
-        "trtllm)",
-    )
+    return found("SPEC-ADVICE-SCHEDULE",
+                 "info" if any(b.k != bands[0].k for b in bands) else "ok", evidence,
+                 observed=", ".join(f"{c.batch:.1f}" for c in choices))

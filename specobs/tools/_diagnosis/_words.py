@@ -5,8 +5,9 @@ A classifier decides a code, a severity and the evidence; :func:`found` turns th
 :data:`TEXTS`. A template reads the evidence, the thresholds that decide the code
 (:func:`~specobs.tools._diagnosis._thresholds.used_by`), the facts the classifier passes for the
 words alone, and the fragments in :data:`FRAGMENTS`, each made from those values. Besides
-Python's format specs a field may use ``pct`` (a percentage), ``ms`` (a duration), ``x`` (a
-factor), ``n`` (a count, 0 for none) and a ``z`` prefix (``z.1f``: None reads as 0).
+Python's format specs a field may use ``pct`` (a percentage), ``+pct`` (a change in percent),
+``ms`` and ``ms3`` (a duration), ``x`` (a factor), ``n`` (a count, 0 for none) and a ``z``
+prefix (``z.1f``: None reads as 0).
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ def n(value: float | None) -> str:
     return "0" if value is None else f"{value:.0f}"
 
 
-_SPECS: dict[str, Callable[[Any], str]] = {"pct": pct, "ms": ms, "x": x, "n": n}
+_SPECS: dict[str, Callable[[Any], str]] = {
+    "pct": pct, "ms": ms, "x": x, "n": n,
+    "+pct": lambda v: f"{v * 100:+.0f}%",  # a change: +12%, -3%
+    "ms3": lambda v: f"{v * 1e3:.3f} ms",  # a draft's cost a position, to the microsecond
+}
 
 Values = Mapping[str, Any]
 
@@ -221,6 +226,10 @@ TEXTS: dict[str, tuple[str, str]] = {
         "acceptance {chain_end:pct} at position {position} ({profile})",
         "tokens drafted at position {position} and beyond are mostly wasted draft and verify "
         "work: try k={position}"),
+    "ACCEPT-UNKNOWN/engine": (
+        "acceptance {acceptance_rate:pct}, but {engine} exports no acceptance by draft position: "
+        "a draft broken from its first token cannot be told from a weak one",
+        "specobs's plugin counts drafted and accepted tokens at every position"),
     "ACCEPT-HEALTHY": (
         "acceptance decays as a healthy draft's does: conditional acceptance {profile}", ""),
     # where the cycle goes
@@ -379,6 +388,28 @@ TEXTS: dict[str, tuple[str, str]] = {
     "COHORT-MATCHES": (
         "acceptance {server:pct} against {cohort:pct} and no phase {COHORT_PHASE_RATIO:g}x "
         "slower than on {others}", ""),
+    # the advisor: k, and the draft's cost
+    "ADVICE-K/best": (
+        "k={k} is the best speculation length the measured acceptance and costs predict "
+        "(another k gains under {ADVICE_MIN_GAIN:pct}){near}; {how}", ""),
+    "ADVICE-K": (
+        "k={best} is predicted {predicted_gain:+pct} tokens/s per sequence against the k={k} "
+        "measured ({predicted_gain_low:+pct} .. {predicted_gain_high:+pct}){beyond}; {how}",
+        "try k={best} and compare; the draft grows by {draft_per_position_seconds:ms3} a "
+        "position over {draft_fixed_seconds:ms3} that does not grow"),
+    "DRAFT-COSTLY": (
+        "{draft_text}: it eats {gain_eaten_by_draft:pct} of the gain (predicted "
+        "{predicted_speedup:x}, {speedup_with_a_free_draft:x} with a free draft); at this cost "
+        "the best k is {best}",
+        "look at the draft: a slower kernel or device, a draft model larger than intended, eager "
+        "launches where CUDA graphs were captured, contention on its stream (EAGLE-class heads "
+        "cost 0.05-0.2 of a target step a position)"),
+    "DRAFT-COST": (
+        "{draft_text}; it takes {gain_eaten_by_draft:pct} of what a free draft would gain", ""),
+    "ADVICE-SCHEDULE": (
+        "k by batch size: {bands} (measured at batch {observed})",
+        "specobs advise prints it as each engine's configuration (--engine vllm, sglang, "
+        "trtllm)"),
     # the batch size above which speculation stops paying
     "ADVICE-BATCH/none-pays": (
         "speculation did not pay at any batch size observed ({seen}){unmeasured}",
@@ -432,6 +463,34 @@ def _phase_advice(v: Values) -> str:
             }.get(v["phase"], "look at what this phase does and what changed in it")
 
 
+def _near(v: Values) -> str:
+    if v["best"] == v["k"]:
+        return ""
+    return _format("; k={best} is predicted {predicted_gain:+pct} but within the data's spread "
+                   "({predicted_gain_low:+pct} .. {predicted_gain_high:+pct})", v)
+
+
+def _how(v: Values) -> str:
+    if v["fitted_on"] is not None:
+        return f"from the forward's cost fitted on {v['fitted_on']}"
+    return ("holding verify's cost (its growth with tokens was not measured: one step of k at "
+            "a time)")
+
+
+def _beyond(v: Values) -> str:
+    return " (extrapolated beyond the measured k)" if v["best"] > v["k"] else ""
+
+
+def _draft_text(v: Values) -> str:
+    factor = v.get("draft_per_position_against_past")
+    grown = "" if factor is None or factor < v["DRAFT_GREW"] \
+        else f"; it costs {factor:.1f}x a position what it did before"
+    return _format("the draft costs {draft_of_verify:.2f} of a verify ({draft_seconds:ms} against "
+                   "{verify_seconds:ms} at k={k}), {draft_per_position_of_plain_step:.2f} of a "
+                   "plain target step a position", v) + grown
+
+
+FRAGMENTS.update({"near": _near, "how": _how, "beyond": _beyond, "draft_text": _draft_text})
 FRAGMENTS.update({"predicts": _predicts, "unmeasured": _unmeasured, "gap": _gap,
                   "phase_advice": _phase_advice})
 
