@@ -10,19 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from specobs.tools._breakdown import Breakdown
+from specobs.tools._diagnosis import _thresholds as th
 from specobs.tools._diagnosis._cost import CycleCosts, ForwardModel, Prediction, cycle_costs
 from specobs.tools._diagnosis._findings import Finding
-from specobs.tools._diagnosis._thresholds import (
-    ADVICE_ALIKE,
-    ADVICE_BEYOND,
-    ADVICE_MAX_K,
-    ADVICE_MIN_GAIN,
-    ADVICE_Z,
-    DRAFT_EATS_GAIN,
-    DRAFT_MAX_OF_VERIFY,
-    PLAIN_STEP_SPREAD,
-    TREND_MIN_RATES,
-)
 from specobs.tools._diagnosis._window import conditional_acceptance
 from specobs.tools._diagnosis._words import found
 
@@ -55,7 +45,7 @@ def extended_rates(conditional: Sequence[float], n: int) -> list[float]:
     mean_x = math.fsum(w * x for w, x in zip(weights, xs, strict=True)) / total
     level = math.fsum(w * a for w, a in zip(weights, inner, strict=True)) / total
     slope = 0.0
-    if len(inner) >= TREND_MIN_RATES:
+    if len(inner) >= th.TREND_MIN_RATES:
         spread = math.fsum(w * (x - mean_x) ** 2 for w, x in zip(weights, xs, strict=True))
         if spread > 0:
             slope = min(0.0, math.fsum(w * (x - mean_x) * (a - level) for w, x, a
@@ -122,7 +112,7 @@ class FirstPosition:
 
 
 def rate_interval(conditional: Sequence[float], drafted_first: float | None,
-                  z: float = ADVICE_Z) -> tuple[list[float], list[float]]:
+                  z: float = th.ADVICE_Z) -> tuple[list[float], list[float]]:
     """The conditional rates ``z`` standard errors below and above the measured ones: a_i was
     judged on the sequence-cycles that reached position i, ``drafted_first`` times a_0 ...
     a_(i-1). Without ``drafted_first`` both ends are the measured rates."""
@@ -187,7 +177,7 @@ def slopes(pr: Prospects) -> list[ForwardModel]:
     model, costs = pr.model, pr.costs
     if model is None or not model.sure:
         return []
-    shift = PLAIN_STEP_SPREAD * model.at(costs.batch) / (costs.batch * costs.k)
+    shift = th.PLAIN_STEP_SPREAD * model.at(costs.batch) / (costs.batch * costs.k)
     return [dataclasses.replace(model, per_token_seconds=max(0.0, model.per_token_seconds + d))
             for d in (-shift, shift)]
 
@@ -198,15 +188,15 @@ def candidates(k: int, model: ForwardModel | None) -> list[int]:
     acceptance is not extrapolated far beyond the positions measured; one step either side where
     the forward's growth was not measured."""
     if model is not None and model.sure:
-        return list(range(1, int(min(ADVICE_MAX_K, k + ADVICE_BEYOND)) + 1))
-    return [kk for kk in (k - 1, k, k + 1) if 1 <= kk <= ADVICE_MAX_K]
+        return list(range(1, int(min(th.ADVICE_MAX_K, k + th.ADVICE_BEYOND)) + 1))
+    return [kk for kk in (k - 1, k, k + 1) if 1 <= kk <= th.ADVICE_MAX_K]
 
 
 def nearest_best(ks: Sequence[int], rate: Callable[[int], float], k: int) -> int:
     """Of ``ks``, the one nearest ``k`` among those within :data:`ADVICE_ALIKE` of the best
     ``rate``."""
     top = max(rate(kk) for kk in ks)
-    alike = [kk for kk in ks if rate(kk) >= top * (1 - ADVICE_ALIKE)]
+    alike = [kk for kk in ks if rate(kk) >= top * (1 - th.ADVICE_ALIKE)]
     return min(alike, key=lambda kk: (abs(kk - k), kk))
 
 
@@ -254,9 +244,9 @@ def advise_k(b: Breakdown, model: ForwardModel | None = None,
     # end; the best itself where none does (its gain then says how sure it is).
     best = nearest_best(ks, pr.rate, k)
     top = max(ks, key=pr.rate)
-    alike = sorted((kk for kk in ks if pr.rate(kk) >= pr.rate(top) * (1 - ADVICE_ALIKE)),
+    alike = sorted((kk for kk in ks if pr.rate(kk) >= pr.rate(top) * (1 - th.ADVICE_ALIKE)),
                    key=lambda kk: (abs(kk - k), kk))
-    best = next((kk for kk in alike if gains(kk)[1] >= ADVICE_MIN_GAIN), best)
+    best = next((kk for kk in alike if gains(kk)[1] >= th.ADVICE_MIN_GAIN), best)
     gain, gain_low, gain_high = gains(best)
     evidence: dict[str, float | str | None] = {
         "clock": costs.clock, "k": float(k), "best_k": float(best), "predicted_gain": gain,
@@ -277,7 +267,7 @@ def advise_k(b: Breakdown, model: ForwardModel | None = None,
         evidence.update({f"predicted_speedup_k{kk}": pr.rate(kk) * plain for kk in ks})
     fitted_on = _points_text(model) if model is not None and model.sure else None
     words: dict[str, Any] = {"k": k, "best": best, "fitted_on": fitted_on}
-    if best == k or gain_low < ADVICE_MIN_GAIN:
+    if best == k or gain_low < th.ADVICE_MIN_GAIN:
         return found("SPEC-ADVICE-K", "ok", evidence, "best", **words)
     return found("SPEC-ADVICE-K", "info", evidence, **words)
 
@@ -353,6 +343,6 @@ def draft_cost(b: Breakdown, past: Breakdown | None = None,
         if before is not None and before.draft_per_position > 0:
             evidence["draft_per_position_against_past"] = \
                 costs.draft_per_position / before.draft_per_position
-    if costs.draft >= DRAFT_MAX_OF_VERIFY * costs.verify and eaten >= DRAFT_EATS_GAIN:
+    if costs.draft >= th.DRAFT_MAX_OF_VERIFY * costs.verify and eaten >= th.DRAFT_EATS_GAIN:
         return found("SPEC-DRAFT-COSTLY", "warn", evidence, k=k, best=best)
     return found("SPEC-DRAFT-COST", "ok", evidence, k=k, best=best)

@@ -8,14 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specobs.tools._diagnosis import _thresholds as th
 from specobs.tools._diagnosis._findings import Evidence, Finding, Window, _clock, _mean
-from specobs.tools._diagnosis._thresholds import (
-    BATCH_CONFIDENT_FACTOR,
-    BATCH_EXTRAPOLATION_MAX,
-    BATCH_FIT_POINTS,
-    BATCH_SAME_FACTOR,
-    BATCH_SEARCH_MAX_FACTOR,
-)
 from specobs.tools._diagnosis._words import found
 
 __all__ = ["BatchPoint", "batch_point", "batch_threshold", "line_threshold"]
@@ -86,7 +80,7 @@ def line_threshold(point: BatchPoint) -> float | None:
 
     if gain(1.0) < 1.0:
         return 1.0
-    top = batch * BATCH_SEARCH_MAX_FACTOR
+    top = batch * th.BATCH_SEARCH_MAX_FACTOR
     if per_token <= 0 or gain(top) >= 1.0:
         return None
     return _crossing(gain, 1.0, top)
@@ -106,7 +100,7 @@ def _distinct(points: Sequence[BatchPoint]) -> list[BatchPoint]:
     geometric), sorted by batch."""
     groups: list[list[BatchPoint]] = []
     for p in sorted(points, key=lambda p: p.batch):
-        if groups and p.batch <= groups[-1][0].batch * BATCH_SAME_FACTOR:
+        if groups and p.batch <= groups[-1][0].batch * th.BATCH_SAME_FACTOR:
             groups[-1].append(p)
         else:
             groups.append([p])
@@ -196,7 +190,7 @@ def _extrapolated(obs: Sequence[BatchPoint], evidence: Evidence,
     ``BATCH_FIT_POINTS`` batch sizes observed (clipped to [0, 1]), E held at the largest
     batch's. A threshold is named only up to ``BATCH_EXTRAPOLATION_MAX`` times the largest
     batch observed, with the batches it was fitted on and a confidence."""
-    top = obs[-int(BATCH_FIT_POINTS):]
+    top = obs[-int(th.BATCH_FIT_POINTS):]
     xs = [p.batch for p in top]
     e_plain = _elasticity(xs, [p.plain_seconds for p in top])
     e_verify = _elasticity(xs, [p.verify_seconds for p in top])
@@ -212,7 +206,7 @@ def _extrapolated(obs: Sequence[BatchPoint], evidence: Evidence,
     evidence = {**evidence, "plain_exponent": e_plain, "verify_exponent": e_verify,
                 "rest_exponent": e_rest, "fitted_on": f"{xs[0]:.1f}..{xs[-1]:.1f}"}
     hi_b = last_p.batch
-    far = hi_b * BATCH_SEARCH_MAX_FACTOR
+    far = hi_b * th.BATCH_SEARCH_MAX_FACTOR
     at: float | None = None if gain(far) >= 1.0 else _crossing(gain, hi_b, far)
     factor = None if at is None else at / hi_b
     evidence.update({"extrapolated_batch": at, "extrapolation_factor": factor})
@@ -220,10 +214,10 @@ def _extrapolated(obs: Sequence[BatchPoint], evidence: Evidence,
     if at is None or factor is None:
         return found("SPEC-ADVICE-BATCH", "ok", {**evidence, "threshold_batch": None}, "stays",
                      **words)
-    if factor > BATCH_EXTRAPOLATION_MAX:
+    if factor > th.BATCH_EXTRAPOLATION_MAX:
         return found("SPEC-ADVICE-BATCH", "ok", {**evidence, "threshold_batch": None},
                      "too-far", **words)
-    confidence = "medium" if factor <= BATCH_CONFIDENT_FACTOR else "low"
+    confidence = "medium" if factor <= th.BATCH_CONFIDENT_FACTOR else "low"
     return found("SPEC-ADVICE-BATCH", "info",
                  {**evidence, "threshold_batch": at, "confidence": confidence}, "extrapolated",
                  **words)

@@ -8,28 +8,8 @@ from dataclasses import dataclass
 from statistics import median
 
 from specobs.tools._breakdown import Breakdown, PhaseStats
+from specobs.tools._diagnosis import _thresholds as th
 from specobs.tools._diagnosis._findings import Evidence, Finding, _mean
-from specobs.tools._diagnosis._thresholds import (
-    ACCEPT_DROP_MIN,
-    ACCEPT_DROP_Z,
-    BOUNDARY_SPREAD,
-    COHORT_BATCH_TOLERANCE,
-    COHORT_PHASE_RATIO,
-    DOMINANT_FRACTION,
-    EVERY_PHASE_MIN_RATIO,
-    HOST_WAIT_EXPLAINS,
-    MACHINE_SPREAD,
-    MIN_CLOCK_CYCLES,
-    MIN_PAST_CYCLES,
-    MIN_RECENT_CYCLES,
-    SLOWER_CYCLE_FRACTION,
-    SLOWER_RATIO,
-    SLOWER_Z,
-    THROUGHPUT_DROP,
-    THROUGHPUT_SEVERE,
-    UNIFORM_MIN_SHARE,
-    UNIFORM_SPREAD,
-)
 from specobs.tools._diagnosis._words import found
 
 __all__ = [
@@ -69,15 +49,15 @@ def against_past(recent: Breakdown, past: Breakdown, drafted: tuple[float, float
     the same factor), per-sequence throughput down, each with the size of the change.
     ``drafted``: drafted tokens (past, recent) for the acceptance test's z score. Empty when
     either side has too few cycles."""
-    if recent.cycles < MIN_RECENT_CYCLES or past.cycles < MIN_PAST_CYCLES:
+    if recent.cycles < th.MIN_RECENT_CYCLES or past.cycles < th.MIN_PAST_CYCLES:
         return []
     ref = reference
     out: list[Finding] = []
     down = _accept_down(recent, past, drafted, ref)
     if down is not None:
         out.append(down)
-    clock = "gpu" if recent.cycle_counts.get("gpu", 0.0) >= MIN_CLOCK_CYCLES and \
-        past.cycle_counts.get("gpu", 0.0) >= MIN_CLOCK_CYCLES else "host"
+    clock = "gpu" if recent.cycle_counts.get("gpu", 0.0) >= th.MIN_CLOCK_CYCLES and \
+        past.cycle_counts.get("gpu", 0.0) >= th.MIN_CLOCK_CYCLES else "host"
     past_cycle = past.cycle_mean_seconds.get(clock)
     changes: dict[str, tuple[float, float]] = {}
     for p in recent.phases:
@@ -100,11 +80,11 @@ def _throughput_down(recent: Breakdown, past: Breakdown, found_so_far: list[Find
     ``THROUGHPUT_DROP`` of the past: a warning where a finding about the speculation explains
     it or it fell below ``THROUGHPUT_SEVERE`` with nothing else found, else info."""
     pt, rt = past.sequence_tokens_per_second, recent.sequence_tokens_per_second
-    if pt is None or rt is None or not rt < pt * THROUGHPUT_DROP:
+    if pt is None or rt is None or not rt < pt * th.THROUGHPUT_DROP:
         return None
     explained = [f for f in found_so_far
                  if f.code.removeprefix(ref.prefix + "-") not in NOT_THE_SPECULATION]
-    severe = not found_so_far and rt < pt * THROUGHPUT_SEVERE
+    severe = not found_so_far and rt < pt * th.THROUGHPUT_SEVERE
     return found(f"{ref.prefix}-THROUGHPUT-DOWN", "warn" if explained or severe else "info",
                  {"past": pt, "recent": rt},
                  advice=None if found_so_far else "unexplained",
@@ -134,7 +114,7 @@ def acceptance_against_past(recent: Breakdown, past: Breakdown, drafts: tuple[fl
     (no cycles, no phases): ``drafts`` (past, recent), the verify steps of one sequence that
     drafted, stand in for the cycles :func:`against_past` needs, and are the counts of the
     z score. Empty when either side drafted too little."""
-    if drafts[1] < MIN_RECENT_CYCLES or drafts[0] < MIN_PAST_CYCLES:
+    if drafts[1] < th.MIN_RECENT_CYCLES or drafts[0] < th.MIN_PAST_CYCLES:
         return []
     down = _accept_down(recent, past, drafts, reference)
     if down is not None:
@@ -152,10 +132,10 @@ def _acceptance_below(reference: float | None, rate: float | None,
     """Whether ``rate`` is below ``reference`` by a drop worth a finding (at least
     ACCEPT_DROP_MIN, and a z score of ACCEPT_DROP_Z where the drafted counts give one), and
     that z score (None without counts)."""
-    if reference is None or rate is None or reference - rate < ACCEPT_DROP_MIN:
+    if reference is None or rate is None or reference - rate < th.ACCEPT_DROP_MIN:
         return False, None
     z = _z(reference, rate, drafted)
-    return z is None or z >= ACCEPT_DROP_Z, z
+    return z is None or z >= th.ACCEPT_DROP_Z, z
 
 
 def _z(pa: float, ra: float, drafted: tuple[float, float] | None) -> float | None:
@@ -187,14 +167,14 @@ def shift_z(past: PhaseStats | None, recent: PhaseStats | None) -> float | None:
 
 def _beyond_noise(z: float | None) -> bool:
     """A rise of at least SLOWER_Z standard errors, or one whose spread is unknown."""
-    return z is None or z >= SLOWER_Z
+    return z is None or z >= th.SLOWER_Z
 
 
 def _slowed(past_mean: float, recent_mean: float, past_cycle: float, z: float | None) -> bool:
     """A phase mean that rose enough for a finding: SLOWER_RATIO times, by SLOWER_CYCLE_FRACTION
     of the past cycle, beyond noise."""
-    return (recent_mean >= SLOWER_RATIO * past_mean
-            and recent_mean - past_mean >= SLOWER_CYCLE_FRACTION * past_cycle
+    return (recent_mean >= th.SLOWER_RATIO * past_mean
+            and recent_mean - past_mean >= th.SLOWER_CYCLE_FRACTION * past_cycle
             and _beyond_noise(z))
 
 
@@ -237,7 +217,7 @@ def _phase_changes(changes: dict[str, tuple[float, float]], past_cycle: float, c
                       names=" and ".join(slowed), **words)]
     ratios = {p: b / a for p, (a, b) in changes.items()}
     top = max(ratios[p] for p in slowed)
-    shown = [p for p in slowed if ratios[p] >= DOMINANT_FRACTION * top]
+    shown = [p for p in slowed if ratios[p] >= th.DOMINANT_FRACTION * top]
     others = [ratios[p] for p in ratios if p not in shown]
     reference = median(others) if others else 1.0
     return [found(f"{ref.prefix}-PHASE-SLOWER", "warn",
@@ -270,11 +250,12 @@ def _machine_slowed(changes: dict[str, tuple[float, float]], past_cycle: float,
     r, sse_u, sse_b = fit["uniform_factor"], fit["uniform_squared_error"], \
         fit["boundary_squared_error"]
     assert isinstance(r, float) and isinstance(sse_u, float) and isinstance(sse_b, float)
-    large = [b / a for a, b in changes.values() if a >= UNIFORM_MIN_SHARE * past_cycle]
-    alike = bool(large) and max(large) <= UNIFORM_SPREAD * min(large)
-    everywhere = bool(large) and min(large) >= EVERY_PHASE_MIN_RATIO and \
-        max(large) <= MACHINE_SPREAD * min(large)
-    return r >= SLOWER_RATIO and ((alike and 2 * sse_u <= sse_b) or (everywhere and sse_u <= sse_b))
+    large = [b / a for a, b in changes.values() if a >= th.UNIFORM_MIN_SHARE * past_cycle]
+    alike = bool(large) and max(large) <= th.UNIFORM_SPREAD * min(large)
+    everywhere = bool(large) and min(large) >= th.EVERY_PHASE_MIN_RATIO and \
+        max(large) <= th.MACHINE_SPREAD * min(large)
+    return r >= th.SLOWER_RATIO and ((alike and 2 * sse_u <= sse_b)
+                                     or (everywhere and sse_u <= sse_b))
 
 
 def _boundary_cost(changes: dict[str, tuple[float, float]], slowed: list[str],
@@ -282,7 +263,7 @@ def _boundary_cost(changes: dict[str, tuple[float, float]], slowed: list[str],
     """A cost per boundary: two or more slowed phases gained like times, and one added time
     fits the phase means better than one factor."""
     amounts = [changes[p][1] - changes[p][0] for p in slowed]
-    even = max(amounts) <= BOUNDARY_SPREAD * min(amounts)
+    even = max(amounts) <= th.BOUNDARY_SPREAD * min(amounts)
     sse_u, sse_b = fit["uniform_squared_error"], fit["boundary_squared_error"]
     assert isinstance(sse_u, float) and isinstance(sse_b, float)
     return len(slowed) >= 2 and even and sse_b < sse_u
@@ -300,7 +281,7 @@ def _host_busy(changes: dict[str, tuple[float, float]], clock: str, past: Breakd
         return None
     pw, rw = past.worker_waiting_seconds_per_cycle, recent.worker_waiting_seconds_per_cycle
     added = math.fsum(max(0.0, b - a) for a, b in changes.values())
-    if pw is None or rw is None or added <= 0 or rw - pw < HOST_WAIT_EXPLAINS * added:
+    if pw is None or rw is None or added <= 0 or rw - pw < th.HOST_WAIT_EXPLAINS * added:
         return None
     return found(f"{ref.prefix}-HOST-BUSY", "info",
                  {**evidence, "past_wait_seconds": pw, "recent_wait_seconds": rw,
@@ -319,7 +300,7 @@ def against_cohort(b: Breakdown, cohort: Breakdown, peers: int, name: str,
     of them, ``name`` saying which in the sentences. ``drafted``: first-position drafted tokens
     (server, cohort) for the acceptance test's z score. Empty when either side has too few
     cycles."""
-    if b.cycles < MIN_RECENT_CYCLES or cohort.cycles < MIN_RECENT_CYCLES or peers < 1:
+    if b.cycles < th.MIN_RECENT_CYCLES or cohort.cycles < th.MIN_RECENT_CYCLES or peers < 1:
         return []
     out: list[Finding] = []
     others = f"the other {peers} server{'s' if peers != 1 else ''} of {name}"
@@ -329,15 +310,15 @@ def against_cohort(b: Breakdown, cohort: Breakdown, peers: int, name: str,
         out.append(found("SPEC-COHORT-ACCEPT-BELOW", "warn",
                          {"server": ra, "cohort": ca, "peers": float(peers), "z": z},
                          others=others, points=(ra - ca) * 100))
-    clock = "gpu" if b.cycle_counts.get("gpu", 0.0) >= MIN_CLOCK_CYCLES and \
-        cohort.cycle_counts.get("gpu", 0.0) >= MIN_CLOCK_CYCLES else "host"
+    clock = "gpu" if b.cycle_counts.get("gpu", 0.0) >= th.MIN_CLOCK_CYCLES and \
+        cohort.cycle_counts.get("gpu", 0.0) >= th.MIN_CLOCK_CYCLES else "host"
     mine, theirs = b.mean_batch_size, cohort.mean_batch_size
     bigger_batch = mine is not None and theirs is not None and \
-        mine > COHORT_BATCH_TOLERANCE * theirs
+        mine > th.COHORT_BATCH_TOLERANCE * theirs
     slower = []
     for p in b.phases:
         x, y = _mean(b, p, clock), _mean(cohort, p, clock)
-        if x is not None and y is not None and y > 0 and x >= COHORT_PHASE_RATIO * y:
+        if x is not None and y is not None and y > 0 and x >= th.COHORT_PHASE_RATIO * y:
             slower.append((x / y, p, x, y))
     if slower and not bigger_batch:
         slower.sort(reverse=True)

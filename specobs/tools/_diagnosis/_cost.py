@@ -23,13 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specobs.tools._breakdown import Breakdown
+from specobs.tools._diagnosis import _thresholds as th
 from specobs.tools._diagnosis._findings import _clock, _mean
-from specobs.tools._diagnosis._thresholds import (
-    CALIBRATION_TOLERANCE,
-    DRAFT_FIXED_STEPS,
-    MIN_POINT_CYCLES,
-    SAME_TOKENS,
-)
 from specobs.tools._diagnosis._words import ms as _ms
 
 __all__ = [
@@ -90,7 +85,7 @@ def _groups(points: Sequence[CostPoint]) -> int:
     tokens = sorted(p.tokens for p in points)
     groups, start = 0, None
     for n in tokens:
-        if start is None or n > start * SAME_TOKENS:
+        if start is None or n > start * th.SAME_TOKENS:
             groups, start = groups + 1, n
     return groups
 
@@ -136,7 +131,7 @@ def draft_fixed(b: Breakdown, clock: str, draft: float, k: int) -> tuple[float, 
         host = _mean(b, "draft", "host")
         if host is not None and 0 <= host < draft:
             return host, "host"
-    return draft * DRAFT_FIXED_STEPS / (k + DRAFT_FIXED_STEPS), "steps"
+    return draft * th.DRAFT_FIXED_STEPS / (k + th.DRAFT_FIXED_STEPS), "steps"
 
 
 @dataclass(frozen=True)
@@ -217,7 +212,7 @@ def cost_points(b: Breakdown, baseline_measured: bool, costs: CycleCosts | None 
     plain_seen = False
     for ks in b.by_draft_length:
         batch = ks.mean_batch
-        if ks.cycles < MIN_POINT_CYCLES or batch is None or not batch > 0:
+        if ks.cycles < th.MIN_POINT_CYCLES or batch is None or not batch > 0:
             continue
         if ks.k == 0:
             whole = math.fsum(ks.phase_seconds.values()) / ks.cycles
@@ -273,7 +268,7 @@ class Prediction:
     def where(self, realized: float) -> str | None:
         """Where the prediction and ``realized`` part, the largest of three ratios: tokens,
         plain step, cycle; ``None`` within :data:`CALIBRATION_TOLERANCE`."""
-        if abs(self.predicted / realized - 1) <= CALIBRATION_TOLERANCE:
+        if abs(self.predicted / realized - 1) <= th.CALIBRATION_TOLERANCE:
             return None
         parts: list[tuple[float, str]] = []
         if self.tokens_measured:

@@ -8,15 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specobs.tools._breakdown import Breakdown
+from specobs.tools._diagnosis import _thresholds as th
 from specobs.tools._diagnosis._advice import Prospects, candidates, prospects
 from specobs.tools._diagnosis._cost import CycleCosts, ForwardModel
 from specobs.tools._diagnosis._engine_config import Band
 from specobs.tools._diagnosis._findings import Evidence, Finding, Window
-from specobs.tools._diagnosis._thresholds import (
-    BATCH_SAME_FACTOR,
-    DRAFT_FIXED_STEPS,
-    MIN_POINT_CYCLES,
-)
 from specobs.tools._diagnosis._words import found
 
 __all__ = [
@@ -92,14 +88,14 @@ def by_draft_length(b: Breakdown, pr: Prospects) -> list[tuple[Prospects, float]
     out: list[tuple[Prospects, float]] = []
     for ks in b.by_draft_length:
         batch = ks.mean_batch
-        if ks.k < 1 or ks.cycles < MIN_POINT_CYCLES or batch is None or not batch > 0 \
+        if ks.k < 1 or ks.cycles < th.MIN_POINT_CYCLES or batch is None or not batch > 0 \
                 or ks.k > len(pr.conditional):
             continue
         means = {p: s / ks.cycles for p, s in ks.phase_seconds.items()}
         draft, verify = means.get("draft"), means.get("verify")
         if draft is None or verify is None or not verify > 0:
             continue
-        fixed = draft * DRAFT_FIXED_STEPS / (ks.k + DRAFT_FIXED_STEPS)
+        fixed = draft * th.DRAFT_FIXED_STEPS / (ks.k + th.DRAFT_FIXED_STEPS)
         rest = math.fsum(m for p, m in means.items() if p not in ("draft", "verify"))
         costs = CycleCosts(
             clock="host", batch=batch, k=ks.k, cycle=draft + verify + rest, draft=draft,
@@ -131,7 +127,7 @@ def schedule(windows: Sequence[Window], models: Sequence[ForwardModel | None],
     found.sort(key=lambda c: c.batch)
     kept: list[BandChoice] = []
     for c in found:
-        if kept and c.batch <= kept[-1].batch * BATCH_SAME_FACTOR:
+        if kept and c.batch <= kept[-1].batch * th.BATCH_SAME_FACTOR:
             if c.cycles > kept[-1].cycles:
                 kept[-1] = c
             continue

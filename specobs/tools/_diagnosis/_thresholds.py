@@ -1,10 +1,10 @@
 """Every threshold the diagnosis decides with, in one table (:data:`THRESHOLDS`).
 
 The table is ``thresholds.ini`` beside this module: each entry has its value, its unit, what it
-bounds, and the codes of the findings it decides. The classifiers import the values by name from
-here (``from ..._thresholds import SLOWER_Z``). ``specobs generate`` renders the table into
-docs/diagnosis.md (:func:`doc_region`), and ``specobs generate --check`` fails when the doc
-drifts from it.
+bounds, and the codes of the findings it decides. The classifiers read the values by name
+(``th.SLOWER_Z``, with ``from specobs.tools._diagnosis import _thresholds as th``).
+``specobs generate`` renders the table into docs/diagnosis.md (:func:`doc_region`), and
+``specobs generate --check`` fails when the doc drifts from it.
 """
 
 from __future__ import annotations

@@ -9,24 +9,10 @@ from statistics import median
 from typing import Any
 
 from specobs.tools._breakdown import Breakdown, ratio, speedups
+from specobs.tools._diagnosis import _thresholds as th
 from specobs.tools._diagnosis._compare import slower_by
 from specobs.tools._diagnosis._cost import Prediction
 from specobs.tools._diagnosis._findings import Evidence, Finding, Window, _clock
-from specobs.tools._diagnosis._thresholds import (
-    BOOKKEEPING_MAX_SHARE,
-    BOUND_SHARE,
-    CHAIN_MIN,
-    COLLAPSE_RECOVERY,
-    FIRST_POSITION_MIN,
-    GAP_MAX_SHARE,
-    GAP_SKEW,
-    HOST_GAP_MIN,
-    LOCKSTEP_MAX,
-    MIN_CLOCK_CYCLES,
-    MIN_DRAFTED_TOKENS,
-    MIN_SPEEDUP_CYCLES,
-    WARMING_RISE_MIN,
-)
 from specobs.tools._diagnosis._words import found
 
 __all__ = [
@@ -73,13 +59,13 @@ def acceptance_profile(b: Breakdown, drafted_first: float | None) -> Finding:
         "drafted_first_position": drafted_first,
         **{f"conditional_{p}": a for p, a in cond},
     }
-    if not cond or drafted_first is None or drafted_first < MIN_DRAFTED_TOKENS:
+    if not cond or drafted_first is None or drafted_first < th.MIN_DRAFTED_TOKENS:
         return found("SPEC-ACCEPT-UNKNOWN", "info", evidence)
     first = cond[0][1]
     later = [a for _, a in cond[1:]]
-    if first < FIRST_POSITION_MIN:
+    if first < th.FIRST_POSITION_MIN:
         return _weak_first(evidence, first, later)
-    short = next(((p, a) for p, a in cond[1:] if a < CHAIN_MIN), None)
+    short = next(((p, a) for p, a in cond[1:] if a < th.CHAIN_MIN), None)
     if short is not None:
         position, a = short
         return found("SPEC-ACCEPT-CHAIN-SHORT", "info",
@@ -94,7 +80,7 @@ def _weak_first(evidence: Evidence, first: float, later: list[float]) -> Finding
     if not later:
         return found("SPEC-ACCEPT-LOW", "warn", evidence, first=first)
     recovered = median(later)
-    if recovered >= first + COLLAPSE_RECOVERY:
+    if recovered >= first + th.COLLAPSE_RECOVERY:
         return found("SPEC-ACCEPT-COLLAPSE", "fail", evidence, first=first, recovered=recovered)
     return found("SPEC-ACCEPT-FLAT-LOW", "warn", evidence)
 
@@ -118,11 +104,11 @@ def cycle_bound(b: Breakdown) -> Finding:
     host_books_gpu = clock != "gpu" and b.info.get("gpu_clock") != "auto"
     top = max(known, key=lambda p: known[p])
     bk = known.get("bookkeeping")
-    if bk is not None and bk >= BOOKKEEPING_MAX_SHARE:
+    if bk is not None and bk >= th.BOOKKEEPING_MAX_SHARE:
         code, severity = "SPEC-CYCLE-BOOKKEEPING-BOUND", "warn"
-    elif known[top] >= BOUND_SHARE and top == "verify":
+    elif known[top] >= th.BOUND_SHARE and top == "verify":
         code, severity = "SPEC-CYCLE-VERIFY-BOUND", "info"
-    elif known[top] >= BOUND_SHARE and top == "draft":
+    elif known[top] >= th.BOUND_SHARE and top == "draft":
         code, severity = "SPEC-CYCLE-DRAFT-BOUND", "info"
     else:
         code, severity = "SPEC-CYCLE-BALANCED", "ok"
@@ -138,16 +124,16 @@ def host_bound(b: Breakdown) -> Finding:
     evidence: Evidence = {
         "host_cycle_seconds": host, "gpu_cycle_seconds": gpu, "gpu_cycles": gpu_n,
     }
-    if gpu_n < MIN_CLOCK_CYCLES or host is None or gpu is None or not host > 0:
+    if gpu_n < th.MIN_CLOCK_CYCLES or host is None or gpu is None or not host > 0:
         return found("SPEC-HOST-UNSEEN", "info", evidence)
     gap = (host - gpu) / host
     evidence["gap_fraction"] = gap
-    if gap >= HOST_GAP_MIN:
+    if gap >= th.HOST_GAP_MIN:
         return found("SPEC-HOST-BOUND", "warn", evidence, waits=host - gpu)
     apart = _phase_disagreement(b, host)
     if apart is not None:
         evidence["phase_disagreement_fraction"] = apart
-        if apart <= LOCKSTEP_MAX:
+        if apart <= th.LOCKSTEP_MAX:
             return found("SPEC-HOST-LOCKSTEP", "warn", evidence)
     return found("SPEC-HOST-OVERLAPPED", "ok", evidence)
 
@@ -218,7 +204,7 @@ def speedup(recent: Breakdown, past: Breakdown | None = None,
     }
     if base is None or realized is None:
         return found("SPEC-SPEEDUP-UNKNOWN", "info", evidence, "no-baseline")
-    if recent.cycles < MIN_SPEEDUP_CYCLES:
+    if recent.cycles < th.MIN_SPEEDUP_CYCLES:
         return found("SPEC-SPEEDUP-UNKNOWN", "info", evidence, "short")
     where = prediction.where(realized) if prediction is not None and pred is not None else None
     if where is not None and pred is not None:
@@ -228,7 +214,7 @@ def speedup(recent: Breakdown, past: Breakdown | None = None,
     slower = _slower_phase(recent, past, clock)
     if past is not None and past.acceptance_rate is not None \
             and recent.acceptance_rate is not None \
-            and recent.acceptance_rate >= past.acceptance_rate + WARMING_RISE_MIN \
+            and recent.acceptance_rate >= past.acceptance_rate + th.WARMING_RISE_MIN \
             and slower is None:
         return found("SPEC-SPEEDUP-WARMING", "warn", evidence, where=where,
                      past_acceptance=past.acceptance_rate,
@@ -297,22 +283,23 @@ def between_cycles(recent: Breakdown, past: Breakdown | None = None) -> Finding 
     otherwise; ``None`` where the endpoint exports no gaps or too few."""
     mean, med = recent.gap_mean_seconds, recent.gap_median_seconds
     cycle = recent.cycle_mean_seconds.get("host")
-    if mean is None or cycle is None or not cycle > 0 or recent.gap_count < MIN_CLOCK_CYCLES:
+    if mean is None or cycle is None or not cycle > 0 or recent.gap_count < th.MIN_CLOCK_CYCLES:
         return None
     # A few long gaps (the engine waiting for work, under the idle bound) pull the mean far
     # above the median: the steady gap is the median then.
-    steady = med if med is not None and mean > GAP_SKEW * med else mean
+    steady = med if med is not None and mean > th.GAP_SKEW * med else mean
     share = steady / (steady + cycle)
     evidence: Evidence = {
         "gap_steady_seconds": steady, "gap_median_seconds": med, "gap_mean_seconds": mean,
         "gap_share": share, "gap_share_of_busy_time": recent.gap_share,
         "cycle_seconds": cycle, "gaps": recent.gap_count, "idle_gaps": recent.idle_gaps,
     }
-    if past is not None and past.gap_mean_seconds and past.gap_count >= MIN_CLOCK_CYCLES:
+    if past is not None and past.gap_mean_seconds and past.gap_count >= th.MIN_CLOCK_CYCLES:
         evidence["gap_against_past"] = mean / past.gap_mean_seconds
     realized, _ = speedups(recent)
     if realized is not None:
         # The baseline is a plain step's own time; the engine pays the gap on top of each cycle.
         evidence["realized_over_wall_time"] = realized * cycle / (cycle + steady)
-    code, severity = ("SPEC-GAP-HIGH", "warn") if share > GAP_MAX_SHARE else ("SPEC-GAP-OK", "ok")
-    return found(code, severity, evidence, realized=realized)
+    if share > th.GAP_MAX_SHARE:
+        return found("SPEC-GAP-HIGH", "warn", evidence, realized=realized)
+    return found("SPEC-GAP-OK", "ok", evidence, realized=realized)
