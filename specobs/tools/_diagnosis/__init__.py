@@ -19,14 +19,16 @@ fail     speculation is broken or costs throughput: a stall, a collapsed draft, 
          the baseline
 =======  ==================================================================================
 
-The thresholds are one table, ``_thresholds``: each with its value, unit, meaning and the
-findings it decides; docs/diagnosis.md lists them (generated) and says how each was chosen. The
-parts:
+A classifier decides a finding's code, severity and evidence; ``_words`` renders its sentence
+and advice from them. The thresholds are one table, ``_thresholds``: each with its value, unit,
+meaning and the findings it decides; docs/diagnosis.md lists them (generated) and says how each
+was chosen. Import a threshold from ``_thresholds``, not from here. The parts:
 
 ==================  ==============================================================================
-``_thresholds``     every threshold, in one documented table
+``_thresholds``     every threshold, in one documented table (``thresholds.ini``)
 ``_findings``       :class:`Finding`, :data:`CODES`, :data:`SEVERITIES`, :class:`Window`, and what
                     every classifier reads alike (the clock to judge by, a phase's mean)
+``_words``          every finding's sentence and advice, rendered from its data
 ``_window``         the classifiers of one window: acceptance profile, cycle and host bound, stall,
                     speedup, time between cycles
 ``_compare``        against a past (:data:`LIFETIME` or a :func:`saved_run`) and against a cohort
