@@ -50,10 +50,11 @@ Values = Mapping[str, Any]
 
 
 class _Formatter(string.Formatter):
-    """``str.format`` with the specs above, and fragments looked up by name."""
+    """``str.format`` with the specs above, and fragments looked up by name (before the values,
+    so that evidence added under a fragment's name cannot change a sentence)."""
 
     def get_value(self, key: int | str, args: Any, kwargs: Mapping[str, Any]) -> Any:
-        if isinstance(key, str) and key not in kwargs and key in FRAGMENTS:
+        if isinstance(key, str) and key in FRAGMENTS:
             return FRAGMENTS[key](kwargs)
         return super().get_value(key, args, kwargs)
 
