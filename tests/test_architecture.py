@@ -80,7 +80,9 @@ LAYERS: tuple[Layer, ...] = (
     # The mixin renders the catalog, the configuration reference and the engines' declared hook
     # tables (the support table of docs/integrations.md); it knows nothing of a running observer.
     Layer("mixin", ("specobs.mixin",), ("specobs.catalog", "settings", "instrument")),
-    Layer("tools", ("specobs.tools",), (*PUBLIC, "instrument", "mixin")),
+    # The diagnosis's thresholds: one table read from a data file, stdlib only.
+    Layer("thresholds", ("specobs.tools._diagnosis._thresholds",), ()),
+    Layer("tools", ("specobs.tools",), (*PUBLIC, "instrument", "mixin", "thresholds")),
     Layer("demo", ("specobs.demo",), (*PUBLIC, "tools")),
     # The dispatcher loads each subcommand's module by name (``cli._SUBCOMMANDS``).
     Layer("cli", ("specobs.cli", "specobs.__main__"), ("specobs", "tools", "demo")),

@@ -18,6 +18,7 @@ from specobs import catalog
 from specobs.timing import FakeEventClock, FakeGpu
 from specobs.tools import _breakdown as bd
 from specobs.tools import _diagnosis as dg
+from specobs.tools._diagnosis import _thresholds as th
 from specobs.tools._scrape import Delta, Series
 
 PHASES = ("draft", "verify", "bookkeeping")
@@ -135,8 +136,8 @@ def test_flat_low_profile() -> None:
 
 
 @pytest.mark.parametrize(("first", "code"), [
-    (dg.FIRST_POSITION_MIN, "SPEC-ACCEPT-HEALTHY"),
-    (dg.FIRST_POSITION_MIN - 0.01, "SPEC-ACCEPT-COLLAPSE"),
+    (th.FIRST_POSITION_MIN, "SPEC-ACCEPT-HEALTHY"),
+    (th.FIRST_POSITION_MIN - 0.01, "SPEC-ACCEPT-COLLAPSE"),
 ])
 def test_first_position_boundary(first: float, code: str) -> None:
     w = win(positions=(first, first * 0.95, first * 0.9, first * 0.85))
@@ -144,8 +145,8 @@ def test_first_position_boundary(first: float, code: str) -> None:
 
 
 @pytest.mark.parametrize(("later", "code"), [
-    (0.5 + dg.COLLAPSE_RECOVERY, "SPEC-ACCEPT-COLLAPSE"),
-    (0.5 + dg.COLLAPSE_RECOVERY - 0.01, "SPEC-ACCEPT-FLAT-LOW"),
+    (0.5 + th.COLLAPSE_RECOVERY, "SPEC-ACCEPT-COLLAPSE"),
+    (0.5 + th.COLLAPSE_RECOVERY - 0.01, "SPEC-ACCEPT-FLAT-LOW"),
 ])
 def test_collapse_against_flat_boundary(later: float, code: str) -> None:
     w = win(positions=(0.5, 0.5 * later, 0.5 * later**2, 0.5 * later**3))
@@ -167,8 +168,8 @@ def test_k1_low_acceptance_has_no_profile_to_read() -> None:
 
 
 @pytest.mark.parametrize(("cycles", "code"), [
-    (dg.MIN_DRAFTED_TOKENS / 4, "SPEC-ACCEPT-HEALTHY"),
-    (dg.MIN_DRAFTED_TOKENS / 4 - 1, "SPEC-ACCEPT-UNKNOWN"),
+    (th.MIN_DRAFTED_TOKENS / 4, "SPEC-ACCEPT-HEALTHY"),
+    (th.MIN_DRAFTED_TOKENS / 4 - 1, "SPEC-ACCEPT-UNKNOWN"),
 ])
 def test_too_few_drafted_tokens(cycles: float, code: str) -> None:
     w = win(cycles=cycles)  # batch 4: 4 tokens at the first position per cycle
@@ -190,15 +191,15 @@ def test_verify_bound_on_the_gpu_clock_wins_over_the_host_clock() -> None:
 def test_host_clock_when_the_gpu_timed_too_few_cycles() -> None:
     b = brk(host={"draft": 0.1e-3, "verify": 0.1e-3, "bookkeeping": 5e-3},
             gpu={"draft": 1e-3, "verify": 4e-3, "bookkeeping": 0.2e-3},
-            gpu_cycles=dg.MIN_CLOCK_CYCLES - 1, gpu_clock="cuda")
+            gpu_cycles=th.MIN_CLOCK_CYCLES - 1, gpu_clock="cuda")
     f = dg.cycle_bound(b)
     assert (f.code, f.severity) == ("SPEC-CYCLE-BOOKKEEPING-BOUND", "warn")
     assert "host clock: with CUDA graphs" in f.sentence  # the caveat, since CUDA is up
 
 
 @pytest.mark.parametrize(("bookkeeping", "code"), [
-    (dg.BOOKKEEPING_MAX_SHARE, "SPEC-CYCLE-BOOKKEEPING-BOUND"),
-    (dg.BOOKKEEPING_MAX_SHARE - 0.01, "SPEC-CYCLE-BALANCED"),
+    (th.BOOKKEEPING_MAX_SHARE, "SPEC-CYCLE-BOOKKEEPING-BOUND"),
+    (th.BOOKKEEPING_MAX_SHARE - 0.01, "SPEC-CYCLE-BALANCED"),
 ])
 def test_bookkeeping_boundary(bookkeeping: float, code: str) -> None:
     rest = 1.0 - bookkeeping
@@ -208,8 +209,8 @@ def test_bookkeeping_boundary(bookkeeping: float, code: str) -> None:
 
 
 @pytest.mark.parametrize(("share", "code"), [
-    (dg.BOUND_SHARE, "SPEC-CYCLE-DRAFT-BOUND"),
-    (dg.BOUND_SHARE - 0.01, "SPEC-CYCLE-BALANCED"),
+    (th.BOUND_SHARE, "SPEC-CYCLE-DRAFT-BOUND"),
+    (th.BOUND_SHARE - 0.01, "SPEC-CYCLE-BALANCED"),
 ])
 def test_draft_bound_boundary(share: float, code: str) -> None:
     b = brk(host={"draft": share, "verify": 1 - share, "bookkeeping": 0.0})
@@ -226,8 +227,8 @@ def test_no_gpu_clock_means_host_boundness_is_unseen() -> None:
 
 
 @pytest.mark.parametrize(("gap", "code"), [
-    (dg.HOST_GAP_MIN, "SPEC-HOST-BOUND"),
-    (dg.HOST_GAP_MIN - 0.01, "SPEC-HOST-OVERLAPPED"),
+    (th.HOST_GAP_MIN, "SPEC-HOST-BOUND"),
+    (th.HOST_GAP_MIN - 0.01, "SPEC-HOST-OVERLAPPED"),
 ])
 def test_host_gap_boundary(gap: float, code: str) -> None:
     gpu = {"draft": 2e-3, "verify": 6e-3, "bookkeeping": 0.0}
@@ -247,7 +248,7 @@ def test_lockstep_host_and_gpu_meet_at_every_boundary() -> None:
     f = dg.host_bound(brk(host=host, gpu=gpu, gpu_cycles=100))
     assert (f.code, f.severity) == ("SPEC-HOST-LOCKSTEP", "warn")
     apart = f.evidence["phase_disagreement_fraction"]
-    assert isinstance(apart, float) and apart <= dg.LOCKSTEP_MAX
+    assert isinstance(apart, float) and apart <= th.LOCKSTEP_MAX
 
 
 # -- stall ----------------------------------------------------------------------------------------
@@ -386,8 +387,8 @@ def test_acceptance_down_with_its_size() -> None:
 
 
 @pytest.mark.parametrize(("drop", "found"), [
-    (dg.ACCEPT_DROP_MIN + 0.005, True),
-    (dg.ACCEPT_DROP_MIN - 0.005, False),
+    (th.ACCEPT_DROP_MIN + 0.005, True),
+    (th.ACCEPT_DROP_MIN - 0.005, False),
 ])
 def test_acceptance_drop_boundary(drop: float, found: bool) -> None:
     base = (0.8, 0.8, 0.8, 0.8)
@@ -428,9 +429,9 @@ def test_a_stall_in_one_phase_is_not_that_phase_getting_slower() -> None:
     stalled = observed({"draft": [8e-3] * 80, "verify": [9e-3] * 79 + [0.2],
                         "bookkeeping": [0.3e-3] * 80})
     verify = stalled.stats[("verify", "host")]
-    assert verify.mean_seconds / 9e-3 >= dg.SLOWER_RATIO  # type: ignore[operator]
+    assert verify.mean_seconds / 9e-3 >= th.SLOWER_RATIO  # type: ignore[operator]
     z = dg.shift_z(past.stats[("verify", "host")], verify)
-    assert z is not None and 0.5 < z < dg.SLOWER_Z
+    assert z is not None and 0.5 < z < th.SLOWER_Z
     out = dg.against_past(stalled, past)
     assert codes(out) == ["SPEC-RECENT-STEADY"], out
     # Every cycle's verify 1.28x slower (a bucket further up): named, its z without bound.
@@ -449,7 +450,7 @@ def test_a_stall_in_one_phase_is_not_that_phase_getting_slower() -> None:
     mixed = observed({"draft": [8e-3] * 80, "verify": [10.8e-3] * 64 + [30e-3] * 16,
                       "bookkeeping": [0.3e-3] * 80})
     z = dg.shift_z(past.stats[("verify", "host")], mixed.stats[("verify", "host")])
-    assert z is not None and dg.SLOWER_Z < z < math.inf
+    assert z is not None and th.SLOWER_Z < z < math.inf
     assert codes(dg.against_past(mixed, past))[0] == "SPEC-RECENT-PHASE-SLOWER"
 
 
@@ -576,8 +577,8 @@ def test_a_host_busy_with_other_work_is_the_machine_not_a_boundary_cost() -> Non
 
 
 @pytest.mark.parametrize(("factor", "slower"), [
-    (dg.SLOWER_RATIO, True),
-    (dg.SLOWER_RATIO - 0.02, False),
+    (th.SLOWER_RATIO, True),
+    (th.SLOWER_RATIO - 0.02, False),
 ])
 def test_phase_slower_boundary(factor: float, slower: bool) -> None:
     slow = {**HEALTHY, "verify": factor * HEALTHY["verify"]}
@@ -708,11 +709,11 @@ def test_a_cheap_draft_with_high_acceptance_is_advised_a_longer_k() -> None:
             host={"draft": 0.4e-3, "verify": 2e-3, "bookkeeping": 0.1e-3})
     f = dg.advise_k(b, measured())
     assert f is not None and (f.code, f.severity) == ("SPEC-ADVICE-K", "info")
-    assert f.evidence["best_k"] == min(dg.ADVICE_MAX_K, 4 + dg.ADVICE_BEYOND)
+    assert f.evidence["best_k"] == min(th.ADVICE_MAX_K, 4 + th.ADVICE_BEYOND)
     assert f.evidence["k"] == 4.0
     assert "(extrapolated beyond the measured k)" in f.sentence
     gain = f.evidence["predicted_gain"]
-    assert isinstance(gain, float) and gain > dg.ADVICE_MIN_GAIN
+    assert isinstance(gain, float) and gain > th.ADVICE_MIN_GAIN
 
 
 def test_a_draft_that_loses_the_target_early_is_advised_a_shorter_k() -> None:
@@ -803,7 +804,7 @@ def test_the_advice_counts_the_first_positions_fall_at_a_longer_k() -> None:
     first = dg.FirstPosition.fit(cond, 4)
     assert first is not None
     assert f.evidence["first_position_after_rejection"] == pytest.approx(first.after_rejection)
-    cost7 = 0.1e-3 + 2e-3 + 0.4e-3 * (7 + dg.DRAFT_FIXED_STEPS) / (4 + dg.DRAFT_FIXED_STEPS)
+    cost7 = 0.1e-3 + 2e-3 + 0.4e-3 * (7 + th.DRAFT_FIXED_STEPS) / (4 + th.DRAFT_FIXED_STEPS)
     assert f.evidence["predicted_tokens_per_second_k7"] == pytest.approx(
         dg.expected_tokens([first.at(7), *cond[1:]], 7) / cost7, rel=1e-6)
     # Below the rate that held a_0 fixed would predict.
@@ -835,7 +836,7 @@ def test_on_the_gpu_clock_the_drafts_fixed_part_is_the_hosts_draft_time() -> Non
     # The host clock has nothing to split by: c steps of k + c. Nor has a host draft longer
     # than the GPU's (an engine whose host runs ahead of its GPU).
     assert dg.draft_fixed(b, "host", 0.080e-3, 4) == (
-        pytest.approx(0.080e-3 * dg.DRAFT_FIXED_STEPS / (4 + dg.DRAFT_FIXED_STEPS)), "steps")
+        pytest.approx(0.080e-3 * th.DRAFT_FIXED_STEPS / (4 + th.DRAFT_FIXED_STEPS)), "steps")
     ahead = brk(host={**host, "draft": 0.9e-3}, gpu=gpu, gpu_cycles=1000)
     assert dg.draft_fixed(ahead, "gpu", 0.754e-3, 4)[1] == "steps"
 

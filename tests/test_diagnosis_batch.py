@@ -10,6 +10,7 @@ import pytest
 
 from specobs import catalog
 from specobs.tools import _diagnosis as dg
+from specobs.tools._diagnosis import _thresholds as th
 from specobs.tools._scrape import Delta
 from tests.test_diagnosis import delta
 
@@ -155,7 +156,7 @@ def test_a_trend_too_far_beyond_the_batches_observed_is_not_named() -> None:
     f = dg.batch_threshold([point(b, tokens=E, exponent=0.9) for b in (1, 2, 4, 8)])
     assert f is not None and f.severity == "ok" and f.evidence["threshold_batch"] is None
     far = f.evidence["extrapolated_batch"]
-    assert isinstance(far, float) and far > dg.BATCH_EXTRAPOLATION_MAX * 8
+    assert isinstance(far, float) and far > th.BATCH_EXTRAPOLATION_MAX * 8
     assert "too far to name" in f.sentence
     never = dg.batch_threshold([point(b, tokens=E, exponent=0.5) for b in (1, 2, 4, 8)])
     assert never is not None and never.evidence["extrapolated_batch"] is None

@@ -146,22 +146,9 @@ def _k_in_effect(windows: list[dg.Window]) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     """``specobs advise``; see the module docstring."""
-    if (args.url is None) == (args.prometheus is None):
-        print(f"{_PROG}: give either a specobs /metrics URL or --prometheus URL (exactly one)",
-              file=sys.stderr)
-        return 2
-    if not (args.wait > 0 and args.interval > 0 and args.interval <= args.wait) \
-            or not args.max_batch >= 1 or not (0 < args.timeout < math.inf):
-        print(f"{_PROG}: expected --wait >= --interval > 0 seconds, --max-batch >= 1 and "
-              f"--timeout > 0; got --wait {args.wait:g}, --interval {args.interval:g}, "
-              f"--max-batch {args.max_batch}, --timeout {args.timeout:g}", file=sys.stderr)
-        return 2
-    try:
-        import httpx  # noqa: F401
-        import prometheus_client  # noqa: F401 - the parser
-    except ImportError as exc:
-        print(f"{_PROG}: {exc.name or exc} is missing: pip install 'specobs[cli,prometheus]'",
-              file=sys.stderr)
+    refused = _refused(args)
+    if refused is not None:
+        print(f"{_PROG}: {refused}", file=sys.stderr)
         return 2
     from specobs.tools.report import _data as rd
 
@@ -175,7 +162,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return 2
-    shown = _client.display_url(url)
     limits = _client.limits_from(args)
     try:
         with _client.http_client(args) as client:
@@ -189,34 +175,66 @@ def run(args: argparse.Namespace) -> int:
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return 2
     result = advise(windows, whole)
-    bands = result["bands"]
     k_now = _k_in_effect(windows) or (_k_in_effect([whole]) if whole is not None else None)
-    snippet = None
-    if bands:
-        top = max((b.k for b in bands), default=0)
-        try:
-            snippet = render(bands, args.engine, max_batch=args.max_batch,
-                             num_speculative_tokens=max(top, k_now or 0) or None)
-        except ValueError as exc:
-            snippet = f"# {args.engine}: {exc}"
-    code = 0 if bands else 1
+    snippet = _snippet(result["bands"], args, k_now)
+    code = 0 if result["bands"] else 1
     if args.json:
-        print(json.dumps({
-            "source": shown, "engine": args.engine, "exit_code": code,
-            "windows": result["windows"],
-            "bands": [asdict(b) for b in bands],
-            "choices": [{"batch": c.batch, "k": c.k,
-                         "predicted_tokens_per_second": {str(k): r for k, r in c.rates.items()}}
-                        for c in result["choices"]],
-            "snippet": snippet,
-            "findings": [asdict(f) for f in result["findings"]],
-        }, indent=2, sort_keys=True, default=str))
-        return code
+        print(_json(result, _client.display_url(url), args.engine, code, snippet))
+    else:
+        _print(result, _client.display_url(url), snippet)
+    return code
+
+
+def _refused(args: argparse.Namespace) -> str | None:
+    """Why the arguments or the installation cannot run ``advise``; ``None`` where they can."""
+    if (args.url is None) == (args.prometheus is None):
+        return "give either a specobs /metrics URL or --prometheus URL (exactly one)"
+    if not (args.wait > 0 and args.interval > 0 and args.interval <= args.wait) \
+            or not args.max_batch >= 1 or not (0 < args.timeout < math.inf):
+        return (f"expected --wait >= --interval > 0 seconds, --max-batch >= 1 and "
+                f"--timeout > 0; got --wait {args.wait:g}, --interval {args.interval:g}, "
+                f"--max-batch {args.max_batch}, --timeout {args.timeout:g}")
+    try:
+        import httpx  # noqa: F401
+        import prometheus_client  # noqa: F401 - the parser
+    except ImportError as exc:
+        return f"{exc.name or exc} is missing: pip install 'specobs[cli,prometheus]'"
+    return None
+
+
+def _snippet(bands: list[dg.Band], args: argparse.Namespace, k_now: int | None) -> str | None:
+    """The schedule in the engine's configuration syntax; ``None`` without bands."""
+    if not bands:
+        return None
+    top = max((b.k for b in bands), default=0)
+    try:
+        return render(bands, args.engine, max_batch=args.max_batch,
+                      num_speculative_tokens=max(top, k_now or 0) or None)
+    except ValueError as exc:
+        return f"# {args.engine}: {exc}"
+
+
+def _json(result: dict[str, Any], shown: str, engine: str, code: int,
+          snippet: str | None) -> str:
+    return json.dumps({
+        "source": shown, "engine": engine, "exit_code": code,
+        "windows": result["windows"],
+        "bands": [asdict(b) for b in result["bands"]],
+        "choices": [{"batch": c.batch, "k": c.k,
+                     "predicted_tokens_per_second": {str(k): r for k, r in c.rates.items()}}
+                    for c in result["choices"]],
+        "snippet": snippet,
+        "findings": [asdict(f) for f in result["findings"]],
+    }, indent=2, sort_keys=True, default=str)
+
+
+def _print(result: dict[str, Any], shown: str, snippet: str | None) -> None:
+    bands = result["bands"]
     print(f"{_PROG} {shown}: {result['windows']} window(s) with enough cycles")
     if not bands:
         print("no schedule: no window held enough cycles with draft and verify timed "
               f"({dg.MIN_SPEEDUP_CYCLES:.0f} needed); watch longer (--wait) or under load")
-        return code
+        return
     measured = [b for b in bands if b.measured]
     if len(result["choices"]) == 1:
         print(f"one batch size observed ({result['choices'][0].batch:.1f}): the other bands "
@@ -227,4 +245,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {f.code}: {f.sentence}")
     print()
     print(snippet)
-    return code

@@ -324,7 +324,61 @@ def breakdown(delta: Delta) -> Breakdown:
     """The cycle breakdown of one interval; see the module docstring."""
     d, g, elapsed = delta.counters, delta.gauges, delta.elapsed_seconds
     phases = _phases(d, g)
+    cycle = {clock: _durations(d, catalog.CYCLE_DURATION.name, clock=clock) for clock in CLOCKS}
+    cycles = d.total(catalog.CYCLES.name) or 0.0
+    emitted = d.total(catalog.EMITTED_TOKENS.name)
+    al = catalog.ACCEPT_LENGTH.name
+    bs = catalog.BATCH_SIZE.name
+    dl = catalog.DRAFT_LENGTH.name
+    drops = {k: v for k, v in d.by(catalog.DROPPED_RECORDS.name, "reason").items() if v > 0}
+    _, host_cycle, _ = cycle["host"]
+    thread = d.by(catalog.WORKER_THREAD_TIME.name, "state")
+    info_labels = g.labels(catalog.INFO.name)
+    by_k = {k: v for k, v in d.by(catalog.CYCLES_BY_DRAFT_LENGTH.name, "draft_length").items()
+            if v > 0}
+    k_cycles = math.fsum(by_k.values())
+    return Breakdown(
+        elapsed_seconds=elapsed,
+        phases=phases,
+        stats=_phase_stats(d, phases),
+        cycle_mean_seconds={c: mean for c, (_, mean, _) in cycle.items()},
+        cycle_counts={c: n for c, (n, _, _) in cycle.items()},
+        cycle_quantiles={c: quantiles for c, (_, _, quantiles) in cycle.items()},
+        cycles=cycles,
+        cycles_per_second=ratio(cycles, elapsed),
+        sampled_cycles=d.total(catalog.SAMPLED_CYCLES.name),
+        acceptance_rate=ratio(d.total(catalog.ACCEPTED_TOKENS.name),
+                              d.total(catalog.DRAFT_TOKENS.name)),
+        mean_accept_length=ratio(d.total(al + "_sum"), d.total(al + "_count")),
+        position_acceptance=_position_acceptance(d),
+        emitted_tokens_per_second=ratio(emitted, elapsed),
+        # Sequences per cycle, as the rule divides them: cycles that reported no batch count too.
+        mean_batch_size=ratio(d.total(bs + "_sum"), cycles),
+        sequence_tokens_per_second=ratio(ratio(emitted, d.total(bs + "_sum")), host_cycle),
+        baseline_tokens_per_second=g.total(catalog.BASELINE_SEQUENCE_TOKENS.name),
+        requests_running=g.total(catalog.REQUESTS_RUNNING.name),
+        requests_waiting=g.total(catalog.REQUESTS_WAITING.name),
+        mean_draft_length=ratio(d.total(dl + "_sum"), d.total(dl + "_count")),
+        draft_length_shares=tuple((k, ratio(by_k[k], k_cycles))
+                                  for k in sorted(by_k, key=lambda k: (len(k), k))),
+        drops=drops,
+        dropped_total=math.fsum(v for _, v in _own_drops(drops)),
+        engine_raised=drops.get(catalog.DROP_REASON_EXCEPTION, 0.0),
+        sampling_interval=g.total(catalog.SAMPLING_INTERVAL.name),
+        overhead_ratio=g.max(catalog.OVERHEAD_RATIO.name),
+        exporter_cpu_seconds_per_cycle=ratio(_exporter_cpu(d), cycles),
+        info=info_labels[0] if info_labels else {},
+        worker_running_seconds_per_cycle=ratio(thread.get("running"), cycles),
+        worker_waiting_seconds_per_cycle=ratio(thread.get("waiting"), cycles),
+        acceptance_copy_seconds_per_cycle=ratio(
+            d.total(catalog.EXPORTER_CPU.name, component="acceptance_copy") or 0.0, cycles),
+        **_gaps(d),
+        by_draft_length=_k_stats(d, by_k),
+    )
 
+
+def _phase_stats(d: Series, phases: tuple[str, ...]) -> dict[tuple[str, str], PhaseStats]:
+    """Each phase's statistics on each clock, its share of the phases' sum on that clock."""
     stats: dict[tuple[str, str], PhaseStats] = {}
     for clock in CLOCKS:
         on_clock = {p: _durations(d, catalog.PHASE_DURATION.name, phase=p, clock=clock)
@@ -336,82 +390,37 @@ def breakdown(delta: Delta) -> Breakdown:
                                                         phase=phase, clock=clock))
             stats[(phase, clock)] = PhaseStats(phase, clock, n, mean, ratio(mean, whole), p50, p99,
                                                spread)
-    cycle = {clock: _durations(d, catalog.CYCLE_DURATION.name, clock=clock) for clock in CLOCKS}
+    return stats
 
-    cycles = d.total(catalog.CYCLES.name) or 0.0
-    drafted = d.total(catalog.DRAFT_TOKENS.name)
-    accepted = d.total(catalog.ACCEPTED_TOKENS.name)
-    emitted = d.total(catalog.EMITTED_TOKENS.name)
-    al = catalog.ACCEPT_LENGTH.name
-    bs = catalog.BATCH_SIZE.name
 
+def _position_acceptance(d: Series) -> tuple[tuple[str, float | None], ...]:
+    """Accepted over drafted tokens at each draft position, in position order."""
     acc_pos = d.by(catalog.ACCEPTED_BY_POSITION.name, "position")
     draft_pos = d.by(catalog.DRAFTED_BY_POSITION.name, "position")
     positions = sorted(set(acc_pos) | set(draft_pos), key=lambda p: (len(p), p))
-    per_position = tuple((p, ratio(acc_pos.get(p), draft_pos.get(p))) for p in positions)
+    return tuple((p, ratio(acc_pos.get(p), draft_pos.get(p))) for p in positions)
 
-    drops = {k: v for k, v in d.by(catalog.DROPPED_RECORDS.name, "reason").items() if v > 0}
-    # Sequences per cycle, as the rule divides them: cycles that reported no batch count too.
-    mean_batch = ratio(d.total(bs + "_sum"), cycles)
-    _, host_cycle, _ = cycle["host"]
-    seq_tps = ratio(ratio(emitted, d.total(bs + "_sum")), host_cycle)
-    # Per cycle, the work every cycle causes: rendering /metrics comes per scrape, and a viewer
-    # that scrapes every second (top, doctor) would otherwise count its own requests.
+
+def _exporter_cpu(d: Series) -> float | None:
+    """The exporter's CPU seconds that every cycle causes: rendering /metrics comes per scrape,
+    and a viewer that scrapes every second (top, doctor) would otherwise count its own
+    requests."""
     cpu_all = d.total(catalog.EXPORTER_CPU.name)
     scrapes_cpu = d.total(catalog.EXPORTER_CPU.name, component=SCRAPE_CPU_COMPONENT) or 0.0
-    cpu = None if cpu_all is None else max(0.0, cpu_all - scrapes_cpu)
-    thread = d.by(catalog.WORKER_THREAD_TIME.name, "state")
-    info_labels = g.labels(catalog.INFO.name)
-    dl = catalog.DRAFT_LENGTH.name
-    by_k = {k: v for k, v in d.by(catalog.CYCLES_BY_DRAFT_LENGTH.name, "draft_length").items()
-            if v > 0}
-    k_cycles = math.fsum(by_k.values())
-    shares = tuple((k, ratio(by_k[k], k_cycles))
-                   for k in sorted(by_k, key=lambda k: (len(k), k)))
+    return None if cpu_all is None else max(0.0, cpu_all - scrapes_cpu)
+
+
+def _gaps(d: Series) -> dict[str, Any]:
+    """The time between cycles: the :class:`Breakdown` fields ``gap_*`` and ``idle_gaps``."""
     gap_n, gap_mean, (gap_p50, gap_p99) = _durations(d, catalog.CYCLE_GAP.name)
     gap_sum = d.total(catalog.CYCLE_GAP.name + "_sum")
     host_sum = d.total(catalog.CYCLE_DURATION.name + "_sum", clock="host")
-
-    return Breakdown(
-        elapsed_seconds=elapsed,
-        phases=phases,
-        stats=stats,
-        cycle_mean_seconds={c: mean for c, (_, mean, _) in cycle.items()},
-        cycle_counts={c: n for c, (n, _, _) in cycle.items()},
-        cycle_quantiles={c: quantiles for c, (_, _, quantiles) in cycle.items()},
-        cycles=cycles,
-        cycles_per_second=ratio(cycles, elapsed),
-        sampled_cycles=d.total(catalog.SAMPLED_CYCLES.name),
-        acceptance_rate=ratio(accepted, drafted),
-        mean_accept_length=ratio(d.total(al + "_sum"), d.total(al + "_count")),
-        position_acceptance=per_position,
-        emitted_tokens_per_second=ratio(emitted, elapsed),
-        mean_batch_size=mean_batch,
-        sequence_tokens_per_second=seq_tps,
-        baseline_tokens_per_second=g.total(catalog.BASELINE_SEQUENCE_TOKENS.name),
-        requests_running=g.total(catalog.REQUESTS_RUNNING.name),
-        requests_waiting=g.total(catalog.REQUESTS_WAITING.name),
-        mean_draft_length=ratio(d.total(dl + "_sum"), d.total(dl + "_count")),
-        draft_length_shares=shares,
-        drops=drops,
-        dropped_total=math.fsum(v for _, v in _own_drops(drops)),
-        engine_raised=drops.get(catalog.DROP_REASON_EXCEPTION, 0.0),
-        sampling_interval=g.total(catalog.SAMPLING_INTERVAL.name),
-        overhead_ratio=g.max(catalog.OVERHEAD_RATIO.name),
-        exporter_cpu_seconds_per_cycle=ratio(cpu, cycles),
-        info=info_labels[0] if info_labels else {},
-        worker_running_seconds_per_cycle=ratio(thread.get("running"), cycles),
-        worker_waiting_seconds_per_cycle=ratio(thread.get("waiting"), cycles),
-        acceptance_copy_seconds_per_cycle=ratio(
-            d.total(catalog.EXPORTER_CPU.name, component="acceptance_copy") or 0.0, cycles),
-        gap_count=gap_n,
-        gap_mean_seconds=gap_mean,
-        gap_median_seconds=gap_p50,
-        gap_p99_seconds=gap_p99,
-        gap_share=ratio(gap_sum, (gap_sum or 0.0) + (host_sum or 0.0)),
-        idle_gaps=d.total(catalog.IDLE_GAPS.name) or 0.0,
-        by_draft_length=_k_stats(d, by_k),
-    )
+    return {
+        "gap_count": gap_n, "gap_mean_seconds": gap_mean, "gap_median_seconds": gap_p50,
+        "gap_p99_seconds": gap_p99,
+        "gap_share": ratio(gap_sum, (gap_sum or 0.0) + (host_sum or 0.0)),
+        "idle_gaps": d.total(catalog.IDLE_GAPS.name) or 0.0,
+    }
 
 
 def _k_stats(d: Series, by_k: Mapping[str, float]) -> tuple[KStats, ...]:

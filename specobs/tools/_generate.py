@@ -6,7 +6,8 @@
 
 Dashboards, Prometheus recording and alert rules, their promtool tests, docs/metrics.md, the
 runbook and deploy/ all come from :func:`specobs.mixin.render_all` with a
-:class:`specobs.mixin.MixinConfig`, whose fields ``--set`` overrides. grafanalib and pyyaml are
+:class:`specobs.mixin.MixinConfig`, whose fields ``--set`` overrides. The diagnosis's thresholds
+table is a generated region of docs/diagnosis.md (:func:`_tools_regions`). grafanalib and pyyaml are
 imported only when the command runs.
 """
 
@@ -95,9 +96,38 @@ def _needs_extra(exc: ImportError) -> int:
     return 1
 
 
+def _tools_regions() -> dict[str, str]:
+    """The regions the tools own in hand-written docs: path -> region, markers included. The
+    mixin may not import the tools, so they are spliced here."""
+    from specobs.tools._diagnosis import _thresholds
+
+    return {_thresholds.DOC_PATH: _thresholds.doc_region()}
+
+
+def _regions(root: Path, write: bool) -> list[str]:
+    """The paths under ``root`` whose tools' region differs; rewritten when ``write``. A file
+    that is not under ``root`` is skipped, as the mixin's regions are."""
+    from specobs.mixin import _splice
+
+    changed = []
+    for relative, region in _tools_regions().items():
+        path = root / relative
+        if not path.exists():
+            continue
+        current = path.read_text(encoding="utf-8")
+        spliced = _splice(current, region)
+        if spliced is None:  # no markers yet: the region goes at the end
+            spliced = current.rstrip("\n") + "\n\n" + region
+        if spliced != current:
+            changed.append(relative)
+            if write:
+                path.write_text(spliced, encoding="utf-8")
+    return changed
+
+
 def _render(args: argparse.Namespace, config: Any, check_all: Any, write_all: Any) -> int:
     if args.check:
-        drifted = check_all(args.root, config)
+        drifted = sorted({*check_all(args.root, config), *_regions(args.root, write=False)})
         if args.json:
             print(json.dumps({"check": True, "drifted": sorted(drifted)}))
             return 1 if drifted else 0
@@ -114,6 +144,7 @@ def _render(args: argparse.Namespace, config: Any, check_all: Any, write_all: An
         print("generated files are up to date")
         return 0
     changed = write_all(args.root, config)
+    changed += [p for p in _regions(args.root, write=True) if p not in changed]
     if args.json:
         print(json.dumps({"written": [p for p in changed if (args.root / p).exists()],
                           "removed": [p for p in changed if not (args.root / p).exists()]}))

@@ -19,12 +19,16 @@ fail     speculation is broken or costs throughput: a stall, a collapsed draft, 
          the baseline
 =======  ==================================================================================
 
-The thresholds are module constants named after what they bound; docs/diagnosis.md says how
-each was chosen. The parts, each name importable from here:
+A classifier decides a finding's code, severity and evidence; ``_words`` renders its sentence
+and advice from them. The thresholds are one table, ``_thresholds``: each with its value, unit,
+meaning and the findings it decides; docs/diagnosis.md lists them (generated) and says how each
+was chosen. Import a threshold from ``_thresholds``, not from here. The parts:
 
 ==================  ==============================================================================
+``_thresholds``     every threshold, in one documented table (``thresholds.ini``)
 ``_findings``       :class:`Finding`, :data:`CODES`, :data:`SEVERITIES`, :class:`Window`, and what
                     every classifier reads alike (the clock to judge by, a phase's mean)
+``_words``          every finding's sentence and advice, rendered from its data
 ``_window``         the classifiers of one window: acceptance profile, cycle and host bound, stall,
                     speedup, time between cycles
 ``_compare``        against a past (:data:`LIFETIME` or a :func:`saved_run`) and against a cohort
@@ -42,16 +46,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specobs.tools._diagnosis._advice import (
-    ADVICE_ALIKE,
-    ADVICE_BEYOND,
-    ADVICE_MAX_K,
-    ADVICE_MIN_GAIN,
-    ADVICE_Z,
-    DRAFT_EATS_GAIN,
-    DRAFT_GREW,
-    DRAFT_MAX_OF_VERIFY,
-    PLAIN_STEP_SPREAD,
-    TREND_MIN_RATES,
     FirstPosition,
     Prospects,
     advise_k,
@@ -65,38 +59,10 @@ from specobs.tools._diagnosis._advice import (
     rate_interval,
     slopes,
 )
-from specobs.tools._diagnosis._batch import (
-    BATCH_CONFIDENT_FACTOR,
-    BATCH_EXTRAPOLATION_MAX,
-    BATCH_FIT_POINTS,
-    BATCH_SAME_FACTOR,
-    BATCH_SEARCH_MAX_FACTOR,
-    BatchPoint,
-    batch_point,
-    batch_threshold,
-    line_threshold,
-)
+from specobs.tools._diagnosis._batch import BatchPoint, batch_point, batch_threshold, line_threshold
 from specobs.tools._diagnosis._compare import (
-    ACCEPT_DROP_MIN,
-    ACCEPT_DROP_Z,
-    BOUNDARY_SPREAD,
-    COHORT_BATCH_TOLERANCE,
-    COHORT_PHASE_RATIO,
-    DOMINANT_FRACTION,
-    EVERY_PHASE_MIN_RATIO,
-    HOST_WAIT_EXPLAINS,
     LIFETIME,
-    MACHINE_SPREAD,
-    MIN_PAST_CYCLES,
-    MIN_RECENT_CYCLES,
     NOT_THE_SPECULATION,
-    SLOWER_CYCLE_FRACTION,
-    SLOWER_RATIO,
-    SLOWER_Z,
-    THROUGHPUT_DROP,
-    THROUGHPUT_SEVERE,
-    UNIFORM_MIN_SHARE,
-    UNIFORM_SPREAD,
     Reference,
     acceptance_against_past,
     against_cohort,
@@ -105,10 +71,6 @@ from specobs.tools._diagnosis._compare import (
     shift_z,
 )
 from specobs.tools._diagnosis._cost import (
-    CALIBRATION_TOLERANCE,
-    DRAFT_FIXED_STEPS,
-    MIN_POINT_CYCLES,
-    SAME_TOKENS,
     CostPoint,
     CycleCosts,
     ForwardModel,
@@ -119,15 +81,7 @@ from specobs.tools._diagnosis._cost import (
     fit_forward,
 )
 from specobs.tools._diagnosis._engine_config import Band
-from specobs.tools._diagnosis._findings import (
-    CODES,
-    MIN_CLOCK_CYCLES,
-    SEVERITIES,
-    Finding,
-    Window,
-    window,
-    worst,
-)
+from specobs.tools._diagnosis._findings import CODES, SEVERITIES, Finding, Window, window, worst
 from specobs.tools._diagnosis._schedule import (
     BandChoice,
     bands_from,
@@ -136,20 +90,13 @@ from specobs.tools._diagnosis._schedule import (
     schedule,
     schedule_finding,
 )
-from specobs.tools._diagnosis._window import (
-    BOOKKEEPING_MAX_SHARE,
-    BOUND_SHARE,
-    CHAIN_MIN,
-    COLLAPSE_RECOVERY,
-    FIRST_POSITION_MIN,
-    GAP_GREW,
-    GAP_MAX_SHARE,
-    GAP_SKEW,
-    HOST_GAP_MIN,
-    LOCKSTEP_MAX,
-    MIN_DRAFTED_TOKENS,
+from specobs.tools._diagnosis._thresholds import (
+    BATCH_SAME_FACTOR,
+    MIN_PAST_CYCLES,
+    MIN_RECENT_CYCLES,
     MIN_SPEEDUP_CYCLES,
-    WARMING_RISE_MIN,
+)
+from specobs.tools._diagnosis._window import (
     acceptance_profile,
     between_cycles,
     conditional_acceptance,
@@ -158,64 +105,18 @@ from specobs.tools._diagnosis._window import (
     speedup,
     stall,
 )
+from specobs.tools._diagnosis._words import found
 
 __all__ = [
-    "ACCEPT_DROP_MIN",
-    "ACCEPT_DROP_Z",
-    "ADVICE_ALIKE",
-    "ADVICE_BEYOND",
-    "ADVICE_MAX_K",
-    "ADVICE_MIN_GAIN",
-    "ADVICE_Z",
-    "BATCH_CONFIDENT_FACTOR",
-    "BATCH_EXTRAPOLATION_MAX",
-    "BATCH_FIT_POINTS",
     "BATCH_SAME_FACTOR",
-    "BATCH_SEARCH_MAX_FACTOR",
-    "BOOKKEEPING_MAX_SHARE",
-    "BOUNDARY_SPREAD",
-    "BOUND_SHARE",
-    "CALIBRATION_TOLERANCE",
-    "CHAIN_MIN",
     "CODES",
-    "COHORT_BATCH_TOLERANCE",
-    "COHORT_PHASE_RATIO",
-    "COLLAPSE_RECOVERY",
-    "DOMINANT_FRACTION",
-    "DRAFT_EATS_GAIN",
-    "DRAFT_FIXED_STEPS",
-    "DRAFT_GREW",
-    "DRAFT_MAX_OF_VERIFY",
     "ENGINE_CHANGED",
-    "EVERY_PHASE_MIN_RATIO",
-    "FIRST_POSITION_MIN",
-    "GAP_GREW",
-    "GAP_MAX_SHARE",
-    "GAP_SKEW",
-    "HOST_GAP_MIN",
-    "HOST_WAIT_EXPLAINS",
     "LIFETIME",
-    "LOCKSTEP_MAX",
-    "MACHINE_SPREAD",
-    "MIN_CLOCK_CYCLES",
-    "MIN_DRAFTED_TOKENS",
     "MIN_PAST_CYCLES",
-    "MIN_POINT_CYCLES",
     "MIN_RECENT_CYCLES",
     "MIN_SPEEDUP_CYCLES",
     "NOT_THE_SPECULATION",
-    "PLAIN_STEP_SPREAD",
-    "SAME_TOKENS",
     "SEVERITIES",
-    "SLOWER_CYCLE_FRACTION",
-    "SLOWER_RATIO",
-    "SLOWER_Z",
-    "THROUGHPUT_DROP",
-    "THROUGHPUT_SEVERE",
-    "TREND_MIN_RATES",
-    "UNIFORM_MIN_SHARE",
-    "UNIFORM_SPREAD",
-    "WARMING_RISE_MIN",
     "Band",
     "BandChoice",
     "BatchPoint",
@@ -367,14 +268,8 @@ def diagnose_engine(recent: Window, past: Window | None, engine: str,
     if per_position:
         out = [acceptance_profile(b, recent.drafted_first)]
     else:
-        rate = "-" if b.acceptance_rate is None else f"{b.acceptance_rate * 100:.0f}%"
-        out = [Finding(
-            "SPEC-ACCEPT-UNKNOWN", "info",
-            f"acceptance {rate}, but {engine} exports no acceptance by draft position: a draft "
-            "broken from its first token cannot be told from a weak one",
-            {"acceptance_rate": b.acceptance_rate},
-            "specobs's plugin counts drafted and accepted tokens at every position",
-        )]
+        out = [found("SPEC-ACCEPT-UNKNOWN", "info", {"acceptance_rate": b.acceptance_rate},
+                     "engine", engine=engine)]
     if past is not None and past.drafted_first is not None \
             and recent.drafted_first is not None:
         out.extend(acceptance_against_past(b, past.breakdown,

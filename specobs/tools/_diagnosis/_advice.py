@@ -7,54 +7,22 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from specobs.tools._breakdown import Breakdown
-from specobs.tools._diagnosis._cost import (
-    CycleCosts,
-    ForwardModel,
-    Prediction,
-    cycle_costs,
-)
-from specobs.tools._diagnosis._findings import Finding, _ms, _x
+from specobs.tools._diagnosis import _thresholds as th
+from specobs.tools._diagnosis._cost import CycleCosts, ForwardModel, Prediction, cycle_costs
+from specobs.tools._diagnosis._findings import Finding
 from specobs.tools._diagnosis._window import conditional_acceptance
+from specobs.tools._diagnosis._words import found
 
 __all__ = [
-    "ADVICE_ALIKE",
-    "ADVICE_BEYOND",
-    "ADVICE_MAX_K",
-    "ADVICE_MIN_GAIN",
-    "ADVICE_Z",
-    "DRAFT_EATS_GAIN",
-    "DRAFT_GREW",
-    "DRAFT_MAX_OF_VERIFY",
-    "PLAIN_STEP_SPREAD",
-    "TREND_MIN_RATES",
-    "FirstPosition",
-    "Prospects",
-    "advise_k",
-    "candidates",
-    "draft_cost",
-    "expected_tokens",
-    "extended_rates",
-    "nearest_best",
-    "predict",
-    "prospects",
-    "rate_interval",
-    "slopes",
+    "FirstPosition", "Prospects", "advise_k", "candidates", "draft_cost", "expected_tokens",
+    "extended_rates", "nearest_best", "predict", "prospects", "rate_interval", "slopes",
 ]
-
-#: The advisor considers k from 1 to this, and names another k only for a predicted gain of at
-#: least ADVICE_MIN_GAIN.
-ADVICE_MAX_K = 8
-ADVICE_MIN_GAIN = 0.02
 
 
 # -- the advisor ----------------------------------------------------------------------------------
-
-
-#: Beyond the measured positions the in-cycle rates' trend is taken from at least this many of
-#: them (k >= 4); from fewer, their level alone.
-TREND_MIN_RATES = 3
 
 
 def extended_rates(conditional: Sequence[float], n: int) -> list[float]:
@@ -77,7 +45,7 @@ def extended_rates(conditional: Sequence[float], n: int) -> list[float]:
     mean_x = math.fsum(w * x for w, x in zip(weights, xs, strict=True)) / total
     level = math.fsum(w * a for w, a in zip(weights, inner, strict=True)) / total
     slope = 0.0
-    if len(inner) >= TREND_MIN_RATES:
+    if len(inner) >= th.TREND_MIN_RATES:
         spread = math.fsum(w * (x - mean_x) ** 2 for w, x in zip(weights, xs, strict=True))
         if spread > 0:
             slope = min(0.0, math.fsum(w * (x - mean_x) * (a - level) for w, x, a
@@ -143,13 +111,8 @@ class FirstPosition:
         return self.after_rejection / (1 - (self.after_full - self.after_rejection) * later)
 
 
-#: The advice's gain is judged at the pessimistic end of an interval this many standard errors
-#: of the conditional rates wide (each rate a share of the drafts that reached its position).
-ADVICE_Z = 1.0
-
-
 def rate_interval(conditional: Sequence[float], drafted_first: float | None,
-                  z: float = ADVICE_Z) -> tuple[list[float], list[float]]:
+                  z: float = th.ADVICE_Z) -> tuple[list[float], list[float]]:
     """The conditional rates ``z`` standard errors below and above the measured ones: a_i was
     judged on the sequence-cycles that reached position i, ``drafted_first`` times a_0 ...
     a_(i-1). Without ``drafted_first`` both ends are the measured rates."""
@@ -206,11 +169,6 @@ class Prospects:
         return None if plain is None else self.rate(k, rates) * plain
 
 
-#: A plain step measured beside the cycles (by the engine, under the same load) is trusted to
-#: this fraction: the forward's slope is judged at both ends of what that allows.
-PLAIN_STEP_SPREAD = 0.03
-
-
 def slopes(pr: Prospects) -> list[ForwardModel]:
     """The forward with its slope at both ends of what a plain step off by
     :data:`PLAIN_STEP_SPREAD` allows (the slope is the difference between verify and the plain
@@ -219,13 +177,9 @@ def slopes(pr: Prospects) -> list[ForwardModel]:
     model, costs = pr.model, pr.costs
     if model is None or not model.sure:
         return []
-    shift = PLAIN_STEP_SPREAD * model.at(costs.batch) / (costs.batch * costs.k)
+    shift = th.PLAIN_STEP_SPREAD * model.at(costs.batch) / (costs.batch * costs.k)
     return [dataclasses.replace(model, per_token_seconds=max(0.0, model.per_token_seconds + d))
             for d in (-shift, shift)]
-
-
-#: Positions beyond the measured ones the advisor extrapolates acceptance to.
-ADVICE_BEYOND = 6
 
 
 def candidates(k: int, model: ForwardModel | None) -> list[int]:
@@ -234,20 +188,15 @@ def candidates(k: int, model: ForwardModel | None) -> list[int]:
     acceptance is not extrapolated far beyond the positions measured; one step either side where
     the forward's growth was not measured."""
     if model is not None and model.sure:
-        return list(range(1, min(ADVICE_MAX_K, k + ADVICE_BEYOND) + 1))
-    return [kk for kk in (k - 1, k, k + 1) if 1 <= kk <= ADVICE_MAX_K]
-
-
-#: Lengths predicted within this fraction of the best are alike: of them the one nearest the
-#: measured k is advised (a flat optimum does not make the advice jump between its ends).
-ADVICE_ALIKE = 0.02
+        return list(range(1, int(min(th.ADVICE_MAX_K, k + th.ADVICE_BEYOND)) + 1))
+    return [kk for kk in (k - 1, k, k + 1) if 1 <= kk <= th.ADVICE_MAX_K]
 
 
 def nearest_best(ks: Sequence[int], rate: Callable[[int], float], k: int) -> int:
     """Of ``ks``, the one nearest ``k`` among those within :data:`ADVICE_ALIKE` of the best
     ``rate``."""
     top = max(rate(kk) for kk in ks)
-    alike = [kk for kk in ks if rate(kk) >= top * (1 - ADVICE_ALIKE)]
+    alike = [kk for kk in ks if rate(kk) >= top * (1 - th.ADVICE_ALIKE)]
     return min(alike, key=lambda kk: (abs(kk - k), kk))
 
 
@@ -295,9 +244,9 @@ def advise_k(b: Breakdown, model: ForwardModel | None = None,
     # end; the best itself where none does (its gain then says how sure it is).
     best = nearest_best(ks, pr.rate, k)
     top = max(ks, key=pr.rate)
-    alike = sorted((kk for kk in ks if pr.rate(kk) >= pr.rate(top) * (1 - ADVICE_ALIKE)),
+    alike = sorted((kk for kk in ks if pr.rate(kk) >= pr.rate(top) * (1 - th.ADVICE_ALIKE)),
                    key=lambda kk: (abs(kk - k), kk))
-    best = next((kk for kk in alike if gains(kk)[1] >= ADVICE_MIN_GAIN), best)
+    best = next((kk for kk in alike if gains(kk)[1] >= th.ADVICE_MIN_GAIN), best)
     gain, gain_low, gain_high = gains(best)
     evidence: dict[str, float | str | None] = {
         "clock": costs.clock, "k": float(k), "best_k": float(best), "predicted_gain": gain,
@@ -316,27 +265,11 @@ def advise_k(b: Breakdown, model: ForwardModel | None = None,
     if plain is not None:
         evidence["plain_step_seconds"] = plain
         evidence.update({f"predicted_speedup_k{kk}": pr.rate(kk) * plain for kk in ks})
-    how = ("from the forward's cost fitted on " + _points_text(model)
-           if model is not None and model.sure else
-           "holding verify's cost (its growth with tokens was not measured: one step of k "
-           "at a time)")
-    if best == k or gain_low < ADVICE_MIN_GAIN:
-        near = "" if best == k else (
-            f"; k={best} is predicted {gain * 100:+.0f}% but within the data's spread "
-            f"({gain_low * 100:+.0f}% .. {gain_high * 100:+.0f}%)")
-        return Finding("SPEC-ADVICE-K", "ok",
-                       f"k={k} is the best speculation length the measured acceptance and "
-                       f"costs predict (another k gains under {ADVICE_MIN_GAIN * 100:.0f}%)"
-                       f"{near}; {how}", evidence)
-    beyond = " (extrapolated beyond the measured k)" if best > k else ""
-    return Finding(
-        "SPEC-ADVICE-K", "info",
-        f"k={best} is predicted {gain * 100:+.0f}% tokens/s per sequence against the k={k} "
-        f"measured ({gain_low * 100:+.0f}% .. {gain_high * 100:+.0f}%){beyond}; {how}",
-        evidence,
-        f"try k={best} and compare; the draft grows by {costs.draft_per_position * 1e3:.3f} ms "
-        f"a position over {costs.draft_fixed * 1e3:.3f} ms that does not grow",
-    )
+    fitted_on = _points_text(model) if model is not None and model.sure else None
+    words: dict[str, Any] = {"k": k, "best": best, "fitted_on": fitted_on}
+    if best == k or gain_low < th.ADVICE_MIN_GAIN:
+        return found("SPEC-ADVICE-K", "ok", evidence, "best", **words)
+    return found("SPEC-ADVICE-K", "info", evidence, **words)
 
 
 def _points_text(model: ForwardModel | None) -> str:
@@ -369,14 +302,6 @@ def predict(b: Breakdown, model: ForwardModel | None) -> Prediction | None:
 
 
 # -- the draft's cost ----------------------------------------------------------------------------
-
-#: The draft is called costly when it costs at least this share of a verify (each cycle pays
-#: nearly two target forwards; EAGLE-class heads cost 0.05-0.2 of a target step a position) and
-#: eats at least DRAFT_EATS_GAIN of what speculation would gain with a free draft.
-DRAFT_MAX_OF_VERIFY = 0.85
-DRAFT_EATS_GAIN = 0.75
-#: A draft whose cost a position grew by this factor against the past is named as grown.
-DRAFT_GREW = 1.5
 
 
 def draft_cost(b: Breakdown, past: Breakdown | None = None,
@@ -413,27 +338,11 @@ def draft_cost(b: Breakdown, past: Breakdown | None = None,
         "speedup_with_a_free_draft": free, "gain_eaten_by_draft": eaten,
         "best_k_at_this_draft_cost": float(best),
     }
-    grown = ""
     if past is not None:
         before = cycle_costs(past)
         if before is not None and before.draft_per_position > 0:
-            factor = costs.draft_per_position / before.draft_per_position
-            evidence["draft_per_position_against_past"] = factor
-            if factor >= DRAFT_GREW:
-                grown = f"; it costs {factor:.1f}x a position what it did before"
-    text = (f"the draft costs {costs.draft / costs.verify:.2f} of a verify "
-            f"({_ms(costs.draft)} against {_ms(costs.verify)} at k={k}), "
-            f"{per_step:.2f} of a plain target step a position{grown}")
-    if costs.draft >= DRAFT_MAX_OF_VERIFY * costs.verify and eaten >= DRAFT_EATS_GAIN:
-        return Finding(
-            "SPEC-DRAFT-COSTLY", "warn",
-            f"{text}: it eats {eaten * 100:.0f}% of the gain (predicted {_x(speedup)}, "
-            f"{_x(free)} with a free draft); at this cost the best k is {best}",
-            evidence,
-            "look at the draft: a slower kernel or device, a draft model larger than intended, "
-            "eager launches where CUDA graphs were captured, contention on its stream "
-            "(EAGLE-class heads cost 0.05-0.2 of a target step a position)",
-        )
-    return Finding("SPEC-DRAFT-COST", "ok",
-                   f"{text}; it takes {eaten * 100:.0f}% of what a free draft would gain",
-                   evidence)
+            evidence["draft_per_position_against_past"] = \
+                costs.draft_per_position / before.draft_per_position
+    if costs.draft >= th.DRAFT_MAX_OF_VERIFY * costs.verify and eaten >= th.DRAFT_EATS_GAIN:
+        return found("SPEC-DRAFT-COSTLY", "warn", evidence, k=k, best=best)
+    return found("SPEC-DRAFT-COST", "ok", evidence, k=k, best=best)

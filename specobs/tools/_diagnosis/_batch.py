@@ -6,39 +6,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from specobs.tools._diagnosis._findings import Finding, Window, _clock, _mean, _x
+from specobs.tools._diagnosis import _thresholds as th
+from specobs.tools._diagnosis._findings import Evidence, Finding, Window, _clock, _mean
+from specobs.tools._diagnosis._words import found
 
-__all__ = [
-    "BATCH_CONFIDENT_FACTOR", "BATCH_EXTRAPOLATION_MAX", "BATCH_FIT_POINTS", "BATCH_SAME_FACTOR",
-    "BATCH_SEARCH_MAX_FACTOR", "BatchPoint", "batch_point", "batch_threshold", "line_threshold",
-]
-
-
-def _k_zero_above(batch: float) -> str:
-    """How each engine turns speculation off above a batch size: a k = 0 band of its
-    batch-size schedule (vLLM 0.33+ ``num_speculative_tokens_per_batch_size``, SGLang's
-    ``--speculative-adaptive-config`` tiers, TensorRT-LLM's ``draft_len_schedule``)."""
-    n = max(round(batch), 1)
-    return (f"vLLM: a k = 0 band in num_speculative_tokens_per_batch_size, "
-            f"[[1, {n}, k], [{n + 1}, max_num_seqs, 0]]; SGLang: candidate_steps [0] from batch "
-            f"{n + 1} in --speculative-adaptive-config; TensorRT-LLM (after 1.2): "
-            f"draft_len_schedule {{{n}: max_draft_len}}, batches above its largest key draft "
-            "nothing")
-
-
-#: Batch sizes the threshold search looks at, as multiples of the measured mean batch.
-BATCH_SEARCH_MAX_FACTOR = 64.0
-
-
-#: Windows whose mean batches are within this factor of each other are one batch size observed.
-BATCH_SAME_FACTOR = 1.25
-#: The top batch sizes observed whose costs' log-log slopes extrapolate beyond them.
-BATCH_FIT_POINTS = 3
-#: A threshold extrapolated beyond the largest batch observed is named only up to this factor
-#: of it, with confidence "medium" up to BATCH_CONFIDENT_FACTOR and "low" beyond.
-BATCH_EXTRAPOLATION_MAX = 4.0
-BATCH_CONFIDENT_FACTOR = 2.0
+__all__ = ["BatchPoint", "batch_point", "batch_threshold", "line_threshold"]
 
 
 @dataclass(frozen=True)
@@ -106,7 +80,7 @@ def line_threshold(point: BatchPoint) -> float | None:
 
     if gain(1.0) < 1.0:
         return 1.0
-    top = batch * BATCH_SEARCH_MAX_FACTOR
+    top = batch * th.BATCH_SEARCH_MAX_FACTOR
     if per_token <= 0 or gain(top) >= 1.0:
         return None
     return _crossing(gain, 1.0, top)
@@ -126,7 +100,7 @@ def _distinct(points: Sequence[BatchPoint]) -> list[BatchPoint]:
     geometric), sorted by batch."""
     groups: list[list[BatchPoint]] = []
     for p in sorted(points, key=lambda p: p.batch):
-        if groups and p.batch <= groups[-1][0].batch * BATCH_SAME_FACTOR:
+        if groups and p.batch <= groups[-1][0].batch * th.BATCH_SAME_FACTOR:
             groups[-1].append(p)
         else:
             groups.append([p])
@@ -161,28 +135,21 @@ def _elasticity(xs: Sequence[float], ys: Sequence[float]) -> float:
 
 def batch_threshold(points: Sequence[BatchPoint]) -> Finding | None:
     """The batch size above which speculation stops paying (where a schedule of k by batch
-    size should reach k = 0: :func:`_k_zero_above`), from windows of one server at the batch
-    sizes it served
+    size should reach k = 0), from windows of one server at the batch sizes it served
     (:func:`batch_point` of each); ``None`` without a point.
 
     Each point's speedup is measured: its tokens per sequence-cycle E times the plain step over
     the cycle (the realized speedup against a baseline measured on that batch). Between two
     batch sizes observed, the threshold is read off where the measured speedups cross 1
-    (interpolated in log batch). Beyond the largest observed, it is extrapolated: the plain
-    step, verify and the rest of the cycle each grow with the batch as a power law, its
-    exponent the log-log slope of that cost over the top :data:`BATCH_FIT_POINTS` batch sizes
-    observed (clipped to [0, 1]), E held at the largest batch's. The finding names an
-    extrapolated threshold only up to :data:`BATCH_EXTRAPOLATION_MAX` times the largest batch
-    observed, with the batches it was fitted on and a confidence; one batch size observed names
-    none (where a cost bends cannot be read from one batch)."""
+    (interpolated in log batch). Beyond the largest observed, it is extrapolated
+    (:func:`_extrapolated`). One batch size observed names none (where a cost bends cannot be
+    read from one batch)."""
     if not points:
         return None
     obs = _distinct(points)
     lo_b, hi_b = obs[0].batch, obs[-1].batch
     speedups = [p.speedup for p in obs]
-    span = f"batch {lo_b:.1f}" if len(obs) == 1 else f"batches {lo_b:.1f}..{hi_b:.1f}"
-    seen = ", ".join(f"{_x(s)} at {p.batch:.1f}" for p, s in zip(obs, speedups, strict=True))
-    evidence: dict[str, float | str | None] = {
+    evidence: Evidence = {
         "k": float(obs[0].k), "batches_observed": float(len(obs)), "min_batch": lo_b,
         "max_batch": hi_b, "min_speedup": min(speedups), "max_speedup": max(speedups),
         "line_threshold_batch": line_threshold(obs[-1]), "extrapolation_factor": None,
@@ -192,42 +159,38 @@ def batch_threshold(points: Sequence[BatchPoint]) -> Finding | None:
     # Where the measured speedups cross 1: the last batch that still pays, and the next.
     paying = [i for i, s in enumerate(speedups) if s >= 1.0]
     if not paying:
-        where = (" at any batch size" if lo_b <= 1.5
-                 else f"; below batch {lo_b:.1f} it was not measured")
-        return Finding(
-            "SPEC-ADVICE-BATCH", "info",
-            f"speculation did not pay at any batch size observed ({seen}){where}",
-            {**evidence, "threshold_batch": 1.0 if lo_b <= 1.5 else None,
-             "confidence": "measured"},
-            "see the speedup and acceptance findings",
-        )
+        return found("SPEC-ADVICE-BATCH", "info",
+                     {**evidence, "threshold_batch": 1.0 if lo_b <= 1.5 else None,
+                      "confidence": "measured"}, "none-pays")
     last = paying[-1]
     if last < len(obs) - 1:
-        a, b = obs[last], obs[last + 1]
-        sa, sb = speedups[last], speedups[last + 1]
-        # log speedup linear in log batch between the two batch sizes
-        t = math.log(sa) / (math.log(sa) - math.log(sb)) if sa > sb else 0.0
-        cross = math.exp(math.log(a.batch) + t * (math.log(b.batch) - math.log(a.batch)))
-        return Finding(
-            "SPEC-ADVICE-BATCH", "info",
-            f"speculation stops paying between batch {a.batch:.1f} ({_x(sa)}) and "
-            f"{b.batch:.1f} ({_x(sb)}), about {cross:.0f} (measured at {span}: {seen})",
-            {**evidence, "threshold_batch": cross, "confidence": "measured"},
-            f"disable speculation above batch {cross:.0f} ({_k_zero_above(cross)})",
-        )
+        return _between(obs[last], obs[last + 1], evidence)
     # A batch below the largest that did not pay (noise, or a warming draft) is in ``seen``.
-    pays = ("every batch size observed" if len(paying) == len(obs)
-            else "the largest batch size observed")
     if len(obs) == 1:
-        return Finding(
-            "SPEC-ADVICE-BATCH", "ok",
-            f"speculation pays at the one batch size observed ({seen}); where it stops paying "
-            "cannot be told from one batch size",
-            {**evidence, "threshold_batch": None},
-            "to find it, diagnose windows at several batch sizes: doctor --prometheus over a "
-            "history in which the load varied, or report over such a run",
-        )
-    top = obs[-BATCH_FIT_POINTS:]
+        return found("SPEC-ADVICE-BATCH", "ok", {**evidence, "threshold_batch": None}, "one")
+    return _extrapolated(obs, evidence, every_batch_pays=len(paying) == len(obs))
+
+
+def _between(a: BatchPoint, b: BatchPoint, evidence: Evidence) -> Finding:
+    """The threshold between two batch sizes observed, ``a`` paying and ``b`` not: log speedup
+    linear in log batch between them."""
+    sa, sb = a.speedup, b.speedup
+    t = math.log(sa) / (math.log(sa) - math.log(sb)) if sa > sb else 0.0
+    cross = math.exp(math.log(a.batch) + t * (math.log(b.batch) - math.log(a.batch)))
+    return found("SPEC-ADVICE-BATCH", "info",
+                 {**evidence, "threshold_batch": cross, "confidence": "measured"}, "between",
+                 paying_batch=a.batch, paying_speedup=sa, losing_batch=b.batch,
+                 losing_speedup=sb)
+
+
+def _extrapolated(obs: Sequence[BatchPoint], evidence: Evidence,
+                  every_batch_pays: bool) -> Finding:
+    """Beyond the largest batch observed: the plain step, verify and the rest of the cycle each
+    grow with the batch as a power law, its exponent the log-log slope of that cost over the top
+    ``BATCH_FIT_POINTS`` batch sizes observed (clipped to [0, 1]), E held at the largest
+    batch's. A threshold is named only up to ``BATCH_EXTRAPOLATION_MAX`` times the largest
+    batch observed, with the batches it was fitted on and a confidence."""
+    top = obs[-int(th.BATCH_FIT_POINTS):]
     xs = [p.batch for p in top]
     e_plain = _elasticity(xs, [p.plain_seconds for p in top])
     e_verify = _elasticity(xs, [p.verify_seconds for p in top])
@@ -240,29 +203,21 @@ def batch_threshold(points: Sequence[BatchPoint]) -> Finding | None:
         cycle = last_p.verify_seconds * math.pow(r, e_verify) + rest * math.pow(r, e_rest)
         return last_p.tokens * last_p.plain_seconds * math.pow(r, e_plain) / cycle
 
-    evidence.update({"plain_exponent": e_plain, "verify_exponent": e_verify,
-                     "rest_exponent": e_rest, "fitted_on": f"{xs[0]:.1f}..{xs[-1]:.1f}"})
-    far = hi_b * BATCH_SEARCH_MAX_FACTOR
+    evidence = {**evidence, "plain_exponent": e_plain, "verify_exponent": e_verify,
+                "rest_exponent": e_rest, "fitted_on": f"{xs[0]:.1f}..{xs[-1]:.1f}"}
+    hi_b = last_p.batch
+    far = hi_b * th.BATCH_SEARCH_MAX_FACTOR
     at: float | None = None if gain(far) >= 1.0 else _crossing(gain, hi_b, far)
     factor = None if at is None else at / hi_b
     evidence.update({"extrapolated_batch": at, "extrapolation_factor": factor})
-    if at is None or factor is None or factor > BATCH_EXTRAPOLATION_MAX:
-        trend = (f"the costs' trend stays above 1 up to {far:.0f}" if at is None else
-                 f"the costs' trend reaches 1 only at about {at:.0f}, {factor:.0f}x the "
-                 f"largest batch observed, too far to name")
-        return Finding(
-            "SPEC-ADVICE-BATCH", "ok",
-            f"speculation pays at {pays} ({seen}); extrapolated from "
-            f"batches {xs[0]:.1f}..{xs[-1]:.1f}, {trend}",
-            {**evidence, "threshold_batch": None},
-        )
-    confidence = "medium" if factor <= BATCH_CONFIDENT_FACTOR else "low"
-    return Finding(
-        "SPEC-ADVICE-BATCH", "info",
-        f"speculation pays at {pays} ({seen}); extrapolated from batches "
-        f"{xs[0]:.1f}..{xs[-1]:.1f}, it stops paying above about {at:.0f} ({factor:.1f}x the "
-        f"largest batch observed, confidence {confidence})",
-        {**evidence, "threshold_batch": at, "confidence": confidence},
-        f"disable speculation above batch {at:.0f} ({_k_zero_above(at)}) once a window at "
-        "that batch confirms it",
-    )
+    words: dict[str, Any] = {"every_batch_pays": every_batch_pays, "searched_batch": far}
+    if at is None or factor is None:
+        return found("SPEC-ADVICE-BATCH", "ok", {**evidence, "threshold_batch": None}, "stays",
+                     **words)
+    if factor > th.BATCH_EXTRAPOLATION_MAX:
+        return found("SPEC-ADVICE-BATCH", "ok", {**evidence, "threshold_batch": None},
+                     "too-far", **words)
+    confidence = "medium" if factor <= th.BATCH_CONFIDENT_FACTOR else "low"
+    return found("SPEC-ADVICE-BATCH", "info",
+                 {**evidence, "threshold_batch": at, "confidence": confidence}, "extrapolated",
+                 **words)

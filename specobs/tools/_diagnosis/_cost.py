@@ -23,32 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specobs.tools._breakdown import Breakdown
-from specobs.tools._diagnosis._findings import _clock, _mean, _ms
+from specobs.tools._diagnosis import _thresholds as th
+from specobs.tools._diagnosis._findings import _clock, _mean
+from specobs.tools._diagnosis._words import ms as _ms
 
 __all__ = [
-    "CALIBRATION_TOLERANCE",
-    "DRAFT_FIXED_STEPS",
-    "MIN_POINT_CYCLES",
-    "SAME_TOKENS",
-    "CostPoint",
-    "CycleCosts",
-    "ForwardModel",
-    "Prediction",
-    "cost_points",
-    "cycle_costs",
-    "draft_fixed",
-    "fit_forward",
+    "CostPoint", "CycleCosts", "ForwardModel", "Prediction", "cost_points", "cycle_costs",
+    "draft_fixed", "fit_forward",
 ]
-
-#: A draft length in effect needs this many cycles in the window to be a point of the fit.
-MIN_POINT_CYCLES = 8.0
-#: Points whose token counts are within this factor of each other are one point: no slope can
-#: be read between them.
-SAME_TOKENS = 1.1
-#: The draft's part that does not grow with k, in draft steps, where the host's draft time does
-#: not give it (:func:`draft_fixed`): the draft phase of k is taken to cost k + DRAFT_FIXED_STEPS
-#: steps (docs/diagnosis.md).
-DRAFT_FIXED_STEPS = 0.5
 
 
 @dataclass(frozen=True)
@@ -103,7 +85,7 @@ def _groups(points: Sequence[CostPoint]) -> int:
     tokens = sorted(p.tokens for p in points)
     groups, start = 0, None
     for n in tokens:
-        if start is None or n > start * SAME_TOKENS:
+        if start is None or n > start * th.SAME_TOKENS:
             groups, start = groups + 1, n
     return groups
 
@@ -149,7 +131,7 @@ def draft_fixed(b: Breakdown, clock: str, draft: float, k: int) -> tuple[float, 
         host = _mean(b, "draft", "host")
         if host is not None and 0 <= host < draft:
             return host, "host"
-    return draft * DRAFT_FIXED_STEPS / (k + DRAFT_FIXED_STEPS), "steps"
+    return draft * th.DRAFT_FIXED_STEPS / (k + th.DRAFT_FIXED_STEPS), "steps"
 
 
 @dataclass(frozen=True)
@@ -230,7 +212,7 @@ def cost_points(b: Breakdown, baseline_measured: bool, costs: CycleCosts | None 
     plain_seen = False
     for ks in b.by_draft_length:
         batch = ks.mean_batch
-        if ks.cycles < MIN_POINT_CYCLES or batch is None or not batch > 0:
+        if ks.cycles < th.MIN_POINT_CYCLES or batch is None or not batch > 0:
             continue
         if ks.k == 0:
             whole = math.fsum(ks.phase_seconds.values()) / ks.cycles
@@ -257,9 +239,6 @@ def cost_points(b: Breakdown, baseline_measured: bool, costs: CycleCosts | None 
 
 
 # -- the speedup predicted, against the realized one ---------------------------------------------
-
-#: Predicted and realized speedups further apart than this, relatively, are explained.
-CALIBRATION_TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)
@@ -289,7 +268,7 @@ class Prediction:
     def where(self, realized: float) -> str | None:
         """Where the prediction and ``realized`` part, the largest of three ratios: tokens,
         plain step, cycle; ``None`` within :data:`CALIBRATION_TOLERANCE`."""
-        if abs(self.predicted / realized - 1) <= CALIBRATION_TOLERANCE:
+        if abs(self.predicted / realized - 1) <= th.CALIBRATION_TOLERANCE:
             return None
         parts: list[tuple[float, str]] = []
         if self.tokens_measured:

@@ -1,7 +1,7 @@
 """The findings model every classifier returns (:class:`Finding`, :data:`CODES`,
 :data:`SEVERITIES`), its input (:class:`Window`, one measured interval) and what every
-classifier reads from a breakdown the same way (the clock to judge by, a phase's mean, the
-number formats of the sentences)."""
+classifier reads from a breakdown the same way (the clock to judge by, a phase's mean). The
+words of a finding are rendered from its data in ``_words``."""
 
 from __future__ import annotations
 
@@ -10,27 +10,36 @@ from dataclasses import dataclass, field
 
 from specobs import catalog
 from specobs.tools._breakdown import Breakdown, breakdown
+from specobs.tools._diagnosis._thresholds import MIN_CLOCK_CYCLES, used_by
 from specobs.tools._scrape import Delta
 
-__all__ = ["CODES", "MIN_CLOCK_CYCLES", "SEVERITIES", "Finding", "Window", "window", "worst"]
+__all__ = ["CODES", "SEVERITIES", "Finding", "Window", "window", "worst"]
 
 SEVERITIES: tuple[str, ...] = ("ok", "info", "warn", "fail")
 """Severities from best to worst."""
 
-#: Cycles a clock needs in the interval before its phase shares are used.
-MIN_CLOCK_CYCLES = 10.0
+
+#: The numbers (and labels) a finding rests on, by name.
+Evidence = dict[str, float | str | None]
 
 
 @dataclass(frozen=True)
 class Finding:
     """One conclusion: a stable ``code``, a ``severity`` (:data:`SEVERITIES`), one ``sentence`` a
-    person understands, the ``evidence`` numbers it rests on and what to look at or change."""
+    person understands, the ``evidence`` numbers it rests on and what to look at or change. The
+    classifiers decide the code, severity and evidence; ``_words.found`` renders the sentence
+    and the advice from them."""
 
     code: str
     severity: str
     sentence: str
-    evidence: dict[str, float | str | None] = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=dict)
     advice: str = ""
+
+    @property
+    def thresholds(self) -> dict[str, float]:
+        """The thresholds that decide this finding's code, by name (``_thresholds``)."""
+        return used_by(self.code)
 
 
 #: Every code a classifier returns, with its one-line meaning (docs/diagnosis.md has the rest).
@@ -122,24 +131,6 @@ def window(delta: Delta, now_seconds: float | None = None) -> Window:
         drafted_first=delta.counters.total(catalog.DRAFTED_BY_POSITION.name, position="0"),
         baseline_measured=bool(sources) and catalog.BASELINE_SOURCE_CONFIGURED not in sources,
     )
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.0f}%"
-
-
-def _ms(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds * 1e3:.2f} ms" if seconds < 1.0 else f"{seconds:.2f} s"
-
-
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
-def _n(value: float | None) -> str:
-    return "0" if value is None else f"{value:.0f}"
 
 
 def _clock(b: Breakdown) -> str | None:

@@ -8,19 +8,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specobs.tools._breakdown import Breakdown
+from specobs.tools._diagnosis import _thresholds as th
 from specobs.tools._diagnosis._advice import Prospects, candidates, prospects
-from specobs.tools._diagnosis._batch import BATCH_SAME_FACTOR
-from specobs.tools._diagnosis._cost import (
-    DRAFT_FIXED_STEPS,
-    MIN_POINT_CYCLES,
-    CycleCosts,
-    ForwardModel,
-)
+from specobs.tools._diagnosis._cost import CycleCosts, ForwardModel
 from specobs.tools._diagnosis._engine_config import Band
-from specobs.tools._diagnosis._findings import Finding, Window
+from specobs.tools._diagnosis._findings import Evidence, Finding, Window
+from specobs.tools._diagnosis._words import found
 
-__all__ = ["BandChoice", "bands_from", "by_draft_length", "choose_at", "schedule",
-           "schedule_finding"]
+__all__ = [
+    "BandChoice", "bands_from", "by_draft_length", "choose_at", "schedule", "schedule_finding",
+]
 
 
 @dataclass(frozen=True)
@@ -91,14 +88,14 @@ def by_draft_length(b: Breakdown, pr: Prospects) -> list[tuple[Prospects, float]
     out: list[tuple[Prospects, float]] = []
     for ks in b.by_draft_length:
         batch = ks.mean_batch
-        if ks.k < 1 or ks.cycles < MIN_POINT_CYCLES or batch is None or not batch > 0 \
+        if ks.k < 1 or ks.cycles < th.MIN_POINT_CYCLES or batch is None or not batch > 0 \
                 or ks.k > len(pr.conditional):
             continue
         means = {p: s / ks.cycles for p, s in ks.phase_seconds.items()}
         draft, verify = means.get("draft"), means.get("verify")
         if draft is None or verify is None or not verify > 0:
             continue
-        fixed = draft * DRAFT_FIXED_STEPS / (ks.k + DRAFT_FIXED_STEPS)
+        fixed = draft * th.DRAFT_FIXED_STEPS / (ks.k + th.DRAFT_FIXED_STEPS)
         rest = math.fsum(m for p, m in means.items() if p not in ("draft", "verify"))
         costs = CycleCosts(
             clock="host", batch=batch, k=ks.k, cycle=draft + verify + rest, draft=draft,
@@ -130,7 +127,7 @@ def schedule(windows: Sequence[Window], models: Sequence[ForwardModel | None],
     found.sort(key=lambda c: c.batch)
     kept: list[BandChoice] = []
     for c in found:
-        if kept and c.batch <= kept[-1].batch * BATCH_SAME_FACTOR:
+        if kept and c.batch <= kept[-1].batch * th.BATCH_SAME_FACTOR:
             if c.cycles > kept[-1].cycles:
                 kept[-1] = c
             continue
@@ -146,7 +143,7 @@ def schedule_finding(bands: Sequence[Band], choices: Sequence[BandChoice]) -> Fi
     text = ", ".join(
         f"{b.lo}-{'' if b.hi is None else b.hi}: k={b.k}{'' if b.measured else ' (not measured)'}"
         for b in bands)
-    evidence: dict[str, float | str | None] = {
+    evidence: Evidence = {
         "bands": text, "batches_observed": float(len(choices)),
         # specobs records no context length: whether the best k moves with it cannot be told.
         "context_length": "not recorded",
@@ -155,10 +152,6 @@ def schedule_finding(bands: Sequence[Band], choices: Sequence[BandChoice]) -> Fi
     for c in choices:
         evidence.update({f"predicted_tokens_per_second_batch{c.batch:.1f}_k{kk}": r
                          for kk, r in sorted(c.rates.items())})
-    observed = ", ".join(f"{c.batch:.1f}" for c in choices)
-    return Finding(
-        "SPEC-ADVICE-SCHEDULE", "info" if any(b.k != bands[0].k for b in bands) else "ok",
-        f"k by batch size: {text} (measured at batch {observed})", evidence,
-        "specobs advise prints it as each engine's configuration (--engine vllm, sglang, "
-        "trtllm)",
-    )
+    return found("SPEC-ADVICE-SCHEDULE",
+                 "info" if any(b.k != bands[0].k for b in bands) else "ok", evidence,
+                 observed=", ".join(f"{c.batch:.1f}" for c in choices))

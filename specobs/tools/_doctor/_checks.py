@@ -161,112 +161,32 @@ def examine(
     :data:`MIN_CYCLES_POLL_SECONDS` until that many cycles ran or ``max_wait_seconds`` passed
     since the first)."""
     checks: list[Check] = []
-
-    # reachable / specobs endpoint
-    t0 = time.monotonic()
-    try:
-        text, content_type = scr.fetch_text(client, url, limits=limits)
-    except scr.ScrapeError as exc:
-        checks.append(Check("reachable", "FAIL", str(exc)))
-        return Report(_skip_rest(checks, "needs a reachable endpoint"))
-    ms = (time.monotonic() - t0) * 1e3
-    checks.append(Check(
-        "reachable", "OK", f"HTTP 200 in {ms:.0f} ms, {len(text.encode()) / 1024:.1f} KiB",
-        {"milliseconds": ms, "bytes": len(text.encode()), "content_type": content_type},
-    ))
-    try:
-        series = scr.parse_exposition(text)
-    except scr.ScrapeError as exc:
-        checks.append(Check("specobs endpoint", "FAIL", f"{_client.display_url(url)}: {exc}"))
-        return Report(_skip_rest(checks, "needs a specobs endpoint"))
-    first = scr.Scrape(series, t0, text)
-    if not first.is_specobs:
-        checks.append(Check("specobs endpoint", "FAIL", scr.not_specobs_message(url, series)))
-        return Report(_skip_rest(checks, "needs a specobs endpoint"))
-    info = first.info
-    checks.append(Check(
-        "specobs endpoint", "OK",
-        f"specobs {info.get('version', '?')}, phases {info.get('phases', '?')}, "
-        f"gpu_clock={info.get('gpu_clock', '?')}, sampling {info.get('sampling', '?')}",
-        {"info": info},
-    ))
-
-    # contract series
-    names = series.names()
-    required = [m for m in catalog.CATALOG if m not in OPTIONAL_METRICS]
-    missing = [s for m in required for s in m.series() if s not in names]
-    absent_optional = [m.name for m in OPTIONAL_METRICS if not any(
-        s in names for s in m.series()
-    )]
-    if missing:
-        checks.append(Check(
-            "contract series", "FAIL",
-            f"{len(missing)} catalog series missing: {', '.join(missing)}",
-            {"missing": missing, "absent_optional": absent_optional},
-        ))
-    else:
-        note = f" (not set: {', '.join(absent_optional)})" if absent_optional else ""
-        checks.append(Check(
-            "contract series", "OK", f"all {len(required)} contract metrics present{note}",
-            {"missing": [], "absent_optional": absent_optional},
-        ))
-
-    # second scrape, cycles advancing; as OpenMetrics, so it also shows the exemplars
-    # (after --wait; scraped again every MIN_CYCLES_POLL_SECONDS, until the next poll would pass
-    # --max-wait, while fewer than --min-cycles cycles ran or a window without cycles is too
-    # short to call a stall)
+    opened = _open(client, url, limits, checks)
+    if isinstance(opened, str):
+        return Report(_skip_rest(checks, opened))
+    first, t0 = opened
+    checks.append(_contract(first.series))
     past = dg.window(_lifetime(first))
-    shortest = _no_cycle_seconds(past.breakdown)
-    pause = max(0.0, wait_seconds)
-    scrapes = 0  # scrapes rendered within the window: the first and each poll but the last
-    while True:
-        time.sleep(pause)
-        try:
-            second = scr.scrape(client, url, openmetrics=True, limits=limits)
-        except scr.ScrapeError as exc:
-            checks.append(Check("cycles advancing", "FAIL", f"second scrape failed: {exc}",
-                                {"second_scrape_failed": True}))
-            return Report(_skip_rest(checks, "needs two scrapes"))
-        scrapes += 1
-        delta = scr.difference(first, second)
-        if not isinstance(delta, scr.Delta) or \
-                time.monotonic() - t0 + MIN_CYCLES_POLL_SECONDS > max_wait_seconds:
-            break
-        ran = delta.counters.total(catalog.CYCLES.name) or 0.0
-        if not (ran < min_cycles or (ran <= 0 and delta.elapsed_seconds < shortest)):
-            break
-        pause = MIN_CYCLES_POLL_SECONDS
+    polled = _poll(client, url, limits, first, t0, _no_cycle_seconds(past.breakdown),
+                   wait_seconds, min_cycles, max_wait_seconds)
+    if isinstance(polled, Check):
+        checks.append(polled)
+        return Report(_skip_rest(checks, "needs two scrapes"))
+    second, delta, scrapes = polled
     b: bd.Breakdown | None = None
     findings: list[dg.Finding] = []
-    speed: dg.Finding | None = None
     window: dg.Window | None = None
     if isinstance(delta, scr.CounterReset):
         checks.append(Check("cycles advancing", "INFO",
                             f"{delta} between the two scrapes: run doctor again"))
     else:
-        recent = dg.window(delta, time.time())
-        b = recent.breakdown
-        findings = dg.diagnose(recent, past)
-        speed = next((f for f in findings if f.code.startswith("SPEC-SPEEDUP-")), None)
-        elapsed = delta.elapsed_seconds
-        window = recent
-        if b.cycles > 0:
-            checks.append(Check(
-                "cycles advancing", "OK",
-                f"{_fmt_count(b.cycles)} cycles in {elapsed:.1f} s "
-                f"({scr.format_rate(b.cycles_per_second)}/s)",
-                {"cycles": b.cycles, "seconds": elapsed},
-            ))
-        else:
-            idle = dg.stall(recent)
-            assert idle is not None  # no cycles: stalled, idle or cannot tell
-            checks.append(Check(
-                "cycles advancing", "FAIL" if idle.severity == "fail" else "INFO",
-                idle.sentence, {"cycles": 0.0, "seconds": elapsed, "finding": idle.code},
-            ))
-
+        window = dg.window(delta, time.time())
+        b = window.breakdown
+        findings = dg.diagnose(window, past)
+        checks.append(_advancing(window, delta.elapsed_seconds))
+    speed = next((f for f in findings if f.code.startswith("SPEC-SPEEDUP-")), None)
     s2 = second.series
-    info = second.info or info
+    info = second.info or first.info
     cycles_total = s2.total(catalog.CYCLES.name) or 0.0
     checks.append(_gpu_clock(s2, info, cycles_total))
     checks.append(_drops(s2, cycles_total))
@@ -277,6 +197,108 @@ def examine(
     checks.append(_exemplars(second))
     checks.append(_baseline(b, s2, speed))
     return Report(checks, findings, window)
+
+
+def _open(client: Any, url: str, limits: _client.Limits,
+          checks: list[Check]) -> tuple[scr.Scrape, float] | str:
+    """The first scrape and when it began, with the reachable and specobs endpoint checks
+    appended to ``checks``; where either fails, what the other checks need."""
+    t0 = time.monotonic()
+    try:
+        text, content_type = scr.fetch_text(client, url, limits=limits)
+    except scr.ScrapeError as exc:
+        checks.append(Check("reachable", "FAIL", str(exc)))
+        return "needs a reachable endpoint"
+    ms = (time.monotonic() - t0) * 1e3
+    checks.append(Check(
+        "reachable", "OK", f"HTTP 200 in {ms:.0f} ms, {len(text.encode()) / 1024:.1f} KiB",
+        {"milliseconds": ms, "bytes": len(text.encode()), "content_type": content_type},
+    ))
+    try:
+        series = scr.parse_exposition(text)
+    except scr.ScrapeError as exc:
+        checks.append(Check("specobs endpoint", "FAIL", f"{_client.display_url(url)}: {exc}"))
+        return "needs a specobs endpoint"
+    first = scr.Scrape(series, t0, text)
+    if not first.is_specobs:
+        checks.append(Check("specobs endpoint", "FAIL", scr.not_specobs_message(url, series)))
+        return "needs a specobs endpoint"
+    info = first.info
+    checks.append(Check(
+        "specobs endpoint", "OK",
+        f"specobs {info.get('version', '?')}, phases {info.get('phases', '?')}, "
+        f"gpu_clock={info.get('gpu_clock', '?')}, sampling {info.get('sampling', '?')}",
+        {"info": info},
+    ))
+    return first, t0
+
+
+def _contract(series: scr.Series) -> Check:
+    """Every series of the catalog's contract is exported (the optional ones are named)."""
+    names = series.names()
+    required = [m for m in catalog.CATALOG if m not in OPTIONAL_METRICS]
+    missing = [s for m in required for s in m.series() if s not in names]
+    absent_optional = [m.name for m in OPTIONAL_METRICS if not any(
+        s in names for s in m.series()
+    )]
+    if missing:
+        return Check(
+            "contract series", "FAIL",
+            f"{len(missing)} catalog series missing: {', '.join(missing)}",
+            {"missing": missing, "absent_optional": absent_optional},
+        )
+    note = f" (not set: {', '.join(absent_optional)})" if absent_optional else ""
+    return Check(
+        "contract series", "OK", f"all {len(required)} contract metrics present{note}",
+        {"missing": [], "absent_optional": absent_optional},
+    )
+
+
+def _poll(client: Any, url: str, limits: _client.Limits, first: scr.Scrape, t0: float,
+          shortest: float, wait_seconds: float, min_cycles: float,
+          max_wait_seconds: float) -> tuple[scr.Scrape, scr.Delta | scr.CounterReset, int] | Check:
+    """The second scrape, as OpenMetrics so that it also shows the exemplars, its difference
+    from the first and how many scrapes fell within the window (the first and each poll but the
+    last); the failed check where it could not be read. After ``wait_seconds`` it is scraped
+    again every :data:`MIN_CYCLES_POLL_SECONDS`, until the next poll would pass
+    ``max_wait_seconds``, while fewer than ``min_cycles`` cycles ran or a window without cycles
+    is shorter than ``shortest`` (too short to call a stall)."""
+    pause = max(0.0, wait_seconds)
+    scrapes = 0
+    while True:
+        time.sleep(pause)
+        try:
+            second = scr.scrape(client, url, openmetrics=True, limits=limits)
+        except scr.ScrapeError as exc:
+            return Check("cycles advancing", "FAIL", f"second scrape failed: {exc}",
+                         {"second_scrape_failed": True})
+        scrapes += 1
+        delta = scr.difference(first, second)
+        if not isinstance(delta, scr.Delta) or \
+                time.monotonic() - t0 + MIN_CYCLES_POLL_SECONDS > max_wait_seconds:
+            return second, delta, scrapes
+        ran = delta.counters.total(catalog.CYCLES.name) or 0.0
+        if not (ran < min_cycles or (ran <= 0 and delta.elapsed_seconds < shortest)):
+            return second, delta, scrapes
+        pause = MIN_CYCLES_POLL_SECONDS
+
+
+def _advancing(recent: dg.Window, elapsed: float) -> Check:
+    """Cycles ran in the window; where none did, stalled, idle or cannot tell."""
+    b = recent.breakdown
+    if b.cycles > 0:
+        return Check(
+            "cycles advancing", "OK",
+            f"{_fmt_count(b.cycles)} cycles in {elapsed:.1f} s "
+            f"({scr.format_rate(b.cycles_per_second)}/s)",
+            {"cycles": b.cycles, "seconds": elapsed},
+        )
+    idle = dg.stall(recent)
+    assert idle is not None  # no cycles: stalled, idle or cannot tell
+    return Check(
+        "cycles advancing", "FAIL" if idle.severity == "fail" else "INFO",
+        idle.sentence, {"cycles": 0.0, "seconds": elapsed, "finding": idle.code},
+    )
 
 
 def _gpu_clock(s: scr.Series, info: dict[str, str], cycles_total: float) -> Check:

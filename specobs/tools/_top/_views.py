@@ -320,8 +320,6 @@ class LiveView:
         return out
 
     def _body(self, b: bd.Breakdown) -> list[Any]:
-        from rich import box
-        from rich.table import Table
         from rich.text import Text
 
         means = [v for v in b.cycle_mean_seconds.values() if v is not None]
@@ -334,97 +332,123 @@ class LiveView:
                 out.append(Text(f"GPU clock: no sampled cycle in this interval "
                                 f"({_gpu_clock_why(b)})", style="dim"))
                 continue
-            title = (
-                f"GPU clock: {n:.0f} sampled cycles" if clock == "gpu"
-                else f"host clock: {n:.0f} cycles"
-            )
-            table = Table(box=box.SIMPLE_HEAD, show_edge=False, title=title,
-                          title_justify="left", title_style="bold", pad_edge=False,
-                          padding=(0, 1))
-            table.add_column("phase")
-            table.add_column("per cycle", justify="right")
-            table.add_column("", width=_BAR_WIDTH, no_wrap=True)
-            table.add_column("share", justify="right")
-            table.add_column("p50", justify="right")
-            table.add_column("p99", justify="right")
-            style = "cyan" if clock == "gpu" else "magenta"
-            for phase in b.phases:
-                st = b.stats[(phase, clock)]
-                table.add_row(
-                    phase, scr.format_seconds(st.mean_seconds),
-                    Text(bar(st.mean_seconds, scale), style=style),
-                    scr.format_percent(st.share),
-                    scr.format_seconds(st.p50_seconds), scr.format_seconds(st.p99_seconds),
-                )
-            p50, p99 = b.cycle_quantiles.get(clock, (None, None))
-            mean = b.cycle_mean_seconds.get(clock)
-            table.add_row(
-                Text("cycle", style="bold"), scr.format_seconds(mean),
-                Text(bar(mean, scale), style="dim"), "", scr.format_seconds(p50),
-                scr.format_seconds(p99),
-            )
-            if clock == "host" and b.gap_count:
-                # Outside the cycles (the engine's scheduler, Python between steps): the share
-                # is of the gaps plus the host cycle time.
-                table.add_row(
-                    Text("between cycles", style="dim"), scr.format_seconds(b.gap_mean_seconds),
-                    Text(bar(b.gap_mean_seconds, scale), style="dim"),
-                    scr.format_percent(b.gap_share), scr.format_seconds(b.gap_median_seconds),
-                    scr.format_seconds(b.gap_p99_seconds),
-                )
-            out.append(table)
+            out.append(_clock_table(b, clock, n, scale))
             out.append(Text(""))
-
-        grid = Table.grid(padding=(0, 3))
-        for _ in range(3):
-            grid.add_column(no_wrap=True)
-        grid.add_row(
-            f"acceptance {scr.format_percent(b.acceptance_rate)}",
-            # vLLM's mean acceptance length: the bonus token plus the accepted drafts.
-            f"accept length {scr.format_rate(b.mean_acceptance_length, 2)} "
-            f"(1 + {scr.format_rate(b.mean_accept_length, 2)})",
-            f"emitted {scr.format_rate(b.emitted_tokens_per_second)} tok/s",
-        )
-        grid.add_row(
-            f"cycles {scr.format_rate(b.cycles_per_second)}/s",
-            f"mean batch {scr.format_rate(b.mean_batch_size, 2)}",
-            f"per sequence {scr.format_rate(b.sequence_tokens_per_second)} tok/s",
-        )
-        grid.add_row(
-            f"baseline {scr.format_rate(b.baseline_tokens_per_second)} tok/s, speedup "
-            f"{scr.format_rate(bd.speedups(b)[0], 2, 'x')}"
-            if b.baseline_tokens_per_second is not None else "no baseline",
-            _sampling_text(b),
-            f"overhead {scr.format_percent(b.overhead_ratio, 2)}",
-        )
-        out.append(grid)
-        if b.draft_length_shares:
-            out.append(Text(
-                f"k in effect {scr.format_rate(b.mean_draft_length, 2)}  " + "  ".join(
-                    f"k={k}: {scr.format_percent(v, 0)}" for k, v in b.draft_length_shares)
-                + " of cycles"))
-        if b.position_acceptance:
-            line = Text("per position ")
-            line.append("".join(spark(v) for _, v in b.position_acceptance), style="green")
-            line.append("  " + "  ".join(
-                f"{p}: {scr.format_percent(v, 0)}" for p, v in b.position_acceptance
-            ))
-            out.append(line)
-        own = b.own_drops()
-        if own:
-            drops = ", ".join(f"{k} {v:.0f}" for k, v in own)
-            out.append(Text(
-                f"drops {b.dropped_total:.0f} ({drops}), "
-                f"{scr.format_percent(bd.ratio(b.dropped_total, b.cycles))} of cycles",
-                style="yellow",
-            ))
-        else:
-            out.append(Text("drops 0", style="dim"))
-        if b.engine_raised:
-            out.append(Text(
-                f"engine raised inside {b.engine_raised:.0f} cycles "
-                f"({scr.format_percent(bd.ratio(b.engine_raised, b.cycles))} of cycles), "
-                "discarded: the engine's failure, see its log",
-                style="yellow",
-            ))
+        out.append(_figures(b))
+        out.extend(_tail(b))
         return out
+
+
+def _clock_table(b: bd.Breakdown, clock: str, n: float, scale: float | None) -> Any:
+    """One clock's table: each phase per cycle with its bar, share and quantiles, the cycle,
+    and on the host clock the time between cycles."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    title = (
+        f"GPU clock: {n:.0f} sampled cycles" if clock == "gpu"
+        else f"host clock: {n:.0f} cycles"
+    )
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, title=title,
+                  title_justify="left", title_style="bold", pad_edge=False,
+                  padding=(0, 1))
+    table.add_column("phase")
+    table.add_column("per cycle", justify="right")
+    table.add_column("", width=_BAR_WIDTH, no_wrap=True)
+    table.add_column("share", justify="right")
+    table.add_column("p50", justify="right")
+    table.add_column("p99", justify="right")
+    style = "cyan" if clock == "gpu" else "magenta"
+    for phase in b.phases:
+        st = b.stats[(phase, clock)]
+        table.add_row(
+            phase, scr.format_seconds(st.mean_seconds),
+            Text(bar(st.mean_seconds, scale), style=style),
+            scr.format_percent(st.share),
+            scr.format_seconds(st.p50_seconds), scr.format_seconds(st.p99_seconds),
+        )
+    p50, p99 = b.cycle_quantiles.get(clock, (None, None))
+    mean = b.cycle_mean_seconds.get(clock)
+    table.add_row(
+        Text("cycle", style="bold"), scr.format_seconds(mean),
+        Text(bar(mean, scale), style="dim"), "", scr.format_seconds(p50),
+        scr.format_seconds(p99),
+    )
+    if clock == "host" and b.gap_count:
+        # Outside the cycles (the engine's scheduler, Python between steps): the share
+        # is of the gaps plus the host cycle time.
+        table.add_row(
+            Text("between cycles", style="dim"), scr.format_seconds(b.gap_mean_seconds),
+            Text(bar(b.gap_mean_seconds, scale), style="dim"),
+            scr.format_percent(b.gap_share), scr.format_seconds(b.gap_median_seconds),
+            scr.format_seconds(b.gap_p99_seconds),
+        )
+    return table
+
+
+def _figures(b: bd.Breakdown) -> Any:
+    """The grid of the interval's figures: acceptance, rates, batch, baseline, overhead."""
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 3))
+    for _ in range(3):
+        grid.add_column(no_wrap=True)
+    grid.add_row(
+        f"acceptance {scr.format_percent(b.acceptance_rate)}",
+        # vLLM's mean acceptance length: the bonus token plus the accepted drafts.
+        f"accept length {scr.format_rate(b.mean_acceptance_length, 2)} "
+        f"(1 + {scr.format_rate(b.mean_accept_length, 2)})",
+        f"emitted {scr.format_rate(b.emitted_tokens_per_second)} tok/s",
+    )
+    grid.add_row(
+        f"cycles {scr.format_rate(b.cycles_per_second)}/s",
+        f"mean batch {scr.format_rate(b.mean_batch_size, 2)}",
+        f"per sequence {scr.format_rate(b.sequence_tokens_per_second)} tok/s",
+    )
+    grid.add_row(
+        f"baseline {scr.format_rate(b.baseline_tokens_per_second)} tok/s, speedup "
+        f"{scr.format_rate(bd.speedups(b)[0], 2, 'x')}"
+        if b.baseline_tokens_per_second is not None else "no baseline",
+        _sampling_text(b),
+        f"overhead {scr.format_percent(b.overhead_ratio, 2)}",
+    )
+    return grid
+
+
+def _tail(b: bd.Breakdown) -> list[Any]:
+    """The lines under the figures: k in effect, acceptance by position, drops, and cycles the
+    engine raised inside."""
+    from rich.text import Text
+
+    out: list[Any] = []
+    if b.draft_length_shares:
+        out.append(Text(
+            f"k in effect {scr.format_rate(b.mean_draft_length, 2)}  " + "  ".join(
+                f"k={k}: {scr.format_percent(v, 0)}" for k, v in b.draft_length_shares)
+            + " of cycles"))
+    if b.position_acceptance:
+        line = Text("per position ")
+        line.append("".join(spark(v) for _, v in b.position_acceptance), style="green")
+        line.append("  " + "  ".join(
+            f"{p}: {scr.format_percent(v, 0)}" for p, v in b.position_acceptance
+        ))
+        out.append(line)
+    own = b.own_drops()
+    if own:
+        drops = ", ".join(f"{k} {v:.0f}" for k, v in own)
+        out.append(Text(
+            f"drops {b.dropped_total:.0f} ({drops}), "
+            f"{scr.format_percent(bd.ratio(b.dropped_total, b.cycles))} of cycles",
+            style="yellow",
+        ))
+    else:
+        out.append(Text("drops 0", style="dim"))
+    if b.engine_raised:
+        out.append(Text(
+            f"engine raised inside {b.engine_raised:.0f} cycles "
+            f"({scr.format_percent(bd.ratio(b.engine_raised, b.cycles))} of cycles), "
+            "discarded: the engine's failure, see its log",
+            style="yellow",
+        ))
+    return out
