@@ -37,7 +37,7 @@ CPU_MIN_CYCLES = 1000.0
 #: (at most ``--max-wait``): a shorter one cannot tell a stall from the next cycle not done yet.
 NO_CYCLE_MIN_CYCLES = 10.0
 #: Cycles from this long on: the overhead gauge reads high (its host-side parts run while the
-#: engine waits on the GPU; docs/metrics.md, measured on an H200).
+#: engine waits on the GPU; docs/metrics.md).
 LONG_CYCLE_SECONDS = 2e-3
 #: Under the adaptive sampler, an overhead ratio up to this multiple of the budget is the
 #: sampler converging (INFO); above it, a WARN.
