@@ -207,14 +207,15 @@ def test_every_engine_and_the_plugin_on_one_fleet_view(
     expected = fleet.expected()
     assert len(expected) == 6
 
-    # Acceptance is a ratio of counters from one scrape (or an engine's own gauge): exact but
-    # for whole-token rounding. Tokens/s is a rate: within the scrapes' timing.
-    got = _by_instance(server.wait_for(acceptance, _matches(expected, "acceptance", 0.01),
+    # Acceptance is a ratio of counters (or an engine's own gauge): exact but for whole-token
+    # rounding, which grows when a slow machine puts two scrapes close together inside the
+    # rate's window (a token in a hundred). Tokens/s is a rate: within the scrapes' timing.
+    got = _by_instance(server.wait_for(acceptance, _matches(expected, "acceptance", 0.03),
                                        timeout_seconds=60))
     for instance, e in expected.items():
         labels, value = got[instance]
         assert labels["serving_engine"] == e["serving_engine"], instance
-        assert value == pytest.approx(e["acceptance"], rel=0.01), instance
+        assert value == pytest.approx(e["acceptance"], rel=0.03), instance
     got = _by_instance(server.wait_for(tokens, _matches(expected, "emitted_per_second", 0.1),
                                        timeout_seconds=60))
     for instance, e in expected.items():
@@ -257,7 +258,7 @@ def test_every_engine_and_the_plugin_on_one_fleet_view(
     expected = fleet.expected()
     server.wait_for_firing(AlertNames.ACCEPTANCE_RATE_DROP, timeout_seconds=60)
     # The collapse shows in the dashboard's acceptance column, the others unchanged.
-    server.wait_for(acceptance, _matches(expected, "acceptance", 0.01), timeout_seconds=30)
+    server.wait_for(acceptance, _matches(expected, "acceptance", 0.03), timeout_seconds=30)
     firing = server.firing(AlertNames.ACCEPTANCE_RATE_DROP)
     assert [(a["labels"]["job"], a["labels"]["serving_engine"]) for a in firing] == [
         (COLLAPSING, COLLAPSING)], firing
