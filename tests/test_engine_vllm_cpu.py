@@ -517,15 +517,10 @@ def _http_json(url: str, body: dict[str, Any] | None = None) -> Any:
 
 def _scrape_vllm(url: str) -> dict[str, Any] | None:
     """vLLM's own counters from its API server's /metrics (summed over labels but position)."""
-    import urllib.error
-    import urllib.request
+    from tests.engines.vllm_cpu_run import exposition_samples
 
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
-    except (urllib.error.URLError, OSError):
+    samples = exposition_samples(url, 10)
+    if samples is None:
         return None
     wanted = {
         "vllm:spec_decode_num_drafts_total": "drafts",
@@ -539,18 +534,17 @@ def _scrape_vllm(url: str) -> dict[str, Any] | None:
     out: dict[str, Any] = dict.fromkeys(wanted.values(), 0)
     out["accepted_by_position"] = {}
     out["finished_by_reason"] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = wanted.get(sample.name)
-            if key is not None:
-                out[key] += int(sample.value)
-                if key == "finished_requests":
-                    reason = sample.labels.get("finished_reason", "")
-                    out["finished_by_reason"][reason] = int(sample.value)
-            elif sample.name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
-                position = sample.labels["position"]
-                by_position = out["accepted_by_position"]
-                by_position[position] = by_position.get(position, 0) + int(sample.value)
+    for sample in samples:
+        key = wanted.get(sample.name)
+        if key is not None:
+            out[key] += int(sample.value)
+            if key == "finished_requests":
+                reason = sample.labels.get("finished_reason", "")
+                out["finished_by_reason"][reason] = int(sample.value)
+        elif sample.name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+            position = sample.labels["position"]
+            by_position = out["accepted_by_position"]
+            by_position[position] = by_position.get(position, 0) + int(sample.value)
     return out
 
 

@@ -58,6 +58,12 @@ POISON = [
 ]
 
 
+def _assert_flushed_within_a_second(obs: specobs.Observer) -> None:
+    t0 = time.monotonic()
+    assert obs.force_flush(5) is True
+    assert time.monotonic() - t0 < 1.0
+
+
 @pytest.mark.parametrize(("kwargs", "kind", "counts", "batch"), POISON,
                          ids=[repr(p[0])[:48] for p in POISON])
 def test_poisoned_cycle_costs_only_its_own_value(kwargs, kind, counts, batch):
@@ -67,9 +73,7 @@ def test_poisoned_cycle_costs_only_its_own_value(kwargs, kind, counts, batch):
     cycle(obs, **{"draft_length": K, **kwargs})
     for _ in range(100):
         cycle(obs, GOOD, draft_length=K)
-    t0 = time.monotonic()
-    assert obs.force_flush(5) is True
-    assert time.monotonic() - t0 < 1.0
+    _assert_flushed_within_a_second(obs)
     s = obs.snapshot()
     # Every cycle is kept; the neighbours' acceptance is whole.
     assert s.cycles_total == 201
@@ -85,9 +89,7 @@ def test_poisoned_cycle_costs_only_its_own_value(kwargs, kind, counts, batch):
     # Flushing keeps working: promptly True, again and again.
     for _ in range(3):
         cycle(obs, GOOD, draft_length=K)
-        t0 = time.monotonic()
-        assert obs.force_flush(5) is True
-        assert time.monotonic() - t0 < 1.0
+        _assert_flushed_within_a_second(obs)
     assert obs.snapshot().cycles_total == 204
     obs.shutdown()
 
@@ -185,9 +187,7 @@ def test_a_resolver_bug_drops_its_chunk_counted_and_flush_still_works(monkeypatc
     monkeypatch.setattr(_stages, "read_gpu", broken)
     for _ in range(7):
         cycle(obs, GOOD, draft_length=K)
-    t0 = time.monotonic()
-    assert obs.force_flush(5) is True
-    assert time.monotonic() - t0 < 1.0
+    _assert_flushed_within_a_second(obs)
     s = obs.snapshot()
     assert s.cycles_total == 12  # the ring's part of the failed chunk is counted
     assert s.dropped["resolver_error"] == 7 and s.errors["internal"] == 1
