@@ -336,11 +336,8 @@ def abort_mid_step(llm: Any, max_tokens: int, at_step: int) -> None:
     seen = {"steps": 0, "done": False}
 
     def aborts_then(self: Any) -> Any:
-        scheduler = self.scheduler
-        output = getattr(scheduler, "specobs_test_last_output", None)
-        if not seen["done"] and output is not None:
-            mine = [r for r in output.scheduled_spec_decode_tokens
-                    if getattr(scheduler.requests.get(r), "max_tokens", None) == max_tokens]
+        if not seen["done"]:
+            mine = _drafted_requests_asking(self.scheduler, max_tokens)
             if mine:
                 seen["steps"] += 1
                 if seen["steps"] == at_step:
@@ -350,6 +347,16 @@ def abort_mid_step(llm: Any, max_tokens: int, at_step: int) -> None:
 
     core.EngineCore._process_aborts_queue = aborts_then
     _remember_scheduled()
+
+
+def _drafted_requests_asking(scheduler: Any, max_tokens: int) -> list[str]:
+    """The requests asking for ``max_tokens`` tokens that verify drafts in the scheduler's last
+    step (``_remember_scheduled``); none before its first."""
+    output = getattr(scheduler, "specobs_test_last_output", None)
+    if output is None:
+        return []
+    return [r for r in output.scheduled_spec_decode_tokens
+            if getattr(scheduler.requests.get(r), "max_tokens", None) == max_tokens]
 
 
 def _remember_scheduled() -> None:
@@ -382,11 +389,8 @@ def hold_for_abort(max_tokens: int, signal: Path, at_step: int = 1) -> None:
     process_aborts = core.EngineCore._process_aborts_queue
 
     def aborts_then(self: Any) -> Any:
-        scheduler = self.scheduler
-        output = getattr(scheduler, "specobs_test_last_output", None)
-        if not state["held"] and output is not None:
-            mine = [r for r in output.scheduled_spec_decode_tokens
-                    if getattr(scheduler.requests.get(r), "max_tokens", None) == max_tokens]
+        if not state["held"]:
+            mine = _drafted_requests_asking(self.scheduler, max_tokens)
             state["steps"] += bool(mine)
             if mine and state["steps"] == at_step:
                 state["held"] = True
