@@ -140,30 +140,29 @@ class ReceivedSpan:
     span: trace_pb2.Span = field(repr=False)
 
 
-class _TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
+class _ReceivingServicer:
+    """An OTLP gRPC service whose Export hands each request to the receiver as ``signal`` and
+    answers an empty ``response``."""
+
+    signal: Signal
+    response: type[Any]
+
     def __init__(self, receiver: OtlpReceiver) -> None:
         self._receiver = receiver
 
-    def Export(
-        self,
-        request: trace_service_pb2.ExportTraceServiceRequest,
-        context: grpc.ServicerContext,
-    ) -> trace_service_pb2.ExportTraceServiceResponse:
-        self._receiver._handle_grpc("traces", request, context)
-        return trace_service_pb2.ExportTraceServiceResponse()
+    def Export(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._receiver._handle_grpc(self.signal, request, context)
+        return self.response()
 
 
-class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
-    def __init__(self, receiver: OtlpReceiver) -> None:
-        self._receiver = receiver
+class _TraceServicer(_ReceivingServicer, trace_service_pb2_grpc.TraceServiceServicer):
+    signal = "traces"
+    response = trace_service_pb2.ExportTraceServiceResponse
 
-    def Export(
-        self,
-        request: metrics_service_pb2.ExportMetricsServiceRequest,
-        context: grpc.ServicerContext,
-    ) -> metrics_service_pb2.ExportMetricsServiceResponse:
-        self._receiver._handle_grpc("metrics", request, context)
-        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+class _MetricsServicer(_ReceivingServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
+    signal = "metrics"
+    response = metrics_service_pb2.ExportMetricsServiceResponse
 
 
 _HTTP_ROUTES: dict[str, tuple[Signal, type[Any], type[Any]]] = {

@@ -21,7 +21,7 @@ import pytest
 
 import specobs
 from specobs import _ring
-from tests.test_ring import PHASES, acceptance_input, make, normalise
+from tests.test_ring import PHASES, acceptance_input, make_random, normalise
 
 CORES = ["native", "python"] if _ring.BUILT else ["python"]
 
@@ -285,10 +285,8 @@ def test_shutdown_counts_a_cycle_still_deferred_unsettled(core: str) -> None:
 def run_stream(kind: str, seed: int) -> list[Any]:
     """Random calls, defer/settle/expire among them, straight on a ring."""
     rng = random.Random(seed)
-    ring, slow = make(kind, seed, rng.choice([4, 16, 64]))
-    if rng.random() < 0.5:  # sampled cycles: events held by deferred slots too
-        ring.sampling = 1
-        ring.interval = rng.choice([1, 2, 5])
+    # Sampled cycles: events held by deferred slots too.
+    ring, slow = make_random(kind, seed, rng, [4, 16, 64], sampled=0.5, intervals=[1, 2, 5])
     log: list[Any] = []
     handles: list[Any] = []
     deferred: list[Any] = []

@@ -7,6 +7,7 @@ healthy, then ``wrong-hidden-layers`` through ``POST /admin/fault`` fires
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -73,11 +74,8 @@ class Loaded:
 
 @pytest.fixture
 def loaded() -> Iterator[Loaded]:
-    lo = Loaded()
-    try:
+    with contextlib.closing(Loaded()) as lo:
         yield lo
-    finally:
-        lo.close()
 
 
 def test_acceptance_and_stall_alerts_fire_on_the_real_engine(

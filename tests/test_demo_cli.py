@@ -3,13 +3,14 @@ Prometheus, with its terminal output; and bad flags."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,22 +35,42 @@ def weights() -> Path:
     return WEIGHTS_DIR
 
 
-def test_demo_runs_serves_and_is_scraped_by_prometheus(
-    weights: Path, prometheus_server: Callable[..., Any], tmp_path: Path
-) -> None:
-    port, metrics_port = free_port(), free_port()
+def _demo_env() -> dict[str, str]:
+    """This environment without its SPECOBS_ and OTEL_ settings, importing specobs from here."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECOBS_", "OTEL_"))}
     env["PYTHONPATH"] = str(ROOT)
-    log = tmp_path / "demo.out"
-    argv = [
-        sys.executable, "-m", "specobs.cli", "demo", "--duration", str(DURATION_SECONDS),
-        "--port", str(port), "--metrics-port", str(metrics_port), "--plain",
-        "--cache-dir", str(weights), "--concurrency", "3",
-    ]  # fmt: skip
+    return env
+
+
+@contextlib.contextmanager
+def _running_demo(
+    args: list[str], log: Path, env: dict[str, str]
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``specobs demo args`` started with its output in ``log``; killed on the way out if it
+    still runs."""
+    argv = [sys.executable, "-m", "specobs.cli", "demo", *args]
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                 stdin=subprocess.DEVNULL)  # fmt: skip
     try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_demo_runs_serves_and_is_scraped_by_prometheus(
+    weights: Path, prometheus_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    port, metrics_port = free_port(), free_port()
+    log = tmp_path / "demo.out"
+    args = [
+        "--duration", str(DURATION_SECONDS),
+        "--port", str(port), "--metrics-port", str(metrics_port), "--plain",
+        "--cache-dir", str(weights), "--concurrency", "3",
+    ]  # fmt: skip
+    with _running_demo(args, log, _demo_env()) as proc:
         server = prometheus_server([f"127.0.0.1:{metrics_port}"])
         cycles = server.wait_for(
             "specobs_cycles_total", lambda r: r and float(r[0]["value"][1]) > 0,
@@ -73,10 +94,6 @@ def test_demo_runs_serves_and_is_scraped_by_prometheus(
         assert float(baseline[0]["value"][1]) > 0, baseline
         assert baseline[0]["metric"]["source"] == "demo_measured", baseline
         code = proc.wait(DURATION_SECONDS + 60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     text = log.read_text()
     assert code == 0, text
     assert "loading the demo target and draft head shipped with specobs" in text
@@ -107,13 +124,11 @@ def _demo_with_a_taken_port(
         taken.listen(1)
         port = taken.getsockname()[1]
         ports = {"--port": "0", "--metrics-port": "0", flag: str(port)}
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECOBS_", "OTEL_"))}
-        env["PYTHONPATH"] = str(ROOT)
         result = subprocess.run(
             [sys.executable, "-m", "specobs.cli", "demo", "--duration", "5",
              *(a for kv in ports.items() for a in kv), "--plain", "--cache-dir", str(weights),
              "--baseline-tokens-per-second", "50"],
-            capture_output=True, text=True, timeout=120, env=env, cwd=ROOT,
+            capture_output=True, text=True, timeout=120, env=_demo_env(), cwd=ROOT,
             stdin=subprocess.DEVNULL,
         )  # fmt: skip
     return port, result
@@ -259,22 +274,18 @@ def test_a_short_admin_token_exits_2_before_anything_starts(
 
 def test_the_command_wires_the_admin_token_and_the_limits(weights: Path, tmp_path: Path) -> None:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECOBS_", "OTEL_"))}
-    env["PYTHONPATH"] = str(ROOT)
+    env = _demo_env()
     env["SPECOBS_DEMO_ADMIN_TOKEN"] = ADMIN_TOKEN
     log = tmp_path / "demo.out"
-    argv = [
-        sys.executable, "-m", "specobs.cli", "demo", "--duration", "60", "--port", str(port),
+    args = [
+        "--duration", "60", "--port", str(port),
         "--metrics-port", "0", "--plain", "--cache-dir", str(weights), "--no-load",
         "--baseline-tokens-per-second", "50", "--max-request-bytes", "4KiB",
         "--max-requests", "3",
     ]  # fmt: skip
     import httpx
 
-    with open(log, "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                stdin=subprocess.DEVNULL)  # fmt: skip
-    try:
+    with _running_demo(args, log, env) as proc:
         deadline = time.monotonic() + 90
         while "serving completions" not in log.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
@@ -288,10 +299,6 @@ def test_the_command_wires_the_admin_token_and_the_limits(weights: Path, tmp_pat
             assert r.status_code == 413 and "limit of 4096 bytes" in r.json()["error"]["message"]
         proc.terminate()  # SIGTERM: shut down as cleanly as Ctrl-C
         code = proc.wait(60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     text = log.read_text()
     assert code == 0, text
     assert f"admin endpoints on {base}/admin/fault" in text

@@ -14,6 +14,7 @@ text).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -102,11 +103,8 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
-    s = Served()
-    try:
+    with contextlib.closing(Served()) as s:
         yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from specobs import _ring, catalog
 from specobs.sinks.otlp import OtlpSink
 from tests._cores import CORES, PHASES, K
 from tests._otlp_receiver import OtlpReceiver, attributes_to_dict
-from tests.test_ring import K_MAX, acceptance_input, make, normalise
+from tests.test_ring import K_MAX, acceptance_input, make, make_random, normalise
 
 try:
     import torch
@@ -242,10 +242,7 @@ def run_stream(kind: str, seed: int) -> list[Any]:
     """Random cycles with begin's draft length, every accept form, defer / settle / expire and
     drains at random points, straight on a ring."""
     rng = random.Random(seed)
-    ring, slow = make(kind, seed, rng.choice([8, 64]))
-    if rng.random() < 0.3:
-        ring.sampling = 1
-        ring.interval = rng.choice([1, 3])
+    ring, slow = make_random(kind, seed, rng, [8, 64], sampled=0.3, intervals=[1, 3])
     log: list[Any] = []
     deferred: list[Any] = []
     for step in range(300):

@@ -232,19 +232,27 @@ def engine_python() -> Iterator[Path]:
 # -- the runs --------------------------------------------------------------------------------------
 
 
-def _run(python: Path, method: str, cwd: Path, *extra: str) -> dict[str, Any]:
-    venv = python.parent.parent
-    port = free_port()
+def _engine_env(venv: Path, specobs_port: int, **extra: str) -> dict[str, str]:
+    """The environment of an engine process in ``venv``: specobs's vLLM plugin on, exporting
+    Prometheus on ``specobs_port`` with the host clock; ``extra`` on top."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env.update(
         SPECOBS_VLLM="1", VLLM_PLUGINS="specobs", SPECOBS_EXPORTERS="prometheus",
-        SPECOBS_PROMETHEUS_PORT=str(port), SPECOBS_PROMETHEUS_ADDR="127.0.0.1",
+        SPECOBS_PROMETHEUS_PORT=str(specobs_port), SPECOBS_PROMETHEUS_ADDR="127.0.0.1",
         SPECOBS_CLOCK="host",
         # Nothing leaves the machine, and vLLM's files stay inside the throwaway venv folder.
         VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
         VLLM_CACHE_ROOT=str(venv / "vllm-cache"), VLLM_CONFIG_ROOT=str(venv / "vllm-config"),
         VLLM_CPU_KVCACHE_SPACE="1",
+        **extra,
     )  # fmt: skip
+    return env
+
+
+def _run(python: Path, method: str, cwd: Path, *extra: str) -> dict[str, Any]:
+    venv = python.parent.parent
+    port = free_port()
+    env = _engine_env(venv, port)
     cmd = [str(python), str(RUN_SCRIPT), "--models", str(venv / "specobs-models"),
            "--method", method, *extra]  # fmt: skip
     t0 = time.perf_counter()
@@ -509,15 +517,10 @@ def _http_json(url: str, body: dict[str, Any] | None = None) -> Any:
 
 def _scrape_vllm(url: str) -> dict[str, Any] | None:
     """vLLM's own counters from its API server's /metrics (summed over labels but position)."""
-    import urllib.error
-    import urllib.request
+    from tests.engines.vllm_cpu_run import exposition_samples
 
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
-    except (urllib.error.URLError, OSError):
+    samples = exposition_samples(url, 10)
+    if samples is None:
         return None
     wanted = {
         "vllm:spec_decode_num_drafts_total": "drafts",
@@ -531,18 +534,17 @@ def _scrape_vllm(url: str) -> dict[str, Any] | None:
     out: dict[str, Any] = dict.fromkeys(wanted.values(), 0)
     out["accepted_by_position"] = {}
     out["finished_by_reason"] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = wanted.get(sample.name)
-            if key is not None:
-                out[key] += int(sample.value)
-                if key == "finished_requests":
-                    reason = sample.labels.get("finished_reason", "")
-                    out["finished_by_reason"][reason] = int(sample.value)
-            elif sample.name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
-                position = sample.labels["position"]
-                by_position = out["accepted_by_position"]
-                by_position[position] = by_position.get(position, 0) + int(sample.value)
+    for sample in samples:
+        key = wanted.get(sample.name)
+        if key is not None:
+            out[key] += int(sample.value)
+            if key == "finished_requests":
+                reason = sample.labels.get("finished_reason", "")
+                out["finished_by_reason"][reason] = int(sample.value)
+        elif sample.name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+            position = sample.labels["position"]
+            by_position = out["accepted_by_position"]
+            by_position[position] = by_position.get(position, 0) + int(sample.value)
     return out
 
 
@@ -597,14 +599,8 @@ def server_run(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) ->
     step_counts = scratch / "step-counts.json"
     held = scratch / "held.json"
     port, specobs_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(
-        SPECOBS_VLLM="1", VLLM_PLUGINS="specobs", SPECOBS_EXPORTERS="prometheus",
-        SPECOBS_PROMETHEUS_PORT=str(specobs_port), SPECOBS_PROMETHEUS_ADDR="127.0.0.1",
-        SPECOBS_CLOCK="host",
-        VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
-        VLLM_CACHE_ROOT=str(venv / "vllm-cache"), VLLM_CONFIG_ROOT=str(venv / "vllm-config"),
-        VLLM_CPU_KVCACHE_SPACE="1",
+    env = _engine_env(
+        venv, specobs_port,
         PYTHONPATH=os.pathsep.join((str(site), str(RUN_SCRIPT.parent))),
         SPECOBS_TEST_STEP_COUNTS=str(step_counts),
         SPECOBS_TEST_HOLD_FOR_ABORT=f"{ABORTED_MAX_TOKENS}:{ABORTED_AT_SPEC_STEP}:{held}",

@@ -82,6 +82,35 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _ten_traced_cycles_for(
+    collector: HostileCollector, mode: str, observers: Callable[..., specobs.Observer],
+    timeout: float,
+) -> specobs.Observer:  # fmt: skip
+    """An observer that traces every cycle and exports spans and metrics over HTTP to
+    ``collector`` in ``mode``, ``timeout`` seconds an export and no periodic export, after 10
+    cycles."""
+    collector.mode = mode
+    sink = OtlpSink(endpoint=collector.endpoint, protocol="http/protobuf",
+                    timeout_seconds=timeout, export_interval_seconds=NEVER)  # fmt: skip
+    obs = observers(sinks=[sink], clock="host", trace_head_rate=1.0)
+    run_cycles(obs, 10)
+    return obs
+
+
+def _failed_flush_seconds(obs: specobs.Observer, flush_timeout: float) -> float:
+    """How long a flush that fails (returns False) took."""
+    t0 = time.monotonic()
+    assert not obs.force_flush(flush_timeout)
+    return time.monotonic() - t0
+
+
+def _assert_the_metric_export_and_every_span_lost(obs: specobs.Observer) -> None:
+    """The one metric export counted dropped, and the spans of the 10 cycles (4 each)."""
+    snap = obs.snapshot()
+    assert snap.dropped["metric_export"] == 1
+    assert snap.dropped["span_export"] == 4 * 10
+
+
 # -- N6: a collector answering 200 with an endless or huge body --------------------------------
 
 
@@ -90,25 +119,16 @@ def test_huge_response_is_capped_and_the_export_counted_as_failed(
     collector: HostileCollector, mode: str, observers: Callable[..., specobs.Observer],
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    collector.mode = mode
     timeout = 5.0
-    sink = OtlpSink(endpoint=collector.endpoint, protocol="http/protobuf",
-                    timeout_seconds=timeout, export_interval_seconds=NEVER)  # fmt: skip
-    obs = observers(sinks=[sink], clock="host", trace_head_rate=1.0)
-    run_cycles(obs, 10)
-
-    t0 = time.monotonic()
-    assert not obs.force_flush(20.0)
-    elapsed = time.monotonic() - t0
+    obs = _ten_traced_cycles_for(collector, mode, observers, timeout)
+    elapsed = _failed_flush_seconds(obs, 20.0)
     # The cap ends each request at once: well before one export's timeout, let alone two.
     assert elapsed < timeout, elapsed
     assert collector.requests == 2  # one span batch, one metric export; neither retried
     # What the collector got into the socket: the capped read plus the kernel's buffers, not
     # the gigabytes it was sending.
     assert max(collector.bytes_sent) < 32 * 1024 * 1024, collector.bytes_sent
-    snap = obs.snapshot()
-    assert snap.dropped["metric_export"] == 1
-    assert snap.dropped["span_export"] == 4 * 10
+    _assert_the_metric_export_and_every_span_lost(obs)
     reason = "exceeded" if mode == "endless" else "announced a 1073741824-byte response"
     assert any(reason in r.getMessage() for r in caplog.records), caplog.text
     assert str(MAX_RESPONSE_BYTES) in caplog.text
@@ -120,16 +140,10 @@ def test_a_redirecting_collector_fails_each_export_counted_and_says_where_it_poi
 ) -> None:  # fmt: skip
     """The exporters count a 3xx as success and follow no redirect: without the adapter's
     check the collector's 307 lost every export with flush True and nothing counted."""
-    collector.mode = "redirect"
-    sink = OtlpSink(endpoint=collector.endpoint, protocol="http/protobuf", timeout_seconds=5.0,
-                    export_interval_seconds=NEVER)  # fmt: skip
-    obs = observers(sinks=[sink], clock="host", trace_head_rate=1.0)
-    run_cycles(obs, 10)
+    obs = _ten_traced_cycles_for(collector, "redirect", observers, 5.0)
     assert not obs.force_flush(20.0)
     assert collector.requests == 2  # one span batch, one metric export; neither retried
-    snap = obs.snapshot()
-    assert snap.dropped["metric_export"] == 1
-    assert snap.dropped["span_export"] == 4 * 10
+    _assert_the_metric_export_and_every_span_lost(obs)
     assert "answered 307 (a redirect to 'https://collector.invalid:4318/v1/traces')" in (
         caplog.text)
 
@@ -184,20 +198,11 @@ def test_trickling_collector_costs_each_export_its_timeout_and_no_more(
 ) -> None:  # fmt: skip
     # One byte every 0.3 s: every socket read succeeds well within the 1 s timeout, so only a
     # deadline over the whole request can end it (the collector would go on for 60 s).
-    collector.mode = mode
     timeout = 1.0
-    sink = OtlpSink(endpoint=collector.endpoint, protocol="http/protobuf",
-                    timeout_seconds=timeout, export_interval_seconds=NEVER)  # fmt: skip
-    obs = observers(sinks=[sink], clock="host", trace_head_rate=1.0)
-    run_cycles(obs, 10)
-
-    t0 = time.monotonic()
-    assert not obs.force_flush(30.0)
-    elapsed = time.monotonic() - t0
+    obs = _ten_traced_cycles_for(collector, mode, observers, timeout)
+    elapsed = _failed_flush_seconds(obs, 30.0)
     assert 2 * timeout * 0.9 <= elapsed < 2 * timeout + 3.0, elapsed  # spans, then metrics
-    snap = obs.snapshot()
-    assert snap.dropped["metric_export"] == 1
-    assert snap.dropped["span_export"] == 4 * 10
+    _assert_the_metric_export_and_every_span_lost(obs)
     assert "within the export's timeout" in caplog.text
 
     t0 = time.monotonic()

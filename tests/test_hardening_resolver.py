@@ -58,6 +58,12 @@ POISON = [
 ]
 
 
+def _assert_flushed_within_a_second(obs: specobs.Observer) -> None:
+    t0 = time.monotonic()
+    assert obs.force_flush(5) is True
+    assert time.monotonic() - t0 < 1.0
+
+
 @pytest.mark.parametrize(("kwargs", "kind", "counts", "batch"), POISON,
                          ids=[repr(p[0])[:48] for p in POISON])
 def test_poisoned_cycle_costs_only_its_own_value(kwargs, kind, counts, batch):
@@ -67,9 +73,7 @@ def test_poisoned_cycle_costs_only_its_own_value(kwargs, kind, counts, batch):
     cycle(obs, **{"draft_length": K, **kwargs})
     for _ in range(100):
         cycle(obs, GOOD, draft_length=K)
-    t0 = time.monotonic()
-    assert obs.force_flush(5) is True
-    assert time.monotonic() - t0 < 1.0
+    _assert_flushed_within_a_second(obs)
     s = obs.snapshot()
     # Every cycle is kept; the neighbours' acceptance is whole.
     assert s.cycles_total == 201
@@ -85,9 +89,7 @@ def test_poisoned_cycle_costs_only_its_own_value(kwargs, kind, counts, batch):
     # Flushing keeps working: promptly True, again and again.
     for _ in range(3):
         cycle(obs, GOOD, draft_length=K)
-        t0 = time.monotonic()
-        assert obs.force_flush(5) is True
-        assert time.monotonic() - t0 < 1.0
+        _assert_flushed_within_a_second(obs)
     assert obs.snapshot().cycles_total == 204
     obs.shutdown()
 
@@ -185,9 +187,7 @@ def test_a_resolver_bug_drops_its_chunk_counted_and_flush_still_works(monkeypatc
     monkeypatch.setattr(_stages, "read_gpu", broken)
     for _ in range(7):
         cycle(obs, GOOD, draft_length=K)
-    t0 = time.monotonic()
-    assert obs.force_flush(5) is True
-    assert time.monotonic() - t0 < 1.0
+    _assert_flushed_within_a_second(obs)
     s = obs.snapshot()
     assert s.cycles_total == 12  # the ring's part of the failed chunk is counted
     assert s.dropped["resolver_error"] == 7 and s.errors["internal"] == 1
@@ -314,6 +314,20 @@ def _resolver_alive() -> bool:
     return any(t.name == "specobs-resolver" and t.is_alive() for t in threading.enumerate())
 
 
+def _three_rounds_resolved_by_the_resolver_alone(
+    obs: specobs.Observer, registry, per_round: int
+) -> specobs.Snapshot:
+    """Three rounds of ``per_round`` cycles, each scraped resolved before a flush; then the
+    resolver is alive, a flush completes, and the snapshot is returned."""
+    for i in range(1, 4):
+        for _ in range(per_round):
+            cycle(obs, GOOD, draft_length=K)
+        assert _resolved_without_a_flush(registry, per_round * i), (i, _scraped_cycles(registry))
+    assert _resolver_alive()
+    assert obs.force_flush(5)
+    return obs.snapshot()
+
+
 @pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit(),
                                  asyncio.CancelledError(), RuntimeError("sink bug")],
                          ids=lambda e: type(e).__name__)
@@ -337,13 +351,7 @@ def test_a_sink_raising_anything_never_stops_the_resolver(exc, caplog):
         obs = specobs.configure(sinks=[Raising(), specobs.PrometheusSink(registry=registry)],
                                 clock="host", max_draft_length=K, poll_interval_seconds=0.02)
         try:
-            for i in range(1, 4):
-                for _ in range(2000):
-                    cycle(obs, GOOD, draft_length=K)
-                assert _resolved_without_a_flush(registry, 2000 * i), (i, _scraped_cycles(registry))
-            assert _resolver_alive()
-            assert obs.force_flush(5)
-            s = obs.snapshot()
+            s = _three_rounds_resolved_by_the_resolver_alone(obs, registry, 2000)
             assert s.cycles_total == 6000 and s.dropped_total() == 0
             assert s.errors["sink_error"] == Raising.calls >= 3
             assert s.errors["resolver_restart"] == 0
@@ -385,13 +393,7 @@ def test_a_resolver_loop_that_dies_anyway_is_started_again_and_counted(monkeypat
             while failures["left"] and time.monotonic() < deadline:
                 time.sleep(0.02)  # the loop reads thread times every 0.1 s: both raise
             assert failures["left"] == 0
-            for i in range(1, 4):
-                for _ in range(1000):
-                    cycle(obs, GOOD, draft_length=K)
-                assert _resolved_without_a_flush(registry, 1000 * i), (i, _scraped_cycles(registry))
-            assert _resolver_alive()
-            assert obs.force_flush(5)
-            s = obs.snapshot()
+            s = _three_rounds_resolved_by_the_resolver_alone(obs, registry, 1000)
             assert s.cycles_total == 3000 and s.dropped_total() == 0
             assert s.errors["resolver_restart"] == 2
         finally:

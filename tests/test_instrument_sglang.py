@@ -312,9 +312,26 @@ def _speculative_package(monkeypatch: pytest.MonkeyPatch) -> None:
             _package(monkeypatch, name)
 
 
-def _eagle_v2(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> types.ModuleType:
+def _speculative_module(monkeypatch: pytest.MonkeyPatch, name: str) -> types.ModuleType:
+    """An empty stand-in for the module ``name`` of SGLang's speculative package."""
     _speculative_package(monkeypatch)
-    module = _package(monkeypatch, sg_inst.V2_MODULE, path=False)
+    return _package(monkeypatch, name, path=False)
+
+
+def _spec_worker_state(
+    worker: Any, draft_worker: Any, accept: list[int], topk: int, steps: int, tokens: int
+) -> None:
+    """What a stand-in EAGLE-style worker holds: SGLang's speculative settings and draft worker,
+    and the accept lengths its verify returns."""
+    worker.topk = topk
+    worker.speculative_num_steps = steps
+    worker.speculative_num_draft_tokens = tokens
+    worker.draft_worker = draft_worker
+    worker._accept = accept
+
+
+def _eagle_v2(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> types.ModuleType:
+    module = _speculative_module(monkeypatch, sg_inst.V2_MODULE)
 
     class EagleDraftWorker:
         def draft(self, batch: Any, *, with_topology: bool = False) -> Any:
@@ -335,11 +352,7 @@ def _eagle_v2(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> types.Module
             tokens: int = 4,
             pp: bool = False,
         ) -> None:
-            self.topk = topk
-            self.speculative_num_steps = steps
-            self.speculative_num_draft_tokens = tokens
-            self.draft_worker = EagleDraftWorker()
-            self._accept = accept
+            _spec_worker_state(self, EagleDraftWorker(), accept, topk, steps, tokens)
             self._pp = pp
 
         def forward_batch_generation(
@@ -379,8 +392,7 @@ def _standalone(monkeypatch: pytest.MonkeyPatch, v2: types.ModuleType) -> types.
 
 
 def _multi_layer(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> types.ModuleType:
-    _speculative_package(monkeypatch)
-    module = _package(monkeypatch, sg_inst.MULTI_LAYER_MODULE, path=False)
+    module = _speculative_module(monkeypatch, sg_inst.MULTI_LAYER_MODULE)
 
     class MultiLayerEagleDraftWorker:
         def draft(self, batch: Any) -> Any:
@@ -398,11 +410,7 @@ def _multi_layer(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> types.Mod
 
     class MultiLayerEagleWorkerV2:
         def __init__(self, accept: list[int], topk: int = 1, steps: int = 3, tokens: int = 4):
-            self.topk = topk
-            self.speculative_num_steps = steps
-            self.speculative_num_draft_tokens = tokens
-            self.draft_worker = MultiLayerEagleDraftWorker()
-            self._accept = accept
+            _spec_worker_state(self, MultiLayerEagleDraftWorker(), accept, topk, steps, tokens)
 
         def forward_batch_generation(
             self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None,
@@ -441,11 +449,7 @@ def _frozen(
     class FrozenKVMTPWorkerV2(v2.EAGLEWorkerV2):  # type: ignore[misc, name-defined]
         def __init__(self, accept: list[int], topk: int = 1, steps: int = 2, tokens: int = 3):
             # Like the real class: does not call EAGLEWorkerV2.__init__.
-            self.topk = topk
-            self.speculative_num_steps = steps
-            self.speculative_num_draft_tokens = tokens
-            self.draft_worker = FrozenKVMTPDraftWorker()
-            self._accept = accept
+            _spec_worker_state(self, FrozenKVMTPDraftWorker(), accept, topk, steps, tokens)
             self._pp = False
 
         def forward_batch_generation(
@@ -464,8 +468,7 @@ def _frozen(
 
 
 def _ngram(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> types.ModuleType:
-    _speculative_package(monkeypatch)
-    module = _package(monkeypatch, sg_inst.NGRAM_MODULE, path=False)
+    module = _speculative_module(monkeypatch, sg_inst.NGRAM_MODULE)
 
     class NGRAMWorker:
         def __init__(self, accept: list[int], tokens: int = 8) -> None:
@@ -543,6 +546,16 @@ def _instrumented_observer(monkeypatch: pytest.MonkeyPatch) -> Any:
     return observer
 
 
+def _assert_counted(snap: Any, cycles: int, *, drafted: int, accepted: int) -> None:
+    """``cycles`` cycles, with ``drafted`` and ``accepted`` draft tokens in all, and each phase
+    host-timed once a cycle."""
+    assert snap.cycles_total == cycles
+    assert snap.draft_tokens_total == drafted
+    assert snap.accepted_tokens_total == accepted
+    for phase in ("draft", "verify", "bookkeeping"):
+        assert snap.phase_count(phase, "host") == cycles
+
+
 # -- behaviour: the plugin through SGLang's own loader ---------------------------------------------
 
 
@@ -571,12 +584,8 @@ def test_plugin_through_sglangs_own_loader_patches_every_covered_class(
         observer = sg_inst.SGLangInstrumentor().current_observer
         assert observer is not None
         snap = _snapshot(observer)
-        assert snap.cycles_total == 5
-        assert snap.accepted_tokens_total == 5 * (0 + 3 + 1)
-        assert snap.draft_tokens_total == 5 * 3 * 3
+        _assert_counted(snap, 5, drafted=5 * 3 * 3, accepted=5 * (0 + 3 + 1))
         assert not any(snap.errors.values()), snap.errors
-        for phase in ("draft", "verify", "bookkeeping"):
-            assert snap.phase_count(phase, "host") == 5
     finally:
         registry.HookRegistry.reset()
 
@@ -651,11 +660,8 @@ def test_multi_layer_eagle_phases_and_tree_counts(
     worker.forward_batch_generation(_Batch("decode", 3))
     assert calls == ["draft", "plan", "verify", "draft_extend"] * 2
     snap = _snapshot(observer)
-    assert snap.cycles_total == 2
-    assert snap.draft_tokens_total == 2 * 3 * 5  # topk 2: the tree verifies 6 - 1 per request
-    assert snap.accepted_tokens_total == 2 * (1 + 0 + 4)
-    for phase in ("draft", "verify", "bookkeeping"):
-        assert snap.phase_count(phase, "host") == 2
+    # Drafted with topk 2: the tree verifies 6 - 1 per request.
+    _assert_counted(snap, 2, drafted=2 * 3 * 5, accepted=2 * (1 + 0 + 4))
     assert not any(snap.errors.values()), snap.errors
     observer.shutdown(timeout_seconds=5.0)
 
@@ -674,11 +680,7 @@ def test_frozen_kv_mtp_is_one_cycle_with_the_inherited_verify(
     assert calls == ["frozen-draft", "verify", "frozen-extend"] * 4
     snap = _snapshot(observer)
     # Not 8: the EAGLEWorkerV2 verify it inherits and its own step are one cycle, not two.
-    assert snap.cycles_total == 4
-    assert snap.draft_tokens_total == 4 * 2 * 2
-    assert snap.accepted_tokens_total == 4 * (2 + 0)
-    for phase in ("draft", "verify", "bookkeeping"):
-        assert snap.phase_count(phase, "host") == 4
+    _assert_counted(snap, 4, drafted=4 * 2 * 2, accepted=4 * (2 + 0))
     observer.shutdown(timeout_seconds=5.0)
 
 
@@ -716,11 +718,8 @@ def test_ngram_draft_is_the_lookup_and_bookkeeping_the_corpus_update(
         worker.forward_batch_generation(_Batch("decode", 3))
     assert calls == ["ngram-draft", "ngram-verify", "corpus"] * 2
     snap = _snapshot(observer)
-    assert snap.cycles_total == 2
-    assert snap.draft_tokens_total == 2 * 3 * 7  # a tree of 8 nodes verifies 7, not num_steps
-    assert snap.accepted_tokens_total == 2 * (0 + 2 + 7)
-    for phase in ("draft", "verify", "bookkeeping"):
-        assert snap.phase_count(phase, "host") == 2
+    # Drafted: a tree of 8 nodes verifies 7, not num_steps.
+    _assert_counted(snap, 2, drafted=2 * 3 * 7, accepted=2 * (0 + 2 + 7))
     assert not any(snap.errors.values()), snap.errors
     observer.shutdown(timeout_seconds=5.0)
 
@@ -998,12 +997,9 @@ def test_dp_attention_decode_rank_beside_a_prefilling_peer_is_a_cycle_when_coord
     else:
         assert calls == ["prefill", "draft_extend_prefill"] * 2 + ["draft", "verify",
                                                                    "draft_extend"]
-    assert snap.cycles_total == coordinated + 1
-    assert snap.draft_tokens_total == (coordinated + 1) * 3 * 3
-    assert snap.accepted_tokens_total == (coordinated + 1) * (0 + 3 + 1)
+    _assert_counted(snap, coordinated + 1, drafted=(coordinated + 1) * 3 * 3,
+                    accepted=(coordinated + 1) * (0 + 3 + 1))  # fmt: skip
     assert snap.emitted_tokens_total == (coordinated + 1) * (1 + 4 + 2)
-    for phase in ("draft", "verify", "bookkeeping"):
-        assert snap.phase_count(phase, "host") == coordinated + 1
     assert not any(snap.errors.values()), snap.errors
     observer.shutdown(timeout_seconds=5.0)
 
@@ -1078,8 +1074,7 @@ def test_latest_release_dp_spec_prefill_coordination_seams() -> None:
 
 
 def _spec_info(monkeypatch: pytest.MonkeyPatch, returns: dict[str, type]) -> types.ModuleType:
-    _speculative_package(monkeypatch)
-    module = _package(monkeypatch, sg_inst.SPEC_INFO_MODULE, path=False)
+    module = _speculative_module(monkeypatch, sg_inst.SPEC_INFO_MODULE)
 
     class SpeculativeAlgorithm:
         def __init__(self, name: str) -> None:

@@ -103,6 +103,14 @@ def test_the_k_a_step_drafts_is_the_schedulers_pick_else_the_configured_k() -> N
 # -- 3. plain steps on the stand-in runners --------------------------------------------------------
 
 
+def _v2_runner() -> Any:
+    """vLLM's plugins loaded (specobs's among them), then a model runner V2 stand-in for
+    EAGLE-3."""
+    _load_plugins()
+    module = importlib.import_module(vl_inst.V2_MODULE)
+    return module.GPUModelRunner(_spec("eagle3"))
+
+
 def _plain(requests: tuple[str, ...] = ("a", "b", "c"), k: int = 0) -> Any:
     step = _step({}, requests)
     step.num_spec_tokens_to_schedule = k
@@ -119,9 +127,7 @@ def _speculative(k: int = 3) -> Any:
 def test_v2_plain_steps_are_cycles_of_draft_length_0_and_prefill_steps_are_not(
     vllm_tree: Any,
 ) -> None:
-    _load_plugins()
-    module = importlib.import_module(vl_inst.V2_MODULE)
-    runner = module.GPUModelRunner(_spec("eagle3"))
+    runner = _v2_runner()
     runner.execute_model(_step({}))  # prefill: no drafts, not marked plain
     runner.sample_tokens(None)
     for _ in range(2):  # k = 0 band: plain decode steps
@@ -172,9 +178,7 @@ def test_a_requests_figures_are_the_rows_vllm_counted_until_it_finishes(
 def test_the_requests_a_settled_step_finished_reach_the_observers_histogram(
     vllm_tree: Any,
 ) -> None:
-    _load_plugins()
-    module = importlib.import_module(vl_inst.V2_MODULE)
-    runner = module.GPUModelRunner(_spec("eagle3"))
+    runner = _v2_runner()
     runner.execute_model(_speculative())
     step = vl_inst._step()
     step.key = 7  # as if the engine core numbered the step: the cycle is deferred

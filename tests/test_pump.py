@@ -202,20 +202,30 @@ def test_a_deferred_cycle_never_settled_is_handed_on_while_pumping() -> None:
         obs.shutdown(5)
 
 
+def _unpolled_observer(queue_size: int) -> specobs.Observer:
+    """A host-clock observer with no poll of its own and a settle timeout no test reaches."""
+    return specobs.configure(sinks=[], clock="host", poll_interval_seconds=3600,
+                             settle_timeout_seconds=3600, queue_size=queue_size)
+
+
+def _one_deferred_cycle_short_of_the_backlog(obs: specobs.Observer) -> None:
+    """A deferred cycle never settled, then ``settle_backlog - 1`` host cycles behind it."""
+    with obs.cycle(batch_size=2) as c:
+        c.mark("verify")
+        c.mark("bookkeeping")
+        c.defer()  # never settled
+    host_cycles(obs, obs._recorder.ring.settle_backlog - 1)
+
+
 def test_a_deferred_cycle_never_settled_is_handed_on_at_the_backlog_while_pumping() -> None:
     """The backlog rule in C: with a timeout no test reaches and no poll of its own, the
     worker signals the pump once ``settle_backlog`` cycles wait behind a deferred one, and the
     pump comes back to Python to hand it on (``expire``); one cycle fewer, and it waits."""
-    obs = specobs.configure(sinks=[], clock="host", poll_interval_seconds=3600,
-                            settle_timeout_seconds=3600, queue_size=256)
+    obs = _unpolled_observer(queue_size=256)
     res = metered(obs)
     backlog = obs._recorder.ring.settle_backlog
     try:
-        with obs.cycle(batch_size=2) as c:
-            c.mark("verify")
-            c.mark("bookkeeping")
-            c.defer()  # never settled
-        host_cycles(obs, backlog - 1)
+        _one_deferred_cycle_short_of_the_backlog(obs)
         time.sleep(0.2)
         assert obs.snapshot().dropped.get("unsettled", 0) == 0
         host_cycles(obs, 1)
@@ -238,18 +248,12 @@ def test_a_wake_that_meets_a_snapshot_walking_the_ring_is_not_lost() -> None:
     The race is timing-dependent: each trial hands on the backlog's last cycle while another
     thread takes snapshots without pause, and the deferred cycle must be handed on every time."""
     for _ in range(25):
-        obs = specobs.configure(sinks=[], clock="host", poll_interval_seconds=3600,
-                                settle_timeout_seconds=3600, queue_size=64)
-        backlog = obs._recorder.ring.settle_backlog
+        obs = _unpolled_observer(queue_size=64)
         stop = threading.Event()
 
         walker = threading.Thread(target=_snapshots_until, args=(obs, stop))
         try:
-            with obs.cycle(batch_size=2) as c:
-                c.mark("verify")
-                c.mark("bookkeeping")
-                c.defer()  # never settled
-            host_cycles(obs, backlog - 1)
+            _one_deferred_cycle_short_of_the_backlog(obs)
             walker.start()
             host_cycles(obs, 1)
             time.sleep(0.01)

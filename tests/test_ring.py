@@ -132,6 +132,19 @@ def make(kind: str, seed: int, capacity: int) -> tuple[Any, Slow]:
     return ring, slow
 
 
+def make_random(
+    kind: str, seed: int, rng: random.Random, capacities: list[int], sampled: float,
+    intervals: list[int],
+) -> tuple[Any, Slow]:  # fmt: skip
+    """``make`` with a capacity drawn from ``capacities``; with chance ``sampled``, every cycle
+    sampled, one in an interval drawn from ``intervals`` GPU-timed."""
+    ring, slow = make(kind, seed, rng.choice(capacities))
+    if rng.random() < sampled:
+        ring.sampling = 1
+        ring.interval = rng.choice(intervals)
+    return ring, slow
+
+
 def acceptance_input(rng: random.Random) -> tuple[Any, dict[str, Any]]:
     """Something a caller may pass to accept(), good or bad, with keywords."""
     n = rng.choice([0, 1, 3, 8])
@@ -646,10 +659,7 @@ def run_bursts(kind: str, seed: int) -> tuple[list[Any], Any]:
     ``emitted``, bad values, sampled events, misuse), drained into the running totals with
     random limits, traced indices and slow thresholds."""
     rng = random.Random(seed)
-    ring, slow = make(kind, seed, rng.choice([64, 256]))
-    if rng.random() < 0.5:
-        ring.sampling = 1
-        ring.interval = rng.choice([7, 50])
+    ring, slow = make_random(kind, seed, rng, [64, 256], sampled=0.5, intervals=[7, 50])
     log: list[Any] = []
     for _ in range(40):
         for _ in range(rng.randint(0, 120)):

@@ -31,10 +31,15 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
 )
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult, MetricsData
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
@@ -167,16 +172,23 @@ def _http_exporters(
     )
 
 
-@pytest.mark.parametrize("transport", ["grpc", "http"])
-def test_otlp_receiver_gets_spans_and_metrics(otlp_receiver: OtlpReceiver, transport: str) -> None:
-    make = _grpc_exporters if transport == "grpc" else _http_exporters
-    span_exporter, metric_exporter = make(otlp_receiver)
+def _export_once(
+    span_exporter: SpanExporter, metric_exporter: MetricExporter
+) -> tuple[SpanExportResult, MetricExportResult]:
+    """One export of the test spans and one of the test metrics; both exporters shut down."""
     try:
-        assert span_exporter.export(_make_spans()) == SpanExportResult.SUCCESS
-        assert metric_exporter.export(_make_metrics()) == MetricExportResult.SUCCESS
+        return span_exporter.export(_make_spans()), metric_exporter.export(_make_metrics())
     finally:
         span_exporter.shutdown()
         metric_exporter.shutdown()
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_otlp_receiver_gets_spans_and_metrics(otlp_receiver: OtlpReceiver, transport: str) -> None:
+    make = _grpc_exporters if transport == "grpc" else _http_exporters
+    assert _export_once(*make(otlp_receiver)) == (
+        SpanExportResult.SUCCESS, MetricExportResult.SUCCESS
+    )  # fmt: skip
 
     spans = {s.name: s for s in otlp_receiver.spans()}
     assert set(spans) == {"specobs.step", "specobs.verify"}
@@ -211,13 +223,9 @@ def test_exporter_reports_failure_when_receiver_fails(
     make = _grpc_exporters if transport == "grpc" else _http_exporters
     # UNAVAILABLE / 503 is retryable, but the first backoff (>= 0.8 s, jittered) exceeds a 0.5 s
     # deadline, so the exporter gives up after one attempt instead of sleeping.
-    span_exporter, metric_exporter = make(otlp_receiver, 0.5)
-    try:
-        assert span_exporter.export(_make_spans()) == SpanExportResult.FAILURE
-        assert metric_exporter.export(_make_metrics()) == MetricExportResult.FAILURE
-    finally:
-        span_exporter.shutdown()
-        metric_exporter.shutdown()
+    assert _export_once(*make(otlp_receiver, 0.5)) == (
+        SpanExportResult.FAILURE, MetricExportResult.FAILURE
+    )  # fmt: skip
     assert otlp_receiver.rejected_count >= 2
     assert otlp_receiver.requests() == []
 

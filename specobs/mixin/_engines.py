@@ -119,6 +119,22 @@ def _vllm_schema(prefix: str) -> tuple[Transform, ...]:
     )
 
 
+def _vllm_schema_metrics(
+    prefix: str, labels: tuple[str, ...], drafts: str, draft_tokens: str, accepted: str,
+    accepted_per_pos: str,
+) -> tuple[EngineMetric, ...]:
+    """The counters of :func:`_vllm_schema` as an engine writes them: its ``labels`` (plus
+    ``position`` on the per-position counter) and its own HELP text for each."""
+    s = f"{prefix}spec_decode_num"
+    return (
+        EngineMetric(f"{s}_drafts_total", COUNTER, labels, drafts),
+        EngineMetric(f"{s}_draft_tokens_total", COUNTER, labels, draft_tokens),
+        EngineMetric(f"{s}_accepted_tokens_total", COUNTER, labels, accepted),
+        EngineMetric(f"{s}_accepted_tokens_per_pos_total", COUNTER, (*labels, "position"),
+                     accepted_per_pos),
+    )
+
+
 _VLLM_LABELS = ("model_name", "engine")
 _SGLANG_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
 _TRTLLM_LABELS = ("model_name", "engine_type")
@@ -129,14 +145,13 @@ ENGINES: tuple[Engine, ...] = (
         "vLLM",
         "vllm 0.34.0 wheel: vllm/v1/spec_decode/metrics.py, vllm/v1/metrics/loggers.py",
         (
-            EngineMetric("vllm:spec_decode_num_drafts_total", COUNTER, _VLLM_LABELS,
-                         "Number of spec decoding drafts."),
-            EngineMetric("vllm:spec_decode_num_draft_tokens_total", COUNTER, _VLLM_LABELS,
-                         "Number of draft tokens."),
-            EngineMetric("vllm:spec_decode_num_accepted_tokens_total", COUNTER, _VLLM_LABELS,
-                         "Number of accepted tokens."),
-            EngineMetric("vllm:spec_decode_num_accepted_tokens_per_pos_total", COUNTER,
-                         (*_VLLM_LABELS, "position"), "Accepted tokens per draft position."),
+            *_vllm_schema_metrics(
+                "vllm:", _VLLM_LABELS,
+                drafts="Number of spec decoding drafts.",
+                draft_tokens="Number of draft tokens.",
+                accepted="Number of accepted tokens.",
+                accepted_per_pos="Accepted tokens per draft position.",
+            ),
             EngineMetric("vllm:generation_tokens_total", COUNTER, _VLLM_LABELS,
                          "Number of generation tokens processed."),
             EngineMetric("vllm:num_requests_running", GAUGE, _VLLM_LABELS,
@@ -263,14 +278,13 @@ ENGINES: tuple[Engine, ...] = (
         "llama.cpp server",
         "llama.cpp master (PR #26389): tools/server/server-task.cpp; no release pinned",
         (
-            EngineMetric("llamacpp:spec_decode_num_drafts_total", COUNTER, (),
-                         "Speculative: Total speculative decoding verification steps"),
-            EngineMetric("llamacpp:spec_decode_num_draft_tokens_total", COUNTER, (),
-                         "Speculative: Total draft tokens generated"),
-            EngineMetric("llamacpp:spec_decode_num_accepted_tokens_total", COUNTER, (),
-                         "Speculative: Total draft tokens accepted by the target model"),
-            EngineMetric("llamacpp:spec_decode_num_accepted_tokens_per_pos_total", COUNTER,
-                         ("position",), "Accepted tokens per draft position"),
+            *_vllm_schema_metrics(
+                "llamacpp:", (),
+                drafts="Speculative: Total speculative decoding verification steps",
+                draft_tokens="Speculative: Total draft tokens generated",
+                accepted="Speculative: Total draft tokens accepted by the target model",
+                accepted_per_pos="Accepted tokens per draft position",
+            ),
             EngineMetric("llamacpp:tokens_predicted_total", COUNTER, (),
                          "Number of generation tokens processed"),
             EngineMetric("llamacpp:requests_processing", GAUGE, (),
@@ -289,15 +303,15 @@ ENGINES: tuple[Engine, ...] = (
         "LMDeploy",
         "lmdeploy 0.18.0 wheel: lmdeploy/metrics/loggers.py",
         (
-            EngineMetric("lmdeploy:spec_decode_num_drafts_total", COUNTER, _VLLM_LABELS,
-                         "Number of speculative decoding drafts."),
-            EngineMetric("lmdeploy:spec_decode_num_draft_tokens_total", COUNTER, _VLLM_LABELS,
-                         "Number of speculative decoding draft tokens."),
-            EngineMetric("lmdeploy:spec_decode_num_accepted_tokens_total", COUNTER, _VLLM_LABELS,
-                         "Number of speculative decoding accepted tokens."),
-            EngineMetric("lmdeploy:spec_decode_num_accepted_tokens_per_pos_total", COUNTER,
-                         (*_VLLM_LABELS, "position"),
-                         "Number of accepted speculative decoding tokens per draft position."),
+            *_vllm_schema_metrics(
+                "lmdeploy:", _VLLM_LABELS,
+                drafts="Number of speculative decoding drafts.",
+                draft_tokens="Number of speculative decoding draft tokens.",
+                accepted="Number of speculative decoding accepted tokens.",
+                accepted_per_pos=(
+                    "Number of accepted speculative decoding tokens per draft position."
+                ),
+            ),
             EngineMetric("lmdeploy:spec_decode_mean_accept_rate", GAUGE, _VLLM_LABELS,
                          "Mean speculative decoding acceptance rate. 1 means 100 percent "
                          "accepted."),

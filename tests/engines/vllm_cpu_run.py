@@ -336,11 +336,8 @@ def abort_mid_step(llm: Any, max_tokens: int, at_step: int) -> None:
     seen = {"steps": 0, "done": False}
 
     def aborts_then(self: Any) -> Any:
-        scheduler = self.scheduler
-        output = getattr(scheduler, "specobs_test_last_output", None)
-        if not seen["done"] and output is not None:
-            mine = [r for r in output.scheduled_spec_decode_tokens
-                    if getattr(scheduler.requests.get(r), "max_tokens", None) == max_tokens]
+        if not seen["done"]:
+            mine = _drafted_requests_asking(self.scheduler, max_tokens)
             if mine:
                 seen["steps"] += 1
                 if seen["steps"] == at_step:
@@ -350,6 +347,16 @@ def abort_mid_step(llm: Any, max_tokens: int, at_step: int) -> None:
 
     core.EngineCore._process_aborts_queue = aborts_then
     _remember_scheduled()
+
+
+def _drafted_requests_asking(scheduler: Any, max_tokens: int) -> list[str]:
+    """The requests asking for ``max_tokens`` tokens that verify drafts in the scheduler's last
+    step (``_remember_scheduled``); none before its first."""
+    output = getattr(scheduler, "specobs_test_last_output", None)
+    if output is None:
+        return []
+    return [r for r in output.scheduled_spec_decode_tokens
+            if getattr(scheduler.requests.get(r), "max_tokens", None) == max_tokens]
 
 
 def _remember_scheduled() -> None:
@@ -382,11 +389,8 @@ def hold_for_abort(max_tokens: int, signal: Path, at_step: int = 1) -> None:
     process_aborts = core.EngineCore._process_aborts_queue
 
     def aborts_then(self: Any) -> Any:
-        scheduler = self.scheduler
-        output = getattr(scheduler, "specobs_test_last_output", None)
-        if not state["held"] and output is not None:
-            mine = [r for r in output.scheduled_spec_decode_tokens
-                    if getattr(scheduler.requests.get(r), "max_tokens", None) == max_tokens]
+        if not state["held"]:
+            mine = _drafted_requests_asking(self.scheduler, max_tokens)
             state["steps"] += bool(mine)
             if mine and state["steps"] == at_step:
                 state["held"] = True
@@ -403,13 +407,34 @@ def hold_for_abort(max_tokens: int, signal: Path, at_step: int = 1) -> None:
 # -- specobs, scraped from the engine core process -------------------------------------------------
 
 
-def scrape_specobs(url: str) -> dict[str, Any] | None:
+def exposition_samples(url: str, timeout: float) -> list[Any] | None:
+    """Every sample of the Prometheus text exposition at ``url``; None when it does not answer."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             text = response.read().decode()
     except (urllib.error.URLError, OSError):
+        return None
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+#: specobs series summed over their labels into the scrape's key of the same name.
+_SUMMED = {
+    "specobs_draft_tokens_total": "draft_tokens_total",
+    "specobs_accepted_tokens_total": "accepted_tokens_total",
+    "specobs_cycles_total": "cycles_total",
+    "specobs_emitted_tokens_total": "emitted_tokens_total",
+    "specobs_batch_size_sum": "batch_size_sum",
+    "specobs_accept_length_count": "accept_length_count",
+    "specobs_accept_length_sum": "accept_length_sum",
+    "specobs_request_acceptance_count": "request_acceptance_count",
+}
+
+
+def scrape_specobs(url: str) -> dict[str, Any] | None:
+    samples = exposition_samples(url, 5)
+    if samples is None:
         return None
     out: dict[str, Any] = {
         "draft_tokens_total": 0.0, "accepted_tokens_total": 0.0, "cycles_total": 0.0,
@@ -419,44 +444,29 @@ def scrape_specobs(url: str) -> dict[str, Any] | None:
         "draft_length_buckets": {}, "baseline": {}, "request_acceptance_buckets": {},
         "request_acceptance_count": 0.0,
     }  # fmt: skip
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name, labels, value = sample.name, sample.labels, sample.value
-            if name == "specobs_draft_tokens_total":
-                out["draft_tokens_total"] += value
-            elif name == "specobs_accepted_tokens_total":
-                out["accepted_tokens_total"] += value
-            elif name == "specobs_cycles_total":
-                out["cycles_total"] += value
-            elif name == "specobs_emitted_tokens_total":
-                out["emitted_tokens_total"] += value
-            elif name == "specobs_batch_size_sum":
-                out["batch_size_sum"] += value
-            elif name == "specobs_accept_length_count":
-                out["accept_length_count"] += value
-            elif name == "specobs_accept_length_sum":
-                out["accept_length_sum"] += value
-            elif name == "specobs_phase_duration_seconds_count" and labels.get("clock") == "host":
-                phases = out["phase_counts_host"]
-                phases[labels["phase"]] = phases.get(labels["phase"], 0.0) + value
-            elif name == "specobs_accepted_tokens_by_position_total":
-                by_position = out["accepted_by_position"]
-                position = labels["position"]
-                by_position[position] = by_position.get(position, 0.0) + value
-            elif name == "specobs_exporter_dropped_records_total" and labels.get(
-                "reason"
-            ) == "unsettled":
-                out["unsettled"] += value
-            elif name == "specobs_info":
-                out["info"] = dict(labels)
-            elif name == "specobs_draft_length_bucket":
-                out["draft_length_buckets"][labels["le"]] = value
-            elif name == "specobs_baseline_sequence_tokens_per_second":
-                out["baseline"][labels.get("source", "configured")] = value
-            elif name == "specobs_request_acceptance_bucket":
-                out["request_acceptance_buckets"][labels["le"]] = value
-            elif name == "specobs_request_acceptance_count":
-                out["request_acceptance_count"] += value
+    for sample in samples:
+        name, labels, value = sample.name, sample.labels, sample.value
+        if name in _SUMMED:
+            out[_SUMMED[name]] += value
+        elif name == "specobs_phase_duration_seconds_count" and labels.get("clock") == "host":
+            phases = out["phase_counts_host"]
+            phases[labels["phase"]] = phases.get(labels["phase"], 0.0) + value
+        elif name == "specobs_accepted_tokens_by_position_total":
+            by_position = out["accepted_by_position"]
+            position = labels["position"]
+            by_position[position] = by_position.get(position, 0.0) + value
+        elif name == "specobs_exporter_dropped_records_total" and labels.get(
+            "reason"
+        ) == "unsettled":
+            out["unsettled"] += value
+        elif name == "specobs_info":
+            out["info"] = dict(labels)
+        elif name == "specobs_draft_length_bucket":
+            out["draft_length_buckets"][labels["le"]] = value
+        elif name == "specobs_baseline_sequence_tokens_per_second":
+            out["baseline"][labels.get("source", "configured")] = value
+        elif name == "specobs_request_acceptance_bucket":
+            out["request_acceptance_buckets"][labels["le"]] = value
     return out
 
 
