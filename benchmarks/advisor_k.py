@@ -165,7 +165,7 @@ def result(cs: list[Config]) -> dict[str, Any]:
     sched = [t for x in cs for t in x.sched]
     # The same with the time the engine's thread waited for a CPU taken out: what the chunk
     # would have run at alone on the machine (with one torch thread the engine's work is this
-    # thread's). Other work on a 2-vCPU machine otherwise spreads the rounds of one k 10x.
+    # thread's). Other work on a small machine otherwise spreads the rounds of one k widely.
     running = [r * (run + wait) / run for r, (run, wait) in zip(per_round, sched, strict=True)
                if run > 0] if len(sched) == len(per_round) else []
     w = dg.window(summed(deltas, baseline))

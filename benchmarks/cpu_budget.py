@@ -169,7 +169,7 @@ def api_cpu(n: int, batch: int, repeats: int, slice_us: float = 0.0) -> dict[str
 def gc_heap(n: int, batch: int, repeats: int) -> dict[str, dict[str, float]]:
     """Record recycling on and off, alternating in one process (``Recorder.pool_limit = 0``
     turns it off: every cycle allocates its record, its timestamp list and its acceptance copy,
-    as before issue 15's pooling), plus the disabled observer as the floor. Run it with
+    as before the records were pooled), plus the disabled observer as the floor. Run it with
     ``--torch`` for a server's heap: torch imported means ~170,000 objects the garbage
     collector tracks, and a full collection then takes tens of milliseconds, on whichever
     thread's allocation triggered it.

@@ -17,9 +17,9 @@ Modes, run side by side in rotating order so drifts in clocks and load hit every
                  polling every 50 ms instead of 100 ms
 * ``slice200`` / ``slice80`` / ``slice50`` / ``slice20`` / ``every200`` / ``every50``  the
                  resolver's GIL holds sized for 200 / 80 / 50 / 20 µs of CPU (``every*``: every
-                 cycle GPU-timed); 200 µs is the default since issue 15
+                 cycle GPU-timed); 200 µs is the default
 * ``torchcalls`` / ``everytorch``  defaults / every cycle, but the resolver reads CUDA events
-                 through torch's ``Event.query`` / ``elapsed_time`` (as before issue 15's direct
+                 through torch's ``Event.query`` / ``elapsed_time`` (as before the direct
                  runtime reads)
 * ``stamps``     the floor: five bare ``perf_counter_ns`` stamps per cycle appended to a deque
 * ``pycore``     defaults on the pure-Python ring (specobs/_ring.py), as where the native core
@@ -85,8 +85,8 @@ def _use_bucketing(functions: tuple[Any, Any, Any]) -> None:
 #: called the CUDA runtime with the GIL held (torch's record and copy on the worker, reads
 #: through ``ctypes.CDLL`` releasing the GIL around each call), at default sampling / every cycle.
 RELEASE_GIL_MODES = ("releasegil", "everyrelease")
-#: What moving the aggregation out of the worker's process could buy at best (issue 15's last
-#: direction): ``readonly`` keeps in the worker only what cannot leave it -- taking records and
+#: What moving the aggregation out of the worker's process could buy at best (a direction
+#: weighed): ``readonly`` keeps in the worker only what cannot leave it -- taking records and
 #: reading the sampled cycles' CUDA events (events cannot be timed across processes: an
 #: interprocess CUDA event must be created without timing) -- and aggregates nothing, as if a
 #: separate process did it at no cost; ``noresolve`` does not even read the events (a floor no

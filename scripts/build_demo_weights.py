@@ -9,8 +9,8 @@ file with the sha256 that belongs in ``SHIPPED_WEIGHTS``:
     python3 scripts/build_demo_weights.py OUT_DIR [--seed N]
 
 The bits depend on the machine (CPU and torch build change floating-point sums), so the checksum
-pins the shipped file, not the recipe; the shipped file was built on the H200 host's CPU
-(benchmarks/RESULTS.md, "The shipped demo models"). Copy the file into specobs/demo/weights/ and
+pins the shipped file, not the recipe; where the shipped file was built is in
+benchmarks/RESULTS.md ("The shipped demo models"). Copy the file into specobs/demo/weights/ and
 the digest into SHIPPED_WEIGHTS, replacing the old ones.
 """
 

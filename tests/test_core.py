@@ -686,8 +686,8 @@ def test_the_resolvers_cpu_counts_per_cycle_that_ended_gathered_over_enough_cycl
     """The gauge adds the resolver's CPU under the GIL per cycle. It was the CPU of the
     resolver's slices over the records those slices took: with the native core's pump handing
     most cycles on GIL-free, a flush's slice that took a few records made its fixed cost a
-    per-record figure, and the gauge read 26% of a 0.21 ms cycle on the H200 where the
-    resolver's exported CPU came to 0.3%. Now: the CPU over every cycle that ended, once
+    per-record figure, and the gauge read many times the resolver's exported CPU on short GPU
+    cycles. Now: the CPU over every cycle that ended, once
     enough have."""
     from specobs import _overhead
 
@@ -720,7 +720,7 @@ def test_the_resolvers_cpu_counts_per_cycle_that_ended_gathered_over_enough_cycl
 
 
 def test_the_resolvers_reads_of_a_sampled_cycle_count_against_the_budget():
-    """Issue 15: inside a GPU loop reading a sampled cycle's events costs the resolver (which
+    """Inside a GPU loop reading a sampled cycle's events costs the resolver (which
     shares the GIL with the worker) more than recording them costs the worker; the adaptive
     interval counts both."""
 
@@ -776,7 +776,7 @@ def test_spans_are_anchored_to_wall_time():
 
 
 def test_a_clock_low_on_copy_buffers_wakes_the_resolver():
-    """Issue 15: pinned copy buffers come back only when the resolver reads them, so a clock
+    """Pinned copy buffers come back only when the resolver reads them, so a clock
     that runs low (or out) asks the recorder to wake the resolver now, not at its next poll."""
 
     class LowClock(FakeEventClock):

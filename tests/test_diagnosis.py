@@ -812,7 +812,7 @@ def test_the_advice_counts_the_first_positions_fall_at_a_longer_k() -> None:
 
 
 def test_on_the_gpu_clock_the_drafts_fixed_part_is_the_hosts_draft_time() -> None:
-    # The demo on an H200 (run of 2026-12-04, k = 4): the GPU waits through the host's 0.08 ms
+    # The demo on a GPU (k = 4, benchmarks/RESULTS.md): the GPU waits through the host's 0.08 ms
     # of draft preparation, then runs 0.1685 ms of kernels a position. At k = 8 it measured
     # 1.436 ms; k + 1 steps would have said 1.357.
     host = {"draft": 0.080e-3, "verify": 0.060e-3, "bookkeeping": 1.636e-3}

@@ -181,7 +181,7 @@ def test_costs_flat_in_the_batch_never_stop_paying() -> None:
 
 
 def test_the_cpu_demos_batches_name_no_threshold() -> None:
-    # Recorded with advisor_k.py --batches on the 2-vCPU VM (docs/diagnosis.md): speculation
+    # Recorded with advisor_k.py --batches on a CPU (docs/diagnosis.md): speculation
     # paid 2.10x at batch 1 to 1.61x at 64, where the one-batch line named 12 from batch 1.
     recorded = [  # batch, plain step, host cycle, verify (seconds), tokens per sequence-cycle
         (1.0, 2.137e-3, 4.577e-3, 2.521e-3, 4.495), (2.0, 2.450e-3, 5.072e-3, 2.825e-3, 4.310),

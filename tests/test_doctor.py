@@ -447,8 +447,8 @@ def test_the_overhead_is_judged_against_what_the_design_allows_the_cycle():
     assert verdict(0.015, 3e-3, budget=0.02) == "OK"
     assert verdict(0.05, 3e-3, budget=0.02) == "WARN"
 
-    # Over twice the limit because of CUDA acceptance copies (the H200's 0.22 ms cycle with a
-    # CUDA tensor: 2.8 %, 4.9 µs of copies a cycle): the check names the copy and what to do,
+    # Over twice the limit because of CUDA acceptance copies (a sub-millisecond GPU cycle with
+    # a CUDA tensor): the check names the copy and what to do,
     # not the sampler, which cannot lower it.
     s = scr.Series({(catalog.OVERHEAD_RATIO.name, ()): 0.028,
                     (catalog.SAMPLING_BUDGET.name, ()): 0.002})
@@ -464,8 +464,8 @@ def test_the_overhead_is_judged_against_what_the_design_allows_the_cycle():
         assert other.verdict == "WARN" and "sampler cannot hold" in other.reason
         assert "acceptance_copy_ratio" not in other.data
     # A sampler below its longest interval is not what exceeds the budget: the check says what
-    # is, and on long cycles that the gauge reads high there (the H200's 2.5 ms cycle with a
-    # CUDA tensor: 2.9 % reported, 0.5 % measured).
+    # is, and on long cycles that the gauge reads high there (a cycle of a few
+    # milliseconds with a CUDA tensor).
     s.samples[(catalog.SAMPLING_INTERVAL.name, ())] = 19.0
     long = _doctor._checks._overhead(s, info, 2.5e-3, 28e-6)
     assert long.verdict == "WARN" and long.data["sampling_interval"] == 19.0

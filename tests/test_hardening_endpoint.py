@@ -1,4 +1,4 @@
-"""Issue 24: the metrics endpoint out of file descriptors, and held full by idle connections.
+"""The metrics endpoint out of file descriptors, and held full by idle connections.
 
 Real sockets, a real ``RLIMIT_NOFILE`` (in a child process), the endpoint thread's own CPU time
 read from procfs. Every wait is for a condition, with a deadline.

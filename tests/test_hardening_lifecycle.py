@@ -1,4 +1,4 @@
-"""Issue 16, items 5-8: the metrics endpoint under hostile clients, fork, exit, configuration
+"""The metrics endpoint under hostile clients, fork, exit, configuration
 edges. Fork and exit run in subprocesses."""
 
 from __future__ import annotations

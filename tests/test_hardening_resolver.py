@@ -1,4 +1,4 @@
-"""Issue 16, item 2: poisoned values cost exactly their own cycle's value, counted; flushes never
+"""Poisoned values cost exactly their own cycle's value, counted; flushes never
 wedge. Driven through the public API with a MemorySink and the host clock."""
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ class _CostlySink(specobs.MemorySink):
 
 
 def test_resolver_holds_are_sized_by_time_not_by_count(monkeypatch):
-    """Issue 15: each GIL hold (a slice of records) is timed; slices over the target shrink in
+    """Each GIL hold (a slice of records) is timed; slices over the target shrink in
     proportion, full slices under half of it double, so expensive records mean short holds and
     cheap ones few, long-enough holds. Driven with a fake thread clock, so nothing here depends
     on the machine's speed."""

@@ -170,7 +170,7 @@ def strip_cpu(text: str) -> str:
     "application/openmetrics-text", "application/openmetrics-text; version=1.0.0",
 ])
 def test_the_endpoint_serves_prometheus_client_bytes_from_its_cache(accept):
-    """The endpoint encodes with cached prefixes (issue 15): the same bytes as
+    """The endpoint encodes with cached prefixes: the same bytes as
     prometheus_client's encoders, for every format it negotiates, exemplars and odd label
     values included, and the golden files through the endpoint's own path."""
     from prometheus_client.exposition import choose_encoder

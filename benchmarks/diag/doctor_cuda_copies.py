@@ -2,10 +2,10 @@
 check must name the acceptance copies (``exporter_cpu{component="acceptance_copy"}``), and with
 acceptance as a host list the same loop must not.
 
-The synthetic EAGLE-style cycle of ``benchmarks/gpu_overhead.py`` (small, CUDA graphs, 0.22 ms
-on an H200), specobs's defaults and its Prometheus endpoint on a free port; ``specobs doctor
-URL --json`` runs in a subprocess while the loop runs. Prints each run's overhead check and the
-copies' exported time per cycle.
+The synthetic EAGLE-style cycle of ``benchmarks/gpu_overhead.py`` (small, CUDA graphs, a
+sub-millisecond cycle), specobs's defaults and its Prometheus endpoint on a free port;
+``specobs doctor URL --json`` runs in a subprocess while the loop runs. Prints each run's
+overhead check and the copies' exported time per cycle.
 
     PYTHONPATH=. python benchmarks/diag/doctor_cuda_copies.py [--seconds 8]
 """

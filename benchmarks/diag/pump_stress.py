@@ -4,7 +4,7 @@ stream, tests/test_nogil_drain.py), then a flush.
     PYTHONPATH=. python benchmarks/diag/pump_stress.py N [cuda]
 
 On a flush that does not complete in 10 s it prints the resolver's and the ring's state and every
-thread's stack (faulthandler), and exits 1. Run three at once on the 2-vCPU VM to load it: that
+thread's stack (faulthandler), and exits 1. Run three at once on a small machine to load it: that
 is how a lost cycle was found (``begin()`` moved the head past its slot before storing it OPEN, and
 a pass of the pump right behind the head read the slot as void). ``cuda``: CUDA initialised first,
 so the default clock is the CUDA one.
