@@ -1,5 +1,5 @@
-"""The source's size and prose limits (docs/architecture.md, "Limits"): a module of specobs/ holds at
-most 600 lines, a function at most 80, a C file at most 1,200; no comment or docstring of the
+"""The source's size and prose limits (docs/architecture.md, "Limits"): a module of specobs/ holds
+at most 600 lines, a function at most 80, a C file at most 1,200; no comment or docstring of the
 package, its tests, benchmarks or scripts names a machine, an issue number or a timing measured on
 one machine (those live in commit bodies and benchmarks/RESULTS.md). Each check runs on the package
 and on a planted violation, so a check that finds nothing still proves it can find something."""
