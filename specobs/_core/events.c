@@ -139,37 +139,48 @@ first_false(Ring *r, PyObject *query, Held *hv, const Py_ssize_t *pos, Py_ssize_
     return lo;
 }
 
-/* The poll on one stream (see Ring.poll): the index bound, or -1 on an error. */
-static int64_t
-poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long polls_before)
+/* The first held cycle not known complete without the driver: the newest copy whose values
+ * landed over the sentinel completed, and so did everything before it on the stream (a binary
+ * search over the copies filled with the sentinel, their positions written to ``pos``). -1 on
+ * an error. */
+static Py_ssize_t
+landed_start(Ring *r, Held *hv, Py_ssize_t nh, PyObject *query, Py_ssize_t *pos)
 {
-    /* Without the driver first: the newest copy whose values landed over the sentinel
-     * completed, and so did everything before it on the stream (a binary search over the
-     * copies filled with the sentinel). */
-    Py_ssize_t *pos = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(nh ? nh : 1));
-    if (pos == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    int64_t out = -1;
     Py_ssize_t nc = 0;
     for (Py_ssize_t i = 0; i < nh; i++) {
         if (hv[i].copy == NULL)
             continue;
         int t = held_sentinel(&hv[i]);
         if (t < 0)
-            goto done;
+            return -1;
         if (t)
             pos[nc++] = i;
     }
     Py_ssize_t lo = first_false(r, query, hv, pos, nc, held_landed_test);
     if (lo < 0)
-        goto done;
+        return -1;
     Py_ssize_t start = 0;
     if (lo > 0) {
         Py_ssize_t j = pos[lo - 1];
         start = hv[j].ev != NULL ? j : j + 1; /* events are recorded after the copy */
     }
+    return start;
+}
+
+/* The poll on one stream (see Ring.poll): the index bound, or -1 on an error. */
+static int64_t
+poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long polls_before)
+{
+    Py_ssize_t *pos = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(nh ? nh : 1));
+    if (pos == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int64_t out = -1;
+    /* Without the driver first. */
+    Py_ssize_t start = landed_start(r, hv, nh, query, pos);
+    if (start < 0)
+        goto done;
     if (start == nh) {
         out = bound;
         goto done;
@@ -204,7 +215,8 @@ poll_held(Ring *r, Held *hv, Py_ssize_t nh, int64_t bound, PyObject *query, long
         if (t)
             pos[nt++] = i;
     }
-    lo = first_false(r, query, hv, pos, nt, held_done); /* the first whose event is to come */
+    /* The first whose event is to come. */
+    Py_ssize_t lo = first_false(r, query, hv, pos, nt, held_done);
     if (lo < 0)
         goto done;
     Py_ssize_t stop = lo < nt ? pos[lo] : nh;
