@@ -345,6 +345,69 @@ pump_walk(Ring *r, int64_t next_trace, int64_t slow_ns, int64_t settle_ns, int n
     }
 }
 
+/* The parking's buffers, made on the first pump() call: 0, or -1 with MemoryError set. */
+static int
+make_parking(Ring *r)
+{
+    PyObject **cp = PyMem_RawCalloc(PARK_CAP, sizeof(PyObject *));
+    r->pk_buf = cp != NULL ? PyMem_RawCalloc(3 * PARK_CAP, sizeof(PyObject *)) : NULL;
+    if (r->pk_buf == NULL) {
+        PyMem_RawFree(cp);
+        PyErr_NoMemory();
+        return -1;
+    }
+    r->pk_cpool = cp;
+    return 0;
+}
+
+/* Wait, without the GIL, for a wake or the next pass (poll_ns on, never past return_after_ns
+ * from ``start``), and take the pump's flag: what it was woken for, 0 when it timed out. */
+static inline int
+pump_wait(Ring *r, int64_t poll_ns, int64_t after_ns, int64_t start)
+{
+    int64_t deadline = now_ns() + poll_ns;
+    if (after_ns >= 0 && deadline > start + after_ns)
+        deadline = start + after_ns;
+    struct timespec ts = {(time_t)(deadline / 1000000000), (long)(deadline % 1000000000)};
+    pthread_mutex_lock(&r->pm);
+    while (r->pump_flag == 0 && pthread_cond_timedwait(&r->pc, &r->pm, &ts) == 0)
+        ;
+    int flag = r->pump_flag;
+    r->pump_flag = 0;
+    pthread_mutex_unlock(&r->pm);
+    return flag;
+}
+
+/* Let the walker's lock go while another thread's drain or poll asks for it, and take it
+ * back once none does. */
+static inline void
+yield_to_walkers(Ring *r)
+{
+    pthread_mutex_unlock(&r->wk);
+    while (__atomic_load_n(&r->wk_wanted, __ATOMIC_SEQ_CST) > 0) {
+        struct timespec pause = {0, 20000};
+        nanosleep(&pause, NULL);
+    }
+    pthread_mutex_lock(&r->wk);
+}
+
+/* After a pass that needs no Python: why the pump comes back all the same (a drop or misuse
+ * counted since ``c``, another writer than ``w0``, return_after_ns passed), or NULL. */
+static inline PyObject *
+pump_return_why(Ring *r, const int64_t c[4], unsigned long w0, int64_t after_ns, int64_t start)
+{
+    if (__atomic_load_n(&r->discarded, __ATOMIC_RELAXED) != c[0]
+        || __atomic_load_n(&r->dropped_queue_full, __ATOMIC_RELAXED) != c[1]
+        || __atomic_load_n(&r->unsettled, __ATOMIC_RELAXED) != c[2]
+        || __atomic_load_n(&r->excepted, __ATOMIC_RELAXED) != c[3])
+        return STR(pump_counts);
+    if (__atomic_load_n(&r->writer, __ATOMIC_RELAXED) != w0)
+        return STR(pump_writer); /* the resolver reads the new thread's times from here on */
+    if (after_ns >= 0 && now_ns() - start >= after_ns)
+        return STR(pump_tick);
+    return NULL;
+}
+
 /* pump(poll_ns, next_trace, slow_ns, settle_ns, return_after_ns): the resolver's thread waits,
  * polls and walks here with the GIL let go, a pass every poll_ns or when woken (pump_wake, a
  * ring filling up), and comes back only for what needs Python; returns why (see pump_walk):
@@ -376,19 +439,11 @@ specobs_ring_pump(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "pump() is running on another thread");
         return NULL;
     }
-    if (r->pk_buf == NULL) {
-        PyObject **cp = PyMem_RawCalloc(PARK_CAP, sizeof(PyObject *));
-        r->pk_buf = cp != NULL ? PyMem_RawCalloc(3 * PARK_CAP, sizeof(PyObject *)) : NULL;
-        if (r->pk_buf == NULL) {
-            PyMem_RawFree(cp);
-            return PyErr_NoMemory();
-        }
-        r->pk_cpool = cp;
-    }
+    if (r->pk_buf == NULL && make_parking(r) < 0)
+        return NULL;
     int nev = r->ne_elapsed != NULL && r->ne_query != NULL
               && r->ne_thread == PyThread_get_thread_ident();
-    int64_t c0 = r->discarded, c1 = r->dropped_queue_full, c2 = r->unsettled;
-    int64_t c3 = r->excepted;
+    const int64_t c[4] = {r->discarded, r->dropped_queue_full, r->unsettled, r->excepted};
     unsigned long w0 = r->writer;
     PyObject *why = NULL;
     int64_t passes = 0, cpu0, cpu1;
@@ -399,16 +454,7 @@ specobs_ring_pump(Ring *r, PyObject *const *args, Py_ssize_t nargs)
     pthread_mutex_lock(&r->wk);
     int64_t start = now_ns();
     for (;;) {
-        int64_t deadline = now_ns() + poll_ns;
-        if (after_ns >= 0 && deadline > start + after_ns)
-            deadline = start + after_ns;
-        struct timespec ts = {(time_t)(deadline / 1000000000), (long)(deadline % 1000000000)};
-        pthread_mutex_lock(&r->pm);
-        while (r->pump_flag == 0 && pthread_cond_timedwait(&r->pc, &r->pm, &ts) == 0)
-            ;
-        int flag = r->pump_flag;
-        r->pump_flag = 0;
-        pthread_mutex_unlock(&r->pm);
+        int flag = pump_wait(r, poll_ns, after_ns, start);
         if (flag & PUMP_RETURN) {
             why = STR(pump_woken);
             break;
@@ -417,12 +463,7 @@ specobs_ring_pump(Ring *r, PyObject *const *args, Py_ssize_t nargs)
             /* Another thread's drain or poll walks first. A wake or a poll taken with it
              * stays owed (that walker stops at a deferred cycle and never expires it), so
              * the pump walks once more unless it was only asked to yield. */
-            pthread_mutex_unlock(&r->wk);
-            while (__atomic_load_n(&r->wk_wanted, __ATOMIC_SEQ_CST) > 0) {
-                struct timespec pause = {0, 20000};
-                nanosleep(&pause, NULL);
-            }
-            pthread_mutex_lock(&r->wk);
+            yield_to_walkers(r);
             if (flag == PUMP_YIELD)
                 continue;
         }
@@ -432,21 +473,9 @@ specobs_ring_pump(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         passes++;
         if (why != NULL)
             break;
-        if (__atomic_load_n(&r->discarded, __ATOMIC_RELAXED) != c0
-            || __atomic_load_n(&r->dropped_queue_full, __ATOMIC_RELAXED) != c1
-            || __atomic_load_n(&r->unsettled, __ATOMIC_RELAXED) != c2
-            || __atomic_load_n(&r->excepted, __ATOMIC_RELAXED) != c3) {
-            why = STR(pump_counts);
+        why = pump_return_why(r, c, w0, after_ns, start);
+        if (why != NULL)
             break;
-        }
-        if (__atomic_load_n(&r->writer, __ATOMIC_RELAXED) != w0) {
-            why = STR(pump_writer); /* the resolver reads the new thread's times from here on */
-            break;
-        }
-        if (after_ns >= 0 && now_ns() - start >= after_ns) {
-            why = STR(pump_tick);
-            break;
-        }
     }
     pthread_mutex_unlock(&r->wk);
     cpu1 = thread_cpu_ns();
