@@ -446,23 +446,26 @@ parked_copy(Ring *r, PyObject *pool)
     return slot;
 }
 
-static int
-native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
+/* What native_copy reads of the tensor, in this order: its dtype's pool (``*pool``,
+ * borrowed), its length, whether it is contiguous, its device, its data pointer and the
+ * device's current stream. 1: all read; 0: for the Python path; -1: an exception. */
+static inline int
+copy_source(Ring *r, PyObject *tensor, PyObject **pool, long long *n, void **src, void **stream)
 {
     PyObject *dtype = PyObject_GetAttr(tensor, STR(dtype));
     if (dtype == NULL)
         return -1;
-    PyObject *pool = PyDict_GetItemWithError(r->nc_pools, dtype); /* borrowed */
+    *pool = PyDict_GetItemWithError(r->nc_pools, dtype); /* borrowed */
     Py_DECREF(dtype);
-    if (pool == NULL)
+    if (*pool == NULL)
         return PyErr_Occurred() ? -1 : 0;
-    if (!PyList_CheckExact(pool))
+    if (!PyList_CheckExact(*pool))
         return 0;
     int ok;
-    long long n = call_ll(tensor, STR(numel), &ok);
+    *n = call_ll(tensor, STR(numel), &ok);
     if (!ok)
         return -1;
-    if (n < 0 || n > r->nc_capacity)
+    if (*n < 0 || *n > r->nc_capacity)
         return 0;
     PyObject *contig = PyObject_CallMethodNoArgs(tensor, STR(is_contiguous));
     if (contig == NULL)
@@ -476,33 +479,55 @@ native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
         return -1;
     if (dev != r->nc_device)
         return 0;
-    void *src, *stream;
-    if (address_of(PyObject_CallMethodNoArgs(tensor, STR(data_ptr)), &src) < 0)
+    if (address_of(PyObject_CallMethodNoArgs(tensor, STR(data_ptr)), src) < 0)
         return -1;
     PyObject *devo = PyLong_FromLongLong(dev);
     PyObject *so = devo ? PyObject_CallOneArg(r->nc_stream_fn, devo) : NULL;
     Py_XDECREF(devo);
-    if (address_of(so, &stream) < 0)
+    if (address_of(so, stream) < 0)
         return -1;
-    /* No Python code runs from here to the pop: the pool cannot change under it. */
-    Py_ssize_t nfree = PyList_GET_SIZE(pool);
-    PyObject *slot = parked_copy(r, pool);
-    if (slot != NULL)
-        nfree++; /* as if it had been handed back to the pool first */
-    nfree += __atomic_load_n(&r->pk_ncopies, __ATOMIC_RELAXED); /* free too, for the worker */
-    if (slot != NULL)
-        ;
-    else if (PyList_GET_SIZE(pool) == 0)
+    return 1;
+}
+
+/* A free pinned slot of ``pool`` into ``*slot`` (a new reference): one the pump parked, else
+ * the pool's last; ``*nfree``: how many were free for the worker before it was taken. 1, 0
+ * (none free) or -1 (an exception). */
+static inline int
+take_copy_slot(Ring *r, PyObject *pool, PyObject **slot, Py_ssize_t *nfree)
+{
+    *nfree = PyList_GET_SIZE(pool);
+    *slot = parked_copy(r, pool);
+    if (*slot != NULL)
+        (*nfree)++; /* as if it had been handed back to the pool first */
+    *nfree += __atomic_load_n(&r->pk_ncopies, __ATOMIC_RELAXED); /* free too, for the worker */
+    if (*slot != NULL)
+        return 1;
+    Py_ssize_t last = PyList_GET_SIZE(pool);
+    if (last == 0)
         return 0;
-    else {
-        Py_ssize_t last = PyList_GET_SIZE(pool);
-        slot = PyList_GET_ITEM(pool, last - 1);
-        Py_INCREF(slot);
-        if (PyList_SetSlice(pool, last - 1, last, NULL) < 0) {
-            Py_DECREF(slot);
-            return -1;
-        }
+    *slot = PyList_GET_ITEM(pool, last - 1);
+    Py_INCREF(*slot);
+    if (PyList_SetSlice(pool, last - 1, last, NULL) < 0) {
+        Py_DECREF(*slot);
+        return -1;
     }
+    return 1;
+}
+
+static int
+native_copy(Ring *r, PyObject *tensor, PyObject **out, NativeCopy *nc)
+{
+    PyObject *pool, *slot;
+    long long n;
+    void *src, *stream;
+    int got = copy_source(r, tensor, &pool, &n, &src, &stream);
+    if (got != 1)
+        return got;
+    /* No Python code runs from here to the pop: the pool cannot change under it. */
+    Py_ssize_t nfree;
+    got = take_copy_slot(r, pool, &slot, &nfree);
+    if (got != 1)
+        return got;
     void *dst = NULL, *handle = NULL;
     long isz = 0;
     int ret;
