@@ -767,6 +767,121 @@ keep_draft_emitted(Slot *s, PyObject *draft, PyObject *emitted)
     }
 }
 
+/* An acceptance that is not a list or tuple: its values stored from its buffer, a CUDA
+ * tensor's copy started, or what its tolist() gives read into ``*values`` (a new reference)
+ * and ``*seq`` (when an exact list). 1: done with (stored, copied, refused or reported); 0: go
+ * on with what was read. */
+static int
+accept_object(Cycle *self, Slot *s, PyObject *accepted, PyObject *draft, PyObject *emitted,
+              int native_k, int64_t k, int64_t with, PyObject **values, PyObject **seq)
+{
+    Ring *r = self->ring;
+    if (native_k && emitted == Py_None) {
+        int stored = store_buffer(s, accepted, (int)k, native_most(r));
+        if (stored == 1)
+            return 1;
+        if (stored < 0) {
+            report_internal(r);
+            return 1;
+        }
+    }
+    PyObject *is_cuda = NULL;
+    if (get_optional_attr(accepted, STR(is_cuda), &is_cuda) < 0) {
+        report_internal(r);
+        return 1;
+    }
+    int cuda = is_cuda != NULL && PyObject_IsTrue(is_cuda) == 1;
+    Py_XDECREF(is_cuda);
+    PyErr_Clear();
+    if (!owns(self, s) || self->closed)
+        return 1;
+    if (cuda) {
+        if (r->queued_bytes + with > r->max_queue_bytes) {
+            refuse_payload(r, s, "bytes", r->queued_bytes + with, r->max_queue_bytes);
+            return 1;
+        }
+        keep_draft_emitted(s, draft, emitted);
+        slot_payload(r, s, with);
+        accept_cuda(r, self, s, accepted, native_k && emitted == Py_None ? (int32_t)k : -1);
+        return 1;
+    }
+    PyObject *tolist = NULL;
+    if (get_optional_attr(accepted, STR(tolist), &tolist) < 0) {
+        report_internal(r);
+        return 1;
+    }
+    if (tolist != NULL) { /* numpy array or CPU tensor: copied now, the caller may reuse it */
+        PyObject *v = PyObject_CallNoArgs(tolist);
+        Py_DECREF(tolist);
+        if (v == NULL) {
+            report_internal(r);
+            return 1;
+        }
+        if (!owns(self, s) || self->closed) {
+            Py_DECREF(v);
+            return 1;
+        }
+        if (payload_len(v) > r->max_seq) {
+            Py_ssize_t got = payload_len(v);
+            Py_DECREF(v);
+            refuse_payload(r, s, "sequences", got, r->max_seq);
+            return 1;
+        }
+        *values = v;
+        if (PyList_CheckExact(v))
+            *seq = v;
+    }
+    return 0;
+}
+
+/* The acceptance as a sequence (``seq``; ``values``, a new reference this takes, when tolist()
+ * made it) or as the object: its lengths stored natively, else kept for the resolver's
+ * validation, within what the queue may keep. */
+static void
+keep_acceptance(Ring *r, Slot *s, PyObject *accepted, PyObject *draft, PyObject *emitted,
+                PyObject *seq, PyObject *values, int native_k, int64_t k, int64_t with)
+{
+    if (seq != NULL && native_k && emitted == Py_None) {
+        int stored = store_lengths(s, seq, (int)k, native_most(r));
+        if (stored == 1) {
+            Py_XDECREF(values);
+            return;
+        }
+        if (stored < 0) {
+            Py_XDECREF(values);
+            report_internal(r);
+            return;
+        }
+    }
+    /* Kept: a copy of a list or tuple (the engine may reuse it), what tolist() gave, or the
+     * object itself. */
+    with += payload_bytes(values != NULL ? values : seq != NULL ? seq : accepted);
+    if (r->queued_bytes + with > r->max_queue_bytes) {
+        Py_XDECREF(values);
+        refuse_payload(r, s, "bytes", r->queued_bytes + with, r->max_queue_bytes);
+        return;
+    }
+    PyObject *keep;
+    if (values != NULL)
+        keep = values;
+    else if (seq != NULL) {
+        keep = PyList_CheckExact(seq) ? PyList_GetSlice(seq, 0, PY_SSIZE_T_MAX)
+                                      : PySequence_List(seq);
+        if (keep == NULL) {
+            report_internal(r);
+            return;
+        }
+    }
+    else {
+        Py_INCREF(accepted);
+        keep = accepted;
+    }
+    s->acc = keep;
+    s->has_obj_acc = 1;
+    keep_draft_emitted(s, draft, emitted);
+    slot_payload(r, s, with);
+}
+
 /* accept() with its arguments read: what a caller passed is counted, never raised. */
 static PyObject *
 accept_parsed(Cycle *self, const AcceptArgs *a)
@@ -811,104 +926,11 @@ accept_parsed(Cycle *self, const AcceptArgs *a)
     s->ak = draft != Py_None && native_k ? (int32_t)k : -1;
     PyObject *values = NULL; /* a new reference when tolist() made it */
     PyObject *seq = NULL;
-    if (PyList_CheckExact(accepted) || PyTuple_CheckExact(accepted)) {
+    if (PyList_CheckExact(accepted) || PyTuple_CheckExact(accepted))
         seq = accepted;
-    }
-    else {
-        if (native_k && emitted == Py_None) {
-            int stored = store_buffer(s, accepted, (int)k, native_most(r));
-            if (stored == 1)
-                Py_RETURN_NONE;
-            if (stored < 0) {
-                report_internal(r);
-                Py_RETURN_NONE;
-            }
-        }
-        PyObject *is_cuda = NULL;
-        if (get_optional_attr(accepted, STR(is_cuda), &is_cuda) < 0) {
-            report_internal(r);
-            Py_RETURN_NONE;
-        }
-        int cuda = is_cuda != NULL && PyObject_IsTrue(is_cuda) == 1;
-        Py_XDECREF(is_cuda);
-        PyErr_Clear();
-        if (!owns(self, s) || self->closed)
-            Py_RETURN_NONE;
-        if (cuda) {
-            if (r->queued_bytes + with > r->max_queue_bytes) {
-                refuse_payload(r, s, "bytes", r->queued_bytes + with, r->max_queue_bytes);
-                Py_RETURN_NONE;
-            }
-            keep_draft_emitted(s, draft, emitted);
-            slot_payload(r, s, with);
-            accept_cuda(r, self, s, accepted, native_k && emitted == Py_None ? (int32_t)k : -1);
-            Py_RETURN_NONE;
-        }
-        PyObject *tolist = NULL;
-        if (get_optional_attr(accepted, STR(tolist), &tolist) < 0) {
-            report_internal(r);
-            Py_RETURN_NONE;
-        }
-        if (tolist != NULL) { /* numpy array or CPU tensor: copied now, the caller may reuse it */
-            values = PyObject_CallNoArgs(tolist);
-            Py_DECREF(tolist);
-            if (values == NULL) {
-                report_internal(r);
-                Py_RETURN_NONE;
-            }
-            if (!owns(self, s) || self->closed) {
-                Py_DECREF(values);
-                Py_RETURN_NONE;
-            }
-            if (payload_len(values) > r->max_seq) {
-                Py_ssize_t got = payload_len(values);
-                Py_DECREF(values);
-                refuse_payload(r, s, "sequences", got, r->max_seq);
-                Py_RETURN_NONE;
-            }
-            if (PyList_CheckExact(values))
-                seq = values;
-        }
-    }
-    if (seq != NULL && native_k && emitted == Py_None) {
-        int stored = store_lengths(s, seq, (int)k, native_most(r));
-        if (stored == 1) {
-            Py_XDECREF(values);
-            Py_RETURN_NONE;
-        }
-        if (stored < 0) {
-            Py_XDECREF(values);
-            report_internal(r);
-            Py_RETURN_NONE;
-        }
-    }
-    /* Kept for the resolver's validation: a copy of a list or tuple (the engine may reuse it),
-     * what tolist() gave, or the object itself; within what the queue may keep. */
-    with += payload_bytes(values != NULL ? values : seq != NULL ? seq : accepted);
-    if (r->queued_bytes + with > r->max_queue_bytes) {
-        Py_XDECREF(values);
-        refuse_payload(r, s, "bytes", r->queued_bytes + with, r->max_queue_bytes);
+    else if (accept_object(self, s, accepted, draft, emitted, native_k, k, with, &values, &seq))
         Py_RETURN_NONE;
-    }
-    PyObject *keep;
-    if (values != NULL)
-        keep = values;
-    else if (seq != NULL) {
-        keep = PyList_CheckExact(seq) ? PyList_GetSlice(seq, 0, PY_SSIZE_T_MAX)
-                                      : PySequence_List(seq);
-        if (keep == NULL) {
-            report_internal(r);
-            Py_RETURN_NONE;
-        }
-    }
-    else {
-        Py_INCREF(accepted);
-        keep = accepted;
-    }
-    s->acc = keep;
-    s->has_obj_acc = 1;
-    keep_draft_emitted(s, draft, emitted);
-    slot_payload(r, s, with);
+    keep_acceptance(r, s, accepted, draft, emitted, seq, values, native_k, k, with);
     Py_RETURN_NONE;
 }
 
