@@ -1081,36 +1081,113 @@ writer_id(void)
 #endif
 }
 
+/* begin()'s arguments, batch_size and draft_length, by position or by name, into ``*batch``
+ * and ``*draft`` (left as they are when not given): 0, or -1 with a TypeError. */
+static inline int
+parse_begin_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **batch,
+                 PyObject **draft)
+{
+    Py_ssize_t nk = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs > 2) {
+        PyErr_SetString(PyExc_TypeError,
+                        "begin() takes at most two arguments (batch_size, draft_length)");
+        return -1;
+    }
+    if (nargs >= 1)
+        *batch = args[0];
+    if (nargs == 2)
+        *draft = args[1];
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        if (kw_is(name, STR(batch_size)) && nargs < 1)
+            *batch = args[nargs + i];
+        else if (kw_is(name, STR(draft_length)) && nargs < 2)
+            *draft = args[nargs + i];
+        else if (kw_is(name, STR(batch_size)) || kw_is(name, STR(draft_length))) {
+            PyErr_Format(PyExc_TypeError, "begin() got multiple values for argument %R", name);
+            return -1;
+        }
+        else {
+            PyErr_Format(PyExc_TypeError, "begin() got an unexpected keyword argument %R", name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The slot at the head opened for a cycle begun at ``t`` and the head moved past it (``*pos``:
+ * where it is). */
+static inline Slot *
+open_slot(Ring *r, int64_t t, uint64_t *pos)
+{
+    Slot *s = &r->slots[r->head % (uint64_t)r->nslots];
+    if (slot_holds_refs(s)) {
+        /* Normally cleared when the tail passed it; dropping them may run Python code, so
+         * before the slot is reserved, and the head read again after. */
+        slot_clear_objs(r, s);
+        drop_ref(&s->ev);
+        drop_ref(&s->copy);
+        s = &r->slots[r->head % (uint64_t)r->nslots];
+    }
+    *pos = r->head;
+    s->cptr = NULL;
+    s->ck = -1;
+    /* Open before the head passes it: a walk without the GIL (the pump's, drain_into's) reads
+     * every slot below the head, and would skip this one as void (the state a walk left it in)
+     * and move the tail past the cycle for good. */
+    STATE_SET(s, SLOT_OPEN);
+    STORE64(&r->head, *pos + 1);
+    s->ts[0] = t;
+    s->tid = r->writer;
+    s->nts = 1;
+    s->nseq = -1;
+    s->has_obj_acc = 0;
+    s->batch = -1;
+    s->dk = s->ak = -1;
+    s->cost = 0;
+    s->evn = 0;
+    return s;
+}
+
+/* A sampled cycle: the recorder checks for graph capture, takes events, records the first;
+ * the slot keeps them. */
+static void
+sample_cycle(Ring *r, Cycle *c, Slot *s, int64_t t)
+{
+    PyObject *tt = PyLong_FromLongLong(t);
+    PyObject *ev = NULL;
+    if (tt != NULL) {
+        PyObject *a[2] = {r->slow, tt};
+        ev = PyObject_VectorcallMethod(STR(sample), a, 2, NULL);
+        Py_DECREF(tt);
+    }
+    if (ev == NULL)
+        report_internal(r);
+    else if (!owns(c, s) || c->closed) {
+        /* Closed by another thread meanwhile: the events go back. */
+        if (PyList_CheckExact(ev))
+            hand_back(r, ev, NULL);
+        Py_DECREF(ev);
+    }
+    else if (ev == Py_False) {
+        c->index = -1; /* inside CUDA graph capture nothing is real (counted there) */
+        Py_DECREF(ev);
+    }
+    else if (PyList_CheckExact(ev) && PyList_GET_SIZE(ev) == r->nph + 1) {
+        s->ev = ev;
+        s->cost = ring_now(r) - t;
+    }
+    else
+        Py_DECREF(ev);
+}
+
 PyObject *
 specobs_ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     int64_t t = ring_now(r);
     PyObject *batch = Py_None, *draft = Py_None;
-    Py_ssize_t nk = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    if (nargs > 2) {
-        PyErr_SetString(PyExc_TypeError,
-                        "begin() takes at most two arguments (batch_size, draft_length)");
+    if (parse_begin_args(args, nargs, kwnames, &batch, &draft) < 0)
         return NULL;
-    }
-    if (nargs >= 1)
-        batch = args[0];
-    if (nargs == 2)
-        draft = args[1];
-    for (Py_ssize_t i = 0; i < nk; i++) {
-        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
-        if (kw_is(name, STR(batch_size)) && nargs < 1)
-            batch = args[nargs + i];
-        else if (kw_is(name, STR(draft_length)) && nargs < 2)
-            draft = args[nargs + i];
-        else if (kw_is(name, STR(batch_size)) || kw_is(name, STR(draft_length))) {
-            PyErr_Format(PyExc_TypeError, "begin() got multiple values for argument %R", name);
-            return NULL;
-        }
-        else {
-            PyErr_Format(PyExc_TypeError, "begin() got an unexpected keyword argument %R", name);
-            return NULL;
-        }
-    }
     if (!r->enabled) {
         Py_INCREF(r->null_cycle);
         return r->null_cycle;
@@ -1128,32 +1205,8 @@ specobs_ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *k
         was_open = 1;
     }
     int full = make_room(r);
-    Slot *s = &r->slots[r->head % (uint64_t)r->nslots];
-    if (slot_holds_refs(s)) {
-        /* Normally cleared when the tail passed it; dropping them may run Python code, so
-         * before the slot is reserved, and the head read again after. */
-        slot_clear_objs(r, s);
-        drop_ref(&s->ev);
-        drop_ref(&s->copy);
-        s = &r->slots[r->head % (uint64_t)r->nslots];
-    }
-    uint64_t pos = r->head;
-    s->cptr = NULL;
-    s->ck = -1;
-    /* Open before the head passes it: a walk without the GIL (the pump's, drain_into's) reads
-     * every slot below the head, and would skip this one as void (the state a walk left it in)
-     * and move the tail past the cycle for good. */
-    STATE_SET(s, SLOT_OPEN);
-    STORE64(&r->head, pos + 1);
-    s->ts[0] = t;
-    s->tid = r->writer;
-    s->nts = 1;
-    s->nseq = -1;
-    s->has_obj_acc = 0;
-    s->batch = -1;
-    s->dk = s->ak = -1;
-    s->cost = 0;
-    s->evn = 0;
+    uint64_t pos;
+    Slot *s = open_slot(r, t, &pos);
     int64_t idx = r->begun++;
     s->idx = idx;
     if (batch != Py_None)
@@ -1193,33 +1246,7 @@ specobs_ring_begin(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *k
         else
             report_internal(r);
     }
-    if (r->sampling && idx % (r->interval > 0 ? r->interval : 1) == 0) {
-        /* The recorder checks for graph capture, takes events, records the first. */
-        PyObject *tt = PyLong_FromLongLong(t);
-        PyObject *ev = NULL;
-        if (tt != NULL) {
-            PyObject *a[2] = {r->slow, tt};
-            ev = PyObject_VectorcallMethod(STR(sample), a, 2, NULL);
-            Py_DECREF(tt);
-        }
-        if (ev == NULL)
-            report_internal(r);
-        else if (!owns(c, s) || c->closed) {
-            /* Closed by another thread meanwhile: the events go back. */
-            if (PyList_CheckExact(ev))
-                hand_back(r, ev, NULL);
-            Py_DECREF(ev);
-        }
-        else if (ev == Py_False) {
-            c->index = -1; /* inside CUDA graph capture nothing is real (counted there) */
-            Py_DECREF(ev);
-        }
-        else if (PyList_CheckExact(ev) && PyList_GET_SIZE(ev) == r->nph + 1) {
-            s->ev = ev;
-            s->cost = ring_now(r) - t;
-        }
-        else
-            Py_DECREF(ev);
-    }
+    if (r->sampling && idx % (r->interval > 0 ? r->interval : 1) == 0)
+        sample_cycle(r, c, s, t);
     return (PyObject *)c;
 }
