@@ -21,7 +21,8 @@ _CORE = [
 setup(
     ext_modules=[
         Extension(
-            "specobs._core", _CORE, depends=[*_SHARED, "specobs/_core/core.h"], optional=True
+            "specobs._core", _CORE, optional=True,
+            depends=[*_SHARED, "specobs/_core/core.h", "specobs/_core/ring_accept_cuda.h"],
         ),
         Extension("specobs._speedups", ["specobs/_speedups.c"], depends=_SHARED, optional=True),
     ]
