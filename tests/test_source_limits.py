@@ -45,6 +45,21 @@ def long_functions(source: str) -> list[tuple[str, int]]:
     return out
 
 
+def long_c_functions(source: str) -> list[tuple[str, int]]:
+    """Every C function of ``source`` over FUNCTION_LINES: the project's style puts a
+    definition's name at column 0 (its return type on the line above) and its closing brace at
+    column 0; counted from the name's line to the brace."""
+    out, lines = [], source.splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"([A-Za-z_]\w*)\(", line)
+        if m is None or line.rstrip().endswith(";"):
+            continue
+        end = next((j for j in range(i + 1, len(lines)) if lines[j] == "}"), None)
+        if end is not None and "{" in "".join(lines[i:end]) and end - i + 1 > FUNCTION_LINES:
+            out.append((m.group(1), end - i + 1))
+    return out
+
+
 def prose(path: Path) -> Iterator[tuple[int, str]]:
     """The comments and docstrings of a Python or C file, each with its first line."""
     text = path.read_text()
@@ -96,6 +111,8 @@ def test_no_module_function_or_c_file_is_over_its_limit() -> None:
              if lines(p) > C_FILE_LINES]
     over += [f"{p.relative_to(PACKAGE.parent)}: {name}() {n} lines" for p in sources(".py")
              for name, n in long_functions(p.read_text())]
+    over += [f"{p.relative_to(PACKAGE.parent)}: {name}() {n} lines" for p in sources(".c", ".h")
+             for name, n in long_c_functions(p.read_text())]
     assert not over, (f"over the limits (modules {MODULE_LINES}, C files {C_FILE_LINES}, "
                       f"functions {FUNCTION_LINES} lines): {over}")
 
@@ -104,6 +121,11 @@ def test_the_limits_find_what_they_are_for() -> None:
     body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_LINES))
     assert long_functions(f"def f():\n{body}\n") == [("f", FUNCTION_LINES + 1)]
     assert long_functions(f"def f():\n{body[:-10]}\n") == []
+    c_body = "\n".join(f"    x += {i};" for i in range(FUNCTION_LINES - 3))
+    assert long_c_functions(f"static int\nf(int x)\n{{\n{c_body}\n}}\n") == []
+    assert long_c_functions(f"static int\nf(int x)\n{{\n{c_body}\n    x++;\n}}\n") == [
+        ("f", FUNCTION_LINES + 1)]
+    assert long_c_functions("static int f(int x);\nint\ng(void);\n") == []
 
 
 def test_no_comment_or_docstring_carries_history() -> None:
