@@ -163,7 +163,9 @@ def test_slow_verify_names_the_verify_phase(
     slower = found["SPEC-RECENT-PHASE-SLOWER"]
     assert slower["severity"] == "warn" and slower["evidence"]["phase"] == "verify"
     assert slower["sentence"].startswith("verify is ")
-    assert slower["evidence"]["ratio"] > 2.0  # 1 + 3 verify forwards
+    # 1 + 3 verify forwards: about 4x on a quiet machine; a loaded one stretches the healthy
+    # lifetime's mean too (a stall of the machine lands in it), never below 1.5x.
+    assert slower["evidence"]["ratio"] > 1.5
     assert "SPEC-ACCEPT-COLLAPSE" not in found
 
 
